@@ -1,0 +1,32 @@
+"""Atomic file writes: a temporary file in the same folder, then ``os.replace``.
+
+An interrupted or failed run therefore never leaves a half-written output, and never damages the
+file an earlier good run wrote.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+
+def write_bytes_atomic(path: str | Path, data: bytes) -> None:
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    write_bytes_atomic(path, text.encode("utf-8"))

@@ -1,0 +1,155 @@
+"""The ``plan`` command.
+
+    plan MODEL.py [--graph [--json]] [planning flags]   trace, and show the block graph
+    plan run PLAN.json [--steps K]                       run a saved plan
+    plan show PLAN.json                                  summary and figures of a saved plan
+    plan calibrate [--device cpu|cuda]                   measure this machine
+
+Every user-facing problem ends as one line on stderr and exit status 2 (3 when a valid request
+has no feasible plan); ``--debug`` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+
+from planner.errors import MeshplanError, UserInputError
+from planner.modelfile import DTYPES, OPTIMIZERS, parse_model_args
+
+SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises our one-line error instead of printing usage and exiting."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UserInputError(f"{message} (see `{self.prog} --help`)")
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def add_model_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="the model file (see the model-file contract in README)")
+    p.add_argument(
+        "--model-arg",
+        action="append",
+        metavar="KEY=VALUE",
+        help="keyword argument for build_model (repeatable; int, float, bool or str)",
+    )
+    p.add_argument("--micro-batch-size", type=positive_int, help="samples per micro-batch")
+    p.add_argument("--global-batch-size", type=positive_int, help="overrides TRAINING")
+    p.add_argument("--dtype", choices=sorted(DTYPES), help="overrides TRAINING")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, help="overrides TRAINING")
+    p.add_argument("--no-cache", action="store_true", help="trace again even if cached")
+
+
+def add_common_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quiet", action="store_true", help="print only errors")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="plan",
+        description="meshplan: plan data, tensor and pipeline parallelism for a PyTorch model.",
+        epilog="Subcommands: plan run PLAN.json | plan show PLAN.json | plan calibrate",
+    )
+    add_model_flags(p)
+    p.add_argument("--graph", action="store_true", help="print the block table and stop")
+    p.add_argument("--json", action="store_true", help="with --graph: JSON on stdout")
+    add_common_flags(p)
+    return p
+
+
+def resolve_training(mf, args: argparse.Namespace) -> dict:
+    """TRAINING defaults from the model file, overridden by flags."""
+    training = dict(mf.training)
+    for key in ("global_batch_size", "dtype", "optimizer"):
+        value = getattr(args, key, None)
+        if value is not None:
+            training[key] = value
+    if training.get("dtype") not in DTYPES:
+        raise UserInputError(
+            f"{mf.path.name}: TRAINING dtype {training.get('dtype')!r} is not one of "
+            f"{', '.join(DTYPES)}"
+        )
+    if training.get("optimizer") not in OPTIMIZERS:
+        raise UserInputError(
+            f"{mf.path.name}: TRAINING optimizer {training.get('optimizer')!r} is not one of "
+            f"{', '.join(OPTIMIZERS)}"
+        )
+    gbs = training.get("global_batch_size")
+    if not isinstance(gbs, int) or gbs <= 0:
+        raise UserInputError(f"{mf.path.name}: global_batch_size must be a positive integer")
+    return training
+
+
+def cmd_plan(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    from planner.api import graph_summary, trace
+    from planner.modelfile import load_model_file
+
+    mf = load_model_file(args.model, parse_model_args(args.model_arg))
+    training = resolve_training(mf, args)
+    if args.graph:
+        traced = trace(
+            mf,
+            micro_batch_size=args.micro_batch_size or 1,
+            dtype=training["dtype"],
+            use_cache=not args.no_cache,
+        )
+        summary = graph_summary(traced)
+        if args.json:
+            print(json.dumps(summary, indent=2))
+        else:
+            from planner.console import print_graph
+
+            print_graph(summary, traced.note, quiet=args.quiet)
+        return 0
+    raise UserInputError("say what to do: --graph prints the block table")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or os.environ.get("MESHPLAN_DEBUG") == "1"
+    command = SUBCOMMANDS.get(argv[0]) if argv else None
+    try:
+        return command(argv[1:]) if command else cmd_plan(argv)
+    except MeshplanError as exc:
+        if debug:
+            traceback.print_exc()
+        print(f"plan: error: {_one_line(str(exc))}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("plan: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a bug in meshplan: still one line unless --debug
+        if debug:
+            traceback.print_exc()
+        print(
+            f"plan: internal error: {type(exc).__name__}: {_one_line(str(exc))} "
+            "(run again with --debug for the traceback, and please report it)",
+            file=sys.stderr,
+        )
+        return 1
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

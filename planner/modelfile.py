@@ -1,0 +1,292 @@
+"""The model-file contract: load a user's model.py and give the planner and runtime one handle.
+
+A model file defines ``build_model(**kwargs) -> nn.Module`` and ``make_batch(batch_size, step=0)
+-> (inputs, targets)``; optionally ``loss_fn(outputs, targets)`` and a ``TRAINING`` dict of
+defaults. Everything that can go wrong while loading a user's file becomes a one-line
+``UserInputError`` naming the file and the fix, because this is the first thing a new user meets.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib.util
+import inspect
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from planner.errors import UserInputError
+
+TRAINING_DEFAULTS: dict[str, Any] = {
+    "global_batch_size": 8,
+    "optimizer": "adamw",
+    "dtype": "bf16",
+    "lr": 3e-4,
+}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+OPTIMIZERS = ("adamw", "sgd")
+
+
+@dataclass
+class ModelFile:
+    """A model file; ``args`` are the keyword arguments passed to ``build_model``.
+
+    The module is executed only when first needed: a cached trace needs just the file's hash,
+    and importing a file that imports transformers costs seconds."""
+
+    path: Path
+    sha256: str
+    source: str
+    args: dict[str, Any] = field(default_factory=dict)
+    training: dict[str, Any] = field(default_factory=dict)
+    _module: Any = None
+
+    @property
+    def module(self) -> Any:
+        if self._module is None:
+            self._module = _execute(self.path, self.sha256)
+            _check_args(self.path, self._module.build_model, self.args)
+            user_training = getattr(self._module, "TRAINING", None)
+            if isinstance(user_training, dict):
+                for key, value in user_training.items():
+                    self.training.setdefault(key, value)
+        return self._module
+
+    @property
+    def has_loss_fn(self) -> bool:
+        return callable(getattr(self.module, "loss_fn", None))
+
+    def build(self) -> torch.nn.Module:
+        """Call ``build_model(**args)``; a failure names the file and the exception."""
+        try:
+            model = self.module.build_model(**self.args)
+        except TypeError as exc:
+            raise UserInputError(
+                f"{self.path.name}: build_model({_fmt_args(self.args)}) failed: {exc}; "
+                "check the --model-arg names against build_model's signature"
+            ) from exc
+        except Exception as exc:  # the user's code: any exception is a user-facing problem
+            raise UserInputError(
+                f"{self.path.name}: build_model({_fmt_args(self.args)}) raised "
+                f"{type(exc).__name__}: {_one_line(exc)}"
+            ) from exc
+        if not isinstance(model, torch.nn.Module):
+            raise UserInputError(
+                f"{self.path.name}: build_model() returned {type(model).__name__}, "
+                "not a torch.nn.Module"
+            )
+        return model
+
+    def batch(self, batch_size: int, step: int = 0) -> tuple[tuple[torch.Tensor, ...], Any]:
+        """``make_batch`` with its inputs normalised to a tuple of tensors."""
+        try:
+            result = self.module.make_batch(batch_size, step=step)
+        except Exception as exc:
+            raise UserInputError(
+                f"{self.path.name}: make_batch({batch_size}, step={step}) raised "
+                f"{type(exc).__name__}: {_one_line(exc)}"
+            ) from exc
+        if not isinstance(result, (tuple, list)) or len(result) != 2:
+            raise UserInputError(
+                f"{self.path.name}: make_batch must return (inputs, targets), "
+                f"got {type(result).__name__}"
+            )
+        inputs, targets = result
+        inputs = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+        if not inputs or not all(isinstance(t, torch.Tensor) for t in inputs):
+            raise UserInputError(
+                f"{self.path.name}: make_batch's inputs must be a tensor or a tuple of tensors"
+            )
+        if any(t.shape[0] != batch_size for t in inputs if t.dim() > 0):
+            raise UserInputError(
+                f"{self.path.name}: make_batch({batch_size}) returned inputs whose first "
+                "dimension is not the batch size"
+            )
+        return inputs, targets
+
+    def loss(self, outputs: Any, targets: Any) -> torch.Tensor:
+        fn: Callable[[Any, Any], torch.Tensor] = getattr(self.module, "loss_fn", None) or (
+            default_loss
+        )
+        return fn(outputs if fn is not default_loss else to_logits(outputs), targets)
+
+
+def to_logits(outputs: Any) -> torch.Tensor:
+    """Reduce a model's output to one tensor.
+
+    The rule: a tensor is itself; an object or dict with ``logits`` gives that; otherwise the
+    first tensor of a tuple/list/dict (HuggingFace ``ModelOutput`` is both an object and a dict).
+    """
+    if isinstance(outputs, torch.Tensor):
+        return outputs
+    logits = getattr(outputs, "logits", None)
+    if logits is None and isinstance(outputs, dict):
+        logits = outputs.get("logits")
+    if isinstance(logits, torch.Tensor):
+        return logits
+    values = outputs.values() if isinstance(outputs, dict) else outputs
+    if isinstance(values, (tuple, list)) or isinstance(outputs, dict):
+        for v in values:
+            if isinstance(v, torch.Tensor):
+                return v
+    raise UserInputError(
+        f"the model returned {type(outputs).__name__}, which holds no tensor: return the logits "
+        "tensor, or define loss_fn(outputs, targets) in the model file"
+    )
+
+
+def default_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy over the last dimension, averaged over every other position."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+
+
+def file_sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def load_model_file(path: str | Path, args: dict[str, Any] | None = None) -> ModelFile:
+    """Import a model file by path (inside the repository or anywhere else)."""
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise UserInputError(f"model file {path} does not exist: give the path to a .py file")
+    if path.is_dir() or path.suffix != ".py":
+        raise UserInputError(f"model file {path} is not a Python file: give a .py file")
+    try:
+        source = path.read_bytes()
+        source.decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserInputError(f"model file {path} cannot be read as text: {exc}") from exc
+    digest = hashlib.sha256(source).hexdigest()
+    text = source.decode("utf-8")
+    try:
+        tree = ast.parse(text, filename=str(path))
+    except SyntaxError as exc:
+        raise UserInputError(
+            f"model file {path} has a syntax error at line {exc.lineno}: {exc.msg}"
+        ) from exc
+    defined = _top_level_names(tree)
+    for required in ("build_model", "make_batch"):
+        if required not in defined:
+            raise UserInputError(
+                f"model file {path} does not define {required}(): see the model-file "
+                "contract in README (build_model() -> nn.Module, make_batch(batch_size, step=0))"
+            )
+    user_training, literal = _literal_training(tree)
+    mf = ModelFile(path=path.resolve(), sha256=digest, source=text, args=dict(args or {}))
+    if not literal:
+        user_training = getattr(mf.module, "TRAINING", None)  # not a literal: run the file
+    if user_training is not None and not isinstance(user_training, dict):
+        raise UserInputError(f"model file {path}: TRAINING must be a dict")
+    mf.training = {**TRAINING_DEFAULTS, **(user_training or {})}
+    return mf
+
+
+def _execute(path: Path, digest: str) -> Any:
+    name = f"meshplan_model_{digest[:16]}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise UserInputError(f"model file {path} cannot be imported as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and pickling look modules up by name
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        sys.modules.pop(name, None)
+        raise UserInputError(
+            f"model file {path} failed to import: {type(exc).__name__}: {_one_line(exc)}"
+        ) from exc
+    for required in ("build_model", "make_batch"):
+        if not callable(getattr(module, required, None)):
+            raise UserInputError(
+                f"model file {path}: {required} is not a function: see the model-file contract"
+            )
+    return module
+
+
+def _top_level_names(tree: ast.Module) -> set[str]:
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif not isinstance(node, ast.Expr):  # if/try/with at top level: check at import
+            return names | {"build_model", "make_batch"}
+    return names
+
+
+def _literal_training(tree: ast.Module) -> tuple[dict[str, Any] | None, bool]:
+    """TRAINING read without running the file, when it is a literal (the usual case)."""
+    value = None
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        if isinstance(node, ast.AnnAssign):
+            targets, value_node = [node.target], node.value
+        elif isinstance(node, ast.Assign):
+            value_node = node.value
+        else:
+            continue
+        if any(isinstance(t, ast.Name) and t.id == "TRAINING" for t in targets):
+            try:
+                value = ast.literal_eval(value_node) if value_node is not None else None
+            except (ValueError, SyntaxError):
+                return None, False
+    return value, True
+
+
+def parse_model_args(items: list[str] | None) -> dict[str, Any]:
+    """``KEY=VALUE`` strings to kwargs; values become int, float, bool or str, in that order."""
+    result: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise UserInputError(f"--model-arg {item!r} is not KEY=VALUE (e.g. size=1.3b)")
+        result[key.strip()] = parse_value(raw.strip())
+    return result
+
+
+def parse_value(raw: str) -> Any:
+    if raw.lower() in ("true", "false"):
+        return raw.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(raw)
+        except ValueError:
+            pass
+    return raw
+
+
+def _check_args(path: Path, fn: Callable[..., Any], args: dict[str, Any]) -> None:
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    params = sig.parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return
+    known = {p.name for p in params}
+    unknown = sorted(set(args) - known)
+    if unknown:
+        raise UserInputError(
+            f"{path.name}: build_model() takes no argument {unknown[0]!r}; it takes "
+            f"{', '.join(sorted(known)) or 'none'}"
+        )
+
+
+def _fmt_args(args: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in args.items())
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text[:300] + ("…" if len(text) > 300 else "")

@@ -1,0 +1,489 @@
+"""Trace a model file into an OpGraph: every op, its module, shapes, FLOPs, bytes and what
+autograd saves for backward.
+
+Two passes over one program, both on the meta device so no weight is ever allocated:
+
+1. ``torch.export`` (non-strict) gives the op graph with shapes and ``nn_module_stack``.
+2. The exported graph is run again, op by op, with grad enabled and a saved-tensor hook: the
+   tensors autograd keeps for backward are *measured*, attributed to the op that saves them and
+   to the op that produced them (the tensor-parallel cost model needs both). Dropout runs as
+   ``native_dropout`` so its mask is the 1-byte tensor a GPU keeps, not the CPU fallback's
+   same-dtype mask.
+
+When export fails, module-level forward hooks give a coarser graph (one node per leaf module)
+and the caller is told so in one line; when both fail, the error names the module that broke.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Any
+
+import networkx as nx
+import torch
+import torch.fx
+
+from planner.errors import UserInputError
+from planner.modelfile import DTYPES, ModelFile
+from planner.opcost import backward_flops, forward_flops, is_view, numel
+
+ELEMENT_BYTES = {
+    torch.float64: 8,
+    torch.float32: 4,
+    torch.float16: 2,
+    torch.bfloat16: 2,
+    torch.int64: 8,
+    torch.int32: 4,
+    torch.int16: 2,
+    torch.int8: 1,
+    torch.uint8: 1,
+    torch.bool: 1,
+}
+
+
+@dataclass
+class TraceResult:
+    graph: nx.DiGraph  # the OpGraph; graph.graph holds model-level facts
+    method: str  # "export" or "hooks"
+    note: str  # one line for the user when the fallback was used
+
+
+def tensor_bytes(t: Any) -> int:
+    if not isinstance(t, torch.Tensor):
+        return 0
+    return numel(t.shape) * ELEMENT_BYTES.get(t.dtype, t.element_size())
+
+
+def op_name(target: Any) -> str:
+    if target is operator.getitem:
+        return "_operator.getitem"
+    return str(target)
+
+
+def build_meta_model(mf: ModelFile, dtype: str) -> torch.nn.Module:
+    """The user's model on the meta device, floating tensors in the training dtype."""
+    with torch.device("meta"):
+        model = mf.build()
+    model = model.to(DTYPES[dtype])
+    model.train()
+    return model
+
+
+def meta_inputs(mf: ModelFile, micro_batch_size: int) -> tuple[torch.Tensor, ...]:
+    inputs, _ = mf.batch(micro_batch_size, step=0)
+    return tuple(t.to("meta") for t in inputs)
+
+
+def trace_model(mf: ModelFile, micro_batch_size: int = 1, dtype: str = "bf16") -> TraceResult:
+    """Trace ``mf`` for one micro-batch; the OpGraph's numbers are for that batch size."""
+    model = build_meta_model(mf, dtype)
+    inputs = tuple(
+        t.to(DTYPES[dtype]) if t.is_floating_point() else t
+        for t in meta_inputs(mf, micro_batch_size)
+    )
+    try:
+        exported = torch.export.export(model, inputs, strict=False)
+    except Exception as export_exc:  # export fails on data-dependent control flow and more
+        graph = _trace_with_hooks(mf, model, inputs, export_exc)
+        reason = " ".join(str(export_exc).split())[:160]
+        note = (
+            f"torch.export could not trace {mf.path.name} ({type(export_exc).__name__}: "
+            f"{reason}); fell back to module-level tracing (coarser op graph)"
+        )
+        _annotate_model(graph, mf, model, micro_batch_size, dtype, "hooks")
+        return TraceResult(graph=graph, method="hooks", note=note)
+    graph = _graph_from_export(exported, model)
+    _annotate_model(graph, mf, model, micro_batch_size, dtype, "export")
+    return TraceResult(graph=graph, method="export", note="")
+
+
+def _annotate_model(
+    graph: nx.DiGraph,
+    mf: ModelFile,
+    model: torch.nn.Module,
+    micro_batch_size: int,
+    dtype: str,
+    method: str,
+) -> None:
+    params = dict(model.named_parameters())  # de-duplicated: tied weights appear once
+    graph.graph.update(
+        file=str(mf.path),
+        sha256=mf.sha256,
+        args=mf.args,
+        micro_batch_size=micro_batch_size,
+        dtype=dtype,
+        method=method,
+        params=sum(p.numel() for p in params.values()),
+        param_shapes={k: list(p.shape) for k, p in params.items()},
+        param_dtype_bytes={k: ELEMENT_BYTES.get(p.dtype, 4) for k, p in params.items()},
+        param_owner=_param_aliases(model),
+        modules={name: type(m).__name__ for name, m in model.named_modules()},
+        containers=[
+            name
+            for name, m in model.named_modules()
+            if isinstance(m, (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict))
+        ],
+        torch_version=torch.__version__,
+    )
+
+
+def _param_aliases(model: torch.nn.Module) -> dict[str, str]:
+    """Every name a parameter is reachable under -> its canonical (first) name."""
+    canonical: dict[int, str] = {}
+    aliases: dict[str, str] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        aliases[name] = canonical.setdefault(id(p), name)
+    return aliases
+
+
+# --------------------------------------------------------------------------- export path
+
+
+def _graph_from_export(exported: torch.export.ExportedProgram, model: torch.nn.Module):
+    sig = exported.graph_signature
+    gm = exported.graph_module
+    kinds: dict[str, tuple[str, str]] = {}  # placeholder name -> (kind, fqn)
+    for spec in sig.input_specs:
+        kind = spec.kind.name.lower()  # parameter | buffer | constant_tensor | user_input
+        kinds[spec.arg.name] = (kind, spec.target or spec.arg.name)
+    graph = nx.DiGraph()
+    order = 0
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            kind, fqn = kinds.get(node.name, ("user_input", node.name))
+            if kind == "user_input":
+                val = node.meta.get("val")
+                graph.add_node(
+                    node.name,
+                    op="input",
+                    module="",
+                    order=order,
+                    shapes=[_shape(val)],
+                    dtypes=[_dtype(val)],
+                    out_bytes=tensor_bytes(val),
+                    fwd_flops=0,
+                    bwd_flops=0,
+                    fwd_bytes=0,
+                    bwd_bytes=0,
+                    params=[],
+                    args=[],
+                    requires_grad=False,
+                    saved=[],
+                )
+                order += 1
+            continue
+        if node.op != "call_function":
+            continue
+        op = op_name(node.target)
+        vals = node.meta.get("val")
+        outs = list(vals) if isinstance(vals, (tuple, list)) else [vals]
+        in_nodes = [a for a in node.all_input_nodes]
+        in_vals = [a.meta.get("val") for a in _tensor_args(node)]
+        in_shapes = [_shape(v) for v in in_vals]
+        param_fqns = [
+            kinds[a.name][1]
+            for a in in_nodes
+            if a.op == "placeholder" and kinds.get(a.name, ("",))[0] == "parameter"
+        ]
+        requires_grad = bool(param_fqns) or any(
+            graph.nodes[a.name].get("requires_grad", False) for a in in_nodes if a.name in graph
+        )
+        out_bytes = sum(tensor_bytes(o) for o in outs)
+        fwd = forward_flops(op, in_shapes, _shape(outs[0]) if outs else None)
+        needs_grad = [
+            (a.op == "placeholder" and kinds.get(a.name, ("",))[0] == "parameter")
+            or (a.name in graph and graph.nodes[a.name].get("requires_grad", False))
+            for a in _tensor_args(node)
+        ]
+        view = is_view(op)
+        fwd_bytes = 0 if view else out_bytes + sum(tensor_bytes(v) for v in in_vals)
+        graph.add_node(
+            node.name,
+            op=op,
+            module=_module_path(node),
+            order=order,
+            shapes=[_shape(o) for o in outs],
+            dtypes=[_dtype(o) for o in outs],
+            out_bytes=0 if view else out_bytes,
+            fwd_flops=fwd,
+            bwd_flops=backward_flops(op, fwd, needs_grad),
+            fwd_bytes=fwd_bytes,
+            bwd_bytes=2 * fwd_bytes if requires_grad else 0,
+            params=param_fqns,
+            args=_serialise_args(node.args, kinds) + [_serialise_kwargs(node.kwargs, kinds)],
+            requires_grad=requires_grad,
+            saved=[],
+        )
+        order += 1
+        for a in in_nodes:
+            if a.name in graph:
+                graph.add_edge(a.name, node.name, bytes=tensor_bytes(a.meta.get("val")))
+    outputs = [n for n in gm.graph.nodes if n.op == "output"][0].all_input_nodes
+    graph.graph["outputs"] = [n.name for n in outputs if n.name in graph]
+    _measure_saved(exported, model, graph, kinds)
+    return graph
+
+
+def _tensor_args(node: torch.fx.Node) -> list[torch.fx.Node]:
+    found: list[torch.fx.Node] = []
+
+    def visit(a: Any) -> None:
+        if isinstance(a, torch.fx.Node):
+            if isinstance(a.meta.get("val"), torch.Tensor):
+                found.append(a)
+        elif isinstance(a, (list, tuple)):
+            for x in a:
+                visit(x)
+
+    for a in node.args:
+        visit(a)
+    return found
+
+
+def _module_path(node: torch.fx.Node) -> str:
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return ""
+    path, _type = list(stack.values())[-1]
+    return _clean_path(path)
+
+
+def _clean_path(path: str) -> str:
+    # Non-strict export names modules by their FQN; strip any "L['self']." style prefix.
+    for prefix in ("L['self'].", "L__self__.", "self."):
+        path = path.removeprefix(prefix)
+    return path
+
+
+def _shape(v: Any) -> list[int] | None:
+    if isinstance(v, torch.Tensor):
+        return [int(d) for d in v.shape]
+    return None
+
+
+def _dtype(v: Any) -> str | None:
+    if isinstance(v, torch.Tensor):
+        return str(v.dtype).replace("torch.", "")
+    return None
+
+
+def _serialise(a: Any, kinds: dict[str, tuple[str, str]]) -> Any:
+    if isinstance(a, torch.fx.Node):
+        if a.op == "placeholder":
+            kind, fqn = kinds.get(a.name, ("user_input", a.name))
+            if kind == "parameter":
+                return {"param": fqn}
+            if kind == "buffer":
+                return {"buffer": fqn}
+            if kind != "user_input":
+                return {"const": fqn}
+        return {"node": a.name}
+    if isinstance(a, (list, tuple)):
+        return [_serialise(x, kinds) for x in a]
+    if isinstance(a, bool) or a is None or isinstance(a, (int, float, str)):
+        return a
+    if isinstance(a, torch.SymInt):
+        return int(a)
+    return str(a)
+
+
+def _serialise_args(args: tuple, kinds: dict[str, tuple[str, str]]) -> list[Any]:
+    return [_serialise(a, kinds) for a in args]
+
+
+def _serialise_kwargs(kwargs: dict, kinds: dict[str, tuple[str, str]]) -> dict[str, Any]:
+    return {k: _serialise(v, kinds) for k, v in kwargs.items() if k not in ("device", "layout")}
+
+
+# --------------------------------------------------------------------------- saved tensors
+
+
+class _SavedTensorInterpreter(torch.fx.Interpreter):
+    """Runs the exported graph with autograd on; records who produced and who saved each
+    tensor kept for backward (by storage, so a view and its base count once)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, static_keys: set[int]) -> None:
+        super().__init__(gm)
+        self.current = ""
+        self.static = static_keys
+        self.producer: dict[int, str] = {}
+        self.saved: dict[int, tuple[str, int]] = {}  # storage -> (saver, bytes)
+        self.keep: list[torch.Tensor] = []  # keep storages alive so ids stay unique
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        key = _storage_key(t)
+        if key is not None and key not in self.static and key not in self.saved:
+            self.saved[key] = (self.current, t.untyped_storage().nbytes())
+            self.keep.append(t)
+        return t
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        self.current = n.name
+        if n.op == "call_function" and n.target is torch.ops.aten.dropout.default:
+            x, p, train = (list(n.args) + [None, None])[:3]
+            x = self.env[x] if isinstance(x, torch.fx.Node) else x
+            both = torch.ops.aten.native_dropout.default(x, p, True) if train and p else (x,)
+            out, produced = both[0], list(both)
+        else:
+            out = super().run_node(n)
+            produced = list(out) if isinstance(out, (tuple, list)) else [out]
+        for t in produced:
+            if isinstance(t, torch.Tensor):
+                key = _storage_key(t)
+                if key is not None:
+                    self.producer.setdefault(key, n.name)
+                    self.keep.append(t)
+        return out
+
+
+def _storage_key(t: torch.Tensor) -> int | None:
+    try:
+        return t.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
+def _measure_saved(
+    exported: torch.export.ExportedProgram,
+    model: torch.nn.Module,
+    graph: nx.DiGraph,
+    kinds: dict[str, tuple[str, str]],
+) -> None:
+    gm = exported.graph_module
+    state = dict(model.named_parameters(remove_duplicate=False))
+    state.update(dict(model.named_buffers(remove_duplicate=False)))
+    state.update(exported.constants)
+    args: list[torch.Tensor] = []
+    static: set[int] = set()
+    for spec in exported.graph_signature.input_specs:
+        if spec.kind.name.lower() == "user_input":
+            continue
+        t = state[spec.target]
+        if isinstance(t, torch.Tensor):
+            t = (
+                t.detach()
+                .to("meta")
+                .requires_grad_(spec.kind.name.lower() == "parameter" and t.is_floating_point())
+            )
+            key = _storage_key(t)
+            if key is not None:
+                static.add(key)
+        args.append(t)
+    user = [
+        n
+        for n in gm.graph.nodes
+        if n.op == "placeholder" and kinds.get(n.name, ("user_input",))[0] == "user_input"
+    ]
+    for n in user:
+        val = n.meta["val"]
+        args.append(torch.empty(val.shape, dtype=val.dtype, device="meta"))
+    interp = _SavedTensorInterpreter(gm, static)
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(interp.pack, _identity):
+        interp.run(*args)
+    for key, (saver, nbytes) in interp.saved.items():
+        producer = interp.producer.get(key)
+        if producer not in graph:
+            producer = None
+        if saver in graph:
+            graph.nodes[saver]["saved"].append([producer, nbytes])
+
+
+def _identity(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+# --------------------------------------------------------------------------- hook fallback
+
+
+def _trace_with_hooks(
+    mf: ModelFile, model: torch.nn.Module, inputs: tuple, export_exc: BaseException
+) -> nx.DiGraph:
+    """One node per leaf module call, from forward hooks on the meta device."""
+    graph = nx.DiGraph()
+    producer: dict[int, str] = {}
+    saved_seen: set[int] = set()
+    names = {m: n for n, m in model.named_modules()}
+    static = {_storage_key(p) for p in list(model.parameters()) + list(model.buffers())}
+    current: list[str] = []
+    pending_saved: dict[str, list] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        key = _storage_key(t)
+        if key is not None and key not in static and key not in saved_seen and current:
+            saved_seen.add(key)
+            pending_saved.setdefault(current[-1], []).append(
+                [producer.get(key), t.untyped_storage().nbytes()]
+            )
+        return t
+
+    def pre_hook(module: torch.nn.Module, args: tuple) -> None:
+        current.append(names[module])
+
+    def post_hook(module: torch.nn.Module, args: tuple, output: Any) -> None:
+        path = names[module]
+        node = f"{path or 'root'}#{graph.number_of_nodes()}"
+        outs = [o for o in (output if isinstance(output, (tuple, list)) else [output])]
+        out_t = [o for o in outs if isinstance(o, torch.Tensor)]
+        in_t = [a for a in args if isinstance(a, torch.Tensor)]
+        params = [f"{path}.{n}" if path else n for n, _ in module.named_parameters(recurse=False)]
+        in_shapes = [list(a.shape) for a in in_t]
+        if isinstance(module, torch.nn.Linear) and in_t and out_t:
+            fwd = 2 * numel(out_t[0].shape) * in_t[0].shape[-1]
+        elif isinstance(module, torch.nn.modules.conv._ConvNd) and out_t:
+            fwd = 2 * numel(out_t[0].shape) * numel(module.weight.shape[1:])
+        else:
+            fwd = 0
+        requires_grad = any(a.requires_grad for a in in_t) or bool(params)
+        grads = (1 if in_t and in_t[0].requires_grad else 0) + (1 if params else 0)
+        io_bytes = sum(tensor_bytes(t) for t in in_t + out_t)
+        graph.add_node(
+            node,
+            op=f"module.{type(module).__name__}",
+            module=path,
+            order=graph.number_of_nodes(),
+            shapes=[list(o.shape) for o in out_t],
+            dtypes=[_dtype(o) for o in out_t],
+            out_bytes=sum(tensor_bytes(o) for o in out_t),
+            fwd_flops=fwd,
+            bwd_flops=fwd * grads,
+            fwd_bytes=io_bytes,
+            bwd_bytes=2 * io_bytes if requires_grad else 0,
+            params=[mf_alias.get(p, p) for p in params],
+            args=[],
+            requires_grad=requires_grad,
+            saved=pending_saved.pop(path, []),
+            in_shapes=in_shapes,
+        )
+        for a in in_t:
+            src = producer.get(_storage_key(a))
+            if src is not None and src != node:
+                graph.add_edge(src, node, bytes=tensor_bytes(a))
+        for o in out_t:
+            producer[_storage_key(o)] = node
+        current.pop()
+
+    mf_alias = _param_aliases(model)
+    leaves = [m for m in model.modules() if not list(m.children())]
+    handles = []
+    for m in leaves:
+        handles.append(m.register_forward_pre_hook(pre_hook))
+        handles.append(m.register_forward_hook(post_hook))
+    try:
+        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, _identity):
+            model(*inputs)
+    except Exception as exc:
+        where = current[-1] if current else "(top level)"
+        raise UserInputError(
+            f"{mf.path.name}: cannot trace the model: torch.export failed "
+            f"({type(export_exc).__name__}) and its forward raised in module {where!r}: "
+            f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+        ) from exc
+    finally:
+        for h in handles:
+            h.remove()
+    if graph.number_of_nodes() == 0:
+        raise UserInputError(f"{mf.path.name}: the model's forward ran no module with hooks")
+    last = max(graph.nodes, key=lambda n: graph.nodes[n]["order"])
+    graph.graph["outputs"] = [last]
+    return graph

@@ -1,0 +1,80 @@
+"""Bad input gets one line on stderr naming the problem, and exit status 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from planner.cli import main
+
+FORWARD_RAISES = """
+import torch
+from torch import nn
+class M(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(2))
+    def forward(self, x):
+        raise RuntimeError("boom in forward")
+def build_model():
+    return M()
+def make_batch(b, step=0):
+    return torch.ones(b, 4), torch.zeros(b, dtype=torch.long)
+"""
+
+CASES = {
+    "missing_file": (None, "does not exist"),
+    "not_python": ("this is not python at all {{{", "syntax error"),
+    "syntax_error": ("def build_model(:\n    pass\n", "syntax error at line 1"),
+    "no_build_model": ("def make_batch(b, step=0):\n    return 1, 2\n", "build_model"),
+    "build_raises": (
+        "def build_model():\n    raise ValueError('bad size')\n"
+        "def make_batch(b, step=0):\n    return 1, 2\n",
+        "bad size",
+    ),
+    "make_batch_wrong_type": (
+        "import torch\ndef build_model():\n    return torch.nn.Linear(2, 2)\n"
+        "def make_batch(b, step=0):\n    return 'tokens'\n",
+        "make_batch must return (inputs, targets)",
+    ),
+    "forward_raises": (FORWARD_RAISES, "boom in forward"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_model_file_is_one_line_exit_2(case, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path / "cache"))
+    source, needle = CASES[case]
+    path = tmp_path / f"{case}.py"
+    if source is not None:
+        path.write_text(source)
+    code = main([str(path), "--graph"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1, err
+    assert needle in err
+    assert "Traceback" not in err
+
+
+def test_unknown_model_arg_names_the_argument(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path))
+    code = main(["examples/gpt.py", "--graph", "--model-arg", "colour=red"])
+    err = capsys.readouterr().err
+    assert code == 2 and "colour" in err and len(err.strip().splitlines()) == 1
+
+
+def test_real_process_exit_status_and_stderr(tmp_path):
+    env_cache = {"MESHPLAN_CACHE": str(tmp_path)}
+    import os
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "planner.cli", str(tmp_path / "nope.py"), "--graph"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env_cache},
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "does not exist" in proc.stderr
+    assert proc.stdout == ""

@@ -1,0 +1,222 @@
+"""The tracer and blocks against independent references: closed-form FLOPs, Korthikanti's
+activation memory, and exact parameter counts."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.api import graph_summary, trace
+from planner.modelfile import load_model_file
+
+GPT = "examples/gpt.py"
+
+
+def gpt_closed_form_flops(b: int, s: int, h: int, L: int, V: int) -> int:
+    """Forward matmul FLOPs of our GPT, derived from its definition (not from the tracer).
+
+    Per layer: Q, K, V and the output projection are four h x h products, the MLP two
+    h x 4h products: 12 h^2 multiply-adds per token; QK^T and PV are b*s*s*h each. The head is
+    an h x V product per token. 2 FLOPs per multiply-add; backward is twice forward."""
+    per_token = 12 * L * h * h + V * h
+    forward = 2 * b * s * per_token + 2 * 2 * b * s * s * h * L
+    return 3 * forward
+
+
+@pytest.mark.parametrize(
+    "dims",
+    [
+        dict(layers=3, hidden=256, heads=4, seq_len=128, vocab=1000),
+        dict(layers=2, hidden=1024, heads=16, seq_len=512, vocab=8192),
+    ],
+)
+def test_gpt_flops_match_closed_form(dims, tmp_path, monkeypatch):
+    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path))
+    b = 2
+    traced = trace(GPT, {"size": "tiny", **dims}, micro_batch_size=b)
+    total = sum(x.fwd_flops + x.bwd_flops for x in traced.blocks)
+    expected = gpt_closed_form_flops(
+        b, dims["seq_len"], dims["hidden"], dims["layers"], dims["vocab"]
+    )
+    assert abs(total - expected) / expected < 0.01
+
+
+def _layer(traced):
+    layers = [x for x in traced.blocks if x.label == "Block"]
+    assert layers, [x.label for x in traced.blocks]
+    return layers[0]
+
+
+@pytest.mark.parametrize("s,h,a", [(2048, 2048, 16), (1024, 1024, 8)])
+def test_saved_activations_with_dropout_match_korthikanti(s, h, a, tmp_path, monkeypatch):
+    """16-bit activations, 1-byte dropout masks: s*b*h*(34 + 5*a*s/h) per layer."""
+    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path))
+    b = 1
+    args = dict(size="tiny", layers=2, hidden=h, heads=a, seq_len=s, vocab=512, dropout=0.1)
+    traced = trace(GPT, args, micro_batch_size=b, dtype="bf16")
+    expected = s * b * h * (34 + 5 * a * s / h)
+    assert abs(_layer(traced).saved_bytes - expected) / expected < 0.05
+
+
+def test_saved_activations_without_dropout_match_derived_formula(tmp_path, monkeypatch):
+    """Without dropout the three masks (2 x sbh residual, a*s*s*b attention) and the dropout
+    output (2*a*s*s*b) disappear, and PV reads the softmax output itself:
+    s*b*h*(34 - 2) + 2*a*s*s*b = s*b*h*(32 + 2*a*s/h)."""
+    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path))
+    s, h, a, b = 2048, 2048, 16, 1
+    args = dict(size="tiny", layers=2, hidden=h, heads=a, seq_len=s, vocab=512, dropout=0.0)
+    traced = trace(GPT, args, micro_batch_size=b, dtype="bf16")
+    expected = s * b * h * (32 + 2 * a * s / h)
+    assert abs(_layer(traced).saved_bytes - expected) / expected < 0.05
+
+
+def test_selective_recompute_drops_the_attention_scores(tmp_path, monkeypatch):
+    """Korthikanti's selective recompute keeps s*b*h*34 per layer."""
+    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path))
+    s, h, a, b = 2048, 2048, 16, 1
+    args = dict(size="tiny", layers=2, hidden=h, heads=a, seq_len=s, vocab=512, dropout=0.1)
+    traced = trace(GPT, args, micro_batch_size=b, dtype="bf16")
+    expected = s * b * h * 34
+    assert abs(_layer(traced).saved_selective_bytes - expected) / expected < 0.05
+
+
+@pytest.mark.parametrize(
+    "path,args",
+    [
+        ("examples/gpt.py", {"size": "tiny"}),
+        ("examples/llama.py", {"size": "tiny"}),
+        ("examples/mlp.py", {"size": "tiny"}),
+    ],
+)
+def test_parameter_counts_are_exact(path, args, tmp_path, monkeypatch):
+    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path))
+    traced = trace(path, args, dtype="fp32")
+    model = load_model_file(path, args).build()
+    unique = sum(p.numel() for p in model.parameters())  # parameters() skips tied duplicates
+    assert traced.params == unique
+    assert sum(b.params for b in traced.blocks) == unique
+    assert traced.note == ""  # traced by torch.export, no fallback
+
+
+def test_tied_embedding_counts_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path))
+    src = (
+        "import torch\nfrom torch import nn\n"
+        "class M(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.emb = nn.Embedding(50, 8)\n"
+        "        self.layers = nn.ModuleList(nn.Linear(8, 8) for _ in range(3))\n"
+        "        self.head = nn.Linear(8, 50, bias=False)\n"
+        "        self.head.weight = self.emb.weight\n"
+        "    def forward(self, x):\n"
+        "        h = self.emb(x)\n"
+        "        for l in self.layers:\n"
+        "            h = torch.relu(l(h))\n"
+        "        return self.head(h)\n"
+        "def build_model():\n    return M()\n"
+        "def make_batch(b, step=0):\n"
+        "    x = torch.zeros(b, 4, dtype=torch.long)\n    return x, x\n"
+    )
+    f = tmp_path / "tied.py"
+    f.write_text(src)
+    traced = trace(f, dtype="fp32")
+    expected = 50 * 8 + 3 * (8 * 8 + 8)
+    assert traced.params == expected
+    assert sum(b.params for b in traced.blocks) == expected
+    assert [b.name for b in traced.blocks] == ["emb", "layers.0", "layers.1", "layers.2", "head"]
+
+
+def test_96_layer_gpt_is_one_class_of_96(tmp_path, monkeypatch):
+    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path))
+    args = dict(size="gpt3-175b", hidden=64, heads=4, seq_len=32, vocab=128)
+    traced = trace(GPT, args, dtype="bf16")
+    summary = graph_summary(traced)
+    assert summary["model"]["classes"]["Block"] == 96
+    assert len(traced.blocks) == 98  # embeddings, 96 layers, final norm + head
+    assert len({b.cls for b in traced.blocks if b.label == "Block"}) == 1
+
+
+def test_llama_and_mlp_trace_into_blocks(tmp_path, monkeypatch):
+    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path))
+    llama = trace("examples/llama.py", {"size": "tiny"})
+    names = [b.name for b in llama.blocks]
+    assert "model.layers.0" in names and "model.layers.1" in names
+    assert llama.blocks[0].params > 0 and llama.blocks[-1].params > 0
+    assert llama.blocks[1].cls == llama.blocks[2].cls
+    assert sum(b.fwd_flops for b in llama.blocks) > 0
+    mlp = trace("examples/mlp.py", {"size": "tiny"}, dtype="fp32")
+    layer_classes = {b.cls for b in mlp.blocks if b.member}
+    assert len(layer_classes) == 1 and sum(b.member for b in mlp.blocks) >= 4
+
+
+def test_cache_hit_returns_the_same_graph(tmp_path, monkeypatch):
+    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path))
+    first = trace(GPT, {"size": "tiny"})
+    second = trace(GPT, {"size": "tiny"})
+    assert not first.from_cache and second.from_cache
+    assert graph_summary(first) == graph_summary(second)
+    other_batch = trace(GPT, {"size": "tiny"}, micro_batch_size=2)
+    assert not other_batch.from_cache
+    # activations scale with the batch; the s x s causal mask does not (it is 2% of this one)
+    assert other_batch.blocks[1].saved_bytes == pytest.approx(
+        2 * first.blocks[1].saved_bytes, rel=0.02
+    )
+
+
+def test_fallback_to_module_hooks_when_export_fails(tmp_path, monkeypatch):
+    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path))
+    src = (
+        "import torch\nfrom torch import nn\n"
+        "class M(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.layers = nn.ModuleList(nn.Linear(8, 8) for _ in range(2))\n"
+        "    def forward(self, x):\n"
+        "        for l in self.layers:\n"
+        "            x = l(x)\n"
+        "            if x.sum() > 0:  # data-dependent control flow: export cannot trace it\n"
+        "                x = x * 2\n"
+        "        return x\n"
+        "def build_model():\n    return M()\n"
+        "def make_batch(b, step=0):\n"
+        "    return torch.ones(b, 8), torch.zeros(b, dtype=torch.long)\n"
+    )
+    f = tmp_path / "branchy.py"
+    f.write_text(src)
+    # On meta tensors the branch itself cannot run either: the error names the module.
+    from planner.errors import UserInputError
+
+    with pytest.raises(UserInputError, match="cannot trace"):
+        trace(f, dtype="fp32")
+
+
+def test_hook_fallback_graph(tmp_path, monkeypatch):
+    """A model that export rejects (its output is an unregistered class) but that runs on meta
+    tensors is traced by module hooks, and the user is told so."""
+    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path))
+    src = (
+        "import torch\nfrom torch import nn\n"
+        "class Out:\n"
+        "    def __init__(self, logits):\n"
+        "        self.logits = logits\n"
+        "class Odd(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.layers = nn.ModuleList(nn.Linear(8, 8) for _ in range(3))\n"
+        "    def forward(self, x):\n"
+        "        for l in self.layers:\n"
+        "            x = l(x)\n"
+        "        return Out(x)\n"
+        "def build_model():\n    return Odd()\n"
+        "def make_batch(b, step=0):\n"
+        "    return torch.ones(b, 8), torch.zeros(b, dtype=torch.long)\n"
+    )
+    f = tmp_path / "odd.py"
+    f.write_text(src)
+    traced = trace(f, dtype="fp32", micro_batch_size=4)
+    assert "fell back to module-level tracing" in traced.note
+    assert traced.params == 3 * (8 * 8 + 8)
+    assert sum(b.params for b in traced.blocks) == traced.params
+    assert [b.name for b in traced.blocks] == ["layers.0", "layers.1", "layers.2"]
+    # three Linear layers of 4 x 8 x 8 multiply-adds
+    assert sum(b.fwd_flops for b in traced.blocks) == 3 * 2 * 4 * 8 * 8
