@@ -96,3 +96,162 @@ def graph_summary(traced: TracedModel) -> dict[str, Any]:
             for b in traced.blocks
         ],
     }
+
+
+# --------------------------------------------------------------------------- planning
+
+
+@dataclass
+class PlanResult:
+    plan: dict[str, Any]
+    traced: TracedModel
+    cluster: Any
+    training: Any
+    search: Any
+    notes: list[str]
+
+
+def variants_for(graph: nx.DiGraph, cluster, tp_variant: str = "auto") -> Any:
+    """The intra-block sharding ILP, with its cost rates taken from the cluster's profile.
+    ``tp_variant="sharded"`` drops the replicated variant wherever a sharded one exists, so a
+    pinned ``--tp`` really shards (used to score hand-written Megatron configs, and by tests)."""
+    from planner.sharding import tp_variants
+
+    p = cluster.profile
+    bw, _ = cluster.link(list(range(min(cluster.gpus_per_node, cluster.gpus))))
+
+    def variants_of(block: Block, tp: int) -> list:
+        found = tp_variants(
+            graph,
+            block,
+            tp,
+            comm_seconds_per_byte=1.0 / bw,
+            flops_per_second=p.peak_flops["bf16"] * p.matmul_efficiency,
+            bytes_per_second=p.memory_bandwidth * p.elementwise_efficiency,
+        )
+        sharded = [v for v in found if v.name != "replicated"]
+        return sharded if tp_variant == "sharded" and sharded else found
+
+    return variants_of
+
+
+def plan(
+    model_file: str | Path | ModelFile,
+    gpus: int | None = None,
+    *,
+    model_args: dict[str, Any] | None = None,
+    profile: str | None = None,
+    gpus_per_node: int | None = None,
+    nodes: int | None = None,
+    global_batch_size: int | None = None,
+    dtype: str | None = None,
+    optimizer: str | None = None,
+    pins: Any = None,
+    use_cache: bool = True,
+    progress: Any = None,
+) -> PlanResult:
+    """Trace, price and solve: the plan dict of docs/plan-format.md, plus what made it.
+
+    Raises UserInputError for bad input and InfeasibleError when nothing fits."""
+    from planner.cluster import make_cluster
+    from planner.costmodel import Training
+    from planner.errors import InfeasibleError
+    from planner.plan import build_plan
+    from planner.search import Pins, search
+
+    mf = (
+        model_file
+        if isinstance(model_file, ModelFile)
+        else load_model_file(model_file, model_args or {})
+    )
+    cluster, notes = make_cluster(gpus, profile, gpus_per_node, nodes)
+    training_cfg = dict(mf.training)
+    for key, value in (
+        ("global_batch_size", global_batch_size),
+        ("dtype", dtype),
+        ("optimizer", optimizer),
+    ):
+        if value is not None:
+            training_cfg[key] = value
+    training = Training(
+        int(training_cfg["global_batch_size"]),
+        str(training_cfg["dtype"]),
+        str(training_cfg["optimizer"]),
+    )
+    pins = pins or Pins()
+    if progress:
+        progress("trace", 0, 1)
+    traced = trace(mf, micro_batch_size=1, dtype=training.dtype, use_cache=use_cache)
+    if traced.note:
+        notes.append(traced.note)
+    variants_of = variants_for(traced.graph, cluster, pins.tp_variant)
+    result = search(traced.graph, traced.blocks, cluster, training, pins, variants_of, progress)
+    if result.best is None:
+        raise InfeasibleError(infeasible_message(traced, cluster, training, result, pins))
+    baselines = baseline_candidates(traced, cluster, training, pins, variants_of)
+    lr = float(training_cfg.get("lr", 3e-4))
+    doc = build_plan(traced, cluster, training, lr, result, baselines)
+    return PlanResult(doc, traced, cluster, training, result, notes)
+
+
+def baseline_candidates(traced, cluster, training, pins, variants_of) -> list:
+    """Pure DP, pure FSDP and Megatron's rule, each solved under the same cost model."""
+    from dataclasses import replace
+
+    from planner.search import search
+
+    found = []
+    rules = [
+        ("pure data parallel", dict(tp=1, pp=1, zero=0)),
+        ("FSDP (ZeRO-3)", dict(tp=1, pp=1, zero=3)),
+    ]
+    tp = 1
+    for t in (8, 4, 2):
+        if t <= cluster.gpus_per_node and cluster.gpus % t == 0:
+            tp = t
+            break
+    rules.append(("Megatron: TP in node, PP across nodes, full recompute", dict(tp=tp)))
+    for name, fixed in rules:
+        p = replace(pins, **fixed)
+        if name.startswith("Megatron"):
+            p = replace(p, recompute="full", pp=cluster.nodes if cluster.nodes > 1 else None)
+        try:
+            res = search(traced.graph, traced.blocks, cluster, training, p, variants_of)
+        except Exception:  # a baseline that cannot be formed is simply not listed
+            continue
+        best = res.best or min(
+            (c for c in res.candidates if c.status == "solved"),
+            key=lambda c: c.cost.step_time_s,
+            default=None,
+        )
+        if best is not None:
+            found.append((name, best))
+    return found
+
+
+def infeasible_message(traced, cluster, training, result, pins) -> str:
+    cap = cluster.profile.memory_bytes * pins.memory_fraction
+    need = min(c.min_memory for c in result.candidates)
+    gib = 2**30
+    # fewest GPUs of this profile whose ZeRO-3 share of the model states would fit
+    wb, gb, ob = training.state_bytes
+    states = traced.params * (wb + gb + ob)
+    room = cap - cluster.profile.reserved_bytes
+    fewest = int(-(-states // room)) if room > 0 else 0
+    hints = [f"at least {max(fewest, cluster.gpus + 1)} GPUs of {cluster.profile.name}"]
+    hints.append("a profile with more memory (e.g. --profile h200)")
+    if pins.offload == "none":
+        hints.append("allowing offload (--offload auto)")
+    if pins.recompute not in ("auto", "full"):
+        hints.append("--recompute auto")
+    if need > cap:
+        miss = (
+            f"the best candidate needs at least {need / gib:.1f} GiB per device "
+            f"({(need - cap) / gib:.1f} GiB over the {cap / gib:.1f} GiB usable)"
+        )
+    else:
+        miss = (
+            f"model states fit ({need / gib:.1f} GiB of {cap / gib:.1f} GiB usable per device) "
+            "but with activations and buffers no placement does"
+        )
+    return f"no plan fits: {miss}; try " + ", or ".join(hints)

@@ -70,6 +70,32 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_flags(p)
     p.add_argument("--graph", action="store_true", help="print the block table and stop")
     p.add_argument("--json", action="store_true", help="with --graph: JSON on stdout")
+    c = p.add_argument_group("cluster")
+    c.add_argument("--gpus", type=positive_int, help="number of devices")
+    c.add_argument("--profile", help="device profile name (see profiles/) or a .toml path")
+    c.add_argument("--gpus-per-node", type=positive_int, help="overrides the profile's")
+    c.add_argument("--nodes", type=positive_int, help="number of nodes")
+    s = p.add_argument_group("pin part of the plan (default: the solver chooses)")
+    s.add_argument("--tp", type=positive_int, help="tensor-parallel degree")
+    s.add_argument("--pp", type=positive_int, help="pipeline-parallel degree")
+    s.add_argument("--dp", type=positive_int, help="data-parallel degree")
+    s.add_argument("--zero", type=int, choices=(0, 1, 2, 3), help="ZeRO stage")
+    s.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved_1f1b"))
+    s.add_argument("--virtual-stages", type=positive_int, help="chunks per rank (interleaved)")
+    s.add_argument("--recompute", default="auto", choices=("auto", "none", "selective", "full"))
+    s.add_argument(
+        "--offload", default="auto", choices=("auto", "none", "optimizer", "optimizer+params")
+    )
+    s.add_argument(
+        "--tp-variant",
+        default="auto",
+        choices=("auto", "sharded"),
+        help="sharded: with --tp > 1, shard every block that can be sharded",
+    )
+    s.add_argument(
+        "--memory-fraction", type=float, default=1.0, help="usable share of device memory"
+    )
+    p.add_argument("--out", help="output directory (default: reports/<model file stem>/)")
     add_common_flags(p)
     return p
 
@@ -119,7 +145,63 @@ def cmd_plan(argv: list[str]) -> int:
 
             print_graph(summary, traced.note, quiet=args.quiet)
         return 0
-    raise UserInputError("say what to do: --graph prints the block table")
+    return run_planning(args, mf)
+
+
+def pins_from(args: argparse.Namespace):
+    from planner.search import Pins
+
+    if not 0 < args.memory_fraction <= 1:
+        raise UserInputError(f"--memory-fraction must be in (0, 1], got {args.memory_fraction}")
+    return Pins(
+        tp=args.tp,
+        pp=args.pp,
+        dp=args.dp,
+        zero=args.zero,
+        micro_batch_size=args.micro_batch_size,
+        schedule=args.schedule,
+        virtual_stages=args.virtual_stages,
+        recompute=args.recompute,
+        offload=args.offload,
+        memory_fraction=args.memory_fraction,
+        tp_variant=args.tp_variant,
+    )
+
+
+def run_planning(args: argparse.Namespace, mf) -> int:
+    from pathlib import Path
+
+    from planner.api import plan
+    from planner.console import Progress, print_plan
+    from planner.plan import write_plan
+
+    if args.gpus is None and args.nodes is None:
+        raise UserInputError("say how many devices to plan for: --gpus N (or --graph)")
+    pins = pins_from(args)
+    if pins.tp and args.gpus and args.gpus % pins.tp:
+        raise UserInputError(f"--tp {pins.tp} does not divide --gpus {args.gpus}")
+    out_dir = Path(args.out) if args.out else Path("reports") / mf.path.stem
+    with Progress(quiet=args.quiet) as progress:
+        result = plan(
+            mf,
+            args.gpus,
+            profile=args.profile,
+            gpus_per_node=args.gpus_per_node,
+            nodes=args.nodes,
+            global_batch_size=args.global_batch_size,
+            dtype=args.dtype,
+            optimizer=args.optimizer,
+            pins=pins,
+            use_cache=not args.no_cache,
+            progress=progress.update,
+        )
+    path = write_plan(result.plan, out_dir)
+    written = [path]
+    if not args.quiet:
+        for note in result.notes:
+            print(f"note: {note}", file=sys.stderr)
+    print_plan(result.plan, written, quiet=args.quiet)
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -21,6 +21,15 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} TiB"
 
 
+def human_time(seconds: float) -> str:
+    """Seconds with a unit that keeps three significant digits readable (s, ms or µs)."""
+    if seconds >= 1:
+        return f"{seconds:,.2f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.1f} ms"
+    return f"{seconds * 1e6:.1f} µs"
+
+
 def human_count(n: float) -> str:
     for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
         if abs(n) >= scale:
@@ -65,3 +74,95 @@ def print_graph(summary: dict[str, Any], note: str = "", quiet: bool = False) ->
         f"{m['saved_activation_bytes'] / 1e6:,.1f}",
     )
     out.print(table)
+
+
+class Progress:
+    """A one-line live status while tracing and solving; silent when quiet or not a tty."""
+
+    def __init__(self, quiet: bool = False) -> None:
+        self.enabled = not quiet and sys.stderr.isatty()
+        self._status = None
+
+    def __enter__(self) -> Progress:
+        if self.enabled:
+            from rich.console import Console as _C
+
+            self._status = _C(stderr=True).status("tracing the model…")
+            self._status.__enter__()
+        return self
+
+    def update(self, phase: str, done: int, total: int) -> None:
+        if self._status is None:
+            return
+        if phase == "trace":
+            self._status.update("tracing the model…")
+        else:
+            self._status.update(f"solving: {done} of at most {total} candidates")
+
+    def __exit__(self, *exc: object) -> None:
+        if self._status is not None:
+            self._status.__exit__(None, None, None)
+
+
+def print_plan(plan: dict[str, Any], written: list, quiet: bool = False) -> None:
+    """The terminal summary of a plan: one line, the stage table, the prediction, the
+    alternatives and where the files are."""
+    out = console(quiet)
+    mesh, pred, sol = plan["mesh"], plan["predicted"], plan["solver"]
+    cl = plan["cluster"]
+    sched = plan["schedule"] if mesh["pp"] > 1 else "no pipeline"
+    if plan["schedule"] == "interleaved_1f1b":
+        sched += f" x{plan['virtual_stages']}"
+    out.print(
+        f"[bold]plan[/bold] pp={mesh['pp']} dp={mesh['dp']} tp={mesh['tp']} on "
+        f"{cl['gpus']} x {cl['profile']} ({cl['nodes']} node{'s' * (cl['nodes'] > 1)})  ·  "
+        f"global batch {plan['global_batch_size']} = {mesh['dp']} x "
+        f"{plan['micro_batch_size']} x {plan['num_microbatches']} micro-batches  ·  {sched}  ·  "
+        f"ZeRO-{plan['zero_stage']}  ·  {plan['dtype']}"
+    )
+    blocks = {b["name"]: b for b in plan["blocks"]}
+    table = Table(title="stages")
+    for col in ("stage", "blocks", "ranks", "compute/mb", "comm/mb", "memory / capacity"):
+        table.add_column(col, justify="right" if col != "blocks" else "left")
+    cap = pred["capacity_bytes"]
+    for st in plan["stages"]:
+        names = st["blocks"]
+        shown = names[0] if len(names) == 1 else f"{names[0]} … {names[-1]} ({len(names)})"
+        modes = sorted({blocks[n]["recompute"] for n in names} - {"none"})
+        offl = sorted({blocks[n]["offload"] for n in names} - {"none"})
+        extra = "".join(f" [recompute {m}]" for m in modes) + "".join(
+            f" [offload {o}]" for o in offl
+        )
+        ranks = st["ranks"]
+        rank_text = f"{ranks[0]}–{ranks[-1]}" if len(ranks) > 1 else str(ranks[0])
+        mem = pred["memory_per_stage"][st["pp_rank"]]["total"]
+        table.add_row(
+            str(st["index"]),
+            shown + extra,
+            rank_text,
+            human_time(st["compute_s"]),
+            human_time(st["tp_comm_s"] + st["p2p_s"]),
+            f"{human_bytes(mem)} / {human_bytes(cap)}",
+        )
+    out.print(table)
+    out.print(
+        f"predicted step {human_time(pred['step_time_s'])}  ·  "
+        f"{pred['samples_per_s']:,.1f} samples/s  ·  {pred['tokens_per_s']:,.0f} tokens/s  ·  "
+        f"MFU {pred['mfu']:.1%}  ·  peak memory {human_bytes(pred['peak_memory_bytes'])}"
+    )
+    alts = [a for a in sol["alternatives"] if a["why_not"] != "chosen"][:6]
+    if alts:
+        t = Table(title="alternatives")
+        for col in ("layout", "step", "peak memory", "why not"):
+            t.add_column(col)
+        for a in alts:
+            step = human_time(a["step_time_s"]) if a["step_time_s"] else "—"
+            mem = human_bytes(a["peak_memory_bytes"]) if a["peak_memory_bytes"] else "—"
+            t.add_row(a.get("baseline", a["label"]), step, mem, a["why_not"])
+        out.print(t)
+    out.print(
+        f"solver: {sol['candidates_solved']} of {sol['candidates_total']} candidates solved "
+        f"({sol['candidates_pruned']} pruned by bounds) in {sol['solve_time_s']:.2f} s"
+    )
+    for path in written:
+        out.print(f"wrote {path}")

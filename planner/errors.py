@@ -1,19 +1,24 @@
-"""User-facing errors: the CLI prints str(e) as one line and exits with ``exit_code``."""
+"""User-facing errors: the CLI prints ``str(e)`` as one line and exits with ``exit_code``.
+
+Anything raised as a MeshplanError is a problem the user can fix, so its message must say what was
+wrong and how to fix it; any other exception is a bug and keeps its traceback.
+"""
 
 
 class MeshplanError(Exception):
-    """A problem the user can fix; the message says what was wrong and how to fix it."""
+    """A user-facing problem: the CLI prints str(e) as one line and exits with exit_code."""
 
     exit_code = 2
 
 
 class UserInputError(MeshplanError):
-    """Bad input: a model file, a flag, a profile or a plan that cannot be used."""
+    """Bad input (a model file, a flag, a profile, a plan): the message names it and the fix."""
 
     exit_code = 2
 
 
 class InfeasibleError(MeshplanError):
-    """A valid request that no plan can satisfy (for example, nothing fits in memory)."""
+    """A valid request no plan can satisfy (e.g. nothing fits in memory); exits 3 so scripts can
+    tell "change the request" from "fix the input"."""
 
     exit_code = 3

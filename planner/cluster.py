@@ -1,0 +1,115 @@
+"""The cluster: how many devices, how they are grouped into nodes, and the links between them.
+
+Ranks fill nodes in order (rank // gpus_per_node), as torchrun assigns them, so a group of
+consecutive ranks inside one node talks over NVLink and any group that crosses a node boundary
+is limited by the per-GPU network link.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from planner.errors import UserInputError
+from planner.profiles import DeviceProfile, default_profile_name, load_profile
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """``nodes`` identical nodes of ``gpus_per_node`` devices described by ``profile``."""
+
+    profile: DeviceProfile
+    nodes: int
+    gpus_per_node: int
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1 or self.gpus_per_node < 1:
+            raise ValueError(f"a cluster needs >= 1 node and GPU per node, got {self}")
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    def node_of(self, rank: int) -> int:
+        """The node that holds global ``rank``."""
+        if not 0 <= rank < self.gpus:
+            raise ValueError(f"rank {rank} is outside a cluster of {self.gpus} GPUs")
+        return rank // self.gpus_per_node
+
+    def spans_nodes(self, ranks: Sequence[int]) -> bool:
+        """Whether a group over ``ranks`` has to cross the inter-node network."""
+        return len({self.node_of(r) for r in ranks}) > 1
+
+    def link(self, ranks: Sequence[int]) -> tuple[float, float]:
+        """(bandwidth in B/s, latency in s) of the slowest link a collective over ``ranks`` uses.
+
+        A ring that crosses nodes runs at the per-GPU NIC rate (nccl-tests: B is the bottleneck
+        link), otherwise at the per-GPU NVLink rate; either is scaled by the achievable share of
+        link bandwidth that ring collectives reach (hardware.md measured_collective_bandwidth).
+        """
+        p = self.profile
+        if self.spans_nodes(ranks):
+            return p.inter_node_bandwidth * p.collective_efficiency, p.inter_node_latency
+        return p.intra_node_bandwidth * p.collective_efficiency, p.intra_node_latency
+
+
+def make_cluster(
+    gpus: int | None,
+    profile: str | None = None,
+    gpus_per_node: int | None = None,
+    nodes: int | None = None,
+) -> tuple[Cluster, list[str]]:
+    """Build the cluster from the command-line flags; the notes tell the user what was chosen.
+
+    ``--gpus N`` alone gives ceil(N / gpus_per_node) full nodes, or one partial node when N is
+    below a node's size; ``--nodes M`` alone gives M full nodes; both must agree.
+    """
+    for flag, value in (("--gpus", gpus), ("--nodes", nodes), ("--gpus-per-node", gpus_per_node)):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value <= 0
+        ):
+            raise UserInputError(f"{flag} must be a positive integer, got {value}")
+    if gpus is None and nodes is None:
+        raise UserInputError("say how many GPUs to plan for: --gpus N (or --nodes M)")
+    notes: list[str] = []
+    if profile is None:
+        profile, reason = default_profile_name()
+        notes.append(f"profile {profile}: {reason}")
+    prof = load_profile(profile)
+    per_node = gpus_per_node or prof.gpus_per_node
+    if nodes is not None:
+        if gpus is None:
+            gpus = nodes * per_node
+        elif nodes * per_node != gpus:
+            hint = (
+                f"--gpus-per-node {gpus // nodes}"
+                if gpus % nodes == 0
+                else f"--gpus {nodes * per_node}"
+            )
+            raise UserInputError(
+                f"--nodes {nodes} with {per_node} GPUs per node hold {nodes * per_node} GPUs, "
+                f"not --gpus {gpus}: make them agree (e.g. {hint})"
+            )
+        return Cluster(prof, nodes, per_node), notes
+    assert gpus is not None
+    if gpus < per_node:
+        notes.append(f"{gpus} GPUs fill part of one {per_node}-GPU node: planning 1 node of {gpus}")
+        return Cluster(prof, 1, gpus), notes
+    if gpus % per_node:
+        lower, upper = gpus // per_node * per_node, (gpus // per_node + 1) * per_node
+        raise UserInputError(
+            f"--gpus {gpus} does not fill nodes of {per_node} GPUs: use a multiple of {per_node} "
+            f"(e.g. {lower} or {upper}), or set --gpus-per-node"
+        )
+    return Cluster(prof, gpus // per_node, per_node), notes
+
+
+def cluster_to_dict(c: Cluster) -> dict[str, Any]:
+    """The cluster as recorded in plan.json."""
+    return {
+        "profile": c.profile.name,
+        "nodes": c.nodes,
+        "gpus_per_node": c.gpus_per_node,
+        "gpus": c.gpus,
+    }

@@ -1,0 +1,75 @@
+"""Collective and point-to-point times under the alpha-beta ring model.
+
+With n ranks, S bytes (the full, gathered buffer), bus bandwidth B and per-step latency alpha,
+the bandwidth terms are the ideal times of nccl-tests doc/PERFORMANCE.md (busbw = algbw x factor,
+shared/reference/hardware.md nccl_bus_bandwidth_factors) and each of a ring's steps pays alpha:
+
+    all-reduce                    2 (n-1)/n * S/B + 2 (n-1) alpha
+    all-gather, reduce-scatter      (n-1)/n * S/B +   (n-1) alpha
+    all-to-all                      (n-1)/n * S/B +   (n-1) alpha
+    point-to-point                          S/B +         alpha
+
+Every function returns 0.0 when there is nothing to move (n <= 1 or no bytes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from planner.cluster import Cluster
+
+
+def all_reduce_time(nbytes: float, n: int, bandwidth: float, latency: float) -> float:
+    """Ring all-reduce of an S-byte buffer: 2(n-1)/n * S/B + 2(n-1) alpha (a reduce-scatter
+    then an all-gather)."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    return 2 * (n - 1) / n * nbytes / bandwidth + 2 * (n - 1) * latency
+
+
+def all_gather_time(nbytes: float, n: int, bandwidth: float, latency: float) -> float:
+    """Ring all-gather into an S-byte result (S/n bytes from each rank): (n-1)/n * S/B +
+    (n-1) alpha."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    return (n - 1) / n * nbytes / bandwidth + (n - 1) * latency
+
+
+def reduce_scatter_time(nbytes: float, n: int, bandwidth: float, latency: float) -> float:
+    """Ring reduce-scatter of an S-byte input (S/n bytes kept by each rank): (n-1)/n * S/B +
+    (n-1) alpha."""
+    return all_gather_time(nbytes, n, bandwidth, latency)
+
+
+def all_to_all_time(nbytes: float, n: int, bandwidth: float, latency: float) -> float:
+    """All-to-all of S bytes per rank (S/n to each peer, its own share stays): (n-1)/n * S/B +
+    (n-1) alpha."""
+    return all_gather_time(nbytes, n, bandwidth, latency)
+
+
+def p2p_time(nbytes: float, bandwidth: float, latency: float) -> float:
+    """One send/receive of S bytes: S/B + alpha."""
+    if nbytes <= 0:
+        return 0.0
+    return nbytes / bandwidth + latency
+
+
+KINDS: dict[str, Callable[[float, int, float, float], float]] = {
+    "all_reduce": all_reduce_time,
+    "all_gather": all_gather_time,
+    "reduce_scatter": reduce_scatter_time,
+    "all_to_all": all_to_all_time,
+}
+
+
+def collective_time(kind: str, nbytes: float, cluster: Cluster, ranks: Sequence[int]) -> float:
+    """Time of one ``kind`` collective of ``nbytes`` over ``ranks``, at the bandwidth and latency
+    of the slowest link the group uses (``Cluster.link``)."""
+    try:
+        formula = KINDS[kind]
+    except KeyError:
+        raise ValueError(f"unknown collective {kind!r}; expected one of {sorted(KINDS)}") from None
+    bandwidth, latency = cluster.link(ranks)
+    return formula(nbytes, len(ranks), bandwidth, latency)

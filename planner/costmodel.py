@@ -1,0 +1,507 @@
+"""The cost model: per-block option costs and the step time and memory of a configuration.
+
+This is the function the solver optimizes and the one a user calls to score a configuration by
+hand. Everything is derived from the traced blocks (FLOPs, bytes, measured saved activations)
+and the cluster's profile; the published formulas are test oracles, never inputs.
+
+Units: seconds and bytes, per device. A block's traced numbers are for ``traced_mbs`` samples;
+FLOPs, bytes and activations scale linearly with the micro-batch size.
+
+What overlaps with what (stated once, used everywhere):
+- tensor-parallel collectives sit on the critical path of every micro-batch (not overlapped);
+- pipeline point-to-point sends are counted per micro-batch on the sending stage;
+- the data-parallel gradient reduction overlaps with the backward of the last micro-batch; only
+  the part longer than that backward is exposed. ZeRO-3's parameter all-gathers overlap with the
+  micro-batch's forward and backward compute (prefetch); the excess is exposed;
+- the optimizer step and offload transfers are not overlapped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from planner.blocks import Block
+from planner.cluster import Cluster
+from planner.collectives import collective_time, p2p_time
+
+RECOMPUTE = ("none", "selective", "full")
+OFFLOAD = ("none", "optimizer", "optimizer+params")
+SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
+
+# Bytes per parameter: (weights, gradients, optimizer states). Mixed precision keeps fp32
+# master weights in the optimizer states (ZeRO paper's K = 12 for Adam); SGD keeps momentum.
+STATE_BYTES = {
+    ("adamw", True): (2, 2, 12),
+    ("adamw", False): (4, 4, 8),
+    ("sgd", True): (2, 2, 8),
+    ("sgd", False): (4, 4, 4),
+}
+PEAK_KEY = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}
+
+
+@dataclass(frozen=True)
+class Training:
+    global_batch_size: int
+    dtype: str = "bf16"
+    optimizer: str = "adamw"
+
+    @property
+    def mixed(self) -> bool:
+        return self.dtype in ("bf16", "fp16")
+
+    @property
+    def state_bytes(self) -> tuple[int, int, int]:
+        return STATE_BYTES[(self.optimizer, self.mixed)]
+
+
+@dataclass(frozen=True)
+class BlockOption:
+    """One way to run one block on one device, for one micro-batch of a given size."""
+
+    variant: str
+    recompute: str
+    offload: str
+    fwd_s: float  # forward compute + forward TP collectives
+    bwd_s: float  # backward compute (+ recompute) + backward TP collectives
+    tp_comm_s: float  # the TP collectives inside fwd_s + bwd_s (for the breakdown)
+    params: float  # parameters held per device after TP sharding (before ZeRO)
+    act_bytes: float  # saved activations per in-flight micro-batch
+    recompute_peak_bytes: float  # transient during backward: one block's recomputed activations
+    transient_bytes: float  # working memory of the block's largest op
+    tp_plan: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def time_s(self) -> float:
+        return self.fwd_s + self.bwd_s
+
+
+@dataclass
+class Mesh:
+    pp: int
+    dp: int
+    tp: int
+
+    @property
+    def size(self) -> int:
+        return self.pp * self.dp * self.tp
+
+    def rank(self, pp_i: int, dp_i: int, tp_i: int) -> int:
+        return (pp_i * self.dp + dp_i) * self.tp + tp_i
+
+    def tp_group(self, pp_i: int = 0) -> list[int]:
+        return [self.rank(pp_i, 0, t) for t in range(self.tp)]
+
+    def dp_group(self, pp_i: int = 0) -> list[int]:
+        return [self.rank(pp_i, d, 0) for d in range(self.dp)]
+
+    def stage_ranks(self, pp_i: int) -> list[int]:
+        return [self.rank(pp_i, d, t) for d in range(self.dp) for t in range(self.tp)]
+
+
+@dataclass
+class Config:
+    """One point of the search space; ``choice[i]`` indexes block i's option list."""
+
+    mesh: Mesh
+    micro_batch_size: int
+    schedule: str
+    virtual_stages: int
+    zero_stage: int
+    stage_of: list[int]  # block index -> virtual stage (0 .. pp*v - 1), non-decreasing
+    choice: list[int]
+
+    @property
+    def num_stages(self) -> int:
+        return self.mesh.pp * self.virtual_stages
+
+
+@dataclass
+class StageCost:
+    index: int
+    pp_rank: int
+    blocks: list[int]
+    compute_s: float  # fwd + bwd (+ recompute) compute per micro-batch
+    tp_comm_s: float  # per micro-batch
+    p2p_s: float  # per micro-batch
+    time_s: float  # total per micro-batch
+    fwd_s: float  # forward share of time_s (compute, TP collectives, activation send)
+    bwd_s: float  # backward share of time_s (incl. recompute and gradient send)
+    dp_comm_s: float  # per step, total
+    dp_exposed_s: float
+    optimizer_s: float
+    offload_s: float
+    inflight: int
+    memory: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class StepCost:
+    step_time_s: float
+    pipeline_s: float
+    bubble_s: float
+    dp_exposed_s: float
+    optimizer_s: float
+    offload_s: float
+    stages: list[StageCost]
+    rank_memory: list[dict[str, float]]  # per pp rank (sum over its virtual stages)
+    peak_memory_bytes: float
+    capacity_bytes: float
+    model_flops_per_step: float
+    mfu: float
+    samples_per_s: float
+    feasible: bool
+    host_bytes_per_gpu: float = 0.0
+
+
+# --------------------------------------------------------------------------- per block
+
+
+def compute_time(flops: float, nbytes: float, cluster: Cluster, dtype: str) -> float:
+    """Roofline: the larger of FLOPs over achievable peak and bytes over achievable bandwidth."""
+    p = cluster.profile
+    peak = p.peak_flops[PEAK_KEY[dtype]] * p.matmul_efficiency
+    bw = p.memory_bandwidth * p.elementwise_efficiency
+    return max(flops / peak, nbytes / bw)
+
+
+def node_times(graph, block: Block, scale: float, cluster: Cluster, dtype: str):
+    """Per-op roofline, summed: (forward, backward, forward of the selective core)."""
+    from planner.blocks import core_nodes
+
+    core = graph.graph.get("_core")
+    if core is None:
+        core = graph.graph["_core"] = core_nodes(graph)
+    fwd = bwd = core_fwd = 0.0
+    for n in block.nodes:
+        d = graph.nodes[n]
+        f = compute_time(d["fwd_flops"] * scale, d["fwd_bytes"] * scale, cluster, dtype)
+        fwd += f
+        bwd += compute_time(d["bwd_flops"] * scale, d["bwd_bytes"] * scale, cluster, dtype)
+        if n in core:
+            core_fwd += f
+    return fwd, bwd, core_fwd
+
+
+def block_options(
+    graph,
+    block: Block,
+    variants: list,
+    micro_batch_size: int,
+    cluster: Cluster,
+    tp_ranks: list[int],
+    training: Training,
+    offload_allowed: bool = True,
+) -> list[BlockOption]:
+    """Every (TP variant x recompute x offload) option of a block, priced."""
+    traced_mbs = graph.graph["micro_batch_size"]
+    scale = micro_batch_size / traced_mbs
+    fwd_full, bwd_full, core_fwd = node_times(graph, block, scale, cluster, training.dtype)
+    options: list[BlockOption] = []
+    for v in variants:
+        cf = v.compute_fraction
+        fwd = fwd_full * cf
+        bwd = bwd_full * cf
+        comm_f = sum(collective_time(k, b * scale, cluster, tp_ranks) for k, b in v.comm_fwd)
+        comm_b = sum(collective_time(k, b * scale, cluster, tp_ranks) for k, b in v.comm_bwd)
+        params = block.params * v.param_fraction
+        for rc in RECOMPUTE:
+            if rc == "selective" and v.saved_selective_bytes >= v.saved_bytes:
+                continue  # nothing to drop: identical to "none"
+            if rc == "full" and v.input_bytes >= v.saved_bytes:
+                continue
+            extra = {"none": 0.0, "selective": core_fwd * cf, "full": fwd + comm_f}[rc]
+            act = {
+                "none": v.saved_bytes,
+                "selective": v.saved_selective_bytes,
+                "full": v.input_bytes,
+            }[rc]
+            recompute_peak = {
+                "none": 0.0,
+                "selective": v.saved_bytes - v.saved_selective_bytes,
+                "full": v.saved_bytes,
+            }[rc]
+            for off in OFFLOAD if (offload_allowed and block.params > 0) else ("none",):
+                options.append(
+                    BlockOption(
+                        variant=v.name,
+                        recompute=rc,
+                        offload=off,
+                        fwd_s=fwd + comm_f,
+                        bwd_s=bwd + extra + comm_b,
+                        tp_comm_s=comm_f + comm_b + (comm_f if rc == "full" else 0.0),
+                        params=params,
+                        act_bytes=act * scale,
+                        recompute_peak_bytes=recompute_peak * scale,
+                        transient_bytes=block.transient_bytes * scale * cf,
+                        tp_plan=tuple(sorted(v.tp_plan.items())),
+                    )
+                )
+    return options
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def state_memory(
+    params: float, zero: int, dp: int, offload: str, training: Training
+) -> dict[str, float]:
+    """Weights, gradients and optimizer states per device (ZeRO paper, Sec. 5), after offload.
+
+    ZeRO-1 shards optimizer states over DP, ZeRO-2 also gradients, ZeRO-3 also weights.
+    Offload "optimizer" moves optimizer states to host memory (ZeRO-Offload); "optimizer+params"
+    also keeps the weights and gradients there between uses (FSDP2 CPUOffloadPolicy)."""
+    wb, gb, ob = training.state_bytes
+    w = params * wb / (dp if zero >= 3 else 1)
+    g = params * gb / (dp if zero >= 2 else 1)
+    o = params * ob / (dp if zero >= 1 else 1)
+    host = 0.0
+    if offload in ("optimizer", "optimizer+params"):
+        host += o
+        o = 0.0
+    if offload == "optimizer+params":
+        host += w + g
+        w = g = 0.0
+    return {"params": w, "grads": g, "optimizer": o, "host": host}
+
+
+def inflight_microbatches(schedule: str, m: int, pp: int, v: int, pp_rank: int) -> int:
+    """Micro-batches whose activations a stage holds at its peak.
+
+    GPipe: all m. 1F1B: min(m, pp - rank). Interleaved 1F1B with v chunks per rank (counted in
+    chunk-micro-batches, each holding one chunk's activations): torch's warm-up of
+    (v - 1) * pp + 2 * (pp - rank - 1) steps plus the one in flight, at most m * v."""
+    if schedule == "gpipe" or pp == 1:
+        return m if schedule == "gpipe" else min(m, pp - pp_rank)
+    if schedule == "1f1b":
+        return min(m, pp - pp_rank)
+    return min(m * v, (v - 1) * pp + 2 * (pp - pp_rank - 1) + 1)
+
+
+# --------------------------------------------------------------------------- the step
+
+
+@dataclass
+class CostInputs:
+    """What every configuration of one (micro-batch, TP degree) is priced from."""
+
+    blocks: list[Block]
+    options: list[list[BlockOption]]  # per block
+    traced_mbs: int
+    cluster: Cluster
+    training: Training
+    memory_fraction: float = 1.0
+
+    @property
+    def boundary_bytes(self) -> float:
+        """Activation bytes crossing a pipeline cut, per traced micro-batch (the largest cut:
+        transformer cuts are all equal; elsewhere this is the conservative choice)."""
+        return float(max((b.boundary_bytes for b in self.blocks[:-1]), default=0))
+
+    @property
+    def loss_bytes(self) -> float:
+        """The loss's fp32 logits and their gradient on the last stage, per traced sample-set."""
+        last = self.blocks[-1]
+        dtype_bytes = 2 if self.training.mixed else 4
+        return 2 * 4 * last.output_bytes / dtype_bytes
+
+
+def stage_time_parts(
+    inp: CostInputs, opts: list[BlockOption], config: Config, s: int
+) -> tuple[float, float, float]:
+    """(compute, TP communication, point-to-point) per micro-batch for virtual stage s."""
+    mesh = config.mesh
+    n_stages = config.num_stages
+    compute = sum(o.time_s - o.tp_comm_s for o in opts)
+    tp_comm = sum(o.tp_comm_s for o in opts)
+    p2p = 0.0
+    if n_stages > 1:
+        r, p = s % mesh.pp, mesh.pp
+        nbytes = inp.boundary_bytes * config.micro_batch_size / inp.traced_mbs
+        if s < n_stages - 1:  # activations to the next stage, gradients back from it
+            bw, lat = inp.cluster.link([mesh.rank(r, 0, 0), mesh.rank((s + 1) % p, 0, 0)])
+            p2p += 2 * p2p_time(nbytes, bw, lat)
+    return compute, tp_comm, p2p
+
+
+def dp_comm(inp: CostInputs, opts: list[BlockOption], config: Config, pp_rank: int, m: int):
+    """(total, exposed) data-parallel communication per step for one stage's blocks."""
+    mesh, zero, tr = config.mesh, config.zero_stage, inp.training
+    if mesh.dp == 1:
+        return 0.0, 0.0
+    wb, gb, _ = tr.state_bytes
+    params = sum(o.params for o in opts)
+    if params == 0:
+        return 0.0, 0.0
+    ranks = mesh.dp_group(pp_rank)
+    cl = inp.cluster
+    fwd = sum(o.fwd_s for o in opts)
+    bwd = sum(o.bwd_s for o in opts)
+    if zero == 0:
+        total = collective_time("all_reduce", params * gb, cl, ranks)
+        return total, max(0.0, total - bwd)
+    rs = collective_time("reduce_scatter", params * gb, cl, ranks)
+    ag = collective_time("all_gather", params * wb, cl, ranks)
+    if zero == 1:
+        return rs + ag, max(0.0, rs - bwd) + max(0.0, ag - fwd)
+    if zero == 2:
+        return m * rs + ag, m * max(0.0, rs - bwd) + max(0.0, ag - fwd)
+    per_mb = 2 * ag + rs
+    return m * per_mb, m * max(0.0, per_mb - fwd - bwd)
+
+
+def optimizer_time(inp: CostInputs, opts: list[BlockOption], config: Config) -> float:
+    """The optimizer step: memory-bound over the local shard, on the device or, offloaded, on
+    the host (reads weights, gradients and states, writes weights and states)."""
+    wb, gb, ob = inp.training.state_bytes
+    p = inp.cluster.profile
+    dp = config.mesh.dp if config.zero_stage >= 1 else 1
+    device = sum(o.params for o in opts if o.offload == "none") / dp
+    host = sum(o.params for o in opts if o.offload != "none") / dp
+    per_param = 2 * wb + gb + 2 * ob
+    return device * per_param / (p.memory_bandwidth * p.elementwise_efficiency) + (
+        host * per_param / p.host_memory_bandwidth
+    )
+
+
+def offload_time(inp: CostInputs, opts: list[BlockOption], config: Config, m: int) -> float:
+    """Host<->device traffic per step. "optimizer": gradients down and updated weights up once
+    per step. "optimizer+params": also the weights up for every micro-batch's forward and
+    backward and the gradients down after each micro-batch."""
+    wb, gb, _ = inp.training.state_bytes
+    bw = inp.cluster.profile.host_bandwidth
+    dp = config.mesh.dp if config.zero_stage >= 1 else 1
+    t = 0.0
+    for o in opts:
+        shard = o.params / dp
+        if o.offload == "optimizer":
+            t += shard * (gb + wb) / bw
+        elif o.offload == "optimizer+params":
+            t += shard * (2 * m * wb + m * gb + wb) / bw
+    return t
+
+
+def other_memory(
+    inp: CostInputs, opts: list[BlockOption], config: Config, pp_rank: int, last: bool
+) -> float:
+    """Memory that is not a model state or saved activation: the profile's reserved bytes, the
+    largest op's working memory (or one block's recomputed activations during backward), the
+    pipeline send/receive buffers, ZeRO-3's gathered weights of the current and the prefetched
+    block, and on the last stage the loss's fp32 logits and their gradient."""
+    p = inp.cluster.profile
+    scale = config.micro_batch_size / inp.traced_mbs
+    total = p.reserved_bytes
+    total += max((o.transient_bytes + o.recompute_peak_bytes for o in opts), default=0.0)
+    if config.num_stages > 1:
+        total += 2 * inp.boundary_bytes * scale
+    gathered = [o.params for o in opts if config.zero_stage >= 3 or o.offload == "optimizer+params"]
+    total += 2 * max(gathered, default=0.0) * inp.training.state_bytes[0]
+    if last:
+        total += inp.loss_bytes * scale
+    return total
+
+
+def evaluate(inp: CostInputs, config: Config) -> StepCost:
+    """Step time and per-device memory of ``config`` under the cost model.
+
+    Pipeline (p ranks, m micro-batches, per-stage time T_j per micro-batch):
+    GPipe / 1F1B: sum_j T_j + (m - 1) * max_j T_j. Interleaved with v chunks per rank:
+    m * max_r R_r + (p - 1) * max_c T_c, where R_r sums rank r's chunks; with equal chunks the
+    bubble is 1/v of the 1F1B bubble. Step = pipeline + exposed DP communication + optimizer
+    step + offload traffic (the last three: the slowest pipeline rank's)."""
+    mesh, training, cluster = config.mesh, inp.training, inp.cluster
+    p, v = mesh.pp, config.virtual_stages
+    m = training.global_batch_size // (mesh.dp * config.micro_batch_size)
+    n_stages = p * v
+    stage_blocks: list[list[int]] = [[] for _ in range(n_stages)]
+    for i, s in enumerate(config.stage_of):
+        stage_blocks[s].append(i)
+    stages: list[StageCost] = []
+    for s in range(n_stages):
+        r = s % p
+        opts = [inp.options[i][config.choice[i]] for i in stage_blocks[s]]
+        compute, tp_comm, p2p = stage_time_parts(inp, opts, config, s)
+        dp_total, dp_exposed = dp_comm(inp, opts, config, r, m)
+        stages.append(
+            StageCost(
+                index=s,
+                pp_rank=r,
+                blocks=stage_blocks[s],
+                compute_s=compute,
+                tp_comm_s=tp_comm,
+                p2p_s=p2p,
+                time_s=compute + tp_comm + p2p,
+                fwd_s=sum(o.fwd_s for o in opts) + p2p / 2,
+                bwd_s=sum(o.bwd_s for o in opts) + p2p / 2,
+                dp_comm_s=dp_total,
+                dp_exposed_s=dp_exposed,
+                optimizer_s=optimizer_time(inp, opts, config),
+                offload_s=offload_time(inp, opts, config, m),
+                inflight=inflight_microbatches(config.schedule, m, p, v, r),
+            )
+        )
+    T = [st.time_s for st in stages]
+    if v == 1:
+        pipeline = sum(T) + (m - 1) * max(T)
+        bubble = sum(T) - max(T)
+    else:
+        R = [sum(T[c] for c in range(r, n_stages, p)) for r in range(p)]
+        pipeline = m * max(R) + (p - 1) * max(T)
+        bubble = (p - 1) * max(T)
+    rank_memory: list[dict[str, float]] = []
+    for r in range(p):
+        mem = {"params": 0.0, "grads": 0.0, "optimizer": 0.0, "activations": 0.0}
+        rank_opts: list[BlockOption] = []
+        for st in stages[r::p]:
+            for i in st.blocks:
+                o = inp.options[i][config.choice[i]]
+                rank_opts.append(o)
+                sm = state_memory(o.params, config.zero_stage, mesh.dp, o.offload, training)
+                for k in ("params", "grads", "optimizer"):
+                    mem[k] += sm[k]
+                mem["activations"] += o.act_bytes * st.inflight
+        mem["other"] = other_memory(inp, rank_opts, config, r, last=(r == (n_stages - 1) % p))
+        mem["total"] = sum(mem.values())
+        rank_memory.append(mem)
+    host = max(
+        sum(
+            state_memory(
+                inp.options[i][config.choice[i]].params,
+                config.zero_stage,
+                mesh.dp,
+                inp.options[i][config.choice[i]].offload,
+                training,
+            )["host"]
+            for st in stages[r::p]
+            for i in st.blocks
+        )
+        for r in range(p)
+    )
+    profile = cluster.profile
+    capacity = profile.memory_bytes * inp.memory_fraction
+    peak = max(mm["total"] for mm in rank_memory)
+    dp_exposed = max(st.dp_exposed_s for st in stages)
+    opt_s = max(sum(st.optimizer_s for st in stages[r::p]) for r in range(p))
+    off_s = max(sum(st.offload_s for st in stages[r::p]) for r in range(p))
+    step = pipeline + dp_exposed + opt_s + off_s
+    flops = sum(b.fwd_flops + b.bwd_flops for b in inp.blocks) * (
+        training.global_batch_size / inp.traced_mbs
+    )
+    peak_flops = profile.peak_flops[PEAK_KEY[training.dtype]]
+    host_capacity = profile.host_memory_bytes / max(profile.gpus_per_node, 1)
+    return StepCost(
+        step_time_s=step,
+        pipeline_s=pipeline,
+        bubble_s=bubble,
+        dp_exposed_s=dp_exposed,
+        optimizer_s=opt_s,
+        offload_s=off_s,
+        stages=stages,
+        rank_memory=rank_memory,
+        peak_memory_bytes=peak,
+        capacity_bytes=capacity,
+        model_flops_per_step=flops,
+        mfu=flops / (step * mesh.size * peak_flops) if step > 0 else 0.0,
+        samples_per_s=training.global_batch_size / step if step > 0 else 0.0,
+        feasible=peak <= capacity and host <= host_capacity,
+        host_bytes_per_gpu=host,
+    )

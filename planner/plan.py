@@ -1,0 +1,397 @@
+"""plan.json: build it from the solver's result, write it atomically, load and validate it.
+
+The format is documented in docs/plan-format.md. Output is deterministic: keys sorted, floats
+rounded to 12 significant digits, nothing that depends on time or the machine except the solve
+time, which lives under ``solver`` and is rounded to milliseconds... and is excluded when
+``MESHPLAN_DETERMINISTIC=1`` (tests of byte-identical output set it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from planner.atomic import write_text_atomic
+from planner.cluster import Cluster, cluster_to_dict
+from planner.costmodel import Config, CostInputs, StepCost, Training, state_memory
+from planner.errors import UserInputError
+from planner.search import Candidate, SearchResult
+
+SCHEMA = "meshplan.plan/1"
+TP_STYLES = ("colwise", "colwise_gather", "rowwise")
+
+
+def _r(x: float) -> float:
+    return float(f"{x:.12g}")
+
+
+def memory_dict(mem: dict[str, float]) -> dict[str, float]:
+    keys = ("params", "grads", "optimizer", "activations", "other", "total")
+    return {k: _r(mem.get(k, 0.0)) for k in keys}
+
+
+def candidate_summary(c: Candidate, best: Candidate | None) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "mesh": {"pp": c.pp, "dp": c.dp, "tp": c.tp},
+        "micro_batch_size": c.micro_batch_size,
+        "schedule": c.schedule,
+        "virtual_stages": c.virtual_stages,
+        "zero_stage": c.zero,
+        "label": c.label(),
+        "status": c.status,
+        "lower_bound_step_time_s": _r(c.bound),
+    }
+    if c.cost is not None:
+        out.update(
+            step_time_s=_r(c.cost.step_time_s),
+            peak_memory_bytes=_r(c.cost.peak_memory_bytes),
+            feasible=c.cost.feasible,
+            mfu=_r(c.cost.mfu),
+        )
+    else:
+        out.update(step_time_s=None, peak_memory_bytes=None, feasible=None, mfu=None)
+    out["why_not"] = why_lost(c, best)
+    return out
+
+
+def why_lost(c: Candidate, best: Candidate | None) -> str:
+    if best is not None and c is best:
+        return "chosen"
+    if c.status == "solved" and c.cost is not None:
+        if not c.cost.feasible:
+            over = c.cost.peak_memory_bytes - c.cost.capacity_bytes
+            return f"does not fit: needs {over / 2**30:.1f} GiB more than the device has"
+        if best is not None and best.cost is not None:
+            slower = c.cost.step_time_s / best.cost.step_time_s - 1
+            cost = c.cost
+            if slower < 1e-3:
+                extra = (cost.peak_memory_bytes - best.cost.peak_memory_bytes) / 2**30
+                if extra > 0.05:
+                    return f"as fast (within 0.1%) but needs {extra:.1f} GiB more memory"
+                return "as fast (within 0.1%); the chosen plan wins the tie on a simpler mesh"
+            parts = {
+                "pipeline bubble": cost.bubble_s - best.cost.bubble_s,
+                "exposed data-parallel communication": cost.dp_exposed_s - best.cost.dp_exposed_s,
+                "optimizer step": cost.optimizer_s - best.cost.optimizer_s,
+                "offload traffic": cost.offload_s - best.cost.offload_s,
+                "compute and tensor-parallel communication": (
+                    cost.pipeline_s - cost.bubble_s - best.cost.pipeline_s + best.cost.bubble_s
+                ),
+            }
+            worst = max(parts, key=lambda k: parts[k])
+            return f"{slower:.1%} slower, mostly {worst}"
+    if c.status == "infeasible":
+        return "does not fit in memory with any placement and options"
+    return c.reason or c.status
+
+
+def rebase_tp_plan(tp_plan: dict[str, str], rep: list[str], own: list[str]) -> dict[str, str]:
+    """Blocks of one class share their options, priced on the class's first block; its module
+    paths (``layers.0.mlp.fc1``) are rewritten to this block's (``layers.7.mlp.fc1``)."""
+    out = {}
+    for fqn, style in tp_plan.items():
+        for r, o in zip(rep, own):
+            if fqn == r or fqn.startswith(r + "."):
+                fqn = o + fqn[len(r) :]
+                break
+        out[fqn] = style
+    return dict(sorted(out.items()))
+
+
+def block_memory(o, config: Config, training: Training, inflight: int) -> float:
+    """Device bytes one block holds: its model states after ZeRO and offload, plus its saved
+    activations for the stage's in-flight micro-batches."""
+    sm = state_memory(o.params, config.zero_stage, config.mesh.dp, o.offload, training)
+    return sm["params"] + sm["grads"] + sm["optimizer"] + o.act_bytes * inflight
+
+
+def build_plan(
+    traced,
+    cluster: Cluster,
+    training: Training,
+    lr: float,
+    result: SearchResult,
+    baselines: list[tuple[str, Candidate]],
+) -> dict[str, Any]:
+    best = result.best
+    assert best is not None and best.config is not None and best.cost is not None
+    inp: CostInputs = result.inputs[(best.tp, best.micro_batch_size)]
+    config: Config = best.config
+    cost: StepCost = best.cost
+    blocks = traced.blocks
+    mesh = config.mesh
+    m = training.global_batch_size // (mesh.dp * config.micro_batch_size)
+    stages = []
+    for st in cost.stages:
+        stages.append(
+            {
+                "index": st.index,
+                "pp_rank": st.pp_rank,
+                "blocks": [blocks[i].name for i in st.blocks],
+                "ranks": mesh.stage_ranks(st.pp_rank),
+                "compute_s": _r(st.compute_s),
+                "tp_comm_s": _r(st.tp_comm_s),
+                "p2p_s": _r(st.p2p_s),
+                "time_per_microbatch_s": _r(st.time_s),
+                "forward_s": _r(st.fwd_s),
+                "backward_s": _r(st.bwd_s),
+                "dp_comm_s": _r(st.dp_comm_s),
+                "dp_exposed_s": _r(st.dp_exposed_s),
+                "optimizer_s": _r(st.optimizer_s),
+                "offload_s": _r(st.offload_s),
+                "inflight_microbatches": st.inflight,
+            }
+        )
+    stage_inflight = {i: st.inflight for st in cost.stages for i in st.blocks}
+    rep_modules: dict[str, list[str]] = {}
+    for blk in blocks:
+        rep_modules.setdefault(blk.cls, blk.modules)
+    block_rows = []
+    for i, blk in enumerate(blocks):
+        o = inp.options[i][config.choice[i]]
+        block_rows.append(
+            {
+                "name": blk.name,
+                "class": blk.label,
+                "modules": blk.modules,
+                "stage": config.stage_of[i],
+                "params": blk.params,
+                "tp_variant": o.variant,
+                "tp_plan": rebase_tp_plan(dict(o.tp_plan), rep_modules[blk.cls], blk.modules),
+                "recompute": o.recompute,
+                "offload": o.offload,
+                "time_per_microbatch_s": _r(o.time_s),
+                "activation_bytes_per_microbatch": _r(o.act_bytes),
+                "memory_bytes": _r(block_memory(o, config, training, stage_inflight[i])),
+            }
+        )
+    tokens = _tokens_per_sample(traced)
+    solver = {
+        "status": "optimal",
+        "objective": _r(best.milp_objective),
+        "gap": 0.0,
+        "solve_time_s": round(result.solve_time_s, 3),
+        "candidates_total": result.total,
+        "candidates_solved": result.solved,
+        "candidates_pruned": sum(1 for c in result.candidates if c.status.startswith("pruned")),
+        "alternatives": alternatives(result, baselines),
+        "candidates": [
+            {
+                "label": c.label(),
+                "step_time_s": _r(c.cost.step_time_s),
+                "peak_memory_bytes": _r(c.cost.peak_memory_bytes),
+                "feasible": c.cost.feasible,
+                "chosen": c is best,
+            }
+            for c in result.candidates
+            if c.status == "solved" and c.cost is not None
+        ],
+    }
+    if os.environ.get("MESHPLAN_DETERMINISTIC") == "1":
+        solver["solve_time_s"] = 0.0
+    g = traced.graph.graph
+    return {
+        "schema": SCHEMA,
+        "model": {
+            "file": g["file"],
+            "sha256": g["sha256"],
+            "args": g["args"],
+            "params": traced.params,
+            "blocks": len(blocks),
+            "trace": g["method"],
+        },
+        "cluster": cluster_to_dict(cluster),
+        "mesh": {"pp": mesh.pp, "dp": mesh.dp, "tp": mesh.tp},
+        "mesh_order": ["pp", "dp", "tp"],
+        "global_batch_size": training.global_batch_size,
+        "micro_batch_size": config.micro_batch_size,
+        "num_microbatches": m,
+        "schedule": config.schedule,
+        "virtual_stages": config.virtual_stages,
+        "zero_stage": config.zero_stage,
+        "dtype": training.dtype,
+        "optimizer": training.optimizer,
+        "lr": lr,
+        "stages": stages,
+        "blocks": block_rows,
+        "predicted": {
+            "step_time_s": _r(cost.step_time_s),
+            "pipeline_s": _r(cost.pipeline_s),
+            "bubble_s": _r(cost.bubble_s),
+            "dp_exposed_s": _r(cost.dp_exposed_s),
+            "optimizer_s": _r(cost.optimizer_s),
+            "offload_s": _r(cost.offload_s),
+            "samples_per_s": _r(cost.samples_per_s),
+            "tokens_per_s": _r(cost.samples_per_s * tokens),
+            "model_flops_per_step": _r(cost.model_flops_per_step),
+            "mfu": _r(cost.mfu),
+            "peak_memory_bytes": _r(cost.peak_memory_bytes),
+            "capacity_bytes": _r(cost.capacity_bytes),
+            "host_bytes_per_gpu": _r(cost.host_bytes_per_gpu),
+            "memory_per_stage": [memory_dict(mm) for mm in cost.rank_memory],
+        },
+        "solver": solver,
+    }
+
+
+def _tokens_per_sample(traced) -> int:
+    """Tokens per sample: the second dimension of an integer (token id) input, else 1."""
+    g = traced.graph
+    for _, d in g.nodes(data=True):
+        if d["op"] == "input" and d["dtypes"] and d["dtypes"][0] in ("int64", "int32"):
+            shape = d["shapes"][0] or []
+            if len(shape) >= 2:
+                return int(shape[1])
+    return 1
+
+
+def alternatives(result: SearchResult, baselines: list[tuple[str, Candidate]]) -> list[dict]:
+    """The best plan of each mesh shape, then the named baselines, each with why it lost."""
+    best = result.best
+    by_shape: dict[tuple[int, int, int], Candidate] = {}
+    for c in result.candidates:
+        if c.status not in ("solved", "infeasible", "pruned-bound", "pruned-memory"):
+            continue
+        cur = by_shape.get(c.mesh_key)
+        if cur is None or _rank(c) < _rank(cur):
+            by_shape[c.mesh_key] = c
+    rows = [candidate_summary(c, best) for _, c in sorted(by_shape.items())]
+    rows.sort(key=lambda r: (r["step_time_s"] is None, r["step_time_s"] or 0, r["label"]))
+    for name, c in baselines:
+        row = candidate_summary(c, best)
+        row["baseline"] = name
+        rows.append(row)
+    return rows
+
+
+def _rank(c: Candidate) -> tuple:
+    if c.status == "solved" and c.cost is not None:
+        return (0 if c.cost.feasible else 1, c.cost.step_time_s)
+    return (2, c.bound)
+
+
+def dumps(plan: dict) -> str:
+    return json.dumps(plan, indent=2, sort_keys=True) + "\n"
+
+
+def write_plan(plan: dict, out_dir: Path) -> Path:
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserInputError(f"cannot create output directory {out_dir}: {exc.strerror}") from exc
+    if not os.access(out_dir, os.W_OK):
+        raise UserInputError(f"output directory {out_dir} is not writable: choose --out DIR")
+    path = out_dir / "plan.json"
+    try:
+        write_text_atomic(path, dumps(plan))
+    except OSError as exc:
+        raise UserInputError(f"cannot write {path}: {exc.strerror}") from exc
+    return path
+
+
+REQUIRED = {
+    "schema": str,
+    "model": dict,
+    "cluster": dict,
+    "mesh": dict,
+    "global_batch_size": int,
+    "micro_batch_size": int,
+    "num_microbatches": int,
+    "schedule": str,
+    "virtual_stages": int,
+    "zero_stage": int,
+    "dtype": str,
+    "optimizer": str,
+    "stages": list,
+    "blocks": list,
+    "predicted": dict,
+    "solver": dict,
+}
+
+
+def load_plan(path: str | Path) -> dict:
+    """Read and validate a plan; every defect is a one-line UserInputError."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise UserInputError(f"plan {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserInputError(f"plan {path} cannot be read: {exc}") from exc
+    try:
+        plan = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UserInputError(
+            f"plan {path} is not valid JSON (line {exc.lineno}): {exc.msg}"
+        ) from None
+    validate_plan(plan, str(path))
+    return plan
+
+
+def validate_plan(plan: Any, where: str) -> None:
+    if not isinstance(plan, dict):
+        raise UserInputError(f"plan {where} is not a JSON object")
+    schema = plan.get("schema")
+    if schema != SCHEMA:
+        raise UserInputError(
+            f"plan {where} has schema {schema!r}, this meshplan reads {SCHEMA!r}: plan again"
+        )
+    for key, kind in REQUIRED.items():
+        if not isinstance(plan.get(key), kind) or isinstance(plan.get(key), bool):
+            raise UserInputError(f"plan {where}: {key!r} is missing or not a {kind.__name__}")
+    mesh = plan["mesh"]
+    for k in ("pp", "dp", "tp"):
+        if not isinstance(mesh.get(k), int) or isinstance(mesh.get(k), bool) or mesh[k] < 1:
+            raise UserInputError(f"plan {where}: mesh.{k} must be a positive integer")
+    model = plan["model"]
+    for k in ("file", "sha256"):
+        if not isinstance(model.get(k), str):
+            raise UserInputError(f"plan {where}: model.{k} is missing")
+    gpus = plan["cluster"].get("gpus")
+    if not isinstance(gpus, int) or gpus != mesh["pp"] * mesh["dp"] * mesh["tp"]:
+        raise UserInputError(f"plan {where}: cluster.gpus does not equal pp*dp*tp")
+    for key in ("global_batch_size", "micro_batch_size", "num_microbatches", "virtual_stages"):
+        if plan[key] < 1:
+            raise UserInputError(f"plan {where}: {key} must be positive")
+    if plan["global_batch_size"] != (
+        mesh["dp"] * plan["micro_batch_size"] * plan["num_microbatches"]
+    ):
+        raise UserInputError(
+            f"plan {where}: global_batch_size != dp * micro_batch_size * num_microbatches"
+        )
+    if plan["schedule"] not in ("gpipe", "1f1b", "interleaved_1f1b"):
+        raise UserInputError(f"plan {where}: unknown schedule {plan['schedule']!r}")
+    if plan["zero_stage"] not in (0, 1, 2, 3):
+        raise UserInputError(f"plan {where}: zero_stage must be 0-3")
+    if plan["dtype"] not in ("fp32", "bf16", "fp16") or plan["optimizer"] not in ("adamw", "sgd"):
+        raise UserInputError(f"plan {where}: unknown dtype or optimizer")
+    n_stages = mesh["pp"] * plan["virtual_stages"]
+    if len(plan["stages"]) != n_stages:
+        raise UserInputError(f"plan {where}: expected {n_stages} stages")
+    names = []
+    for b in plan["blocks"]:
+        if not isinstance(b, dict) or not isinstance(b.get("name"), str):
+            raise UserInputError(f"plan {where}: a block lacks its name")
+        if not isinstance(b.get("modules"), list) or not all(
+            isinstance(x, str) for x in b["modules"]
+        ):
+            raise UserInputError(f"plan {where}: block {b['name']!r} lacks its modules")
+        if b.get("recompute") not in ("none", "selective", "full"):
+            raise UserInputError(f"plan {where}: block {b['name']!r} has a bad recompute")
+        if b.get("offload") not in ("none", "optimizer", "optimizer+params"):
+            raise UserInputError(f"plan {where}: block {b['name']!r} has a bad offload")
+        if not isinstance(b.get("tp_plan"), dict) or not all(
+            v in TP_STYLES for v in b["tp_plan"].values()
+        ):
+            raise UserInputError(f"plan {where}: block {b['name']!r} has a bad tp_plan")
+        stage = b.get("stage")
+        if not isinstance(stage, int) or isinstance(stage, bool) or not 0 <= stage < n_stages:
+            raise UserInputError(f"plan {where}: block {b['name']!r} has a bad stage")
+        names.append(b["name"])
+    for i, st in enumerate(plan["stages"]):
+        if not isinstance(st, dict) or not isinstance(st.get("blocks"), list):
+            raise UserInputError(f"plan {where}: stage {i} is malformed")
+        if any(x not in names for x in st["blocks"]):
+            raise UserInputError(f"plan {where}: stage {i} names an unknown block")

@@ -1,0 +1,271 @@
+"""Hardware profiles: one TOML file per device kind, every number with its source.
+
+Shipped profiles live in ``profiles/``; measured ones (``plan calibrate``) in
+``profiles/measured/``. A profile is also accepted by path. Every field is checked on load, so a
+typo or a negative bandwidth is a one-line error naming the field and the file, not a wrong plan.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from planner.atomic import write_text_atomic
+from planner.errors import UserInputError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+PEAK_DTYPES = ("fp32", "tf32", "bf16", "fp16")
+
+# (section, key in the file, attribute, kind, unit). Kinds: "pos" finite > 0, "nonneg" finite
+# >= 0, "eff" a fraction in (0, 1], "int" a positive integer. A "peak_flops.<dtype>" attribute
+# is one entry of DeviceProfile.peak_flops.
+FIELDS: tuple[tuple[str, str, str, str, str], ...] = (
+    ("compute", "peak_flops_fp32", "peak_flops.fp32", "pos", "FLOP/s"),
+    ("compute", "peak_flops_tf32", "peak_flops.tf32", "pos", "FLOP/s"),
+    ("compute", "peak_flops_bf16", "peak_flops.bf16", "pos", "FLOP/s"),
+    ("compute", "peak_flops_fp16", "peak_flops.fp16", "pos", "FLOP/s"),
+    ("compute", "matmul_efficiency", "matmul_efficiency", "eff", "share of peak"),
+    ("compute", "elementwise_efficiency", "elementwise_efficiency", "eff", "share of bandwidth"),
+    ("memory", "capacity_bytes", "memory_bytes", "pos", "bytes"),
+    ("memory", "bandwidth_bytes_per_s", "memory_bandwidth", "pos", "bytes/s"),
+    ("memory", "reserved_bytes", "reserved_bytes", "nonneg", "bytes"),
+    ("node", "gpus_per_node", "gpus_per_node", "int", "devices"),
+    ("node", "host_memory_bytes", "host_memory_bytes", "pos", "bytes"),
+    ("node", "host_link_bytes_per_s", "host_bandwidth", "pos", "bytes/s"),
+    ("node", "host_memory_bandwidth_bytes_per_s", "host_memory_bandwidth", "pos", "bytes/s"),
+    ("network", "intra_node_bandwidth_bytes_per_s", "intra_node_bandwidth", "pos", "bytes/s"),
+    ("network", "intra_node_latency_s", "intra_node_latency", "nonneg", "seconds"),
+    ("network", "inter_node_bandwidth_bytes_per_s", "inter_node_bandwidth", "pos", "bytes/s"),
+    ("network", "inter_node_latency_s", "inter_node_latency", "nonneg", "seconds"),
+    ("network", "collective_efficiency", "collective_efficiency", "eff", "share of link"),
+)
+SECTIONS = ("compute", "memory", "node", "network")
+OPTIONAL: dict[str, float] = {"reserved_bytes": 0.0}  # file key -> default
+_NEED = {
+    "pos": "a positive finite number",
+    "nonneg": "a finite number >= 0",
+    "eff": "a fraction in (0, 1]",
+    "int": "a positive integer",
+}
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """One device kind and the node and network it sits in; all figures in bytes and seconds.
+
+    ``peak_flops`` is dense FLOP/s keyed "fp32", "tf32", "bf16", "fp16". ``source`` is where the
+    profile was loaded from; it is not part of equality, so a profile written elsewhere and read
+    back compares equal.
+    """
+
+    name: str
+    description: str
+    peak_flops: dict[str, float] = field(hash=False)
+    matmul_efficiency: float
+    elementwise_efficiency: float
+    memory_bytes: float
+    memory_bandwidth: float
+    reserved_bytes: float
+    gpus_per_node: int
+    host_memory_bytes: float
+    host_bandwidth: float
+    host_memory_bandwidth: float
+    intra_node_bandwidth: float
+    intra_node_latency: float
+    inter_node_bandwidth: float
+    inter_node_latency: float
+    collective_efficiency: float
+    source: str = field(default="", compare=False)
+
+
+def profiles_dir() -> Path:
+    """The shipped profiles, beside the package (a source checkout or an editable install)."""
+    return Path(__file__).resolve().parent.parent / "profiles"
+
+
+def list_profiles() -> list[str]:
+    """Names ``load_profile`` accepts: shipped ones, then measured ones as ``measured/<name>``."""
+    root = profiles_dir()
+    names = sorted(p.stem for p in root.glob("*.toml"))
+    names += sorted(f"measured/{p.stem}" for p in (root / "measured").glob("*.toml"))
+    return names
+
+
+def load_profile(name_or_path: str) -> DeviceProfile:
+    """A profile by name (``h100-sxm``, ``measured/<name>``) or by path to a ``.toml`` file.
+
+    Raises UserInputError naming the file and the field for anything that would otherwise give a
+    silently wrong plan: unknown name, unreadable file, bad TOML, missing or invalid field.
+    """
+    text = str(name_or_path)
+    if text in list_profiles():
+        path = profiles_dir() / f"{text}.toml"
+    elif text.endswith(".toml") or "/" in text or "\\" in text:
+        path = Path(text)
+        if not path.is_file():
+            raise UserInputError(
+                f"profile file {text} does not exist: give the path to a .toml profile or one of "
+                f"the names {', '.join(list_profiles())}"
+            )
+    else:
+        raise UserInputError(
+            f"unknown profile {text!r}: choose one of {', '.join(list_profiles())}, "
+            "or give the path to a .toml file"
+        )
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except tomllib.TOMLDecodeError as exc:
+        raise UserInputError(f"profile {path} is not valid TOML: {exc}; fix the file") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserInputError(f"profile {path} cannot be read: {exc}") from exc
+    return profile_from_dict(data, str(path))
+
+
+def profile_from_dict(data: dict[str, Any], source: str) -> DeviceProfile:
+    """Validate the TOML-shaped mapping (as in the files) and build the profile."""
+    strings = {}
+    for key in ("name", "description"):
+        value = data.get(key)
+        if not isinstance(value, str) or (key == "name" and not value.strip()):
+            raise UserInputError(
+                f"profile {source}: top-level {key} must be a "
+                f'{"non-empty " if key == "name" else ""}string, e.g. {key} = "..."; add it'
+            )
+        strings[key] = value
+    for section in SECTIONS:
+        table = data.get(section, {})
+        if not isinstance(table, dict):
+            raise UserInputError(f"profile {source}: [{section}] must be a table of numbers")
+        known = {key for sec, key, *_ in FIELDS if sec == section}
+        unknown = sorted(set(table) - known)
+        if unknown:
+            raise UserInputError(
+                f"profile {source}: unknown key [{section}] {unknown[0]}: the keys of "
+                f"[{section}] are {', '.join(sorted(known))}"
+            )
+    values: dict[str, Any] = {"peak_flops": {}}
+    for section, key, attr, kind, unit in FIELDS:
+        raw = data.get(section, {}).get(key)
+        if raw is None:
+            if key in OPTIONAL:
+                raw = OPTIONAL[key]
+            else:
+                raise UserInputError(
+                    f"profile {source} lacks [{section}] {key} ({unit}): add it; "
+                    f"see {profiles_dir() / 'h100-sxm.toml'} for the format"
+                )
+        if isinstance(raw, bool) or not isinstance(raw, (int, float)):
+            raise UserInputError(
+                f"profile {source}: [{section}] {key} = {raw!r} must be {_NEED[kind]} ({unit})"
+            )
+        value = float(raw)
+        bad = (
+            not math.isfinite(value)
+            or (kind in ("pos", "int") and value <= 0)
+            or (kind == "nonneg" and value < 0)
+            or (kind == "eff" and not 0 < value <= 1)
+            or (kind == "int" and value != int(value))
+        )
+        if bad:
+            raise UserInputError(
+                f"profile {source}: [{section}] {key} = {raw} must be {_NEED[kind]} ({unit})"
+            )
+        if attr.startswith("peak_flops."):
+            values["peak_flops"][attr.split(".", 1)[1]] = value
+        else:
+            values[attr] = int(value) if kind == "int" else value
+    return DeviceProfile(**strings, **values, source=source)
+
+
+def profile_to_dict(p: DeviceProfile) -> dict[str, Any]:
+    """The TOML-shaped mapping of the files (plus ``source``); ``profile_from_dict`` inverts it."""
+    out: dict[str, Any] = {"name": p.name, "description": p.description, "source": p.source}
+    for section, key, attr, kind, _ in FIELDS:
+        if attr.startswith("peak_flops."):
+            value = p.peak_flops[attr.split(".", 1)[1]]
+        else:
+            value = getattr(p, attr)
+        out.setdefault(section, {})[key] = int(value) if kind == "int" else float(value)
+    return out
+
+
+def profile_to_toml(
+    p: DeviceProfile, comments: dict[str, str] | None = None, header: str = ""
+) -> str:
+    """The shipped file format, written by hand (flat tables of numbers need no TOML library).
+
+    ``comments`` maps a file key to its source note; ``header`` becomes leading ``#`` lines.
+    """
+    comments = comments or {}
+    data = profile_to_dict(p)
+    lines = [f"# {line}".rstrip() for line in header.splitlines()]
+    lines += [f"name = {_toml_string(p.name)}", f"description = {_toml_string(p.description)}"]
+    for section in SECTIONS:
+        lines += ["", f"[{section}]"]
+        for key, value in data[section].items():
+            note = comments.get(key)
+            lines.append(f"{key} = {value!r}" + (f"  # {note}" if note else ""))
+    return "\n".join(lines) + "\n"
+
+
+def write_profile(
+    p: DeviceProfile,
+    path: str | Path,
+    comments: dict[str, str] | None = None,
+    header: str = "",
+) -> None:
+    """Write ``p`` atomically in the shipped format; it is validated first, so a bad measured
+    figure fails here rather than on the next load."""
+    path = Path(path)
+    profile_from_dict(profile_to_dict(p), str(path))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, profile_to_toml(p, comments, header))
+
+
+def default_profile_name() -> tuple[str, str]:
+    """The local GPU's shipped profile when torch sees one, otherwise h100-sxm; with the reason
+    (shown to the user, since a wrong default silently changes every plan)."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            gpu = torch.cuda.get_device_name(0)
+            total = torch.cuda.get_device_properties(0).total_memory
+            upper = gpu.upper()
+            if "H200" in upper:
+                return "h200", f"local GPU {gpu}"
+            if "H100" in upper:
+                return "h100-sxm", f"local GPU {gpu}"
+            if "A100" in upper:
+                kind = "a100-80g" if total > 60e9 else "a100-40g"
+                return kind, f"local GPU {gpu} with {total / 2**30:.0f} GiB"
+            if "V100" in upper:
+                return "v100-16g", f"local GPU {gpu}"
+            return "h100-sxm", (
+                f"local GPU {gpu} has no shipped profile; using h100-sxm "
+                "(set --profile, or run plan calibrate)"
+            )
+    except Exception:  # a broken CUDA setup must not stop planning for another cluster
+        pass
+    return "h100-sxm", "no GPU visible to torch; using h100-sxm (set --profile to change)"
+
+
+def _toml_string(text: str) -> str:
+    """A TOML basic string: backslash, quote and control characters escaped."""
+    out = []
+    for ch in text:
+        if ch in ('"', "\\"):
+            out.append("\\" + ch)
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'

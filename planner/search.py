@@ -1,0 +1,457 @@
+"""The outer search: mesh shapes, micro-batch sizes, schedules and ZeRO stages, pruned by lower
+bounds, each survivor solved exactly by the stage MILP.
+
+Candidates are solved in order of their lower bound; once the best solved step time is no
+larger than a candidate's bound, that candidate (and every later one) cannot win and is pruned
+without building a MILP. The bound is valid because the pipeline time is at least
+sum_j T_j (1 + (m-1)/p) for 1F1B (max_j T_j >= mean) and m sum T / p + (p-1) sum T / (p v) for the
+interleaved schedule, and sum_j T_j is at least the sum over blocks of their fastest option.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from planner.blocks import Block
+from planner.cluster import Cluster
+from planner.collectives import collective_time
+from planner.costmodel import (
+    OFFLOAD,
+    RECOMPUTE,
+    BlockOption,
+    Config,
+    CostInputs,
+    Mesh,
+    StepCost,
+    Training,
+    block_options,
+    evaluate,
+    inflight_microbatches,
+    offload_time,
+    optimizer_time,
+    state_memory,
+)
+from planner.errors import UserInputError
+from planner.stage_milp import StageProblem, solve_stage_milp
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
+INTERLEAVE = (2, 4)
+
+
+@dataclass
+class Pins:
+    """What the user fixed; None / "auto" leaves it to the solver."""
+
+    tp: int | None = None
+    pp: int | None = None
+    dp: int | None = None
+    zero: int | None = None
+    micro_batch_size: int | None = None
+    schedule: str | None = None
+    virtual_stages: int | None = None
+    recompute: str = "auto"
+    offload: str = "auto"
+    memory_fraction: float = 1.0
+    tp_variant: str = "auto"  # "sharded": every block that can be TP-sharded is
+
+
+@dataclass
+class Candidate:
+    pp: int
+    dp: int
+    tp: int
+    micro_batch_size: int
+    schedule: str
+    virtual_stages: int
+    zero: int
+    bound: float = 0.0
+    status: str = "pending"  # solved | infeasible | pruned-bound | pruned-memory | dominated
+    reason: str = ""
+    config: Config | None = None
+    cost: StepCost | None = None
+    milp_objective: float = math.inf
+    solve_time_s: float = 0.0
+    min_memory: float = 0.0  # lower bound of peak memory (for infeasibility messages)
+
+    @property
+    def mesh_key(self) -> tuple[int, int, int]:
+        return (self.pp, self.dp, self.tp)
+
+    def label(self) -> str:
+        sched = self.schedule if self.pp > 1 else "no pipeline"
+        if self.schedule == "interleaved_1f1b" and self.pp > 1:
+            sched = f"interleaved 1F1B x{self.virtual_stages}"
+        return (
+            f"pp{self.pp} dp{self.dp} tp{self.tp}, micro-batch {self.micro_batch_size}, "
+            f"{sched}, ZeRO-{self.zero}"
+        )
+
+
+@dataclass
+class SearchResult:
+    best: Candidate | None
+    candidates: list[Candidate]
+    inputs: dict[tuple[int, int], CostInputs]  # (tp, micro-batch) -> priced options
+    solve_time_s: float
+    total: int = 0
+    solved: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- enumeration
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def enumerate_candidates(
+    gpus: int, n_blocks: int, training: Training, pins: Pins, tp_degrees: list[int]
+) -> list[Candidate]:
+    gbs = training.global_batch_size
+    out: list[Candidate] = []
+    for tp in tp_degrees:
+        if pins.tp and tp != pins.tp:
+            continue
+        for pp in divisors(gpus // tp):
+            if pp > n_blocks or (pins.pp and pp != pins.pp):
+                continue
+            dp = gpus // (tp * pp)
+            if pins.dp and dp != pins.dp:
+                continue
+            if gbs % dp:
+                continue
+            per_replica = gbs // dp
+            for mbs in divisors(per_replica):
+                if pins.micro_batch_size and mbs != pins.micro_batch_size:
+                    continue
+                m = per_replica // mbs
+                for schedule, v in _schedules(pp, m, n_blocks, pins):
+                    for zero in range(4) if dp > 1 else (0,):
+                        if pins.zero is not None and zero != pins.zero:
+                            continue
+                        out.append(Candidate(pp, dp, tp, mbs, schedule, v, zero))
+    return out
+
+
+def _schedules(pp: int, m: int, n_blocks: int, pins: Pins) -> list[tuple[str, int]]:
+    if pp == 1:
+        if pins.schedule and pins.schedule != "1f1b":
+            return [(pins.schedule, 1)] if pins.schedule == "gpipe" else []
+        return [("1f1b", 1)]
+    found = [("gpipe", 1), ("1f1b", 1)]
+    for v in INTERLEAVE:
+        if pp * v <= n_blocks and m % pp == 0:
+            found.append(("interleaved_1f1b", v))
+    if pins.schedule:
+        found = [(s, v) for s, v in found if s == pins.schedule]
+    if pins.virtual_stages:
+        found = [(s, v) for s, v in found if v == pins.virtual_stages]
+    return found
+
+
+# --------------------------------------------------------------------------- options
+
+
+def price_options(
+    graph,
+    blocks: list[Block],
+    tp: int,
+    mbs: int,
+    cluster: Cluster,
+    training: Training,
+    pins: Pins,
+    variants_of: Callable[[Block, int], list],
+) -> list[list[BlockOption]]:
+    """Options per block (shared by blocks of one class), filtered by the user's pins."""
+    tp_ranks = list(range(tp))
+    by_class: dict[str, list[BlockOption]] = {}
+    result = []
+    for blk in blocks:
+        if blk.cls not in by_class:
+            opts = block_options(graph, blk, variants_of(blk, tp), mbs, cluster, tp_ranks, training)
+            by_class[blk.cls] = _filter(opts, pins)
+        result.append(by_class[blk.cls])
+    return result
+
+
+def _filter(opts: list[BlockOption], pins: Pins) -> list[BlockOption]:
+    keep = opts
+    if pins.recompute != "auto":
+        wanted = [o for o in keep if o.recompute == pins.recompute]
+        keep = wanted or [o for o in keep if o.recompute == "none"]
+    if pins.offload != "auto":
+        wanted = [o for o in keep if o.offload == pins.offload]
+        keep = wanted or [o for o in keep if o.offload == "none"]
+    return keep
+
+
+# --------------------------------------------------------------------------- one candidate
+
+
+def segments(blocks: list[Block]) -> list[tuple[int, int]]:
+    """Maximal runs of consecutive blocks of one class: (first index, length)."""
+    runs: list[tuple[int, int]] = []
+    for i, b in enumerate(blocks):
+        if runs and blocks[runs[-1][0]].cls == b.cls:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((i, 1))
+    return runs
+
+
+def _affine(kind: str, cluster: Cluster, ranks: list[int], bytes_per_param: float):
+    """A collective's time as (seconds per parameter, latency): exact for the ring model."""
+    x = 1e9
+    t1 = collective_time(kind, x * bytes_per_param, cluster, ranks)
+    t2 = collective_time(kind, 2 * x * bytes_per_param, cluster, ranks)
+    slope = (t2 - t1) / x
+    return slope, t1 - slope * x
+
+
+def stage_problem(inp: CostInputs, cand: Candidate) -> StageProblem:
+    """The MILP's numbers for one candidate, each computed by the cost model's own functions."""
+    mesh = Mesh(cand.pp, cand.dp, cand.tp)
+    tr = inp.training
+    m = tr.global_batch_size // (cand.dp * cand.micro_batch_size)
+    p, v = cand.pp, cand.virtual_stages
+    J = p * v
+    config = Config(mesh, cand.micro_batch_size, cand.schedule, v, cand.zero, [], [])
+    segs = segments(inp.blocks)
+    cols: dict[str, list[np.ndarray]] = {k: [] for k in StageProblem.__annotations__}
+    for first, _ in segs:
+        opts = inp.options[first]
+        sm = [state_memory(o.params, cand.zero, cand.dp, o.offload, tr) for o in opts]
+        wb = tr.state_bytes[0]
+        cols["time"].append(np.array([o.time_s for o in opts]))
+        cols["fwd"].append(np.array([o.fwd_s for o in opts]))
+        cols["bwd"].append(np.array([o.bwd_s for o in opts]))
+        cols["state"].append(np.array([x["params"] + x["grads"] + x["optimizer"] for x in sm]))
+        cols["host"].append(np.array([x["host"] for x in sm]))
+        cols["act"].append(np.array([o.act_bytes for o in opts]))
+        cols["ws"].append(np.array([o.transient_bytes + o.recompute_peak_bytes for o in opts]))
+        cols["gather"].append(
+            np.array(
+                [
+                    2 * o.params * wb if (cand.zero >= 3 or o.offload == "optimizer+params") else 0
+                    for o in opts
+                ]
+            )
+        )
+        cols["optim"].append(np.array([optimizer_time(inp, [o], config) for o in opts]))
+        cols["offl"].append(np.array([offload_time(inp, [o], config, m) for o in opts]))
+        cols["pbytes"].append(np.array([o.params for o in opts]))
+    from planner.costmodel import other_memory, stage_time_parts
+
+    p2p = [stage_time_parts(inp, [], config, j)[2] for j in range(J)]
+    last_rank = (J - 1) % p
+    const_mem = [other_memory(inp, [], config, r, last=(r == last_rank)) for r in range(p)]
+    wb, gb, _ = tr.state_bytes
+    dp_ranks = mesh.dp_group(0)
+    profile = inp.cluster.profile
+    return StageProblem(
+        pp=p,
+        v=v,
+        m=m,
+        seg_len=[n for _, n in segs],
+        time=cols["time"],
+        fwd=cols["fwd"],
+        bwd=cols["bwd"],
+        state=cols["state"],
+        host=cols["host"],
+        act=cols["act"],
+        ws=cols["ws"],
+        gather=cols["gather"],
+        optim=cols["optim"],
+        offl=cols["offl"],
+        pbytes=cols["pbytes"],
+        has_params=[inp.blocks[first].params > 0 for first, _ in segs],
+        p2p=p2p,
+        inflight=[inflight_microbatches(cand.schedule, m, p, v, j % p) for j in range(J)],
+        const_mem=const_mem,
+        capacity=profile.memory_bytes * inp.memory_fraction,
+        host_capacity=profile.host_memory_bytes / max(profile.gpus_per_node, 1),
+        zero=cand.zero,
+        dp_ar=_affine("all_reduce", inp.cluster, dp_ranks, gb),
+        dp_rs=_affine("reduce_scatter", inp.cluster, dp_ranks, gb),
+        dp_ag=_affine("all_gather", inp.cluster, dp_ranks, wb),
+        dp=cand.dp,
+    )
+
+
+def config_from_counts(inp: CostInputs, cand: Candidate, counts) -> Config:
+    segs = segments(inp.blocks)
+    stage_of = [0] * len(inp.blocks)
+    choice = [0] * len(inp.blocks)
+    next_block = [first for first, _ in segs]
+    for j, per_seg in enumerate(counts):
+        for s, per_opt in enumerate(per_seg):
+            for o, k in enumerate(per_opt):
+                for _ in range(k):
+                    i = next_block[s]
+                    stage_of[i], choice[i] = j, o
+                    next_block[s] += 1
+    mesh = Mesh(cand.pp, cand.dp, cand.tp)
+    return Config(
+        mesh, cand.micro_batch_size, cand.schedule, cand.virtual_stages, cand.zero, stage_of, choice
+    )
+
+
+def lower_bounds(inp: CostInputs, cand: Candidate) -> tuple[float, float]:
+    """(step-time bound, peak-memory bound) without building a MILP."""
+    m = inp.training.global_batch_size // (cand.dp * cand.micro_batch_size)
+    p, v = cand.pp, cand.virtual_stages
+    total = sum(min(o.time_s for o in opts) for opts in inp.options)
+    if v == 1:
+        time_bound = total * (1 + (m - 1) / p)
+    else:
+        time_bound = m * total / p + (p - 1) * total / (p * v)
+    tr = inp.training
+    states = 0.0
+    for opts in inp.options:
+        states += min(
+            sum(
+                v_
+                for k, v_ in state_memory(o.params, cand.zero, cand.dp, o.offload, tr).items()
+                if k != "host"
+            )
+            + o.act_bytes
+            for o in opts
+        )
+    mem_bound = states / p + inp.cluster.profile.reserved_bytes
+    return time_bound, mem_bound
+
+
+def solve_candidate(inp: CostInputs, cand: Candidate) -> None:
+    sp = stage_problem(inp, cand)
+    start = time.perf_counter()
+    sol = solve_stage_milp(sp)
+    cand.solve_time_s = time.perf_counter() - start
+    if sol.status not in ("optimal", "optimal_inaccurate"):
+        cand.status = "infeasible"
+        cand.reason = "does not fit in memory with any placement and options"
+        return
+    cand.config = config_from_counts(inp, cand, sol.counts)
+    cand.cost = evaluate(inp, cand.config)
+    cand.milp_objective = sol.objective
+    cand.status = "solved"
+
+
+# --------------------------------------------------------------------------- the search
+
+
+def search(
+    graph,
+    blocks: list[Block],
+    cluster: Cluster,
+    training: Training,
+    pins: Pins,
+    variants_of: Callable[[Block, int], list],
+    progress: Callable[[str, int, int], None] | None = None,
+) -> SearchResult:
+    start = time.perf_counter()
+    gpus = cluster.gpus
+    tp_degrees = [t for t in divisors(gpus) if _tp_useful(graph, blocks, t, variants_of)]
+    cands = enumerate_candidates(gpus, len(blocks), training, pins, tp_degrees)
+    if not cands:
+        raise UserInputError(_no_candidate_message(gpus, training, pins, tp_degrees))
+    traced_mbs = int(graph.graph["micro_batch_size"])
+    inputs: dict[tuple[int, int], CostInputs] = {}
+    for c in cands:
+        key = (c.tp, c.micro_batch_size)
+        if key not in inputs:
+            opts = price_options(
+                graph, blocks, c.tp, c.micro_batch_size, cluster, training, pins, variants_of
+            )
+            inputs[key] = CostInputs(
+                blocks, opts, traced_mbs, cluster, training, pins.memory_fraction
+            )
+        c.bound, c.min_memory = lower_bounds(inputs[key], c)
+    capacity = cluster.profile.memory_bytes * pins.memory_fraction
+    for c in cands:
+        if c.schedule == "gpipe" and not pins.schedule and c.pp > 1:
+            c.status, c.reason = "dominated", "GPipe: same time as 1F1B, more memory"
+        elif c.min_memory > capacity:
+            c.status, c.reason = "pruned-memory", "model states alone exceed memory"
+    order = sorted(
+        (c for c in cands if c.status == "pending"),
+        key=lambda c: (c.bound, c.pp, c.tp, -c.micro_batch_size, c.zero, c.virtual_stages),
+    )
+    best: Candidate | None = None
+    done = 0
+    for c in order:
+        if best is not None and c.bound >= best.cost.step_time_s:
+            c.status = "pruned-bound"
+            c.reason = (
+                f"lower bound {c.bound:.4g} s is no better than the best plan's "
+                f"{best.cost.step_time_s:.4g} s"
+            )
+            continue
+        solve_candidate(inputs[(c.tp, c.micro_batch_size)], c)
+        done += 1
+        if c.status == "solved" and c.tp > 1 and not pins.tp and _tp_unused(inputs, c):
+            c.status = "dominated"
+            c.reason = f"TP degree {c.tp} shards no block: {c.tp} devices repeat the same work"
+        if c.status == "solved":
+            if c.cost.feasible and (best is None or _better(c, best)):
+                best = c
+        if progress:
+            progress("solve", done, len(order))
+    elapsed = time.perf_counter() - start
+    return SearchResult(
+        best=best,
+        candidates=cands,
+        inputs=inputs,
+        solve_time_s=elapsed,
+        total=len(cands),
+        solved=sum(1 for c in cands if c.status in ("solved", "infeasible")),
+    )
+
+
+def _tp_unused(inputs: dict, c: Candidate) -> bool:
+    """Every block runs its replicated variant: the TP group computes the same thing tp times,
+    which the cost model prices as free of communication, so it can look fast on tiny models."""
+    opts = inputs[(c.tp, c.micro_batch_size)].options
+    return all(opts[i][k].variant == "replicated" for i, k in enumerate(c.config.choice))
+
+
+def _better(a: Candidate, b: Candidate) -> bool:
+    """Strictly faster, ties broken deterministically (less memory, then simpler mesh)."""
+    ka = (a.cost.step_time_s, a.cost.peak_memory_bytes, a.pp, a.tp, a.zero)
+    kb = (b.cost.step_time_s, b.cost.peak_memory_bytes, b.pp, b.tp, b.zero)
+    return ka < kb
+
+
+def _tp_useful(graph, blocks: list[Block], tp: int, variants_of) -> bool:
+    if tp == 1:
+        return True
+    for blk in {b.cls: b for b in blocks}.values():
+        if any(v.name != "replicated" for v in variants_of(blk, tp)):
+            return True
+    return False
+
+
+def _no_candidate_message(gpus: int, training: Training, pins: Pins, tps: list[int]) -> str:
+    if pins.tp and pins.tp not in tps:
+        return (
+            f"--tp {pins.tp} cannot shard this model on {gpus} GPUs: it must divide the GPU "
+            f"count and the dimensions it shards; possible degrees: {', '.join(map(str, tps))}"
+        )
+    if pins.dp and training.global_batch_size % pins.dp:
+        return (
+            f"the global batch {training.global_batch_size} is not divisible by --dp {pins.dp}: "
+            "choose a global batch that is a multiple of the data-parallel degree"
+        )
+    return (
+        f"no parallel layout of {gpus} GPUs matches the pinned flags and a global batch of "
+        f"{training.global_batch_size}: relax --tp/--pp/--dp/--micro-batch-size or change "
+        "--global-batch-size"
+    )
+
+
+__all__ = ["OFFLOAD", "RECOMPUTE", "Candidate", "Pins", "SearchResult", "search"]

@@ -1,0 +1,1214 @@
+"""Intra-block tensor-parallel sharding: an Alpa-style ILP per block class and TP degree.
+
+Why an ILP over the traced ops rather than a Megatron rule: the same code then finds the
+column/row pairing of a GPT layer, of an off-the-shelf HuggingFace Llama layer and of a plain
+MLP, and does something defensible for blocks nobody wrote a rule for. Nothing here knows about
+transformers or module names; strategies come from each op's kind and shapes alone.
+
+Sharding states of one tensor over the t devices of a TP group:
+
+* ``R``: replicated, every device holds the whole tensor;
+* ``P``: partial sum, every device holds a full-size tensor and the value is their sum;
+* ``S<d>``: sharded along dimension d (contiguous chunks of size n_d / t).
+
+Each op offers strategies (output state, required state of each operand); a producer whose
+state differs from what a consumer requires pays a collective (resharding). Gradients follow the
+adjoint rules: a replicated operand of an op that only computes a shard of its output gets a
+partial gradient (the "f" operator of Megatron, or a DP-like all-reduce for a replicated weight),
+reduced once per producer however many consumers contribute to it.
+
+Assumptions, stated once:
+
+* block inputs and outputs (the residual stream between blocks) are ``R``, so blocks compose
+  without knowing each other; sequence parallelism across block boundaries is a later issue;
+* collectives cost bytes x seconds-per-byte x ring factor (no latency term), on the critical path;
+* a replicated parameter whose gradient is partial is all-reduced per micro-batch (Megatron
+  defers such reductions to once per step: an over-estimate that only affects unusual variants);
+* per-device memory in the trade-off is saved activations plus model states, the latter taken as
+  16 bytes per parameter (Adam, ZeRO's 2+2+12 in mixed precision, 4+4+8 in fp32).
+
+Results are cached per (block class, t, cost rates, max_variants) and re-bound to each block's
+node names and module paths, since blocks of one class differ only in those.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import cvxpy as cp
+import networkx as nx
+import numpy as np
+import scipy.sparse as sp
+
+from planner.blocks import Block, core_nodes
+from planner.opcost import ATTENTION_OPS, is_view
+
+R, P = "R", "P"
+DTYPE_BYTES = {
+    "float64": 8,
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "int64": 8,
+    "int32": 4,
+    "int16": 2,
+    "int8": 1,
+    "uint8": 1,
+    "bool": 1,
+}
+STATE_BYTES_PER_PARAM = 16  # weights + gradients + Adam states (ZeRO paper), any precision
+# Objective weights on memory (relative to the replicated block's time and memory): 1e-4 is
+# "time first, memory as the tie-break"; the larger ones trace the rest of the Pareto front.
+LAMBDAS = (1e-4, 0.02, 0.1, 0.3, 1.0, 5.0)
+OBJECTIVE_GAIN = 1e4  # the MILP's objective, in units of T0 / OBJECTIVE_GAIN (see sharding_milp)
+
+ELEMENTWISE = {
+    "add", "sub", "rsub", "mul", "div", "neg", "pow", "rsqrt", "sqrt", "exp", "log", "log1p",
+    "abs", "reciprocal", "square", "sign", "floor", "ceil", "round", "clamp", "clamp_min",
+    "clamp_max", "minimum", "maximum", "where", "masked_fill", "lerp", "addcmul", "addcdiv",
+    "gelu", "silu", "relu", "sigmoid", "tanh", "erf", "sin", "cos", "mish", "softplus", "elu",
+    "leaky_relu", "hardtanh", "hardswish", "hardsigmoid", "dropout", "native_dropout",
+    "bitwise_not", "logical_not", "logical_and", "logical_or", "eq", "ne", "lt", "le", "gt", "ge",
+    "to", "_to_copy", "type_as", "clone", "contiguous", "alias", "detach", "lift_fresh_copy",
+}  # fmt: skip
+LINEAR_UNARY = {"neg", "clone", "contiguous", "to", "_to_copy", "type_as", "alias", "detach"}
+SOFTMAX_LIKE = {"softmax", "_softmax", "log_softmax", "_log_softmax", "cumsum", "cumprod"}
+NORMS = {"layer_norm", "native_layer_norm", "rms_norm", "_fused_rms_norm"}
+DIM_REDUCTIONS = {"mean", "sum", "amax", "amin", "var", "std", "logsumexp", "prod"}
+RESHAPES = {"view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "flatten", "unflatten"}
+SPLITS = {"split", "split_with_sizes", "chunk", "unbind"}
+# Only layouts the runtime can execute with torch's ColwiseParallel / RowwiseParallel: sharded
+# activations start at a sharded weight and end at a row-parallel weight (partial sums, then an
+# all-reduce) or an all-gather. Slicing a replicated tensor, reduce-scatter and all-to-all are
+# the sequence-parallel family, which needs DTensor residual streams across blocks: a later issue.
+RUNTIME_REALIZABLE = True
+
+
+@dataclass(frozen=True)
+class TPVariant:
+    """One way to run a block over a TP group of ``tp`` devices, priced per micro-batch."""
+
+    name: str  # "replicated", or "tp{t}-v{k}" with k the rank by time among sharded variants
+    tp: int
+    states: dict[str, str]  # node name -> output sharding state: "R", "P" or "S<d>"
+    tp_plan: dict[str, str]  # module FQN whose weight is sharded -> "colwise" | "rowwise"
+    compute_fraction: float  # per-device share of the block's matmul FLOPs
+    memory_bound_fraction: float  # per-device share of the block's fwd_bytes
+    param_fraction: float  # per-device share of the block's parameter bytes
+    saved_bytes: int  # per-device saved activations, no recompute
+    saved_selective_bytes: int  # the same without tensors produced by the attention-like core
+    input_bytes: int  # per-device bytes of the block input (kept under full recompute)
+    comm_fwd: tuple[tuple[str, int], ...]  # (kind, full buffer bytes) per micro-batch
+    comm_bwd: tuple[tuple[str, int], ...]
+
+
+# --------------------------------------------------------------------------- the op model
+
+
+@dataclass(frozen=True)
+class Operand:
+    """A tensor an op reads: another op's output, a parameter, or a buffer/constant."""
+
+    kind: str  # "node" | "param" | "buffer"
+    name: str
+    shape: tuple[int, ...] | None
+    grad: bool
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """One way to run an op: its output state and the state it needs of each operand.
+
+    ``req[i]`` is None for buffers and constants (each device slices its own copy, no
+    gradient); for a parameter, ``S<d>`` means the stored weight is sharded along d."""
+
+    out: str
+    req: tuple[str | None, ...]
+    plan: str = ""  # "colwise" | "rowwise" for a sharded Linear/Embedding weight
+
+
+@dataclass
+class Op:
+    name: str
+    op: str
+    module: str
+    shape: tuple[int, ...]
+    operands: tuple[Operand, ...]
+    strategies: tuple[Strategy, ...]
+    seconds: float  # forward + backward roofline time, unsharded
+    flops: int  # forward + backward matmul FLOPs
+    fwd_bytes: int
+    nbytes: int  # logical bytes of its output: the buffer a collective on it moves
+    grad: bool
+    saved: tuple[tuple[str | None, int], ...]
+
+
+@dataclass
+class BlockProblem:
+    """Everything the ILP and its reference evaluator need about one block at one TP degree."""
+
+    tp: int
+    ops: list[Op]
+    index: dict[str, int]
+    external: dict[str, tuple[int, bool]]  # producer outside the block -> (bytes, needs grad)
+    outputs: list[str]  # ops whose value leaves the block (it must be R there)
+    param_bytes: dict[str, int]  # every parameter the block's ops read -> bytes
+    param_numel: dict[str, int]
+    owned: list[str]  # parameters the block owns (memory and param_fraction count these)
+    roots: dict[str, str]  # storage root of each op: views resolve to their base
+    core: frozenset[str]
+    input_bytes: int
+    flops: int = 0
+    fwd_bytes: int = 0
+
+
+def _s(d: int) -> str:
+    return f"S{d}"
+
+
+def _dim(state: str | None) -> int | None:
+    return int(state[1:]) if state and state[0] == "S" else None
+
+
+def _base(op: str) -> str:
+    parts = op.split(".")
+    return parts[1] if len(parts) > 1 else op
+
+
+def _splittable(shape: Sequence[int], t: int) -> list[int]:
+    return [d for d, n in enumerate(shape) if n > 0 and n % t == 0]
+
+
+def _nbytes(shape: Sequence[int] | None, dtype: str | None) -> int:
+    if shape is None:
+        return 0
+    return math.prod(shape) * DTYPE_BYTES.get(str(dtype), 4)
+
+
+def _operands(graph: nx.DiGraph, attrs: dict) -> list[Operand]:
+    alias = graph.graph.get("param_owner", {})
+    pshapes = graph.graph.get("param_shapes", {})
+    found: list[Operand] = []
+
+    def visit(a: object) -> None:
+        if isinstance(a, dict):
+            if "node" in a and len(a) == 1:
+                u = a["node"]
+                shapes = graph.nodes[u]["shapes"] if u in graph else None
+                if shapes and shapes[0] is not None:
+                    grad = bool(graph.nodes[u].get("requires_grad", False))
+                    found.append(Operand("node", u, tuple(shapes[0]), grad))
+            elif "param" in a:
+                p = alias.get(a["param"], a["param"])
+                shape = tuple(pshapes[p]) if p in pshapes else None
+                found.append(Operand("param", p, shape, True))
+            elif "buffer" in a or "const" in a:
+                found.append(Operand("buffer", a.get("buffer") or a.get("const"), None, False))
+            else:
+                for v in a.values():
+                    visit(v)
+        elif isinstance(a, list):
+            for v in a:
+                visit(v)
+
+    for a in attrs["args"]:
+        visit(a)
+    return found
+
+
+# --------------------------------------------------------------------------- strategies
+
+
+def strategies_for(op: str, attrs: dict, operands: Sequence[Operand], t: int) -> list[Strategy]:
+    """Every strategy an op offers at degree t; the all-replicated one comes first.
+
+    Derived from the op kind and shapes only (see the module docstring); a dimension is split
+    only when t divides it."""
+    shape = tuple(attrs["shapes"][0])
+    rep = Strategy(R, tuple(None if o.kind == "buffer" else R for o in operands))
+    if t == 1 or op == "input":
+        return [rep]
+    base = _base(op)
+    nodes = [o for o in operands if o.kind == "node"]
+    found: list[Strategy] = [rep]
+    if base == "linear" and len(operands) >= 2 and operands[1].kind == "param" and nodes:
+        found += _linear(shape, operands, t)
+    elif base == "embedding" and operands and operands[0].kind == "param" and nodes:
+        found += _embedding(shape, operands, t)
+    elif base in ("matmul", "mm", "bmm") and len(operands) == 2 and len(nodes) == 2:
+        found += _product(shape, operands, t)
+    elif op in ATTENTION_OPS and len(nodes) >= 3:
+        found += _attention(shape, operands, t)
+    elif base in ELEMENTWISE:
+        found += _elementwise(shape, operands, t, _linear_in_partials(base, attrs, operands))
+    elif base in SOFTMAX_LIKE | NORMS | DIM_REDUCTIONS and nodes and operands[0].kind == "node":
+        found += _reduction(base, shape, operands, attrs["args"], t)
+    elif base == "cat" and nodes and len(nodes) == len(operands):
+        found += _cat(shape, operands, attrs["args"], t)
+    elif is_view(op) and nodes and operands[0].kind == "node":
+        found += _view(base, shape, operands, attrs["args"], t)
+    unique: dict[tuple, Strategy] = {}
+    for s in found:
+        unique.setdefault((s.out, s.req, s.plan), s)
+    return list(unique.values())
+
+
+def _rest(operands: Sequence[Operand], state: str = R) -> list[str | None]:
+    return [None if o.kind == "buffer" else state for o in operands]
+
+
+def _linear(shape: tuple, ops: Sequence[Operand], t: int) -> list[Strategy]:
+    """x[..., K] @ W[N, K]^T (+ b[N]): colwise W -> S(last), rowwise W on S(last) x -> P, or a
+    leading dim of x split with W replicated (its gradient then is partial)."""
+    x, w, rest = ops[0], ops[1], ops[2:]
+    if x.shape is None or w.shape is None or len(w.shape) != 2:
+        return []
+    last = len(shape) - 1
+    out: list[Strategy] = []
+    if w.shape[0] % t == 0:
+        out.append(Strategy(_s(last), (R, "S0", *_rest(rest, "S0")), "colwise"))
+    if w.shape[1] % t == 0:
+        out.append(Strategy(P, (_s(len(x.shape) - 1), "S1", *_rest(rest)), "rowwise"))
+    for d in _splittable(shape[:-1], t):
+        out.append(Strategy(_s(d), (_s(d), R, *_rest(rest))))
+    return out
+
+
+def _embedding(shape: tuple, ops: Sequence[Operand], t: int) -> list[Strategy]:
+    """weight[V, h] gathered by idx: h split -> S(last), V split -> P (each device holds some
+    rows and zeros elsewhere), or a dim of idx split with the table replicated."""
+    w, idx, rest = ops[0], ops[1], ops[2:]
+    if w.shape is None or len(w.shape) != 2 or idx.kind != "node":
+        return []
+    last = len(shape) - 1
+    out: list[Strategy] = []
+    if w.shape[1] % t == 0:
+        out.append(Strategy(_s(last), ("S1", R, *_rest(rest)), "colwise"))
+    if w.shape[0] % t == 0:
+        out.append(Strategy(P, ("S0", R, *_rest(rest)), "rowwise"))
+    for d in _splittable(shape[:-1], t):
+        out.append(Strategy(_s(d), (R, _s(d), *_rest(rest))))
+    return out
+
+
+def _product(shape: tuple, ops: Sequence[Operand], t: int) -> list[Strategy]:
+    """a[..., m, k] @ b[..., k, n]: a batch dim split in both (or broadcast in one) -> S;
+    m split in a or n split in b -> S; k split in both -> P."""
+    a, b = ops[0].shape, ops[1].shape
+    if a is None or b is None or len(a) < 2 or len(b) < 2:
+        return []
+    r = len(shape)
+    out: list[Strategy] = []
+    for i in _splittable(shape[:-2], t):
+        req = []
+        for s in (a, b):
+            j = i - (r - len(s))
+            req.append(_s(j) if j >= 0 and s[j] == shape[i] else R)
+        if _has_split(req):
+            out.append(Strategy(_s(i), tuple(req)))
+    if shape[-2] % t == 0:
+        out.append(Strategy(_s(r - 2), (_s(len(a) - 2), R)))
+    if shape[-1] % t == 0:
+        out.append(Strategy(_s(r - 1), (R, _s(len(b) - 1))))
+    if a[-1] % t == 0:
+        out.append(Strategy(P, (_s(len(a) - 1), _s(len(b) - 2))))
+    return out
+
+
+def _has_split(req: Sequence[str | None]) -> bool:
+    return any(_dim(r) is not None for r in req)
+
+
+def _attention(shape: tuple, ops: Sequence[Operand], t: int) -> list[Strategy]:
+    """sdpa(q, k, v, mask): batch or heads split in q, k and v alike; a mask follows the
+    broadcast rule against the scores [b, heads, s_q, s_kv]."""
+    q, k, v = (o.shape for o in ops[:3])
+    if q is None or k is None or v is None or len(q) != 4:
+        return []
+    scores = (q[0], q[1], q[2], k[2])
+    out: list[Strategy] = []
+    for d in (0, 1):
+        if any(s[d] % t for s in (q, k, v)):
+            continue
+        req: list[str | None] = [_s(d)] * 3
+        ok = True
+        for o in ops[3:]:
+            if o.kind == "buffer" or o.shape is None:
+                req.append(None)
+                continue
+            j = d - (4 - len(o.shape))
+            if j < 0 or o.shape[j] == 1:
+                req.append(R)
+            elif o.shape[j] == scores[d]:
+                req.append(_s(j))
+            else:
+                ok = False
+        if ok:
+            out.append(Strategy(_s(d), tuple(req)))
+    return out
+
+
+def _linear_in_partials(base: str, attrs: dict, ops: Sequence[Operand]) -> bool:
+    """Can a partial sum flow through this op? Only where op(sum x_i) = sum op(x_i): casts and
+    copies, negation, a sum of partials, a partial times (or over) a plain number."""
+    args = attrs["args"][:-1] if attrs["args"] and isinstance(attrs["args"][-1], dict) else []
+    only_nodes = all(o.kind == "node" for o in ops)
+    if base in LINEAR_UNARY:
+        return len(ops) == 1 and only_nodes
+    if base in ("add", "sub"):
+        return only_nodes and len(ops) >= 2 and all(_is_node_ref(a) for a in args)
+    if base in ("mul", "div"):
+        numbers = [a for a in args if isinstance(a, (int, float)) and not isinstance(a, bool)]
+        first_is_node = bool(args) and _is_node_ref(args[0])
+        return (
+            only_nodes and len(ops) == 1 and len(numbers) == 1 and (base == "mul" or first_is_node)
+        )
+    return False
+
+
+def _is_node_ref(a: object) -> bool:
+    return isinstance(a, dict) and "node" in a and len(a) == 1
+
+
+def _elementwise(shape: tuple, ops: Sequence[Operand], t: int, partial: bool) -> list[Strategy]:
+    """Same state on every full-size operand and on the output; an operand broadcast along the
+    split dim stays R (its gradient is then partial)."""
+    r = len(shape)
+    out: list[Strategy] = []
+    for d in _splittable(shape, t):
+        req: list[str | None] = []
+        ok, sharded_node = True, False
+        for o in ops:
+            if o.kind == "buffer" or o.shape is None:
+                req.append(None)
+                continue
+            j = d - (r - len(o.shape))
+            if j < 0 or o.shape[j] == 1:
+                req.append(R)
+            elif o.shape[j] == shape[d]:
+                req.append(_s(j))
+                sharded_node |= o.kind == "node"
+            else:
+                ok = False
+        if ok and sharded_node:
+            out.append(Strategy(_s(d), tuple(req)))
+    if partial:
+        out.append(Strategy(P, tuple(P for _ in ops)))
+    return out
+
+
+def _reduction(base: str, shape: tuple, ops: Sequence[Operand], args: list, t: int) -> list:
+    """Softmax-like, normalisations and dim reductions: any dim not reduced may stay split."""
+    x = ops[0].shape
+    if x is None:
+        return []
+    rank = len(x)
+    if base in SOFTMAX_LIKE:
+        reduced = {_norm_dim(args[1], rank)} if len(args) > 1 else set()
+        keep = True
+    elif base in NORMS:
+        reduced = set(range(rank - len(args[1]), rank)) if isinstance(args[1], list) else set()
+        keep = True
+    else:
+        dims = args[1] if len(args) > 1 and not isinstance(args[1], dict) else None
+        if dims is None or dims == []:
+            return []  # a full reduction: replicated only
+        dims = dims if isinstance(dims, list) else [dims]
+        reduced = {_norm_dim(d, rank) for d in dims}
+        keep = len(shape) == rank
+    out: list[Strategy] = []
+    for d in _splittable(x, t):
+        if d in reduced:
+            continue
+        d_out = d if keep else d - sum(1 for q in reduced if q < d)
+        if d_out >= len(shape) or shape[d_out] != x[d]:
+            continue
+        out.append(Strategy(_s(d_out), (_s(d), *_rest(ops[1:]))))
+    return out
+
+
+def _cat(shape: tuple, ops: Sequence[Operand], args: list, t: int) -> list[Strategy]:
+    rank = len(shape)
+    dim = _norm_dim(args[1] if len(args) > 2 else 0, rank)
+    out = [Strategy(P, tuple(P for _ in ops))]
+    for d in _splittable(shape, t):
+        if d != dim and all(o.shape is not None and len(o.shape) == rank for o in ops):
+            out.append(Strategy(_s(d), tuple(_s(d) for _ in ops)))
+    return out
+
+
+def _norm_dim(d: object, rank: int) -> int:
+    d = int(d) if isinstance(d, (int, float)) else 0
+    return d + rank if d < 0 else d
+
+
+def _view(base: str, shape: tuple, ops: Sequence[Operand], args: list, t: int) -> list:
+    """Views move a split dim: reshapes through matching dim groups, transposes and permutes by
+    index, slices/selects along another dim keep it; partial sums pass unchanged."""
+    src = ops[0].shape
+    if src is None:
+        return []
+    out = [Strategy(P, (P, *_rest(ops[1:])))]
+    for d in _splittable(src, t):
+        e = _map_view_dim(base, src, shape, d, args, t)
+        if e is not None and 0 <= e < len(shape) and shape[e] > 0 and shape[e] % t == 0:
+            out.append(Strategy(_s(e), (_s(d), *_rest(ops[1:]))))
+    return out
+
+
+def _map_view_dim(base: str, src: tuple, dst: tuple, d: int, args: list, t: int) -> int | None:
+    rank = len(src)
+    if base in ("alias", "detach", "lift_fresh_copy", "getitem"):
+        return d if d < len(dst) and dst[d] % t == 0 else None
+    if base in ("transpose", "t"):
+        a, b = (
+            (_norm_dim(args[1], rank), _norm_dim(args[2], rank)) if base == "transpose" else (0, 1)
+        )
+        return b if d == a else a if d == b else d
+    if base == "permute":
+        perm = [_norm_dim(p, rank) for p in args[1]]
+        return perm.index(d) if d in perm else None
+    if base in ("slice", "narrow", "select", *SPLITS):
+        dim = _norm_dim(args[1] if len(args) > 2 and not isinstance(args[1], dict) else 0, rank)
+        if base in ("split", "split_with_sizes"):
+            dim = _norm_dim(args[2] if len(args) > 3 else 0, rank)
+        if base == "chunk":
+            dim = _norm_dim(args[2] if len(args) > 3 else 0, rank)
+        if d == dim:
+            return None
+        return d - 1 if base in ("select", "unbind") and d > dim else d
+    if base == "expand":
+        e = d + len(dst) - rank
+        return e if dst[e] == src[d] else None
+    if base in RESHAPES:
+        return _reshape_dim(src, dst, d, t)
+    return None
+
+
+def _reshape_dim(src: Sequence[int], dst: Sequence[int], d: int, t: int) -> int | None:
+    """Where a split dim lands through a reshape: dims are grouped into runs of equal product;
+    contiguous chunks of a group's leading (non-1) dim are contiguous chunks of the other side's
+    leading dim, provided t divides it. A split inner dim of a group has no image."""
+    i = j = 0
+    while i < len(src) and j < len(dst):
+        gi, gj = [i], [j]
+        pi, pj = src[i], dst[j]
+        i, j = i + 1, j + 1
+        while pi != pj:
+            if pi < pj and i < len(src):
+                gi.append(i)
+                pi *= src[i]
+                i += 1
+            elif j < len(dst):
+                gj.append(j)
+                pj *= dst[j]
+                j += 1
+            else:
+                return None
+        if d in gi:
+            lead_i = next((k for k in gi if src[k] != 1), None)
+            lead_j = next((k for k in gj if dst[k] != 1), None)
+            if lead_i != d or lead_j is None or dst[lead_j] % t:
+                return None
+            return lead_j
+    return None
+
+
+# --------------------------------------------------------------------------- the problem
+
+
+def build_problem(
+    graph: nx.DiGraph,
+    block: Block,
+    tp: int,
+    flops_per_second: float = 400e12,
+    bytes_per_second: float = 2e12,
+) -> BlockProblem:
+    """The block's tensor-valued ops with their strategies, costs and saved tensors."""
+    nodes = [n for n in block.nodes if _has_tensor(graph, n)]
+    inside = set(nodes)
+    ops: list[Op] = []
+    external: dict[str, tuple[int, bool]] = {}
+    param_bytes: dict[str, int] = {}
+    param_numel: dict[str, int] = {}
+    pshapes = graph.graph.get("param_shapes", {})
+    pdtype = graph.graph.get("param_dtype_bytes", {})
+    for n in nodes:
+        d = graph.nodes[n]
+        operands = _operands(graph, d)
+        for o in operands:
+            if o.kind == "node" and o.name not in inside and o.name not in external:
+                u = graph.nodes[o.name]
+                external[o.name] = (_nbytes(o.shape, u["dtypes"][0]), o.grad)
+            if o.kind == "param":
+                param_numel[o.name] = math.prod(pshapes.get(o.name, [0]))
+                param_bytes[o.name] = param_numel[o.name] * pdtype.get(o.name, 4)
+        seconds = max(d["fwd_flops"] / flops_per_second, d["fwd_bytes"] / bytes_per_second) + max(
+            d["bwd_flops"] / flops_per_second, d["bwd_bytes"] / bytes_per_second
+        )
+        ops.append(
+            Op(
+                name=n,
+                op=d["op"],
+                module=d["module"],
+                shape=tuple(d["shapes"][0]),
+                operands=tuple(operands),
+                strategies=tuple(strategies_for(d["op"], d, operands, tp)),
+                seconds=seconds,
+                flops=int(d["fwd_flops"] + d["bwd_flops"]),
+                fwd_bytes=int(d["fwd_bytes"]),
+                nbytes=_nbytes(d["shapes"][0], d["dtypes"][0]),
+                grad=bool(d.get("requires_grad", False)),
+                saved=tuple((p, int(b)) for p, b in d["saved"]),
+            )
+        )
+    index = {op.name: i for i, op in enumerate(ops)}
+    roots: dict[str, str] = {}
+    for op in ops:
+        first = op.operands[0] if op.operands else None
+        if is_view(op.op) and first is not None and first.kind == "node":
+            roots[op.name] = roots.get(first.name, first.name)
+        else:
+            roots[op.name] = op.name
+    outputs_graph = set(graph.graph.get("outputs", []))
+    outputs = [
+        n for n in nodes if n in outputs_graph or any(v not in inside for v in graph.successors(n))
+    ]
+    core = graph.graph.get("_core")
+    if core is None:
+        core = core_nodes(graph)
+    return BlockProblem(
+        tp=tp,
+        ops=ops,
+        index=index,
+        external=external,
+        outputs=outputs,
+        param_bytes=param_bytes,
+        param_numel=param_numel,
+        owned=[p for p in block.param_names if p in param_bytes],
+        roots=roots,
+        core=frozenset(core),
+        input_bytes=int(block.input_bytes),
+        flops=sum(op.flops for op in ops),
+        fwd_bytes=sum(op.fwd_bytes for op in ops),
+    )
+
+
+def _has_tensor(graph: nx.DiGraph, n: str) -> bool:
+    shapes = graph.nodes[n].get("shapes") or []
+    return bool(shapes) and shapes[0] is not None
+
+
+def _ring(kind: str, t: int) -> float:
+    return 2 * (t - 1) / t if kind == "all_reduce" else (t - 1) / t
+
+
+def reshard(src: str, dst: str) -> tuple[str | None, str | None] | None:
+    """(forward collective, backward collective) turning state src into dst, None if illegal.
+
+    The backward one moves the gradient the other way: a forward slice (R -> S) gathers the
+    gradient, a reduce-scatter's gradient is all-gathered, an all-to-all is its own adjoint."""
+    if src == dst:
+        return (None, None)
+    if dst == P:
+        return None  # a consumer of partial sums only takes them from a partial producer
+    if RUNTIME_REALIZABLE and dst != R:
+        return None
+    if src == R:
+        return (None, "all_gather")
+    if src == P:
+        return ("all_reduce", None) if dst == R else ("reduce_scatter", "all_gather")
+    return ("all_gather", None) if dst == R else ("all_to_all", "all_to_all")
+
+
+def _share(op: Op, s: Strategy, t: int) -> float:
+    """Each device does 1/t of the work when it computes a shard of the output, or a partial
+    product; a partial sum through a memory-bound op is full size on every device."""
+    if _dim(s.out) is not None or (s.out == P and op.flops > 0):
+        return 1.0 / t
+    return 1.0
+
+
+def _partial_grads(op: Op, s: Strategy) -> list[int]:
+    """Operands whose gradient this strategy leaves partial: replicated operands of an op that
+    computes only a shard of its output."""
+    if _dim(s.out) is None:
+        return []
+    return [i for i, (o, r) in enumerate(zip(op.operands, s.req)) if r == R and o.grad]
+
+
+def _saved_entries(prob: BlockProblem, op: Op) -> list[tuple[str, object, int, bool]]:
+    """Each saved tensor of op as (what its state depends on, key, bytes, selective-kept).
+
+    ("slot", i): the state op requires of operand i (the saved tensor is that operand's
+    storage, as this op sees it); ("self", None): the op's own sharding (a copy made inside
+    the op); ("node", u): producer u's output state; ("const", None): a block input, R."""
+    found = []
+    for producer, nbytes in op.saved:
+        kept = producer not in prob.core
+        slot = None
+        if producer is not None:
+            for i, o in enumerate(op.operands):
+                if o.kind == "node" and prob.roots.get(o.name, o.name) == producer:
+                    slot = i
+                    break
+        if slot is not None:
+            found.append(("slot", slot, nbytes, kept))
+        elif producer is None:
+            found.append(("self", None, nbytes, kept))
+        elif producer in prob.index:
+            found.append(("node", producer, nbytes, kept))
+        else:
+            found.append(("const", None, nbytes, kept))
+    return found
+
+
+def _saved_state_sharded(op: Op, s: Strategy, how: str, key: object) -> bool:
+    if how == "slot":
+        return _dim(s.req[key]) is not None
+    return _dim(s.out) is not None or _has_split(s.req)  # "self"
+
+
+# --------------------------------------------------------------------------- reference
+
+
+@dataclass
+class Evaluation:
+    """Exact cost of one strategy choice, from the rules directly (the ILP's reference)."""
+
+    feasible: bool
+    time_s: float = math.inf
+    memory: float = math.inf  # saved activations + model states per device (bytes)
+    compute_s: float = 0.0
+    comm_fwd: list[tuple[str, int]] = field(default_factory=list)
+    comm_bwd: list[tuple[str, int]] = field(default_factory=list)
+    saved_bytes: float = 0.0
+    saved_selective_bytes: float = 0.0
+    param_bytes: float = 0.0  # owned parameter bytes per device
+    sharded_params: list[str] = field(default_factory=list)
+
+
+def evaluate(prob: BlockProblem, choice: Sequence[int], comm_seconds_per_byte: float) -> Evaluation:
+    """Time and memory of the block when op i runs strategy choice[i]; infeasible when a
+    consumer needs a partial sum its producer does not make."""
+    t = prob.tp
+    strat = [op.strategies[k] for op, k in zip(prob.ops, choice)]
+    state = {op.name: s.out for op, s in zip(prob.ops, strat)}
+    ev = Evaluation(feasible=True)
+    pgrad_nodes: dict[str, bool] = {}
+    pgrad_params: set[str] = set()
+    uses: dict[str, list[bool]] = {}
+    for op, s in zip(prob.ops, strat):
+        ev.compute_s += _share(op, s, t) * op.seconds
+        for o, r in zip(op.operands, s.req):
+            if o.kind == "param":
+                uses.setdefault(o.name, []).append(_dim(r) is not None)
+            if o.kind != "node":
+                continue
+            src = state.get(o.name, R)
+            moves = reshard(src, r)
+            if moves is None:
+                return Evaluation(feasible=False)
+            nbytes = (
+                prob.ops[prob.index[o.name]].nbytes if o.name in state else prob.external[o.name][0]
+            )
+            if moves[0]:
+                ev.comm_fwd.append((moves[0], nbytes))
+            if moves[1] and o.grad:
+                ev.comm_bwd.append((moves[1], nbytes))
+        for i in _partial_grads(op, s):
+            o = op.operands[i]
+            if o.kind == "param":
+                pgrad_params.add(o.name)
+            else:
+                pgrad_nodes[o.name] = True
+        for how, key, nbytes, kept in _saved_entries(prob, op):
+            if how == "node":
+                sharded = _dim(state[key]) is not None
+            elif how == "const":
+                sharded = False
+            else:
+                sharded = _saved_state_sharded(op, s, how, key)
+            b = nbytes / t if sharded else nbytes
+            ev.saved_bytes += b
+            if kept:
+                ev.saved_selective_bytes += b
+    for u in prob.outputs:
+        fwd, _ = reshard(state[u], R)
+        if fwd:
+            ev.comm_fwd.append((fwd, prob.ops[prob.index[u]].nbytes))
+    for u in sorted(pgrad_nodes):
+        src = state.get(u, R)
+        nbytes = prob.ops[prob.index[u]].nbytes if u in state else prob.external[u][0]
+        ev.comm_bwd.append(("reduce_scatter" if _dim(src) is not None else "all_reduce", nbytes))
+    for p in sorted(pgrad_params):
+        ev.comm_bwd.append(("all_reduce", prob.param_bytes[p]))
+    ev.sharded_params = sorted(p for p, u in uses.items() if all(u))
+    ev.param_bytes = sum(
+        prob.param_bytes[p] / t if p in ev.sharded_params else prob.param_bytes[p]
+        for p in prob.owned
+    )
+    comm_s = sum(b * comm_seconds_per_byte * _ring(k, t) for k, b in ev.comm_fwd + ev.comm_bwd)
+    ev.time_s = ev.compute_s + comm_s
+    ev.memory = ev.saved_bytes + model_state_bytes(prob, ev.sharded_params)
+    return ev
+
+
+def model_state_bytes(prob: BlockProblem, sharded: Sequence[str] = ()) -> float:
+    """Weights, gradients and Adam states of the owned parameters per device: 16 bytes per
+    parameter, 1/t of it for a sharded one."""
+    keep = set(sharded)
+    return sum(
+        STATE_BYTES_PER_PARAM * prob.param_numel[p] / (prob.tp if p in keep else 1)
+        for p in prob.owned
+    )
+
+
+# --------------------------------------------------------------------------- the MILP
+
+
+def sharding_milp(
+    prob: BlockProblem,
+    comm_seconds_per_byte: float,
+    lambdas: Sequence[float] = LAMBDAS,
+    time_scale: float = 1.0,
+    memory_scale: float = 1.0,
+) -> list[tuple[tuple[int, ...], float]]:
+    r"""Optimal strategy choices of one block: (choice, objective) for each memory weight lambda.
+
+    Sets: ops v in V with strategies k in K_v; strategy k has output state o(v,k) and needs
+    state q(v,k,i) of operand i. An operand made inside the block is an edge (u, v, i); one
+    made outside is a block input, in state R. O: the ops whose value leaves the block.
+    Shorthands, linear in x:
+
+        X_u(s)  = sum_{k: o(u,k) = s} x_{u,k}                  u's output is in state s
+        Q_vi(r) = sum_{k: q(v,k,i) = r} x_{v,k}                 v needs operand i in state r
+        G_v(w)  = sum_{k: k leaves w's gradient partial} x_{v,k}    (w an op or a parameter)
+        H_v(p)  = sum_{k: k stores parameter p sharded} x_{v,k}
+
+    Variables: x_{v,k} in {0,1};  e_{v,i,s,r}, g_{u,s}, g_u, g_p, h_p in [0,1].
+
+    Costs, seconds: c_{v,k} = share(v,k) (max(F_fwd/F, B_fwd/B) + max(F_bwd/F, B_bwd/B)),
+    share = 1/t when k computes a shard or a partial product, else 1; C(s,r,u) = the forward
+    and backward collectives of reshard(s -> r) on u's bytes (the backward one only when u
+    needs a gradient), each bytes x seconds_per_byte x ring factor (all-reduce 2(t-1)/t,
+    all-gather, reduce-scatter, all-to-all (t-1)/t); A(s,u) = reducing a partial gradient of u
+    (all-reduce from R or P, reduce-scatter from S); AR_p = all-reducing parameter p's gradient.
+    Memory, bytes: m_{v,k} = the saved tensors whose sharding x_{v,k} decides (1/t of their
+    bytes when sharded), M_c the ones no choice decides, 16 n_p bytes of model state for each
+    owned parameter p of n_p elements (1/t of it when stored sharded).
+
+        min  1/T0 [ sum_{v,k} c_{v,k} x_{v,k} + sum_{(u,v,i)} sum_{s,r} C(s,r,u) e_{v,i,s,r}
+                    + sum_{v, i from outside} sum_k C(R, q(v,k,i), u_i) x_{v,k}
+                    + sum_{u in O} sum_s C(s,R,u) X_u(s)
+                    + sum_{u,s} A(s,u) g_{u,s} + sum_{u outside} A(R,u) g_u + sum_p AR_p g_p ]
+           + lambda/M0 [ sum_{v,k} m_{v,k} x_{v,k} + M_c + sum_p 16 n_p (1 - (1 - 1/t) h_p) ]
+
+        s.t. one_strategy:       sum_k x_{v,k} = 1                             for all v
+             edge_out:           sum_r e_{v,i,s,r} = X_u(s)                    for all (u,v,i), s
+             edge_in:            sum_s e_{v,i,s,r} = Q_vi(r)                   for all (u,v,i), r
+             reshard_legal:      Q_vi(P) = 0 for an operand from outside the block
+             partial_grad:       g_{u,s} >= e_{v,i,s,R} - Q_vi(R) + G_v(u)    for all v reading
+                                 u once (g_{u,s} >= X_u(s) + G_v(u) - 1 otherwise);
+                                 g_u >= G_v(u) for a block input u
+             param_partial_grad: g_p >= G_v(p)                                 for all v reading p
+             param_sharded:      h_p <= H_v(p)                                 for all v reading p
+
+    e_{v,i,s,r} is the joint indicator "u is in s and v needs r" (pairs with an illegal
+    reshard, r = P from s != P, have no variable, so edge_in forbids them); its two marginal
+    constraints make the LP relaxation tight, so HiGHS mostly closes the problem at the root.
+    g is an OR over a producer's consumers (one reduction however many consumers leave the
+    gradient partial: Megatron's single all-reduce for fused or separate q/k/v), exact because
+    the objective pushes g down; h is an AND over a parameter's uses, pushed up. T0 and M0, the
+    replicated block's time and memory, make the terms commensurate, so one lambda grid suits
+    every block. The model is compiled once (lambda is a cvxpy Parameter), solved per lambda.
+    """
+    t = prob.tp
+    cols: list[tuple[int, int]] = [
+        (v, k) for v, op in enumerate(prob.ops) for k in range(len(op.strategies))
+    ]
+    col = {vk: j for j, vk in enumerate(cols)}
+    nx_ = len(cols)
+    z_names: list[tuple] = []
+    cz_time: list[float] = []
+    cz_mem: list[float] = []
+
+    def zvar(key: tuple, time_cost: float = 0.0, mem_cost: float = 0.0) -> int:
+        z_names.append(key)
+        cz_time.append(time_cost)
+        cz_mem.append(mem_cost)
+        return len(z_names) - 1
+
+    cx_time = np.zeros(nx_)
+    cx_mem = np.zeros(nx_)
+    mem_const = 0.0
+    eq_rows: dict[str, list[tuple[dict[int, float], dict[int, float], float]]] = {
+        "edge_out": [],
+        "edge_in": [],
+    }
+    rows: dict[str, list[tuple[dict[int, float], dict[int, float], float]]] = {
+        "reshard_legal": [],
+        "partial_grad": [],
+        "param_partial_grad": [],
+        "param_sharded": [],
+    }
+
+    def X(u: int, s: str) -> dict[int, float]:  # noqa: N802
+        return {col[(u, k)]: 1.0 for k, st in enumerate(prob.ops[u].strategies) if st.out == s}
+
+    def Q(v: int, i: int, r: str) -> dict[int, float]:  # noqa: N802
+        return {col[(v, k)]: 1.0 for k, st in enumerate(prob.ops[v].strategies) if st.req[i] == r}
+
+    def plus(*terms: dict[int, float]) -> dict[int, float]:
+        out: dict[int, float] = {}
+        for term in terms:
+            for j, a in term.items():
+                out[j] = out.get(j, 0.0) + a
+        return out
+
+    def coll(kind: str | None, nbytes: int) -> float:
+        return 0.0 if kind is None else nbytes * comm_seconds_per_byte * _ring(kind, t)
+
+    pgrad_node: dict[str, list[tuple[int, dict[int, float]]]] = {}
+    edge_vars: dict[tuple[int, int], dict[tuple[str, str], int]] = {}
+    pgrad_param: dict[str, list[dict[int, float]]] = {}
+    shard_uses: dict[str, list[dict[int, float]]] = {}
+    for v, op in enumerate(prob.ops):
+        for k, s in enumerate(op.strategies):
+            cx_time[col[(v, k)]] += _share(op, s, t) * op.seconds
+        # operands: resharding on edges, parameter sharding
+        for i, o in enumerate(op.operands):
+            reqs = sorted({s.req[i] for s in op.strategies if s.req[i] is not None})
+            if o.kind == "param":
+                shard_uses.setdefault(o.name, []).append(
+                    {
+                        col[(v, k)]: 1.0
+                        for k, s in enumerate(op.strategies)
+                        if _dim(s.req[i]) is not None
+                    }
+                )
+                continue
+            if o.kind != "node":
+                continue
+            if o.name not in prob.index:  # block input, state R
+                nbytes = prob.external[o.name][0]
+                for k, s in enumerate(op.strategies):
+                    moves = reshard(R, s.req[i])
+                    if moves is None:
+                        rows["reshard_legal"].append(({col[(v, k)]: 1.0}, {}, 0.0))
+                        continue
+                    cx_time[col[(v, k)]] += coll(moves[0], nbytes) + (
+                        coll(moves[1], nbytes) if o.grad else 0.0
+                    )
+                continue
+            u = prob.index[o.name]
+            producer = prob.ops[u]
+            outs = sorted({s.out for s in producer.strategies})
+            pairs = [(s_out, r) for s_out in outs for r in reqs if reshard(s_out, r) is not None]
+            evars = edge_vars.setdefault((v, i), {})
+            for s_out, r in pairs:
+                fwd, bwd = reshard(s_out, r)
+                cost = coll(fwd, producer.nbytes) + (coll(bwd, producer.nbytes) if o.grad else 0)
+                evars[(s_out, r)] = zvar(("e", v, i, s_out, r), time_cost=cost)
+            for s_out in outs:
+                es = {evars[p]: 1.0 for p in pairs if p[0] == s_out}
+                eq_rows["edge_out"].append((X(u, s_out), {j: -a for j, a in es.items()}, 0.0))
+            for r in reqs:
+                es = {evars[p]: 1.0 for p in pairs if p[1] == r}
+                eq_rows["edge_in"].append((Q(v, i, r), {j: -a for j, a in es.items()}, 0.0))
+        # partial gradients this op leaves on its replicated operands
+        per_operand: dict[tuple[str, str], dict[int, float]] = {}
+        for k, s in enumerate(op.strategies):
+            for i in _partial_grads(op, s):
+                o = op.operands[i]
+                per_operand.setdefault((o.kind, o.name), {})[col[(v, k)]] = 1.0
+        for (kind, name), g in sorted(per_operand.items()):
+            if kind == "param":
+                pgrad_param.setdefault(name, []).append(g)
+            else:
+                pgrad_node.setdefault(name, []).append((v, g))
+        # saved activations
+        for how, key, nbytes, _kept in _saved_entries(prob, op):
+            if how == "const":
+                mem_const += nbytes
+            elif how == "node":
+                u = prob.index[key]
+                for k, s in enumerate(prob.ops[u].strategies):
+                    cx_mem[col[(u, k)]] += nbytes / t if _dim(s.out) is not None else nbytes
+            else:
+                for k, s in enumerate(op.strategies):
+                    sharded = _saved_state_sharded(op, s, how, key)
+                    cx_mem[col[(v, k)]] += nbytes / t if sharded else nbytes
+    # block outputs must be R
+    for u_name in prob.outputs:
+        u = prob.index[u_name]
+        for k, s in enumerate(prob.ops[u].strategies):
+            fwd, _ = reshard(s.out, R)
+            cx_time[col[(u, k)]] += coll(fwd, prob.ops[u].nbytes)
+    # one reduction per partially-differentiated producer
+    for name, gs in sorted(pgrad_node.items()):
+        if name not in prob.index:
+            g = zvar(("g", name), time_cost=coll("all_reduce", prob.external[name][0]))
+            for _v, G in gs:
+                rows["partial_grad"].append((G, {g: -1.0}, 0.0))
+            continue
+        u = prob.index[name]
+        producer = prob.ops[u]
+        for s_out in sorted({s.out for s in producer.strategies}):
+            kind = "reduce_scatter" if _dim(s_out) is not None else "all_reduce"
+            g = zvar(("g", name, s_out), time_cost=coll(kind, producer.nbytes))
+            for v, G in gs:
+                slots = [i for i, o in enumerate(prob.ops[v].operands) if o.name == name]
+                e = edge_vars.get((v, slots[0]), {}).get((s_out, R)) if len(slots) == 1 else None
+                if e is None:  # weak form: g >= X_u(s) + G_v(u) - 1
+                    rows["partial_grad"].append((plus(X(u, s_out), G), {g: -1.0}, 1.0))
+                else:  # tight form through the edge's joint variable e_{s,R}
+                    not_partial = {j: -a for j, a in Q(v, slots[0], R).items()}
+                    rows["partial_grad"].append((plus(not_partial, G), {e: 1.0, g: -1.0}, 0.0))
+    for name, gs in sorted(pgrad_param.items()):
+        g = zvar(("gp", name), time_cost=coll("all_reduce", prob.param_bytes[name]))
+        for G in gs:
+            rows["param_partial_grad"].append((G, {g: -1.0}, 0.0))
+    mem_const += model_state_bytes(prob)
+    owned = set(prob.owned)
+    for name, hs in sorted(shard_uses.items()):
+        if name not in owned or not all(hs):
+            continue  # not stored here, or some use cannot take it sharded
+        saving = model_state_bytes(prob) - model_state_bytes(prob, [name])
+        h = zvar(("h", name), mem_cost=-saving)
+        for H in hs:
+            rows["param_sharded"].append(({j: -a for j, a in H.items()}, {h: 1.0}, 0.0))
+
+    nz = len(z_names)
+    x = cp.Variable(nx_, boolean=True)
+    z = cp.Variable(nz, bounds=[0, 1]) if nz else None
+    one = sp.csr_matrix(
+        (np.ones(nx_), ([v for v, _ in cols], np.arange(nx_))), shape=(len(prob.ops), nx_)
+    )
+    constraints: dict[str, cp.Constraint] = {"one_strategy": one @ x == 1}
+    for name, family in list(eq_rows.items()) + list(rows.items()):
+        if not family:
+            continue
+        ax, az, rhs = _assemble(family, nx_, nz)
+        lhs = ax @ x + (az @ z if z is not None else 0)
+        constraints[name] = (lhs == rhs) if name in eq_rows else (lhs <= rhs)
+    lam = cp.Parameter(nonneg=True)
+    time_expr = (cx_time / time_scale) @ x
+    mem_expr = (cx_mem / memory_scale) @ x + mem_const / memory_scale
+    if z is not None:
+        time_expr = time_expr + (np.array(cz_time) / time_scale) @ z
+        mem_expr = mem_expr + (np.array(cz_mem) / memory_scale) @ z
+    # x OBJECTIVE_GAIN: HiGHS ignores reduced costs under its absolute tolerance (1e-7), which
+    # would leave small memory tie-breaks (a bias's shard at lambda = 1e-4) unresolved
+    objective = OBJECTIVE_GAIN * (time_expr + lam * mem_expr)
+    problem = cp.Problem(cp.Minimize(objective), list(constraints.values()))
+    choices: list[tuple[tuple[int, ...], float]] = []
+    for value in lambdas:
+        lam.value = float(value)
+        # presolve off: the LP is tight and small, HiGHS' presolve costs more than it saves
+        problem.solve(solver=cp.HIGHS, mip_rel_gap=1e-9, presolve="off")
+        if problem.status not in ("optimal", "optimal_inaccurate") or x.value is None:
+            continue
+        xv = x.value
+        choice = []
+        for v, op in enumerate(prob.ops):
+            scores = [xv[col[(v, k)]] for k in range(len(op.strategies))]
+            choice.append(int(np.argmax(scores)))
+        choices.append((tuple(choice), float(problem.value) / OBJECTIVE_GAIN))
+    return choices
+
+
+def _assemble(family: list, nx_: int, nz: int) -> tuple[sp.csr_matrix, sp.csr_matrix, np.ndarray]:
+    rx, cx, vx, rz, cz, vz = [], [], [], [], [], []
+    rhs = np.zeros(len(family))
+    for row, (xs, zs, b) in enumerate(family):
+        for j, a in xs.items():
+            rx.append(row)
+            cx.append(j)
+            vx.append(a)
+        for j, a in zs.items():
+            rz.append(row)
+            cz.append(j)
+            vz.append(a)
+        rhs[row] = b
+    ax = sp.csr_matrix((vx, (rx, cx)), shape=(len(family), nx_))
+    az = sp.csr_matrix((vz, (rz, cz)), shape=(len(family), max(nz, 1)))
+    return ax, az, rhs
+
+
+# --------------------------------------------------------------------------- variants
+
+
+@dataclass(frozen=True)
+class _Template:
+    """A variant of a block class, with node and module names left to bind per block."""
+
+    name: str
+    choice: tuple[int, ...]
+    states: tuple[str, ...]  # per tensor-valued op, in block order
+    plans: tuple[tuple[int, int, str], ...]  # (op position, weight operand index, label)
+    compute_fraction: float
+    memory_bound_fraction: float
+    param_fraction: float
+    saved_bytes: int
+    saved_selective_bytes: int
+    input_bytes: int
+    comm_fwd: tuple[tuple[str, int], ...]
+    comm_bwd: tuple[tuple[str, int], ...]
+    time_s: float
+    memory: float
+
+
+_CACHE: dict[tuple, list[_Template]] = {}
+SOLVE_STATS: dict[tuple, dict[str, float]] = {}  # per cache key: seconds, ops, strategies
+
+
+def tp_variants(
+    graph: nx.DiGraph,
+    block: Block,
+    tp: int,
+    comm_seconds_per_byte: float = 1 / 100e9,
+    flops_per_second: float = 400e12,
+    bytes_per_second: float = 2e12,
+    max_variants: int = 3,
+) -> list[TPVariant]:
+    """The Pareto-best ways (time vs per-device memory) to run ``block`` over ``tp`` devices.
+
+    Always includes "replicated" (the only one for tp=1), plus up to ``max_variants`` sharded
+    variants named "tp{t}-v{k}", k = 1 for the fastest; the list is ordered by time, fastest
+    first. Solved once per (block class, tp, cost rates) and re-bound to this block's names."""
+    key = (block.cls, tp, comm_seconds_per_byte, flops_per_second, bytes_per_second, max_variants)
+    if key not in _CACHE:
+        start = time.perf_counter()
+        prob = build_problem(graph, block, tp, flops_per_second, bytes_per_second)
+        _CACHE[key] = _templates(prob, comm_seconds_per_byte, max_variants)
+        SOLVE_STATS[key] = {
+            "seconds": time.perf_counter() - start,
+            "ops": len(prob.ops),
+            "strategies": sum(len(op.strategies) for op in prob.ops),
+        }
+    return [_bind(graph, block, tpl, tp) for tpl in _CACHE[key]]
+
+
+def _templates(
+    prob: BlockProblem, comm_seconds_per_byte: float, max_variants: int
+) -> list[_Template]:
+    replicated = tuple(0 for _ in prob.ops)
+    base = evaluate(prob, replicated, comm_seconds_per_byte)
+    found: dict[tuple[int, ...], Evaluation] = {replicated: base}
+    if prob.tp > 1 and prob.ops:
+        choices = sharding_milp(
+            prob,
+            comm_seconds_per_byte,
+            time_scale=base.time_s or 1.0,
+            memory_scale=base.memory or 1.0,
+        )
+        for choice, _objective in choices:
+            if choice not in found:
+                ev = evaluate(prob, choice, comm_seconds_per_byte)
+                if ev.feasible:
+                    found[choice] = ev
+    front = [
+        c
+        for c, ev in found.items()
+        if c == replicated
+        or not any(
+            o.time_s <= ev.time_s
+            and o.memory <= ev.memory
+            and (o.time_s, o.memory) != (ev.time_s, ev.memory)
+            for o in found.values()
+        )
+    ]
+    front.sort(key=lambda c: (found[c].time_s, found[c].memory, c))
+    sharded = [c for c in front if c != replicated][:max_variants]
+    keep = sorted(sharded + [replicated], key=lambda c: (found[c].time_s, found[c].memory, c))
+    names = {c: f"tp{prob.tp}-v{k}" for k, c in enumerate(sharded, start=1)}
+    names[replicated] = "replicated"
+    return [_template(prob, c, names[c], found[c]) for c in keep]
+
+
+def _template(prob: BlockProblem, choice: tuple[int, ...], name: str, ev: Evaluation) -> _Template:
+    t = prob.tp
+    strat = [op.strategies[k] for op, k in zip(prob.ops, choice)]
+    shares = [_share(op, s, t) for op, s in zip(prob.ops, strat)]
+    mb = (
+        sum(sh * op.fwd_bytes for sh, op in zip(shares, prob.ops)) / prob.fwd_bytes
+        if prob.fwd_bytes
+        else 1.0
+    )
+    cf = sum(sh * op.flops for sh, op in zip(shares, prob.ops)) / prob.flops if prob.flops else mb
+    owned_bytes = sum(prob.param_bytes[p] for p in prob.owned)
+    plans = []
+    for pos, (op, s) in enumerate(zip(prob.ops, strat)):
+        if s.plan:
+            w = next(i for i, o in enumerate(op.operands) if o.kind == "param")
+            plans.append((pos, w, s.plan))
+    return _Template(
+        name=name,
+        choice=choice,
+        states=tuple(s.out for s in strat),
+        plans=tuple(plans),
+        compute_fraction=cf,
+        memory_bound_fraction=mb,
+        param_fraction=ev.param_bytes / owned_bytes if owned_bytes else 1.0,
+        saved_bytes=int(round(ev.saved_bytes)),
+        saved_selective_bytes=int(round(ev.saved_selective_bytes)),
+        input_bytes=prob.input_bytes,
+        comm_fwd=tuple(ev.comm_fwd),
+        comm_bwd=tuple(ev.comm_bwd),
+        time_s=ev.time_s,
+        memory=ev.memory,
+    )
+
+
+def _gathered(graph: nx.DiGraph, block: Block, start: str, states: dict[str, str]) -> bool:
+    """Whether the sharded output of a column-parallel op is all-gathered before it reaches a
+    row-parallel op: its sharded region (ops downstream that keep an S state) meets a consumer
+    that needs it replicated, or leaves the block. The runtime then gathers right at the module
+    output (``colwise_gather``), which is the same value, since the ops between are shard-local."""
+    inside = set(block.nodes)
+    leaves = set(graph.graph.get("outputs", []))
+    seen, todo = {start}, [start]
+    while todo:
+        u = todo.pop()
+        succ = list(graph.successors(u))
+        if u in leaves or any(v not in inside for v in succ):
+            return True
+        for v in succ:
+            sv = states.get(v)
+            if sv is None or v in seen:
+                continue
+            if sv == R:
+                return True
+            if sv != P:
+                seen.add(v)
+                todo.append(v)
+    return False
+
+
+def _bind(graph: nx.DiGraph, block: Block, tpl: _Template, tp: int) -> TPVariant:
+    nodes = [n for n in block.nodes if _has_tensor(graph, n)]
+    plan: dict[str, str] = {}
+    states = dict(zip(nodes, tpl.states))
+    for pos, w, label in tpl.plans:
+        weight = _operands(graph, graph.nodes[nodes[pos]])[w].name
+        if label == "colwise" and _gathered(graph, block, nodes[pos], states):
+            label = "colwise_gather"
+        plan[weight.rpartition(".")[0]] = label
+    return TPVariant(
+        name=tpl.name,
+        tp=tp,
+        states=dict(zip(nodes, tpl.states)),
+        tp_plan=plan,
+        compute_fraction=tpl.compute_fraction,
+        memory_bound_fraction=tpl.memory_bound_fraction,
+        param_fraction=tpl.param_fraction,
+        saved_bytes=tpl.saved_bytes,
+        saved_selective_bytes=tpl.saved_selective_bytes,
+        input_bytes=tpl.input_bytes,
+        comm_fwd=tpl.comm_fwd,
+        comm_bwd=tpl.comm_bwd,
+    )

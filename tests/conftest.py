@@ -1,0 +1,66 @@
+"""Shared helpers: synthetic blocks and options, so cost-model and solver tests can state their
+instances directly and compare with formulas and brute force."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("MESHPLAN_DETERMINISTIC", "1")
+
+from planner.blocks import Block  # noqa: E402
+from planner.cluster import Cluster  # noqa: E402
+from planner.costmodel import BlockOption  # noqa: E402
+from planner.profiles import load_profile  # noqa: E402
+
+
+def make_block(i: int, cls: str, params: int = 1000, boundary: int = 4096, out: int = 4096):
+    return Block(
+        index=i,
+        name=f"b{i}",
+        modules=[f"m{i}"],
+        cls=cls,
+        label=cls,
+        nodes=[],
+        params=params,
+        param_names=[],
+        fwd_flops=10**9,
+        bwd_flops=2 * 10**9,
+        fwd_bytes=0,
+        bwd_bytes=0,
+        saved_bytes=10**6,
+        saved_selective_bytes=5 * 10**5,
+        input_bytes=4096,
+        output_bytes=out,
+        boundary_bytes=boundary,
+        transient_bytes=1000,
+    )
+
+
+def make_option(
+    time_s: float, params: float, act: float, recompute: str = "none", offload: str = "none"
+):
+    return BlockOption(
+        variant="replicated",
+        recompute=recompute,
+        offload=offload,
+        fwd_s=time_s / 3,
+        bwd_s=2 * time_s / 3,
+        tp_comm_s=0.0,
+        params=params,
+        act_bytes=act,
+        recompute_peak_bytes=0.0,
+        transient_bytes=0.0,
+    )
+
+
+def cluster_of(gpus: int, profile: str = "h100-sxm", gpus_per_node: int = 8, **overrides):
+    prof = load_profile(profile)
+    if overrides:
+        prof = replace(prof, **overrides)
+    per_node = min(gpus, gpus_per_node)
+    return Cluster(prof, max(1, gpus // per_node), per_node)
