@@ -20,8 +20,25 @@ from collections.abc import Callable, Sequence
 
 from planner.errors import MeshplanError, UserInputError
 from planner.modelfile import DTYPES, OPTIMIZERS, parse_model_args
+from planner.runflags import add_run_flags, positive_int
 
-SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {}
+
+def _lazy(module: str) -> Callable[[list[str]], int]:
+    """A subcommand whose module (and torch.distributed, matplotlib...) loads only when used."""
+
+    def call(argv: list[str]) -> int:
+        import importlib
+
+        return importlib.import_module(module).main(argv)
+
+    return call
+
+
+SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
+    "run": _lazy("runtime.cli"),
+    "show": _lazy("planner.report.show"),
+    "calibrate": _lazy("planner.calibrate"),
+}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -29,16 +46,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UserInputError(f"{message} (see `{self.prog} --help`)")
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
 
 
 def add_model_flags(p: argparse.ArgumentParser) -> None:
@@ -96,6 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--memory-fraction", type=float, default=1.0, help="usable share of device memory"
     )
     p.add_argument("--out", help="output directory (default: reports/<model file stem>/)")
+    p.add_argument("--run", action="store_true", help="after planning, run the plan")
+    add_run_flags(p)
     add_common_flags(p)
     return p
 
@@ -201,6 +210,10 @@ def run_planning(args: argparse.Namespace, mf) -> int:
         for note in result.notes:
             print(f"note: {note}", file=sys.stderr)
     print_plan(result.plan, written, quiet=args.quiet)
+    if args.run:
+        from runtime.launch import run_plan
+
+        return run_plan(path, args)
     return 0
 
 

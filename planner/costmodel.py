@@ -264,6 +264,12 @@ def state_memory(
     return {"params": w, "grads": g, "optimizer": o, "host": host}
 
 
+def offload_allowed(offload: str, zero: int) -> bool:
+    """Weights live on the host only when ZeRO-3 shards them (FSDP2's CPUOffloadPolicy):
+    otherwise every rank would fetch the full weights for every micro-batch."""
+    return offload != "optimizer+params" or zero >= 3
+
+
 def inflight_microbatches(schedule: str, m: int, pp: int, v: int, pp_rank: int) -> int:
     """Micro-batches whose activations a stage holds at its peak.
 
@@ -502,6 +508,11 @@ def evaluate(inp: CostInputs, config: Config) -> StepCost:
         model_flops_per_step=flops,
         mfu=flops / (step * mesh.size * peak_flops) if step > 0 else 0.0,
         samples_per_s=training.global_batch_size / step if step > 0 else 0.0,
-        feasible=peak <= capacity and host <= host_capacity,
+        feasible=peak <= capacity
+        and host <= host_capacity
+        and all(
+            offload_allowed(inp.options[i][k].offload, config.zero_stage)
+            for i, k in enumerate(config.choice)
+        ),
         host_bytes_per_gpu=host,
     )

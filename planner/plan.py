@@ -169,9 +169,9 @@ def build_plan(
         )
     tokens = _tokens_per_sample(traced)
     solver = {
-        "status": "optimal",
+        "status": "optimal" if result.gap == 0 else "feasible",
         "objective": _r(best.milp_objective),
-        "gap": 0.0,
+        "gap": _r(result.gap),
         "solve_time_s": round(result.solve_time_s, 3),
         "candidates_total": result.total,
         "candidates_solved": result.solved,
@@ -390,8 +390,49 @@ def validate_plan(plan: Any, where: str) -> None:
         if not isinstance(stage, int) or isinstance(stage, bool) or not 0 <= stage < n_stages:
             raise UserInputError(f"plan {where}: block {b['name']!r} has a bad stage")
         names.append(b["name"])
+    if len(set(names)) != len(names):
+        raise UserInputError(f"plan {where}: block names repeat")
+    stages_of = [b["stage"] for b in plan["blocks"]]
+    if stages_of != sorted(stages_of):
+        raise UserInputError(f"plan {where}: blocks are not in stage order")
+    pp, dp, tp = mesh["pp"], mesh["dp"], mesh["tp"]
     for i, st in enumerate(plan["stages"]):
         if not isinstance(st, dict) or not isinstance(st.get("blocks"), list):
             raise UserInputError(f"plan {where}: stage {i} is malformed")
-        if any(x not in names for x in st["blocks"]):
-            raise UserInputError(f"plan {where}: stage {i} names an unknown block")
+        own = [b["name"] for b in plan["blocks"] if b["stage"] == i]
+        if st["blocks"] != own:
+            raise UserInputError(f"plan {where}: stage {i} does not list its blocks {own}")
+        if st.get("index") != i or st.get("pp_rank") != i % pp:
+            raise UserInputError(f"plan {where}: stage {i} has a wrong index or pp_rank")
+        r = i % pp
+        want = [(r * dp + d) * tp + t for d in range(dp) for t in range(tp)]
+        if st.get("ranks") != want:
+            raise UserInputError(f"plan {where}: stage {i} ranks are not {want}")
+        for key in ("forward_s", "backward_s"):
+            _number(st, key, f"plan {where}: stage {i}")
+    if not isinstance(plan.get("lr", 3e-4), (int, float)) or not plan.get("lr", 3e-4) > 0:
+        raise UserInputError(f"plan {where}: lr must be a positive number")
+    if not isinstance(model.get("args", {}), dict):
+        raise UserInputError(f"plan {where}: model.args must be an object")
+    pred = plan["predicted"]
+    for key in ("step_time_s", "peak_memory_bytes", "capacity_bytes", "mfu"):
+        _number(pred, key, f"plan {where}: predicted")
+    per_stage = pred.get("memory_per_stage")
+    if not isinstance(per_stage, list) or len(per_stage) != pp:
+        raise UserInputError(f"plan {where}: predicted.memory_per_stage needs {pp} entries")
+    for mem in per_stage:
+        for key in ("params", "grads", "optimizer", "activations", "other", "total"):
+            _number(mem, key, f"plan {where}: predicted.memory_per_stage")
+
+
+def _number(obj: Any, key: str, where: str) -> float:
+    value = obj.get(key) if isinstance(obj, dict) else None
+    if (
+        not isinstance(value, (int, float))
+        or isinstance(value, bool)
+        or value != value
+        or value < 0
+        or value == float("inf")
+    ):
+        raise UserInputError(f"{where}: {key} must be a non-negative number")
+    return float(value)

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+from scipy.optimize import linprog
 
 from planner.blocks import Block
 from planner.cluster import Cluster
@@ -32,6 +33,7 @@ from planner.costmodel import (
     block_options,
     evaluate,
     inflight_microbatches,
+    offload_allowed,
     offload_time,
     optimizer_time,
     state_memory,
@@ -60,6 +62,9 @@ class Pins:
     tp_variant: str = "auto"  # "sharded": every block that can be TP-sharded is
 
 
+MILP_TIME_LIMIT_S = 5.0
+
+
 @dataclass
 class Candidate:
     pp: int
@@ -77,6 +82,7 @@ class Candidate:
     milp_objective: float = math.inf
     solve_time_s: float = 0.0
     min_memory: float = 0.0  # lower bound of peak memory (for infeasibility messages)
+    gap: float = 0.0  # relative MILP gap when a time limit stopped the solve
 
     @property
     def mesh_key(self) -> tuple[int, int, int]:
@@ -101,6 +107,7 @@ class SearchResult:
     total: int = 0
     solved: int = 0
     notes: list[str] = field(default_factory=list)
+    gap: float = 0.0  # how far the best plan may be from the optimum (0: proven optimal)
 
 
 # --------------------------------------------------------------------------- enumeration
@@ -270,6 +277,10 @@ def stage_problem(inp: CostInputs, cand: Candidate) -> StageProblem:
         optim=cols["optim"],
         offl=cols["offl"],
         pbytes=cols["pbytes"],
+        allowed=[
+            np.array([offload_allowed(o.offload, cand.zero) for o in inp.options[first]])
+            for first, _ in segs
+        ],
         has_params=[inp.blocks[first].params > 0 for first, _ in segs],
         p2p=p2p,
         inflight=[inflight_microbatches(cand.schedule, m, p, v, j % p) for j in range(J)],
@@ -302,6 +313,35 @@ def config_from_counts(inp: CostInputs, cand: Candidate, counts) -> Config:
     )
 
 
+def _min_device_bytes(inp: CostInputs, zero: int, dp: int) -> float:
+    """Sum over blocks of the least device memory (states + one micro-batch's activations) any
+    allowed option needs; memoized on ``inp`` since hundreds of candidates share (zero, dp)."""
+    memo = inp.__dict__.setdefault("_min_device_bytes", {})
+    if (zero, dp) not in memo:
+        per_list: dict[int, float] = {}
+        total = 0.0
+        for opts in inp.options:
+            if id(opts) not in per_list:
+                per_list[id(opts)] = min(
+                    (
+                        sum(
+                            v_
+                            for k, v_ in state_memory(
+                                o.params, zero, dp, o.offload, inp.training
+                            ).items()
+                            if k != "host"
+                        )
+                        + o.act_bytes
+                        for o in opts
+                        if offload_allowed(o.offload, zero)
+                    ),
+                    default=math.inf,
+                )
+            total += per_list[id(opts)]
+        memo[(zero, dp)] = total
+    return memo[(zero, dp)]
+
+
 def lower_bounds(inp: CostInputs, cand: Candidate) -> tuple[float, float]:
     """(step-time bound, peak-memory bound) without building a MILP."""
     m = inp.training.global_batch_size // (cand.dp * cand.micro_batch_size)
@@ -311,28 +351,74 @@ def lower_bounds(inp: CostInputs, cand: Candidate) -> tuple[float, float]:
         time_bound = total * (1 + (m - 1) / p)
     else:
         time_bound = m * total / p + (p - 1) * total / (p * v)
-    tr = inp.training
-    states = 0.0
-    for opts in inp.options:
-        states += min(
-            sum(
-                v_
-                for k, v_ in state_memory(o.params, cand.zero, cand.dp, o.offload, tr).items()
-                if k != "host"
-            )
-            + o.act_bytes
-            for o in opts
-        )
-    mem_bound = states / p + inp.cluster.profile.reserved_bytes
+    mem_bound = _min_device_bytes(inp, cand.zero, cand.dp) / p + inp.cluster.profile.reserved_bytes
     return time_bound, mem_bound
 
 
-def solve_candidate(inp: CostInputs, cand: Candidate) -> None:
+def aggregate_bound(sp: StageProblem, bound: float) -> float:
+    """A stronger step-time bound, or inf when memory cannot hold the model at all: the LP
+    where each segment's blocks take fractional options and only the sum of memory over all
+    pipeline ranks (and of host memory) is limited. Every MILP solution is feasible for it, so
+    its minimum total time gives a valid pipeline bound (the same formula as lower_bounds)."""
+    cols_t, cols_m, cols_h, eq_rows = [], [], [], []
+    n_total = sum(len(t) for t in sp.time)
+    inflight = min(sp.inflight)
+    col = 0
+    for s, length in enumerate(sp.seg_len):
+        k = len(sp.time[s])
+        cols_t.append(sp.time[s])
+        cols_m.append((sp.state[s] + inflight * sp.act[s]) / 2**30)
+        cols_h.append(sp.host[s] / 2**30)
+        row = np.zeros(n_total)
+        row[col : col + k] = 1.0
+        eq_rows.append((row, length))
+        col += k
+    c = np.concatenate(cols_t)
+    a_ub = np.vstack([np.concatenate(cols_m), np.concatenate(cols_h)])
+    b_ub = np.array(
+        [
+            (sp.pp * sp.capacity - sum(sp.const_mem)) / 2**30,
+            sp.pp * sp.host_capacity / 2**30,
+        ]
+    )
+    res = linprog(
+        c,
+        A_ub=a_ub,
+        b_ub=b_ub,
+        A_eq=np.vstack([r for r, _ in eq_rows]),
+        b_eq=np.array([b for _, b in eq_rows], dtype=float),
+        bounds=(0, None),
+        method="highs",
+    )
+    if res.status == 2:
+        return math.inf
+    if res.status != 0:
+        return bound
+    total = float(res.fun) + sum(sp.p2p)
+    p, v, m = sp.pp, sp.v, sp.m
+    if v == 1:
+        return max(bound, total * (1 + (m - 1) / p))
+    return max(bound, m * total / p + (p - 1) * total / (p * v))
+
+
+def solve_candidate(
+    inp: CostInputs, cand: Candidate, cutoff: float | None = None, time_limit_s: float = 60.0
+) -> None:
     sp = stage_problem(inp, cand)
     start = time.perf_counter()
-    sol = solve_stage_milp(sp)
+    sol = solve_stage_milp(sp, time_limit_s=time_limit_s, cutoff=cutoff)
     cand.solve_time_s = time.perf_counter() - start
-    if sol.status not in ("optimal", "optimal_inaccurate"):
+    if sol.status == "cutoff":
+        cand.status = "pruned-bound"
+        cand.reason = f"its MILP proves no placement beats the best plan's {cutoff:.4g} s"
+        return
+    if sol.status == "no_solution":
+        cand.status = "unresolved"
+        if math.isfinite(sol.dual_bound):
+            cand.bound = max(cand.bound, sol.dual_bound)
+        cand.reason = f"no placement found within the {time_limit_s:g} s MILP time limit"
+        return
+    if sol.status not in ("optimal", "time_limit"):
         cand.status = "infeasible"
         cand.reason = "does not fit in memory with any placement and options"
         return
@@ -340,6 +426,9 @@ def solve_candidate(inp: CostInputs, cand: Candidate) -> None:
     cand.cost = evaluate(inp, cand.config)
     cand.milp_objective = sol.objective
     cand.status = "solved"
+    if sol.status == "time_limit" and math.isfinite(sol.dual_bound) and sol.objective > 0:
+        cand.gap = max(0.0, (sol.objective - sol.dual_bound) / sol.objective)
+        cand.bound = max(cand.bound, sol.dual_bound)
 
 
 # --------------------------------------------------------------------------- the search
@@ -353,7 +442,11 @@ def search(
     pins: Pins,
     variants_of: Callable[[Block, int], list],
     progress: Callable[[str, int, int], None] | None = None,
+    time_limit_s: float = MILP_TIME_LIMIT_S,
 ) -> SearchResult:
+    """Every candidate, cheapest bound first; each is pruned by its bounds or solved exactly.
+    A MILP that hits ``time_limit_s`` keeps its best placement and its proven bound, and the
+    result's ``gap`` says how far from optimal the returned plan can be (0 = proven optimal)."""
     start = time.perf_counter()
     gpus = cluster.gpus
     tp_degrees = [t for t in divisors(gpus) if _tp_useful(graph, blocks, t, variants_of)]
@@ -386,13 +479,19 @@ def search(
     done = 0
     for c in order:
         if best is not None and c.bound >= best.cost.step_time_s:
-            c.status = "pruned-bound"
-            c.reason = (
-                f"lower bound {c.bound:.4g} s is no better than the best plan's "
-                f"{best.cost.step_time_s:.4g} s"
-            )
+            _prune_by_bound(c, best)
             continue
-        solve_candidate(inputs[(c.tp, c.micro_batch_size)], c)
+        inp = inputs[(c.tp, c.micro_batch_size)]
+        c.bound = aggregate_bound(stage_problem(inp, c), c.bound)
+        if c.bound == math.inf:
+            c.status = "pruned-memory"
+            c.reason = "even spread evenly over every rank, the model does not fit in memory"
+            continue
+        if best is not None and c.bound >= best.cost.step_time_s:
+            _prune_by_bound(c, best)
+            continue
+        cutoff = best.cost.step_time_s * (1 + 1e-9) if best is not None else None
+        solve_candidate(inp, c, cutoff=cutoff, time_limit_s=time_limit_s)
         done += 1
         if c.status == "solved" and c.tp > 1 and not pins.tp and _tp_unused(inputs, c):
             c.status = "dominated"
@@ -403,13 +502,24 @@ def search(
         if progress:
             progress("solve", done, len(order))
     elapsed = time.perf_counter() - start
+    gap = 0.0
+    if best is not None:
+        t = best.cost.step_time_s
+        open_bounds = [
+            c.bound
+            for c in cands
+            if c.status == "unresolved" or (c.status == "solved" and c.gap > 0)
+        ]
+        if open_bounds and min(open_bounds) < t:
+            gap = (t - min(open_bounds)) / t
     return SearchResult(
         best=best,
         candidates=cands,
         inputs=inputs,
         solve_time_s=elapsed,
         total=len(cands),
-        solved=sum(1 for c in cands if c.status in ("solved", "infeasible")),
+        solved=done,
+        gap=gap,
     )
 
 
@@ -436,6 +546,14 @@ def _tp_useful(graph, blocks: list[Block], tp: int, variants_of) -> bool:
     return False
 
 
+def _prune_by_bound(c: Candidate, best: Candidate) -> None:
+    c.status = "pruned-bound"
+    c.reason = (
+        f"lower bound {c.bound:.4g} s is no better than the best plan's "
+        f"{best.cost.step_time_s:.4g} s"
+    )
+
+
 def _no_candidate_message(gpus: int, training: Training, pins: Pins, tps: list[int]) -> str:
     if pins.tp and pins.tp not in tps:
         return (
@@ -447,6 +565,18 @@ def _no_candidate_message(gpus: int, training: Training, pins: Pins, tps: list[i
             f"the global batch {training.global_batch_size} is not divisible by --dp {pins.dp}: "
             "choose a global batch that is a multiple of the data-parallel degree"
         )
+    fixed = [(k, v) for k, v in (("pp", pins.pp), ("dp", pins.dp), ("tp", pins.tp)) if v]
+    product = math.prod(v for _, v in fixed)
+    if gpus % product or (len(fixed) == 3 and product != gpus):
+        shown = " x ".join(f"--{k} {v}" for k, v in fixed)
+        return f"{shown} = {product} devices, which does not fit --gpus {gpus}: make them agree"
+    if pins.micro_batch_size and pins.dp:
+        per_replica = training.global_batch_size // pins.dp
+        if per_replica % pins.micro_batch_size:
+            return (
+                f"--micro-batch-size {pins.micro_batch_size} does not divide the per-replica "
+                f"batch {per_replica} (global {training.global_batch_size} / --dp {pins.dp})"
+            )
     return (
         f"no parallel layout of {gpus} GPUs matches the pinned flags and a global batch of "
         f"{training.global_batch_size}: relax --tp/--pp/--dp/--micro-batch-size or change "

@@ -34,6 +34,7 @@ Objective (= costmodel.evaluate's step time):
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass
 
 import cvxpy as cp
@@ -73,6 +74,7 @@ class StageProblem:
     dp_rs: tuple[float, float]
     dp_ag: tuple[float, float]
     dp: int
+    allowed: list[np.ndarray] | None = None  # per segment: options this candidate may use
 
 
 @dataclass
@@ -81,96 +83,113 @@ class StageSolution:
     objective: float
     counts: list[list[list[int]]]  # [stage][segment][option]
     solve_time_s: float
+    dual_bound: float = float("nan")  # HiGHS's proven lower bound (time-limited solves)
 
 
 class _Structure:
     """One cvxpy problem per MILP shape, re-solved with new parameter values (DPP), so the
-    hundreds of outer candidates of one model pay cvxpy's canonicalisation once per shape."""
+    hundreds of outer candidates of one model pay cvxpy's canonicalisation once per shape.
+
+    Written with a few matrix variables (n is stages x all options of all segments) rather than
+    one variable per (stage, segment): cvxpy's canonicalisation cost grows with the number of
+    expressions, not with their size, so a new shape costs tens of milliseconds."""
 
     def __init__(self, J: int, P: int, seg_len: list[int], n_opts: list[int], has_params) -> None:
-        S = len(seg_len)
-        self.J, self.P, self.S = J, P, S
+        S, K = len(seg_len), sum(n_opts)
+        self.J, self.P, self.S, self.K = J, P, S, K
+        self.cols = np.cumsum([0, *n_opts])
+        seg_of = np.repeat(np.arange(S), n_opts)
+        L = np.asarray(seg_len, dtype=float)
+        Lcol = L[seg_of]
+        G = np.zeros((K, S))
+        G[np.arange(K), seg_of] = 1.0
+        M = np.zeros((P, J))
+        M[np.arange(J) % P, np.arange(J)] = 1.0
+        low = np.tril(np.ones((J, J)))
         par = cp.Parameter
-        self.time = [par(k) for k in n_opts]
-        self.memco = [[par(k) for k in n_opts] for _ in range(J)]
-        self.host = [par(k) for k in n_opts]
-        self.ws = [par(k, nonneg=True) for k in n_opts]
-        self.gather = [par(k, nonneg=True) for k in n_opts]
-        self.optim = [par(k) for k in n_opts]
-        self.offl = [par(k) for k in n_opts]
-        self.k1 = [[par(k) for k in n_opts] for _ in range(J)]
-        self.k2 = [[par(k) for k in n_opts] for _ in range(J)]
+        self.time, self.host = par(K), par(K)
+        self.ws, self.gather = par(K, nonneg=True), par(K, nonneg=True)
+        self.optim, self.offl = par(K), par(K)
+        self.allow = par(K, nonneg=True)
+        self.memco, self.k1, self.k2 = par((J, K)), par((J, K)), par((J, K))
         self.k1h, self.k2h = par(), par()
         self.p2p = par(J)
         self.const_mem = par(P)
         self.capacity, self.host_capacity = par(), par()
         self.c_sum, self.c_t, self.c_r = par(nonneg=True), par(nonneg=True), par(nonneg=True)
-        n = [[cp.Variable(k, integer=True) for k in n_opts] for _ in range(J)]
+        n = cp.Variable((J, K), integer=True)
         a = cp.Variable((J, S), boolean=True)
         h = cp.Variable(J, boolean=True)
-        u = [[cp.Variable(k, boolean=True) for k in n_opts] for _ in range(P)]
+        u = cp.Variable((P, K), boolean=True)
         T = cp.Variable(J, nonneg=True)
         tmax, rmax, E = (cp.Variable(nonneg=True) for _ in range(3))
         e1, e2 = cp.Variable(J, nonneg=True), cp.Variable(J, nonneg=True)
         X, Z = cp.Variable(P, nonneg=True), cp.Variable(P, nonneg=True)
         opt, off = cp.Variable(nonneg=True), cp.Variable(nonneg=True)
-        cons: list = []
+        onesJ, onesP, onesK = np.ones((J, 1)), np.ones((P, 1)), np.ones((1, K))
+        cnt = n @ G  # (J, S) blocks of each segment per stage
+        C = low @ cnt  # blocks of each segment on stages <= j
+        cons = [
+            n >= 0,
+            cp.sum(n, axis=0) @ G == L,  # place
+            cp.sum(n, axis=1) >= 1,  # nonempty
+            a <= cnt,
+            cnt <= cp.multiply(a, np.tile(L, (J, 1))),  # has
+            n <= onesJ @ cp.reshape(cp.multiply(Lcol, self.allow), (1, K), order="C"),
+        ]
         for s in range(S):
-            cons.append(sum(cp.sum(n[j][s]) for j in range(J)) == seg_len[s])  # place
-        for j in range(J):
-            cons.append(sum(cp.sum(n[j][s]) for s in range(S)) >= 1)  # nonempty
-            for s in range(S):
-                cnt = cp.sum(n[j][s])
-                cons += [n[j][s] >= 0, a[j, s] <= cnt, cnt <= seg_len[s] * a[j, s]]  # has
-                if has_params[s]:
-                    cons.append(h[j] >= a[j, s])
-        cum = [[sum(cp.sum(n[k][s]) for k in range(j + 1)) for s in range(S)] for j in range(J)]
-        for j in range(J):
-            for s in range(S - 1):
-                cons.append(cum[j][s] >= seg_len[s] * a[j, s + 1])  # order_a
-                if j >= 1:
-                    cons.append(cum[j - 1][s + 1] <= seg_len[s + 1] * (1 - a[j, s]))  # order_b
-        for j in range(J):
-            cons.append(T[j] == sum(n[j][s] @ self.time[s] for s in range(S)) + self.p2p[j])
-            cons.append(tmax >= T[j])
-            k1 = sum(n[j][s] @ self.k1[j][s] for s in range(S)) + self.k1h * h[j]
-            k2 = sum(n[j][s] @ self.k2[j][s] for s in range(S)) + self.k2h * h[j]
-            cons += [e1[j] >= k1, e2[j] >= k2, E >= e1[j] + e2[j]]  # dp
-        for r in range(P):
-            stages = range(r, J, P)
-            cons.append(rmax >= sum(T[j] for j in stages))
-            mem, host, opt_r, off_r = 0, 0, 0, 0
-            for s in range(S):
-                on_rank = sum(n[j][s] for j in stages)
-                cons.append(seg_len[s] * u[r][s] >= on_rank)
-                cons.append(X[r] >= cp.multiply(self.ws[s], u[r][s]))
-                cons.append(Z[r] >= cp.multiply(self.gather[s], u[r][s]))
-                host = host + on_rank @ self.host[s]
-                opt_r = opt_r + on_rank @ self.optim[s]
-                off_r = off_r + on_rank @ self.offl[s]
-                for j in stages:
-                    mem = mem + n[j][s] @ self.memco[j][s]
-            cons.append(mem + X[r] + Z[r] + self.const_mem[r] <= self.capacity)  # memory
-            cons.append(host <= self.host_capacity)  # host
-            cons += [opt >= opt_r, off >= off_r]
+            if has_params[s]:
+                cons.append(h >= a[:, s])
+        if S > 1:
+            cons.append(C[:, : S - 1] >= cp.multiply(a[:, 1:], np.tile(L[: S - 1], (J, 1))))
+            if J > 1:
+                cons.append(
+                    C[: J - 1, 1:] <= cp.multiply(1 - a[1:, : S - 1], np.tile(L[1:], (J - 1, 1)))
+                )  # order_a / order_b: contiguous ranges in model order
+        cons += [T == n @ self.time + self.p2p, tmax >= T]  # time
+        k1 = cp.sum(cp.multiply(n, self.k1), axis=1) + self.k1h * h
+        k2 = cp.sum(cp.multiply(n, self.k2), axis=1) + self.k2h * h
+        cons += [e1 >= k1, e2 >= k2, E >= e1 + e2]  # dp
+        on_rank = M @ n  # (P, K)
+        cons += [rmax >= M @ T, cp.multiply(u, np.tile(Lcol, (P, 1))) >= on_rank]
+        ws_rows = onesP @ cp.reshape(self.ws, (1, K), order="C")
+        gather_rows = onesP @ cp.reshape(self.gather, (1, K), order="C")
+        cons += [
+            cp.reshape(X, (P, 1), order="C") @ onesK >= cp.multiply(u, ws_rows),
+            cp.reshape(Z, (P, 1), order="C") @ onesK >= cp.multiply(u, gather_rows),
+        ]
+        mem = M @ cp.sum(cp.multiply(n, self.memco), axis=1)
+        cons += [
+            mem + X + Z + self.const_mem <= self.capacity,  # memory
+            on_rank @ self.host <= self.host_capacity,  # host
+            opt >= on_rank @ self.optim,
+            off >= on_rank @ self.offl,
+        ]
         pipeline = self.c_sum * cp.sum(T) + self.c_t * tmax + self.c_r * rmax
         self.n = n
         self.problem = cp.Problem(cp.Minimize(pipeline + E + opt + off), cons)
 
-    def load(self, sp: StageProblem) -> None:
-        J, P, S = self.J, self.P, self.S
+    def load(self, sp: StageProblem, keep: list[list[int]]) -> None:
+        J, S = self.J, self.S
+        cat = np.concatenate
+        allow = [np.zeros(len(sp.time[s])) for s in range(S)]
         for s in range(S):
-            self.time[s].value = sp.time[s]
-            self.host[s].value = sp.host[s] / GIB
-            self.ws[s].value = sp.ws[s] / GIB
-            self.gather[s].value = sp.gather[s] / GIB
-            self.optim[s].value = sp.optim[s]
-            self.offl[s].value = sp.offl[s]
-        for j in range(J):
-            for s in range(S):
-                self.memco[j][s].value = (sp.state[s] + sp.inflight[j] * sp.act[s]) / GIB
-                k1, k2 = _dp_coefficients(sp, s)
-                self.k1[j][s].value, self.k2[j][s].value = k1, k2
+            allow[s][keep[s]] = 1.0
+        self.allow.value = cat(allow)
+        self.time.value = cat(sp.time)
+        self.host.value = cat(sp.host) / GIB
+        self.ws.value = cat(sp.ws) / GIB
+        self.gather.value = cat(sp.gather) / GIB
+        self.optim.value = cat(sp.optim)
+        self.offl.value = cat(sp.offl)
+        state, act = cat(sp.state), cat(sp.act)
+        inflight = np.asarray(sp.inflight, dtype=float)[:, None]
+        self.memco.value = (state[None, :] + inflight * act[None, :]) / GIB
+        k = [_dp_coefficients(sp, s) for s in range(S)]
+        k1 = cat([np.broadcast_to(x, sp.time[s].shape) for s, (x, _) in enumerate(k)])
+        k2 = cat([np.broadcast_to(y, sp.time[s].shape) for s, (_, y) in enumerate(k)])
+        self.k1.value = np.tile(k1, (J, 1))
+        self.k2.value = np.tile(k2, (J, 1))
         self.k1h.value, self.k2h.value = _dp_latency(sp)
         self.p2p.value = np.asarray(sp.p2p, dtype=float)
         self.const_mem.value = np.asarray(sp.const_mem, dtype=float) / GIB
@@ -180,7 +199,13 @@ class _Structure:
             self.c_sum.value, self.c_t.value, self.c_r.value = 1.0, sp.m - 1.0, 0.0
         else:
             self.c_sum.value, self.c_t.value, self.c_r.value = 0.0, sp.pp - 1.0, float(sp.m)
-        del P
+
+    def counts(self) -> list[list[list[int]]]:
+        values = np.rint(np.asarray(self.n.value)).astype(int)
+        return [
+            [values[j, self.cols[s] : self.cols[s + 1]].tolist() for s in range(self.S)]
+            for j in range(self.J)
+        ]
 
 
 def _dp_coefficients(sp: StageProblem, s: int) -> tuple[np.ndarray, np.ndarray]:
@@ -215,25 +240,80 @@ def _dp_latency(sp: StageProblem) -> tuple[float, float]:
 _STRUCTURES: dict[tuple, _Structure] = {}
 
 
-def solve_stage_milp(sp: StageProblem, time_limit_s: float = 60.0) -> StageSolution:
+def undominated(sp: StageProblem) -> list[list[int]]:
+    """Per segment, the options no other option beats on every coefficient the MILP reads
+    (time, memory rows, working set, gathered buffer, host bytes, optimizer and offload time,
+    and the exposed-DP coefficients, which fall as backward time grows). Dropping the rest is
+    exact: swapping a dominated option for its dominator never worsens a constraint or the
+    objective. Identical options keep the first."""
+    keep = []
+    for s in range(len(sp.seg_len)):
+        k1, k2 = _dp_coefficients(sp, s)
+        rows = np.stack(
+            [sp.time[s], sp.state[s], sp.host[s], sp.act[s], sp.ws[s], sp.gather[s]]
+            + [sp.optim[s], sp.offl[s], np.broadcast_to(k1, sp.time[s].shape)]
+            + [np.broadcast_to(k2, sp.time[s].shape)],
+            axis=1,
+        )
+        tol = 1e-12 * (np.abs(rows).max(axis=0) + 1e-300)
+        allowed = np.ones(len(rows), bool) if sp.allowed is None else sp.allowed[s]
+        rows = np.where(allowed[:, None], rows, np.inf)
+        ids = []
+        for o in range(len(rows)):
+            if not allowed[o]:
+                continue
+            le = np.all(rows <= rows[o] + tol, axis=1)
+            lt = np.any(rows < rows[o] - tol, axis=1)
+            same = np.all(np.abs(rows - rows[o]) <= tol, axis=1)
+            dominated = np.any(le & lt) or np.any(same[:o])
+            if not dominated:
+                ids.append(o)
+        keep.append(ids)
+    return keep
+
+
+def solve_stage_milp(
+    sp: StageProblem, time_limit_s: float = 60.0, cutoff: float | None = None
+) -> StageSolution:
+    """Solve one candidate's MILP exactly, or within ``time_limit_s``.
+
+    ``cutoff``: only solutions with objective below it matter (the incumbent's step time);
+    HiGHS then prunes with it, and "infeasible" means "nothing here beats the cutoff"."""
+    keep = undominated(sp)
     J = sp.pp * sp.v
     n_opts = [len(t) for t in sp.time]
     key = (J, sp.pp, tuple(sp.seg_len), tuple(n_opts), tuple(sp.has_params))
     st = _STRUCTURES.get(key)
     if st is None:
         st = _STRUCTURES[key] = _Structure(J, sp.pp, sp.seg_len, n_opts, sp.has_params)
-    st.load(sp)
+    if any(not ids for ids in keep):
+        return StageSolution("infeasible", float("inf"), [], 0.0)
+    st.load(sp, keep)
+    opts: dict = {"time_limit": time_limit_s, "mip_rel_gap": 1e-9, "mip_abs_gap": 1e-12}
+    if cutoff is not None and np.isfinite(cutoff):
+        opts["objective_bound"] = float(cutoff)
     start = time.perf_counter()
     try:
-        st.problem.solve(solver=cp.HIGHS, time_limit=time_limit_s, mip_rel_gap=0.0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # time-limited solves warn; we report the gap
+            st.problem.solve(solver=cp.HIGHS, **opts)
     except cp.error.SolverError:
         return StageSolution("error", float("inf"), [], time.perf_counter() - start)
     elapsed = time.perf_counter() - start
+    info = st.problem.solver_stats.extra_stats  # highspy's HighsInfo
+    bound = float(getattr(info, "mip_dual_bound", np.nan))
+    feasible = int(getattr(info, "primal_solution_status", 0)) == 2  # kSolutionStatusFeasible
     status = st.problem.status
-    if status not in ("optimal", "optimal_inaccurate"):
-        return StageSolution(status, float("inf"), [], elapsed)
-    counts = [
-        [[int(round(x)) for x in np.atleast_1d(st.n[j][s].value)] for s in range(st.S)]
-        for j in range(J)
-    ]
-    return StageSolution(status, float(st.problem.value), counts, elapsed)
+    cut = "cutoff" if "objective_bound" in opts else "infeasible"
+    if status == "optimal" and feasible:
+        status = "optimal"
+    elif status in ("infeasible", "infeasible_inaccurate"):
+        return StageSolution(cut, float("inf"), [], elapsed)
+    elif feasible:
+        status = "time_limit"
+    elif elapsed < 0.9 * time_limit_s:  # stopped by the cutoff, not the clock
+        return StageSolution(cut, float("inf"), [], elapsed)
+    else:
+        return StageSolution("no_solution", float("inf"), [], elapsed, dual_bound=bound)
+    counts = st.counts()
+    return StageSolution(status, float(st.problem.value), counts, elapsed, dual_bound=bound)

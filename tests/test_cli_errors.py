@@ -6,23 +6,9 @@ import subprocess
 import sys
 
 import pytest
+from test_bad_input import FORWARD_RAISES
 
 from planner.cli import main
-
-FORWARD_RAISES = """
-import torch
-from torch import nn
-class M(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(2))
-    def forward(self, x):
-        raise RuntimeError("boom in forward")
-def build_model():
-    return M()
-def make_batch(b, step=0):
-    return torch.ones(b, 4), torch.zeros(b, dtype=torch.long)
-"""
 
 CASES = {
     "missing_file": (None, "does not exist"),

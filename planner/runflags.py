@@ -1,0 +1,66 @@
+"""The flags that run a plan, shared by ``plan model.py --run`` and ``plan run PLAN.json``.
+
+They live in the planner package (not the runtime) so that building the CLI parser never imports
+torch.distributed; the runtime reads them from the parsed namespace.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
+def add_run_flags(parser: argparse.ArgumentParser) -> None:
+    """Add the execution flags (a group titled "running") to ``parser``."""
+    r = parser.add_argument_group("running (with --run, or plan run PLAN.json)")
+    r.add_argument("--steps", type=positive_int, default=5, help="training steps (default 5)")
+    r.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        help="cpu (gloo) or cuda (NCCL); default cuda when available",
+    )
+    r.add_argument("--seed", type=int, default=0, help="torch.manual_seed before build_model")
+    r.add_argument(
+        "--checkpoint-every",
+        type=_non_negative_int,
+        default=0,
+        help="save a distributed checkpoint every K steps (0: never)",
+    )
+    r.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    r.add_argument(
+        "--max-restarts",
+        type=_non_negative_int,
+        default=0,
+        help="torchrun elastic restarts after a failed worker; each resumes from the last "
+        "complete checkpoint (default 0)",
+    )
+    r.add_argument(
+        "--run-dir",
+        help="where metrics.jsonl and checkpoints go (default: beside plan.json)",
+    )
+    r.add_argument("--nnodes", type=positive_int, default=1, help="torchrun: number of nodes")
+    r.add_argument("--node-rank", type=_non_negative_int, default=0, help="torchrun: this node")
+    r.add_argument(
+        "--rdzv-endpoint",
+        help="torchrun: HOST:PORT of the c10d rendezvous (needed with --nnodes > 1)",
+    )
+    r.add_argument("--rdzv-id", default="meshplan", help="torchrun: rendezvous id")

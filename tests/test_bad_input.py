@@ -1,0 +1,266 @@
+"""Every bad input ends as one line on stderr naming the problem, exit status 2 (3 when a valid
+request has no feasible plan), and leaves the output directory as it was: no half-written file,
+and an earlier good output untouched."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from planner.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+GPT = str(ROOT / "examples" / "gpt.py")
+TINY = [GPT, "--model-arg", "size=tiny"]
+
+BUILD_RAISES = """
+def build_model():
+    raise ValueError("bad size")
+def make_batch(b, step=0):
+    return 1, 2
+"""
+WRONG_BATCH = """
+import torch
+def build_model():
+    return torch.nn.Linear(2, 2)
+def make_batch(b, step=0):
+    return "tokens"
+"""
+BATCH_RAISES = """
+import torch
+def build_model():
+    return torch.nn.Linear(2, 2)
+def make_batch(b, step=0):
+    raise KeyError("no such dataset")
+"""
+FORWARD_RAISES = """
+import torch
+from torch import nn
+class M(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(2))
+    def forward(self, x):
+        raise RuntimeError("boom in forward")
+def build_model():
+    return M()
+def make_batch(b, step=0):
+    return torch.ones(b, 4), torch.zeros(b, dtype=torch.long)
+"""
+UNTRACEABLE = """
+import torch
+from torch import nn
+class M(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+    def forward(self, x):
+        return self.lin(torch.from_numpy(x.numpy()))
+def build_model():
+    return M()
+def make_batch(b, step=0):
+    return torch.ones(b, 4), torch.zeros(b, dtype=torch.long)
+"""
+BAD_TRAINING = """
+import torch
+TRAINING = {"dtype": "fp8"}
+def build_model():
+    return torch.nn.Linear(2, 2)
+def make_batch(b, step=0):
+    return torch.ones(b, 2), torch.ones(b, 2)
+"""
+
+
+def _profile(tmp: Path, name: str, edit) -> str:
+    text = (ROOT / "profiles" / "cpu.toml").read_text()
+    path = tmp / name
+    path.write_text(edit(text))
+    return str(path)
+
+
+def _model(tmp: Path, name: str, source: str) -> str:
+    path = tmp / name
+    path.write_text(source)
+    return str(path)
+
+
+# case -> (argv builder, expected exit status, words the message must contain)
+CASES = {
+    "file_missing": (lambda t: [str(t / "nope.py"), "--gpus", "2"], 2, "does not exist"),
+    "file_is_directory": (lambda t: [str(ROOT / "examples"), "--gpus", "2"], 2, "not a Python"),
+    "not_python": (
+        lambda t: [_model(t, "m.py", "this is not python {{{"), "--gpus", "2"],
+        2,
+        "syntax error",
+    ),
+    "syntax_error": (
+        lambda t: [_model(t, "m.py", "def build_model(:\n  pass\n"), "--gpus", "2"],
+        2,
+        "syntax error at line 1",
+    ),
+    "no_build_model": (
+        lambda t: [_model(t, "m.py", "def make_batch(b, step=0):\n  return 1, 2\n"), "--gpus", "2"],
+        2,
+        "build_model",
+    ),
+    "build_model_raises": (
+        lambda t: [_model(t, "m.py", BUILD_RAISES), "--gpus", "2"],
+        2,
+        "bad size",
+    ),
+    "make_batch_wrong_type": (
+        lambda t: [_model(t, "m.py", WRONG_BATCH), "--gpus", "2"],
+        2,
+        "make_batch must return (inputs, targets)",
+    ),
+    "make_batch_raises": (
+        lambda t: [_model(t, "m.py", BATCH_RAISES), "--gpus", "2"],
+        2,
+        "no such dataset",
+    ),
+    "forward_raises": (lambda t: [_model(t, "m.py", FORWARD_RAISES), "--gpus", "2"], 2, "boom"),
+    "untraceable": (
+        lambda t: [_model(t, "m.py", UNTRACEABLE), "--gpus", "2"],
+        2,
+        "cannot trace the model",
+    ),
+    "bad_training_dtype": (lambda t: [_model(t, "m.py", BAD_TRAINING), "--gpus", "2"], 2, "fp8"),
+    "gpus_zero": (lambda t: [*TINY, "--gpus", "0"], 2, "--gpus: expected a positive integer"),
+    "gpus_negative": (lambda t: [*TINY, "--gpus", "-1"], 2, "--gpus: expected a positive"),
+    "gpus_word": (lambda t: [*TINY, "--gpus", "eight"], 2, "'eight'"),
+    "gpus_missing": (lambda t: [*TINY], 2, "--gpus N"),
+    "nodes_cannot_hold": (
+        lambda t: [*TINY, "--gpus", "9", "--nodes", "1", "--gpus-per-node", "8"],
+        2,
+        "--gpus 9",
+    ),
+    "unknown_profile": (lambda t: [*TINY, "--gpus", "2", "--profile", "nosuch"], 2, "'nosuch'"),
+    "profile_missing_field": (
+        lambda t: [
+            *TINY,
+            "--gpus",
+            "2",
+            "--profile",
+            _profile(t, "p.toml", lambda s: s.replace("matmul_efficiency = 0.7", "")),
+        ],
+        2,
+        "matmul_efficiency",
+    ),
+    "profile_negative_bandwidth": (
+        lambda t: [
+            *TINY,
+            "--gpus",
+            "2",
+            "--profile",
+            _profile(t, "p.toml", lambda s: s.replace("= 2e9", "= -2e9")),
+        ],
+        2,
+        "intra_node_bandwidth_bytes_per_s",
+    ),
+    "profile_not_toml": (
+        lambda t: [*TINY, "--gpus", "2", "--profile", _model(t, "p.toml", "[[[ nope")],
+        2,
+        "p.toml",
+    ),
+    "tp_not_dividing_heads": (lambda t: [*TINY, "--gpus", "6", "--tp", "3"], 2, "--tp 3"),
+    "tp_not_dividing_gpus": (lambda t: [*TINY, "--gpus", "4", "--tp", "3"], 2, "--tp 3"),
+    "mesh_product_mismatch": (
+        lambda t: [*TINY, "--gpus", "4", "--tp", "2", "--pp", "2", "--dp", "2"],
+        2,
+        "= 8 devices",
+    ),
+    "batch_not_divisible_by_dp": (
+        lambda t: [*TINY, "--gpus", "2", "--dp", "2", "--global-batch-size", "7"],
+        2,
+        "global batch 7",
+    ),
+    "micro_batch_not_dividing": (
+        lambda t: [*TINY, "--gpus", "2", "--dp", "2", "--micro-batch-size", "3"],
+        2,
+        "--micro-batch-size 3",
+    ),
+    "memory_fraction_out_of_range": (
+        lambda t: [*TINY, "--gpus", "2", "--memory-fraction", "1.5"],
+        2,
+        "--memory-fraction",
+    ),
+    "model_arg_not_key_value": (
+        lambda t: [GPT, "--model-arg", "tiny", "--gpus", "2"],
+        2,
+        "KEY=VALUE",
+    ),
+    "model_arg_unknown": (lambda t: [GPT, "--model-arg", "colour=red", "--gpus", "2"], 2, "colour"),
+    "unknown_flag": (lambda t: [*TINY, "--gpus", "2", "--turbo"], 2, "--turbo"),
+    "out_not_writable": (
+        lambda t: [*TINY, "--gpus", "2", "--out", str(_model(t, "afile", "x")) + "/sub"],
+        2,
+        "cannot create output directory",
+    ),
+    "infeasible_exit_3": (
+        lambda t: [
+            GPT,
+            "--model-arg",
+            "size=1.3b",
+            "--gpus",
+            "1",
+            "--profile",
+            "v100-16g",
+            "--offload",
+            "none",
+            "--recompute",
+            "full",
+        ],
+        3,
+        "GiB",
+    ),
+}
+
+
+def _snapshot(directory: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(directory)): p.read_bytes() for p in directory.rglob("*") if p.is_file()
+    }
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_input_is_one_line_and_changes_nothing(case, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path / "cache"))
+    build, status, needle = CASES[case]
+    argv = build(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "plan.json").write_text('{"an": "earlier good plan"}\n')
+    before = _snapshot(out)
+    if "--out" not in argv:
+        argv = [*argv, "--out", str(out)]
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == status, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("plan: error:")
+    assert needle in lines[0], lines[0]
+    assert "Traceback" not in err
+    assert _snapshot(out) == before  # no temporary, partial or replaced file
+
+
+def test_debug_shows_the_traceback(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path / "cache"))
+    code = main([_model(tmp_path, "m.py", BUILD_RAISES), "--gpus", "2", "--debug"])
+    assert code == 2
+    assert "Traceback" in capsys.readouterr().err
+
+
+def test_a_good_run_replaces_the_plan_atomically(tmp_path, capsys, monkeypatch):
+    """The earlier output is replaced only by a complete new file, nothing else is left."""
+    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "out"
+    assert main([*TINY, "--gpus", "2", "--profile", "cpu", "--out", str(out), "--quiet"]) == 0
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["cluster"]["gpus"] == 2
+    leftovers = [p.name for p in out.iterdir() if p.name.startswith(".") or p.suffix == ".tmp"]
+    assert leftovers == []
+    shutil.rmtree(out)
