@@ -9,12 +9,15 @@ GPT-3 175B on 1024 < 10 s, Llama-3-405B on 8192 < 30 s.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
-from planner.api import plan, trace
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the package, not benchmarks/planner.py beside this script
+
+from planner.api import plan, trace  # noqa: E402
+
 CASES = [
     ("examples/gpt.py", {"size": "1.3b"}, 8, 512, 2.0),
     ("examples/llama.py", {"size": "llama3-70b"}, 64, 1024, 5.0),

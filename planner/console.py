@@ -91,13 +91,15 @@ class Progress:
             self._status.__enter__()
         return self
 
-    def update(self, phase: str, done: int, total: int) -> None:
+    def update(self, phase: str, done: int, total: int, pruned: int = 0) -> None:
         if self._status is None:
             return
         if phase == "trace":
             self._status.update("tracing the model…")
+        elif phase == "price":
+            self._status.update(f"pricing block options: {done} of {total} (TP, micro-batch) pairs")
         else:
-            self._status.update(f"solving: {done} of at most {total} candidates")
+            self._status.update(f"solving: {done} solved · {pruned} pruned · {total} candidates")
 
     def __exit__(self, *exc: object) -> None:
         if self._status is not None:

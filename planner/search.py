@@ -39,7 +39,7 @@ from planner.costmodel import (
     state_memory,
 )
 from planner.errors import UserInputError
-from planner.stage_milp import StageProblem, solve_stage_milp
+from planner.stage_milp import GIB, StageProblem, solve_stage_milp
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 INTERLEAVE = (2, 4)
@@ -63,6 +63,7 @@ class Pins:
 
 
 MILP_TIME_LIMIT_S = 5.0
+SEED_CANDIDATES = 8
 
 
 @dataclass
@@ -355,50 +356,115 @@ def lower_bounds(inp: CostInputs, cand: Candidate) -> tuple[float, float]:
     return time_bound, mem_bound
 
 
-def aggregate_bound(sp: StageProblem, bound: float) -> float:
-    """A stronger step-time bound, or inf when memory cannot hold the model at all: the LP
-    where each segment's blocks take fractional options and only the sum of memory over all
-    pipeline ranks (and of host memory) is limited. Every MILP solution is feasible for it, so
-    its minimum total time gives a valid pipeline bound (the same formula as lower_bounds)."""
-    cols_t, cols_m, cols_h, eq_rows = [], [], [], []
-    n_total = sum(len(t) for t in sp.time)
-    inflight = min(sp.inflight)
-    col = 0
-    for s, length in enumerate(sp.seg_len):
-        k = len(sp.time[s])
-        cols_t.append(sp.time[s])
-        cols_m.append((sp.state[s] + inflight * sp.act[s]) / 2**30)
-        cols_h.append(sp.host[s] / 2**30)
-        row = np.zeros(n_total)
-        row[col : col + k] = 1.0
-        eq_rows.append((row, length))
-        col += k
-    c = np.concatenate(cols_t)
-    a_ub = np.vstack([np.concatenate(cols_m), np.concatenate(cols_h)])
-    b_ub = np.array(
-        [
-            (sp.pp * sp.capacity - sum(sp.const_mem)) / 2**30,
-            sp.pp * sp.host_capacity / 2**30,
-        ]
-    )
+def relaxed_bound(sp: StageProblem, bound: float) -> float:
+    """A stronger step-time bound, or inf when no placement can fit at all: the LP relaxation
+    of the stage MILP (fractional block counts per stage and option, per-rank memory with each
+    stage's in-flight micro-batches, the pipeline objective) without the ordering constraints,
+    the working-set terms and the DP exposure, which are all >= 0. Granularity cuts add what
+    integrality forces: a segment of L blocks over J stages (p ranks) puts ceil(L / J)
+    (ceil(L / p)) of them on one stage (rank). Every MILP solution is feasible here, so the LP
+    optimum is a valid lower bound, and costs milliseconds."""
+    from scipy.sparse import coo_matrix
+
+    p, v, m = sp.pp, sp.v, sp.m
+    J = p * v
+    cat = np.concatenate
+    time_k, optim_k, offl_k = cat(sp.time), cat(sp.optim), cat(sp.offl)
+    state_k, act_k, host_k = cat(sp.state) / GIB, cat(sp.act) / GIB, cat(sp.host) / GIB
+    K = len(time_k)
+    seg_of = np.repeat(np.arange(len(sp.seg_len)), [len(t) for t in sp.time])
+    allowed = np.ones(K, bool) if sp.allowed is None else cat(sp.allowed).astype(bool)
+    nv = J * K  # n[j, k] at j * K + k, then T_j, tmax, rmax, opt, off
+    iT, itmax, irmax, iopt, ioff = nv, nv + J, nv + J + 1, nv + J + 2, nv + J + 3
+    nx = nv + J + 4
+    js = np.arange(J)
+    rank_of = js % p
+    ncol = js[:, None] * K + np.arange(K)[None, :]  # (J, K) column of n[j, k]
+    hop = min(sp.p2p) if sp.p2p else 0.0
+    inflight = np.asarray(sp.inflight, dtype=float)[:, None]
+    # Row blocks: [0, J) T_j <= tmax; [J, 2J) nonempty; then per rank r: rmax, memory, host,
+    # optimizer, offload at 2J + 5r + (0..4).
+    base = 2 * J + 5 * rank_of  # (J,) first rank row of each stage's rank
+    parts = [
+        (js, iT + js, np.ones(J)),
+        (js, np.full(J, itmax), -np.ones(J)),
+        (np.repeat(J + js, K), ncol.ravel(), -np.ones(J * K)),
+        (base, iT + js, np.ones(J)),
+        (2 * J + 5 * np.arange(p), np.full(p, irmax), -np.ones(p)),
+        (np.repeat(base + 1, K), ncol.ravel(), (state_k[None, :] + inflight * act_k).ravel()),
+        (np.repeat(base + 2, K), ncol.ravel(), np.tile(host_k, J)),
+        (np.repeat(base + 3, K), ncol.ravel(), np.tile(optim_k, J)),
+        (2 * J + 5 * np.arange(p) + 3, np.full(p, iopt), -np.ones(p)),
+        (np.repeat(base + 4, K), ncol.ravel(), np.tile(offl_k, J)),
+        (2 * J + 5 * np.arange(p) + 4, np.full(p, ioff), -np.ones(p)),
+    ]
+    n_rows = 2 * J + 5 * p
+    b_ub = np.zeros(n_rows)
+    b_ub[J : 2 * J] = -1.0
+    ranks = np.arange(p)
+    b_ub[2 * J + 5 * ranks + 1] = (sp.capacity - np.asarray(sp.const_mem, dtype=float)) / GIB
+    b_ub[2 * J + 5 * ranks + 2] = sp.host_capacity / GIB
+    a_ub = coo_matrix(
+        (
+            np.concatenate([v_ for _, _, v_ in parts]),
+            (np.concatenate([r for r, _, _ in parts]), np.concatenate([c_ for _, c_, _ in parts])),
+        ),
+        shape=(n_rows, nx),
+    ).tocsr()
+    # Equalities: each segment placed once; T_j = n_j . time + p2p_j.
+    S = len(sp.seg_len)
+    eq = [
+        (np.repeat(seg_of[None, :], J, axis=0).ravel(), ncol.ravel(), np.ones(J * K)),
+        (np.repeat(S + js, K), ncol.ravel(), np.tile(-time_k, J)),
+        (S + js, iT + js, np.ones(J)),
+    ]
+    a_eq = coo_matrix(
+        (
+            np.concatenate([v_ for _, _, v_ in eq]),
+            (np.concatenate([r for r, _, _ in eq]), np.concatenate([c_ for _, c_, _ in eq])),
+        ),
+        shape=(S + J, nx),
+    ).tocsr()
+    b_eq = np.concatenate([np.asarray(sp.seg_len, dtype=float), np.asarray(sp.p2p, dtype=float)])
+    c = np.zeros(nx)
+    if v == 1:
+        c[iT : iT + J] = 1.0
+        c[itmax] = m - 1.0
+    else:
+        c[irmax] = float(m)
+        c[itmax] = p - 1.0
+    c[iopt] = c[ioff] = 1.0
+    lower = np.zeros(nx)
+    upper = np.full(nx, np.inf)
+    upper[:nv] = np.where(np.tile(allowed, J), np.inf, 0.0)
+    lower[itmax] = _granular(sp, sp.time, J) + hop
+    lower[irmax] = _granular(sp, sp.time, p) + v * hop
+    lower[iopt] = _granular(sp, sp.optim, p)
+    lower[ioff] = _granular(sp, sp.offl, p)
     res = linprog(
         c,
         A_ub=a_ub,
         b_ub=b_ub,
-        A_eq=np.vstack([r for r, _ in eq_rows]),
-        b_eq=np.array([b for _, b in eq_rows], dtype=float),
-        bounds=(0, None),
+        A_eq=a_eq,
+        b_eq=b_eq,
+        bounds=np.column_stack([lower, upper]),
         method="highs",
     )
     if res.status == 2:
         return math.inf
     if res.status != 0:
         return bound
-    total = float(res.fun) + sum(sp.p2p)
-    p, v, m = sp.pp, sp.v, sp.m
-    if v == 1:
-        return max(bound, total * (1 + (m - 1) / p))
-    return max(bound, m * total / p + (p - 1) * total / (p * v))
+    return max(bound, float(res.fun))
+
+
+def _least(sp: StageProblem, per: list[np.ndarray], s: int) -> float:
+    allowed = per[s] if sp.allowed is None else per[s][sp.allowed[s]]
+    return float(allowed.min()) if len(allowed) else math.inf
+
+
+def _granular(sp: StageProblem, per: list[np.ndarray], parts: int) -> float:
+    """max over segments of ceil(L_s / parts) times the segment's least per-block value."""
+    return max((-(-length // parts)) * _least(sp, per, s) for s, length in enumerate(sp.seg_len))
 
 
 def solve_candidate(
@@ -441,7 +507,7 @@ def search(
     training: Training,
     pins: Pins,
     variants_of: Callable[[Block, int], list],
-    progress: Callable[[str, int, int], None] | None = None,
+    progress: Callable[..., None] | None = None,
     time_limit_s: float = MILP_TIME_LIMIT_S,
 ) -> SearchResult:
     """Every candidate, cheapest bound first; each is pruned by its bounds or solved exactly.
@@ -458,6 +524,8 @@ def search(
     for c in cands:
         key = (c.tp, c.micro_batch_size)
         if key not in inputs:
+            if progress:
+                progress("price", len(inputs), len({(d.tp, d.micro_batch_size) for d in cands}))
             opts = price_options(
                 graph, blocks, c.tp, c.micro_batch_size, cluster, training, pins, variants_of
             )
@@ -475,17 +543,23 @@ def search(
         (c for c in cands if c.status == "pending"),
         key=lambda c: (c.bound, c.pp, c.tp, -c.micro_batch_size, c.zero, c.virtual_stages),
     )
+    # Seed the incumbent with the cheapest MILPs first (no pipeline: one stage, milliseconds),
+    # so the many-stage MILPs that follow meet a tight cutoff. Order never changes the optimum.
+    seeds = [c for c in order if c.pp * c.virtual_stages == 1][:SEED_CANDIDATES]
+    order = seeds + [c for c in order if c not in seeds]
     best: Candidate | None = None
     done = 0
-    for c in order:
+    for i, c in enumerate(order):
+        if progress:
+            progress("solve", done, len(cands), pruned=len(cands) - len(order) + i - done)
         if best is not None and c.bound >= best.cost.step_time_s:
             _prune_by_bound(c, best)
             continue
         inp = inputs[(c.tp, c.micro_batch_size)]
-        c.bound = aggregate_bound(stage_problem(inp, c), c.bound)
+        c.bound = relaxed_bound(stage_problem(inp, c), c.bound)
         if c.bound == math.inf:
             c.status = "pruned-memory"
-            c.reason = "even spread evenly over every rank, the model does not fit in memory"
+            c.reason = "even split fractionally over the ranks, the model does not fit in memory"
             continue
         if best is not None and c.bound >= best.cost.step_time_s:
             _prune_by_bound(c, best)
@@ -499,8 +573,6 @@ def search(
         if c.status == "solved":
             if c.cost.feasible and (best is None or _better(c, best)):
                 best = c
-        if progress:
-            progress("solve", done, len(order))
     elapsed = time.perf_counter() - start
     gap = 0.0
     if best is not None:
