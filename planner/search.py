@@ -492,8 +492,11 @@ def solve_candidate(
     cand.cost = evaluate(inp, cand.config)
     cand.milp_objective = sol.objective
     cand.status = "solved"
-    if sol.status == "time_limit" and math.isfinite(sol.dual_bound) and sol.objective > 0:
-        cand.gap = max(0.0, (sol.objective - sol.dual_bound) / sol.objective)
+    if sol.status == "time_limit" and math.isfinite(sol.dual_bound):
+        # The incumbent's auxiliary variables (max terms) may be loose at a time limit: the
+        # cost model's own evaluation of its placement is the true step time.
+        t = cand.cost.step_time_s
+        cand.gap = max(0.0, (t - sol.dual_bound) / t) if t > 0 else 0.0
         cand.bound = max(cand.bound, sol.dual_bound)
 
 
