@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -154,7 +155,7 @@ def cmd_plan(argv: list[str]) -> int:
 
             print_graph(summary, traced.note, quiet=args.quiet)
         return 0
-    return run_planning(args, mf)
+    return run_planning(args, mf, shlex.join(["plan", *argv]))
 
 
 def pins_from(args: argparse.Namespace):
@@ -177,7 +178,7 @@ def pins_from(args: argparse.Namespace):
     )
 
 
-def run_planning(args: argparse.Namespace, mf) -> int:
+def run_planning(args: argparse.Namespace, mf, command: str) -> int:
     from pathlib import Path
 
     from planner.api import plan
@@ -206,6 +207,9 @@ def run_planning(args: argparse.Namespace, mf) -> int:
         )
     path = write_plan(result.plan, out_dir)
     written = [path]
+    from planner.report import write_report
+
+    written += write_report(result.plan, out_dir, command)
     if not args.quiet:
         for note in result.notes:
             print(f"note: {note}", file=sys.stderr)

@@ -166,5 +166,15 @@ def print_plan(plan: dict[str, Any], written: list, quiet: bool = False) -> None
         f"solver: {sol['candidates_solved']} of {sol['candidates_total']} candidates solved "
         f"({sol['candidates_pruned']} pruned by bounds) in {sol['solve_time_s']:.2f} s"
     )
-    for path in written:
-        out.print(f"wrote {path}")
+    if len(written) <= 2:
+        for path in written:
+            out.print(f"wrote {path}")
+    else:
+        from pathlib import Path
+
+        folder = Path(written[0]).parent
+        names = sorted({Path(p).stem for p in written} - {"plan", "report"})
+        out.print(
+            f"wrote {folder}/: plan.json, report.html and the figures {', '.join(names)} "
+            "(PNG and SVG)"
+        )

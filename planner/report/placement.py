@@ -1,0 +1,245 @@
+"""The placement figure: which GPU runs which (pp, dp, tp) coordinate.
+
+Up to ``DETAIL_NODES`` nodes every GPU is a labelled cell, one node per row. Beyond that a cell
+per GPU would be unreadable, so the cluster becomes a grid of nodes, each split into thin GPU
+slices coloured by stage (the stages appear as bands of nodes), with node 0 drawn in detail above
+it to show the layout inside a node.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+from matplotlib.patches import FancyBboxPatch, Patch, Rectangle
+
+from planner.report.style import coords, runs, span_text, stage_colors, text_color
+
+DETAIL_NODES = 16
+DP_STRIPE = plt.get_cmap("Set2")
+
+
+def group_facts(plan: dict[str, Any]) -> str:
+    """One line on where the TP and DP groups and the stages fall, for the subtitle."""
+    mesh, cl = plan["mesh"], plan["cluster"]
+    gpn = cl["gpus_per_node"]
+    pp, dp, tp = mesh["pp"], mesh["dp"], mesh["tp"]
+    parts = [f"{pp} stage{'s' * (pp > 1)} of {dp * tp} GPUs"]
+    if tp > 1:
+        where = "inside a node" if tp <= gpn and gpn % tp == 0 else "across nodes"
+        parts.append(f"TP groups: {tp} consecutive GPUs {where}")
+    if dp > 1:
+        first = [(0 * dp + d) * tp for d in range(dp)]
+        nodes = len({r // gpn for r in first})
+        where = "inside one node" if nodes == 1 else f"across {nodes} nodes"
+        stride = f" at stride {tp}" if tp > 1 else ""
+        parts.append(f"DP groups: {dp} GPUs{stride}, {where}")
+    return "  ·  ".join(parts)
+
+
+def _gpu_cell(ax, x: float, y: float, rank: int, plan: dict, colors: list[str], fs: float):
+    mesh = plan["mesh"]
+    pp_i, dp_i, tp_i = coords(rank, mesh)
+    face = colors[pp_i]
+    cell = Rectangle((x + 0.05, y + 0.08), 0.9, 0.84, facecolor=face, edgecolor="white", lw=0.5)
+    cell.set_gid("gpu")
+    ax.add_patch(cell)
+    ink = text_color(face)
+    ax.text(
+        x + 0.5,
+        y + 0.62,
+        f"r{rank}",
+        ha="center",
+        va="center",
+        fontsize=fs,
+        color=ink,
+        fontweight="bold",
+    )
+    ax.text(
+        x + 0.5,
+        y + 0.38,
+        f"({pp_i},{dp_i},{tp_i})",
+        ha="center",
+        va="center",
+        fontsize=fs * 0.85,
+        color=ink,
+    )
+    if mesh["tp"] > 1 and mesh["dp"] > 1:
+        stripe = Rectangle((x + 0.05, y + 0.08), 0.9, 0.1, facecolor=DP_STRIPE(tp_i % 8), lw=0)
+        stripe.set_gid("dp-stripe")
+        ax.add_patch(stripe)
+
+
+def _tp_outlines(ax, ranks_by_pos: dict[int, tuple[float, float]], tp: int, gpus: int) -> None:
+    """A dark outline around each TP group, split where the group wraps to the next row."""
+    if tp == 1:
+        return
+    for g0 in range(0, gpus, tp):
+        members = [r for r in range(g0, g0 + tp) if r in ranks_by_pos]
+        rows: dict[float, list[float]] = {}
+        for r in members:
+            x, y = ranks_by_pos[r]
+            rows.setdefault(y, []).append(x)
+        for y, xs in rows.items():
+            box = FancyBboxPatch(
+                (min(xs) + 0.03, y + 0.05),
+                max(xs) - min(xs) + 0.94,
+                0.9,
+                boxstyle="round,pad=0,rounding_size=0.08",
+                fill=False,
+                edgecolor="#222222",
+                lw=1.8,
+            )
+            box.set_gid("tp-group")
+            ax.add_patch(box)
+
+
+def _detail(ax, plan: dict, ranks: list[int], colors: list[str], per_row: int, fs: float) -> None:
+    pos: dict[int, tuple[float, float]] = {}
+    rows = math.ceil(len(ranks) / per_row)
+    for k, rank in enumerate(ranks):
+        x, y = k % per_row, rows - 1 - k // per_row
+        pos[rank] = (x, y)
+        _gpu_cell(ax, x, y, rank, plan, colors, fs)
+    _tp_outlines(ax, pos, plan["mesh"]["tp"], plan["cluster"]["gpus"])
+    ax.set_xlim(-0.05, per_row + 0.05)
+    ax.set_ylim(-0.05, rows + 0.05)
+    ax.set_aspect("equal")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    for side in ("left", "bottom"):
+        ax.spines[side].set_visible(False)
+
+
+def _legend(fig: Figure, plan: dict, colors: list[str], y: float) -> None:
+    """One entry per stage with its ranks (at most 16, then a summary entry)."""
+    mesh = plan["mesh"]
+    size = mesh["dp"] * mesh["tp"]
+    gpn = plan["cluster"]["gpus_per_node"]
+    handles = []
+    shown = list(range(mesh["pp"]))
+    if len(shown) > 16:
+        shown = shown[:8] + shown[-7:]
+    for i in shown:
+        first, last = i * size, (i + 1) * size - 1
+        a, b = first // gpn, last // gpn
+        where = f"node {a}" if a == b else f"nodes {a}–{b}"
+        handles.append(
+            Patch(color=colors[i], label=f"stage {i}: ranks {span_text(first, last)}, {where}")
+        )
+        if len(shown) < mesh["pp"] and i == 7:
+            handles.append(Patch(color="white", label=f"… {mesh['pp'] - 15} more stages …"))
+    if mesh["tp"] > 1:
+        handles.append(Patch(facecolor="none", edgecolor="#222222", lw=1.8, label="TP group"))
+    if mesh["tp"] > 1 and mesh["dp"] > 1:
+        handles.append(Patch(color=DP_STRIPE(0), label="DP group: same stripe colour in a stage"))
+    ncol = min(4, max(1, len(handles)))
+    fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, y), ncol=ncol)
+
+
+def placement_figure(plan: dict[str, Any]) -> Figure:
+    """The cluster as nodes x GPUs, coloured by pipeline stage, with TP and DP groups."""
+    mesh, cl = plan["mesh"], plan["cluster"]
+    nodes, gpn, gpus = cl["nodes"], cl["gpus_per_node"], cl["gpus"]
+    colors = stage_colors(mesh["pp"])
+    title = (
+        f"Placement: pp {mesh['pp']} × dp {mesh['dp']} × tp {mesh['tp']} on {nodes} "
+        f"node{'s' * (nodes > 1)} × {gpn} {cl['profile']} GPUs"
+    )
+    subtitle = "cell: rank r and its (pp, dp, tp) coordinate  ·  " + group_facts(plan)
+    per_row = min(gpn, 16)
+    legend_rows = math.ceil((min(mesh["pp"], 16) + 2) / 4)
+    if nodes <= DETAIL_NODES:
+        rows = math.ceil(gpus / per_row)
+        width = max(8.0, 1.0 * per_row + 1.5)
+        height = 1.0 * rows + 1.3 + 0.25 * legend_rows
+        fig = plt.figure(figsize=(width, height))
+        top = 1 - 0.85 / height
+        bottom = (0.35 + 0.25 * legend_rows) / height
+        ax = fig.add_axes((1.1 / width, bottom, 1 - 1.4 / width, top - bottom))
+        _detail(ax, plan, list(range(gpus)), colors, per_row, 9)
+        for row in range(rows):
+            first = row * per_row
+            label = f"node {first // gpn}" if per_row == gpn else f"ranks {first}–"
+            ax.text(-0.15, rows - 1 - row + 0.5, label, ha="right", va="center", fontsize=9)
+        legend_y = bottom - 0.05 / height
+    else:
+        cols = 16 if nodes <= 256 else 32
+        grid_rows = math.ceil(nodes / cols)
+        width = 13.0
+        node_w = (width - 1.6) / cols
+        grid_h = grid_rows * node_w * 0.7
+        detail_h = (width - 1.6) / max(per_row, 12) * math.ceil(gpn / per_row)
+        height = grid_h + detail_h + 1.9 + 0.25 * legend_rows
+        fig = plt.figure(figsize=(width, height))
+        bottom = (0.35 + 0.25 * legend_rows) / height
+        ax = fig.add_axes((1.0 / width, bottom, 1 - 1.6 / width, grid_h / height))
+        _node_grid(ax, plan, colors, cols, grid_rows)
+        d_w = detail_h / math.ceil(gpn / per_row) * per_row
+        dax = fig.add_axes(
+            (
+                (width - d_w) / 2 / width,
+                (bottom * height + grid_h + 0.45) / height,
+                d_w / width,
+                detail_h / height,
+            )
+        )
+        _detail(dax, plan, list(range(min(gpn, gpus))), colors, per_row, 8)
+        dax.set_title("node 0 in detail", fontsize=9, fontweight="normal", pad=3)
+        ax.set_title(
+            f"all {nodes} nodes ({cols} per row), each split into its {gpn} GPUs",
+            fontsize=9,
+            fontweight="normal",
+            pad=3,
+        )
+        legend_y = bottom - 0.05 / height
+    fig.suptitle(title, y=1 - 0.12 / fig.get_figheight(), va="top", fontsize=12, fontweight="bold")
+    fig.text(0.5, 1 - 0.45 / fig.get_figheight(), subtitle, ha="center", va="top", fontsize=8.5)
+    _legend(fig, plan, colors, legend_y)
+    return fig
+
+
+def _node_grid(ax, plan: dict, colors: list[str], cols: int, rows: int) -> None:
+    """Every node as a cell of gpus_per_node thin slices, coloured by each GPU's stage."""
+    mesh, cl = plan["mesh"], plan["cluster"]
+    gpn = cl["gpus_per_node"]
+    for node in range(cl["nodes"]):
+        x0, y0 = node % cols, rows - 1 - node // cols
+        present = [node * gpn + g for g in range(gpn) if node * gpn + g < cl["gpus"]]
+        stages = [coords(r, mesh)[0] for r in present]
+        for first, last, stage in runs(stages):  # one patch per run: no seams between slices
+            cell = Rectangle(
+                (x0 + 0.05 + 0.9 * first / gpn, y0 + 0.1),
+                0.9 * (last - first + 1) / gpn,
+                0.8,
+                facecolor=colors[stage],
+                lw=0,
+            )
+            cell.set_gid("gpu")
+            ax.add_patch(cell)
+        ax.add_patch(
+            Rectangle((x0 + 0.05, y0 + 0.1), 0.9, 0.8, fill=False, edgecolor="white", lw=0.8)
+        )
+        face = colors[coords(node * gpn, mesh)[0]]
+        ax.text(
+            x0 + 0.5,
+            y0 + 0.5,
+            str(node),
+            ha="center",
+            va="center",
+            fontsize=6.5,
+            color=text_color(face),
+        )
+    ax.set_xlim(0, cols)
+    ax.set_ylim(0, rows)
+    ax.set_xticks([])
+    ax.set_yticks([(rows - 1 - r) + 0.5 for r in range(rows)])
+    ax.set_yticklabels(
+        [f"nodes {span_text(r * cols, min((r + 1) * cols, cl['nodes']) - 1)}" for r in range(rows)],
+        fontsize=7.5,
+    )
+    ax.tick_params(length=0)
+    for side in ("left", "bottom"):
+        ax.spines[side].set_visible(False)
