@@ -364,8 +364,9 @@ def optimizer_time(inp: CostInputs, opts: list[BlockOption], config: Config) -> 
     device = sum(o.params for o in opts if o.offload == "none") / dp
     host = sum(o.params for o in opts if o.offload != "none") / dp
     per_param = 2 * wb + gb + 2 * ob
+    # The same achievable share of bandwidth applies to a memory-bound step on either side.
     return device * per_param / (p.memory_bandwidth * p.elementwise_efficiency) + (
-        host * per_param / p.host_memory_bandwidth
+        host * per_param / (p.host_memory_bandwidth * p.elementwise_efficiency)
     )
 
 

@@ -63,6 +63,10 @@ class Pins:
 
 
 MILP_TIME_LIMIT_S = 5.0
+# What --offload auto may choose: FSDP2's CPUOffloadPolicy moves parameters, gradients and
+# optimizer states together; optimizer-only offload (ZeRO-Offload) is priced when pinned, and
+# the runtime says it cannot apply it.
+AUTO_OFFLOAD = ("none", "optimizer+params")
 SEED_CANDIDATES = 8
 
 
@@ -196,6 +200,8 @@ def _filter(opts: list[BlockOption], pins: Pins) -> list[BlockOption]:
     if pins.offload != "auto":
         wanted = [o for o in keep if o.offload == pins.offload]
         keep = wanted or [o for o in keep if o.offload == "none"]
+    else:  # optimizer-only offload has no torch.distributed implementation to run it with
+        keep = [o for o in keep if o.offload in AUTO_OFFLOAD]
     return keep
 
 
@@ -576,6 +582,8 @@ def search(
         if c.status == "solved":
             if c.cost.feasible and (best is None or _better(c, best)):
                 best = c
+    if best is not None:
+        prefer_simpler(inputs[(best.tp, best.micro_batch_size)], best)
     elapsed = time.perf_counter() - start
     gap = 0.0
     if best is not None:
@@ -596,6 +604,47 @@ def search(
         solved=done,
         gap=gap,
     )
+
+
+def prefer_simpler(inp: CostInputs, cand: Candidate) -> None:
+    """On ties, run blocks without recompute or offload: for each (stage, option) group of
+    blocks, switch them to the same TP variant with less recompute and offload when the cost
+    model says the step is no slower and it still fits. The step time never grows, so an
+    optimal plan stays optimal; it only stops recomputing when recomputing gains nothing."""
+    rank = {"none": 0, "selective": 1, "full": 2, "optimizer": 1, "optimizer+params": 2}
+    cfg = cand.config
+    groups = sorted({(cfg.stage_of[i], k) for i, k in enumerate(cfg.choice)})
+    for stage, k in groups:
+        members = [i for i, kk in enumerate(cfg.choice) if kk == k and cfg.stage_of[i] == stage]
+        opts = inp.options[members[0]]
+        cur = opts[k]
+        simpler = sorted(
+            (
+                j
+                for j, o in enumerate(opts)
+                if o.variant == cur.variant
+                and rank[o.recompute] + rank[o.offload] < rank[cur.recompute] + rank[cur.offload]
+                and offload_allowed(o.offload, cfg.zero_stage)
+            ),
+            key=lambda j: (rank[opts[j].recompute] + rank[opts[j].offload], j),
+        )
+        for j in simpler:
+            choice = list(cfg.choice)
+            for i in members:
+                choice[i] = j
+            trial = Config(
+                cfg.mesh,
+                cfg.micro_batch_size,
+                cfg.schedule,
+                cfg.virtual_stages,
+                cfg.zero_stage,
+                cfg.stage_of,
+                choice,
+            )
+            cost = evaluate(inp, trial)
+            if cost.feasible and cost.step_time_s <= cand.cost.step_time_s:
+                cand.config, cand.cost, cfg = trial, cost, trial
+                break
 
 
 def _tp_unused(inputs: dict, c: Candidate) -> bool:

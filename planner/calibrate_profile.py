@@ -1,0 +1,491 @@
+"""Turn raw calibration measurements into a profile the cost model reads as it reads the
+shipped ones.
+
+How each cost-model input is set (planner/costmodel.py, planner/cluster.py):
+
+- Matmuls take ``FLOPs / (peak_flops[dtype] * matmul_efficiency)``. One efficiency serves every
+  dtype, so it is fitted on the reference dtype (fp32 on a CPU, bf16 on a GPU) against a real
+  peak (the datasheet's for a known GPU; cores x clock x FLOP/cycle of the ISA for a CPU, or the
+  best measured shape when the clock boosts above that), and every other dtype's peak is set to
+  ``achieved / efficiency`` so the model reproduces each measured rate exactly.
+- Achieved rates are the slowest rank's (a synchronous step waits for it), over a mix of shapes:
+  total FLOPs / total time with one call of each shape.
+- Memory-bound ops take ``bytes / (memory_bandwidth * elementwise_efficiency)``: the bandwidth is
+  the best pure streaming kernel, the efficiency what real element-wise ops reach of it.
+- Collectives take the alpha-beta ring formulas at ``intra_node_bandwidth * collective_efficiency``
+  and ``intra_node_latency``: their product is the joint fit over all-reduce, all-gather and
+  reduce-scatter (planner/calibrate_fit.py); the link bandwidth is a point-to-point transfer's,
+  the efficiency what the collectives reach of it.
+- On a CPU, N ranks share the cores and memory: every rate is measured with all N running at
+  once, so ``--gpus N`` on this machine prices each rank at what it really gets.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import dataclass
+from typing import Any
+
+from planner.calibrate_bench import Settings
+from planner.calibrate_fit import fit_alpha_beta, fit_each
+from planner.errors import MeshplanError
+from planner.profiles import DeviceProfile, load_profile
+
+REFERENCE_DTYPE = {"cpu": "fp32", "cuda": "bf16"}
+ELEMENTWISE_BYTES = {"add": 3.0, "gelu": 2.0, "layer_norm": 2.0, "softmax": 2.0}
+
+
+@dataclass
+class Machine:
+    """What calibration knows about the host before measuring."""
+
+    device: str
+    nproc: int
+    threads: int  # torch threads per rank
+    cores: int
+    hostname: str
+    cpu_model: str
+    cpu_mhz: float
+    cpu_flags: frozenset[str]
+    cpu_vendor: str
+    host_memory_bytes: float
+    load_average: float
+    torch_version: str
+    started: str  # ISO time, UTC
+    command: str
+    quick: bool
+
+
+@dataclass
+class Result:
+    profile: DeviceProfile
+    comments: dict[str, str]
+    header: str
+    summary: dict[str, Any]
+
+
+# --------------------------------------------------------------------------- the host
+
+
+def read_cpuinfo() -> tuple[str, float, frozenset[str], str]:
+    """(model name, clock in MHz, ISA flags, vendor) from /proc/cpuinfo, or what platform
+    knows elsewhere. The clock is the larger of the current and the cpufreq maximum."""
+    model, mhz, flags, vendor = platform.processor() or "unknown CPU", 0.0, frozenset(), ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key, value = key.strip(), value.strip()
+                if key == "model name" and model in ("", "unknown CPU", platform.processor()):
+                    model = value
+                elif key == "cpu MHz" and not mhz:
+                    mhz = float(value)
+                elif key == "flags" and not flags:
+                    flags = frozenset(value.split())
+                elif key == "vendor_id" and not vendor:
+                    vendor = value
+    except (OSError, ValueError):
+        pass
+    try:
+        with open("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq") as f:
+            mhz = max(mhz, float(f.read()) / 1000)
+    except (OSError, ValueError):
+        pass
+    return model, mhz, flags, vendor
+
+
+def host_memory_bytes() -> float:
+    """Physical memory (MemTotal), or 0 where /proc/meminfo is missing."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def fp32_flops_per_cycle(flags: frozenset[str], vendor: str) -> int:
+    """Dense fp32 FLOP per cycle per core from the vector ISA: two FMA pipes x lanes x 2.
+    AMD's Zen 4 runs AVX-512 on 256-bit pipes, so it counts as AVX2 width."""
+    if "avx512f" in flags and vendor == "GenuineIntel":
+        return 64
+    if "avx2" in flags and "fma" in flags:
+        return 32
+    if "avx" in flags:
+        return 16
+    return 8
+
+
+# --------------------------------------------------------------------------- aggregation
+
+
+def slowest(results: list[dict[str, Any]], section: str) -> dict[str, Any]:
+    """Per key (a kernel or dtype), the slowest rank's rate(s)."""
+    keys = results[0][section]
+    out: dict[str, Any] = {}
+    for key in keys:
+        values = [r[section][key] for r in results]
+        if isinstance(values[0], list):
+            out[key] = [min(v[i] for v in values) for i in range(len(values[0]))]
+        else:
+            out[key] = min(values)
+    return out
+
+
+def mix_rate(work: list[float], rates: list[float]) -> float:
+    """Work per second doing one of each: total work over total time."""
+    return sum(work) / sum(w / r for w, r in zip(work, rates))
+
+
+def collective_samples(
+    results: list[dict[str, Any]], key: str
+) -> list[tuple[str, int, int, float]]:
+    """(kind, n, bytes, seconds): per trial the slowest rank's time, then the fastest trial
+    (noise from other processes only ever adds time)."""
+    by_trial: dict[tuple, float] = {}
+    for r in results:
+        for kind, n, nbytes, trial, seconds in r[key]:
+            k = (kind, n, nbytes, trial)
+            by_trial[k] = max(by_trial.get(k, 0.0), seconds)
+    best: dict[tuple, float] = {}
+    for (kind, n, nbytes, _), seconds in by_trial.items():
+        k = (kind, n, nbytes)
+        best[k] = min(best.get(k, float("inf")), seconds)
+    return [(kind, n, nbytes, t) for (kind, n, nbytes), t in sorted(best.items())]
+
+
+# --------------------------------------------------------------------------- the profile
+
+
+def reference_profile(device: str) -> tuple[DeviceProfile | None, str]:
+    """The shipped profile of the local GPU (datasheet peaks, inter-node network), or None."""
+    if device != "cuda":
+        return None, ""
+    from planner.profiles import default_profile_name
+
+    name, reason = default_profile_name()
+    if "no shipped profile" in reason:
+        return None, reason
+    return load_profile(name), name
+
+
+def build_profile(
+    m: Machine,
+    s: Settings,
+    results: list[dict[str, Any]],
+    single: dict[str, Any],
+    name: str,
+) -> Result:
+    """The measured profile, a source comment per field and a header saying when and how."""
+    ref, ref_name = reference_profile(m.device)
+    comments: dict[str, str] = {}
+    summary: dict[str, Any] = {}
+    shapes = s.matmul_shapes
+    work = [2.0 * a * b * c for a, b, c in shapes]
+    shape_text = ", ".join(f"{a}x{b}x{c}" for a, b, c in shapes)
+    share = f"{m.nproc} ranks at once" if m.nproc > 1 else "one rank"
+
+    # ---- matmul
+    matmul = slowest(results, "matmul")
+    achieved = {d: mix_rate(work, rates) for d, rates in matmul.items()}
+    best = {d: max(rates) for d, rates in matmul.items()}
+    ref_dtype = REFERENCE_DTYPE[m.device]
+    if m.device == "cpu":
+        cores_per_rank = min(float(m.threads), m.cores / m.nproc)
+        per_core = fp32_flops_per_cycle(m.cpu_flags, m.cpu_vendor) * m.cpu_mhz * 1e6
+        isa_peak = per_core * cores_per_rank
+        peak = max(isa_peak, best[ref_dtype])
+        peak_note = (
+            f"{cores_per_rank:g} core(s) per rank x {m.cpu_mhz:.0f} MHz x "
+            f"{fp32_flops_per_cycle(m.cpu_flags, m.cpu_vendor)} FLOP/cycle = "
+            f"{isa_peak / 1e9:.1f} GFLOP/s"
+        )
+        if best[ref_dtype] > isa_peak:
+            peak_note += (
+                f"; the best shape measured {best[ref_dtype] / 1e9:.1f} GFLOP/s (the clock "
+                "boosts above the one /proc/cpuinfo reports), so that is the peak"
+            )
+    elif ref is not None:
+        peak = max(ref.peak_flops[ref_dtype], best[ref_dtype])
+        peak_note = f"datasheet dense {ref_dtype} peak from profiles/{ref_name}.toml"
+    else:
+        peak = best[ref_dtype]
+        peak_note = f"no datasheet for this GPU ({ref_name}): the best measured shape"
+    efficiency = achieved[ref_dtype] / peak
+    peaks = {d: achieved[d] / efficiency for d in achieved}
+    peaks[ref_dtype] = peak
+    if "tf32" not in peaks:  # CPUs have no TF32: torch runs fp32 matmuls
+        peaks["tf32"] = peaks["fp32"]
+    for d in ("fp32", "tf32", "bf16", "fp16"):
+        key = f"peak_flops_{d}"
+        if d == ref_dtype:
+            comments[key] = f"peak: {peak_note}"
+        elif d in achieved:
+            comments[key] = (
+                f"measured {achieved[d] / 1e9:.4g} GFLOP/s per rank ({share}; shapes "
+                f"{shape_text}; best {best[d] / 1e9:.4g}) / matmul_efficiency"
+            )
+        else:
+            comments[key] = "CPUs have no TF32: torch runs fp32 matmuls, so the fp32 figure"
+        if d in single.get("matmul", {}):
+            comments[key] += (
+                f"; one process alone with {single['threads']} threads: "
+                f"{mix_rate(work, single['matmul'][d]) / 1e9:.4g} GFLOP/s"
+            )
+    comments["matmul_efficiency"] = (
+        f"measured {achieved[ref_dtype] / 1e9:.4g} GFLOP/s {ref_dtype} per rank ({share}, "
+        f"slowest rank, one call of each shape {shape_text}) / peak"
+    )
+    summary["matmul_flops"] = achieved
+    summary["matmul_efficiency"] = efficiency
+
+    # ---- memory bandwidth and element-wise ops
+    stream = slowest(results, "stream")
+    bandwidth = max(stream.values())
+    fastest = max(stream, key=stream.get)
+    ew = slowest(results, "elementwise")
+    ew_rate = mix_rate([ELEMENTWISE_BYTES[k] for k in ew], [ew[k] for k in ew])
+    ew_eff = min(1.0, ew_rate / bandwidth)
+    comments["bandwidth_bytes_per_s"] = (
+        f"measured: best streaming kernel ({fastest}) on {s.stream_bytes >> 20} MiB fp32 "
+        f"tensors per rank, {share}; "
+        + ", ".join(f"{k} {v / 1e9:.3g}" for k, v in stream.items())
+        + " GB/s"
+    )
+    if ref is not None:
+        comments["bandwidth_bytes_per_s"] += (
+            f" ({bandwidth / ref.memory_bandwidth:.0%} of the {ref.memory_bandwidth / 1e12:.3g} "
+            "TB/s datasheet)"
+        )
+    if single.get("stream"):
+        comments["bandwidth_bytes_per_s"] += (
+            f"; one process alone: {max(single['stream'].values()) / 1e9:.3g} GB/s"
+        )
+    comments["elementwise_efficiency"] = (
+        f"measured {ew_rate / 1e9:.3g} GB/s for one each of "
+        + ", ".join(f"{k} {v / 1e9:.3g}" for k, v in ew.items())
+        + f" GB/s (out of place, {s.elementwise_bytes >> 20} MiB inputs) / memory bandwidth"
+    )
+    summary["memory_bandwidth"] = bandwidth
+    summary["elementwise_efficiency"] = ew_eff
+
+    # ---- device memory
+    if m.device == "cuda":
+        capacity = min(r["device_total_bytes"] for r in results)
+        reserved = max(r["context_bytes"] for r in results)
+        comments["capacity_bytes"] = f"torch.cuda.mem_get_info total of {results[0]['device_name']}"
+        comments["reserved_bytes"] = (
+            "measured: device memory in use after the CUDA context and the NCCL process group "
+            "were created (allocator fragmentation not included)"
+        )
+    else:
+        capacity = m.host_memory_bytes / m.nproc
+        reserved = max(r["rss_bytes"] for r in results)
+        comments["capacity_bytes"] = (
+            f"this host's {m.host_memory_bytes / 2**30:.1f} GiB MemTotal shared by {m.nproc} ranks"
+        )
+        comments["reserved_bytes"] = (
+            "measured: the largest rank's resident set after importing torch and joining the "
+            "gloo group, before any model"
+        )
+
+    # ---- node: host memory and the offload path
+    if m.device == "cuda":
+        gpus_per_node = _cuda_device_count()
+        links = slowest(results, "host_link")
+        host_link = 2.0 / (1.0 / links["h2d"] + 1.0 / links["d2h"])
+        host_bw = max(single["stream"].values()) / gpus_per_node
+        comments["gpus_per_node"] = "torch.cuda.device_count() on this host"
+        comments["host_link_bytes_per_s"] = (
+            f"measured: harmonic mean of pinned H2D {links['h2d'] / 1e9:.3g} and D2H "
+            f"{links['d2h'] / 1e9:.3g} GB/s ({s.host_bytes >> 20} MiB, {share}; offload moves "
+            "as much each way)"
+        )
+        comments["host_memory_bandwidth_bytes_per_s"] = (
+            f"measured: one process's best host streaming rate "
+            f"{max(single['stream'].values()) / 1e9:.3g} GB/s shared by {gpus_per_node} GPUs"
+        )
+    else:
+        gpus_per_node = m.nproc
+        host_link = stream["copy"]
+        host_bw = bandwidth
+        comments["gpus_per_node"] = (
+            "the ranks this profile was measured for (gloo processes, not GPUs); "
+            "calibrate with --nproc M to plan M ranks"
+        )
+        comments["host_link_bytes_per_s"] = (
+            "measured: on a CPU, offload is a memory copy: the per-rank copy rate"
+        )
+        comments["host_memory_bandwidth_bytes_per_s"] = (
+            "measured: the per-rank memory bandwidth (host and device memory are the same RAM)"
+        )
+    comments["host_memory_bytes"] = "this host's MemTotal (/proc/meminfo)"
+    summary["host_link"] = host_link
+
+    # ---- network
+    coll = collective_samples(results, "collectives")
+    p2p = collective_samples(results, "p2p")
+    net: dict[str, float] = {}
+    if m.nproc >= 2:
+        try:
+            joint = fit_alpha_beta(coll)
+        except ValueError as exc:
+            raise MeshplanError(
+                f"collective timings could not be fitted ({exc}): other processes are probably "
+                "loading the machine; rerun plan calibrate when it is quieter"
+            ) from exc
+        each = _fits_or_none(lambda: fit_each(coll))
+        link = _fits_or_none(lambda: fit_alpha_beta(p2p))
+        largest = max(p2p, key=lambda x: x[2])
+        link_rate = largest[2] / largest[3]  # latency included: a lower bound on the link
+        link_bw = max(link_rate, joint.bandwidth)
+        net["intra_node_bandwidth_bytes_per_s"] = link_bw
+        net["intra_node_latency_s"] = joint.alpha
+        net["collective_efficiency"] = joint.bandwidth / link_bw
+        backend = "NCCL" if m.device == "cuda" else "gloo"
+        sizes = sorted({x[2] for x in coll})
+        size_text = f"{_size(sizes[0])}..{_size(sizes[-1])}"
+        comments["intra_node_bandwidth_bytes_per_s"] = (
+            f"measured: {backend} point-to-point ping-pong between 2 ranks, "
+            f"{_size(largest[2])} one way at {link_rate / 1e9:.3g} GB/s ("
+            + (
+                f"its alpha-beta fit: alpha {link.alpha * 1e6:.3g} us, B "
+                f"{link.bandwidth / 1e9:.3g} GB/s, worst point off by {link.max_rel_error:.0%}"
+                if link
+                else "too noisy for an alpha-beta fit"
+            )
+            + "); at least the collectives' bus bandwidth"
+        )
+        comments["intra_node_latency_s"] = (
+            f"measured: joint alpha-beta least-squares fit of {backend} all-reduce, all-gather "
+            f"and reduce-scatter over {m.nproc} ranks, {size_text}, worst point off by "
+            f"{joint.max_rel_error:.0%}"
+        )
+        comments["collective_efficiency"] = (
+            f"measured: the joint fit's bus bandwidth {joint.bandwidth / 1e9:.3g} GB/s / link; "
+            "alone: "
+            + (
+                ", ".join(
+                    f"{k} {f.bandwidth / 1e9:.3g} GB/s alpha {f.alpha * 1e6:.3g} us"
+                    for k, f in each.items()
+                )
+                if each
+                else "too noisy to fit each kind alone"
+            )
+        )
+        summary.update(collective=joint, p2p=link, link_bandwidth=link_bw, per_kind=each)
+    else:
+        src = ref_name if ref is not None else "h100-sxm"
+        base = ref or load_profile("h100-sxm")
+        net["intra_node_bandwidth_bytes_per_s"] = base.intra_node_bandwidth
+        net["intra_node_latency_s"] = base.intra_node_latency
+        net["collective_efficiency"] = base.collective_efficiency
+        for k in (
+            "intra_node_bandwidth_bytes_per_s",
+            "intra_node_latency_s",
+            "collective_efficiency",
+        ):
+            comments[k] = f"not measured (one GPU: no collective to time); from profiles/{src}.toml"
+    if m.device == "cpu":
+        net["inter_node_bandwidth_bytes_per_s"] = net["intra_node_bandwidth_bytes_per_s"]
+        net["inter_node_latency_s"] = net["intra_node_latency_s"]
+        note = "one host: no inter-node link to measure; the loopback figures above"
+    else:
+        base = ref or load_profile("h100-sxm")
+        net["inter_node_bandwidth_bytes_per_s"] = base.inter_node_bandwidth
+        net["inter_node_latency_s"] = base.inter_node_latency
+        note = f"not measured (one node); from profiles/{ref_name if ref else 'h100-sxm'}.toml"
+    comments["inter_node_bandwidth_bytes_per_s"] = note
+    comments["inter_node_latency_s"] = note
+    summary["samples"] = {"collectives": coll, "p2p": p2p}
+
+    device_text = (
+        f"{results[0].get('device_name', 'GPU')} x{m.nproc}, NCCL"
+        if m.device == "cuda"
+        else f"{m.cpu_model}, {m.nproc} gloo ranks x {m.threads} thread(s) on {m.cores} cores"
+    )
+    profile = DeviceProfile(
+        name=name,
+        description=f"measured by plan calibrate: {device_text}",
+        peak_flops={d: peaks[d] for d in ("fp32", "tf32", "bf16", "fp16")},
+        matmul_efficiency=efficiency,
+        elementwise_efficiency=ew_eff,
+        memory_bytes=capacity,
+        memory_bandwidth=bandwidth,
+        reserved_bytes=reserved,
+        gpus_per_node=gpus_per_node,
+        host_memory_bytes=m.host_memory_bytes,
+        host_bandwidth=host_link,
+        host_memory_bandwidth=host_bw,
+        intra_node_bandwidth=net["intra_node_bandwidth_bytes_per_s"],
+        intra_node_latency=net["intra_node_latency_s"],
+        inter_node_bandwidth=net["inter_node_bandwidth_bytes_per_s"],
+        inter_node_latency=net["inter_node_latency_s"],
+        collective_efficiency=net["collective_efficiency"],
+    )
+    return Result(profile, comments, _header(m, device_text, coll + p2p), summary)
+
+
+def _header(m: Machine, device_text: str, samples) -> str:
+    lines = [
+        f"Measured by `{m.command}` on host {m.hostname} at {m.started} "
+        f"({'--quick: short timings, small sizes' if m.quick else 'full run'}).",
+        f"{device_text}; torch {m.torch_version}.",
+    ]
+    if m.device == "cpu":
+        lines += [
+            f"Every rate is per rank while all {m.nproc} ranks run at once (they share the "
+            f"{m.cores} cores and the memory bus):",
+            f"plan with --gpus {m.nproc} --profile <this file>; for another rank count, "
+            "calibrate with --nproc M.",
+            f"Each rank used torch.set_num_threads({m.threads}), as torchrun's "
+            "OMP_NUM_THREADS=cores/ranks would.",
+        ]
+    lines += [
+        f"1-minute load average: {m.load_average:.2f} when measuring began, "
+        f"{load_average_now():.2f} when it ended (other processes lower every rate).",
+        "Units: bytes, seconds, FLOP/s. Collective samples (kind, ranks, bytes: seconds, the "
+        "slowest rank's, fastest of the trials):",
+    ]
+    per_line: dict[tuple[str, int], list[str]] = {}
+    for kind, n, nbytes, t in samples:
+        per_line.setdefault((kind, n), []).append(f"{_size(nbytes)} {t * 1e6:.4g}us")
+    for (kind, n), items in per_line.items():
+        lines.append(f"  {kind} n={n}: " + ", ".join(items))
+    return "\n".join(lines)
+
+
+def load_average_now() -> float:
+    """The 1-minute load average (0 where the OS has none): noise context for the header."""
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+
+
+def _fits_or_none(fit):
+    """A fit shown only in comments: None when noise leaves it undetermined."""
+    try:
+        return fit()
+    except ValueError:
+        return None
+
+
+def _size(nbytes: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g}{unit}"
+    return f"{nbytes:g}B"
+
+
+def _cuda_device_count() -> int:
+    import torch
+
+    return max(1, torch.cuda.device_count())
