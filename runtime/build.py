@@ -1,0 +1,165 @@
+"""Build this rank's share of a plan: the mesh, the modules it holds, its optimizers, and the
+pipeline schedule when there is one.
+
+Weights are identical whatever the plan: every rank seeds, calls ``build_model`` on the CPU in
+fp32, and only then shards or moves them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from planner.modelfile import ModelFile
+from runtime.batching import dp_slice, micro_batches
+from runtime.parallelize import (
+    apply_data_parallel,
+    apply_recompute,
+    apply_tensor_parallel,
+    make_optimizers,
+)
+
+_MESHES: dict[tuple[str, int, int, int], DeviceMesh] = {}
+
+
+def device_mesh(device: torch.device, pp: int, dp: int, tp: int) -> DeviceMesh:
+    """The (pp, dp, tp) mesh: rank = (pp_i * dp + dp_i) * tp + tp_i. Cached per shape, because
+    each mesh creates process groups and a batch of plans reuses them."""
+    key = (device.type, pp, dp, tp)
+    if key not in _MESHES:
+        _MESHES[key] = init_device_mesh(
+            device.type, (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp")
+        )
+    return _MESHES[key]
+
+
+@dataclass
+class Built:
+    """What this rank runs: ``parts`` hold its parameters (the model, or its stage modules)."""
+
+    plan: dict
+    mesh: DeviceMesh
+    parts: list[nn.Module]
+    optimizers: list
+    schedule: Any = None
+    stage_indices: list[int] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def coords(self) -> tuple[int, int, int]:
+        m = self.mesh
+        return m.get_local_rank("pp"), m.get_local_rank("dp"), m.get_local_rank("tp")
+
+    @property
+    def holds_first(self) -> bool:
+        return self.schedule is None or 0 in self.stage_indices
+
+    @property
+    def holds_last(self) -> bool:
+        return self.schedule is None or len(self.plan["stages"]) - 1 in self.stage_indices
+
+
+def _notes(plan: dict, device: torch.device) -> list[str]:
+    notes = []
+    if device.type == "cpu" and plan["dtype"] != "fp32":
+        notes.append(
+            f"dtype {plan['dtype']}: the CPU run trains in fp32 (mixed precision is GPU-only)"
+        )
+    offloads = {b["offload"] for b in plan["blocks"]} - {"none"}
+    if "optimizer" in offloads:
+        notes.append(
+            "offload 'optimizer': torch's FSDP2 offloads parameters and optimizer states "
+            "together only, so optimizer-only offload is not applied"
+        )
+    if "optimizer+params" in offloads and plan["zero_stage"] < 2:
+        notes.append("offload 'optimizer+params' needs ZeRO 2 or 3 (FSDP2); not applied")
+    return notes
+
+
+def build(plan: dict, mf: ModelFile, device: torch.device, seed: int) -> Built:
+    mesh_cfg = plan["mesh"]
+    mesh = device_mesh(device, mesh_cfg["pp"], mesh_cfg["dp"], mesh_cfg["tp"])
+    torch.manual_seed(seed)
+    model = mf.build()
+    model.train()
+    blocks = plan["blocks"]
+    notes = _notes(plan, device)
+    if mesh_cfg["pp"] == 1:
+        model.to(device)
+        apply_tensor_parallel(model, blocks, mesh["tp"])
+        apply_recompute(model, blocks)
+        model = apply_data_parallel(model, blocks, plan, mesh["dp"], device)
+        parts = [model]
+        return Built(plan, mesh, parts, make_optimizers(parts, plan, mesh["dp"]), notes=notes)
+    return _build_pipeline(plan, mf, model, mesh, device, notes)
+
+
+def _build_pipeline(
+    plan: dict, mf: ModelFile, model: nn.Module, mesh: DeviceMesh, device: torch.device, notes
+) -> Built:
+    from torch.distributed.pipelining import (
+        Schedule1F1B,
+        ScheduleGPipe,
+        ScheduleInterleaved1F1B,
+    )
+    from torch.distributed.pipelining._IR import _modify_graph_op_device
+
+    from runtime.stages import adopt_eager_modules, stage_module_name, traced_pipe
+
+    inputs, _ = mf.batch(plan["global_batch_size"], step=0)
+    example = micro_batches(
+        dp_slice(inputs, 0, plan["mesh"]["dp"], plan["global_batch_size"]),
+        plan["global_batch_size"] // plan["mesh"]["dp"],
+        plan["micro_batch_size"],
+    )[0]
+    pipe = traced_pipe(plan, model, example)
+    pp_rank = mesh.get_local_rank("pp")
+    indices = [st["index"] for st in plan["stages"] if st["pp_rank"] == pp_rank]
+    blocks = plan["blocks"]
+    parts, stages = [], []
+    for i in indices:
+        stage_mod = pipe.get_stage_module(i)
+        adopt_eager_modules(stage_mod, model)
+        stage_mod.to(device)
+        if device.type != "cpu":
+            _modify_graph_op_device(stage_mod, device)
+        gathered = apply_tensor_parallel(stage_mod, blocks, mesh["tp"])
+        if gathered:
+            notes.append(
+                f"stage {i}: {', '.join(gathered)} run with replicated activations: the code "
+                "around them is traced with fixed shapes, so it cannot take local shards"
+            )
+        apply_recompute(stage_mod, blocks)
+        wrapped = apply_data_parallel(stage_mod, blocks, plan, mesh["dp"], device)
+        pipe.split_gm.register_module(stage_module_name(i), wrapped)
+        stages.append(pipe.build_stage(i, device, group=mesh["pp"].get_group()))
+        parts.append(wrapped)
+    loss = _loss_fn(mf)
+    m = plan["num_microbatches"]
+    if plan["schedule"] == "interleaved_1f1b":
+        schedule = ScheduleInterleaved1F1B(stages, n_microbatches=m, loss_fn=loss)
+    else:
+        cls = ScheduleGPipe if plan["schedule"] == "gpipe" else Schedule1F1B
+        schedule = cls(stages[0], n_microbatches=m, loss_fn=loss)
+    optimizers = make_optimizers(parts, plan, mesh["dp"])
+    return Built(plan, mesh, parts, optimizers, schedule, indices, notes)
+
+
+def _loss_fn(mf: ModelFile):
+    def loss(outputs: Any, targets: Any) -> torch.Tensor:
+        return mf.loss(outputs, targets)
+
+    return loss
+
+
+def release(built: Built) -> None:
+    """Drop a plan's modules before the next plan of a batch (meshes are kept)."""
+    built.parts.clear()
+    built.optimizers.clear()
+    built.schedule = None
+    dist.barrier()

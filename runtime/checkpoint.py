@@ -1,0 +1,121 @@
+"""Distributed checkpoints (torch.distributed.checkpoint) that a restarted job resumes from.
+
+Each checkpoint is written to ``step_NNNNNN.tmp`` and renamed to ``step_NNNNNN`` by rank 0 once
+every rank has finished, so a directory without the suffix is always complete. Model and
+optimizer states are keyed by module path (flattened optimizer state), so stage modules of
+different pipeline ranks never collide. ZeRO-1's ZeroRedundancyOptimizer has no distributed
+state-dict support; each rank saves its own shard under a key naming its mesh coordinates.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from runtime.build import Built
+
+_DIR = re.compile(r"^step_(\d{6,})$")
+_OPTS = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+def checkpoint_root(run_dir: Path) -> Path:
+    return run_dir / "checkpoints"
+
+
+def latest_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
+    """The newest complete checkpoint (directories still ending in .tmp are ignored)."""
+    root = checkpoint_root(run_dir)
+    found = []
+    if root.is_dir():
+        for child in root.iterdir():
+            m = _DIR.match(child.name)
+            if m and child.is_dir():
+                found.append((int(m.group(1)), child))
+    return max(found) if found else None
+
+
+def _zero1(built: Built) -> bool:
+    return built.plan["zero_stage"] == 1
+
+
+def _zero1_key(built: Built, i: int) -> str:
+    pp, dp, tp = built.coords
+    return f"pp{pp}_dp{dp}_tp{tp}_part{i}"
+
+
+def _init_zero1_state(built: Built) -> None:
+    """Create the local optimizer's state tensors (a zero-lr step on zero gradients), so that
+    loading has tensors to load into."""
+    for opt in built.optimizers:
+        inner = opt.optim
+        for group in inner.param_groups:
+            group["_lr"], group["lr"] = group["lr"], 0.0
+            for p in group["params"]:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+        inner.step()
+        for group in inner.param_groups:
+            group["lr"] = group.pop("_lr")
+            for p in group["params"]:
+                p.grad = None
+
+
+def _state(built: Built, step: int) -> dict[str, Any]:
+    model: dict[str, Any] = {}
+    optim: dict[str, Any] = {}
+    for i, (part, opt) in enumerate(zip(built.parts, built.optimizers)):
+        model.update(get_model_state_dict(part))
+        if _zero1(built):
+            optim[_zero1_key(built, i)] = opt.optim.state_dict()
+        else:
+            optim.update(get_optimizer_state_dict(part, opt, options=_OPTS))
+    return {"step": torch.tensor(step), "model": model, "optim": optim}
+
+
+def save_checkpoint(built: Built, run_dir: Path, step: int) -> Path:
+    root = checkpoint_root(run_dir)
+    final = root / f"step_{step:06d}"
+    tmp = root / f"step_{step:06d}.tmp"
+    if dist.get_rank() == 0:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+    dist.barrier()
+    dcp.save(_state(built, step), checkpoint_id=str(tmp))
+    dist.barrier()
+    if dist.get_rank() == 0:
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+    dist.barrier()
+    return final
+
+
+def load_checkpoint(built: Built, path: Path) -> int:
+    """Load model and optimizer states in place; returns the step the checkpoint was taken at."""
+    if _zero1(built):
+        _init_zero1_state(built)
+    state = _state(built, 0)
+    dcp.load(state, checkpoint_id=str(path))
+    for i, (part, opt) in enumerate(zip(built.parts, built.optimizers)):
+        names = set(get_model_state_dict(part))
+        set_model_state_dict(part, {k: v for k, v in state["model"].items() if k in names})
+        if _zero1(built):
+            opt.optim.load_state_dict(state["optim"][_zero1_key(built, i)])
+        else:
+            own = set(get_optimizer_state_dict(part, opt, options=_OPTS))
+            set_optimizer_state_dict(
+                part, opt, {k: v for k, v in state["optim"].items() if k in own}, options=_OPTS
+            )
+    return int(state["step"])

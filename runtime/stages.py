@@ -1,0 +1,289 @@
+"""Cut a model into pipeline stages at the plan's block boundaries, for any model.
+
+``torch.distributed.pipelining.pipeline()`` traces the model with ``torch.export`` and splits
+the graph before the first module of each stage's first block (``SplitPoint.BEGINNING``). The
+glue code between modules (position ids, masks, rotary tables, residual adds) lands in the
+stage that computes it; a value a later stage needs is relayed through the stages in between
+(``relay_skip_connections``), because torch's schedules only talk to neighbouring stages.
+Nothing in here knows the model.
+
+The traced stage modules keep the model's module tree (as ``InterpreterModule``s with the same
+paths), but tensor parallelism needs real ``nn.Linear``/``nn.Embedding`` modules and eager code
+(``view(b, s, -1, d)`` infers the local head count). So every traced submodule that takes
+exactly one input and returns one tensor, where the original module's ``forward`` takes exactly
+one required argument, is swapped back for the original eager module: its call site passes that
+one value, so the swap is exact. A GPT block runs fully eager; in HF Llama the decoder layer stays
+traced (it takes several inputs) and its linears, norms and MLP are swapped. Parameters the swap
+does not reach are copied from the freshly built model by path.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import json
+import operator
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.pipelining import SplitPoint, pipeline
+from torch.distributed.pipelining._IR import annotate_split_points
+
+_TRACED: dict[str, Any] = {}  # one trace per model, micro-batch size and cut, per process
+
+
+def split_points(plan: dict) -> list[str]:
+    """The module path where each stage after the first begins."""
+    first_module = {b["name"]: b["modules"][0] for b in plan["blocks"]}
+    return [first_module[st["blocks"][0]] for st in plan["stages"][1:]]
+
+
+def traced_pipe(plan: dict, model: nn.Module, example_inputs: tuple) -> Any:
+    """A private copy of the traced, split model (the trace is cached: it is the slow part)."""
+    points = split_points(plan)
+    key = json.dumps(
+        [plan["model"]["sha256"], plan["model"].get("args", {}), plan["micro_batch_size"], points],
+        sort_keys=True,
+    )
+    if key not in _TRACED:
+        traced_model = copy.deepcopy(model)
+        annotate_split_points(traced_model, {fqn: SplitPoint.BEGINNING for fqn in points})
+        pipe = pipeline(traced_model, example_inputs, split_policy=inline_grad_mode_regions)
+        if pipe.num_stages != len(plan["stages"]):
+            raise RuntimeError(
+                f"tracing cut the model into {pipe.num_stages} stages, the plan has "
+                f"{len(plan['stages'])}: a split point ({', '.join(points)}) is not called in "
+                "forward order"
+            )
+        relay_skip_connections(pipe.split_gm)
+        _TRACED[key] = pipe
+    return copy.deepcopy(_TRACED[key])
+
+
+def inline_grad_mode_regions(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Replace each ``wrap_with_set_grad_enabled(False, ...)`` region of the exported graph (a
+    ``torch.no_grad()`` block in the model, e.g. HF Llama's rotary embedding) by its own nodes
+    with every output detached.
+
+    torch 2.13's pipeline splitter mis-outlines these regions: the region's subgraph attribute
+    becomes a zero-argument call of the enclosing module, which then fails with "Expected
+    positional argument". Explicit ``_set_grad_enabled`` nodes do not work either: fx's
+    ``split_module`` calls pipelining's stateful split callback twice per node when the graph
+    has grad-mode nodes, and loses the partitions. Detaching the outputs of a no-grad region is
+    exact for values and gradients (nothing computed inside it can receive a gradient); it only
+    records a little autograd state inside the region."""
+    hop = torch.ops.higher_order.wrap_with_set_grad_enabled
+    graph = gm.graph
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not hop:
+            continue
+        enabled, body_ref, *operands = node.args
+        if enabled:
+            raise RuntimeError(
+                "the model enables grad inside a no-grad region; pipelining cannot trace it"
+            )
+        body = getattr(gm, body_ref.target)
+        meta = {k: node.meta[k] for k in ("nn_module_stack", "stack_trace") if k in node.meta}
+        env: dict[torch.fx.Node, Any] = {}
+        inputs = iter(operands)
+        result: Any = None
+        with graph.inserting_before(node):
+            for inner in body.graph.nodes:
+                if inner.op == "placeholder":
+                    env[inner] = next(inputs)
+                elif inner.op == "output":
+                    result = torch.fx.map_arg(
+                        inner.args[0], lambda n, env=env, meta=meta: _detach(graph, env[n], meta)
+                    )
+                else:
+                    env[inner] = graph.node_copy(inner, lambda n, env=env: env[n])
+                    if inner.op == "get_attr":  # a constant of the region: hoist it onto gm
+                        name = f"_inlined_{body_ref.target}_{inner.target}"
+                        setattr(gm, name, getattr(body, inner.target))
+                        env[inner].target = name
+                    env[inner].meta.update(meta)
+        for user in list(node.users):
+            if user.op == "call_function" and user.target is operator.getitem:
+                user.replace_all_uses_with(result[user.args[1]])
+                graph.erase_node(user)
+            else:
+                user.replace_input_with(node, result)
+        graph.erase_node(node)
+        if not body_ref.users:
+            graph.erase_node(body_ref)
+    graph.lint()
+    gm.recompile()
+    return gm
+
+
+def relay_skip_connections(split_gm: torch.fx.GraphModule) -> None:
+    """Route every value that skips stages through the stages in between.
+
+    HF Llama's stage 0 computes the rotary tables and the mask that every decoder layer reads.
+    torch 2.13's pipelining refuses such skip connections: the single-stage schedules at the
+    first backward when one output feeds several stages ("Backward of skip connections not
+    supported yet", pipelining/stage.py) and the multi-stage schedules (interleaved 1F1B)
+    outright ("only supports adjacent-stage communication"). So each intermediate stage
+    receives the value as one more input and returns it as one more output; gradients come
+    back the same way (the relay is an identity)."""
+    graph = split_gm.graph
+    stages = [n for n in graph.nodes if n.op == "call_module"]
+    index = {n: i for i, n in enumerate(stages)}
+    relayed: dict[tuple[torch.fx.Node, int], torch.fx.Node] = {}
+    for j, consumer in enumerate(stages):
+        for p in range(len(consumer.args)):
+            value = consumer.args[p]  # re-read: a pass-through may have rewired it
+            if not isinstance(value, torch.fx.Node):
+                continue
+            src = value.args[0] if value.target is operator.getitem else value
+            if src not in index or index[src] >= j - 1:
+                continue
+            cur = value
+            for m in range(index[src] + 1, j):
+                if (value, m) not in relayed:
+                    relayed[(value, m)] = _pass_through(split_gm, stages[m], cur)
+                cur = relayed[(value, m)]
+            consumer.update_arg(p, cur)
+    for producer, consumer in zip(stages, stages[1:]):
+        _align_outputs(split_gm, producer, consumer)
+    graph.lint()
+    split_gm.recompile()
+
+
+def _align_outputs(
+    split_gm: torch.fx.GraphModule, producer: torch.fx.Node, consumer: torch.fx.Node
+) -> None:
+    """Order the producer's outputs as the consumer's inputs. Stages send their outputs in
+    output order and receive in input order over one gloo/NCCL pair; after relaying the two
+    differ, and gloo aborts on the size mismatch."""
+    graph = split_gm.graph
+    stage = split_gm.get_submodule(producer.target)
+    out_node = next(n for n in stage.graph.nodes if n.op == "output")
+    outs = out_node.args[0]
+    if not isinstance(outs, (tuple, list)):
+        return
+    old = {u.args[1]: u for u in producer.users if u.target is operator.getitem}
+    order: list[int] = []
+    for a in consumer.args:
+        if a.target is operator.getitem and a.args[0] is producer and a.args[1] not in order:
+            order.append(a.args[1])
+    perm = order + [k for k in range(len(outs)) if k not in order]
+    if perm == list(range(len(outs))) and len(old) == len(outs):
+        return
+    out_node.args = (tuple(outs[k] for k in perm),)
+    stage.recompile()
+    anchor = producer
+    for new_index, k in enumerate(perm):
+        with graph.inserting_after(anchor):
+            fresh = graph.call_function(operator.getitem, (producer, new_index))
+        if k in old:
+            fresh.meta = dict(old[k].meta)
+            old[k].replace_all_uses_with(fresh)
+        else:
+            fresh.meta = {"val": outs[k].meta.get("val")} if "val" in outs[k].meta else {}
+        anchor = fresh
+    for g in old.values():
+        graph.erase_node(g)
+
+
+def _pass_through(
+    split_gm: torch.fx.GraphModule, stage_node: torch.fx.Node, value: torch.fx.Node
+) -> torch.fx.Node:
+    """Make ``stage_node``'s stage take ``value`` (unless it already does) and return it as
+    its last output; the getitem of that output in the outer graph is returned."""
+    graph = split_gm.graph
+    stage = split_gm.get_submodule(stage_node.target)
+    inner = stage.graph
+    placeholders = [n for n in inner.nodes if n.op == "placeholder"]
+    if value in stage_node.args:
+        ph = placeholders[list(stage_node.args).index(value)]
+    else:
+        with inner.inserting_after(placeholders[-1]):
+            ph = inner.placeholder(f"relay_{len(placeholders)}")
+        ph.meta = dict(value.meta)
+        stage_node.args = (*stage_node.args, value)
+    out_node = next(n for n in inner.nodes if n.op == "output")
+    outs = out_node.args[0]
+    if not isinstance(outs, (tuple, list)):  # one output: make it a tuple, and index it outside
+        users = list(stage_node.users)
+        with graph.inserting_after(stage_node):
+            first = graph.call_function(operator.getitem, (stage_node, 0))
+        first.meta = dict(stage_node.meta)
+        for user in users:
+            user.replace_input_with(stage_node, first)
+        outs = (outs,)
+    out_node.args = ((*outs, ph),)
+    stage.recompile()
+    last = max(stage_node.users, key=_position(graph))
+    with graph.inserting_after(last):
+        got = graph.call_function(operator.getitem, (stage_node, len(outs)))
+    got.meta = dict(value.meta)
+    return got
+
+
+def _position(graph: torch.fx.Graph):
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    return lambda n: order[n]
+
+
+def _detach(graph: torch.fx.Graph, value: torch.fx.Node, meta: dict) -> torch.fx.Node:
+    out = graph.call_function(torch.ops.aten.detach.default, (value,))
+    out.meta.update(value.meta)
+    out.meta.update(meta)
+    return out
+
+
+def _single_tensor_io(traced: nn.Module) -> bool:
+    graph = getattr(traced, "graph", None)
+    if not isinstance(graph, torch.fx.Graph):
+        return False
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    outputs = [n for n in graph.nodes if n.op == "output"]
+    return (
+        len(placeholders) == 1
+        and len(outputs) == 1
+        and isinstance(outputs[0].args[0], torch.fx.Node)
+    )
+
+
+def _takes_one_argument(module: nn.Module) -> bool:
+    try:
+        params = list(inspect.signature(module.forward).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    if not params or any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
+        return False
+    required = [p for p in params if p.default is inspect.Parameter.empty]
+    return len(required) == 1 and required[0] is params[0]
+
+
+def adopt_eager_modules(stage: nn.Module, model: nn.Module) -> list[str]:
+    """Swap traced submodules for the model's eager ones where exact (see the module docstring);
+    copy every other parameter and buffer from ``model`` by path. Returns the swapped paths."""
+    eager = dict(model.named_modules())
+    swapped: list[str] = []
+    for fqn, traced in list(stage.named_modules()):
+        if not fqn or any(fqn.startswith(s + ".") for s in swapped):
+            continue
+        original = eager.get(fqn)
+        if original is None or not _single_tensor_io(traced) or not _takes_one_argument(original):
+            continue
+        parent_path, _, name = fqn.rpartition(".")
+        parent = stage.get_submodule(parent_path) if parent_path else stage
+        setattr(parent, name, original)
+        swapped.append(fqn)
+    sources = dict(model.named_parameters(remove_duplicate=False))
+    sources.update(dict(model.named_buffers(remove_duplicate=False)))
+    with torch.no_grad():
+        for name, tensor in [*stage.named_parameters(), *stage.named_buffers()]:
+            src = sources.get(name)
+            if src is not None and src is not tensor and src.shape == tensor.shape:
+                tensor.copy_(src)
+    return swapped
+
+
+def stage_module_name(index: int) -> str:
+    from torch.distributed.pipelining._IR import get_submod_name
+
+    return get_submod_name(index)

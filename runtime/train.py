@@ -1,0 +1,140 @@
+"""The training loop of one plan on this rank, defined to match ``runtime.reference``.
+
+Step k trains on ``make_batch(global_batch_size, step=k)``; DP rank r takes its contiguous slice
+and splits it into contiguous micro-batches; the step loss is the mean of the loss over all
+micro-batches of all ranks. Without pipelining the micro-batches run one after another with
+gradient accumulation (each loss scaled by 1/m); with it the plan's schedule runs them (and
+scales gradients by 1/m itself). Data parallelism averages over ranks.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from planner.errors import MeshplanError
+from planner.modelfile import ModelFile
+from runtime.batching import dp_slice, micro_batches, throughput_unit
+from runtime.build import Built, build, release
+from runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from runtime.metrics import append_metrics, format_step, peak_memory_bytes, start_metrics
+from runtime.parallelize import gradient_sync
+
+
+class LossNotFinite(MeshplanError):
+    """Training diverged: the message says at which step and what to try."""
+
+    exit_code = 3
+
+
+def _to(obj: Any, device: torch.device) -> Any:
+    from torch.utils._pytree import tree_map
+
+    return tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, obj)
+
+
+def _local_step(built: Built, mf: ModelFile, step: int, device: torch.device) -> float | None:
+    """Forward and backward of this rank's share of step ``step``; its mean micro-batch loss
+    when this rank computes losses (the last pipeline stage), else None."""
+    plan = built.plan
+    dp, gbs, mbs = plan["mesh"]["dp"], plan["global_batch_size"], plan["micro_batch_size"]
+    _, dp_rank, _ = built.coords
+    inputs, targets = _to(dp_slice(mf.batch(gbs, step=step), dp_rank, dp, gbs), device)
+    if built.schedule is None:
+        chunks = micro_batches((inputs, targets), gbs // dp, mbs)
+        model, total = built.parts[0], 0.0
+        for j, (x, y) in enumerate(chunks):
+            gradient_sync(built.parts, j == len(chunks) - 1)
+            loss = mf.loss(model(*x), y)
+            (loss / len(chunks)).backward()
+            total += loss.item()
+        return total / len(chunks)
+    losses: list[torch.Tensor] = []
+    args = inputs if built.holds_first else ()
+    kwargs: dict[str, Any] = {}
+    if built.holds_last:
+        kwargs = {"target": targets, "losses": losses}
+    built.schedule.step(*args, **kwargs)
+    if built.holds_last:
+        return sum(float(v.detach()) for v in losses) / len(losses)
+    return None
+
+
+def _optimizer_step(built: Built) -> None:
+    for opt in built.optimizers:
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+
+def train_plan(
+    plan: dict,
+    mf: ModelFile,
+    device: torch.device,
+    *,
+    steps: int,
+    seed: int,
+    run_dir: Path,
+    checkpoint_every: int = 0,
+    resume: bool = False,
+) -> list[float]:
+    """Train ``steps`` steps (or the rest of them after a checkpoint); every rank returns the
+    same per-step losses, and rank 0 logs them to the terminal and ``run_dir/metrics.jsonl``."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    built = build(plan, mf, device, seed)
+    start = 0
+    found = latest_checkpoint(run_dir) if resume else None
+    if found is not None:
+        start = load_checkpoint(built, found[1])
+    metrics_path = run_dir / "metrics.jsonl"
+    if rank == 0:
+        start_metrics(metrics_path, start)
+        for note in built.notes:
+            print(f"note: {note}", flush=True)
+        if found is not None:
+            print(f"resuming from {found[1]} (step {start})", flush=True)
+    unit, per_sample = throughput_unit(mf.batch(1, step=0)[0])
+    losses: list[float] = []
+    pp_i, _, tp_i = built.coords
+    dp = plan["mesh"]["dp"]
+    for step in range(start + 1, steps + 1):
+        t0 = time.perf_counter()
+        local = _local_step(built, mf, step, device)
+        _optimizer_step(built)
+        # One all-reduce carries the loss (from one TP rank of each DP replica of the last
+        # stage, pre-divided by dp) and every rank's peak memory in its own slot.
+        vec = torch.zeros(1 + world, dtype=torch.float64, device=device)
+        if local is not None and tp_i == 0:
+            vec[0] = local / dp
+        vec[1 + rank] = peak_memory_bytes(device)
+        dist.all_reduce(vec)
+        elapsed = time.perf_counter() - t0
+        loss = float(vec[0])
+        if not math.isfinite(loss):
+            raise LossNotFinite(
+                f"loss became {loss} at step {step}: lower the learning rate "
+                "or check the model's numerics"
+            )
+        losses.append(loss)
+        rate = plan["global_batch_size"] * per_sample / elapsed
+        record = {
+            "step": step,
+            "loss": loss,
+            "step_time_s": elapsed,
+            f"{unit}_per_s": rate,
+            "peak_memory_bytes": [int(v) for v in vec[1:].tolist()],
+        }
+        if rank == 0:
+            append_metrics(metrics_path, record)
+            print(format_step(record, steps), flush=True)
+        if checkpoint_every and step % checkpoint_every == 0:
+            where = save_checkpoint(built, run_dir, step)
+            if rank == 0:
+                print(f"checkpoint {where}", flush=True)
+    release(built)  # only on success: after an error, other ranks may be mid-collective
+    del pp_i
+    return losses

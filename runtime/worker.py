@@ -1,0 +1,96 @@
+"""The process torchrun starts: join the process group, then train each given plan in turn.
+
+``plan run`` passes one plan. Tests pass many plans of the same world size, so one launch (one
+process group, one torch import per rank) serves a whole batch; meshes are cached per shape and
+each plan's modules are dropped before the next.
+
+    python -m torch.distributed.run --nproc-per-node 4 -m runtime.worker \
+        --plans a.json b.json --run-dirs out/a out/b --steps 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from planner.errors import MeshplanError
+from planner.modelfile import load_model_file
+from planner.plan import load_plan
+from runtime.train import train_plan
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="runtime.worker")
+    p.add_argument("--plans", nargs="+", required=True)
+    p.add_argument("--run-dirs", nargs="+", required=True)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--checkpoint-every", type=int, default=0)
+    p.add_argument("--resume", action="store_true")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    args = p.parse_args(argv)
+    if len(args.plans) != len(args.run_dirs):
+        p.error("--plans and --run-dirs need the same number of entries")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(sys.argv[1:] if argv is None else argv)
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    hang_s = float(os.environ.get("MESHPLAN_HANG_TIMEOUT_S", "0"))
+    if hang_s > 0:  # tests: a hung collective dumps every rank's stack and exits
+        faulthandler.dump_traceback_later(hang_s, exit=True)
+    if args.device == "cuda":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+        dist.init_process_group("nccl", device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    # build_stage warns once per eager module it cannot retarget; on one device that is noise.
+    logging.getLogger("torch.distributed.pipelining._IR").setLevel(logging.ERROR)
+    try:
+        for plan_path, run_dir in zip(args.plans, args.run_dirs):
+            plan = load_plan(plan_path)
+            mf = load_model_file(plan["model"]["file"], plan["model"].get("args", {}))
+            if rank == 0:
+                mesh = plan["mesh"]
+                print(
+                    f"running {plan_path}: pp {mesh['pp']} x dp {mesh['dp']} x tp {mesh['tp']}, "
+                    f"{plan['schedule'] if mesh['pp'] > 1 else 'no pipeline'}, "
+                    f"ZeRO {plan['zero_stage']}, {args.steps} steps on {device.type}",
+                    flush=True,
+                )
+            t0 = time.perf_counter()
+            train_plan(
+                plan,
+                mf,
+                device,
+                steps=args.steps,
+                seed=args.seed,
+                run_dir=Path(run_dir),
+                checkpoint_every=args.checkpoint_every,
+                resume=args.resume,
+            )
+            if rank == 0:
+                print(f"done {plan_path} in {time.perf_counter() - t0:.1f} s", flush=True)
+    except MeshplanError as exc:
+        if rank == 0:
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+        dist.destroy_process_group()
+        return exc.exit_code
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
