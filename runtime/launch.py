@@ -16,6 +16,8 @@ from pathlib import Path
 from planner.errors import UserInputError
 from planner.modelfile import file_sha256
 from planner.plan import load_plan
+from runtime.stop import ENV as STOP_ENV
+from runtime.stop import clear_stop, read_stop
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -79,10 +81,15 @@ def torchrun_command(
     node_rank: int = 0,
     rdzv_endpoint: str | None = None,
     rdzv_id: str = "meshplan",
+    max_restarts: int = 0,
 ) -> list[str]:
     """``python -m torch.distributed.run ... -m runtime.worker ARGS``: standalone rendezvous (a
-    free local port) on one node, c10d at ``rdzv_endpoint`` across nodes."""
+    free local port) on one node, c10d at ``rdzv_endpoint`` across nodes. With ``max_restarts``
+    torchrun restarts every worker when one fails, and the workers resume from the last
+    complete checkpoint (``runtime.worker``)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}"]
+    if max_restarts:
+        cmd.append(f"--max-restarts={max_restarts}")
     if nnodes == 1:
         cmd.append("--standalone")
     else:
@@ -141,8 +148,15 @@ def run_plan(plan_path: Path, opts: argparse.Namespace) -> int:
         node_rank=int(getattr(opts, "node_rank", 0) or 0),
         rdzv_endpoint=getattr(opts, "rdzv_endpoint", None),
         rdzv_id=getattr(opts, "rdzv_id", None) or "meshplan",
+        max_restarts=int(getattr(opts, "max_restarts", 0) or 0),
     )
-    rc = subprocess.run(cmd, env=worker_env(), check=False).returncode
+    clear_stop(run_dir)
+    env = worker_env()
+    env[STOP_ENV] = "1"
+    rc = subprocess.run(cmd, env=env, check=False).returncode
+    stopped = read_stop(run_dir)
+    if stopped is not None:  # the workers stopped on purpose (a diverged loss): no restart
+        raise stopped
     if rc != 0:
         print(
             f"plan run: the workers failed (exit status {rc}); see their messages above",

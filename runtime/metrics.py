@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from planner.atomic import write_text_atomic
+
 
 def peak_memory_bytes(device: torch.device) -> int:
     """CUDA's max_memory_allocated on a GPU; on the CPU the process's max RSS (the closest
@@ -31,7 +33,7 @@ def start_metrics(path: Path, resume_step: int) -> None:
                     kept.append(line)
             except json.JSONDecodeError:
                 continue
-    path.write_text("".join(line + "\n" for line in kept))
+    write_text_atomic(path, "".join(line + "\n" for line in kept))
 
 
 def append_metrics(path: Path, record: dict[str, Any]) -> None:

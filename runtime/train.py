@@ -10,6 +10,7 @@ scales gradients by 1/m itself). Data parallelism averages over ranks.
 from __future__ import annotations
 
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -101,6 +102,8 @@ def train_plan(
     losses: list[float] = []
     pp_i, _, tp_i = built.coords
     dp = plan["mesh"]["dp"]
+    # Tests pace a run with a pause after each step, so a fault can be injected mid-run.
+    pause_s = float(os.environ.get("MESHPLAN_STEP_PAUSE_S", "0") or 0)
     for step in range(start + 1, steps + 1):
         t0 = time.perf_counter()
         local = _local_step(built, mf, step, device)
@@ -135,6 +138,8 @@ def train_plan(
             where = save_checkpoint(built, run_dir, step)
             if rank == 0:
                 print(f"checkpoint {where}", flush=True)
+        if pause_s:
+            time.sleep(pause_s)
     release(built)  # only on success: after an error, other ranks may be mid-collective
     del pp_i
     return losses

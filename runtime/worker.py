@@ -24,7 +24,17 @@ import torch.distributed as dist
 from planner.errors import MeshplanError
 from planner.modelfile import load_model_file
 from planner.plan import load_plan
+from runtime.checkpoint import latest_checkpoint
+from runtime.stop import ENV as STOP_ENV
+from runtime.stop import write_stop
 from runtime.train import train_plan
+
+
+def restarted(run_dir: Path) -> bool:
+    """torchrun restarted the workers after a failure (``--max-restarts``) and a complete
+    checkpoint exists: continue from it instead of starting over."""
+    again = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    return again and latest_checkpoint(run_dir) is not None
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -79,15 +89,20 @@ def main(argv: list[str] | None = None) -> int:
                 seed=args.seed,
                 run_dir=Path(run_dir),
                 checkpoint_every=args.checkpoint_every,
-                resume=args.resume,
+                resume=args.resume or restarted(Path(run_dir)),
             )
             if rank == 0:
                 print(f"done {plan_path} in {time.perf_counter() - t0:.1f} s", flush=True)
     except MeshplanError as exc:
-        if rank == 0:
-            print(f"error: {exc}", file=sys.stderr, flush=True)
         dist.destroy_process_group()
-        return exc.exit_code
+        if os.environ.get(STOP_ENV) != "1":
+            if rank == 0:
+                print(f"error: {exc}", file=sys.stderr, flush=True)
+            return exc.exit_code
+        if rank == 0:
+            write_stop(Path(run_dir), exc)
+        # A deliberate stop must not be retried: torchrun restarts any failed worker.
+        return 0 if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0 else exc.exit_code
     dist.destroy_process_group()
     return 0
 
