@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))  # the package, not benchmarks/planner.py beside t
 from planner.api import plan as make_plan  # noqa: E402
 from planner.plan import write_plan  # noqa: E402
 from planner.search import Pins  # noqa: E402
+from planner.profiles import load_profile  # noqa: E402
 from runtime.launch import torchrun_command, worker_env  # noqa: E402
 
 PROFILE = "measured/vm-cpu-x2"
@@ -168,8 +169,8 @@ def full_pins(ranks: int, pins: dict) -> Pins:
 
 
 def matmul_probe() -> float:
-    """fp32 GFLOP/s of one thread on 512^3 matmuls right now (the profile measured 76.4 per
-    rank with 2 ranks at once): how much CPU this process actually gets under the current load."""
+    """fp32 GFLOP/s of one thread on 512^3 matmuls right now, to hold against the profile's
+    per-rank rate: how much CPU this process actually gets under the current load."""
     import torch
 
     torch.set_num_threads(1)
@@ -300,9 +301,11 @@ def main() -> int:
     load_before = loadavg()
     ncpu = os.cpu_count() or 1
     probe_before = matmul_probe()
+    prof = load_profile(PROFILE)
+    profile_gflops = prof.peak_flops["fp32"] * prof.matmul_efficiency / 1e9
     print(
         f"load average before: {load_before} on {ncpu} CPUs; 1-thread fp32 matmul "
-        f"{probe_before:.1f} GFLOP/s (profile: 76.4 per rank)",
+        f"{probe_before:.1f} GFLOP/s (profile: {profile_gflops:.1f} per rank)",
         flush=True,
     )
 
@@ -547,7 +550,7 @@ def main() -> int:
         "matmul_probe_gflops_1thread": {
             "before": round(probe_before, 1),
             "after": round(probe_after, 1),
-            "profile_per_rank": 76.36,
+            "profile_per_rank": round(profile_gflops, 1),
         },
         "wall_s": round(time.perf_counter() - t_start, 1),
         "summary": summary,

@@ -211,3 +211,40 @@ def resident_bytes() -> float:
     except OSError:
         pass
     return 0.0
+
+
+OVERHEAD_CHAIN = 64  # ops per timed call: long enough that the Python loop is noise
+
+
+def op_overheads(device: torch.device, seconds: float, mesh=None) -> dict[str, float]:
+    """Seconds one eager op costs when its math is negligible (8-element tensors): forward
+    with autograd recording as in training, its backward, and (given a device mesh) the same
+    op on a replicated DTensor, which is what TP and FSDP2 parameters and their optimizer
+    steps run. The cost model adds these to each op's roofline time."""
+    sync = synchronizer(device)
+    x = torch.ones(8, device=device, requires_grad=True)
+
+    def forward() -> torch.Tensor:
+        y = x
+        for _ in range(OVERHEAD_CHAIN):
+            y = y * 1.0001
+        return y
+
+    def forward_backward() -> None:
+        forward().sum().backward()
+
+    fwd = 1.0 / timed_rate(forward, 1.0, seconds, sync) / OVERHEAD_CHAIN
+    both = 1.0 / timed_rate(forward_backward, 1.0, seconds, sync) / OVERHEAD_CHAIN
+    out = {"forward": fwd, "backward": max(both - fwd, 0.0)}
+    if mesh is not None:
+        from torch.distributed.tensor import DTensor, Replicate
+
+        d = DTensor.from_local(torch.ones(8, device=device), mesh, [Replicate()])
+
+        def dtensor_chain() -> None:
+            y = d
+            for _ in range(OVERHEAD_CHAIN):
+                y = y * 1.0001
+
+        out["dtensor"] = 1.0 / timed_rate(dtensor_chain, 1.0, seconds, sync) / OVERHEAD_CHAIN
+    return out

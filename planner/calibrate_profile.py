@@ -27,7 +27,7 @@ import platform
 from dataclasses import dataclass
 from typing import Any
 
-from planner.calibrate_bench import Settings
+from planner.calibrate_bench import OVERHEAD_CHAIN, Settings
 from planner.calibrate_fit import fit_alpha_beta, fit_each
 from planner.errors import MeshplanError
 from planner.profiles import DeviceProfile, load_profile
@@ -279,6 +279,37 @@ def build_profile(
     summary["memory_bandwidth"] = bandwidth
     summary["elementwise_efficiency"] = ew_eff
 
+    # ---- per-op host overhead (dispatch, autograd, DTensor)
+    overhead = {k: max(r["op_overhead"][k] for r in results) for k in results[0]["op_overhead"]}
+    if m.device == "cpu":
+        op_ovh = overhead["forward"]
+        bwd_ovh = overhead["backward"]
+        dt_ovh = overhead.get("dtensor", op_ovh)
+        where = f"8-element fp32 tensors, slowest rank, {share}"
+        comments["op_overhead_s"] = (
+            f"measured: a chain of {OVERHEAD_CHAIN} eager multiplies with autograd recording, "
+            f"per op ({where}): dispatch runs in line with the math on a CPU"
+        )
+        comments["backward_op_overhead_s"] = (
+            f"measured: the backward of that chain, per op ({where})"
+        )
+        comments["dtensor_op_overhead_s"] = (
+            f"measured: the same multiply on a replicated DTensor, per op ({where}); "
+            "what TP and FSDP2 parameters and their optimizer steps run"
+        )
+    else:
+        op_ovh = bwd_ovh = dt_ovh = 0.0
+        note = (
+            "0: CUDA launches are asynchronous and overlap the running kernel; measured here "
+            f"{overhead['forward'] * 1e6:.3g} us forward, {overhead['backward'] * 1e6:.3g} us "
+            "backward per op of host time"
+        )
+        if "dtensor" in overhead:
+            note += f", {overhead['dtensor'] * 1e6:.3g} us per DTensor op"
+        for k in ("op_overhead_s", "backward_op_overhead_s", "dtensor_op_overhead_s"):
+            comments[k] = note
+    summary["op_overhead"] = overhead
+
     # ---- device memory
     if m.device == "cuda":
         capacity = min(r["device_total_bytes"] for r in results)
@@ -420,6 +451,9 @@ def build_profile(
         peak_flops={d: peaks[d] for d in ("fp32", "tf32", "bf16", "fp16")},
         matmul_efficiency=efficiency,
         elementwise_efficiency=ew_eff,
+        op_overhead=op_ovh,
+        backward_op_overhead=bwd_ovh,
+        dtensor_op_overhead=dt_ovh,
         memory_bytes=capacity,
         memory_bandwidth=bandwidth,
         reserved_bytes=reserved,

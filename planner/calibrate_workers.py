@@ -21,11 +21,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.distributed.device_mesh import init_device_mesh
 
 from planner.calibrate_bench import (
     elementwise_rates,
     host_link_rates,
     matmul_rates,
+    op_overheads,
     resident_bytes,
     settings,
     stream_rates,
@@ -138,6 +140,9 @@ def _worker(rank: int, nproc: int, device: str, threads: int, quick: bool, init:
     out["stream"] = stream_rates(dev, s.stream_bytes, s.seconds)
     dist.barrier()
     out["elementwise"] = elementwise_rates(dev, s.elementwise_bytes, s.seconds)
+    dist.barrier()
+    mesh = init_device_mesh(dev.type, (nproc,))
+    out["op_overhead"] = op_overheads(dev, s.seconds, mesh)
     report("memory", 1)
     if device == "cuda":
         dist.barrier()

@@ -18,6 +18,7 @@ What overlaps with what (stated once, used everywhere):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from planner.blocks import Block
@@ -37,6 +38,11 @@ STATE_BYTES = {
     ("sgd", False): (4, 4, 4),
 }
 PEAK_KEY = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}
+# Eager ops per parameter tensor in torch's single-tensor optimizer steps: AdamW's step count,
+# decay, two moment updates, square root, bias-corrected denominator and update; SGD's momentum
+# update and parameter update (plus the in-place decay both apply).
+OPTIMIZER_OPS = {"adamw": 8, "sgd": 3}
+LOSS_OPS = 4  # upcast, log-softmax, gather, mean
 
 
 @dataclass(frozen=True)
@@ -69,6 +75,7 @@ class BlockOption:
     recompute_peak_bytes: float  # transient during backward: one block's recomputed activations
     transient_bytes: float  # working memory of the block's largest op
     tp_plan: tuple[tuple[str, str], ...] = ()
+    param_tensors: int = 0  # parameter tensors the block owns (the optimizer steps each)
 
     @property
     def time_s(self) -> float:
@@ -164,22 +171,93 @@ def compute_time(flops: float, nbytes: float, cluster: Cluster, dtype: str) -> f
     return max(flops / peak, nbytes / bw)
 
 
+def _param_bytes(graph) -> dict[str, int]:
+    """Bytes of each parameter, under every name an op may use for it (tied aliases too)."""
+    found = graph.graph.get("_param_bytes")
+    if found is None:
+        shapes = graph.graph.get("param_shapes", {})
+        elem = graph.graph.get("param_dtype_bytes", {})
+        found = {k: math.prod(v) * elem.get(k, 4) for k, v in shapes.items()}
+        for alias, owner in graph.graph.get("param_owner", {}).items():
+            if owner in found:
+                found.setdefault(alias, found[owner])
+        graph.graph["_param_bytes"] = found
+    return found
+
+
 def node_times(graph, block: Block, scale: float, cluster: Cluster, dtype: str):
-    """Per-op roofline, summed: (forward, backward, forward of the selective core)."""
+    """Per-op roofline, summed: (forward, backward, forward of the selective core).
+
+    An op's traced bytes include the weights it reads; those do not grow with the micro-batch
+    (only activations do), so they are kept out of the scaling. Backward reads the weights and
+    writes their gradients: twice the weight bytes, also fixed."""
     from planner.blocks import core_nodes
 
     core = graph.graph.get("_core")
     if core is None:
         core = graph.graph["_core"] = core_nodes(graph)
+    pbytes = _param_bytes(graph)
     fwd = bwd = core_fwd = 0.0
     for n in block.nodes:
         d = graph.nodes[n]
-        f = compute_time(d["fwd_flops"] * scale, d["fwd_bytes"] * scale, cluster, dtype)
+        weights = min(sum(pbytes.get(p, 0) for p in d.get("params", ())), d["fwd_bytes"])
+        act_f = d["fwd_bytes"] - weights
+        f = compute_time(d["fwd_flops"] * scale, act_f * scale + weights, cluster, dtype)
         fwd += f
-        bwd += compute_time(d["bwd_flops"] * scale, d["bwd_bytes"] * scale, cluster, dtype)
+        bw_w = min(2 * weights, d["bwd_bytes"])
+        act_b = d["bwd_bytes"] - bw_w
+        bwd += compute_time(d["bwd_flops"] * scale, act_b * scale + bw_w, cluster, dtype)
         if n in core:
             core_fwd += f
     return fwd, bwd, core_fwd
+
+
+@dataclass(frozen=True)
+class OpCounts:
+    """Eager ops of a block (views excluded: they cost no kernel), for the per-op overheads:
+    forward ops, backward ops (those with a gradient), and the ones of each kind that run on
+    the weights of a given module (DTensor ops when TP shards that module)."""
+
+    fwd: int
+    bwd: int
+    core_fwd: int
+    by_module: tuple[tuple[str, int, int], ...]  # (module, fwd, bwd) for ops with parameters
+
+
+def op_counts(graph, block: Block) -> OpCounts:
+    from planner.opcost import is_view
+
+    core = graph.graph.get("_core") or set()
+    fwd = bwd = core_fwd = 0
+    by_module: dict[str, list[int]] = {}
+    for n in block.nodes:
+        d = graph.nodes[n]
+        if d["op"] == "input" or is_view(d["op"]):
+            continue
+        g = 1 if d.get("requires_grad") else 0
+        fwd += 1
+        bwd += g
+        core_fwd += n in core
+        if d.get("params"):
+            c = by_module.setdefault(d.get("module", ""), [0, 0])
+            c[0] += 1
+            c[1] += g
+    return OpCounts(fwd, bwd, core_fwd, tuple((k, a, b) for k, (a, b) in sorted(by_module.items())))
+
+
+def overhead_times(counts: OpCounts, tp_plan: dict, tp: int, cluster: Cluster):
+    """(forward, backward, selective-recompute) host overhead of a block's ops. Ops on weights
+    that TP shards run on DTensors, whose dispatch costs ``dtensor_op_overhead_s``."""
+    p = cluster.profile
+    fwd = counts.fwd * p.op_overhead
+    bwd = counts.bwd * p.backward_op_overhead
+    if tp > 1 and tp_plan:
+        extra = max(p.dtensor_op_overhead - p.op_overhead, 0.0)
+        for module, nf, nb in counts.by_module:
+            if module in tp_plan:
+                fwd += nf * extra
+                bwd += nb * extra
+    return fwd, bwd, counts.core_fwd * p.op_overhead
 
 
 def block_options(
@@ -196,11 +274,13 @@ def block_options(
     traced_mbs = graph.graph["micro_batch_size"]
     scale = micro_batch_size / traced_mbs
     fwd_full, bwd_full, core_fwd = node_times(graph, block, scale, cluster, training.dtype)
+    counts = op_counts(graph, block)
     options: list[BlockOption] = []
     for v in variants:
         cf = v.compute_fraction
-        fwd = fwd_full * cf
-        bwd = bwd_full * cf
+        ovh_f, ovh_b, ovh_core = overhead_times(counts, v.tp_plan, len(tp_ranks), cluster)
+        fwd = fwd_full * cf + ovh_f
+        bwd = bwd_full * cf + ovh_b
         comm_f = sum(collective_time(k, b * scale, cluster, tp_ranks) for k, b in v.comm_fwd)
         comm_b = sum(collective_time(k, b * scale, cluster, tp_ranks) for k, b in v.comm_bwd)
         params = block.params * v.param_fraction
@@ -209,7 +289,7 @@ def block_options(
                 continue  # nothing to drop: identical to "none"
             if rc == "full" and v.input_bytes >= v.saved_bytes:
                 continue
-            extra = {"none": 0.0, "selective": core_fwd * cf, "full": fwd + comm_f}[rc]
+            extra = {"none": 0.0, "selective": core_fwd * cf + ovh_core, "full": fwd + comm_f}[rc]
             act = {
                 "none": v.saved_bytes,
                 "selective": v.saved_selective_bytes,
@@ -230,6 +310,7 @@ def block_options(
                         bwd_s=bwd + extra + comm_b,
                         tp_comm_s=comm_f + comm_b + (comm_f if rc == "full" else 0.0),
                         params=params,
+                        param_tensors=len(block.param_names),
                         act_bytes=act * scale,
                         recompute_peak_bytes=recompute_peak * scale,
                         transient_bytes=block.transient_bytes * scale * cf,
@@ -320,6 +401,8 @@ def stage_time_parts(
     compute = sum(o.time_s - o.tp_comm_s for o in opts)
     tp_comm = sum(o.tp_comm_s for o in opts)
     p2p = 0.0
+    if s == n_stages - 1:
+        compute += loss_time(inp, config)
     if n_stages > 1:
         r, p = s % mesh.pp, mesh.pp
         nbytes = inp.boundary_bytes * config.micro_batch_size / inp.traced_mbs
@@ -327,6 +410,16 @@ def stage_time_parts(
             bw, lat = inp.cluster.link([mesh.rank(r, 0, 0), mesh.rank((s + 1) % p, 0, 0)])
             p2p += 2 * p2p_time(nbytes, bw, lat)
     return compute, tp_comm, p2p
+
+
+def loss_time(inp: CostInputs, config: Config) -> float:
+    """The loss on the last stage, per micro-batch: cross-entropy over fp32 logits is
+    memory-bound, log-softmax and its gradient reading and writing the logits about three times
+    each way (``loss_bytes`` already counts logits and their gradient)."""
+    nbytes = 1.5 * inp.loss_bytes * config.micro_batch_size / inp.traced_mbs
+    p = inp.cluster.profile
+    ops = LOSS_OPS * (p.op_overhead + p.backward_op_overhead)
+    return 2 * nbytes / (p.memory_bandwidth * p.elementwise_efficiency) + ops
 
 
 def dp_comm(inp: CostInputs, opts: list[BlockOption], config: Config, pp_rank: int, m: int):
@@ -365,9 +458,20 @@ def optimizer_time(inp: CostInputs, opts: list[BlockOption], config: Config) -> 
     host = sum(o.params for o in opts if o.offload != "none") / dp
     per_param = 2 * wb + gb + 2 * ob
     # The same achievable share of bandwidth applies to a memory-bound step on either side.
-    return device * per_param / (p.memory_bandwidth * p.elementwise_efficiency) + (
+    memory = device * per_param / (p.memory_bandwidth * p.elementwise_efficiency) + (
         host * per_param / (p.host_memory_bandwidth * p.elementwise_efficiency)
     )
+    # Per-tensor dispatch: torch's optimizers step each parameter tensor with a few eager ops
+    # (the multi-tensor path is CUDA-only). ZeRO-1 steps 1/dp of the tensors; TP, FSDP2
+    # (ZeRO 2/3) and pipelined ZeRO-0 (replicate) parameters are DTensors, and so are their
+    # optimizer ops (the runtime's mapping, runtime/parallelize.py).
+    tensors = sum(o.param_tensors for o in opts)
+    if config.zero_stage == 1:
+        tensors /= config.mesh.dp
+    mesh = config.mesh
+    dtensors = mesh.tp > 1 or config.zero_stage >= 2 or (config.zero_stage == 0 and mesh.pp > 1)
+    per_op = p.dtensor_op_overhead if dtensors else p.op_overhead
+    return memory + tensors * OPTIMIZER_OPS[inp.training.optimizer] * per_op
 
 
 def offload_time(inp: CostInputs, opts: list[BlockOption], config: Config, m: int) -> float:

@@ -33,6 +33,9 @@ FIELDS: tuple[tuple[str, str, str, str, str], ...] = (
     ("compute", "peak_flops_fp16", "peak_flops.fp16", "pos", "FLOP/s"),
     ("compute", "matmul_efficiency", "matmul_efficiency", "eff", "share of peak"),
     ("compute", "elementwise_efficiency", "elementwise_efficiency", "eff", "share of bandwidth"),
+    ("compute", "op_overhead_s", "op_overhead", "nonneg", "seconds per op"),
+    ("compute", "backward_op_overhead_s", "backward_op_overhead", "nonneg", "seconds per op"),
+    ("compute", "dtensor_op_overhead_s", "dtensor_op_overhead", "nonneg", "seconds per op"),
     ("memory", "capacity_bytes", "memory_bytes", "pos", "bytes"),
     ("memory", "bandwidth_bytes_per_s", "memory_bandwidth", "pos", "bytes/s"),
     ("memory", "reserved_bytes", "reserved_bytes", "nonneg", "bytes"),
@@ -47,7 +50,15 @@ FIELDS: tuple[tuple[str, str, str, str, str], ...] = (
     ("network", "collective_efficiency", "collective_efficiency", "eff", "share of link"),
 )
 SECTIONS = ("compute", "memory", "node", "network")
-OPTIONAL: dict[str, float] = {"reserved_bytes": 0.0}  # file key -> default
+# file key -> default. The per-op overheads are host time an eager op costs besides its
+# roofline time: real on a CPU, where dispatch runs in line with the math; hidden on a GPU, whose
+# asynchronous launches overlap the running kernel (so the shipped GPU profiles leave them 0).
+OPTIONAL: dict[str, float] = {
+    "reserved_bytes": 0.0,
+    "op_overhead_s": 0.0,
+    "backward_op_overhead_s": 0.0,
+    "dtensor_op_overhead_s": 0.0,
+}
 _NEED = {
     "pos": "a positive finite number",
     "nonneg": "a finite number >= 0",
@@ -70,6 +81,9 @@ class DeviceProfile:
     peak_flops: dict[str, float] = field(hash=False)
     matmul_efficiency: float
     elementwise_efficiency: float
+    op_overhead: float
+    backward_op_overhead: float
+    dtensor_op_overhead: float
     memory_bytes: float
     memory_bandwidth: float
     reserved_bytes: float

@@ -436,7 +436,9 @@ def _trace_with_hooks(
             fwd = 0
         requires_grad = any(a.requires_grad for a in in_t) or bool(params)
         grads = (1 if in_t and in_t[0].requires_grad else 0) + (1 if params else 0)
-        io_bytes = sum(tensor_bytes(t) for t in in_t + out_t)
+        # Bytes moved: activations in and out, and the weights read (as on the export path).
+        weights = [p for _, p in module.named_parameters(recurse=False)]
+        io_bytes = sum(tensor_bytes(t) for t in in_t + out_t + weights)
         graph.add_node(
             node,
             op=f"module.{type(module).__name__}",

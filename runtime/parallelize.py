@@ -137,18 +137,25 @@ def apply_data_parallel(
     dp_mesh: DeviceMesh,
     device: torch.device,
 ) -> nn.Module:
-    """ZeRO 0: replicate (FSDP2's DDP); 1: DDP (plus ZeroRedundancyOptimizer, see optimizers);
-    2: fully_shard per block, parameters kept unsharded between forward and backward;
+    """ZeRO 0: DDP, or replicate (FSDP2's DDP) with TP, PP or GPU mixed precision;
+    1: DDP plus ZeroRedundancyOptimizer; 2: fully_shard per block, parameters kept unsharded
+    between forward and backward;
     3: fully_shard per block, resharded after forward. Returns the module to call."""
     zero = plan["zero_stage"]
     on_gpu = device.type == "cuda"
     mp = MixedPrecisionPolicy()
     if on_gpu and plan["dtype"] in HALF:
         mp = MixedPrecisionPolicy(param_dtype=HALF[plan["dtype"]], reduce_dtype=torch.float32)
-    if zero == 0:
+    has_dtensors = any(isinstance(p, torch.distributed.tensor.DTensor) for p in root.parameters())
+    pipelined = plan["mesh"]["pp"] > 1
+    if zero == 0 and (has_dtensors or mp.param_dtype is not None or pipelined):
+        # DDP can neither hold TP's DTensors nor cast parameters for mixed precision, and a
+        # pipeline stage must stay the GraphModule torch's pipelining split out (DDP wraps it).
         return replicate(root, mesh=dp_mesh, mp_policy=mp)
-    if zero == 1:
-        if any(isinstance(p, torch.distributed.tensor.DTensor) for p in root.parameters()):
+    if zero in (0, 1):
+        # Plain DDP otherwise: replicate keeps every parameter as a DTensor, and the optimizer
+        # step's per-tensor DTensor dispatch costs several times a plain step on the CPU.
+        if zero == 1 and has_dtensors:
             raise UserInputError(
                 "ZeRO-1 with tensor parallelism: torch's ZeroRedundancyOptimizer cannot hold "
                 "DTensor parameters; plan again with --zero 0, 2 or 3"

@@ -113,6 +113,7 @@ def synthetic_results(nproc: int, alpha: float, bandwidth: float):
                     "layer_norm": 5e9 * slow,
                     "softmax": 5e9 * slow,
                 },
+                "op_overhead": {"forward": 8e-6 / slow, "backward": 1e-5 / slow, "dtensor": 7e-5},
                 "collectives": coll,
                 "p2p": p2p,
             }
@@ -159,6 +160,10 @@ def test_profile_makes_the_cost_model_reproduce_the_measurements(tmp_path, synth
             want = c * size / bandwidth + d * alpha
             assert collective_time(kind, size, cluster, [0, 1]) == pytest.approx(want, rel=rel)
     assert p.reserved_bytes == pytest.approx(3e8, rel=rel)
+    # per-op host overheads: the slower rank's (CPU ranks run dispatch in line with the math)
+    assert p.op_overhead == pytest.approx(1e-5, rel=rel)
+    assert p.backward_op_overhead == pytest.approx(1.25e-5, rel=rel)
+    assert p.dtensor_op_overhead == pytest.approx(7e-5, rel=rel)
     text = out.read_text()
     assert "one process alone with 2 threads: 70 GFLOP/s" in text
 
@@ -209,6 +214,9 @@ def test_measured_numbers_are_positive_finite_and_physical(measured):
     assert 1e6 < p.intra_node_bandwidth * p.collective_efficiency < 1e12
     assert 1e7 < p.reserved_bytes < 4e9
     assert p.gpus_per_node >= 2
+    # an eager CPU op costs microseconds of dispatch, a DTensor op more (sharding propagation)
+    assert 1e-7 < p.op_overhead < 1e-3 and 1e-7 < p.backward_op_overhead < 1e-3
+    assert p.op_overhead < p.dtensor_op_overhead < 1e-2
 
 
 def test_plan_with_the_measured_profile(measured):
@@ -313,6 +321,7 @@ def cuda_results(nproc: int) -> list[dict]:
             "stream": {"copy": 2.9e12, "add": 3.0e12, "scale": 2.9e12},
             "elementwise": {"add": 2.8e12, "gelu": 2.5e12, "layer_norm": 2.2e12, "softmax": 2.0e12},
             "host_link": {"h2d": 50e9, "d2h": 40e9},
+            "op_overhead": {"forward": 6e-6, "backward": 9e-6},
             "collectives": coll if nproc > 1 else [],
             "p2p": p2p if nproc > 1 else [],
         }
@@ -356,6 +365,9 @@ def test_cuda_profile_keeps_datasheet_peaks_and_fits_efficiencies(nproc, monkeyp
     assert p.host_memory_bandwidth == pytest.approx(200e9 / 8)
     assert p.gpus_per_node == 8 and p.memory_bytes == 85e9 and p.reserved_bytes == 6e8
     assert p.inter_node_bandwidth == h100.inter_node_bandwidth  # one node: nothing to measure
+    # GPU launches are asynchronous: the measured host time is noted, the profile keeps 0
+    assert p.op_overhead == p.backward_op_overhead == p.dtensor_op_overhead == 0
+    assert "6 us forward" in res.comments["op_overhead_s"]
     if nproc == 1:
         assert p.intra_node_bandwidth == h100.intra_node_bandwidth
         assert "not measured" in res.comments["intra_node_latency_s"]

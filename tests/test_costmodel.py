@@ -84,7 +84,7 @@ def test_cross_node_group_is_slower():
 
 def _pipeline_inputs(p: int, per_stage_time: float, blocks_per_stage: int = 2):
     n = p * blocks_per_stage
-    blocks = [make_block(i, "layer", params=0, boundary=0) for i in range(n)]
+    blocks = [make_block(i, "layer", params=0, boundary=0, out=0) for i in range(n)]  # no loss
     opts = [[make_option(per_stage_time / blocks_per_stage, 0.0, 1e6)] for _ in range(n)]
     cl = cluster_of(p)
     return CostInputs(blocks, opts, 1, cl, Training(64, "bf16", "adamw")), n
@@ -106,7 +106,7 @@ def test_interleaved_bubble_is_one_over_v(v):
     p, m, t = 4, 8, 0.01
     n = p * v * 2
     inp, _ = _pipeline_inputs(p, t / v, blocks_per_stage=2)
-    inp.blocks = [make_block(i, "layer", params=0, boundary=0) for i in range(n)]
+    inp.blocks = [make_block(i, "layer", params=0, boundary=0, out=0) for i in range(n)]  # no loss
     inp.options = [[make_option(t / v / 2, 0.0, 1e6)] for _ in range(n)]
     inp.training = Training(m, "bf16", "adamw")
     stage_of = [i // 2 for i in range(n)]

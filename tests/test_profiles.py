@@ -13,6 +13,7 @@ import pytest
 from planner.cluster import Cluster, cluster_to_dict, make_cluster
 from planner.errors import UserInputError
 from planner.profiles import (
+    FIELDS,
     DeviceProfile,
     default_profile_name,
     list_profiles,
@@ -48,10 +49,12 @@ def test_shipped_profile_loads_with_positive_numbers(name):
     assert Path(p.source) == profiles_dir() / f"{name}.toml"
     assert set(p.peak_flops) == {"fp32", "tf32", "bf16", "fp16"}
     assert all(v > 0 and math.isfinite(v) for v in p.peak_flops.values())
+    may_be_zero = {attr for _, _, attr, kind, _ in FIELDS if kind == "nonneg"}
     for f in fields(DeviceProfile):
         value = getattr(p, f.name)
         if isinstance(value, (int, float)):
-            assert value > 0 and math.isfinite(value), f.name
+            assert math.isfinite(value) and value >= 0, f.name
+            assert value > 0 or f.name in may_be_zero, f.name
     for eff in (p.matmul_efficiency, p.elementwise_efficiency, p.collective_efficiency):
         assert 0 < eff <= 1
     assert isinstance(p.gpus_per_node, int)
