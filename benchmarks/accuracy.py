@@ -34,8 +34,8 @@ sys.path.insert(0, str(ROOT))  # the package, not benchmarks/planner.py beside t
 
 from planner.api import plan as make_plan  # noqa: E402
 from planner.plan import write_plan  # noqa: E402
-from planner.search import Pins  # noqa: E402
 from planner.profiles import load_profile  # noqa: E402
+from planner.search import Pins  # noqa: E402
 from runtime.launch import torchrun_command, worker_env  # noqa: E402
 
 PROFILE = "measured/vm-cpu-x2"
