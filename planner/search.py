@@ -262,7 +262,9 @@ def stage_problem(inp: CostInputs, cand: Candidate) -> StageProblem:
         cols["pbytes"].append(np.array([o.params for o in opts]))
     from planner.costmodel import other_memory, stage_time_parts
 
-    p2p = [stage_time_parts(inp, [], config, j)[2] for j in range(J)]
+    # What a stage costs per micro-batch besides its blocks: its point-to-point hops, and on
+    # the last stage the loss (stage_time_parts of no blocks).
+    const_time = [sum(stage_time_parts(inp, [], config, j)) for j in range(J)]
     last_rank = (J - 1) % p
     const_mem = [other_memory(inp, [], config, r, last=(r == last_rank)) for r in range(p)]
     wb, gb, _ = tr.state_bytes
@@ -289,7 +291,7 @@ def stage_problem(inp: CostInputs, cand: Candidate) -> StageProblem:
             for first, _ in segs
         ],
         has_params=[inp.blocks[first].params > 0 for first, _ in segs],
-        p2p=p2p,
+        const_time=const_time,
         inflight=[inflight_microbatches(cand.schedule, m, p, v, j % p) for j in range(J)],
         const_mem=const_mem,
         capacity=profile.memory_bytes * inp.memory_fraction,
@@ -386,7 +388,7 @@ def relaxed_bound(sp: StageProblem, bound: float) -> float:
     js = np.arange(J)
     rank_of = js % p
     ncol = js[:, None] * K + np.arange(K)[None, :]  # (J, K) column of n[j, k]
-    hop = min(sp.p2p) if sp.p2p else 0.0
+    hop = min(sp.const_time) if sp.const_time else 0.0
     inflight = np.asarray(sp.inflight, dtype=float)[:, None]
     # Row blocks: [0, J) T_j <= tmax; [J, 2J) nonempty; then per rank r: rmax, memory, host,
     # optimizer, offload at 2J + 5r + (0..4).
@@ -417,7 +419,7 @@ def relaxed_bound(sp: StageProblem, bound: float) -> float:
         ),
         shape=(n_rows, nx),
     ).tocsr()
-    # Equalities: each segment placed once; T_j = n_j . time + p2p_j.
+    # Equalities: each segment placed once; T_j = n_j . time + const_j.
     S = len(sp.seg_len)
     eq = [
         (np.repeat(seg_of[None, :], J, axis=0).ravel(), ncol.ravel(), np.ones(J * K)),
@@ -431,7 +433,9 @@ def relaxed_bound(sp: StageProblem, bound: float) -> float:
         ),
         shape=(S + J, nx),
     ).tocsr()
-    b_eq = np.concatenate([np.asarray(sp.seg_len, dtype=float), np.asarray(sp.p2p, dtype=float)])
+    b_eq = np.concatenate(
+        [np.asarray(sp.seg_len, dtype=float), np.asarray(sp.const_time, dtype=float)]
+    )
     c = np.zeros(nx)
     if v == 1:
         c[iT : iT + J] = 1.0

@@ -22,7 +22,7 @@ Constraints (names in the code):
     order_a:     C[j,s] >= L_s a[j,s+1]          (C = blocks of s placed on stages <= j)
     order_b:     C[j-1,s+1] <= L_{s+1} (1 - a[j,s])
                  (with both, every stage holds a contiguous range of blocks, in model order)
-    time:        T_j = sum n[j,s,o] t[s,o] + p2p_j;  Tmax >= T_j;  Rmax >= sum_{j = r mod p} T_j
+    time:        T_j = sum n[j,s,o] t[s,o] + c_j;  Tmax >= T_j;  Rmax >= sum_{j = r mod p} T_j
     dp:          E_j >= dp_comm_j - overlap_j  (per the ZeRO stage; see costmodel.dp_comm)
     memory:      sum_{j = r} sum n (state + inflight_j act) + X_r + Z_r + const_r <= capacity
                  X_r >= ws[s,o] u[r,s,o];  Z_r >= gather[s,o] u[r,s,o];  L_s u >= sum_{j=r} n
@@ -63,7 +63,7 @@ class StageProblem:
     offl: list[np.ndarray]  # offload transfer time per block
     pbytes: list[np.ndarray]  # parameters per block (for DP collectives)
     has_params: list[bool]
-    p2p: list[float]  # per stage, per micro-batch
+    const_time: list[float]  # per stage, per micro-batch: p2p hops, and the loss on the last
     inflight: list[int]  # per stage
     const_mem: list[float]  # per rank: reserved + p2p buffers + loss
     capacity: float
@@ -113,7 +113,7 @@ class _Structure:
         self.allow = par(K, nonneg=True)
         self.memco, self.k1, self.k2 = par((J, K)), par((J, K)), par((J, K))
         self.k1h, self.k2h = par(), par()
-        self.p2p = par(J)
+        self.const_time = par(J)
         self.const_mem = par(P)
         self.capacity, self.host_capacity = par(), par()
         self.c_sum, self.c_t, self.c_r = par(nonneg=True), par(nonneg=True), par(nonneg=True)
@@ -146,7 +146,7 @@ class _Structure:
                 cons.append(
                     C[: J - 1, 1:] <= cp.multiply(1 - a[1:, : S - 1], np.tile(L[1:], (J - 1, 1)))
                 )  # order_a / order_b: contiguous ranges in model order
-        cons += [T == n @ self.time + self.p2p, tmax >= T]  # time
+        cons += [T == n @ self.time + self.const_time, tmax >= T]  # time
         k1 = cp.sum(cp.multiply(n, self.k1), axis=1) + self.k1h * h
         k2 = cp.sum(cp.multiply(n, self.k2), axis=1) + self.k2h * h
         cons += [e1 >= k1, e2 >= k2, E >= e1 + e2]  # dp
@@ -191,7 +191,7 @@ class _Structure:
         self.k1.value = np.tile(k1, (J, 1))
         self.k2.value = np.tile(k2, (J, 1))
         self.k1h.value, self.k2h.value = _dp_latency(sp)
-        self.p2p.value = np.asarray(sp.p2p, dtype=float)
+        self.const_time.value = np.asarray(sp.const_time, dtype=float)
         self.const_mem.value = np.asarray(sp.const_mem, dtype=float) / GIB
         self.capacity.value = sp.capacity / GIB
         self.host_capacity.value = sp.host_capacity / GIB

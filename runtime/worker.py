@@ -52,6 +52,22 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def init_process_group(backend: str, **kwargs) -> None:
+    """``dist.init_process_group`` on a store namespaced by torchrun's restart attempt.
+
+    The agent's store outlives a restart, and with it every key the failed attempt's process
+    groups wrote: a restarted rank could read a dead peer's address and fail to connect (gloo:
+    "connectFullMesh failed ... Connection refused"; pytorch/pytorch#167288). A prefix per
+    attempt gives each attempt clean keys."""
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt is None:  # not under torchrun: nothing outlives this process
+        dist.init_process_group(backend, **kwargs)
+        return
+    store, rank, world_size = next(dist.rendezvous("env://"))
+    store = dist.PrefixStore(f"meshplan/attempt_{attempt}", store)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, **kwargs)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -61,10 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cuda":
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
-        dist.init_process_group("nccl", device_id=device)
+        init_process_group("nccl", device_id=device)
     else:
         device = torch.device("cpu")
-        dist.init_process_group("gloo")
+        init_process_group("gloo")
     rank = dist.get_rank()
     # build_stage warns once per eager module it cannot retarget; on one device that is noise.
     logging.getLogger("torch.distributed.pipelining._IR").setLevel(logging.ERROR)

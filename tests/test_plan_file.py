@@ -72,8 +72,8 @@ def test_mutated_plans_load_or_fail_cleanly(valid_plans, data):
                 del parent[path[-1]]
             else:
                 parent.pop(path[-1])
-        except (KeyError, IndexError, TypeError):
-            continue  # an earlier mutation removed this path
+        except (KeyError, IndexError, TypeError, AttributeError):
+            continue  # an earlier mutation removed or replaced this path
     try:
         validate_plan(doc, "mutated.json")
     except UserInputError as exc:

@@ -19,6 +19,8 @@ from planner.report.style import coords, runs, span_text, stage_colors, text_col
 
 DETAIL_NODES = 16
 DP_STRIPE = plt.get_cmap("Set2")
+SEP = "  ·  "
+SUBTITLE_LINE_IN = 0.17  # one 8.5 pt line of the subtitle, in inches
 
 
 def group_facts(plan: dict[str, Any]) -> str:
@@ -36,7 +38,7 @@ def group_facts(plan: dict[str, Any]) -> str:
         where = "inside one node" if nodes == 1 else f"across {nodes} nodes"
         stride = f" at stride {tp}" if tp > 1 else ""
         parts.append(f"DP groups: {dp} GPUs{stride}, {where}")
-    return "  ·  ".join(parts)
+    return SEP.join(parts)
 
 
 def _gpu_cell(ax, x: float, y: float, rank: int, plan: dict, colors: list[str], fs: float):
@@ -139,6 +141,19 @@ def _legend(fig: Figure, plan: dict, colors: list[str], y: float) -> None:
     fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, y), ncol=ncol)
 
 
+def _wrap(facts: list[str], width_in: float) -> str:
+    """Join the subtitle's facts on as few lines as fit the figure's width (8.5 pt text is
+    about 0.075 inch a character), breaking only between facts."""
+    fit = int((width_in - 0.4) / 0.075)
+    lines = [facts[0]]
+    for fact in facts[1:]:
+        if len(lines[-1]) + len(SEP) + len(fact) <= fit:
+            lines[-1] += SEP + fact
+        else:
+            lines.append(fact)
+    return "\n".join(lines)
+
+
 def placement_figure(plan: dict[str, Any]) -> Figure:
     """The cluster as nodes x GPUs, coloured by pipeline stage, with TP and DP groups."""
     mesh, cl = plan["mesh"], plan["cluster"]
@@ -148,15 +163,17 @@ def placement_figure(plan: dict[str, Any]) -> Figure:
         f"Placement: pp {mesh['pp']} × dp {mesh['dp']} × tp {mesh['tp']} on {nodes} "
         f"node{'s' * (nodes > 1)} × {gpn} {cl['profile']} GPUs"
     )
-    subtitle = "cell: rank r and its (pp, dp, tp) coordinate  ·  " + group_facts(plan)
+    facts = ["cell: rank r and its (pp, dp, tp) coordinate", *group_facts(plan).split(SEP)]
     per_row = min(gpn, 16)
     legend_rows = math.ceil((min(mesh["pp"], 16) + 2) / 4)
     if nodes <= DETAIL_NODES:
         rows = math.ceil(gpus / per_row)
         width = max(8.0, 1.0 * per_row + 1.5)
-        height = 1.0 * rows + 1.3 + 0.25 * legend_rows
+        subtitle = _wrap(facts, width)
+        extra = SUBTITLE_LINE_IN * subtitle.count("\n")
+        height = 1.0 * rows + 1.3 + 0.25 * legend_rows + extra
         fig = plt.figure(figsize=(width, height))
-        top = 1 - 0.85 / height
+        top = 1 - (0.85 + extra) / height
         bottom = (0.35 + 0.25 * legend_rows) / height
         ax = fig.add_axes((1.1 / width, bottom, 1 - 1.4 / width, top - bottom))
         _detail(ax, plan, list(range(gpus)), colors, per_row, 9)
@@ -169,10 +186,12 @@ def placement_figure(plan: dict[str, Any]) -> Figure:
         cols = 16 if nodes <= 256 else 32
         grid_rows = math.ceil(nodes / cols)
         width = 13.0
+        subtitle = _wrap(facts, width)
+        extra = SUBTITLE_LINE_IN * subtitle.count("\n")
         node_w = (width - 1.6) / cols
         grid_h = grid_rows * node_w * 0.7
         detail_h = (width - 1.6) / max(per_row, 12) * math.ceil(gpn / per_row)
-        height = grid_h + detail_h + 1.9 + 0.25 * legend_rows
+        height = grid_h + detail_h + 1.9 + 0.25 * legend_rows + extra
         fig = plt.figure(figsize=(width, height))
         bottom = (0.35 + 0.25 * legend_rows) / height
         ax = fig.add_axes((1.0 / width, bottom, 1 - 1.6 / width, grid_h / height))
