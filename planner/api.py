@@ -55,6 +55,8 @@ def trace(
             save_graph(key, graph)
     else:
         note = graph.graph.get("note", "")
+        # The key is the file's content: the same bytes may live at another path now.
+        graph.graph["file"] = str(mf.path)
     return TracedModel(mf, graph, make_blocks(graph), note, cached)
 
 

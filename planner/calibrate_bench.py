@@ -8,12 +8,14 @@ gets. Times are taken with ``time.perf_counter`` after synchronizing the device.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.distributed._composable import checkpoint
 
 DTYPES = {
     "fp32": torch.float32,
@@ -216,26 +218,84 @@ def resident_bytes() -> float:
 OVERHEAD_CHAIN = 64  # ops per timed call: long enough that the Python loop is noise
 
 
-def op_overheads(device: torch.device, seconds: float, mesh=None) -> dict[str, float]:
-    """Seconds one eager op costs when its math is negligible (8-element tensors): forward
-    with autograd recording as in training, its backward, and (given a device mesh) the same
-    op on a replicated DTensor, which is what TP and FSDP2 parameters and their optimizer
-    steps run. The cost model adds these to each op's roofline time."""
-    sync = synchronizer(device)
-    x = torch.ones(8, device=device, requires_grad=True)
+def model_op_mix() -> tuple[torch.nn.Module, torch.Tensor]:
+    """torch's own pre-LN transformer layer at a width where every op's math is negligible: a
+    representative mix of the eager ops models run (linear, layer norm, attention, GeLU,
+    dropout, residual adds), each paying dispatch, autograd recording and its backward node."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(
+        8, 2, 32, dropout=0.1, activation="gelu", batch_first=True, norm_first=True
+    )
+    return layer.train(), torch.randn(2, 4, 8)
 
-    def forward() -> torch.Tensor:
-        y = x
-        for _ in range(OVERHEAD_CHAIN):
-            y = y * 1.0001
-        return y
+
+def _save_matmuls(ctx, op, *args, **kwargs):
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    aten = torch.ops.aten
+    saved = (aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default)
+    return CheckpointPolicy.MUST_SAVE if op in saved else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _selective_contexts():
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    return create_selective_checkpoint_contexts(_save_matmuls)
+
+
+def traced_op_count(module: torch.nn.Module, x: torch.Tensor) -> int:
+    """Ops the tracer would count for ``module`` (torch.export's graph, views excluded): the
+    unit the cost model charges a per-op overhead on."""
+    from planner.opcost import is_view
+    from planner.trace import op_name
+
+    exported = torch.export.export(module, (x,), strict=False)
+    nodes = exported.graph_module.graph.nodes
+    return sum(1 for n in nodes if n.op == "call_function" and not is_view(op_name(n.target)))
+
+
+def op_overheads(device: torch.device, seconds: float, mesh=None) -> dict[str, float]:
+    """Host seconds of op dispatch where the math is negligible. "forward"/"backward": per
+    traced op of a transformer layer (model_op_mix) in training, forward with autograd
+    recording and then its backward. "optimizer": per eager multiply in a chain on 8-element
+    tensors, the kind of op a per-tensor optimizer step issues. "dtensor": that multiply on a
+    replicated DTensor (FSDP2 and TP parameters' optimizer steps); "tp_module" (given a mesh of
+    2 or more ranks): see tp_module_overhead."""
+    sync = synchronizer(device)
+    layer, x = model_op_mix()
+    ops = traced_op_count(layer, x)
+    layer, x = layer.to(device), x.to(device)
+
+    def forward() -> None:
+        layer(x)
 
     def forward_backward() -> None:
-        forward().sum().backward()
+        layer(x).sum().backward()
 
-    fwd = 1.0 / timed_rate(forward, 1.0, seconds, sync) / OVERHEAD_CHAIN
-    both = 1.0 / timed_rate(forward_backward, 1.0, seconds, sync) / OVERHEAD_CHAIN
-    out = {"forward": fwd, "backward": max(both - fwd, 0.0)}
+    fwd = 1.0 / timed_rate(forward, 1.0, seconds, sync)
+    both = 1.0 / timed_rate(forward_backward, 1.0, seconds, sync)
+    out = {"forward": fwd / ops, "backward": max(both - fwd, 0.0) / ops, "ops": float(ops)}
+    # The same layer under selective recomputation as the runtime applies it (a checkpoint
+    # whose policy saves matrix products): its dispatch mode sees every op in forward and again
+    # in the recompute, which costs far more than the recomputed math at small sizes.
+    selective, x2 = model_op_mix()
+    selective, x2 = selective.to(device), x2.to(device)
+    checkpoint(selective, context_fn=_selective_contexts)
+
+    def selective_step() -> None:
+        selective(x2).sum().backward()
+
+    sel = 1.0 / timed_rate(selective_step, 1.0, seconds, sync)
+    out["selective"] = max(sel - both, 0.0) / ops
+
+    v = torch.ones(8, device=device)
+
+    def chain() -> None:
+        y = v
+        for _ in range(OVERHEAD_CHAIN):
+            y = y * 1.0001
+
+    out["optimizer"] = 1.0 / timed_rate(chain, 1.0, seconds, sync) / OVERHEAD_CHAIN
     if mesh is not None:
         from torch.distributed.tensor import DTensor, Replicate
 
@@ -247,4 +307,187 @@ def op_overheads(device: torch.device, seconds: float, mesh=None) -> dict[str, f
                 y = y * 1.0001
 
         out["dtensor"] = 1.0 / timed_rate(dtensor_chain, 1.0, seconds, sync) / OVERHEAD_CHAIN
+        if mesh.size() > 1:
+            out["tp_module"] = tp_module_overhead(device, seconds, mesh)
+            out["fsdp_unit"] = fsdp_unit_overhead(device, mesh)
     return out
+
+
+def tp_module_overhead(device: torch.device, seconds: float, mesh) -> float:
+    """Host seconds one tensor-parallel nn.Linear adds to its forward and backward besides its
+    collective: torch's ParallelStyle hooks wrap and unwrap DTensors, and the linear and its
+    backward dispatch as several DTensor ops. Timed on a colwise -> rowwise pair of 8-wide
+    linears (one all-reduce, in forward), less the same pair unsharded and one plain
+    all-reduce of its output; half of that per module. Call on every rank of ``mesh``."""
+    import torch.distributed as dist
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    sync = synchronizer(device)
+    x = torch.ones(4, 8, device=device)
+
+    def pair() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)).to(device)
+
+    plain = pair()
+    sharded = parallelize_module(pair(), mesh, {"0": ColwiseParallel(), "1": RowwiseParallel()})
+    small = torch.ones(4, 8, device=device)
+
+    def run(module: torch.nn.Module) -> Callable[[], None]:
+        def step() -> None:
+            module(x).sum().backward()
+
+        return step
+
+    def all_reduce() -> None:
+        dist.all_reduce(small, group=mesh.get_group())
+
+    def per_call(fn: Callable[[], None]) -> float:
+        # A fixed call count on every rank (the pair and the all-reduce are collective, so a
+        # time-bounded loop could leave one rank a call short and hang the other).
+        dist.barrier(group=mesh.get_group())
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(TP_CALLS):
+            fn()
+        sync()
+        return (time.perf_counter() - t0) / TP_CALLS
+
+    for fn in (run(plain), run(sharded), all_reduce):  # warm up
+        for _ in range(3):
+            fn()
+    # Interleaved trials, each one's best: load that comes and goes hits all three alike.
+    t_plain = t_tp = t_ar = math.inf
+    for _ in range(TP_TRIALS):
+        t_plain = min(t_plain, per_call(run(plain)))
+        t_tp = min(t_tp, per_call(run(sharded)))
+        t_ar = min(t_ar, per_call(all_reduce))
+    return max(t_tp - t_plain - t_ar, 0.0) / 2
+
+
+TP_CALLS = 40
+TP_TRIALS = 5
+
+
+def fsdp_unit_overhead(device: torch.device, mesh) -> float:
+    """Host seconds one FSDP2 unit adds per micro-batch besides its collectives' modelled
+    latency: the pre/post hooks, the copy-in and copy-out around each all-gather and the
+    gradient reduce-scatter, the state machine. Timed on two 8-wide nn.Linear units under
+    fully_shard (resharded after forward: two all-gathers and one reduce-scatter per unit),
+    less the same pair unsharded and those collectives on a plain 64-element tensor; per unit.
+    Call on every rank of ``mesh``."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    sync = synchronizer(device)
+    x = torch.ones(4, 8, device=device)
+
+    def pair() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)).to(device)
+
+    plain = pair()
+    sharded = pair()
+    for unit in sharded:
+        fully_shard(unit, mesh=mesh, reshard_after_forward=True)
+    fully_shard(sharded, mesh=mesh, reshard_after_forward=True)
+    n = mesh.size()
+    full = torch.ones(72 * n, device=device)  # one unit's 72 parameters, gathered
+    shard = torch.ones(72, device=device)
+    group = mesh.get_group()
+
+    def run(module: torch.nn.Module) -> Callable[[], None]:
+        def step() -> None:
+            module(x).sum().backward()
+
+        return step
+
+    def unit_collectives() -> None:  # what one unit issues per micro-batch, twice (two units)
+        for _ in range(2):
+            dist.all_gather_into_tensor(full, shard, group=group)
+            dist.all_gather_into_tensor(full, shard, group=group)
+            dist.reduce_scatter_tensor(shard, full, group=group)
+
+    steps = (run(plain), run(sharded), unit_collectives)
+    for fn in steps:  # warm up
+        for _ in range(3):
+            fn()
+    best = [math.inf] * 3
+    for _ in range(TP_TRIALS):
+        for i, fn in enumerate(steps):
+            dist.barrier(group=group)
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(TP_CALLS):
+                fn()
+            sync()
+            best[i] = min(best[i], (time.perf_counter() - t0) / TP_CALLS)
+    t_plain, t_fsdp, t_coll = best
+    return max(t_fsdp - t_plain - t_coll, 0.0) / 2
+
+
+OVERLAP_BYTES = 16 << 20  # the all-reduce whose overlap with compute is timed
+OVERLAP_TRIALS = 5
+
+
+def comm_overlap(device: torch.device) -> dict[str, float]:
+    """How much of an all-reduce hides behind compute running beside it: time the all-reduce
+    alone (t_comm), a matmul loop sized to take about as long alone (t_comp), then both with
+    the all-reduce issued asynchronously first (t_both). The share hidden is
+    (t_comm + t_comp - t_both) / min(t_comm, t_comp). Call on every rank at once (the
+    all-reduce is collective). On a CPU whose ranks fill its cores the collective's threads
+    take their cycles from the compute, and little hides."""
+    import torch.distributed as dist
+
+    sync = synchronizer(device)
+    buf = torch.ones(OVERLAP_BYTES // 4, device=device)
+    a = torch.randn(256, 256, device=device)
+
+    def timed(fn: Callable[[], None]) -> float:
+        dist.barrier()
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=device)
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slowest rank's
+        return float(elapsed.item())
+
+    def comm() -> None:
+        dist.all_reduce(buf)
+
+    timed(comm)  # warm the connections
+    t_comm = min(timed(comm) for _ in range(2))
+    one = min(timed(lambda: a @ a) for _ in range(OVERLAP_TRIALS))
+    reps = max(1, round(t_comm / max(one, 1e-9)))
+    # Every rank must run the same loop: agree on the largest repetition count.
+    agreed = torch.tensor([reps], dtype=torch.float64, device=device)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+    reps = int(agreed.item())
+
+    def comp() -> None:
+        for _ in range(reps):
+            a @ a
+
+    def both() -> None:
+        work = dist.all_reduce(buf, async_op=True)
+        comp()
+        work.wait()
+
+    # Interleaved trials; the median trial's share (one slow sample of any of the three would
+    # swing a share computed from separate minima).
+    trials = []
+    for _ in range(OVERLAP_TRIALS):
+        c, k, b = timed(comm), timed(comp), timed(both)
+        trials.append(((c + k - b) / max(min(c, k), 1e-12), c, k, b))
+    hidden, t_comm, t_comp, t_both = sorted(trials)[len(trials) // 2]
+    return {
+        "comm_s": t_comm,
+        "compute_s": t_comp,
+        "both_s": t_both,
+        "overlap": min(max(hidden, 0.0), 1.0),
+    }

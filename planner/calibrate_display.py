@@ -84,6 +84,14 @@ def print_summary(result: Any, path: Path, seconds: float) -> None:
             f"{s['link_bandwidth'] / 1e9:,.3f} GB/s{link_alpha}",
             f"collective efficiency {p.collective_efficiency:.3f}",
         )
+    if "comm_overlap" in s:
+        ov = s["comm_overlap"]
+        table.add_row(
+            "comm/compute overlap",
+            f"{p.comm_overlap:.2f} hidden",
+            f"alone {ov['comm_s'] * 1e3:,.1f} + {ov['compute_s'] * 1e3:,.1f} ms, "
+            f"together {ov['both_s'] * 1e3:,.1f} ms",
+        )
     table.add_row("host link", f"{p.host_bandwidth / 1e9:,.2f} GB/s", "")
     table.add_row("reserved per rank", f"{p.reserved_bytes / 2**20:,.0f} MiB", "")
     console = Console()

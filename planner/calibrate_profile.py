@@ -27,7 +27,7 @@ import platform
 from dataclasses import dataclass
 from typing import Any
 
-from planner.calibrate_bench import OVERHEAD_CHAIN, Settings
+from planner.calibrate_bench import OVERHEAD_CHAIN, OVERLAP_BYTES, Settings
 from planner.calibrate_fit import fit_alpha_beta, fit_each
 from planner.errors import MeshplanError
 from planner.profiles import DeviceProfile, load_profile
@@ -284,21 +284,49 @@ def build_profile(
     if m.device == "cpu":
         op_ovh = overhead["forward"]
         bwd_ovh = overhead["backward"]
-        dt_ovh = overhead.get("dtensor", op_ovh)
-        where = f"8-element fp32 tensors, slowest rank, {share}"
-        comments["op_overhead_s"] = (
-            f"measured: a chain of {OVERHEAD_CHAIN} eager multiplies with autograd recording, "
-            f"per op ({where}): dispatch runs in line with the math on a CPU"
+        sel_ovh = overhead["selective"]
+        opt_ovh = overhead["optimizer"]
+        dt_ovh = overhead.get("dtensor", opt_ovh)
+        where = f"slowest rank, {share}"
+        mix = (
+            f"torch's TransformerEncoderLayer at width 8 in training ({overhead['ops']:.0f} "
+            "traced ops, math negligible)"
         )
-        comments["backward_op_overhead_s"] = (
-            f"measured: the backward of that chain, per op ({where})"
+        comments["op_overhead_s"] = (
+            f"measured: {mix}, forward per traced op ({where}): dispatch and autograd "
+            "recording run in line with the math on a CPU"
+        )
+        comments["backward_op_overhead_s"] = "measured: that layer's backward, per traced op"
+        comments["selective_op_overhead_s"] = (
+            "measured: that layer under a checkpoint whose policy saves matrix products (as the "
+            "runtime's selective recompute), extra forward+backward host time per traced op"
+        )
+        comments["optimizer_op_overhead_s"] = (
+            f"measured: a chain of {OVERHEAD_CHAIN} eager multiplies of 8-element tensors, per op "
+            f"({where}): what a per-tensor optimizer step issues"
         )
         comments["dtensor_op_overhead_s"] = (
             f"measured: the same multiply on a replicated DTensor, per op ({where}); "
-            "what TP and FSDP2 parameters and their optimizer steps run"
+            "what FSDP2 and TP parameters' optimizer steps run"
+        )
+        fsdp_ovh = overhead.get("fsdp_unit", 0.0)
+        comments["fsdp_unit_overhead_s"] = (
+            "measured: two 8-wide nn.Linear units under FSDP2 fully_shard (resharded after "
+            "forward), forward and backward, less the pair unsharded and the units' all-gathers "
+            f"and reduce-scatter on a plain tensor, per unit (slowest rank, {share})"
+            if "fsdp_unit" in overhead
+            else "not measured (one rank: nothing to shard over)"
+        )
+        tp_ovh = overhead.get("tp_module", 0.0)
+        comments["tp_module_overhead_s"] = (
+            "measured: a colwise -> rowwise pair of 8-wide nn.Linear under torch's "
+            "ParallelStyles, forward and backward, less the pair unsharded and its all-reduce, "
+            f"per module (slowest rank, {share})"
+            if "tp_module" in overhead
+            else "not measured (one rank: no tensor-parallel mesh)"
         )
     else:
-        op_ovh = bwd_ovh = dt_ovh = 0.0
+        op_ovh = bwd_ovh = sel_ovh = opt_ovh = dt_ovh = tp_ovh = fsdp_ovh = 0.0
         note = (
             "0: CUDA launches are asynchronous and overlap the running kernel; measured here "
             f"{overhead['forward'] * 1e6:.3g} us forward, {overhead['backward'] * 1e6:.3g} us "
@@ -306,7 +334,17 @@ def build_profile(
         )
         if "dtensor" in overhead:
             note += f", {overhead['dtensor'] * 1e6:.3g} us per DTensor op"
-        for k in ("op_overhead_s", "backward_op_overhead_s", "dtensor_op_overhead_s"):
+        if "tp_module" in overhead:
+            note += f", {overhead['tp_module'] * 1e6:.3g} us per TP-sharded linear"
+        for k in (
+            "op_overhead_s",
+            "backward_op_overhead_s",
+            "selective_op_overhead_s",
+            "optimizer_op_overhead_s",
+            "dtensor_op_overhead_s",
+            "tp_module_overhead_s",
+            "fsdp_unit_overhead_s",
+        ):
             comments[k] = note
     summary["op_overhead"] = overhead
 
@@ -439,6 +477,24 @@ def build_profile(
     comments["inter_node_bandwidth_bytes_per_s"] = note
     comments["inter_node_latency_s"] = note
     summary["samples"] = {"collectives": coll, "p2p": p2p}
+    ov = results[0].get("comm_overlap")
+    if ov is not None:
+        net["comm_overlap"] = ov["overlap"]
+        comments["comm_overlap"] = (
+            f"measured: a {_size(OVERLAP_BYTES)} all-reduce took {ov['comm_s'] * 1e3:.3g} ms "
+            f"alone, a matmul loop {ov['compute_s'] * 1e3:.3g} ms alone, both at once "
+            f"{ov['both_s'] * 1e3:.3g} ms (slowest rank): this share of the shorter one hid"
+        )
+        summary["comm_overlap"] = ov
+    elif m.device == "cpu":
+        net["comm_overlap"] = 0.0
+        comments["comm_overlap"] = (
+            "not measured (one rank): on a CPU, collectives' threads compete with compute for "
+            "the cores, so nothing is assumed to hide"
+        )
+    else:
+        net["comm_overlap"] = (ref or load_profile("h100-sxm")).comm_overlap
+        comments["comm_overlap"] = "not measured (one GPU: no collective to time); the reference's"
 
     device_text = (
         f"{results[0].get('device_name', 'GPU')} x{m.nproc}, NCCL"
@@ -453,7 +509,11 @@ def build_profile(
         elementwise_efficiency=ew_eff,
         op_overhead=op_ovh,
         backward_op_overhead=bwd_ovh,
+        selective_op_overhead=sel_ovh,
+        optimizer_op_overhead=opt_ovh,
         dtensor_op_overhead=dt_ovh,
+        tp_module_overhead=tp_ovh,
+        fsdp_unit_overhead=fsdp_ovh,
         memory_bytes=capacity,
         memory_bandwidth=bandwidth,
         reserved_bytes=reserved,
@@ -466,6 +526,7 @@ def build_profile(
         inter_node_bandwidth=net["inter_node_bandwidth_bytes_per_s"],
         inter_node_latency=net["inter_node_latency_s"],
         collective_efficiency=net["collective_efficiency"],
+        comm_overlap=net["comm_overlap"],
     )
     return Result(profile, comments, _header(m, device_text, coll + p2p), summary)
 

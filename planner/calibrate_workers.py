@@ -24,6 +24,7 @@ import torch.multiprocessing as mp
 from torch.distributed.device_mesh import init_device_mesh
 
 from planner.calibrate_bench import (
+    comm_overlap,
     elementwise_rates,
     host_link_rates,
     matmul_rates,
@@ -153,6 +154,7 @@ def _worker(rank: int, nproc: int, device: str, threads: int, quick: bool, init:
     if nproc > 1:  # one GPU alone has nothing to time; its profile keeps datasheet links
         out["collectives"] = _collectives(dev, nproc, s, lambda i: report("collectives", i))
         out["p2p"] = _ping_pong(dev, rank, nproc, s, lambda i: report("p2p", i))
+        out["comm_overlap"] = comm_overlap(dev)
     dist.barrier()
     dist.destroy_process_group()
     q.put(("result", rank, out))

@@ -215,49 +215,39 @@ def node_times(graph, block: Block, scale: float, cluster: Cluster, dtype: str):
 @dataclass(frozen=True)
 class OpCounts:
     """Eager ops of a block (views excluded: they cost no kernel), for the per-op overheads:
-    forward ops, backward ops (those with a gradient), and the ones of each kind that run on
-    the weights of a given module (DTensor ops when TP shards that module)."""
+    forward ops, and backward ops (those with a gradient)."""
 
     fwd: int
     bwd: int
-    core_fwd: int
-    by_module: tuple[tuple[str, int, int], ...]  # (module, fwd, bwd) for ops with parameters
 
 
 def op_counts(graph, block: Block) -> OpCounts:
     from planner.opcost import is_view
 
-    core = graph.graph.get("_core") or set()
-    fwd = bwd = core_fwd = 0
-    by_module: dict[str, list[int]] = {}
+    fwd = bwd = 0
     for n in block.nodes:
         d = graph.nodes[n]
         if d["op"] == "input" or is_view(d["op"]):
             continue
-        g = 1 if d.get("requires_grad") else 0
         fwd += 1
-        bwd += g
-        core_fwd += n in core
-        if d.get("params"):
-            c = by_module.setdefault(d.get("module", ""), [0, 0])
-            c[0] += 1
-            c[1] += g
-    return OpCounts(fwd, bwd, core_fwd, tuple((k, a, b) for k, (a, b) in sorted(by_module.items())))
+        bwd += 1 if d.get("requires_grad") else 0
+    return OpCounts(fwd, bwd)
 
 
 def overhead_times(counts: OpCounts, tp_plan: dict, tp: int, cluster: Cluster):
-    """(forward, backward, selective-recompute) host overhead of a block's ops. Ops on weights
-    that TP shards run on DTensors, whose dispatch costs ``dtensor_op_overhead_s``."""
+    """(forward, backward, selective-recompute) host overhead of a block's ops. Each module TP
+    shards adds ``tp_module_overhead_s`` (DTensor wrapping and dispatch of the linear and its
+    backward, measured by plan calibrate), a third in forward and two thirds in backward, as
+    its ops split. Selective recompute's checkpoint policy sees every op in forward and in the
+    recompute: ``selective_op_overhead_s`` per op."""
     p = cluster.profile
     fwd = counts.fwd * p.op_overhead
     bwd = counts.bwd * p.backward_op_overhead
     if tp > 1 and tp_plan:
-        extra = max(p.dtensor_op_overhead - p.op_overhead, 0.0)
-        for module, nf, nb in counts.by_module:
-            if module in tp_plan:
-                fwd += nf * extra
-                bwd += nb * extra
-    return fwd, bwd, counts.core_fwd * p.op_overhead
+        sharded = len(tp_plan)
+        fwd += sharded * p.tp_module_overhead / 3
+        bwd += sharded * p.tp_module_overhead * 2 / 3
+    return fwd, bwd, counts.fwd * p.selective_op_overhead
 
 
 def block_options(
@@ -278,7 +268,7 @@ def block_options(
     options: list[BlockOption] = []
     for v in variants:
         cf = v.compute_fraction
-        ovh_f, ovh_b, ovh_core = overhead_times(counts, v.tp_plan, len(tp_ranks), cluster)
+        ovh_f, ovh_b, ovh_sel = overhead_times(counts, v.tp_plan, len(tp_ranks), cluster)
         fwd = fwd_full * cf + ovh_f
         bwd = bwd_full * cf + ovh_b
         comm_f = sum(collective_time(k, b * scale, cluster, tp_ranks) for k, b in v.comm_fwd)
@@ -289,7 +279,7 @@ def block_options(
                 continue  # nothing to drop: identical to "none"
             if rc == "full" and v.input_bytes >= v.saved_bytes:
                 continue
-            extra = {"none": 0.0, "selective": core_fwd * cf + ovh_core, "full": fwd + comm_f}[rc]
+            extra = {"none": 0.0, "selective": core_fwd * cf + ovh_sel, "full": fwd + comm_f}[rc]
             act = {
                 "none": v.saved_bytes,
                 "selective": v.saved_selective_bytes,
@@ -433,18 +423,29 @@ def dp_comm(inp: CostInputs, opts: list[BlockOption], config: Config, pp_rank: i
         return 0.0, 0.0
     ranks = mesh.dp_group(pp_rank)
     cl = inp.cluster
-    fwd = sum(o.fwd_s for o in opts)
-    bwd = sum(o.bwd_s for o in opts)
+    # Communication hides behind the share comm_overlap of the compute it runs beside.
+    hide = cl.profile.comm_overlap
+    fwd = hide * sum(o.fwd_s for o in opts)
+    bwd = hide * sum(o.bwd_s for o in opts)
     if zero == 0:
         total = collective_time("all_reduce", params * gb, cl, ranks)
         return total, max(0.0, total - bwd)
-    rs = collective_time("reduce_scatter", params * gb, cl, ranks)
-    ag = collective_time("all_gather", params * wb, cl, ranks)
     if zero == 1:
-        return rs + ag, max(0.0, rs - bwd) + max(0.0, ag - fwd)
+        # As the runtime runs it (DDP + ZeroRedundancyOptimizer): gradients all-reduced in
+        # buckets during backward; after the step each owner broadcasts its updated shard,
+        # which nothing overlaps.
+        ar = collective_time("all_reduce", params * gb, cl, ranks)
+        ag = collective_time("all_gather", params * wb, cl, ranks)
+        return ar + ag, max(0.0, ar - bwd) + ag
+    # ZeRO 2/3 (FSDP) issue one collective per block that holds parameters: each pays latency,
+    # and each unit its host overhead per micro-batch (hooks, copy-in/out).
+    owned = [o.params for o in opts if o.params > 0]
+    rs = sum(collective_time("reduce_scatter", n * gb, cl, ranks) for n in owned)
+    ag = sum(collective_time("all_gather", n * wb, cl, ranks) for n in owned)
+    unit = len(owned) * cl.profile.fsdp_unit_overhead
     if zero == 2:
-        return m * rs + ag, m * max(0.0, rs - bwd) + max(0.0, ag - fwd)
-    per_mb = 2 * ag + rs
+        return m * (rs + unit) + ag, m * max(0.0, rs + unit - bwd) + max(0.0, ag - fwd)
+    per_mb = 2 * ag + rs + unit
     return m * per_mb, m * max(0.0, per_mb - fwd - bwd)
 
 
@@ -470,7 +471,7 @@ def optimizer_time(inp: CostInputs, opts: list[BlockOption], config: Config) -> 
         tensors /= config.mesh.dp
     mesh = config.mesh
     dtensors = mesh.tp > 1 or config.zero_stage >= 2 or (config.zero_stage == 0 and mesh.pp > 1)
-    per_op = p.dtensor_op_overhead if dtensors else p.op_overhead
+    per_op = p.dtensor_op_overhead if dtensors else p.optimizer_op_overhead
     return memory + tensors * OPTIMIZER_OPS[inp.training.optimizer] * per_op
 
 

@@ -24,8 +24,8 @@ else:  # pragma: no cover
 PEAK_DTYPES = ("fp32", "tf32", "bf16", "fp16")
 
 # (section, key in the file, attribute, kind, unit). Kinds: "pos" finite > 0, "nonneg" finite
-# >= 0, "eff" a fraction in (0, 1], "int" a positive integer. A "peak_flops.<dtype>" attribute
-# is one entry of DeviceProfile.peak_flops.
+# >= 0, "eff" a fraction in (0, 1], "unit" a fraction in [0, 1], "int" a positive integer. A
+# "peak_flops.<dtype>" attribute is one entry of DeviceProfile.peak_flops.
 FIELDS: tuple[tuple[str, str, str, str, str], ...] = (
     ("compute", "peak_flops_fp32", "peak_flops.fp32", "pos", "FLOP/s"),
     ("compute", "peak_flops_tf32", "peak_flops.tf32", "pos", "FLOP/s"),
@@ -35,7 +35,11 @@ FIELDS: tuple[tuple[str, str, str, str, str], ...] = (
     ("compute", "elementwise_efficiency", "elementwise_efficiency", "eff", "share of bandwidth"),
     ("compute", "op_overhead_s", "op_overhead", "nonneg", "seconds per op"),
     ("compute", "backward_op_overhead_s", "backward_op_overhead", "nonneg", "seconds per op"),
+    ("compute", "selective_op_overhead_s", "selective_op_overhead", "nonneg", "seconds per op"),
+    ("compute", "optimizer_op_overhead_s", "optimizer_op_overhead", "nonneg", "seconds per op"),
     ("compute", "dtensor_op_overhead_s", "dtensor_op_overhead", "nonneg", "seconds per op"),
+    ("compute", "tp_module_overhead_s", "tp_module_overhead", "nonneg", "seconds per module"),
+    ("compute", "fsdp_unit_overhead_s", "fsdp_unit_overhead", "nonneg", "seconds per unit"),
     ("memory", "capacity_bytes", "memory_bytes", "pos", "bytes"),
     ("memory", "bandwidth_bytes_per_s", "memory_bandwidth", "pos", "bytes/s"),
     ("memory", "reserved_bytes", "reserved_bytes", "nonneg", "bytes"),
@@ -48,6 +52,7 @@ FIELDS: tuple[tuple[str, str, str, str, str], ...] = (
     ("network", "inter_node_bandwidth_bytes_per_s", "inter_node_bandwidth", "pos", "bytes/s"),
     ("network", "inter_node_latency_s", "inter_node_latency", "nonneg", "seconds"),
     ("network", "collective_efficiency", "collective_efficiency", "eff", "share of link"),
+    ("network", "comm_overlap", "comm_overlap", "unit", "share of compute comm can hide behind"),
 )
 SECTIONS = ("compute", "memory", "node", "network")
 # file key -> default. The per-op overheads are host time an eager op costs besides its
@@ -57,12 +62,21 @@ OPTIONAL: dict[str, float] = {
     "reserved_bytes": 0.0,
     "op_overhead_s": 0.0,
     "backward_op_overhead_s": 0.0,
+    "selective_op_overhead_s": 0.0,
+    "optimizer_op_overhead_s": 0.0,
     "dtensor_op_overhead_s": 0.0,
+    "tp_module_overhead_s": 0.0,
+    "fsdp_unit_overhead_s": 0.0,
+    # How much of the compute time data-parallel communication can hide behind. 1 on a GPU
+    # (collectives run on their own stream and SMs); near 0 on a CPU whose ranks fill its cores,
+    # where gloo's threads take their cycles from the compute.
+    "comm_overlap": 1.0,
 }
 _NEED = {
     "pos": "a positive finite number",
     "nonneg": "a finite number >= 0",
     "eff": "a fraction in (0, 1]",
+    "unit": "a fraction in [0, 1]",
     "int": "a positive integer",
 }
 
@@ -83,7 +97,11 @@ class DeviceProfile:
     elementwise_efficiency: float
     op_overhead: float
     backward_op_overhead: float
+    selective_op_overhead: float
+    optimizer_op_overhead: float
     dtensor_op_overhead: float
+    tp_module_overhead: float
+    fsdp_unit_overhead: float
     memory_bytes: float
     memory_bandwidth: float
     reserved_bytes: float
@@ -96,6 +114,7 @@ class DeviceProfile:
     inter_node_bandwidth: float
     inter_node_latency: float
     collective_efficiency: float
+    comm_overlap: float
     source: str = field(default="", compare=False)
 
 
@@ -186,6 +205,7 @@ def profile_from_dict(data: dict[str, Any], source: str) -> DeviceProfile:
             or (kind in ("pos", "int") and value <= 0)
             or (kind == "nonneg" and value < 0)
             or (kind == "eff" and not 0 < value <= 1)
+            or (kind == "unit" and not 0 <= value <= 1)
             or (kind == "int" and value != int(value))
         )
         if bad:

@@ -300,6 +300,8 @@ def stage_problem(inp: CostInputs, cand: Candidate) -> StageProblem:
         dp_ar=_affine("all_reduce", inp.cluster, dp_ranks, gb),
         dp_rs=_affine("reduce_scatter", inp.cluster, dp_ranks, gb),
         dp_ag=_affine("all_gather", inp.cluster, dp_ranks, wb),
+        comm_overlap=profile.comm_overlap,
+        fsdp_unit_overhead=profile.fsdp_unit_overhead,
         dp=cand.dp,
     )
 

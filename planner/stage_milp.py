@@ -73,6 +73,8 @@ class StageProblem:
     dp_ar: tuple[float, float]
     dp_rs: tuple[float, float]
     dp_ag: tuple[float, float]
+    comm_overlap: float  # the share of fwd/bwd time DP communication hides behind
+    fsdp_unit_overhead: float  # host seconds per FSDP unit per micro-batch (ZeRO 2/3)
     dp: int
     allowed: list[np.ndarray] | None = None  # per segment: options this candidate may use
 
@@ -211,30 +213,33 @@ class _Structure:
 def _dp_coefficients(sp: StageProblem, s: int) -> tuple[np.ndarray, np.ndarray]:
     """Per-block coefficients of the exposed DP communication (costmodel.dp_comm), linear in
     the counts: e1 >= n @ k1 + k1h h, e2 >= n @ k2 + k2h h."""
-    pb, fwd, bwd, m = sp.pbytes[s], sp.fwd[s], sp.bwd[s], sp.m
+    pb, m = sp.pbytes[s], sp.m
+    fwd, bwd = sp.comm_overlap * sp.fwd[s], sp.comm_overlap * sp.bwd[s]
     zero = np.zeros_like(pb, dtype=float)
     if sp.dp == 1:
         return zero, zero
     ar, rs, ag = sp.dp_ar[0], sp.dp_rs[0], sp.dp_ag[0]
     if sp.zero == 0:
         return ar * pb - bwd, zero
-    if sp.zero == 1:
-        return rs * pb - bwd, ag * pb - fwd
+    if sp.zero == 1:  # the broadcast after the step is not overlapped
+        return ar * pb - bwd, ag * pb
+    # ZeRO 2/3: one collective per block that holds parameters, each with its latency, and
+    # each FSDP unit's host overhead per micro-batch
+    owns = (pb > 0).astype(float)
+    rs_lat, ag_lat = sp.dp_rs[1] * owns, sp.dp_ag[1] * owns
+    unit = sp.fsdp_unit_overhead * owns
     if sp.zero == 2:
-        return m * (rs * pb - bwd), ag * pb - fwd
-    return m * ((2 * ag + rs) * pb - fwd - bwd), zero
+        return m * (rs * pb + rs_lat + unit - bwd), ag * pb + ag_lat - fwd
+    return m * ((2 * ag + rs) * pb + 2 * ag_lat + rs_lat + unit - fwd - bwd), zero
 
 
 def _dp_latency(sp: StageProblem) -> tuple[float, float]:
-    if sp.dp == 1:
+    """Latency paid once per stage that holds parameters (bucketed ZeRO 0/1); ZeRO 2/3 pay it
+    per block, in _dp_coefficients."""
+    if sp.dp == 1 or sp.zero >= 2:
         return 0.0, 0.0
-    ar, rs, ag = sp.dp_ar[1], sp.dp_rs[1], sp.dp_ag[1]
-    return {
-        0: (ar, 0.0),
-        1: (rs, ag),
-        2: (sp.m * rs, ag),
-        3: (sp.m * (2 * ag + rs), 0.0),
-    }[sp.zero]
+    ar, ag = sp.dp_ar[1], sp.dp_ag[1]
+    return {0: (ar, 0.0), 1: (ar, ag)}[sp.zero]
 
 
 _STRUCTURES: dict[tuple, _Structure] = {}
@@ -290,8 +295,9 @@ def solve_stage_milp(
         return StageSolution("infeasible", float("inf"), [], 0.0)
     st.load(sp, keep)
     opts: dict = {"time_limit": time_limit_s, "mip_rel_gap": 1e-9, "mip_abs_gap": 1e-12}
-    if cutoff is not None and np.isfinite(cutoff):
-        opts["objective_bound"] = float(cutoff)
+    has_cutoff = cutoff is not None and np.isfinite(cutoff)
+    # Always set the bound: an option left from an earlier solve must not prune this one.
+    opts["objective_bound"] = float(cutoff) if has_cutoff else float("inf")
     start = time.perf_counter()
     try:
         with warnings.catch_warnings():
@@ -304,7 +310,7 @@ def solve_stage_milp(
     bound = float(getattr(info, "mip_dual_bound", np.nan))
     feasible = int(getattr(info, "primal_solution_status", 0)) == 2  # kSolutionStatusFeasible
     status = st.problem.status
-    cut = "cutoff" if "objective_bound" in opts else "infeasible"
+    cut = "cutoff" if has_cutoff else "infeasible"
     if status == "optimal" and feasible:
         status = "optimal"
     elif status in ("infeasible", "infeasible_inaccurate"):
@@ -315,5 +321,9 @@ def solve_stage_milp(
         return StageSolution(cut, float("inf"), [], elapsed)
     else:
         return StageSolution("no_solution", float("inf"), [], elapsed, dual_bound=bound)
-    counts = st.counts()
-    return StageSolution(status, float(st.problem.value), counts, elapsed, dual_bound=bound)
+    value = float(st.problem.value)
+    if has_cutoff and value >= cutoff:
+        # HiGHS may stop at the cutoff holding a feasible placement above it, which need not
+        # be this candidate's optimum: by the cutoff's meaning nothing here beats the incumbent.
+        return StageSolution("cutoff", float("inf"), [], elapsed)
+    return StageSolution(status, value, st.counts(), elapsed, dual_bound=bound)

@@ -113,7 +113,16 @@ def synthetic_results(nproc: int, alpha: float, bandwidth: float):
                     "layer_norm": 5e9 * slow,
                     "softmax": 5e9 * slow,
                 },
-                "op_overhead": {"forward": 8e-6 / slow, "backward": 1e-5 / slow, "dtensor": 7e-5},
+                "op_overhead": {
+                    "forward": 8e-6 / slow,
+                    "backward": 1e-5 / slow,
+                    "ops": 14.0,
+                    "selective": 2e-4,
+                    "optimizer": 3e-6,
+                    "dtensor": 7e-5,
+                    "tp_module": 4e-4 / slow,
+                    "fsdp_unit": 6e-4 / slow,
+                },
                 "collectives": coll,
                 "p2p": p2p,
             }
@@ -164,6 +173,10 @@ def test_profile_makes_the_cost_model_reproduce_the_measurements(tmp_path, synth
     assert p.op_overhead == pytest.approx(1e-5, rel=rel)
     assert p.backward_op_overhead == pytest.approx(1.25e-5, rel=rel)
     assert p.dtensor_op_overhead == pytest.approx(7e-5, rel=rel)
+    assert p.optimizer_op_overhead == pytest.approx(3e-6, rel=rel)
+    assert p.selective_op_overhead == pytest.approx(2e-4, rel=rel)
+    assert p.tp_module_overhead == pytest.approx(5e-4, rel=rel)
+    assert p.fsdp_unit_overhead == pytest.approx(7.5e-4, rel=rel)
     text = out.read_text()
     assert "one process alone with 2 threads: 70 GFLOP/s" in text
 
@@ -216,7 +229,9 @@ def test_measured_numbers_are_positive_finite_and_physical(measured):
     assert p.gpus_per_node >= 2
     # an eager CPU op costs microseconds of dispatch, a DTensor op more (sharding propagation)
     assert 1e-7 < p.op_overhead < 1e-3 and 1e-7 < p.backward_op_overhead < 1e-3
-    assert p.op_overhead < p.dtensor_op_overhead < 1e-2
+    assert 1e-7 < p.optimizer_op_overhead < p.dtensor_op_overhead < 1e-2
+    assert p.op_overhead < p.selective_op_overhead < 1e-2  # a dispatch mode sees every op twice
+    assert p.dtensor_op_overhead < p.tp_module_overhead < 0.1  # several DTensor ops per module
 
 
 def test_plan_with_the_measured_profile(measured):
@@ -321,7 +336,13 @@ def cuda_results(nproc: int) -> list[dict]:
             "stream": {"copy": 2.9e12, "add": 3.0e12, "scale": 2.9e12},
             "elementwise": {"add": 2.8e12, "gelu": 2.5e12, "layer_norm": 2.2e12, "softmax": 2.0e12},
             "host_link": {"h2d": 50e9, "d2h": 40e9},
-            "op_overhead": {"forward": 6e-6, "backward": 9e-6},
+            "op_overhead": {
+                "forward": 6e-6,
+                "backward": 9e-6,
+                "ops": 14.0,
+                "selective": 5e-5,
+                "optimizer": 2e-6,
+            },
             "collectives": coll if nproc > 1 else [],
             "p2p": p2p if nproc > 1 else [],
         }
@@ -367,6 +388,8 @@ def test_cuda_profile_keeps_datasheet_peaks_and_fits_efficiencies(nproc, monkeyp
     assert p.inter_node_bandwidth == h100.inter_node_bandwidth  # one node: nothing to measure
     # GPU launches are asynchronous: the measured host time is noted, the profile keeps 0
     assert p.op_overhead == p.backward_op_overhead == p.dtensor_op_overhead == 0
+    assert p.tp_module_overhead == p.optimizer_op_overhead == p.selective_op_overhead == 0
+    assert p.fsdp_unit_overhead == 0
     assert "6 us forward" in res.comments["op_overhead_s"]
     if nproc == 1:
         assert p.intra_node_bandwidth == h100.intra_node_bandwidth

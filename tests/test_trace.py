@@ -3,6 +3,8 @@ activation memory, and exact parameter counts."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from planner.api import graph_summary, trace
@@ -161,6 +163,20 @@ def test_cache_hit_returns_the_same_graph(tmp_path, monkeypatch):
     assert other_batch.blocks[1].saved_bytes == pytest.approx(
         2 * first.blocks[1].saved_bytes, rel=0.02
     )
+
+
+def test_cache_hit_names_the_file_it_was_asked_for(tmp_path, monkeypatch):
+    """The cache is keyed by content: a copy elsewhere hits it, but the graph (and so the plan)
+    must name the copy, which is the file that exists now."""
+    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path / "cache"))
+    copy = tmp_path / "copy" / "gpt.py"
+    copy.parent.mkdir()
+    copy.write_bytes(Path(GPT).read_bytes())
+    first = trace(GPT, {"size": "tiny"})
+    second = trace(copy, {"size": "tiny"})
+    assert second.from_cache
+    assert graph_summary(first)["model"]["file"] == str(Path(GPT).resolve())
+    assert graph_summary(second)["model"]["file"] == str(copy.resolve())
 
 
 def test_fallback_to_module_hooks_when_export_fails(tmp_path, monkeypatch):
