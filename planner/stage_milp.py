@@ -324,6 +324,9 @@ def solve_stage_milp(
     value = float(st.problem.value)
     if has_cutoff and value >= cutoff:
         # HiGHS may stop at the cutoff holding a feasible placement above it, which need not
-        # be this candidate's optimum: by the cutoff's meaning nothing here beats the incumbent.
-        return StageSolution("cutoff", float("inf"), [], elapsed)
+        # be this candidate's optimum. Solved to the end, that proves nothing here beats the
+        # incumbent; stopped by the clock, it proves only the dual bound.
+        if status == "optimal":
+            return StageSolution("cutoff", float("inf"), [], elapsed)
+        return StageSolution("no_solution", float("inf"), [], elapsed, dual_bound=bound)
     return StageSolution(status, value, st.counts(), elapsed, dual_bound=bound)
