@@ -168,6 +168,17 @@ def full_pins(ranks: int, pins: dict) -> Pins:
     return Pins(**d)
 
 
+def _no_nan(obj):
+    """Strict JSON: an undefined statistic (tau over one configuration) is null, not NaN."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _no_nan(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_no_nan(v) for v in obj]
+    return obj
+
+
 def matmul_probe() -> float:
     """fp32 GFLOP/s of one thread on 512^3 matmuls right now, to hold against the profile's
     per-rank rate: how much CPU this process actually gets under the current load."""
@@ -557,7 +568,7 @@ def main() -> int:
         "configs": rows,
     }
     out_json = out_dir / "cpu.json"
-    out_json.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    out_json.write_text(json.dumps(_no_nan(report), indent=2, default=str, allow_nan=False) + "\n")
     print(f"wrote {out_json}")
     if not args.no_plot and ok:
         title = (

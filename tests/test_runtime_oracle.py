@@ -28,11 +28,16 @@ STEPS = 5
 RTOL = 1e-4
 MODELS = ("gpt", "llama", "mlp")
 
-# (id, world, pins); each also runs with recompute (full or selective, alternating).
-CONFIGS: list[tuple[str, int, dict]] = [
-    ("tp2", 2, dict(tp=2, dp=1, pp=1, zero=0, micro_batch_size=4)),
-    ("pp2-gpipe", 2, dict(tp=1, dp=1, pp=2, zero=0, schedule="gpipe", micro_batch_size=2)),
-    ("pp2-1f1b", 2, dict(tp=1, dp=1, pp=2, zero=0, schedule="1f1b", micro_batch_size=2)),
+# (id, world, pins, models); each also runs with recompute (full or selective, alternating).
+# The MLP joins where its structure adds something (DP/ZeRO, pipelines). The 8-rank 3-D mesh,
+# the slowest launch on two cores, runs our GPT with recompute (every rank of a Llama plan
+# imports transformers: seconds each); Llama meets every 2-D pairing at 4 ranks.
+ALL = MODELS
+NO_MLP = ("gpt", "llama")
+CONFIGS: list[tuple[str, int, dict, tuple[str, ...]]] = [
+    ("tp2", 2, dict(tp=2, dp=1, pp=1, zero=0, micro_batch_size=4), ALL),
+    ("pp2-gpipe", 2, dict(tp=1, dp=1, pp=2, zero=0, schedule="gpipe", micro_batch_size=2), ALL),
+    ("pp2-1f1b", 2, dict(tp=1, dp=1, pp=2, zero=0, schedule="1f1b", micro_batch_size=2), ALL),
     (
         "pp2-interleaved-v2",
         2,
@@ -45,46 +50,70 @@ CONFIGS: list[tuple[str, int, dict]] = [
             virtual_stages=2,
             micro_batch_size=2,
         ),
+        ALL,
     ),
-    ("dp4", 4, dict(tp=1, dp=4, pp=1, zero=0, micro_batch_size=1)),
-    ("zero1-dp4", 4, dict(tp=1, dp=4, pp=1, zero=1, micro_batch_size=1)),
-    ("zero2-dp4", 4, dict(tp=1, dp=4, pp=1, zero=2, micro_batch_size=1)),
-    ("zero3-dp4", 4, dict(tp=1, dp=4, pp=1, zero=3, micro_batch_size=1)),
-    ("tp4", 4, dict(tp=4, dp=1, pp=1, zero=0, micro_batch_size=4)),
-    ("pp4-gpipe", 4, dict(tp=1, dp=1, pp=4, zero=0, schedule="gpipe", micro_batch_size=2)),
-    ("pp4-1f1b", 4, dict(tp=1, dp=1, pp=4, zero=0, schedule="1f1b", micro_batch_size=2)),
-    ("dp2xtp2", 4, dict(tp=2, dp=2, pp=1, zero=0, micro_batch_size=2)),
-    ("pp2xdp2", 4, dict(tp=1, dp=2, pp=2, zero=0, schedule="1f1b", micro_batch_size=2)),
-    ("pp2xtp2", 4, dict(tp=2, dp=1, pp=2, zero=0, schedule="1f1b", micro_batch_size=2)),
-    ("pp2xdp2xtp2", 8, dict(tp=2, dp=2, pp=2, zero=0, schedule="1f1b", micro_batch_size=2)),
-]
-# Single extra plans (no recompute twin).
-EXTRA: list[tuple[str, int, dict]] = [
+    ("dp4", 4, dict(tp=1, dp=4, pp=1, zero=0, micro_batch_size=1), ALL),
+    ("zero1-dp4", 4, dict(tp=1, dp=4, pp=1, zero=1, micro_batch_size=1), ALL),
+    ("zero2-dp4", 4, dict(tp=1, dp=4, pp=1, zero=2, micro_batch_size=1), ALL),
+    ("zero3-dp4", 4, dict(tp=1, dp=4, pp=1, zero=3, micro_batch_size=1), ALL),
+    ("tp4", 4, dict(tp=4, dp=1, pp=1, zero=0, micro_batch_size=4), NO_MLP),
     (
-        "zero3-offload-dp4",
+        "pp4-gpipe",
         4,
-        dict(tp=1, dp=4, pp=1, zero=3, micro_batch_size=1, offload="optimizer+params"),
+        dict(tp=1, dp=1, pp=4, zero=0, schedule="gpipe", micro_batch_size=2),
+        NO_MLP,
     ),
+    ("pp4-1f1b", 4, dict(tp=1, dp=1, pp=4, zero=0, schedule="1f1b", micro_batch_size=2), ALL),
+    ("dp2xtp2", 4, dict(tp=2, dp=2, pp=1, zero=0, micro_batch_size=2), NO_MLP),
+    (
+        "pp2xdp2",
+        4,
+        dict(tp=1, dp=2, pp=2, zero=0, schedule="1f1b", micro_batch_size=2),
+        ALL,
+    ),
+    (
+        "pp2xtp2",
+        4,
+        dict(tp=2, dp=1, pp=2, zero=0, schedule="1f1b", micro_batch_size=2),
+        NO_MLP,
+    ),
+]
+THREE_D = dict(tp=2, dp=2, pp=2, zero=0, schedule="1f1b", micro_batch_size=2)
+# Single extra plans (no recompute twin): (id, model, world, pins).
+EXTRA: list[tuple[str, str, int, dict]] = [
+    *(
+        (
+            "zero3-offload-dp4",
+            m,
+            4,
+            dict(tp=1, dp=4, pp=1, zero=3, micro_batch_size=1, offload="optimizer+params"),
+        )
+        for m in MODELS
+    ),
+    ("pp2xdp2xtp2-full", "gpt", 8, {**THREE_D, "recompute": "full"}),
 ]
 
 
 def _cases(full: bool) -> list[tuple[str, str, int, dict]]:
-    """Every config for every model without recompute; with recompute (full and selective
-    alternating over configs) for one model per config, rotating, so each model meets both
-    kinds; ``full`` (MESHPLAN_RUNTIME_FULL=1) runs the recompute twin of every case, which
-    takes about twice CI's budget on two cores."""
+    """Every config for each of its models without recompute; with recompute (full and
+    selective alternating over configs) for one model per config, rotating, so each model meets
+    both kinds; ``full`` (MESHPLAN_RUNTIME_FULL=1) runs every model on every config and the
+    recompute twin of every case, which takes about twice CI's budget on two cores."""
     cases = []
-    for i, (cid, world, pins) in enumerate(CONFIGS):
-        for j, model in enumerate(MODELS):
+    for i, (cid, world, pins, models) in enumerate(CONFIGS):
+        models = MODELS if full else models
+        for j, model in enumerate(models):
             cases.append((f"{model}-{cid}", model, world, {**pins, "recompute": "none"}))
             # Selective recompute only differs from none where attention materialises its
             # scores (our GPT); the planner pins Llama (SDPA) and the MLP to "none" for it.
             rc = "selective" if i % 2 == 1 and model == "gpt" else "full"
-            if full or j == i % len(MODELS):
+            if full or j == i % len(models):
                 cases.append((f"{model}-{cid}-{rc}", model, world, {**pins, "recompute": rc}))
-    for cid, world, pins in EXTRA:
+    for cid, model, world, pins in EXTRA:
+        cases.append((f"{model}-{cid}", model, world, {"recompute": "none", **pins}))
+    if full:
         for model in MODELS:
-            cases.append((f"{model}-{cid}", model, world, {**pins, "recompute": "none"}))
+            cases.append((f"{model}-pp2xdp2xtp2-all", model, 8, {**THREE_D, "recompute": "none"}))
     return cases
 
 
