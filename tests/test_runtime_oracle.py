@@ -79,6 +79,16 @@ CONFIGS: list[tuple[str, int, dict, tuple[str, ...]]] = [
     ),
 ]
 THREE_D = dict(tp=2, dp=2, pp=2, zero=0, schedule="1f1b", micro_batch_size=2)
+PP4_V2 = dict(
+    tp=1,
+    dp=1,
+    pp=4,
+    zero=0,
+    schedule="interleaved_1f1b",
+    virtual_stages=2,
+    micro_batch_size=2,
+    layers=6,
+)
 # Single extra plans (no recompute twin): (id, model, world, pins).
 EXTRA: list[tuple[str, str, int, dict]] = [
     *(
@@ -91,6 +101,11 @@ EXTRA: list[tuple[str, str, int, dict]] = [
         for m in MODELS
     ),
     ("pp2xdp2xtp2-full", "gpt", 8, {**THREE_D, "recompute": "full"}),
+    # Interleaved 1F1B over 4 ranks needs 8 blocks: a 6-layer tiny model.
+    *(
+        (f"pp4-interleaved-v2{rc_id}", m, 4, {**PP4_V2, "recompute": rc})
+        for m, rc, rc_id in (("gpt", "none", ""), ("llama", "full", "-full"))
+    ),
 ]
 
 
@@ -120,15 +135,16 @@ def _cases(full: bool) -> list[tuple[str, str, int, dict]]:
 CASES = _cases(os.environ.get("MESHPLAN_RUNTIME_FULL") == "1")
 
 
-def forced_plan(model: str, world: int, out: Path, **pins) -> Path:
-    """A plan.json with the mesh, schedule, ZeRO stage and recompute pinned (fp32, batch 8)."""
+def forced_plan(model: str, world: int, out: Path, layers: int | None = None, **pins) -> Path:
+    """A plan.json with the mesh, schedule, ZeRO stage and recompute pinned (fp32, batch 8), of
+    the tiny model (with ``layers`` layers when given)."""
     pins.setdefault("offload", "none")
     if pins.get("tp", 1) > 1:
         pins["tp_variant"] = "sharded"
     result = make_plan(
         ROOT / "examples" / f"{model}.py",
         world,
-        model_args={"size": "tiny"},
+        model_args={"size": "tiny", **({"layers": layers} if layers else {})},
         profile="cpu",
         global_batch_size=8,
         dtype="fp32",
@@ -158,6 +174,12 @@ def losses_of(run_dir: Path) -> list[float]:
     return [json.loads(line)["loss"] for line in path.read_text().splitlines()]
 
 
+def ref_key(model: str, plan: dict) -> str:
+    """Plans of one model, arguments and micro-batch size share one one-process reference."""
+    args = json.dumps(plan["model"].get("args", {}), sort_keys=True)
+    return f"{model}-{args}-{plan['micro_batch_size']}"
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
     """Every case planned, then one torchrun launch per world size."""
@@ -180,7 +202,7 @@ def runs(tmp_path_factory) -> dict:
     refs: dict[str, list[float]] = {}
     for cid, model, _, _ in CASES:
         plan = json.loads((base / cid / "plan.json").read_text())
-        key = f"{model}-{plan['micro_batch_size']}"
+        key = ref_key(model, plan)
         if key not in refs:
             refs[key] = reference_for_plan(plan, STEPS)
     return {"base": base, "logs": logs, "refs": refs}
@@ -195,7 +217,7 @@ def test_plan_matches_one_process(runs, cid, model, world, pins):
     got = losses_of(run_dir)
     rc, log = runs["logs"][cid]
     assert len(got) == STEPS, f"{cid}: no metrics (torchrun exit {rc})\n{log[-6000:]}"
-    want = runs["refs"][f"{model}-{plan['micro_batch_size']}"]
+    want = runs["refs"][ref_key(model, plan)]
     for step, (g, w) in enumerate(zip(got, want), start=1):
         assert abs(g - w) <= RTOL * abs(w), f"{cid} step {step}: {g} vs one-process {w}"
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
