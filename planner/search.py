@@ -16,7 +16,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.optimize import linprog
 
 from planner.blocks import Block
 from planner.cluster import Cluster
@@ -453,20 +452,46 @@ def relaxed_bound(sp: StageProblem, bound: float) -> float:
     lower[irmax] = _granular(sp, sp.time, p) + v * hop
     lower[iopt] = _granular(sp, sp.optim, p)
     lower[ioff] = _granular(sp, sp.offl, p)
-    res = linprog(
-        c,
-        A_ub=a_ub,
-        b_ub=b_ub,
-        A_eq=a_eq,
-        b_eq=b_eq,
-        bounds=np.column_stack([lower, upper]),
-        method="highs",
-    )
-    if res.status == 2:
+    status, value = _solve_lp(c, a_ub, b_ub, a_eq, b_eq, lower, upper)
+    if status == "infeasible":
         return math.inf
-    if res.status != 0:
+    if status != "optimal":
         return bound
-    return max(bound, float(res.fun))
+    return max(bound, value)
+
+
+def _solve_lp(c, a_ub, b_ub, a_eq, b_eq, lower, upper) -> tuple[str, float]:
+    """min c.x s.t. a_ub x <= b_ub, a_eq x = b_eq, lower <= x <= upper, straight through
+    highspy: scipy's linprog wrapper costs as much as the solve on these small LPs, and the
+    search runs hundreds of them."""
+    import highspy
+    from scipy.sparse import vstack
+
+    a = vstack([a_ub, a_eq]).tocsc()
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("presolve", "off")  # a third faster on these small LPs, same optimum
+    lp = highspy.HighsLp()
+    lp.num_col_, lp.num_row_ = a.shape[1], a.shape[0]
+    lp.col_cost_ = np.asarray(c, dtype=float)
+    lp.col_lower_ = np.asarray(lower, dtype=float)
+    lp.col_upper_ = np.where(np.isinf(upper), highspy.kHighsInf, upper).astype(float)
+    inf = highspy.kHighsInf
+    lp.row_lower_ = np.concatenate([np.full(len(b_ub), -inf), np.asarray(b_eq, dtype=float)])
+    lp.row_upper_ = np.concatenate([np.asarray(b_ub, dtype=float), np.asarray(b_eq, dtype=float)])
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.start_ = a.indptr
+    lp.a_matrix_.index_ = a.indices
+    lp.a_matrix_.value_ = a.data
+    lp.a_matrix_.num_col_, lp.a_matrix_.num_row_ = a.shape[1], a.shape[0]
+    h.passModel(lp)
+    h.run()
+    status = h.getModelStatus()
+    if status == highspy.HighsModelStatus.kOptimal:
+        return "optimal", float(h.getInfo().objective_function_value)
+    if status == highspy.HighsModelStatus.kInfeasible:
+        return "infeasible", math.inf
+    return "other", math.nan
 
 
 def _least(sp: StageProblem, per: list[np.ndarray], s: int) -> float:
