@@ -308,12 +308,51 @@ def op_overheads(device: torch.device, seconds: float, mesh=None) -> dict[str, f
 
         out["dtensor"] = 1.0 / timed_rate(dtensor_chain, 1.0, seconds, sync) / OVERHEAD_CHAIN
         if mesh.size() > 1:
-            out["tp_module"] = tp_module_overhead(device, seconds, mesh)
+            out["tp_module"] = tp_module_overhead(device, mesh)
             out["fsdp_unit"] = fsdp_unit_overhead(device, mesh)
     return out
 
 
-def tp_module_overhead(device: torch.device, seconds: float, mesh) -> float:
+TP_CALLS = 40
+TP_TRIALS = 5
+
+
+def _linear_pair(device: torch.device) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)).to(device)
+
+
+def _forward_backward(module: torch.nn.Module, x: torch.Tensor) -> Callable[[], None]:
+    def step() -> None:
+        module(x).sum().backward()
+
+    return step
+
+
+def _lockstep_best(fns: list[Callable[[], None]], group, sync: Callable[[], None]) -> list[float]:
+    """Per-call seconds of each of ``fns``: the best of TP_TRIALS interleaved trials (load
+    that comes and goes hits all alike) of TP_CALLS calls. A fixed call count on every rank:
+    the functions are collective, and a time-bounded loop could leave one rank a call short
+    and hang the other."""
+    import torch.distributed as dist
+
+    for fn in fns:  # warm up
+        for _ in range(3):
+            fn()
+    best = [math.inf] * len(fns)
+    for _ in range(TP_TRIALS):
+        for i, fn in enumerate(fns):
+            dist.barrier(group=group)
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(TP_CALLS):
+                fn()
+            sync()
+            best[i] = min(best[i], (time.perf_counter() - t0) / TP_CALLS)
+    return best
+
+
+def tp_module_overhead(device: torch.device, mesh) -> float:
     """Host seconds one tensor-parallel nn.Linear adds to its forward and backward besides its
     collective: torch's ParallelStyle hooks wrap and unwrap DTensors, and the linear and its
     backward dispatch as several DTensor ops. Timed on a colwise -> rowwise pair of 8-wide
@@ -326,51 +365,21 @@ def tp_module_overhead(device: torch.device, seconds: float, mesh) -> float:
         parallelize_module,
     )
 
-    sync = synchronizer(device)
     x = torch.ones(4, 8, device=device)
-
-    def pair() -> torch.nn.Module:
-        torch.manual_seed(0)
-        return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)).to(device)
-
-    plain = pair()
-    sharded = parallelize_module(pair(), mesh, {"0": ColwiseParallel(), "1": RowwiseParallel()})
-    small = torch.ones(4, 8, device=device)
-
-    def run(module: torch.nn.Module) -> Callable[[], None]:
-        def step() -> None:
-            module(x).sum().backward()
-
-        return step
-
-    def all_reduce() -> None:
-        dist.all_reduce(small, group=mesh.get_group())
-
-    def per_call(fn: Callable[[], None]) -> float:
-        # A fixed call count on every rank (the pair and the all-reduce are collective, so a
-        # time-bounded loop could leave one rank a call short and hang the other).
-        dist.barrier(group=mesh.get_group())
-        sync()
-        t0 = time.perf_counter()
-        for _ in range(TP_CALLS):
-            fn()
-        sync()
-        return (time.perf_counter() - t0) / TP_CALLS
-
-    for fn in (run(plain), run(sharded), all_reduce):  # warm up
-        for _ in range(3):
-            fn()
-    # Interleaved trials, each one's best: load that comes and goes hits all three alike.
-    t_plain = t_tp = t_ar = math.inf
-    for _ in range(TP_TRIALS):
-        t_plain = min(t_plain, per_call(run(plain)))
-        t_tp = min(t_tp, per_call(run(sharded)))
-        t_ar = min(t_ar, per_call(all_reduce))
+    styles = {"0": ColwiseParallel(), "1": RowwiseParallel()}
+    sharded = parallelize_module(_linear_pair(device), mesh, styles)
+    out = torch.ones(4, 8, device=device)
+    group = mesh.get_group()
+    t_plain, t_tp, t_ar = _lockstep_best(
+        [
+            _forward_backward(_linear_pair(device), x),
+            _forward_backward(sharded, x),
+            lambda: dist.all_reduce(out, group=group),
+        ],
+        group,
+        synchronizer(device),
+    )
     return max(t_tp - t_plain - t_ar, 0.0) / 2
-
-
-TP_CALLS = 40
-TP_TRIALS = 5
 
 
 def fsdp_unit_overhead(device: torch.device, mesh) -> float:
@@ -378,55 +387,35 @@ def fsdp_unit_overhead(device: torch.device, mesh) -> float:
     latency: the pre/post hooks, the copy-in and copy-out around each all-gather and the
     gradient reduce-scatter, the state machine. Timed on two 8-wide nn.Linear units under
     fully_shard (resharded after forward: two all-gathers and one reduce-scatter per unit),
-    less the same pair unsharded and those collectives on a plain 64-element tensor; per unit.
-    Call on every rank of ``mesh``."""
+    less the same pair unsharded and those collectives on a plain tensor; per unit. Call on
+    every rank of ``mesh``."""
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 
-    sync = synchronizer(device)
     x = torch.ones(4, 8, device=device)
-
-    def pair() -> torch.nn.Module:
-        torch.manual_seed(0)
-        return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)).to(device)
-
-    plain = pair()
-    sharded = pair()
+    sharded = _linear_pair(device)
     for unit in sharded:
         fully_shard(unit, mesh=mesh, reshard_after_forward=True)
     fully_shard(sharded, mesh=mesh, reshard_after_forward=True)
-    n = mesh.size()
-    full = torch.ones(72 * n, device=device)  # one unit's 72 parameters, gathered
+    full = torch.ones(72 * mesh.size(), device=device)  # one unit's 72 parameters, gathered
     shard = torch.ones(72, device=device)
     group = mesh.get_group()
 
-    def run(module: torch.nn.Module) -> Callable[[], None]:
-        def step() -> None:
-            module(x).sum().backward()
-
-        return step
-
-    def unit_collectives() -> None:  # what one unit issues per micro-batch, twice (two units)
+    def unit_collectives() -> None:  # what each of the two units issues per micro-batch
         for _ in range(2):
             dist.all_gather_into_tensor(full, shard, group=group)
             dist.all_gather_into_tensor(full, shard, group=group)
             dist.reduce_scatter_tensor(shard, full, group=group)
 
-    steps = (run(plain), run(sharded), unit_collectives)
-    for fn in steps:  # warm up
-        for _ in range(3):
-            fn()
-    best = [math.inf] * 3
-    for _ in range(TP_TRIALS):
-        for i, fn in enumerate(steps):
-            dist.barrier(group=group)
-            sync()
-            t0 = time.perf_counter()
-            for _ in range(TP_CALLS):
-                fn()
-            sync()
-            best[i] = min(best[i], (time.perf_counter() - t0) / TP_CALLS)
-    t_plain, t_fsdp, t_coll = best
+    t_plain, t_fsdp, t_coll = _lockstep_best(
+        [
+            _forward_backward(_linear_pair(device), x),
+            _forward_backward(sharded, x),
+            unit_collectives,
+        ],
+        group,
+        synchronizer(device),
+    )
     return max(t_fsdp - t_plain - t_coll, 0.0) / 2
 
 
