@@ -30,6 +30,8 @@ class Settings:
     """Problem sizes and timing for one device kind and mode (full or --quick)."""
 
     matmul_shapes: tuple[tuple[int, int, int], ...]  # (M, N, K)
+    inner_dims: tuple[int, ...]  # short K of (inner_mn, inner_mn, K) GEMMs, for the K fit
+    inner_mn: int
     stream_bytes: int  # size of each streamed tensor (bandwidth)
     elementwise_bytes: int  # size of each element-wise op's input
     seconds: float  # wall time per timed kernel
@@ -48,6 +50,8 @@ def settings(device: str, quick: bool) -> Settings:
         if quick:
             return Settings(
                 matmul_shapes=((2048, 2048, 2048), (4096, 1024, 4096)),
+                inner_dims=(64, 128),
+                inner_mn=4096,
                 stream_bytes=2**26,
                 elementwise_bytes=2**26,
                 seconds=0.05,
@@ -63,6 +67,8 @@ def settings(device: str, quick: bool) -> Settings:
                 (16384, 4096, 4096),
                 (2048, 16384, 4096),
             ),
+            inner_dims=(64, 128, 256),
+            inner_mn=8192,
             stream_bytes=2**30,
             elementwise_bytes=2**28,
             seconds=0.3,
@@ -74,6 +80,8 @@ def settings(device: str, quick: bool) -> Settings:
     if quick:
         return Settings(
             matmul_shapes=((256, 256, 256), (512, 128, 512)),
+            inner_dims=(32, 64),
+            inner_mn=256,
             stream_bytes=2**22,
             elementwise_bytes=2**21,
             seconds=0.03,
@@ -84,6 +92,8 @@ def settings(device: str, quick: bool) -> Settings:
         )
     return Settings(
         matmul_shapes=((512, 512, 512), (1024, 1024, 1024), (2048, 256, 1024)),
+        inner_dims=(32, 64, 128),
+        inner_mn=1024,
         stream_bytes=2**26,
         elementwise_bytes=2**24,
         seconds=0.25,

@@ -27,6 +27,8 @@ import platform
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from planner.calibrate_bench import OVERHEAD_CHAIN, OVERLAP_BYTES, Settings
 from planner.calibrate_fit import fit_alpha_beta, fit_each
 from planner.errors import MeshplanError
@@ -129,6 +131,19 @@ def fp32_flops_per_cycle(flags: frozenset[str], vendor: str) -> int:
 # --------------------------------------------------------------------------- aggregation
 
 
+def fit_half_inner_dim(inner: list[int], rates: list[float]) -> float:
+    """``half`` in rate = R * K / (K + half), by least squares on 1 / rate = 1/R + (half/R)/K
+    (linear in 1/K). 0 when the data show no slowdown at short K (or cannot say)."""
+    if len(set(inner)) < 2 or len(inner) != len(rates):
+        return 0.0
+    x = np.array([1.0 / k for k in inner])
+    y = np.array([1.0 / r for r in rates])
+    slope, intercept = np.polyfit(x, y, 1)
+    if not (intercept > 0 and slope > 0):
+        return 0.0
+    return float(slope / intercept)
+
+
 def slowest(results: list[dict[str, Any]], section: str) -> dict[str, Any]:
     """Per key (a kernel or dtype), the slowest rank's rate(s)."""
     keys = results[0][section]
@@ -221,9 +236,30 @@ def build_profile(
     else:
         peak = best[ref_dtype]
         peak_note = f"no datasheet for this GPU ({ref_name}): the best measured shape"
-    efficiency = achieved[ref_dtype] / peak
-    peaks = {d: achieved[d] / efficiency for d in achieved}
+    # Short inner dimensions: fit rate = R * K / (K + half) over every shape measured in the
+    # reference dtype; matmul_efficiency is then the asymptotic R's share of peak.
+    inner_rates = (
+        [min(r["matmul_inner"][i] for r in results) for i in range(len(s.inner_dims))]
+        if all("matmul_inner" in r for r in results)
+        else []
+    )
+    half = fit_half_inner_dim(
+        [k for _, _, k in shapes] + list(s.inner_dims[: len(inner_rates)]),
+        list(matmul[ref_dtype]) + inner_rates,
+    )
+    corr = sum(w * (k + half) / k for w, (_, _, k) in zip(work, shapes)) / sum(work)
+    peak = max(peak, achieved[ref_dtype] * corr)
+    efficiency = achieved[ref_dtype] * corr / peak
+    peaks = {d: achieved[d] * corr / efficiency for d in achieved}
     peaks[ref_dtype] = peak
+    comments["matmul_half_inner_dim"] = (
+        f"fitted: rate = R * K / (K + this) over {ref_dtype} GEMMs with K = "
+        + ", ".join(str(k) for k in sorted({k for _, _, k in shapes} | set(s.inner_dims)))
+        + " ("
+        + ", ".join(f"K={k} {r / 1e9:.3g}" for k, r in zip(s.inner_dims, inner_rates))
+        + f" GFLOP/s at {s.inner_mn}x{s.inner_mn}; slowest rank, {share})"
+    )
+    summary["matmul_half_inner_dim"] = half
     if "tf32" not in peaks:  # CPUs have no TF32: torch runs fp32 matmuls
         peaks["tf32"] = peaks["fp32"]
     for d in ("fp32", "tf32", "bf16", "fp16"):
@@ -244,7 +280,8 @@ def build_profile(
             )
     comments["matmul_efficiency"] = (
         f"measured {achieved[ref_dtype] / 1e9:.4g} GFLOP/s {ref_dtype} per rank ({share}, "
-        f"slowest rank, one call of each shape {shape_text}) / peak"
+        f"slowest rank, one call of each shape {shape_text}), over those shapes' mean "
+        f"K / (K + matmul_half_inner_dim) = {1 / corr:.3f}, / peak"
     )
     summary["matmul_flops"] = achieved
     summary["matmul_efficiency"] = efficiency
@@ -506,6 +543,7 @@ def build_profile(
         description=f"measured by plan calibrate: {device_text}",
         peak_flops={d: peaks[d] for d in ("fp32", "tf32", "bf16", "fp16")},
         matmul_efficiency=efficiency,
+        matmul_half_inner_dim=half,
         elementwise_efficiency=ew_eff,
         op_overhead=op_ovh,
         backward_op_overhead=bwd_ovh,

@@ -74,7 +74,13 @@ def run_workers(
         results: dict[int, dict[str, Any]] = {}
         done = False
         while not done:
-            done = procs.join(timeout=0.1)
+            try:
+                done = procs.join(timeout=0.1)
+            except mp.ProcessExitedException:
+                _drain(q, results, progress)
+                if len(results) < nproc:
+                    raise
+                done = True  # every rank reported; one then died on its way out
             _drain(q, results, progress)
         _drain(q, results, progress)
     missing = sorted(set(range(nproc)) - set(results))
@@ -136,6 +142,11 @@ def _worker(rank: int, nproc: int, device: str, threads: int, quick: bool, init:
             step += 1
             report("matmul", step)
         out["matmul"][dtype] = rates
+    # Short inner dimensions, in the reference dtype: how far below peak a GEMM over K runs.
+    dist.barrier()
+    ref = "bf16" if device == "cuda" else "fp32"
+    inner = [(s.inner_mn, s.inner_mn, k) for k in s.inner_dims]
+    out["matmul_inner"] = matmul_rates(dev, ref, inner, s.seconds)
 
     dist.barrier()
     out["stream"] = stream_rates(dev, s.stream_bytes, s.seconds)
@@ -156,8 +167,12 @@ def _worker(rank: int, nproc: int, device: str, threads: int, quick: bool, init:
         out["p2p"] = _ping_pong(dev, rank, nproc, s, lambda i: report("p2p", i))
         out["comm_overlap"] = comm_overlap(dev)
     dist.barrier()
-    dist.destroy_process_group()
+    # Report before tearing down, and flush: a rank that crashes on its way out (torch's
+    # DTensor and FSDP probes can leave a C++ thread that aborts at exit) loses nothing.
     q.put(("result", rank, out))
+    q.close()
+    q.join_thread()
+    dist.destroy_process_group()
 
 
 def _memory_footprint(dev: torch.device) -> dict[str, float]:

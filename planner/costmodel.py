@@ -163,12 +163,29 @@ class StepCost:
 # --------------------------------------------------------------------------- per block
 
 
-def compute_time(flops: float, nbytes: float, cluster: Cluster, dtype: str) -> float:
-    """Roofline: the larger of FLOPs over achievable peak and bytes over achievable bandwidth."""
+def compute_time(
+    flops: float, nbytes: float, cluster: Cluster, dtype: str, slowdown: float = 1.0
+) -> float:
+    """Roofline: the larger of FLOPs over achievable peak (``slowdown`` times slower for a GEMM
+    with a short inner dimension) and bytes over achievable bandwidth."""
     p = cluster.profile
     peak = p.peak_flops[PEAK_KEY[dtype]] * p.matmul_efficiency
     bw = p.memory_bandwidth * p.elementwise_efficiency
-    return max(flops / peak, nbytes / bw)
+    return max(flops * slowdown / peak, nbytes / bw)
+
+
+def inner_dim_slowdowns(inner: list | None, scale: float, half: float) -> tuple[float, float]:
+    """(forward, backward) time factors of a matrix product whose GEMMs reduce over short inner
+    dimensions: a GEMM over K runs at K / (K + half) of the asymptotic rate (``half`` is the
+    profile's ``matmul_half_inner_dim``, fitted by plan calibrate). Backward runs two GEMMs of
+    the forward's size, over N and over M (M grows with the micro-batch for a weight)."""
+    if not inner or half <= 0:
+        return 1.0, 1.0
+    k, n, m, scaled = inner
+    m = m * scale if scaled else m
+    f = (k + half) / k
+    b = ((n + half) / n + (m + half) / m) / 2
+    return f, b
 
 
 def _param_bytes(graph) -> dict[str, int]:
@@ -197,16 +214,18 @@ def node_times(graph, block: Block, scale: float, cluster: Cluster, dtype: str):
     if core is None:
         core = graph.graph["_core"] = core_nodes(graph)
     pbytes = _param_bytes(graph)
+    half = cluster.profile.matmul_half_inner_dim
     fwd = bwd = core_fwd = 0.0
     for n in block.nodes:
         d = graph.nodes[n]
         weights = min(sum(pbytes.get(p, 0) for p in d.get("params", ())), d["fwd_bytes"])
         act_f = d["fwd_bytes"] - weights
-        f = compute_time(d["fwd_flops"] * scale, act_f * scale + weights, cluster, dtype)
+        slow_f, slow_b = inner_dim_slowdowns(d.get("mm_inner"), scale, half)
+        f = compute_time(d["fwd_flops"] * scale, act_f * scale + weights, cluster, dtype, slow_f)
         fwd += f
         bw_w = min(2 * weights, d["bwd_bytes"])
         act_b = d["bwd_bytes"] - bw_w
-        bwd += compute_time(d["bwd_flops"] * scale, act_b * scale + bw_w, cluster, dtype)
+        bwd += compute_time(d["bwd_flops"] * scale, act_b * scale + bw_w, cluster, dtype, slow_b)
         if n in core:
             core_fwd += f
     return fwd, bwd, core_fwd

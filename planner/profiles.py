@@ -33,6 +33,7 @@ FIELDS: tuple[tuple[str, str, str, str, str], ...] = (
     ("compute", "peak_flops_fp16", "peak_flops.fp16", "pos", "FLOP/s"),
     ("compute", "matmul_efficiency", "matmul_efficiency", "eff", "share of peak"),
     ("compute", "elementwise_efficiency", "elementwise_efficiency", "eff", "share of bandwidth"),
+    ("compute", "matmul_half_inner_dim", "matmul_half_inner_dim", "nonneg", "elements"),
     ("compute", "op_overhead_s", "op_overhead", "nonneg", "seconds per op"),
     ("compute", "backward_op_overhead_s", "backward_op_overhead", "nonneg", "seconds per op"),
     ("compute", "selective_op_overhead_s", "selective_op_overhead", "nonneg", "seconds per op"),
@@ -60,6 +61,8 @@ SECTIONS = ("compute", "memory", "node", "network")
 # asynchronous launches overlap the running kernel (so the shipped GPU profiles leave them 0).
 OPTIONAL: dict[str, float] = {
     "reserved_bytes": 0.0,
+    # A GEMM reducing over K runs at K / (K + this) of matmul_efficiency's asymptotic rate.
+    "matmul_half_inner_dim": 0.0,
     "op_overhead_s": 0.0,
     "backward_op_overhead_s": 0.0,
     "selective_op_overhead_s": 0.0,
@@ -95,6 +98,7 @@ class DeviceProfile:
     peak_flops: dict[str, float] = field(hash=False)
     matmul_efficiency: float
     elementwise_efficiency: float
+    matmul_half_inner_dim: float
     op_overhead: float
     backward_op_overhead: float
     selective_op_overhead: float

@@ -16,6 +16,7 @@ and the caller is told so in one line; when both fail, the error names the modul
 
 from __future__ import annotations
 
+import math
 import operator
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +27,7 @@ import torch.fx
 
 from planner.errors import UserInputError
 from planner.modelfile import DTYPES, ModelFile
-from planner.opcost import backward_flops, forward_flops, is_view, numel
+from planner.opcost import MATMUL_OPS, backward_flops, forward_flops, is_view, numel
 
 ELEMENT_BYTES = {
     torch.float64: 8,
@@ -214,6 +215,7 @@ def _graph_from_export(exported: torch.export.ExportedProgram, model: torch.nn.M
             args=_serialise_args(node.args, kinds) + [_serialise_kwargs(node.kwargs, kinds)],
             requires_grad=requires_grad,
             saved=[],
+            mm_inner=matmul_inner_dims(op, in_shapes, _shape(outs[0]) if outs else None),
         )
         order += 1
         for a in in_nodes:
@@ -223,6 +225,29 @@ def _graph_from_export(exported: torch.export.ExportedProgram, model: torch.nn.M
     graph.graph["outputs"] = [n.name for n in outputs if n.name in graph]
     _measure_saved(exported, model, graph, kinds)
     return graph
+
+
+def matmul_inner_dims(op: str, in_shapes: list, out_shape) -> list | None:
+    """The inner (reduction) dimension of a matrix product's GEMMs: [forward, the input
+    gradient's, the other operand's gradient's, whether that last one grows with the batch].
+    A GEMM with a short inner dimension runs below peak (``matmul_half_inner_dim``).
+    Forward A[M,K] @ B[K,N] reduces over K; dA = dC @ B^T over N; dB = A^T @ dC over M, which
+    for a weight is every token of the micro-batch."""
+    if op not in MATMUL_OPS or not out_shape or len(out_shape) < 2:
+        return None
+    shapes = [s for s in in_shapes if s]
+    if op in ("aten.addmm.default", "aten.baddbmm.default"):
+        shapes = shapes[1:]  # the added term first
+    if len(shapes) < 2 or len(shapes[0]) < 2 and op != "aten.linear.default":
+        return None
+    k = shapes[0][-1]
+    n = out_shape[-1]
+    second_is_matrix = op in ("aten.linear.default", "aten.mm.default", "aten.addmm.default") or (
+        len(shapes[1]) == 2
+    )
+    if second_is_matrix:  # a weight-like operand: its gradient sums over every leading row
+        return [k, n, math.prod(out_shape[:-1]), True]
+    return [k, n, out_shape[-2], False]
 
 
 def _tensor_args(node: torch.fx.Node) -> list[torch.fx.Node]:

@@ -397,3 +397,13 @@ def test_cuda_profile_keeps_datasheet_peaks_and_fits_efficiencies(nproc, monkeyp
     else:
         assert p.intra_node_latency == pytest.approx(5e-6)
         assert p.intra_node_bandwidth * p.collective_efficiency == pytest.approx(3.6e11)
+
+
+@pytest.mark.parametrize("half", [0.0, 12.5, 40.0])
+def test_inner_dimension_fit_recovers_exact_data(half):
+    from planner.calibrate_profile import fit_half_inner_dim
+
+    ks = [32, 64, 128, 512, 1024]
+    rates = [90e9 * k / (k + half) for k in ks]
+    assert fit_half_inner_dim(ks, rates) == pytest.approx(half, abs=1e-6)
+    assert fit_half_inner_dim([128, 128], [1e9, 2e9]) == 0.0  # one K says nothing

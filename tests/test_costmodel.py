@@ -174,3 +174,21 @@ def test_full_and_selective_recompute_options_from_a_traced_gpt(tmp_path, monkey
     assert by["none"].act_bytes == pytest.approx(s * b * h * (34 + 5 * a * s / h), rel=0.05)
     # recompute costs time: full re-runs the forward, selective only the attention core
     assert by["none"].time_s < by["selective"].time_s < by["full"].time_s
+
+
+def test_short_inner_dimensions_slow_a_gemm_down():
+    """rate = R * K / (K + half): a K=96 linear forward at half=32 takes 4/3 of its K->inf time;
+    backward averages its two GEMMs (over N, and over the M tokens, which scale with the
+    micro-batch for a weight's gradient)."""
+    from planner.costmodel import inner_dim_slowdowns
+
+    assert inner_dim_slowdowns([96, 64, 512, True], 1.0, 32.0) == pytest.approx(
+        (128 / 96, ((64 + 32) / 64 + (512 + 32) / 512) / 2)
+    )
+    f, b = inner_dim_slowdowns([96, 64, 512, True], 2.0, 32.0)  # twice the tokens
+    assert b == pytest.approx(((64 + 32) / 64 + (1024 + 32) / 1024) / 2)
+    assert inner_dim_slowdowns([96, 64, 512, False], 2.0, 32.0)[1] == pytest.approx(
+        ((64 + 32) / 64 + (512 + 32) / 512) / 2
+    )
+    assert inner_dim_slowdowns([96, 64, 512, True], 1.0, 0.0) == (1.0, 1.0)
+    assert inner_dim_slowdowns(None, 1.0, 32.0) == (1.0, 1.0)

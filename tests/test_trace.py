@@ -236,3 +236,26 @@ def test_hook_fallback_graph(tmp_path, monkeypatch):
     assert [b.name for b in traced.blocks] == ["layers.0", "layers.1", "layers.2"]
     # three Linear layers of 4 x 8 x 8 multiply-adds
     assert sum(b.fwd_flops for b in traced.blocks) == 3 * 2 * 4 * 8 * 8
+
+
+def test_matmul_inner_dimensions():
+    from planner.trace import matmul_inner_dims
+
+    # x[2, 16, 64] @ W[32, 64]^T: forward over 64, dX over 32, dW over all 32 tokens
+    assert matmul_inner_dims("aten.linear.default", [[2, 16, 64], [32, 64]], [2, 16, 32]) == [
+        64,
+        32,
+        32,
+        True,
+    ]
+    # scores q[2, 4, 16, 8] @ k^T[2, 4, 8, 16]: per head, over 8, 16 and 16 (not the batch)
+    assert matmul_inner_dims(
+        "aten.matmul.default", [[2, 4, 16, 8], [2, 4, 8, 16]], [2, 4, 16, 16]
+    ) == [8, 16, 16, False]
+    assert matmul_inner_dims("aten.addmm.default", [[32], [10, 64], [64, 32]], [10, 32]) == [
+        64,
+        32,
+        10,
+        True,
+    ]
+    assert matmul_inner_dims("aten.add.Tensor", [[2, 3], [2, 3]], [2, 3]) is None
