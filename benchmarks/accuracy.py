@@ -228,6 +228,17 @@ def kendall(pred: list[float], meas: list[float]) -> tuple[float, float]:
     return float(res.statistic), float(res.pvalue)
 
 
+def figure_title(report: dict) -> str:
+    s = report["summary"]
+    return (
+        f"meshplan cost model vs runtime, CPU gloo, profile {report['profile']}, fp32\n"
+        f"median |err| {s['median_abs_rel_error']:.0%}, worst "
+        f"{s['worst_abs_rel_error']:.0%}, Kendall tau {s['kendall_tau']:.2f}; load avg "
+        f"{report['load_average_before'][0]}→{report['load_average_after'][0]} on "
+        f"{report['machine']['cpus']} CPUs"
+    )
+
+
 def plot(rows: list[dict], path: Path, title: str) -> None:
     import matplotlib
 
@@ -239,7 +250,10 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     ys = [r["measured_s"] for r in ok]
     lo = min(xs + ys) / 1.6
     hi = max(xs + ys) * 1.6
-    fig, ax = plt.subplots(figsize=(9, 8))
+    fig = plt.figure(figsize=(12, 8))
+    ax = fig.add_axes((0.08, 0.08, 0.6, 0.84))
+    key = fig.add_axes((0.7, 0.08, 0.29, 0.84))
+    key.axis("off")
     grid = [lo * (hi / lo) ** (i / 100) for i in range(101)]
     ax.fill_between(
         grid,
@@ -259,18 +273,29 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     )
     ax.plot(grid, grid, "k-", lw=1, label="y = x")
     colors = {1: "tab:blue", 2: "tab:red"}
-    offsets = [(5, 4), (5, -10), (-5, 8), (-5, -12)]  # alternate so clustered labels separate
-    for i, r in enumerate(sorted(ok, key=lambda r: (r["measured_s"], r["predicted_s"]))):
+    # Points carry a number (names would pile up where configurations cluster); the key beside
+    # the plot names each one with its error.
+    offsets = [(4, 3), (4, -9), (-4, 3), (-4, -9)]
+    for i, r in enumerate(ok, start=1):
         ax.scatter(r["predicted_s"], r["measured_s"], color=colors.get(r["ranks"], "k"), zorder=3)
-        dx, dy = offsets[i % len(offsets)]
+        dx, dy = offsets[(i - 1) % len(offsets)]
         ax.annotate(
-            r["name"],
+            str(i),
             (r["predicted_s"], r["measured_s"]),
-            fontsize=6.5,
+            fontsize=7,
             xytext=(dx, dy),
             textcoords="offset points",
             ha="left" if dx > 0 else "right",
-            arrowprops={"arrowstyle": "-", "lw": 0.4, "color": "0.5"},
+        )
+        key.text(
+            0.0,
+            1 - (i - 0.5) / max(len(ok), 20),
+            f"{i:>2}  {r['name']}  ({r['rel_error']:+.0%})",
+            fontsize=8,
+            family="monospace",
+            color=colors.get(r["ranks"], "k"),
+            va="center",
+            transform=key.transAxes,
         )
     ax.scatter([], [], color="tab:blue", label="1 rank")
     ax.scatter([], [], color="tab:red", label="2 ranks")
@@ -283,7 +308,6 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     ax.set_title(title, fontsize=9)
     ax.legend(loc="upper left", fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)
 
@@ -295,7 +319,16 @@ def main() -> int:
     ap.add_argument("--only", help="comma-separated config names (debugging)")
     ap.add_argument("--out", default=str(ROOT / "reports" / "accuracy"))
     ap.add_argument("--no-plot", action="store_true")
+    ap.add_argument(
+        "--replot", action="store_true", help="redraw cpu.png from --out's cpu.json; run nothing"
+    )
     args = ap.parse_args()
+    if args.replot:
+        report = json.loads((Path(args.out) / "cpu.json").read_text())
+        measured = [r for r in report["configs"] if r.get("measured_s")]
+        plot(measured, Path(args.out) / "cpu.png", figure_title(report))
+        print(f"wrote {Path(args.out) / 'cpu.png'}")
+        return 0
     command = (
         "MESHPLAN_CACHE="
         + os.environ.get("MESHPLAN_CACHE", "<default>")
@@ -571,13 +604,7 @@ def main() -> int:
     out_json.write_text(json.dumps(_no_nan(report), indent=2, default=str, allow_nan=False) + "\n")
     print(f"wrote {out_json}")
     if not args.no_plot and ok:
-        title = (
-            f"meshplan cost model vs runtime, CPU gloo, profile {PROFILE}, fp32\n"
-            f"median |err| {summary['median_abs_rel_error']:.0%}, worst "
-            f"{summary['worst_abs_rel_error']:.0%}, Kendall tau {summary['kendall_tau']:.2f}; "
-            f"load avg {load_before[0]}→{load_after[0]} on {ncpu} CPUs"
-        )
-        plot(rows, out_dir / "cpu.png", title)
+        plot(rows, out_dir / "cpu.png", figure_title(_no_nan(report)))
         print(f"wrote {out_dir / 'cpu.png'}")
     print(f"total {time.perf_counter() - t_start:.1f} s")
     return 0
