@@ -28,12 +28,24 @@ STEPS = 5
 RTOL = 1e-4
 MODELS = ("gpt", "llama", "mlp")
 
-# (id, world, pins, models); each also runs with recompute (full or selective, alternating).
-# The MLP joins where its structure adds something (DP/ZeRO, pipelines). The 8-rank 3-D mesh,
-# the slowest launch on two cores, runs our GPT with recompute (every rank of a Llama plan
-# imports transformers: seconds each); Llama meets every 2-D pairing at 4 ranks.
+# (id, world, pins, models): every model runs every configuration with and without recompute
+# (full or selective, alternating over configurations). MESHPLAN_RUNTIME_QUICK=1 runs only the
+# models listed (the MLP where its structure adds something; the 8-rank 3-D mesh, the slowest
+# launch on two cores, with our GPT: every rank of a Llama plan imports transformers) and the
+# recompute twin for one of them: a third less time, for local iteration.
 ALL = MODELS
 NO_MLP = ("gpt", "llama")
+THREE_D = dict(tp=2, dp=2, pp=2, zero=0, schedule="1f1b", micro_batch_size=2)
+PP4_V2 = dict(
+    tp=1,
+    dp=1,
+    pp=4,
+    zero=0,
+    schedule="interleaved_1f1b",
+    virtual_stages=2,
+    micro_batch_size=2,
+    layers=6,
+)
 CONFIGS: list[tuple[str, int, dict, tuple[str, ...]]] = [
     ("tp2", 2, dict(tp=2, dp=1, pp=1, zero=0, micro_batch_size=4), ALL),
     ("pp2-gpipe", 2, dict(tp=1, dp=1, pp=2, zero=0, schedule="gpipe", micro_batch_size=2), ALL),
@@ -77,18 +89,10 @@ CONFIGS: list[tuple[str, int, dict, tuple[str, ...]]] = [
         dict(tp=2, dp=1, pp=2, zero=0, schedule="1f1b", micro_batch_size=2),
         NO_MLP,
     ),
+    # Interleaved 1F1B over 4 ranks needs 8 blocks: 6-layer tiny models.
+    ("pp4-interleaved-v2", 4, PP4_V2, NO_MLP),
+    ("pp2xdp2xtp2", 8, THREE_D, ("gpt",)),
 ]
-THREE_D = dict(tp=2, dp=2, pp=2, zero=0, schedule="1f1b", micro_batch_size=2)
-PP4_V2 = dict(
-    tp=1,
-    dp=1,
-    pp=4,
-    zero=0,
-    schedule="interleaved_1f1b",
-    virtual_stages=2,
-    micro_batch_size=2,
-    layers=6,
-)
 # Single extra plans (no recompute twin): (id, model, world, pins).
 EXTRA: list[tuple[str, str, int, dict]] = [
     *(
@@ -100,20 +104,12 @@ EXTRA: list[tuple[str, str, int, dict]] = [
         )
         for m in MODELS
     ),
-    ("pp2xdp2xtp2-full", "gpt", 8, {**THREE_D, "recompute": "full"}),
-    # Interleaved 1F1B over 4 ranks needs 8 blocks: a 6-layer tiny model.
-    *(
-        (f"pp4-interleaved-v2{rc_id}", m, 4, {**PP4_V2, "recompute": rc})
-        for m, rc, rc_id in (("gpt", "none", ""), ("llama", "full", "-full"))
-    ),
 ]
 
 
 def _cases(full: bool) -> list[tuple[str, str, int, dict]]:
-    """Every config for each of its models without recompute; with recompute (full and
-    selective alternating over configs) for one model per config, rotating, so each model meets
-    both kinds; ``full`` (MESHPLAN_RUNTIME_FULL=1) runs every model on every config and the
-    recompute twin of every case, which takes about twice CI's budget on two cores."""
+    """Every configuration for every model, with and without recompute (``full``); otherwise
+    each configuration's listed models without, and one of them (rotating) with."""
     cases = []
     for i, (cid, world, pins, models) in enumerate(CONFIGS):
         models = MODELS if full else models
@@ -126,13 +122,10 @@ def _cases(full: bool) -> list[tuple[str, str, int, dict]]:
                 cases.append((f"{model}-{cid}-{rc}", model, world, {**pins, "recompute": rc}))
     for cid, model, world, pins in EXTRA:
         cases.append((f"{model}-{cid}", model, world, {"recompute": "none", **pins}))
-    if full:
-        for model in MODELS:
-            cases.append((f"{model}-pp2xdp2xtp2-all", model, 8, {**THREE_D, "recompute": "none"}))
     return cases
 
 
-CASES = _cases(os.environ.get("MESHPLAN_RUNTIME_FULL") == "1")
+CASES = _cases(os.environ.get("MESHPLAN_RUNTIME_QUICK") != "1")
 
 
 def forced_plan(model: str, world: int, out: Path, layers: int | None = None, **pins) -> Path:
