@@ -601,10 +601,11 @@ def main() -> int:
         "configs": rows,
     }
     out_json = out_dir / "cpu.json"
-    out_json.write_text(json.dumps(_no_nan(report), indent=2, default=str, allow_nan=False) + "\n")
+    report = _no_nan(report)
+    out_json.write_text(json.dumps(report, indent=2, default=str, allow_nan=False) + "\n")
     print(f"wrote {out_json}")
     if not args.no_plot and ok:
-        plot(rows, out_dir / "cpu.png", figure_title(_no_nan(report)))
+        plot(rows, out_dir / "cpu.png", figure_title(report))
         print(f"wrote {out_dir / 'cpu.png'}")
     print(f"total {time.perf_counter() - t_start:.1f} s")
     return 0

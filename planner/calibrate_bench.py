@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch.distributed._composable import checkpoint
 
 DTYPES = {
     "fp32": torch.float32,
@@ -239,20 +238,6 @@ def model_op_mix() -> tuple[torch.nn.Module, torch.Tensor]:
     return layer.train(), torch.randn(2, 4, 8)
 
 
-def _save_matmuls(ctx, op, *args, **kwargs):
-    from torch.utils.checkpoint import CheckpointPolicy
-
-    aten = torch.ops.aten
-    saved = (aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default)
-    return CheckpointPolicy.MUST_SAVE if op in saved else CheckpointPolicy.PREFER_RECOMPUTE
-
-
-def _selective_contexts():
-    from torch.utils.checkpoint import create_selective_checkpoint_contexts
-
-    return create_selective_checkpoint_contexts(_save_matmuls)
-
-
 def traced_op_count(module: torch.nn.Module, x: torch.Tensor) -> int:
     """Ops the tracer would count for ``module`` (torch.export's graph, views excluded): the
     unit the cost model charges a per-op overhead on."""
@@ -271,6 +256,12 @@ def op_overheads(device: torch.device, seconds: float, mesh=None) -> dict[str, f
     tensors, the kind of op a per-tensor optimizer step issues. "dtensor": that multiply on a
     replicated DTensor (FSDP2 and TP parameters' optimizer steps); "tp_module" (given a mesh of
     2 or more ranks): see tp_module_overhead."""
+    # The runtime's own selective recompute (its checkpoint and policy), so the probe times
+    # what a plan runs.
+    from torch.distributed._composable import checkpoint
+
+    from runtime.parallelize import selective_context
+
     sync = synchronizer(device)
     layer, x = model_op_mix()
     ops = traced_op_count(layer, x)
@@ -279,48 +270,39 @@ def op_overheads(device: torch.device, seconds: float, mesh=None) -> dict[str, f
     def forward() -> None:
         layer(x)
 
-    def forward_backward() -> None:
-        layer(x).sum().backward()
-
     fwd = 1.0 / timed_rate(forward, 1.0, seconds, sync)
-    both = 1.0 / timed_rate(forward_backward, 1.0, seconds, sync)
+    both = 1.0 / timed_rate(_forward_backward(layer, x), 1.0, seconds, sync)
     out = {"forward": fwd / ops, "backward": max(both - fwd, 0.0) / ops, "ops": float(ops)}
-    # The same layer under selective recomputation as the runtime applies it (a checkpoint
-    # whose policy saves matrix products): its dispatch mode sees every op in forward and again
-    # in the recompute, which costs far more than the recomputed math at small sizes.
-    selective, x2 = model_op_mix()
-    selective, x2 = selective.to(device), x2.to(device)
-    checkpoint(selective, context_fn=_selective_contexts)
-
-    def selective_step() -> None:
-        selective(x2).sum().backward()
-
-    sel = 1.0 / timed_rate(selective_step, 1.0, seconds, sync)
+    # The same layer under selective recomputation: its dispatch mode sees every op in forward
+    # and again in the recompute, which costs far more than the recomputed math at small sizes.
+    selective, _ = model_op_mix()
+    checkpoint(selective.to(device), context_fn=selective_context)
+    sel = 1.0 / timed_rate(_forward_backward(selective, x), 1.0, seconds, sync)
     out["selective"] = max(sel - both, 0.0) / ops
 
-    v = torch.ones(8, device=device)
-
-    def chain() -> None:
-        y = v
-        for _ in range(OVERHEAD_CHAIN):
-            y = y * 1.0001
-
+    chain = _multiply_chain(torch.ones(8, device=device))
     out["optimizer"] = 1.0 / timed_rate(chain, 1.0, seconds, sync) / OVERHEAD_CHAIN
     if mesh is not None:
         from torch.distributed.tensor import DTensor, Replicate
 
         d = DTensor.from_local(torch.ones(8, device=device), mesh, [Replicate()])
-
-        def dtensor_chain() -> None:
-            y = d
-            for _ in range(OVERHEAD_CHAIN):
-                y = y * 1.0001
-
-        out["dtensor"] = 1.0 / timed_rate(dtensor_chain, 1.0, seconds, sync) / OVERHEAD_CHAIN
+        dchain = _multiply_chain(d)
+        out["dtensor"] = 1.0 / timed_rate(dchain, 1.0, seconds, sync) / OVERHEAD_CHAIN
         if mesh.size() > 1:
             out["tp_module"] = tp_module_overhead(device, mesh)
             out["fsdp_unit"] = fsdp_unit_overhead(device, mesh)
     return out
+
+
+def _multiply_chain(start: torch.Tensor) -> Callable[[], None]:
+    """OVERHEAD_CHAIN eager multiplies on ``start`` (a plain tensor or a DTensor)."""
+
+    def chain() -> None:
+        y = start
+        for _ in range(OVERHEAD_CHAIN):
+            y = y * 1.0001
+
+    return chain
 
 
 TP_CALLS = 40
@@ -407,8 +389,9 @@ def fsdp_unit_overhead(device: torch.device, mesh) -> float:
     for unit in sharded:
         fully_shard(unit, mesh=mesh, reshard_after_forward=True)
     fully_shard(sharded, mesh=mesh, reshard_after_forward=True)
-    full = torch.ones(72 * mesh.size(), device=device)  # one unit's 72 parameters, gathered
-    shard = torch.ones(72, device=device)
+    per_unit = sum(p.numel() for p in _linear_pair(device)[0].parameters())
+    full = torch.ones(per_unit * mesh.size(), device=device)  # one unit's parameters, gathered
+    shard = torch.ones(per_unit, device=device)
     group = mesh.get_group()
 
     def unit_collectives() -> None:  # what each of the two units issues per micro-batch

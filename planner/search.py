@@ -471,12 +471,12 @@ def _solve_lp(c, a_ub, b_ub, a_eq, b_eq, lower, upper) -> tuple[str, float]:
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
     h.setOptionValue("presolve", "off")  # a third faster on these small LPs, same optimum
+    inf = highspy.kHighsInf
     lp = highspy.HighsLp()
     lp.num_col_, lp.num_row_ = a.shape[1], a.shape[0]
     lp.col_cost_ = np.asarray(c, dtype=float)
     lp.col_lower_ = np.asarray(lower, dtype=float)
-    lp.col_upper_ = np.where(np.isinf(upper), highspy.kHighsInf, upper).astype(float)
-    inf = highspy.kHighsInf
+    lp.col_upper_ = np.where(np.isinf(upper), inf, upper).astype(float)
     lp.row_lower_ = np.concatenate([np.full(len(b_ub), -inf), np.asarray(b_eq, dtype=float)])
     lp.row_upper_ = np.concatenate([np.asarray(b_ub, dtype=float), np.asarray(b_eq, dtype=float)])
     lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
