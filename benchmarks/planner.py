@@ -100,7 +100,7 @@ def row_from_candidate(c: Candidate | None, res=None, note: str = "") -> dict[st
     cost = c.cost
     label = c.label()
     if res is not None and c.config is not None:
-        opts = res.inputs[(c.tp, c.micro_batch_size)].options
+        opts = res.inputs[c.key].options
         chosen = [opts[i][k] for i, k in enumerate(c.config.choice)]
         label += ", recompute " + "+".join(sorted({o.recompute for o in chosen}))
         offload = sorted({o.offload for o in chosen} - {"none"})

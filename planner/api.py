@@ -10,6 +10,7 @@ import networkx as nx
 
 from planner.blocks import Block, make_blocks
 from planner.cache import load_graph, save_graph, trace_key
+from planner.errors import UserInputError
 from planner.modelfile import ModelFile, load_model_file
 from planner.trace import trace_model
 
@@ -116,7 +117,9 @@ class PlanResult:
 def variants_for(graph: nx.DiGraph, cluster, tp_variant: str = "auto") -> Any:
     """The intra-block sharding ILP, with its cost rates taken from the cluster's profile.
     ``tp_variant="sharded"`` drops the replicated variant wherever a sharded one exists, so a
-    pinned ``--tp`` really shards (used to score hand-written Megatron configs, and by tests)."""
+    pinned ``--tp`` really shards (used to score hand-written Megatron configs, and by tests);
+    "sequence" keeps only the sequence-parallel variant where a block has one (else as
+    "sharded"); "no-sequence" drops sequence-parallel variants."""
     from planner.sharding import tp_variants
 
     p = cluster.profile
@@ -131,8 +134,13 @@ def variants_for(graph: nx.DiGraph, cluster, tp_variant: str = "auto") -> Any:
             flops_per_second=p.peak_flops["bf16"] * p.matmul_efficiency,
             bytes_per_second=p.memory_bandwidth * p.elementwise_efficiency,
         )
+        if tp_variant == "no-sequence":
+            return [v for v in found if not v.name.endswith("-sp")]
         sharded = [v for v in found if v.name != "replicated"]
-        return sharded if tp_variant == "sharded" and sharded else found
+        sequence = [v for v in sharded if v.name.endswith("-sp")]
+        if tp_variant == "sequence" and sequence:
+            return sequence
+        return sharded if tp_variant in ("sharded", "sequence") and sharded else found
 
     return variants_of
 
@@ -179,6 +187,8 @@ def plan(
         int(training_cfg["global_batch_size"]),
         str(training_cfg["dtype"]),
         str(training_cfg["optimizer"]),
+        moe_factor(training_cfg, "moe_capacity_factor"),
+        moe_factor(training_cfg, "moe_imbalance"),
     )
     pins = pins or Pins()
     if progress:
@@ -194,6 +204,16 @@ def plan(
     lr = float(training_cfg.get("lr", 3e-4))
     doc = build_plan(traced, cluster, training, lr, result, baselines)
     return PlanResult(doc, traced, cluster, training, result, notes)
+
+
+def moe_factor(training_cfg: dict, key: str) -> float:
+    """TRAINING's mixture-of-experts factors: numbers >= 1 (1.0 when absent)."""
+    value = training_cfg.get(key, 1.0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 1:
+        raise UserInputError(
+            f"TRAINING[{key!r}] must be a number >= 1 (1.0 = dropless and balanced), got {value!r}"
+        )
+    return float(value)
 
 
 def baseline_candidates(traced, cluster, training, pins, variants_of) -> list:

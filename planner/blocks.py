@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 
 import networkx as nx
 
-from planner.opcost import MATMUL_OPS, is_view
+from planner.opcost import MATMUL_OPS, is_grouped_mm, is_view
 
 
 @dataclass
@@ -94,10 +94,49 @@ def make_blocks(graph: nx.DiGraph) -> list[Block]:
                 boundary_bytes=boundary[i],
                 transient_bytes=max((d["fwd_bytes"] for d in data), default=0),
                 member=g["member"],
+                extra=_moe(graph, nodes, names),
             )
         )
     _name_classes(blocks)
     return blocks
+
+
+def _moe(graph: nx.DiGraph, nodes: list[str], param_names: list[str]) -> dict:
+    """A mixture-of-experts layer inside the block: its expert modules (trace's
+    ``expert_modules``), expert count, parameters, and the rows the experts receive per traced
+    micro-batch (tokens x top-k: the grouped product's rows, else the router's top-k indices)
+    with their width, which is what an expert-parallel all-to-all moves."""
+    experts = {
+        fqn: info
+        for fqn, info in graph.graph.get("experts", {}).items()
+        if any(p.startswith(fqn + ".") for p in param_names)
+    }
+    if not experts:
+        return {}
+    rows = width = top_k = 0
+    for n in nodes:
+        d = graph.nodes[n]
+        inside = any(d["module"] == f or d["module"].startswith(f + ".") for f in experts)
+        if d["op"] == "aten.topk.default" and not top_k and d["shapes"][0]:
+            top_k = int(d["shapes"][0][-1])
+            tokens = _numel(d["shapes"][0]) // max(top_k, 1)
+        if inside and is_grouped_mm(d["op"]) and not rows:
+            rows = int(d["shapes"][0][0])
+            width = int((d.get("mm_inner") or [0])[0])
+    if not rows and top_k:
+        rows = tokens * top_k
+    if not rows or not width:
+        return {}
+    return {
+        "moe": {
+            "modules": sorted(experts),
+            "num_experts": min(i["num_experts"] for i in experts.values()),
+            "expert_params": sum(i["params"] for i in experts.values()),
+            "top_k": top_k or 1,
+            "routed_rows": rows,
+            "width": width,
+        }
+    }
 
 
 # --------------------------------------------------------------------------- module tree
@@ -316,6 +355,8 @@ def _io_bytes(graph: nx.DiGraph, nodes: list[str], block_of: dict, i: int) -> tu
         for u in graph.predecessors(n):
             if u not in inside and u not in seen:
                 seen.add(u)
+                if _shared_constant(graph, u, block_of):
+                    continue
                 in_bytes += graph.edges[u, n]["bytes"]
     out_bytes = 0
     outputs = set(graph.graph.get("outputs", []))
@@ -326,6 +367,14 @@ def _io_bytes(graph: nx.DiGraph, nodes: list[str], block_of: dict, i: int) -> tu
         elif n in outputs:
             out_bytes += graph.nodes[n]["out_bytes"] or _logical_bytes(graph, n)
     return in_bytes, out_bytes
+
+
+def _shared_constant(graph: nx.DiGraph, u: str, block_of: dict) -> bool:
+    """A tensor without gradient that several blocks read (an attention mask, rotary tables):
+    it lives once for the whole step, not once per block that takes it in."""
+    if graph.nodes[u].get("requires_grad", False):
+        return False
+    return len({block_of.get(v) for v in graph.successors(u)}) > 1
 
 
 def _logical_bytes(graph: nx.DiGraph, n: str) -> int:

@@ -87,6 +87,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--tp", type=positive_int, help="tensor-parallel degree")
     s.add_argument("--pp", type=positive_int, help="pipeline-parallel degree")
     s.add_argument("--dp", type=positive_int, help="data-parallel degree")
+    s.add_argument(
+        "--ep",
+        type=positive_int,
+        help="expert-parallel degree (MoE models; divides --dp and the expert count)",
+    )
+    s.add_argument(
+        "--cp",
+        type=positive_int,
+        help="context-parallel degree (splits each sequence; models with fused attention)",
+    )
     s.add_argument("--zero", type=int, choices=(0, 1, 2, 3), help="ZeRO stage")
     s.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved_1f1b"))
     s.add_argument("--virtual-stages", type=positive_int, help="chunks per rank (interleaved)")
@@ -97,8 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--tp-variant",
         default="auto",
-        choices=("auto", "sharded"),
-        help="sharded: with --tp > 1, shard every block that can be sharded",
+        choices=("auto", "sharded", "sequence", "no-sequence"),
+        help="sharded: with --tp > 1, shard every block that can be sharded; sequence: also "
+        "run them sequence-parallel where they allow it; no-sequence: never sequence-parallel",
     )
     s.add_argument(
         "--memory-fraction", type=float, default=1.0, help="usable share of device memory"
@@ -167,6 +178,8 @@ def pins_from(args: argparse.Namespace):
         tp=args.tp,
         pp=args.pp,
         dp=args.dp,
+        ep=args.ep,
+        cp=args.cp,
         zero=args.zero,
         micro_batch_size=args.micro_batch_size,
         schedule=args.schedule,

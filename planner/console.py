@@ -9,6 +9,16 @@ from rich.console import Console
 from rich.table import Table
 
 
+def cp_label(mesh: dict) -> str:
+    """ " cp=N" when each sequence is split over N ranks (nothing otherwise)."""
+    return f" cp={mesh['cp']}" if mesh.get("cp", 1) > 1 else ""
+
+
+def ep_label(mesh: dict) -> str:
+    """ " ep=N" when experts are spread over N data-parallel ranks (nothing otherwise)."""
+    return f" ep={mesh['ep']}" if mesh.get("ep", 1) > 1 else ""
+
+
 def console(quiet: bool = False) -> Console:
     return Console(quiet=quiet, highlight=False, soft_wrap=False)
 
@@ -116,7 +126,8 @@ def print_plan(plan: dict[str, Any], written: list, quiet: bool = False) -> None
     if plan["schedule"] == "interleaved_1f1b":
         sched += f" x{plan['virtual_stages']}"
     out.print(
-        f"[bold]plan[/bold] pp={mesh['pp']} dp={mesh['dp']} tp={mesh['tp']} on "
+        f"[bold]plan[/bold] pp={mesh['pp']} dp={mesh['dp']}{ep_label(mesh)}{cp_label(mesh)} "
+        f"tp={mesh['tp']} on "
         f"{cl['gpus']} x {cl['profile']} ({cl['nodes']} node{'s' * (cl['nodes'] > 1)})  ·  "
         f"global batch {plan['global_batch_size']} = {mesh['dp']} x "
         f"{plan['micro_batch_size']} x {plan['num_microbatches']} micro-batches  ·  {sched}  ·  "

@@ -50,6 +50,11 @@ class Training:
     global_batch_size: int
     dtype: str = "bf16"
     optimizer: str = "adamw"
+    # Mixture-of-experts: the expert capacity factor (rows padded per expert, as in Switch
+    # Transformer; 1.0 = dropless with exactly the routed rows) and the load imbalance under
+    # expert parallelism (the busiest rank's routed rows over the mean; 1.0 = balanced).
+    moe_capacity_factor: float = 1.0
+    moe_imbalance: float = 1.0
 
     @property
     def mixed(self) -> bool:
@@ -76,33 +81,75 @@ class BlockOption:
     transient_bytes: float  # working memory of the block's largest op
     tp_plan: tuple[tuple[str, str], ...] = ()
     param_tensors: int = 0  # parameter tensors the block owns (the optimizer steps each)
+    # Expert parallelism: ``expert_params`` is the share of ``params`` that is this device's
+    # experts (1/ep of them); ``ep_comm_s`` the token all-to-alls inside fwd_s + bwd_s.
+    ep: int = 1
+    expert_params: float = 0.0
+    ep_comm_s: float = 0.0
 
     @property
     def time_s(self) -> float:
         return self.fwd_s + self.bwd_s
 
+    @property
+    def zero_params(self) -> float:
+        """What ZeRO divides by dp: experts shard over the dp/ep replicas of each expert, so
+        ZeRO's share of them is (expert_params * ep) / dp, the same as without EP."""
+        return self.params + self.expert_params * (self.ep - 1)
+
+    def comm_params(self, dp: int) -> float:
+        """Parameters whose gradients (or ZeRO-3 weights) a dp-wide ring moves, as the
+        equivalent count: experts reduce over their dp/ep replicas only, a ring of
+        (n - 1)/n per byte with n = dp/ep instead of dp (none when ep = dp)."""
+        if self.ep <= 1 or self.expert_params == 0 or dp <= 1:
+            return self.params
+        n = dp // self.ep
+        ratio = ((n - 1) / n) / ((dp - 1) / dp)
+        return self.params - self.expert_params + self.expert_params * ratio
+
 
 @dataclass
 class Mesh:
+    """pp x dp x cp x tp ranks, rank = ((pp_i * dp + dp_i) * cp + cp_i) * tp + tp_i.
+
+    ``dp`` splits the batch; ``cp`` (context parallel) splits each sample's sequence, so the
+    dp * cp ``replicas`` of the weights are what gradients reduce over and ZeRO shards over.
+    ``ep`` (expert parallel) divides dp: each run of ep consecutive dp ranks holds one copy of
+    every expert, 1/ep of them each (ep shares devices with dp)."""
+
     pp: int
     dp: int
     tp: int
+    ep: int = 1
+    cp: int = 1
+
+    @property
+    def replicas(self) -> int:
+        return self.dp * self.cp
 
     @property
     def size(self) -> int:
-        return self.pp * self.dp * self.tp
+        return self.pp * self.replicas * self.tp
 
-    def rank(self, pp_i: int, dp_i: int, tp_i: int) -> int:
-        return (pp_i * self.dp + dp_i) * self.tp + tp_i
+    def rank(self, pp_i: int, replica_i: int, tp_i: int) -> int:
+        """``replica_i`` = dp_i * cp + cp_i."""
+        return (pp_i * self.replicas + replica_i) * self.tp + tp_i
 
     def tp_group(self, pp_i: int = 0) -> list[int]:
         return [self.rank(pp_i, 0, t) for t in range(self.tp)]
 
     def dp_group(self, pp_i: int = 0) -> list[int]:
-        return [self.rank(pp_i, d, 0) for d in range(self.dp)]
+        """The ranks one weight is replicated on (data and context parallel)."""
+        return [self.rank(pp_i, d, 0) for d in range(self.replicas)]
+
+    def ep_group(self, pp_i: int = 0) -> list[int]:
+        return [self.rank(pp_i, d * self.cp, 0) for d in range(self.ep)]
+
+    def cp_group(self, pp_i: int = 0) -> list[int]:
+        return [self.rank(pp_i, c, 0) for c in range(self.cp)]
 
     def stage_ranks(self, pp_i: int) -> list[int]:
-        return [self.rank(pp_i, d, t) for d in range(self.dp) for t in range(self.tp)]
+        return [self.rank(pp_i, d, t) for d in range(self.replicas) for t in range(self.tp)]
 
 
 @dataclass
@@ -202,7 +249,7 @@ def _param_bytes(graph) -> dict[str, int]:
     return found
 
 
-def node_times(graph, block: Block, scale: float, cluster: Cluster, dtype: str):
+def node_times(graph, block: Block, scale: float, cluster: Cluster, dtype: str, nodes=None):
     """Per-op roofline, summed: (forward, backward, forward of the selective core).
 
     An op's traced bytes include the weights it reads; those do not grow with the micro-batch
@@ -216,7 +263,7 @@ def node_times(graph, block: Block, scale: float, cluster: Cluster, dtype: str):
     pbytes = _param_bytes(graph)
     half = cluster.profile.matmul_half_inner_dim
     fwd = bwd = core_fwd = 0.0
-    for n in block.nodes:
+    for n in block.nodes if nodes is None else nodes:
         d = graph.nodes[n]
         weights = min(sum(pbytes.get(p, 0) for p in d.get("params", ())), d["fwd_bytes"])
         act_f = d["fwd_bytes"] - weights
@@ -278,27 +325,54 @@ def block_options(
     tp_ranks: list[int],
     training: Training,
     offload_allowed: bool = True,
+    ep_ranks: list[int] | None = None,
+    cp_ranks: list[int] | None = None,
 ) -> list[BlockOption]:
-    """Every (TP variant x recompute x offload) option of a block, priced."""
+    """Every (TP variant x recompute x offload) option of a block, priced. ``ep_ranks``: the
+    expert-parallel group a mixture-of-experts block's experts are spread over; ``cp_ranks``:
+    the context-parallel group each sample's sequence is split over (every token-local op and
+    every query's attention run on 1/cp of the tokens, plus the ring of key/value chunks)."""
     traced_mbs = graph.graph["micro_batch_size"]
-    scale = micro_batch_size / traced_mbs
+    cp = len(cp_ranks) if cp_ranks else 1
+    scale = micro_batch_size / traced_mbs / cp
     fwd_full, bwd_full, core_fwd = node_times(graph, block, scale, cluster, training.dtype)
+    ring_f, ring_b = ring_attention_times(graph, block, scale, cluster, training, cp_ranks)
+    fwd_full += ring_f
+    bwd_full += ring_b
     counts = op_counts(graph, block)
+    ep = len(ep_ranks) if ep_ranks else 1
+    moe = block.extra.get("moe")
+    expert_total = float(moe["expert_params"]) if moe else 0.0
+    a2a_f = a2a_b = 0.0
+    if moe:
+        # The busiest expert rank computes ``factor`` times the mean routed rows.
+        factor = training.moe_capacity_factor * (training.moe_imbalance if ep > 1 else 1.0)
+        e_fwd, e_bwd, _ = node_times(
+            graph, block, scale, cluster, training.dtype, expert_nodes(graph, block)
+        )
+        fwd_full += e_fwd * (factor - 1)
+        bwd_full += e_bwd * (factor - 1)
+        # dispatch + combine in forward, their gradients in backward
+        a2a = all_to_all_bytes(moe, scale, ep, training)
+        one = collective_time("all_to_all", a2a / 2, cluster, ep_ranks or [0])
+        a2a_f = a2a_b = 2 * one
     options: list[BlockOption] = []
     for v in variants:
         cf = v.compute_fraction
         ovh_f, ovh_b, ovh_sel = overhead_times(counts, v.tp_plan, len(tp_ranks), cluster)
-        fwd = fwd_full * cf + ovh_f
-        bwd = bwd_full * cf + ovh_b
+        fwd = fwd_full * cf + ovh_f + a2a_f
+        bwd = bwd_full * cf + ovh_b + a2a_b
         comm_f = sum(collective_time(k, b * scale, cluster, tp_ranks) for k, b in v.comm_fwd)
         comm_b = sum(collective_time(k, b * scale, cluster, tp_ranks) for k, b in v.comm_bwd)
-        params = block.params * v.param_fraction
+        # Experts are not split by TP (a grouped product has no sharding rule), but by EP.
+        params = block.params * v.param_fraction - expert_total * (1 - 1 / ep)
         for rc in RECOMPUTE:
             if rc == "selective" and v.saved_selective_bytes >= v.saved_bytes:
                 continue  # nothing to drop: identical to "none"
             if rc == "full" and v.input_bytes >= v.saved_bytes:
                 continue
             extra = {"none": 0.0, "selective": core_fwd * cf + ovh_sel, "full": fwd + comm_f}[rc]
+            ep_comm = a2a_f + a2a_b + (a2a_f if rc == "full" else 0.0)
             act = {
                 "none": v.saved_bytes,
                 "selective": v.saved_selective_bytes,
@@ -324,26 +398,103 @@ def block_options(
                         recompute_peak_bytes=recompute_peak * scale,
                         transient_bytes=block.transient_bytes * scale * cf,
                         tp_plan=tuple(sorted(v.tp_plan.items())),
+                        ep=ep,
+                        expert_params=expert_total / ep,
+                        ep_comm_s=ep_comm,
                     )
                 )
     return options
 
 
+def ring_attention_times(
+    graph, block: Block, scale: float, cluster: Cluster, training: Training, cp_ranks
+) -> tuple[float, float]:
+    """Exposed (forward, backward) time of context parallelism's ring attention in a block.
+
+    Each of the cp - 1 ring steps passes this rank's key and value chunk (1/cp of the sequence,
+    ``scale`` already holds the 1/cp) to the next rank; backward passes keys, values and their
+    gradients, twice the bytes. Ring steps overlap the attention kernels on the chunks already
+    received, up to the profile's ``comm_overlap`` share of the attention's time."""
+    from planner.opcost import ATTENTION_OPS
+
+    cp = len(cp_ranks) if cp_ranks else 1
+    if cp <= 1:
+        return 0.0, 0.0
+    bw, lat = cluster.link(cp_ranks)
+    hide = cluster.profile.comm_overlap
+    fwd = bwd = 0.0
+    for n in block.nodes:
+        d = graph.nodes[n]
+        if d["op"] not in ATTENTION_OPS:
+            continue
+        refs = [a["node"] for a in d["args"][1:3] if isinstance(a, dict) and "node" in a]
+        kv = sum(_tensor_bytes(graph, r) for r in refs) * scale
+        ring_f = (cp - 1) * p2p_time(kv, bw, lat)
+        ring_b = (cp - 1) * p2p_time(2 * kv, bw, lat)
+        attn_f, attn_b, _ = node_times(graph, block, scale, cluster, training.dtype, [n])
+        fwd += max(0.0, ring_f - hide * attn_f)
+        bwd += max(0.0, ring_b - hide * attn_b)
+    return fwd, bwd
+
+
+def _tensor_bytes(graph, n: str) -> float:
+    d = graph.nodes[n]
+    shape, dtype = (d.get("shapes") or [None])[0], (d.get("dtypes") or [None])[0]
+    if not shape:
+        return 0.0
+    return math.prod(shape) * {"float32": 4, "float64": 8}.get(dtype or "", 2)
+
+
+def expert_nodes(graph, block: Block) -> list[str]:
+    """The block's ops that run inside its expert modules (their compute scales with the
+    routed rows each expert rank receives)."""
+    mods = block.extra.get("moe", {}).get("modules", [])
+
+    def inside(path: str) -> bool:
+        return any(path == f or path.startswith(f + ".") for f in mods)
+
+    return [n for n in block.nodes if inside(graph.nodes[n]["module"])]
+
+
+def all_to_all_bytes(moe: dict, scale: float, ep: int, training: Training) -> float:
+    """Bytes one rank sends to other ranks per mixture-of-experts layer per pass (dispatch plus
+    combine): routed rows (tokens x top-k, times the capacity factor and, under expert
+    parallelism, the imbalance) x width x activation bytes x (ep - 1)/ep, twice.
+    Switch Transformer Sec. 5.4's E * C * d per direction, with C the per-expert capacity."""
+    if ep <= 1:
+        return 0.0
+    act = 2 if training.mixed else 4
+    rows = moe["routed_rows"] * scale * training.moe_capacity_factor * training.moe_imbalance
+    return 2 * rows * moe["width"] * act * (ep - 1) / ep
+
+
 # --------------------------------------------------------------------------- memory
 
 
+def option_states(o: BlockOption, zero: int, dp: int, training: Training) -> dict[str, float]:
+    """``state_memory`` of one block option (expert parameters shard over their replicas)."""
+    return state_memory(o.params, zero, dp, o.offload, training, o.zero_params)
+
+
 def state_memory(
-    params: float, zero: int, dp: int, offload: str, training: Training
+    params: float,
+    zero: int,
+    dp: int,
+    offload: str,
+    training: Training,
+    sharded: float | None = None,
 ) -> dict[str, float]:
     """Weights, gradients and optimizer states per device (ZeRO paper, Sec. 5), after offload.
 
     ZeRO-1 shards optimizer states over DP, ZeRO-2 also gradients, ZeRO-3 also weights.
     Offload "optimizer" moves optimizer states to host memory (ZeRO-Offload); "optimizer+params"
-    also keeps the weights and gradients there between uses (FSDP2 CPUOffloadPolicy)."""
+    also keeps the weights and gradients there between uses (FSDP2 CPUOffloadPolicy).
+    ``sharded``: what ZeRO divides by dp when it differs from ``params`` (expert parallelism)."""
     wb, gb, ob = training.state_bytes
-    w = params * wb / (dp if zero >= 3 else 1)
-    g = params * gb / (dp if zero >= 2 else 1)
-    o = params * ob / (dp if zero >= 1 else 1)
+    z = params if sharded is None else sharded
+    w = z * wb / dp if zero >= 3 else params * wb
+    g = z * gb / dp if zero >= 2 else params * gb
+    o = z * ob / dp if zero >= 1 else params * ob
     host = 0.0
     if offload in ("optimizer", "optimizer+params"):
         host += o
@@ -401,6 +552,12 @@ class CostInputs:
         return 2 * 4 * last.output_bytes / dtype_bytes
 
 
+def sample_share(config: Config) -> float:
+    """Samples' worth of activations one rank holds per micro-batch: a context-parallel rank
+    holds 1/cp of each sample's sequence."""
+    return config.micro_batch_size / config.mesh.cp
+
+
 def stage_time_parts(
     inp: CostInputs, opts: list[BlockOption], config: Config, s: int
 ) -> tuple[float, float, float]:
@@ -414,7 +571,7 @@ def stage_time_parts(
         compute += loss_time(inp, config)
     if n_stages > 1:
         r, p = s % mesh.pp, mesh.pp
-        nbytes = inp.boundary_bytes * config.micro_batch_size / inp.traced_mbs
+        nbytes = inp.boundary_bytes * sample_share(config) / inp.traced_mbs
         if s < n_stages - 1:  # activations to the next stage, gradients back from it
             bw, lat = inp.cluster.link([mesh.rank(r, 0, 0), mesh.rank((s + 1) % p, 0, 0)])
             p2p += 2 * p2p_time(nbytes, bw, lat)
@@ -425,7 +582,7 @@ def loss_time(inp: CostInputs, config: Config) -> float:
     """The loss on the last stage, per micro-batch: cross-entropy over fp32 logits is
     memory-bound, log-softmax and its gradient reading and writing the logits about three times
     each way (``loss_bytes`` already counts logits and their gradient)."""
-    nbytes = 1.5 * inp.loss_bytes * config.micro_batch_size / inp.traced_mbs
+    nbytes = 1.5 * inp.loss_bytes * sample_share(config) / inp.traced_mbs
     p = inp.cluster.profile
     ops = LOSS_OPS * (p.op_overhead + p.backward_op_overhead)
     return 2 * nbytes / (p.memory_bandwidth * p.elementwise_efficiency) + ops
@@ -434,10 +591,10 @@ def loss_time(inp: CostInputs, config: Config) -> float:
 def dp_comm(inp: CostInputs, opts: list[BlockOption], config: Config, pp_rank: int, m: int):
     """(total, exposed) data-parallel communication per step for one stage's blocks."""
     mesh, zero, tr = config.mesh, config.zero_stage, inp.training
-    if mesh.dp == 1:
+    if mesh.replicas == 1:
         return 0.0, 0.0
     wb, gb, _ = tr.state_bytes
-    params = sum(o.params for o in opts)
+    params = sum(o.comm_params(mesh.replicas) for o in opts)
     if params == 0:
         return 0.0, 0.0
     ranks = mesh.dp_group(pp_rank)
@@ -458,7 +615,7 @@ def dp_comm(inp: CostInputs, opts: list[BlockOption], config: Config, pp_rank: i
         return ar + ag, max(0.0, ar - bwd) + ag
     # ZeRO 2/3 (FSDP) issue one collective per block that holds parameters: each pays latency,
     # and each unit its host overhead per micro-batch (hooks, copy-in/out).
-    owned = [o.params for o in opts if o.params > 0]
+    owned = [o.comm_params(mesh.replicas) for o in opts if o.params > 0]
     rs = sum(collective_time("reduce_scatter", n * gb, cl, ranks) for n in owned)
     ag = sum(collective_time("all_gather", n * wb, cl, ranks) for n in owned)
     unit = len(owned) * cl.profile.fsdp_unit_overhead
@@ -473,9 +630,10 @@ def optimizer_time(inp: CostInputs, opts: list[BlockOption], config: Config) -> 
     the host (reads weights, gradients and states, writes weights and states)."""
     wb, gb, ob = inp.training.state_bytes
     p = inp.cluster.profile
-    dp = config.mesh.dp if config.zero_stage >= 1 else 1
-    device = sum(o.params for o in opts if o.offload == "none") / dp
-    host = sum(o.params for o in opts if o.offload != "none") / dp
+    dp = config.mesh.replicas if config.zero_stage >= 1 else 1
+    local = [(o.zero_params / dp if dp > 1 else o.params, o.offload) for o in opts]
+    device = sum(n for n, off in local if off == "none")
+    host = sum(n for n, off in local if off != "none")
     per_param = 2 * wb + gb + 2 * ob
     # The same achievable share of bandwidth applies to a memory-bound step on either side.
     memory = device * per_param / (p.memory_bandwidth * p.elementwise_efficiency) + (
@@ -487,7 +645,7 @@ def optimizer_time(inp: CostInputs, opts: list[BlockOption], config: Config) -> 
     # optimizer ops (the runtime's mapping, runtime/parallelize.py).
     tensors = sum(o.param_tensors for o in opts)
     if config.zero_stage == 1:
-        tensors /= config.mesh.dp
+        tensors /= config.mesh.replicas
     mesh = config.mesh
     dtensors = mesh.tp > 1 or config.zero_stage >= 2 or (config.zero_stage == 0 and mesh.pp > 1)
     per_op = p.dtensor_op_overhead if dtensors else p.optimizer_op_overhead
@@ -500,10 +658,10 @@ def offload_time(inp: CostInputs, opts: list[BlockOption], config: Config, m: in
     backward and the gradients down after each micro-batch."""
     wb, gb, _ = inp.training.state_bytes
     bw = inp.cluster.profile.host_bandwidth
-    dp = config.mesh.dp if config.zero_stage >= 1 else 1
+    dp = config.mesh.replicas if config.zero_stage >= 1 else 1
     t = 0.0
     for o in opts:
-        shard = o.params / dp
+        shard = o.zero_params / dp if dp > 1 else o.params
         if o.offload == "optimizer":
             t += shard * (gb + wb) / bw
         elif o.offload == "optimizer+params":
@@ -519,7 +677,7 @@ def other_memory(
     pipeline send/receive buffers, ZeRO-3's gathered weights of the current and the prefetched
     block, and on the last stage the loss's fp32 logits and their gradient."""
     p = inp.cluster.profile
-    scale = config.micro_batch_size / inp.traced_mbs
+    scale = sample_share(config) / inp.traced_mbs
     total = p.reserved_bytes
     total += max((o.transient_bytes + o.recompute_peak_bytes for o in opts), default=0.0)
     if config.num_stages > 1:
@@ -586,7 +744,7 @@ def evaluate(inp: CostInputs, config: Config) -> StepCost:
             for i in st.blocks:
                 o = inp.options[i][config.choice[i]]
                 rank_opts.append(o)
-                sm = state_memory(o.params, config.zero_stage, mesh.dp, o.offload, training)
+                sm = option_states(o, config.zero_stage, mesh.replicas, training)
                 for k in ("params", "grads", "optimizer"):
                     mem[k] += sm[k]
                 mem["activations"] += o.act_bytes * st.inflight
@@ -595,12 +753,8 @@ def evaluate(inp: CostInputs, config: Config) -> StepCost:
         rank_memory.append(mem)
     host = max(
         sum(
-            state_memory(
-                inp.options[i][config.choice[i]].params,
-                config.zero_stage,
-                mesh.dp,
-                inp.options[i][config.choice[i]].offload,
-                training,
+            option_states(
+                inp.options[i][config.choice[i]], config.zero_stage, mesh.replicas, training
             )["host"]
             for st in stages[r::p]
             for i in st.blocks

@@ -110,9 +110,19 @@ def attention_flops(in_shapes: list[list[int] | None]) -> int:
     return 2 * batch_heads * s_q * s_kv * d + 2 * batch_heads * s_q * s_kv * d_v
 
 
+def is_grouped_mm(op: str) -> bool:
+    """Expert layers' grouped products (torch's ``_grouped_mm``, meshplan's ``grouped_mm``,
+    libraries' fallbacks of that name): rows (S, K) times per-expert weights (E, K, N), each
+    row multiplied by one expert's matrix, so 2·S·K·N FLOPs whatever the routing."""
+    parts = op.split(".")
+    return len(parts) >= 2 and "grouped_mm" in parts[-2]
+
+
 def forward_flops(op: str, in_shapes: list[list[int] | None], out_shape: list[int] | None) -> int:
     if out_shape is None:
         return 0
+    if is_grouped_mm(op) and in_shapes and in_shapes[0]:
+        return 2 * numel(out_shape) * in_shapes[0][-1]
     if op in MATMUL_OPS:
         return matmul_flops(op, in_shapes, out_shape)
     if op in CONV_OPS:

@@ -15,12 +15,25 @@ from typing import Any
 
 from planner.atomic import write_text_atomic
 from planner.cluster import Cluster, cluster_to_dict
-from planner.costmodel import Config, CostInputs, StepCost, Training, state_memory
+from planner.costmodel import Config, CostInputs, StepCost, Training, option_states
 from planner.errors import UserInputError
 from planner.search import Candidate, SearchResult
 
 SCHEMA = "meshplan.plan/1"
-TP_STYLES = ("colwise", "colwise_gather", "rowwise")
+# colwise / rowwise: torch's Colwise/RowwiseParallel; colwise_gather: its output gathered at
+# once. Sequence parallel: *_sp take or give sequence-sharded activations, "sequence" is a norm
+# under SequenceParallel, "sp_gather" a module that all-gathers the sequence for the
+# column-parallel weights inside it, "sp_block" the block entered and left replicated.
+TP_STYLES = (
+    "colwise",
+    "colwise_gather",
+    "rowwise",
+    "colwise_sp",
+    "rowwise_sp",
+    "sequence",
+    "sp_gather",
+    "sp_block",
+)
 
 
 def _r(x: float) -> float:
@@ -34,7 +47,7 @@ def memory_dict(mem: dict[str, float]) -> dict[str, float]:
 
 def candidate_summary(c: Candidate, best: Candidate | None) -> dict[str, Any]:
     out: dict[str, Any] = {
-        "mesh": {"pp": c.pp, "dp": c.dp, "tp": c.tp},
+        "mesh": {"pp": c.pp, "dp": c.dp, "tp": c.tp, "ep": c.ep, "cp": c.cp},
         "micro_batch_size": c.micro_batch_size,
         "schedule": c.schedule,
         "virtual_stages": c.virtual_stages,
@@ -103,7 +116,7 @@ def rebase_tp_plan(tp_plan: dict[str, str], rep: list[str], own: list[str]) -> d
 def block_memory(o, config: Config, training: Training, inflight: int) -> float:
     """Device bytes one block holds: its model states after ZeRO and offload, plus its saved
     activations for the stage's in-flight micro-batches."""
-    sm = state_memory(o.params, config.zero_stage, config.mesh.dp, o.offload, training)
+    sm = option_states(o, config.zero_stage, config.mesh.dp, training)
     return sm["params"] + sm["grads"] + sm["optimizer"] + o.act_bytes * inflight
 
 
@@ -117,7 +130,7 @@ def build_plan(
 ) -> dict[str, Any]:
     best = result.best
     assert best is not None and best.config is not None and best.cost is not None
-    inp: CostInputs = result.inputs[(best.tp, best.micro_batch_size)]
+    inp: CostInputs = result.inputs[best.key]
     config: Config = best.config
     cost: StepCost = best.cost
     blocks = traced.blocks
@@ -203,8 +216,8 @@ def build_plan(
             "trace": g["method"],
         },
         "cluster": cluster_to_dict(cluster),
-        "mesh": {"pp": mesh.pp, "dp": mesh.dp, "tp": mesh.tp},
-        "mesh_order": ["pp", "dp", "tp"],
+        "mesh": {"pp": mesh.pp, "dp": mesh.dp, "tp": mesh.tp, "ep": mesh.ep, "cp": mesh.cp},
+        "mesh_order": ["pp", "dp", "cp", "tp"],
         "global_batch_size": training.global_batch_size,
         "micro_batch_size": config.micro_batch_size,
         "num_microbatches": m,
@@ -345,13 +358,19 @@ def validate_plan(plan: Any, where: str) -> None:
     for k in ("pp", "dp", "tp"):
         if not isinstance(mesh.get(k), int) or isinstance(mesh.get(k), bool) or mesh[k] < 1:
             raise UserInputError(f"plan {where}: mesh.{k} must be a positive integer")
+    cp = mesh.setdefault("cp", 1)
+    if not isinstance(cp, int) or isinstance(cp, bool) or cp < 1:
+        raise UserInputError(f"plan {where}: mesh.cp must be a positive integer")
+    ep = mesh.setdefault("ep", 1)
+    if not isinstance(ep, int) or isinstance(ep, bool) or ep < 1 or mesh["dp"] % ep:
+        raise UserInputError(f"plan {where}: mesh.ep must be a positive integer dividing mesh.dp")
     model = plan["model"]
     for k in ("file", "sha256"):
         if not isinstance(model.get(k), str):
             raise UserInputError(f"plan {where}: model.{k} is missing")
     gpus = plan["cluster"].get("gpus")
-    if not isinstance(gpus, int) or gpus != mesh["pp"] * mesh["dp"] * mesh["tp"]:
-        raise UserInputError(f"plan {where}: cluster.gpus does not equal pp*dp*tp")
+    if not isinstance(gpus, int) or gpus != mesh["pp"] * mesh["dp"] * mesh["cp"] * mesh["tp"]:
+        raise UserInputError(f"plan {where}: cluster.gpus does not equal pp*dp*cp*tp")
     for key in ("global_batch_size", "micro_batch_size", "num_microbatches", "virtual_stages"):
         if plan[key] < 1:
             raise UserInputError(f"plan {where}: {key} must be positive")
@@ -395,7 +414,7 @@ def validate_plan(plan: Any, where: str) -> None:
     stages_of = [b["stage"] for b in plan["blocks"]]
     if stages_of != sorted(stages_of):
         raise UserInputError(f"plan {where}: blocks are not in stage order")
-    pp, dp, tp = mesh["pp"], mesh["dp"], mesh["tp"]
+    pp, dp, tp = mesh["pp"], mesh["dp"] * mesh["cp"], mesh["tp"]
     for i, st in enumerate(plan["stages"]):
         if not isinstance(st, dict) or not isinstance(st.get("blocks"), list):
             raise UserInputError(f"plan {where}: stage {i} is malformed")

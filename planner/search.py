@@ -11,6 +11,8 @@ interleaved schedule, and sum_j T_j is at least the sum over blocks of their fas
 from __future__ import annotations
 
 import math
+import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,7 +37,7 @@ from planner.costmodel import (
     offload_allowed,
     offload_time,
     optimizer_time,
-    state_memory,
+    option_states,
 )
 from planner.errors import UserInputError
 from planner.stage_milp import GIB, StageProblem, solve_stage_milp
@@ -51,6 +53,8 @@ class Pins:
     tp: int | None = None
     pp: int | None = None
     dp: int | None = None
+    ep: int | None = None
+    cp: int | None = None
     zero: int | None = None
     micro_batch_size: int | None = None
     schedule: str | None = None
@@ -78,6 +82,8 @@ class Candidate:
     schedule: str
     virtual_stages: int
     zero: int
+    ep: int = 1
+    cp: int = 1
     bound: float = 0.0
     status: str = "pending"  # solved | infeasible | pruned-bound | pruned-memory | dominated
     reason: str = ""
@@ -92,12 +98,23 @@ class Candidate:
     def mesh_key(self) -> tuple[int, int, int]:
         return (self.pp, self.dp, self.tp)
 
+    @property
+    def key(self) -> tuple[int, int, int, int]:
+        """What its block options are priced for: (TP degree, micro-batch, EP and CP degrees)."""
+        return (self.tp, self.micro_batch_size, self.ep, self.cp)
+
+    @property
+    def mesh(self) -> Mesh:
+        return Mesh(self.pp, self.dp, self.tp, self.ep, self.cp)
+
     def label(self) -> str:
         sched = self.schedule if self.pp > 1 else "no pipeline"
         if self.schedule == "interleaved_1f1b" and self.pp > 1:
             sched = f"interleaved 1F1B x{self.virtual_stages}"
+        ep = f" ep{self.ep}" if self.ep > 1 else ""
+        cp = f" cp{self.cp}" if self.cp > 1 else ""
         return (
-            f"pp{self.pp} dp{self.dp} tp{self.tp}, micro-batch {self.micro_batch_size}, "
+            f"pp{self.pp} dp{self.dp}{ep}{cp} tp{self.tp}, micro-batch {self.micro_batch_size}, "
             f"{sched}, ZeRO-{self.zero}"
         )
 
@@ -106,7 +123,7 @@ class Candidate:
 class SearchResult:
     best: Candidate | None
     candidates: list[Candidate]
-    inputs: dict[tuple[int, int], CostInputs]  # (tp, micro-batch) -> priced options
+    inputs: dict[tuple[int, int, int], CostInputs]  # Candidate.key -> priced options
     solve_time_s: float
     total: int = 0
     solved: int = 0
@@ -121,32 +138,64 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def ep_degrees(blocks: list[Block], dp: int, pins: Pins) -> list[int]:
+    """Expert-parallel degrees for a data-parallel degree: divisors of dp that divide every
+    mixture-of-experts layer's expert count (1 alone for a model without experts)."""
+    counts = [b.extra["moe"]["num_experts"] for b in blocks if b.extra.get("moe")]
+    if not counts:
+        return [1]
+    found = [e for e in divisors(dp) if all(c % e == 0 for c in counts)]
+    if pins.ep:
+        found = [e for e in found if e == pins.ep]
+    return found
+
+
+def cp_degrees(sequence: int, room: int, pins: Pins) -> list[int]:
+    """Context-parallel degrees: divisors of the devices left after TP and PP that split the
+    sequence into 2 * cp equal chunks (causal load balancing gives each rank two); 1 alone for
+    a model whose attention is not one fused attention op per layer (``sequence`` 0)."""
+    found = [c for c in divisors(room) if c == 1 or (sequence and sequence % (2 * c) == 0)]
+    if pins.cp:
+        found = [c for c in found if c == pins.cp]
+    return found
+
+
 def enumerate_candidates(
-    gpus: int, n_blocks: int, training: Training, pins: Pins, tp_degrees: list[int]
+    gpus: int,
+    n_blocks: int,
+    training: Training,
+    pins: Pins,
+    tp_degrees: list[int],
+    blocks: list[Block] | None = None,
+    sequence: int = 0,
 ) -> list[Candidate]:
     gbs = training.global_batch_size
+    moe = any(b.extra.get("moe") for b in blocks or [])
+    meshes = [
+        (tp, pp, cp)
+        for tp in tp_degrees
+        for pp in divisors(gpus // tp)
+        # experts spread over dp ranks, which context parallelism would regroup
+        for cp in ([1] if moe else cp_degrees(sequence, gpus // (tp * pp), pins))
+    ]
     out: list[Candidate] = []
-    for tp in tp_degrees:
-        if pins.tp and tp != pins.tp:
+    for tp, pp, cp in meshes:
+        if (pins.tp and tp != pins.tp) or pp > n_blocks or (pins.pp and pp != pins.pp):
             continue
-        for pp in divisors(gpus // tp):
-            if pp > n_blocks or (pins.pp and pp != pins.pp):
+        dp = gpus // (tp * pp * cp)
+        if (pins.dp and dp != pins.dp) or gbs % dp:
+            continue
+        per_replica = gbs // dp
+        for mbs in divisors(per_replica):
+            if pins.micro_batch_size and mbs != pins.micro_batch_size:
                 continue
-            dp = gpus // (tp * pp)
-            if pins.dp and dp != pins.dp:
-                continue
-            if gbs % dp:
-                continue
-            per_replica = gbs // dp
-            for mbs in divisors(per_replica):
-                if pins.micro_batch_size and mbs != pins.micro_batch_size:
-                    continue
-                m = per_replica // mbs
-                for schedule, v in _schedules(pp, m, n_blocks, pins):
-                    for zero in range(4) if dp > 1 else (0,):
-                        if pins.zero is not None and zero != pins.zero:
-                            continue
-                        out.append(Candidate(pp, dp, tp, mbs, schedule, v, zero))
+            m = per_replica // mbs
+            for schedule, v in _schedules(pp, m, n_blocks, pins):
+                for zero in range(4) if dp * cp > 1 else (0,):
+                    if pins.zero is not None and zero != pins.zero:
+                        continue
+                    for ep in ep_degrees(blocks or [], dp, pins):
+                        out.append(Candidate(pp, dp, tp, mbs, schedule, v, zero, ep, cp))
     return out
 
 
@@ -178,14 +227,28 @@ def price_options(
     training: Training,
     pins: Pins,
     variants_of: Callable[[Block, int], list],
+    ep: int = 1,
+    cp: int = 1,
 ) -> list[list[BlockOption]]:
     """Options per block (shared by blocks of one class), filtered by the user's pins."""
     tp_ranks = list(range(tp))
+    ep_ranks = Mesh(1, ep, tp, ep).ep_group(0)
+    cp_ranks = Mesh(1, 1, tp, 1, cp).cp_group(0)
     by_class: dict[str, list[BlockOption]] = {}
     result = []
     for blk in blocks:
         if blk.cls not in by_class:
-            opts = block_options(graph, blk, variants_of(blk, tp), mbs, cluster, tp_ranks, training)
+            opts = block_options(
+                graph,
+                blk,
+                variants_of(blk, tp),
+                mbs,
+                cluster,
+                tp_ranks,
+                training,
+                ep_ranks=ep_ranks,
+                cp_ranks=cp_ranks,
+            )
             by_class[blk.cls] = _filter(opts, pins)
         result.append(by_class[blk.cls])
     return result
@@ -229,7 +292,7 @@ def _affine(kind: str, cluster: Cluster, ranks: list[int], bytes_per_param: floa
 
 def stage_problem(inp: CostInputs, cand: Candidate) -> StageProblem:
     """The MILP's numbers for one candidate, each computed by the cost model's own functions."""
-    mesh = Mesh(cand.pp, cand.dp, cand.tp)
+    mesh = cand.mesh
     tr = inp.training
     m = tr.global_batch_size // (cand.dp * cand.micro_batch_size)
     p, v = cand.pp, cand.virtual_stages
@@ -239,7 +302,7 @@ def stage_problem(inp: CostInputs, cand: Candidate) -> StageProblem:
     cols: dict[str, list[np.ndarray]] = {k: [] for k in StageProblem.__annotations__}
     for first, _ in segs:
         opts = inp.options[first]
-        sm = [state_memory(o.params, cand.zero, cand.dp, o.offload, tr) for o in opts]
+        sm = [option_states(o, cand.zero, mesh.replicas, tr) for o in opts]
         wb = tr.state_bytes[0]
         cols["time"].append(np.array([o.time_s for o in opts]))
         cols["fwd"].append(np.array([o.fwd_s for o in opts]))
@@ -258,7 +321,7 @@ def stage_problem(inp: CostInputs, cand: Candidate) -> StageProblem:
         )
         cols["optim"].append(np.array([optimizer_time(inp, [o], config) for o in opts]))
         cols["offl"].append(np.array([offload_time(inp, [o], config, m) for o in opts]))
-        cols["pbytes"].append(np.array([o.params for o in opts]))
+        cols["pbytes"].append(np.array([o.comm_params(mesh.replicas) for o in opts]))
     from planner.costmodel import other_memory, stage_time_parts
 
     # What a stage costs per micro-batch besides its blocks: its point-to-point hops, and on
@@ -301,7 +364,7 @@ def stage_problem(inp: CostInputs, cand: Candidate) -> StageProblem:
         dp_ag=_affine("all_gather", inp.cluster, dp_ranks, wb),
         comm_overlap=profile.comm_overlap,
         fsdp_unit_overhead=profile.fsdp_unit_overhead,
-        dp=cand.dp,
+        dp=mesh.replicas,
     )
 
 
@@ -317,7 +380,7 @@ def config_from_counts(inp: CostInputs, cand: Candidate, counts) -> Config:
                     i = next_block[s]
                     stage_of[i], choice[i] = j, o
                     next_block[s] += 1
-    mesh = Mesh(cand.pp, cand.dp, cand.tp)
+    mesh = cand.mesh
     return Config(
         mesh, cand.micro_batch_size, cand.schedule, cand.virtual_stages, cand.zero, stage_of, choice
     )
@@ -336,9 +399,7 @@ def _min_device_bytes(inp: CostInputs, zero: int, dp: int) -> float:
                     (
                         sum(
                             v_
-                            for k, v_ in state_memory(
-                                o.params, zero, dp, o.offload, inp.training
-                            ).items()
+                            for k, v_ in option_states(o, zero, dp, inp.training).items()
                             if k != "host"
                         )
                         + o.act_bytes
@@ -361,7 +422,8 @@ def lower_bounds(inp: CostInputs, cand: Candidate) -> tuple[float, float]:
         time_bound = total * (1 + (m - 1) / p)
     else:
         time_bound = m * total / p + (p - 1) * total / (p * v)
-    mem_bound = _min_device_bytes(inp, cand.zero, cand.dp) / p + inp.cluster.profile.reserved_bytes
+    replicas = cand.dp * cand.cp
+    mem_bound = _min_device_bytes(inp, cand.zero, replicas) / p + inp.cluster.profile.reserved_bytes
     return time_bound, mem_bound
 
 
@@ -460,6 +522,32 @@ def relaxed_bound(sp: StageProblem, bound: float) -> float:
     return max(bound, value)
 
 
+def _quiet_highs():
+    """A silent highspy.Highs. HiGHS prints its banner from C++ to the process's stdout when
+    the first instance is built, before any option can turn output off, and that line would
+    land in the middle of ``plan``'s output: the first construction runs with fd 1 muted."""
+    import highspy
+
+    if not _HIGHS_BANNER_DONE:
+        sys.stdout.flush()
+        saved = os.dup(1)
+        try:
+            with open(os.devnull, "w") as null:
+                os.dup2(null.fileno(), 1)
+                h = highspy.Highs()
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+        _HIGHS_BANNER_DONE.append(True)
+    else:
+        h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    return h
+
+
+_HIGHS_BANNER_DONE: list[bool] = []
+
+
 def _solve_lp(c, a_ub, b_ub, a_eq, b_eq, lower, upper) -> tuple[str, float]:
     """min c.x s.t. a_ub x <= b_ub, a_eq x = b_eq, lower <= x <= upper, straight through
     highspy: scipy's linprog wrapper costs as much as the solve on these small LPs, and the
@@ -468,8 +556,7 @@ def _solve_lp(c, a_ub, b_ub, a_eq, b_eq, lower, upper) -> tuple[str, float]:
     from scipy.sparse import vstack
 
     a = vstack([a_ub, a_eq]).tocsc()
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
+    h = _quiet_highs()
     h.setOptionValue("presolve", "off")  # a third faster on these small LPs, same optimum
     inf = highspy.kHighsInf
     lp = highspy.HighsLp()
@@ -554,20 +641,38 @@ def search(
     A MILP that hits ``time_limit_s`` keeps its best placement and its proven bound, and the
     result's ``gap`` says how far from optimal the returned plan can be (0 = proven optimal)."""
     start = time.perf_counter()
+    _quiet_highs()  # before cvxpy builds its first HiGHS instance
     gpus = cluster.gpus
     tp_degrees = [t for t in divisors(gpus) if _tp_useful(graph, blocks, t, variants_of)]
-    cands = enumerate_candidates(gpus, len(blocks), training, pins, tp_degrees)
+    _check_ep_pin(blocks, pins)
+    sequence = attention_sequence(graph)
+    if pins.cp and pins.cp > 1 and not sequence:
+        raise UserInputError(
+            f"--cp {pins.cp}: context parallelism splits attention computed by fused attention "
+            "ops (scaled_dot_product_attention); this model computes its attention with plain "
+            "matrix products and softmax: drop --cp"
+        )
+    cands = enumerate_candidates(gpus, len(blocks), training, pins, tp_degrees, blocks, sequence)
     if not cands:
         raise UserInputError(_no_candidate_message(gpus, training, pins, tp_degrees))
     traced_mbs = int(graph.graph["micro_batch_size"])
-    inputs: dict[tuple[int, int], CostInputs] = {}
+    inputs: dict[tuple[int, int, int], CostInputs] = {}
     for c in cands:
-        key = (c.tp, c.micro_batch_size)
+        key = c.key
         if key not in inputs:
             if progress:
-                progress("price", len(inputs), len({(d.tp, d.micro_batch_size) for d in cands}))
+                progress("price", len(inputs), len({d.key for d in cands}))
             opts = price_options(
-                graph, blocks, c.tp, c.micro_batch_size, cluster, training, pins, variants_of
+                graph,
+                blocks,
+                c.tp,
+                c.micro_batch_size,
+                cluster,
+                training,
+                pins,
+                variants_of,
+                c.ep,
+                c.cp,
             )
             inputs[key] = CostInputs(
                 blocks, opts, traced_mbs, cluster, training, pins.memory_fraction
@@ -581,7 +686,7 @@ def search(
             c.status, c.reason = "pruned-memory", "model states alone exceed memory"
     order = sorted(
         (c for c in cands if c.status == "pending"),
-        key=lambda c: (c.bound, c.pp, c.tp, -c.micro_batch_size, c.zero, c.virtual_stages),
+        key=lambda c: (c.bound, c.pp, c.tp, -c.micro_batch_size, c.zero, c.virtual_stages, c.ep),
     )
     # Seed the incumbent with the cheapest MILPs first (no pipeline: one stage, milliseconds),
     # so the many-stage MILPs that follow meet a tight cutoff. Order never changes the optimum.
@@ -595,7 +700,7 @@ def search(
         if best is not None and c.bound >= best.cost.step_time_s:
             _prune_by_bound(c, best)
             continue
-        inp = inputs[(c.tp, c.micro_batch_size)]
+        inp = inputs[c.key]
         c.bound = relaxed_bound(stage_problem(inp, c), c.bound)
         if c.bound == math.inf:
             c.status = "pruned-memory"
@@ -614,7 +719,7 @@ def search(
             if c.cost.feasible and (best is None or _better(c, best)):
                 best = c
     if best is not None:
-        prefer_simpler(inputs[(best.tp, best.micro_batch_size)], best)
+        prefer_simpler(inputs[best.key], best)
     elapsed = time.perf_counter() - start
     gap = 0.0
     if best is not None:
@@ -681,14 +786,14 @@ def prefer_simpler(inp: CostInputs, cand: Candidate) -> None:
 def _tp_unused(inputs: dict, c: Candidate) -> bool:
     """Every block runs its replicated variant: the TP group computes the same thing tp times,
     which the cost model prices as free of communication, so it can look fast on tiny models."""
-    opts = inputs[(c.tp, c.micro_batch_size)].options
+    opts = inputs[c.key].options
     return all(opts[i][k].variant == "replicated" for i, k in enumerate(c.config.choice))
 
 
 def _better(a: Candidate, b: Candidate) -> bool:
     """Strictly faster, ties broken deterministically (less memory, then simpler mesh)."""
-    ka = (a.cost.step_time_s, a.cost.peak_memory_bytes, a.pp, a.tp, a.zero)
-    kb = (b.cost.step_time_s, b.cost.peak_memory_bytes, b.pp, b.tp, b.zero)
+    ka = (a.cost.step_time_s, a.cost.peak_memory_bytes, a.pp, a.tp, a.zero, a.ep, a.cp)
+    kb = (b.cost.step_time_s, b.cost.peak_memory_bytes, b.pp, b.tp, b.zero, b.ep, b.cp)
     return ka < kb
 
 
@@ -709,6 +814,44 @@ def _prune_by_bound(c: Candidate, best: Candidate) -> None:
     )
 
 
+def attention_sequence(graph) -> int:
+    """The sequence length context parallelism would split: that of the model's fused attention
+    ops, when every attention is one (a matrix product of two activations elsewhere would see
+    only a chunk of the sequence), else 0."""
+    from planner.blocks import core_nodes
+    from planner.opcost import ATTENTION_OPS, MATMUL_OPS
+
+    lengths = {
+        graph.nodes[n]["shapes"][0][-2]
+        for n in graph.nodes
+        if graph.nodes[n]["op"] in ATTENTION_OPS and graph.nodes[n].get("shapes")
+    }
+    if len(lengths) != 1:
+        return 0
+    core = graph.graph.get("_core")
+    if core is None:
+        core = graph.graph["_core"] = core_nodes(graph)
+    if any(graph.nodes[n]["op"] in MATMUL_OPS for n in core):
+        return 0
+    return int(lengths.pop())
+
+
+def _check_ep_pin(blocks: list[Block], pins: Pins) -> None:
+    if not pins.ep or pins.ep == 1:
+        return
+    counts = sorted({b.extra["moe"]["num_experts"] for b in blocks if b.extra.get("moe")})
+    if not counts:
+        raise UserInputError(
+            f"--ep {pins.ep}: the model has no mixture-of-experts layer (no module whose "
+            "parameters are stacked per expert) to spread: drop --ep"
+        )
+    if any(c % pins.ep for c in counts):
+        raise UserInputError(
+            f"--ep {pins.ep} does not divide the expert count ({', '.join(map(str, counts))}): "
+            "choose a divisor of it"
+        )
+
+
 def _no_candidate_message(gpus: int, training: Training, pins: Pins, tps: list[int]) -> str:
     if pins.tp and pins.tp not in tps:
         return (
@@ -719,6 +862,11 @@ def _no_candidate_message(gpus: int, training: Training, pins: Pins, tps: list[i
         return (
             f"the global batch {training.global_batch_size} is not divisible by --dp {pins.dp}: "
             "choose a global batch that is a multiple of the data-parallel degree"
+        )
+    if pins.ep and pins.ep > 1 and (gpus % pins.ep or (pins.dp and pins.dp % pins.ep)):
+        return (
+            f"--ep {pins.ep} must divide the data-parallel degree (experts are spread over "
+            "data-parallel ranks): pin a --dp that it divides, or a smaller --ep"
         )
     fixed = [(k, v) for k, v in (("pp", pins.pp), ("dp", pins.dp), ("tp", pins.tp)) if v]
     product = math.prod(v for _, v in fixed)

@@ -163,6 +163,7 @@ class BlockProblem:
     input_bytes: int
     flops: int = 0
     fwd_bytes: int = 0
+    block_module: str = ""  # the block's module when it is exactly one module
 
 
 def _s(d: int) -> str:
@@ -594,6 +595,7 @@ def build_problem(
         input_bytes=int(block.input_bytes),
         flops=sum(op.flops for op in ops),
         fwd_bytes=sum(op.fwd_bytes for op in ops),
+        block_module=block.modules[0] if len(block.modules) == 1 else "",
     )
 
 
@@ -666,6 +668,14 @@ def _saved_entries(prob: BlockProblem, op: Op) -> list[tuple[str, object, int, b
     return found
 
 
+def _entry_sharded(state: dict[str, str], op: Op, s: Strategy, how: str, key: object) -> bool:
+    if how == "node":
+        return _dim(state[key]) is not None
+    if how == "const":
+        return False
+    return _saved_state_sharded(op, s, how, key)
+
+
 def _saved_state_sharded(op: Op, s: Strategy, how: str, key: object) -> bool:
     if how == "slot":
         return _dim(s.req[key]) is not None
@@ -726,13 +736,7 @@ def evaluate(prob: BlockProblem, choice: Sequence[int], comm_seconds_per_byte: f
             else:
                 pgrad_nodes[o.name] = True
         for how, key, nbytes, kept in _saved_entries(prob, op):
-            if how == "node":
-                sharded = _dim(state[key]) is not None
-            elif how == "const":
-                sharded = False
-            else:
-                sharded = _saved_state_sharded(op, s, how, key)
-            b = nbytes / t if sharded else nbytes
+            b = nbytes / t if _entry_sharded(state, op, s, how, key) else nbytes
             ev.saved_bytes += b
             if kept:
                 ev.saved_selective_bytes += b
@@ -1060,6 +1064,7 @@ class _Template:
     comm_bwd: tuple[tuple[str, int], ...]
     time_s: float
     memory: float
+    sequence_parallel: bool = False  # the block runs Megatron-style sequence parallel
 
 
 _CACHE: dict[tuple, list[_Template]] = {}
@@ -1078,8 +1083,9 @@ def tp_variants(
     """The Pareto-best ways (time vs per-device memory) to run ``block`` over ``tp`` devices.
 
     Always includes "replicated" (the only one for tp=1), plus up to ``max_variants`` sharded
-    variants named "tp{t}-v{k}", k = 1 for the fastest; the list is ordered by time, fastest
-    first. Solved once per (block class, tp, cost rates) and re-bound to this block's names."""
+    variants named "tp{t}-v{k}", k = 1 for the fastest, ordered by time, fastest first; then,
+    where the block allows it, "tp{t}-v1-sp": the fastest with sequence parallelism. Solved once
+    per (block class, tp, cost rates) and re-bound to this block's names."""
     key = (block.cls, tp, comm_seconds_per_byte, flops_per_second, bytes_per_second, max_variants)
     if key not in _CACHE:
         start = time.perf_counter()
@@ -1090,7 +1096,12 @@ def tp_variants(
             "ops": len(prob.ops),
             "strategies": sum(len(op.strategies) for op in prob.ops),
         }
-    return [_bind(graph, block, tpl, tp) for tpl in _CACHE[key]]
+    # A sequence-parallel block is entered and left as one module (one block, one module).
+    return [
+        _bind(graph, block, tpl, tp)
+        for tpl in _CACHE[key]
+        if not tpl.sequence_parallel or len(block.modules) == 1
+    ]
 
 
 def _templates(
@@ -1127,7 +1138,161 @@ def _templates(
     keep = sorted(sharded + [replicated], key=lambda c: (found[c].time_s, found[c].memory, c))
     names = {c: f"tp{prob.tp}-v{k}" for k, c in enumerate(sharded, start=1)}
     names[replicated] = "replicated"
-    return [_template(prob, c, names[c], found[c]) for c in keep]
+    templates = [_template(prob, c, names[c], found[c]) for c in keep]
+    if sharded:
+        sp = _sequence_parallel(prob, sharded[0], names[sharded[0]], comm_seconds_per_byte)
+        if sp is not None:
+            templates.append(sp)
+    return templates
+
+
+# Ops a sequence-parallel region may hold: they act on each token alone, so they run on a
+# shard of the sequence. Ops inside a norm module may reduce over the hidden dimension too.
+SEQUENCE_LOCAL = ELEMENTWISE | LINEAR_UNARY | NORMS
+
+
+def _sequence_parallel(
+    prob: BlockProblem, choice: tuple[int, ...], name: str, comm_seconds_per_byte: float
+) -> _Template | None:
+    """Megatron-style sequence parallelism on top of a TP variant (Korthikanti et al. 2022),
+    priced as the runtime runs it with torch's styles, or None when the block does not allow it.
+
+    The replicated region (ops fed by the block's input or by each other through replicated
+    states: residual adds, norms, dropout) runs on 1/t of the sequence, so its compute and its
+    saved activations shrink by t. The block takes and returns replicated tensors (the runtime
+    slices at entry and all-gathers at exit); the module holding column-parallel weights
+    all-gathers its sequence-sharded input once ("sp_gather"; reduce-scatter of the gradient
+    back) and keeps the gathered copy for backward, as torch's DTensor does (Megatron keeps
+    the shard and gathers again: 2sbh(1 - 1/t) less per gather); each row-parallel output is
+    reduce-scattered instead of all-reduced (all-gather of the gradient back). Norm modules run
+    as torch's ``SequenceParallel``; a region op outside a norm module must be token-local."""
+    t = prob.tp
+    strat = [op.strategies[k] for op, k in zip(prob.ops, choice)]
+    state = {op.name: s.out for op, s in zip(prob.ops, strat)}
+    seeds = {n for n, (_, grad) in prob.external.items() if grad}
+    if len(seeds) != 1:
+        return None
+    # The region: replicated ops linked to the block input through replicated ops, either way
+    # (the dropout between a row-parallel output and the residual add joins through the add).
+    links: dict[str, set[str]] = {op.name: set() for op, s in zip(prob.ops, strat) if s.out == R}
+    region: set[str] = set()
+    for op in prob.ops:
+        if op.name not in links:
+            continue
+        for o in op.operands:
+            if o.kind == "node" and o.name in seeds:
+                region.add(op.name)
+            elif o.kind == "node" and o.name in links:
+                links[op.name].add(o.name)
+                links[o.name].add(op.name)
+    todo = list(region)
+    while todo:
+        for v in links[todo.pop()] - region:
+            region.add(v)
+            todo.append(v)
+    if not region or any(u not in region for u in prob.outputs):
+        return None
+    (seed,) = seeds
+    seed_op = prob.ops[prob.index[prob.outputs[0]]]
+    lead = seed_op.shape[:2]
+    norms: list[tuple[int, int, str]] = []
+    for pos, op in enumerate(prob.ops):
+        if op.name not in region:
+            continue
+        in_norm = "norm" in op.module.rsplit(".", 1)[-1].lower() or _base(op.op) in NORMS
+        if not (in_norm or _base(op.op) in SEQUENCE_LOCAL):
+            return None
+        if len(op.shape) < 3 or op.shape[:2] != lead or op.shape[1] % t:
+            return None  # not a (batch, sequence, ...) activation
+        for w, o in enumerate(op.operands):
+            if o.kind == "param":
+                if not in_norm:
+                    return None  # a weight outside a norm would need a style of its own
+                norms.append((pos, w, "sequence"))
+    partial_in = sorted(
+        {
+            o.name
+            for op in prob.ops
+            if op.name in region
+            for o in op.operands
+            if o.kind == "node" and state.get(o.name) == P
+        }
+    )
+    fwd: list[tuple[str, int]] = [("reduce_scatter", _out_bytes(prob, u)) for u in partial_in]
+    bwd: list[tuple[str, int]] = [("all_gather", _out_bytes(prob, u)) for u in partial_in]
+    plans = []
+    gathers: dict[tuple[str, str], int] = {}
+    for pos, (op, s) in enumerate(zip(prob.ops, strat)):
+        if s.plan == "rowwise":
+            plans.append((pos, _weight_slot(op), "rowwise_sp"))
+        elif s.plan == "colwise":
+            acts = [o.name for o in op.operands if o.kind == "node"]
+            if not acts or not all(a in region or a in seeds for a in acts):
+                return None
+            parent = op.module.rpartition(".")[0]
+            own = parent in ("", prob.block_module)  # no module between: the Linear gathers
+            plans.append((pos, _weight_slot(op), "colwise_sp" if own else "colwise"))
+            for a in acts:
+                gathers[(op.name if own else parent, a)] = _out_bytes(prob, a)
+        elif s.plan:
+            return None
+    for nbytes in gathers.values():
+        fwd.append(("all_gather", nbytes))
+        bwd.append(("reduce_scatter", nbytes))
+    fwd += [("all_gather", prob.ops[prob.index[u]].nbytes) for u in prob.outputs]
+    bwd += [("all_gather", prob.external[n][0]) for n in seeds]
+    shares = [1.0 / t if op.name in region else _share(op, s, t) for op, s in zip(prob.ops, strat)]
+    saved = selective = 0.0
+    sharded_params: set[str] = set()
+    for op, s in zip(prob.ops, strat):
+        for o, r in zip(op.operands, s.req):
+            if o.kind == "param" and _dim(r) is not None:
+                sharded_params.add(o.name)
+        for how, key, nbytes, kept in _saved_entries(prob, op):
+            sharded = op.name in region or _entry_sharded(state, op, s, how, key)
+            b = nbytes / t if sharded else nbytes
+            saved += b
+            selective += b if kept else 0.0
+    compute = sum(sh * op.seconds for sh, op in zip(shares, prob.ops))
+    comm = sum(b * comm_seconds_per_byte * _ring(k, t) for k, b in fwd + bwd)
+    param_bytes = sum(
+        prob.param_bytes[p] / t if p in sharded_params else prob.param_bytes[p] for p in prob.owned
+    )
+    owned_bytes = sum(prob.param_bytes[p] for p in prob.owned)
+    cf = sum(sh * op.flops for sh, op in zip(shares, prob.ops)) / prob.flops if prob.flops else 1.0
+    mb = (
+        sum(sh * op.fwd_bytes for sh, op in zip(shares, prob.ops)) / prob.fwd_bytes
+        if prob.fwd_bytes
+        else 1.0
+    )
+    seq_states = tuple(("S1" if op.name in region else s.out) for op, s in zip(prob.ops, strat))
+    return _Template(
+        name=f"{name}-sp",
+        choice=choice,
+        states=seq_states,
+        plans=tuple(sorted(plans + norms)),
+        compute_fraction=cf,
+        memory_bound_fraction=mb,
+        param_fraction=param_bytes / owned_bytes if owned_bytes else 1.0,
+        saved_bytes=int(round(saved)),
+        saved_selective_bytes=int(round(selective)),
+        input_bytes=prob.input_bytes // t,
+        comm_fwd=tuple(fwd),
+        comm_bwd=tuple(bwd),
+        time_s=compute + comm,
+        memory=saved + model_state_bytes(prob, sorted(sharded_params)),
+        sequence_parallel=True,
+    )
+
+
+def _out_bytes(prob: BlockProblem, name: str) -> int:
+    if name in prob.index:
+        return prob.ops[prob.index[name]].nbytes
+    return prob.external[name][0]
+
+
+def _weight_slot(op: Op) -> int:
+    return next(i for i, o in enumerate(op.operands) if o.kind == "param")
 
 
 def _template(prob: BlockProblem, choice: tuple[int, ...], name: str, ev: Evaluation) -> _Template:
@@ -1198,6 +1363,11 @@ def _bind(graph: nx.DiGraph, block: Block, tpl: _Template, tp: int) -> TPVariant
         if label == "colwise" and _gathered(graph, block, nodes[pos], states):
             label = "colwise_gather"
         plan[weight.rpartition(".")[0]] = label
+    if tpl.sequence_parallel:
+        plan[block.modules[0]] = "sp_block"  # replicated in and out, sequence-sharded inside
+        for pos, _, label in tpl.plans:
+            if label == "colwise":  # its parent module gathers the sharded sequence once
+                plan[graph.nodes[nodes[pos]]["module"].rpartition(".")[0]] = "sp_gather"
     return TPVariant(
         name=tpl.name,
         tp=tp,

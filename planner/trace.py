@@ -27,7 +27,7 @@ import torch.fx
 
 from planner.errors import UserInputError
 from planner.modelfile import DTYPES, ModelFile
-from planner.opcost import MATMUL_OPS, backward_flops, forward_flops, is_view, numel
+from planner.opcost import MATMUL_OPS, backward_flops, forward_flops, is_grouped_mm, is_view, numel
 
 ELEMENT_BYTES = {
     torch.float64: 8,
@@ -94,9 +94,77 @@ def trace_model(mf: ModelFile, micro_batch_size: int = 1, dtype: str = "bf16") -
         )
         _annotate_model(graph, mf, model, micro_batch_size, dtype, "hooks")
         return TraceResult(graph=graph, method="hooks", note=note)
+    _drop_traced_causal_masks(exported)
     graph = _graph_from_export(exported, model)
     _annotate_model(graph, mf, model, micro_batch_size, dtype, "export")
     return TraceResult(graph=graph, method="export", note="")
+
+
+def _drop_traced_causal_masks(exported: torch.export.ExportedProgram) -> None:
+    """Fused attention given a boolean (query x key) mask built from shapes alone runs as
+    ``is_causal`` instead, and the ops that built the mask go.
+
+    transformers materialises the s x s causal mask while exporting (an exported graph must
+    not hard-code is_causal, its masking_utils explains), where eager training of an unpadded
+    batch passes none and lets SDPA apply causality: at 128K tokens that mask alone is 16 GiB.
+    The planner prices training, so it keeps what training runs. A mask that depends on the
+    inputs' values (padding) stays."""
+    gm = exported.graph_module
+    sdpa = torch.ops.aten.scaled_dot_product_attention.default
+    user = {
+        spec.arg.name
+        for spec in exported.graph_signature.input_specs
+        if spec.kind.name.lower() == "user_input"
+    }
+    changed = False
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not sdpa:
+            continue
+        args = list(node.args) + [None] * (7 - len(node.args))
+        mask = args[3] if len(node.args) > 3 else node.kwargs.get("attn_mask")
+        q, k = (a.meta.get("val") for a in node.args[:2])
+        val = mask.meta.get("val") if isinstance(mask, torch.fx.Node) else None
+        if (
+            val is None
+            or val.dtype != torch.bool
+            or q.shape[-2] != k.shape[-2]
+            or tuple(val.shape[-2:]) != (q.shape[-2], k.shape[-2])
+            or _depends_on(mask, user)
+        ):
+            continue
+        kwargs = {key: v for key, v in node.kwargs.items() if key not in ("attn_mask", "is_causal")}
+        node.args = tuple(node.args[:3])
+        node.kwargs = {**kwargs, "attn_mask": None, "is_causal": True}
+        changed = True
+    if changed:
+        check = torch.ops.aten._assert_tensor_metadata.default
+        while True:  # shape asserts on what only the mask used keep it alive: drop them too
+            gm.graph.eliminate_dead_code()
+            lone = [
+                n
+                for n in gm.graph.nodes
+                if n.op == "call_function"
+                and n.target is check
+                and all(len(a.users) == 1 for a in n.all_input_nodes)
+            ]
+            if not lone:
+                break
+            for n in lone:
+                gm.graph.erase_node(n)
+        gm.recompile()
+
+
+def _depends_on(node: torch.fx.Node, names: set[str]) -> bool:
+    seen, todo = set(), [node]
+    while todo:
+        n = todo.pop()
+        if n.name in names:
+            return True
+        for a in n.all_input_nodes:
+            if a.name not in seen:
+                seen.add(a.name)
+                todo.append(a)
+    return False
 
 
 def _annotate_model(
@@ -126,7 +194,24 @@ def _annotate_model(
             if isinstance(m, (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict))
         ],
         torch_version=torch.__version__,
+        experts=expert_modules(model),
     )
+
+
+def expert_modules(model: torch.nn.Module) -> dict[str, dict[str, int]]:
+    """Modules that hold a mixture-of-experts layer's expert weights: every parameter of their
+    own is a stack of per-expert matrices with one leading expert dimension (transformers'
+    3-D ``*Experts`` modules, examples/moe.py's ``Experts``). Expert parallelism shards them
+    along that dimension; the planner prices their parameters separately."""
+    found: dict[str, dict[str, int]] = {}
+    for name, m in model.named_modules():
+        own = list(m.parameters(recurse=False))
+        if not own or any(p.dim() < 3 for p in own):
+            continue
+        leading = {p.shape[0] for p in own}
+        if len(leading) == 1 and (e := leading.pop()) >= 2:
+            found[name] = {"num_experts": int(e), "params": sum(p.numel() for p in own)}
+    return found
 
 
 def _param_aliases(model: torch.nn.Module) -> dict[str, str]:
@@ -233,9 +318,14 @@ def matmul_inner_dims(op: str, in_shapes: list, out_shape) -> list | None:
     A GEMM with a short inner dimension runs below peak (``matmul_half_inner_dim``).
     Forward A[M,K] @ B[K,N] reduces over K; dA = dC @ B^T over N; dB = A^T @ dC over M, which
     for a weight is every token of the micro-batch."""
-    if op not in MATMUL_OPS or not out_shape or len(out_shape) < 2:
+    if not out_shape or len(out_shape) < 2:
         return None
     shapes = [s for s in in_shapes if s]
+    if is_grouped_mm(op) and len(shapes) >= 2 and len(shapes[1]) == 3:
+        # each expert's weight gradient sums over the rows routed to it: S / E on average
+        return [shapes[0][-1], out_shape[-1], max(1, out_shape[0] // shapes[1][0]), True]
+    if op not in MATMUL_OPS:
+        return None
     if op in ("aten.addmm.default", "aten.baddbmm.default"):
         shapes = shapes[1:]  # the added term first
     if len(shapes) < 2 or len(shapes[0]) < 2 and op != "aten.linear.default":
@@ -350,6 +440,11 @@ class _SavedTensorInterpreter(torch.fx.Interpreter):
             x = self.env[x] if isinstance(x, torch.fx.Node) else x
             both = torch.ops.aten.native_dropout.default(x, p, True) if train and p else (x,)
             out, produced = both[0], list(both)
+        elif (
+            n.op == "call_function"
+            and n.target is torch.ops.aten.scaled_dot_product_attention.default
+        ):
+            out, produced = self._fused_attention(n)
         else:
             out = super().run_node(n)
             produced = list(out) if isinstance(out, (tuple, list)) else [out]
@@ -360,6 +455,39 @@ class _SavedTensorInterpreter(torch.fx.Interpreter):
                     self.producer.setdefault(key, n.name)
                     self.keep.append(t)
         return out
+
+    def _fused_attention(self, n: torch.fx.Node) -> tuple[Any, list]:
+        """SDPA as the fused kernel training runs (FlashAttention, or the CPU's flash kernel):
+        on the meta device it would otherwise take the math path and save the s x s
+        probabilities, which no real run keeps (they are recomputed in backward). The fused
+        kernel saves q, k, v, the output and the log-sum-exp."""
+        args, kwargs = self.fetch_args_kwargs_from_env(n)
+        q, k, v = args[:3]
+        mask = args[3] if len(args) > 3 else kwargs.get("attn_mask")
+        dropout = args[4] if len(args) > 4 else kwargs.get("dropout_p", 0.0)
+        causal = args[5] if len(args) > 5 else kwargs.get("is_causal", False)
+        scale = args[6] if len(args) > 6 else kwargs.get("scale")
+        if (
+            isinstance(mask, torch.Tensor)
+            and mask.dtype == torch.bool
+            and not mask.requires_grad
+            and q.shape[-2] == k.shape[-2]
+            and tuple(mask.shape[-2:]) == (q.shape[-2], k.shape[-2])
+        ):
+            # A boolean mask over (query, key) built from shapes alone is the causal mask that
+            # libraries materialise while tracing; unpadded training runs is_causal without one.
+            mask, causal = None, True
+        if kwargs.get("enable_gqa") and k.shape[-3] != q.shape[-3]:
+            k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
+            v = v.repeat_interleave(q.shape[-3] // v.shape[-3], dim=-3)
+        try:
+            both = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(
+                q, k, v, dropout, causal, attn_mask=mask, scale=scale
+            )
+        except (RuntimeError, NotImplementedError):  # shapes the fused kernel refuses
+            out = super().run_node(n)
+            return out, [out]
+        return both[0], list(both)
 
 
 def _storage_key(t: torch.Tensor) -> int | None:

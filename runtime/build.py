@@ -15,8 +15,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from planner.errors import UserInputError
 from planner.modelfile import ModelFile
 from runtime.batching import dp_slice, micro_batches
+from runtime.expert_parallel import apply_expert_parallel, sync_expert_grads
 from runtime.parallelize import (
     apply_data_parallel,
     apply_recompute,
@@ -24,7 +26,19 @@ from runtime.parallelize import (
     make_optimizers,
 )
 
-_MESHES: dict[tuple[str, int, int, int], DeviceMesh] = {}
+_MESHES: dict[tuple, DeviceMesh] = {}
+
+
+def expert_mesh(device: torch.device, pp: int, dp: int, ep: int, tp: int) -> DeviceMesh:
+    """(pp, edp, ep, tp): the dp dimension split into dp / ep copies of ep consecutive ranks,
+    the same ranks as ``device_mesh``'s, so that ``ep`` groups the ranks that share one copy
+    of the experts and ``edp`` the ranks that hold the same experts."""
+    key = (device.type + "-ep", pp, dp, ep, tp)
+    if key not in _MESHES:
+        _MESHES[key] = init_device_mesh(
+            device.type, (pp, dp // ep, ep, tp), mesh_dim_names=("pp", "edp", "ep", "tp")
+        )
+    return _MESHES[key]
 
 
 def device_mesh(device: torch.device, pp: int, dp: int, tp: int) -> DeviceMesh:
@@ -49,6 +63,13 @@ class Built:
     schedule: Any = None
     stage_indices: list[int] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    expert_params: list = field(default_factory=list)  # sharded over ep: own gradient sync
+    edp_group: Any = None
+
+    def sync_gradients(self) -> None:
+        """What the data-parallel wrappers leave to do before the optimizer step."""
+        if self.expert_params:
+            sync_expert_grads(self.expert_params, self.edp_group, self.plan["mesh"]["dp"])
 
     @property
     def coords(self) -> tuple[int, int, int]:
@@ -89,13 +110,27 @@ def build(plan: dict, mf: ModelFile, device: torch.device, seed: int) -> Built:
     model.train()
     blocks = plan["blocks"]
     notes = _notes(plan, device)
+    if mesh_cfg.get("cp", 1) > 1:
+        raise UserInputError(
+            "this runtime does not run context parallelism yet: plan again with --cp 1"
+        )
+    ep = mesh_cfg.get("ep", 1)
     if mesh_cfg["pp"] == 1:
         model.to(device)
+        experts, edp_group = [], None
+        if ep > 1:
+            emesh = expert_mesh(device, 1, mesh_cfg["dp"], ep, mesh_cfg["tp"])
+            experts = apply_expert_parallel(model, emesh["ep"])
+            edp_group = emesh["edp"].get_group()
+        apply_recompute(model, blocks, before_tp=True)
         apply_tensor_parallel(model, blocks, mesh["tp"])
         apply_recompute(model, blocks)
-        model = apply_data_parallel(model, blocks, plan, mesh["dp"], device)
+        model = apply_data_parallel(model, blocks, plan, mesh["dp"], device, set(experts))
         parts = [model]
-        return Built(plan, mesh, parts, make_optimizers(parts, plan, mesh["dp"]), notes=notes)
+        optimizers = make_optimizers(parts, plan, mesh["dp"])
+        return Built(
+            plan, mesh, parts, optimizers, notes=notes, expert_params=experts, edp_group=edp_group
+        )
     return _build_pipeline(plan, mf, model, mesh, device, notes)
 
 
@@ -122,12 +157,22 @@ def _build_pipeline(
     indices = [st["index"] for st in plan["stages"] if st["pp_rank"] == pp_rank]
     blocks = plan["blocks"]
     parts, stages = [], []
+    ep = plan["mesh"].get("ep", 1)
+    experts: list = []
+    edp_group = None
     for i in indices:
         stage_mod = pipe.get_stage_module(i)
         adopt_eager_modules(stage_mod, model)
         stage_mod.to(device)
+        if ep > 1:
+            emesh = expert_mesh(
+                device, *(plan["mesh"][k] for k in ("pp", "dp")), ep, plan["mesh"]["tp"]
+            )
+            experts += apply_expert_parallel(stage_mod, emesh["ep"], eager_only=True)
+            edp_group = emesh["edp"].get_group()
         if device.type != "cpu":
             _modify_graph_op_device(stage_mod, device)
+        apply_recompute(stage_mod, blocks, before_tp=True)
         gathered = apply_tensor_parallel(stage_mod, blocks, mesh["tp"])
         if gathered:
             notes.append(
@@ -135,7 +180,7 @@ def _build_pipeline(
                 "around them is traced with fixed shapes, so it cannot take local shards"
             )
         apply_recompute(stage_mod, blocks)
-        wrapped = apply_data_parallel(stage_mod, blocks, plan, mesh["dp"], device)
+        wrapped = apply_data_parallel(stage_mod, blocks, plan, mesh["dp"], device, set(experts))
         pipe.split_gm.register_module(stage_module_name(i), wrapped)
         stages.append(pipe.build_stage(i, device, group=mesh["pp"].get_group()))
         parts.append(wrapped)
@@ -147,7 +192,7 @@ def _build_pipeline(
         cls = ScheduleGPipe if plan["schedule"] == "gpipe" else Schedule1F1B
         schedule = cls(stages[0], n_microbatches=m, loss_fn=loss)
     optimizers = make_optimizers(parts, plan, mesh["dp"])
-    return Built(plan, mesh, parts, optimizers, schedule, indices, notes)
+    return Built(plan, mesh, parts, optimizers, schedule, indices, notes, experts, edp_group)
 
 
 def _loss_fn(mf: ModelFile):

@@ -15,11 +15,13 @@ from torch.distributed._composable import checkpoint as composable_checkpoint
 from torch.distributed._composable.replicate_with_fsdp import replicate
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import Replicate
+from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
+    PrepareModuleInputOutput,
     RowwiseParallel,
+    SequenceParallel,
     parallelize_module,
 )
 from torch.nn.parallel import DistributedDataParallel
@@ -56,7 +58,33 @@ def tp_style(module: nn.Module, style: str, fqn: str, traced_parent: bool = Fals
     shapes were fixed at trace time (HF Llama's ``repeat_kv`` expands to the traced head
     count), so it cannot consume a local shard: a "colwise" output is gathered right away and
     a "rowwise" module takes a replicated input and shards it itself. Same numbers, more
-    communication than the plan priced."""
+    communication than the plan priced.
+
+    Sequence parallel (activations split along dim 1 between the norms): "sp_block" slices the
+    block's input and gathers its output, so the code around the block sees full tensors;
+    "sequence" runs a norm on the local slice (its DTensor output keeps global shapes for the
+    code that reads them); "colwise_sp" gathers its own input, "rowwise_sp" reduce-scatters its
+    output to the sequence shard."""
+    if traced_parent and style in SEQUENCE_STYLES:
+        raise UserInputError(
+            f"plan runs {fqn} sequence-parallel, but a pipeline stage runs its block as traced "
+            "code with fixed shapes: plan again with --pp 1, or without sequence parallelism"
+        )
+    if style == "sp_block":
+        return PrepareModuleInputOutput(
+            input_layouts=(Replicate(),),
+            desired_input_layouts=(Shard(1),),
+            use_local_input=True,
+            output_layouts=(Shard(1),),
+            desired_output_layouts=(Replicate(),),
+            use_local_output=True,
+        )
+    if style == "sequence":
+        return SequenceParallel()
+    if style == "colwise_sp":
+        return ColwiseParallel(input_layouts=Shard(1))
+    if style == "rowwise_sp":
+        return RowwiseParallel(output_layouts=Shard(1))
     if not isinstance(module, (nn.Linear, nn.Embedding)):
         raise UserInputError(
             f"plan shards {fqn} ({type(module).__name__}) with tensor parallelism, but only "
@@ -72,7 +100,26 @@ def tp_style(module: nn.Module, style: str, fqn: str, traced_parent: bool = Fals
     return RowwiseParallel()
 
 
-def _is_traced(module: nn.Module) -> bool:
+SEQUENCE_STYLES = ("colwise_sp", "rowwise_sp", "sequence", "sp_gather", "sp_block")
+
+
+def gather_sequence(module: nn.Module) -> None:
+    """Before ``module`` runs, turn every sequence-sharded DTensor it is given (a norm's output
+    under SequenceParallel) into a replicated one: one all-gather that the column-parallel
+    weights inside share, wherever the model passes it (positionally or by keyword)."""
+
+    def full(x: object) -> object:
+        if isinstance(x, DTensor) and any(isinstance(p, Shard) for p in x.placements):
+            return x.redistribute(placements=[Replicate()] * len(x.placements))
+        return x
+
+    def hook(_m: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        return tuple(full(a) for a in args), {k: full(v) for k, v in kwargs.items()}
+
+    module.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+def is_traced(module: nn.Module) -> bool:
     from torch.export.unflatten import InterpreterModule
 
     return isinstance(module, (InterpreterModule, torch.fx.GraphModule))
@@ -92,7 +139,14 @@ def apply_tensor_parallel(root: nn.Module, blocks: list[dict], tp_mesh: DeviceMe
                 continue
             parent_path = fqn.rpartition(".")[0]
             parent = find_module(root, parent_path) if parent_path else root
-            traced = parent is not None and _is_traced(parent) and style != "colwise_gather"
+            traced = parent is not None and is_traced(parent) and style != "colwise_gather"
+            if style == "sp_block":  # entered and left with full tensors: any caller will do
+                traced = is_traced(module)
+            if style == "sp_gather":
+                if traced or is_traced(module):
+                    tp_style(module, style, fqn, True)  # raises: traced code cannot
+                gather_sequence(module)
+                continue
             styles[fqn] = tp_style(module, style, fqn, traced)
             if traced:
                 gathered.append(fqn)
@@ -109,12 +163,20 @@ def selective_context() -> Any:
     return create_selective_checkpoint_contexts(_selective_policy)
 
 
-def apply_recompute(root: nn.Module, blocks: list[dict]) -> None:
+def is_sequence_parallel(block: dict) -> bool:
+    return "sp_block" in block["tp_plan"].values()
+
+
+def apply_recompute(root: nn.Module, blocks: list[dict], before_tp: bool = False) -> None:
     """Non-reentrant checkpointing of each module of a recomputed block ("full"), or the same
     with a policy that saves matrix-product outputs ("selective"). The composable ``checkpoint``
-    works through hooks, so module paths (and checkpoint keys) do not change."""
+    works through hooks, so module paths (and checkpoint keys) do not change.
+
+    A sequence-parallel block is checkpointed before its TP styles are applied (``before_tp``):
+    the checkpoint's hooks then run outside the block's slice-at-entry and gather-at-exit, so
+    the recompute slices the same replicated input again; the others after, torchtitan's order."""
     for block in blocks:
-        if block["recompute"] == "none":
+        if block["recompute"] == "none" or is_sequence_parallel(block) != before_tp:
             continue
         for fqn in block["modules"]:
             module = find_module(root, fqn)
@@ -136,22 +198,29 @@ def apply_data_parallel(
     plan: dict,
     dp_mesh: DeviceMesh,
     device: torch.device,
+    ignored: set | None = None,
 ) -> nn.Module:
     """ZeRO 0: DDP, or replicate (FSDP2's DDP) with TP, PP or GPU mixed precision;
     1: DDP plus ZeroRedundancyOptimizer; 2: fully_shard per block, parameters kept unsharded
     between forward and backward;
-    3: fully_shard per block, resharded after forward. Returns the module to call."""
+    3: fully_shard per block, resharded after forward. ``ignored``: parameters that keep their
+    own gradient sync (expert-parallel experts). Returns the module to call."""
+    ignored = ignored or set()
     zero = plan["zero_stage"]
     on_gpu = device.type == "cuda"
     mp = MixedPrecisionPolicy()
     if on_gpu and plan["dtype"] in HALF:
         mp = MixedPrecisionPolicy(param_dtype=HALF[plan["dtype"]], reduce_dtype=torch.float32)
-    has_dtensors = any(isinstance(p, torch.distributed.tensor.DTensor) for p in root.parameters())
+    has_dtensors = any(
+        isinstance(p, torch.distributed.tensor.DTensor)
+        for p in root.parameters()
+        if p not in ignored
+    )
     pipelined = plan["mesh"]["pp"] > 1
     if zero == 0 and (has_dtensors or mp.param_dtype is not None or pipelined):
         # DDP can neither hold TP's DTensors nor cast parameters for mixed precision, and a
         # pipeline stage must stay the GraphModule torch's pipelining split out (DDP wraps it).
-        return replicate(root, mesh=dp_mesh, mp_policy=mp)
+        return replicate(root, mesh=dp_mesh, mp_policy=mp, ignored_params=ignored or None)
     if zero in (0, 1):
         # Plain DDP otherwise: replicate keeps every parameter as a DTensor, and the optimizer
         # step's per-tensor DTensor dispatch costs several times a plain step on the CPU.
@@ -161,6 +230,9 @@ def apply_data_parallel(
                 "DTensor parameters; plan again with --zero 0, 2 or 3"
             )
         ids = [device.index] if on_gpu else None
+        if ignored:
+            names = [n for n, p in root.named_parameters() if p in ignored]
+            DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(root, names)
         return DistributedDataParallel(root, device_ids=ids, process_group=dp_mesh.get_group())
     reshard = zero == 3
     offloaded = []
@@ -177,6 +249,7 @@ def apply_data_parallel(
             mesh=dp_mesh,
             reshard_after_forward=reshard,
             mp_policy=mp,
+            ignored_params=ignored or None,
             **({"offload_policy": policy} if policy else {}),
         )
     root_offload = bool(offloaded) and all(offloaded)
@@ -185,6 +258,7 @@ def apply_data_parallel(
         mesh=dp_mesh,
         reshard_after_forward=reshard,
         mp_policy=mp,
+        ignored_params=ignored or None,
         **({"offload_policy": CPUOffloadPolicy(pin_memory=on_gpu)} if root_offload else {}),
     )
     return root
@@ -199,9 +273,15 @@ def make_optimizers(parts: list[nn.Module], plan: dict, dp_mesh: DeviceMesh) -> 
     cls = optimizer_class(plan["optimizer"])
     lr = float(plan.get("lr", 3e-4))
     if plan["zero_stage"] == 1:
-        return [
+        from runtime.expert_parallel import is_expert_param
+
+        # Expert-parallel experts differ between dp ranks: ZeRO-1 over dp would overwrite them
+        # with their owner's copy, so they keep a plain optimizer.
+        experts = [q for p in parts for q in p.parameters() if is_expert_param(q)]
+        plain = [cls(experts, lr=lr)] if experts else []
+        return plain + [
             ZeroRedundancyOptimizer(
-                list(p.parameters()),
+                [q for q in p.parameters() if not is_expert_param(q)],
                 optimizer_class=cls,
                 process_group=dp_mesh.get_group(),
                 # One broadcast per bucket after the step, not one per parameter: on gloo each

@@ -67,6 +67,7 @@ def _local_step(built: Built, mf: ModelFile, step: int, device: torch.device) ->
 
 
 def _optimizer_step(built: Built) -> None:
+    built.sync_gradients()
     for opt in built.optimizers:
         opt.step()
         opt.zero_grad(set_to_none=True)

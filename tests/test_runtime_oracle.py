@@ -1,9 +1,10 @@
 """The runtime's oracle: every plan trains like one process.
 
-For tiny GPT, tiny Llama (HF LlamaForCausalLM) and the tiny residual MLP, each plan below is
-forced with Pins, trained for 5 steps on CPU/gloo, and its per-step losses must match
-``runtime.reference`` (one process, fp32) to 1e-4 relative. Plans of one world size run in ONE
-torchrun launch (``runtime.worker --plans ...``) to keep the suite within CI's budget.
+For tiny GPT, tiny Llama (HF LlamaForCausalLM) and the tiny residual MLP, and the tiny
+mixture-of-experts models (examples/moe.py, HF MixtralForCausalLM) under expert parallelism,
+each plan below is forced with Pins, trained for 5 steps on CPU/gloo, and its per-step losses
+must match ``runtime.reference`` (one process, fp32) to 1e-4 relative. Plans of one world size
+run in ONE torchrun launch (``runtime.worker --plans ...``) to keep the suite within CI's budget.
 """
 
 from __future__ import annotations
@@ -48,6 +49,12 @@ PP4_V2 = dict(
 )
 CONFIGS: list[tuple[str, int, dict, tuple[str, ...]]] = [
     ("tp2", 2, dict(tp=2, dp=1, pp=1, zero=0, micro_batch_size=4), ALL),
+    (
+        "tp2-sp",
+        2,
+        dict(tp=2, dp=1, pp=1, zero=0, micro_batch_size=4, tp_variant="sequence"),
+        NO_MLP,
+    ),
     ("pp2-gpipe", 2, dict(tp=1, dp=1, pp=2, zero=0, schedule="gpipe", micro_batch_size=2), ALL),
     ("pp2-1f1b", 2, dict(tp=1, dp=1, pp=2, zero=0, schedule="1f1b", micro_batch_size=2), ALL),
     (
@@ -77,6 +84,13 @@ CONFIGS: list[tuple[str, int, dict, tuple[str, ...]]] = [
     ),
     ("pp4-1f1b", 4, dict(tp=1, dp=1, pp=4, zero=0, schedule="1f1b", micro_batch_size=2), ALL),
     ("dp2xtp2", 4, dict(tp=2, dp=2, pp=1, zero=0, micro_batch_size=2), NO_MLP),
+    # Sequence parallel (Megatron-style, torch's SequenceParallel) where a block allows it.
+    (
+        "dp2xtp2-sp",
+        4,
+        dict(tp=2, dp=2, pp=1, zero=3, micro_batch_size=2, tp_variant="sequence"),
+        NO_MLP,
+    ),
     (
         "pp2xdp2",
         4,
@@ -93,6 +107,15 @@ CONFIGS: list[tuple[str, int, dict, tuple[str, ...]]] = [
     ("pp4-interleaved-v2", 4, PP4_V2, NO_MLP),
     ("pp2xdp2xtp2", 8, THREE_D, ("gpt",)),
 ]
+# Mixture-of-experts (examples/moe.py): expert parallelism alone, beside DP (two copies of each
+# expert), under every ZeRO stage, and composed with a pipeline and with TP. Their own models
+# list: the dense models have no experts.
+EP2 = dict(tp=1, dp=2, pp=1, zero=0, ep=2, micro_batch_size=2)
+EP2_DP4 = dict(tp=1, dp=4, pp=1, zero=0, ep=2, micro_batch_size=1)
+MOE_CONFIGS: list[tuple[str, int, dict, tuple[str, ...]]] = [
+    ("ep2", 2, EP2, ("moe",)),
+    ("ep2xdp2", 4, EP2_DP4, ("moe",)),
+]
 # Single extra plans (no recompute twin): (id, model, world, pins).
 EXTRA: list[tuple[str, str, int, dict]] = [
     *(
@@ -104,6 +127,11 @@ EXTRA: list[tuple[str, str, int, dict]] = [
         )
         for m in MODELS
     ),
+    ("ep2xdp2-zero1", "moe", 4, {**EP2_DP4, "zero": 1}),
+    ("ep2xdp2-zero3", "moe", 4, {**EP2_DP4, "zero": 3}),
+    ("pp2xep2", "moe", 4, {**EP2, "pp": 2, "schedule": "1f1b"}),
+    ("tp2xep2", "moe", 4, {**EP2, "tp": 2}),
+    ("ep2", "mixtral", 2, EP2),
 ]
 
 
@@ -111,8 +139,8 @@ def _cases(full: bool) -> list[tuple[str, str, int, dict]]:
     """Every configuration for every model, with and without recompute (``full``); otherwise
     each configuration's listed models without, and one of them (rotating) with."""
     cases = []
-    for i, (cid, world, pins, models) in enumerate(CONFIGS):
-        models = MODELS if full else models
+    for i, (cid, world, pins, models) in enumerate(CONFIGS + MOE_CONFIGS):
+        models = MODELS if full and i < len(CONFIGS) else models
         for j, model in enumerate(models):
             cases.append((f"{model}-{cid}", model, world, {**pins, "recompute": "none"}))
             # Selective recompute only differs from none where attention materialises its
@@ -133,7 +161,7 @@ def forced_plan(model: str, world: int, out: Path, layers: int | None = None, **
     the tiny model (with ``layers`` layers when given)."""
     pins.setdefault("offload", "none")
     if pins.get("tp", 1) > 1:
-        pins["tp_variant"] = "sharded"
+        pins.setdefault("tp_variant", "sharded")
     result = make_plan(
         ROOT / "examples" / f"{model}.py",
         world,
@@ -205,8 +233,11 @@ def runs(tmp_path_factory) -> dict:
 def test_plan_matches_one_process(runs, cid, model, world, pins):
     run_dir = runs["base"] / cid
     plan = json.loads((run_dir / "plan.json").read_text())
-    assert plan["mesh"] == {k: pins[k] for k in ("pp", "dp", "tp")}
+    want = {k: pins.get(k, 1) for k in ("pp", "dp", "tp", "ep", "cp")}
+    assert plan["mesh"] == want
     assert pins["recompute"] in {b["recompute"] for b in plan["blocks"]}
+    if pins.get("tp_variant") == "sequence" and model in ("gpt", "llama"):
+        assert any("sp_block" in b["tp_plan"].values() for b in plan["blocks"])
     got = losses_of(run_dir)
     rc, log = runs["logs"][cid]
     assert len(got) == STEPS, f"{cid}: no metrics (torchrun exit {rc})\n{log[-6000:]}"

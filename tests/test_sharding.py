@@ -115,6 +115,41 @@ def test_gpt_layer_saved_activations_match_korthikanti(gpt_layer, t):
     assert best.input_bytes == 2 * sbh  # full recompute keeps the (replicated) layer input
 
 
+@pytest.mark.parametrize("t", [2, 4])
+def test_gpt_layer_sequence_parallel_matches_korthikanti(gpt_layer, t):
+    """Sequence parallel on top of Megatron's pairing (Korthikanti Table 2): norms, dropout and
+    residuals on 1/t of the sequence, sbh(34/t + 5as/(ht)).
+
+    Two known differences, added here: the causal mask (as above), and the gathered input that
+    torch's DTensor keeps for each module of column-parallel weights (attention, MLP: 2sbh each,
+    of which the paper's Megatron keeps only the 1/t shard and gathers again in backward)."""
+    graph, layer = gpt_layer
+    sp = next(v for v in tp_variants(graph, layer, t) if v.name.endswith("-sp"))
+    sbh, mask = S * B * H, S * S
+    gathered = 2 * 2 * sbh * (1 - 1 / t)
+    paper = sbh * (34 / t + 5 * A * S / (H * t))
+    assert sp.saved_bytes == pytest.approx(paper + gathered + mask, rel=0.05)
+    assert sp.saved_bytes - gathered - mask == pytest.approx(paper, rel=0.05)
+    tp = fastest_sharded(tp_variants(graph, layer, t))
+    assert sp.saved_bytes < tp.saved_bytes
+    # full recompute keeps the layer input, now 1/t of it
+    assert sp.input_bytes == 2 * sbh // t
+    # the all-reduces become reduce-scatter + all-gather pairs (the same ring volume), plus
+    # the gather of the layer output on the way out and of its gradient on the way in
+    act = B * S * H * 2
+    assert sorted(sp.comm_fwd) == [("all_gather", act)] * 3 + [("reduce_scatter", act)] * 2
+    assert sorted(sp.comm_bwd) == [("all_gather", act)] * 3 + [("reduce_scatter", act)] * 2
+    assert sp.compute_fraction == pytest.approx(1 / t, rel=0.05)
+    assert sp.tp_plan == {
+        "layers.0": "sp_block",
+        "layers.0.ln1": "sequence",
+        "layers.0.ln2": "sequence",
+        "layers.0.attn": "sp_gather",
+        "layers.0.mlp": "sp_gather",
+        **{k: v.replace("rowwise", "rowwise_sp") for k, v in MEGATRON_GPT.items()},
+    }
+
+
 def test_replicated_variant_is_the_traced_block(gpt_layer):
     """t = 1 (and the replicated variant at any t) reproduces the tracer's own totals."""
     graph, layer = gpt_layer

@@ -4,6 +4,7 @@ same cost model), and its objective is the cost model's own step time for the pl
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 from conftest import cluster_of, make_block, make_option
@@ -46,6 +47,14 @@ def random_instance(seed: int):
             )
             for _ in range(k)
         ]
+    # Expert parallelism on half the instances with dp > 1: part of each option's parameters
+    # are experts spread over ep ranks (ZeRO shards them over dp / ep, DP reduces them there).
+    ep = rng.choice([e for e in (2, 4) if dp % e == 0] or [1]) if rng.random() < 0.5 else 1
+    if ep > 1:
+        for c, opts in options_by_class.items():
+            options_by_class[c] = [
+                replace(o, ep=ep, expert_params=o.params * rng.uniform(0.0, 0.8)) for o in opts
+            ]
     blocks = [
         make_block(i, c, params=int(options_by_class[c][0].params), boundary=rng.choice([0, 10**7]))
         for i, c in enumerate(classes)
@@ -55,17 +64,17 @@ def random_instance(seed: int):
     cl = cluster_of(gpus, memory_bytes=capacity, reserved_bytes=2**30)
     training = Training(gbs, "bf16", "adamw")
     inp = CostInputs(blocks, options, 1, cl, training)
-    cand = Candidate(pp, dp, 1, mbs, schedule, v, zero)
+    cand = Candidate(pp, dp, 1, mbs, schedule, v, zero, ep)
     return inp, cand
 
 
 def reference(inp, cand) -> float:
-    mesh = Mesh(cand.pp, cand.dp, 1)
+    mesh = Mesh(cand.pp, cand.dp, 1, cand.ep)
     args = (cand.micro_batch_size, cand.schedule, cand.virtual_stages, cand.zero)
     return brute_force(inp, mesh, *args)[0]
 
 
-@pytest.mark.parametrize("seed", range(24))
+@pytest.mark.parametrize("seed", range(32))
 def test_milp_equals_brute_force(seed):
     inp, cand = random_instance(seed)
     want = reference(inp, cand)
@@ -79,6 +88,11 @@ def test_milp_equals_brute_force(seed):
     again = evaluate(inp, cand.config)
     assert again.feasible
     assert again.step_time_s == pytest.approx(cand.milp_objective, rel=1e-9)
+
+
+def test_instances_cover_expert_parallelism():
+    eps = {random_instance(seed)[1].ep for seed in range(32)}
+    assert eps >= {1, 2}
 
 
 def test_instances_cover_feasible_and_infeasible_cases():

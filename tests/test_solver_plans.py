@@ -56,7 +56,7 @@ def test_tighter_memory_turns_on_recompute_or_offload():
 def test_pinning_everything_scores_that_configuration():
     pins = Pins(tp=1, pp=2, dp=4, zero=1, micro_batch_size=1, schedule="1f1b", recompute="full")
     p = plan(GPT, 8, model_args={"size": "1.3b"}, global_batch_size=32, pins=pins).plan
-    assert p["mesh"] == {"pp": 2, "dp": 4, "tp": 1}
+    assert p["mesh"] == {"pp": 2, "dp": 4, "tp": 1, "ep": 1, "cp": 1}
     assert p["zero_stage"] == 1 and p["schedule"] == "1f1b" and p["micro_batch_size"] == 1
     layers = [b for b in p["blocks"] if b["class"] == "Block"]
     assert all(b["recompute"] == "full" for b in layers)

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from planner.console import human_bytes, human_count, human_time
+from planner.console import cp_label, ep_label, human_bytes, human_count, human_time
 from planner.report.figures import CAPTIONS
 
 ACCENT = "#6a1b9a"  # the bar left of each figure; tests find figures on a screenshot by it
@@ -74,7 +74,8 @@ def schedule_text(plan: Mapping[str, Any]) -> str:
 def summary_line(plan: Mapping[str, Any]) -> str:
     mesh, cl = plan["mesh"], plan["cluster"]
     return (
-        f"pp={mesh['pp']} dp={mesh['dp']} tp={mesh['tp']} on {cl['gpus']} × {cl['profile']} "
+        f"pp={mesh['pp']} dp={mesh['dp']}{ep_label(mesh)}{cp_label(mesh)} tp={mesh['tp']} "
+        f"on {cl['gpus']} × {cl['profile']} "
         f"({cl['nodes']} node{'s' * (cl['nodes'] > 1)})  ·  global batch "
         f"{plan['global_batch_size']} = {mesh['dp']} × {plan['micro_batch_size']} × "
         f"{plan['num_microbatches']} micro-batches  ·  {schedule_text(plan)}  ·  "

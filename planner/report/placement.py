@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyBboxPatch, Patch, Rectangle
 
-from planner.report.style import coords, runs, span_text, stage_colors, text_color
+from planner.report.style import coords, replicas, runs, span_text, stage_colors, text_color
 
 DETAIL_NODES = 16
 DP_STRIPE = plt.get_cmap("Set2")
@@ -27,7 +27,7 @@ def group_facts(plan: dict[str, Any]) -> str:
     """One line on where the TP and DP groups and the stages fall, for the subtitle."""
     mesh, cl = plan["mesh"], plan["cluster"]
     gpn = cl["gpus_per_node"]
-    pp, dp, tp = mesh["pp"], mesh["dp"], mesh["tp"]
+    pp, dp, tp = mesh["pp"], replicas(mesh), mesh["tp"]
     parts = [f"{pp} stage{'s' * (pp > 1)} of {dp * tp} GPUs"]
     if tp > 1:
         where = "inside a node" if tp <= gpn and gpn % tp == 0 else "across nodes"
@@ -37,7 +37,8 @@ def group_facts(plan: dict[str, Any]) -> str:
         nodes = len({r // gpn for r in first})
         where = "inside one node" if nodes == 1 else f"across {nodes} nodes"
         stride = f" at stride {tp}" if tp > 1 else ""
-        parts.append(f"DP groups: {dp} GPUs{stride}, {where}")
+        kind = "DP x CP" if mesh.get("cp", 1) > 1 else "DP"
+        parts.append(f"{kind} groups: {dp} GPUs{stride}, {where}")
     return SEP.join(parts)
 
 
@@ -68,7 +69,7 @@ def _gpu_cell(ax, x: float, y: float, rank: int, plan: dict, colors: list[str], 
         fontsize=fs * 0.85,
         color=ink,
     )
-    if mesh["tp"] > 1 and mesh["dp"] > 1:
+    if mesh["tp"] > 1 and replicas(mesh) > 1:
         stripe = Rectangle((x + 0.05, y + 0.08), 0.9, 0.1, facecolor=DP_STRIPE(tp_i % 8), lw=0)
         stripe.set_gid("dp-stripe")
         ax.add_patch(stripe)
@@ -118,7 +119,7 @@ def _detail(ax, plan: dict, ranks: list[int], colors: list[str], per_row: int, f
 def _legend(fig: Figure, plan: dict, colors: list[str], y: float) -> None:
     """One entry per stage with its ranks (at most 16, then a summary entry)."""
     mesh = plan["mesh"]
-    size = mesh["dp"] * mesh["tp"]
+    size = replicas(mesh) * mesh["tp"]
     gpn = plan["cluster"]["gpus_per_node"]
     handles = []
     shown = list(range(mesh["pp"]))
@@ -135,7 +136,7 @@ def _legend(fig: Figure, plan: dict, colors: list[str], y: float) -> None:
             handles.append(Patch(color="white", label=f"… {mesh['pp'] - 15} more stages …"))
     if mesh["tp"] > 1:
         handles.append(Patch(facecolor="none", edgecolor="#222222", lw=1.8, label="TP group"))
-    if mesh["tp"] > 1 and mesh["dp"] > 1:
+    if mesh["tp"] > 1 and replicas(mesh) > 1:
         handles.append(Patch(color=DP_STRIPE(0), label="DP group: same stripe colour in a stage"))
     ncol = min(4, max(1, len(handles)))
     fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, y), ncol=ncol)
@@ -160,7 +161,9 @@ def placement_figure(plan: dict[str, Any]) -> Figure:
     nodes, gpn, gpus = cl["nodes"], cl["gpus_per_node"], cl["gpus"]
     colors = stage_colors(mesh["pp"])
     title = (
-        f"Placement: pp {mesh['pp']} × dp {mesh['dp']} × tp {mesh['tp']} on {nodes} "
+        f"Placement: pp {mesh['pp']} × dp {mesh['dp']}"
+        + (f" × cp {mesh['cp']}" if mesh.get("cp", 1) > 1 else "")
+        + f" × tp {mesh['tp']} on {nodes} "
         f"node{'s' * (nodes > 1)} × {gpn} {cl['profile']} GPUs"
     )
     facts = ["cell: rank r and its (pp, dp, tp) coordinate", *group_facts(plan).split(SEP)]

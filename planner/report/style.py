@@ -99,13 +99,19 @@ def time_unit(seconds: float) -> tuple[float, str]:
     return 1e6, "µs"
 
 
+def replicas(mesh: dict[str, int]) -> int:
+    """Copies of each weight in a stage: data-parallel times context-parallel ranks."""
+    return mesh["dp"] * mesh.get("cp", 1)
+
+
 def stage_of_rank(rank: int, mesh: dict[str, int]) -> int:
-    return rank // (mesh["dp"] * mesh["tp"])
+    return rank // (replicas(mesh) * mesh["tp"])
 
 
 def coords(rank: int, mesh: dict[str, int]) -> tuple[int, int, int]:
-    """(pp, dp, tp) of a global rank: rank = (pp_i * dp + dp_i) * tp + tp_i."""
-    dp, tp = mesh["dp"], mesh["tp"]
+    """(pp, replica, tp) of a global rank: rank = (pp_i * R + r_i) * tp + tp_i, with R = dp * cp
+    replicas and r_i = dp_i * cp + cp_i (r_i = dp_i without context parallelism)."""
+    dp, tp = replicas(mesh), mesh["tp"]
     return rank // (dp * tp), (rank // tp) % dp, rank % tp
 
 

@@ -1,0 +1,121 @@
+"""Mixture-of-experts: the tracer finds the experts, the cost model prices expert parallelism
+against closed forms (Switch Transformer's all-to-all volume, ZeRO's sharding over the experts'
+replicas), and the solver spreads experts when that is faster."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from planner.api import plan, trace, variants_for
+from planner.cluster import make_cluster
+from planner.collectives import collective_time
+from planner.costmodel import Training, all_to_all_bytes, block_options, option_states
+from planner.modelfile import load_model_file
+from planner.search import Pins
+
+ROOT = Path(__file__).resolve().parent.parent
+MOE = ROOT / "examples" / "moe.py"
+MIXTRAL = ROOT / "examples" / "mixtral.py"
+BF16 = Training(8, "bf16", "adamw")
+
+
+def _moe_blocks(path: Path, **args):
+    traced = trace(load_model_file(path, args), micro_batch_size=1, dtype="bf16")
+    return traced, [b for b in traced.blocks if b.extra.get("moe")]
+
+
+@pytest.mark.parametrize("path", [MOE, MIXTRAL], ids=["moe", "mixtral"])
+def test_tracer_finds_experts_and_counts_routed_flops(path):
+    # tiny: hidden 64, ffn 128, 4 experts, top-2, 32 tokens per sample
+    traced, blocks = _moe_blocks(path, size="tiny")
+    assert len(blocks) == 2
+    for b in blocks:
+        moe = b.extra["moe"]
+        assert moe["num_experts"] == 4 and moe["top_k"] == 2
+        assert moe["routed_rows"] == 32 * 2 and moe["width"] == 64
+        assert moe["expert_params"] == 4 * (64 * 2 * 128 + 128 * 64)
+        grouped = [n for n in b.nodes if "grouped_mm" in traced.graph.nodes[n]["op"]]
+        flops = sum(traced.graph.nodes[n]["fwd_flops"] for n in grouped)
+        # every routed row through its expert's two projections: 2*S*d*2f + 2*S*f*d
+        assert flops == 2 * 64 * 64 * 256 + 2 * 64 * 128 * 64
+        # backward: input and weight gradients, each as many FLOPs as the forward
+        assert sum(traced.graph.nodes[n]["bwd_flops"] for n in grouped) == 2 * flops
+
+
+@pytest.mark.parametrize("size,top_k", [("tiny-top1", 1), ("tiny", 2)])
+@pytest.mark.parametrize("ep", [2, 4])
+@pytest.mark.parametrize("mbs", [1, 4])
+def test_all_to_all_volume_is_the_closed_form(size, top_k, ep, mbs):
+    """Switch Transformer Sec. 5.4: per MoE layer and pass, tokens x hidden x bytes x
+    (ep - 1)/ep leave each rank in the dispatch and as much in the combine (tokens counted
+    once per chosen expert)."""
+    _, blocks = _moe_blocks(MOE, size=size)
+    moe = blocks[0].extra["moe"]
+    tokens, hidden, nbytes = 32 * mbs, 64, 2
+    want = tokens * top_k * hidden * nbytes * (ep - 1) / ep * 2
+    assert all_to_all_bytes(moe, mbs, ep, BF16) == pytest.approx(want, rel=1e-12)
+    assert all_to_all_bytes(moe, mbs, 1, BF16) == 0.0
+    padded = Training(8, "bf16", "adamw", moe_capacity_factor=1.25)
+    assert all_to_all_bytes(moe, mbs, ep, padded) == pytest.approx(1.25 * want, rel=1e-12)
+
+
+def test_expert_parallel_options_price_memory_and_all_to_alls():
+    traced, blocks = _moe_blocks(MOE, size="tiny")
+    blk = blocks[0]
+    cluster, _ = make_cluster(8, "h100-sxm", None, None)
+    variants = variants_for(traced.graph, cluster, "auto")(blk, 1)
+    plain = block_options(traced.graph, blk, variants, 2, cluster, [0], BF16)[0]
+    spread = block_options(traced.graph, blk, variants, 2, cluster, [0], BF16, ep_ranks=[0, 1])[0]
+    experts = blk.extra["moe"]["expert_params"]
+    assert spread.params == pytest.approx(plain.params - experts / 2)
+    assert spread.expert_params == pytest.approx(experts / 2)
+    one = collective_time(
+        "all_to_all", all_to_all_bytes(blk.extra["moe"], 2, 2, BF16) / 2, cluster, [0, 1]
+    )
+    assert one > 0
+    assert spread.ep_comm_s == pytest.approx(4 * one)  # dispatch + combine, forward and back
+    assert spread.time_s == pytest.approx(plain.time_s + 4 * one)
+    # ZeRO-3 shards experts over their dp/ep replicas: the same share as without EP ...
+    for zero, same in ((3, True), (0, False)):
+        a = option_states(plain, zero, 4, BF16)
+        b = option_states(spread, zero, 4, BF16)
+        total_a = a["params"] + a["grads"] + a["optimizer"]
+        total_b = b["params"] + b["grads"] + b["optimizer"]
+        if same:
+            assert total_b == pytest.approx(total_a)
+        else:  # ... while unsharded states hold only this rank's experts
+            assert total_a - total_b == pytest.approx(16 * experts / 2)
+    # gradients of experts that exist once (ep = dp) are not reduced at all
+    assert spread.comm_params(2) == pytest.approx(spread.params - spread.expert_params)
+    assert spread.comm_params(8) < spread.params
+
+
+def test_solver_spreads_mixtral_experts_over_64_gpus():
+    """Mixtral-8x7B's shape (examples/moe.py) on 64 H100s: expert parallelism is chosen, and
+    it is faster than the best plan that keeps every expert on every rank."""
+    args = {"size": "mixtral-8x7b"}
+    best = plan(MOE, 64, model_args=args, profile="h100-sxm", global_batch_size=256).plan
+    assert best["mesh"]["ep"] > 1
+    assert best["mesh"]["dp"] % best["mesh"]["ep"] == 0
+    dense = plan(
+        MOE, 64, model_args=args, profile="h100-sxm", global_batch_size=256, pins=Pins(ep=1)
+    ).plan
+    assert dense["mesh"]["ep"] == 1
+    assert best["predicted"]["step_time_s"] < dense["predicted"]["step_time_s"]
+
+
+@pytest.mark.parametrize(
+    "model,pins,says",
+    [
+        (MOE, dict(ep=8, dp=8), "does not divide the expert count (4)"),
+        (MOE, dict(ep=4, dp=2), "must divide the data-parallel degree"),
+        (ROOT / "examples" / "gpt.py", dict(ep=2), "no mixture-of-experts layer"),
+    ],
+)
+def test_bad_ep_pins_say_what_is_wrong(model, pins, says):
+    from planner.errors import UserInputError
+
+    with pytest.raises(UserInputError, match=says.replace("(", r"\(").replace(")", r"\)")):
+        plan(model, 8, model_args={"size": "tiny"}, profile="cpu", pins=Pins(**pins))
