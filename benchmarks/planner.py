@@ -3,9 +3,10 @@
     python -u benchmarks/planner.py            # writes reports/planner/planner.{json,md,png}
     python benchmarks/planner.py --render      # redraws .md and .png from planner.json
 
-Four cases on H100 SXM (profiles/h100-sxm.toml): GPT 1.3B on 8 GPUs, Llama-3-70B on 64,
-GPT-3 175B on 1024, Llama-3-405B on 8192. For each, the predicted step time, MFU and peak memory
-per device of:
+Six cases on H100 SXM (profiles/h100-sxm.toml): GPT 1.3B on 8 GPUs, Llama-3-70B on 64,
+GPT-3 175B on 1024, Llama-3-405B on 8192, a Mixtral-8x7B-shaped MoE (examples/moe.py) on 64
+and Llama-3-8B with 131,072-token sequences on 8. For each, the predicted step time, MFU and
+peak memory per device of:
 
 - meshplan: ``planner.api.plan`` with nothing pinned;
 - pure data parallel (tp 1, pp 1, ZeRO-0) and FSDP (tp 1, pp 1, ZeRO-3), recompute and offload
@@ -52,6 +53,9 @@ CASES = [  # (label, model file, model args, GPUs, global batch size in sequence
     ("Llama-3-70B / 64", "examples/llama.py", {"size": "llama3-70b"}, 64, 1024),
     ("GPT-3 175B / 1024", "examples/gpt.py", {"size": "gpt3-175b"}, 1024, 1536),
     ("Llama-3-405B / 8192", "examples/llama.py", {"size": "llama3-405b"}, 8192, 2048),
+    # mixture of experts: expert parallelism; 128K-token sequences: context parallelism
+    ("Mixtral-8x7B / 64", "examples/moe.py", {"size": "mixtral-8x7b"}, 64, 256),
+    ("Llama-3-8B 128K / 8", "examples/llama.py", {"size": "llama3-8b", "seq_len": 131072}, 8, 8),
 ]
 STRATEGIES = ("meshplan", "pure DP", "FSDP (ZeRO-3)", "Megatron rule", "best without offload")
 # planner.api's own baselines in plan["solver"]["alternatives"], used to cross-check ours
@@ -69,8 +73,9 @@ def row_from_plan(doc: dict[str, Any]) -> dict[str, Any]:
     mesh = doc["mesh"]
     offload = sorted({b["offload"] for b in doc["blocks"]} - {"none"})
     recompute = sorted({b["recompute"] for b in doc["blocks"]})
+    extra = "".join(f" {k}{mesh[k]}" for k in ("ep", "cp") if mesh.get(k, 1) > 1)
     label = (
-        f"pp{mesh['pp']} dp{mesh['dp']} tp{mesh['tp']}, mbs {doc['micro_batch_size']}, "
+        f"pp{mesh['pp']} dp{mesh['dp']}{extra} tp{mesh['tp']}, mbs {doc['micro_batch_size']}, "
         f"{doc['schedule'] if mesh['pp'] > 1 else 'no pipeline'}"
         + (f" x{doc['virtual_stages']}" if doc["virtual_stages"] > 1 else "")
         + f", ZeRO-{doc['zero_stage']}, recompute {'+'.join(recompute)}"
@@ -148,12 +153,18 @@ def solve_pinned(result: PlanResult, pins: Pins, variants_of) -> tuple[dict[str,
     if found is not None:
         return row_from_candidate(found, res), res
     need = min(c.min_memory for c in res.candidates)
+    capacity = result.cluster.profile.memory_bytes * pins.memory_fraction
+    why = (
+        "model states alone exceed memory on every shape"
+        if need > capacity
+        else "no placement fits its activations in memory on any shape"
+    )
     return {
         "fits": False,
-        "config": "model states alone exceed memory on every shape",
+        "config": why,
         "step_time_s": None,
         "mfu": None,
-        "peak_memory_bytes": need,
+        "peak_memory_bytes": need if need > capacity else None,
     }, res
 
 
@@ -174,6 +185,8 @@ def megatron(result: PlanResult, variants_of) -> dict[str, Any]:
             recompute="full",
             offload="none",
             tp_variant="sharded",
+            ep=1,
+            cp=1,
         )
         row, _ = solve_pinned(result, pins, variants_of)
         if row["fits"]:
@@ -199,8 +212,9 @@ def run_case(label: str, path: str, args: dict, gpus: int, gbs: int) -> dict[str
     auto = variants_for(result.traced.graph, result.cluster, "auto")
     alts = {a.get("baseline"): a for a in doc["solver"]["alternatives"] if a.get("baseline")}
     for name, pins in (
-        ("pure DP", Pins(tp=1, pp=1, zero=0)),
-        ("FSDP (ZeRO-3)", Pins(tp=1, pp=1, zero=3)),
+        # by hand: every expert and every whole sequence on each data-parallel rank
+        ("pure DP", Pins(tp=1, pp=1, zero=0, ep=1, cp=1)),
+        ("FSDP (ZeRO-3)", Pins(tp=1, pp=1, zero=3, ep=1, cp=1)),
     ):
         t = time.perf_counter()
         rows[name], _ = solve_pinned(result, pins, auto)

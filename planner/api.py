@@ -200,7 +200,9 @@ def plan(
     result = search(traced.graph, traced.blocks, cluster, training, pins, variants_of, progress)
     if result.best is None:
         raise InfeasibleError(infeasible_message(traced, cluster, training, result, pins))
-    baselines = baseline_candidates(traced, cluster, training, pins, variants_of)
+    # Hand-written baselines as published (Narayanan et al. 2021: no sequence parallelism).
+    hand = variants_for(traced.graph, cluster, "no-sequence")
+    baselines = baseline_candidates(traced, cluster, training, pins, hand)
     lr = float(training_cfg.get("lr", 3e-4))
     doc = build_plan(traced, cluster, training, lr, result, baselines)
     return PlanResult(doc, traced, cluster, training, result, notes)
@@ -224,15 +226,15 @@ def baseline_candidates(traced, cluster, training, pins, variants_of) -> list:
 
     found = []
     rules = [
-        ("pure data parallel", dict(tp=1, pp=1, zero=0)),
-        ("FSDP (ZeRO-3)", dict(tp=1, pp=1, zero=3)),
+        ("pure data parallel", dict(tp=1, pp=1, zero=0, cp=1, ep=1)),
+        ("FSDP (ZeRO-3)", dict(tp=1, pp=1, zero=3, cp=1, ep=1)),
     ]
     tp = 1
     for t in (8, 4, 2):
         if t <= cluster.gpus_per_node and cluster.gpus % t == 0:
             tp = t
             break
-    rules.append(("Megatron: TP in node, PP across nodes, full recompute", dict(tp=tp)))
+    rules.append(("Megatron: TP in node, PP across nodes, full recompute", dict(tp=tp, cp=1, ep=1)))
     for name, fixed in rules:
         p = replace(pins, **fixed)
         if name.startswith("Megatron"):

@@ -15,7 +15,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -65,7 +65,7 @@ class Pins:
     tp_variant: str = "auto"  # "sharded": every block that can be TP-sharded is
 
 
-MILP_TIME_LIMIT_S = 5.0
+MILP_TIME_LIMIT_S = 2.0
 # What --offload auto may choose: FSDP2's CPUOffloadPolicy moves parameters, gradients and
 # optimizer states together; optimizer-only offload (ZeRO-Offload) is priced when pinned, and
 # the runtime says it cannot apply it.
@@ -160,6 +160,17 @@ def cp_degrees(sequence: int, room: int, pins: Pins) -> list[int]:
     return found
 
 
+def _cp_dominated(gbs: int, dp: int, cp: int, mbs: int, pins: Pins) -> bool:
+    """Whether data parallelism does the same work with no ring: dp * cp replicas of
+    micro-batch mbs / cp give each rank the same tokens, the same micro-batch count, the same
+    activations and the same gradient reduction, without the key/value ring, so the cost
+    model prices that candidate no slower. Then the context-parallel one is left out (unless
+    the user pinned what makes the two differ)."""
+    if pins.cp or pins.dp or pins.micro_batch_size:
+        return False
+    return mbs % cp == 0 and gbs % (dp * cp) == 0
+
+
 def enumerate_candidates(
     gpus: int,
     n_blocks: int,
@@ -188,6 +199,8 @@ def enumerate_candidates(
         per_replica = gbs // dp
         for mbs in divisors(per_replica):
             if pins.micro_batch_size and mbs != pins.micro_batch_size:
+                continue
+            if cp > 1 and _cp_dominated(gbs, dp, cp, mbs, pins):
                 continue
             m = per_replica // mbs
             for schedule, v in _schedules(pp, m, n_blocks, pins):
@@ -236,20 +249,27 @@ def price_options(
     cp_ranks = Mesh(1, 1, tp, 1, cp).cp_group(0)
     by_class: dict[str, list[BlockOption]] = {}
     result = []
+    # Priced options are memoized on the graph: the baselines search the same space again.
+    memo = graph.graph.setdefault("_priced_options", {})
     for blk in blocks:
         if blk.cls not in by_class:
-            opts = block_options(
-                graph,
-                blk,
-                variants_of(blk, tp),
-                mbs,
-                cluster,
-                tp_ranks,
-                training,
-                ep_ranks=ep_ranks,
-                cp_ranks=cp_ranks,
-            )
-            by_class[blk.cls] = _filter(opts, pins)
+            key = (blk.cls, tp, mbs, ep, cp, id(variants_of), id(cluster), training)
+            if key not in memo:  # the value holds what the ids name, so no id is reused
+                memo[key] = (
+                    (variants_of, cluster),
+                    block_options(
+                        graph,
+                        blk,
+                        variants_of(blk, tp),
+                        mbs,
+                        cluster,
+                        tp_ranks,
+                        training,
+                        ep_ranks=ep_ranks,
+                        cp_ranks=cp_ranks,
+                    ),
+                )
+            by_class[blk.cls] = _filter(memo[key][1], pins)
         result.append(by_class[blk.cls])
     return result
 
@@ -628,6 +648,40 @@ def solve_candidate(
 
 
 def search(
+    graph,
+    blocks: list[Block],
+    cluster: Cluster,
+    training: Training,
+    pins: Pins,
+    variants_of: Callable[[Block, int], list],
+    progress: Callable[..., None] | None = None,
+    time_limit_s: float = MILP_TIME_LIMIT_S,
+) -> SearchResult:
+    """``search_space`` without context parallelism first, then, when nothing fits, with it
+    (or with it at once when ``--cp`` pins a degree).
+
+    Context parallelism is for sequences whose activations do not fit: elsewhere the cost
+    model prices a context-parallel plan like data parallelism over a fraction of a sample
+    (each rank the same tokens, activations and gradient reduction, plus the key/value ring),
+    an equivalence real kernels break at small per-rank token counts; and the larger space
+    costs seconds of solving at scale."""
+    if pins.cp is None and attention_sequence(graph):
+        first = search_space(
+            graph,
+            blocks,
+            cluster,
+            training,
+            replace(pins, cp=1),
+            variants_of,
+            progress,
+            time_limit_s,
+        )
+        if first.best is not None:
+            return first
+    return search_space(graph, blocks, cluster, training, pins, variants_of, progress, time_limit_s)
+
+
+def search_space(
     graph,
     blocks: list[Block],
     cluster: Cluster,

@@ -41,6 +41,7 @@ import cvxpy as cp
 import numpy as np
 
 GIB = float(2**30)  # memory rows in GiB: keeps the MILP's coefficients well scaled
+MIP_REL_GAP = 1e-4
 
 
 @dataclass
@@ -294,7 +295,7 @@ def solve_stage_milp(
     if any(not ids for ids in keep):
         return StageSolution("infeasible", float("inf"), [], 0.0)
     st.load(sp, keep)
-    opts: dict = {"time_limit": time_limit_s, "mip_rel_gap": 1e-9, "mip_abs_gap": 1e-12}
+    opts: dict = {"time_limit": time_limit_s, "mip_rel_gap": MIP_REL_GAP, "mip_abs_gap": 1e-12}
     has_cutoff = cutoff is not None and np.isfinite(cutoff)
     # Always set the bound: an option left from an earlier solve must not prune this one.
     opts["objective_bound"] = float(cutoff) if has_cutoff else float("inf")

@@ -41,15 +41,30 @@ def expert_mesh(device: torch.device, pp: int, dp: int, ep: int, tp: int) -> Dev
     return _MESHES[key]
 
 
-def device_mesh(device: torch.device, pp: int, dp: int, tp: int) -> DeviceMesh:
-    """The (pp, dp, tp) mesh: rank = (pp_i * dp + dp_i) * tp + tp_i. Cached per shape, because
-    each mesh creates process groups and a batch of plans reuses them."""
-    key = (device.type, pp, dp, tp)
+def device_mesh(device: torch.device, pp: int, dp: int, tp: int, cp: int = 1) -> DeviceMesh:
+    """The (pp, dp, tp) mesh, rank = (pp_i * dp + dp_i) * tp + tp_i; with context parallelism
+    (pp, dp, cp, tp), rank = ((pp_i * dp + dp_i) * cp + cp_i) * tp + tp_i and a flattened
+    "dp_cp" dimension: the replicas gradients reduce over. Cached per shape, because each mesh
+    creates process groups and a batch of plans reuses them."""
+    key = (device.type, pp, dp, tp, cp)
     if key not in _MESHES:
-        _MESHES[key] = init_device_mesh(
-            device.type, (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp")
-        )
+        if cp == 1:
+            _MESHES[key] = init_device_mesh(
+                device.type, (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp")
+            )
+        else:
+            mesh = init_device_mesh(
+                device.type, (pp, dp, cp, tp), mesh_dim_names=("pp", "dp", "cp", "tp")
+            )
+            mesh["dp", "cp"]._flatten("dp_cp")
+            _MESHES[key] = mesh
     return _MESHES[key]
+
+
+def replica_mesh(mesh: DeviceMesh) -> DeviceMesh:
+    """The dimension data-parallel wrappers reduce gradients over: dp, or dp x cp."""
+    names = mesh.mesh_dim_names or ()
+    return mesh["dp_cp"] if "cp" in names else mesh["dp"]
 
 
 @dataclass
@@ -75,6 +90,10 @@ class Built:
     def coords(self) -> tuple[int, int, int]:
         m = self.mesh
         return m.get_local_rank("pp"), m.get_local_rank("dp"), m.get_local_rank("tp")
+
+    @property
+    def cp_mesh(self) -> DeviceMesh | None:
+        return self.mesh["cp"] if "cp" in (self.mesh.mesh_dim_names or ()) else None
 
     @property
     def holds_first(self) -> bool:
@@ -104,17 +123,19 @@ def _notes(plan: dict, device: torch.device) -> list[str]:
 
 def build(plan: dict, mf: ModelFile, device: torch.device, seed: int) -> Built:
     mesh_cfg = plan["mesh"]
-    mesh = device_mesh(device, mesh_cfg["pp"], mesh_cfg["dp"], mesh_cfg["tp"])
+    cp = mesh_cfg.get("cp", 1)
+    mesh = device_mesh(device, mesh_cfg["pp"], mesh_cfg["dp"], mesh_cfg["tp"], cp)
     torch.manual_seed(seed)
     model = mf.build()
     model.train()
     blocks = plan["blocks"]
     notes = _notes(plan, device)
-    if mesh_cfg.get("cp", 1) > 1:
-        raise UserInputError(
-            "this runtime does not run context parallelism yet: plan again with --cp 1"
-        )
     ep = mesh_cfg.get("ep", 1)
+    if cp > 1 and (mesh_cfg["pp"] > 1 or ep > 1):
+        raise UserInputError(
+            "this runtime runs context parallelism without pipelining or expert parallelism: "
+            "plan again with --cp 1, or with --pp 1 --ep 1"
+        )
     if mesh_cfg["pp"] == 1:
         model.to(device)
         experts, edp_group = [], None
@@ -125,9 +146,14 @@ def build(plan: dict, mf: ModelFile, device: torch.device, seed: int) -> Built:
         apply_recompute(model, blocks, before_tp=True)
         apply_tensor_parallel(model, blocks, mesh["tp"])
         apply_recompute(model, blocks)
-        model = apply_data_parallel(model, blocks, plan, mesh["dp"], device, set(experts))
+        if cp > 1:
+            from runtime.context_parallel import check_model
+
+            check_model(model)
+        replicas = replica_mesh(mesh)
+        model = apply_data_parallel(model, blocks, plan, replicas, device, set(experts))
         parts = [model]
-        optimizers = make_optimizers(parts, plan, mesh["dp"])
+        optimizers = make_optimizers(parts, plan, replicas)
         return Built(
             plan, mesh, parts, optimizers, notes=notes, expert_params=experts, edp_group=edp_group
         )

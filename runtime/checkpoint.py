@@ -53,7 +53,8 @@ def _zero1(built: Built) -> bool:
 
 def _zero1_key(built: Built, i: int) -> str:
     pp, dp, tp = built.coords
-    return f"pp{pp}_dp{dp}_tp{tp}_part{i}"
+    cp = f"_cp{built.cp_mesh.get_local_rank()}" if built.cp_mesh is not None else ""
+    return f"pp{pp}_dp{dp}{cp}_tp{tp}_part{i}"
 
 
 def _init_zero1_state(built: Built) -> None:

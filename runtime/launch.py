@@ -47,12 +47,13 @@ def check_model_file(plan: dict, plan_path: Path) -> None:
 
 def processes_per_node(plan: dict, opts: argparse.Namespace, device: str) -> int:
     mesh = plan["mesh"]
-    world = mesh["pp"] * mesh["dp"] * mesh["tp"]
+    world = mesh["pp"] * mesh["dp"] * mesh.get("cp", 1) * mesh["tp"]
     nnodes = int(getattr(opts, "nnodes", 1) or 1)
     if world % nnodes:
         raise UserInputError(
-            f"the plan needs {world} processes (pp {mesh['pp']} x dp {mesh['dp']} x tp "
-            f"{mesh['tp']}), which {nnodes} nodes cannot split evenly: use --nnodes dividing "
+            f"the plan needs {world} processes (pp {mesh['pp']} x dp {mesh['dp']} x cp "
+            f"{mesh.get('cp', 1)} x tp {mesh['tp']}), which {nnodes} nodes cannot split "
+            "evenly: use --nnodes dividing "
             f"{world}, or plan again for {nnodes} nodes"
         )
     nproc = world // nnodes

@@ -9,6 +9,7 @@ scales gradients by 1/m itself). Data parallelism averages over ranks.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -51,8 +52,9 @@ def _local_step(built: Built, mf: ModelFile, step: int, device: torch.device) ->
         model, total = built.parts[0], 0.0
         for j, (x, y) in enumerate(chunks):
             gradient_sync(built.parts, j == len(chunks) - 1)
-            loss = mf.loss(model(*x), y)
-            (loss / len(chunks)).backward()
+            with _sequence_share(built, x, y) as (x, kwargs, y):
+                loss = mf.loss(model(*x, **kwargs), y)
+                (loss / len(chunks)).backward()
             total += loss.item()
         return total / len(chunks)
     losses: list[torch.Tensor] = []
@@ -64,6 +66,19 @@ def _local_step(built: Built, mf: ModelFile, step: int, device: torch.device) ->
     if built.holds_last:
         return sum(float(v.detach()) for v in losses) / len(losses)
     return None
+
+
+@contextlib.contextmanager
+def _sequence_share(built: Built, x: tuple, y: Any):
+    """This rank's share of a micro-batch: all of it, or under context parallelism its chunk
+    of every sequence (with positions) while attention runs as a ring."""
+    if built.cp_mesh is None:
+        yield x, {}, y
+        return
+    from runtime.context_parallel import sequence_chunks
+
+    with sequence_chunks(built.cp_mesh, x, y) as share:
+        yield share
 
 
 def _optimizer_step(built: Built) -> None:
@@ -102,7 +117,8 @@ def train_plan(
     unit, per_sample = throughput_unit(mf.batch(1, step=0)[0])
     losses: list[float] = []
     pp_i, _, tp_i = built.coords
-    dp = plan["mesh"]["dp"]
+    # every context-parallel rank holds the loss of its chunk: the mean of the dp * cp shares
+    dp = plan["mesh"]["dp"] * plan["mesh"].get("cp", 1)
     # Tests pace a run with a pause after each step, so a fault can be injected mid-run.
     pause_s = float(os.environ.get("MESHPLAN_STEP_PAUSE_S", "0") or 0)
     for step in range(start + 1, steps + 1):

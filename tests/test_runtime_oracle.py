@@ -112,6 +112,7 @@ CONFIGS: list[tuple[str, int, dict, tuple[str, ...]]] = [
 # list: the dense models have no experts.
 EP2 = dict(tp=1, dp=2, pp=1, zero=0, ep=2, micro_batch_size=2)
 EP2_DP4 = dict(tp=1, dp=4, pp=1, zero=0, ep=2, micro_batch_size=1)
+CP2 = dict(tp=1, dp=1, pp=1, zero=0, cp=2, micro_batch_size=4)
 MOE_CONFIGS: list[tuple[str, int, dict, tuple[str, ...]]] = [
     ("ep2", 2, EP2, ("moe",)),
     ("ep2xdp2", 4, EP2_DP4, ("moe",)),
@@ -132,6 +133,13 @@ EXTRA: list[tuple[str, str, int, dict]] = [
     ("pp2xep2", "moe", 4, {**EP2, "pp": 2, "schedule": "1f1b"}),
     ("tp2xep2", "moe", 4, {**EP2, "tp": 2}),
     ("ep2", "mixtral", 2, EP2),
+    # Context parallelism (ring attention over sequence chunks) needs fused attention: the
+    # HF Llama (SDPA); our GPT's explicit softmax(QK^T)V has no ring to run, the planner
+    # refuses --cp for it.
+    ("cp2", "llama", 2, CP2),
+    ("cp2-full", "llama", 2, {**CP2, "recompute": "full"}),
+    ("cp2xdp2-zero3", "llama", 4, {**CP2, "dp": 2, "zero": 3, "micro_batch_size": 2}),
+    ("cp2xtp2", "llama", 4, {**CP2, "tp": 2}),
 ]
 
 
