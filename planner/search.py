@@ -207,6 +207,8 @@ def enumerate_candidates(
                 for zero in range(4) if dp * cp > 1 else (0,):
                     if pins.zero is not None and zero != pins.zero:
                         continue
+                    if zero == 1 and (tp > 1 or pp > 1) and pins.zero != 1:
+                        continue  # the runtime has no ZeRO-1 for DTensors or pipeline stages
                     for ep in ep_degrees(blocks or [], dp, pins):
                         out.append(Candidate(pp, dp, tp, mbs, schedule, v, zero, ep, cp))
     return out
@@ -217,7 +219,9 @@ def _schedules(pp: int, m: int, n_blocks: int, pins: Pins) -> list[tuple[str, in
         if pins.schedule and pins.schedule != "1f1b":
             return [(pins.schedule, 1)] if pins.schedule == "gpipe" else []
         return [("1f1b", 1)]
-    found = [("gpipe", 1), ("1f1b", 1)]
+    # torch's Schedule1F1B needs at least as many micro-batches as stages; with fewer, 1F1B
+    # has no steady state and runs as GPipe does (same time and in-flight activations).
+    found = [("gpipe", 1)] + ([("1f1b", 1)] if m >= pp else [])
     for v in INTERLEAVE:
         if pp * v <= n_blocks and m % pp == 0:
             found.append(("interleaved_1f1b", v))
@@ -734,7 +738,8 @@ def search_space(
         c.bound, c.min_memory = lower_bounds(inputs[key], c)
     capacity = cluster.profile.memory_bytes * pins.memory_fraction
     for c in cands:
-        if c.schedule == "gpipe" and not pins.schedule and c.pp > 1:
+        m = training.global_batch_size // (c.dp * c.micro_batch_size)
+        if c.schedule == "gpipe" and not pins.schedule and c.pp > 1 and m >= c.pp:
             c.status, c.reason = "dominated", "GPipe: same time as 1F1B, more memory"
         elif c.min_memory > capacity:
             c.status, c.reason = "pruned-memory", "model states alone exceed memory"

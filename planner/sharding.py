@@ -1079,7 +1079,7 @@ def tp_variants(
     comm_seconds_per_byte: float = 1 / 100e9,
     flops_per_second: float = 400e12,
     bytes_per_second: float = 2e12,
-    max_variants: int = 2,
+    max_variants: int = 3,
 ) -> list[TPVariant]:
     """The Pareto-best ways (time vs per-device memory) to run ``block`` over ``tp`` devices.
 

@@ -153,7 +153,7 @@ def build(plan: dict, mf: ModelFile, device: torch.device, seed: int) -> Built:
         replicas = replica_mesh(mesh)
         model = apply_data_parallel(model, blocks, plan, replicas, device, set(experts))
         parts = [model]
-        optimizers = make_optimizers(parts, plan, replicas)
+        optimizers = make_optimizers(parts, plan, replicas, experts)
         return Built(
             plan, mesh, parts, optimizers, notes=notes, expert_params=experts, edp_group=edp_group
         )
@@ -217,7 +217,7 @@ def _build_pipeline(
     else:
         cls = ScheduleGPipe if plan["schedule"] == "gpipe" else Schedule1F1B
         schedule = cls(stages[0], n_microbatches=m, loss_fn=loss)
-    optimizers = make_optimizers(parts, plan, mesh["dp"])
+    optimizers = make_optimizers(parts, plan, mesh["dp"], experts)
     return Built(plan, mesh, parts, optimizers, schedule, indices, notes, experts, edp_group)
 
 

@@ -31,12 +31,6 @@ from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 from planner.errors import UserInputError
 from planner.trace import expert_modules
 
-EXPERT_PARAM = "_meshplan_expert"
-
-
-def is_expert_param(p: nn.Parameter) -> bool:
-    return bool(getattr(p, EXPERT_PARAM, False))
-
 
 def apply_expert_parallel(
     root: nn.Module, ep_mesh: DeviceMesh, eager_only: bool = False
@@ -81,7 +75,6 @@ def apply_expert_parallel(
         for name in names:
             full = getattr(module, name)
             sharded = nn.Parameter(distribute_tensor(full.detach(), ep_mesh, [Shard(0)]))
-            setattr(sharded, EXPERT_PARAM, True)
             setattr(module, name, sharded)
             params.append(sharded)
         module.num_experts = total // ep

@@ -45,6 +45,21 @@ def check_model_file(plan: dict, plan_path: Path) -> None:
         )
 
 
+def check_runnable(plan: dict) -> None:
+    """Refuse, before any process starts, what the runtime cannot build (one line, no trace)."""
+    mesh = plan["mesh"]
+    if plan["zero_stage"] == 1 and (mesh["pp"] > 1 or mesh["tp"] > 1):
+        raise UserInputError(
+            "ZeRO-1 with pipeline or tensor parallelism: torch's ZeroRedundancyOptimizer holds "
+            "neither DTensors nor pipeline stages; plan again with --zero 0, 2 or 3"
+        )
+    if mesh.get("cp", 1) > 1 and (mesh["pp"] > 1 or mesh.get("ep", 1) > 1):
+        raise UserInputError(
+            "this runtime runs context parallelism without pipelining or expert parallelism: "
+            "plan again with --cp 1, or with --pp 1 --ep 1"
+        )
+
+
 def processes_per_node(plan: dict, opts: argparse.Namespace, device: str) -> int:
     mesh = plan["mesh"]
     world = mesh["pp"] * mesh["dp"] * mesh.get("cp", 1) * mesh["tp"]
@@ -117,6 +132,7 @@ def run_plan(plan_path: Path, opts: argparse.Namespace) -> int:
     plan_path = Path(plan_path)
     plan = load_plan(plan_path)
     check_model_file(plan, plan_path)
+    check_runnable(plan)
     device = choose_device(getattr(opts, "device", None))
     nproc = processes_per_node(plan, opts, device)
     run_dir = Path(getattr(opts, "run_dir", None) or plan_path.resolve().parent)

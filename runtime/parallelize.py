@@ -224,6 +224,11 @@ def apply_data_parallel(
     if zero in (0, 1):
         # Plain DDP otherwise: replicate keeps every parameter as a DTensor, and the optimizer
         # step's per-tensor DTensor dispatch costs several times a plain step on the CPU.
+        if zero == 1 and pipelined:
+            raise UserInputError(
+                "ZeRO-1 with pipeline parallelism: DDP under ZeroRedundancyOptimizer cannot wrap "
+                "torch's pipeline stage modules; plan again with --zero 0, 2 or 3"
+            )
         if zero == 1 and has_dtensors:
             raise UserInputError(
                 "ZeRO-1 with tensor parallelism: torch's ZeroRedundancyOptimizer cannot hold "
@@ -264,8 +269,12 @@ def apply_data_parallel(
     return root
 
 
-def make_optimizers(parts: list[nn.Module], plan: dict, dp_mesh: DeviceMesh) -> list:
-    """One optimizer per module part; ZeRO-1 shards its states with ZeroRedundancyOptimizer."""
+def make_optimizers(
+    parts: list[nn.Module], plan: dict, dp_mesh: DeviceMesh, experts: list | None = None
+) -> list:
+    """One optimizer per module part; ZeRO-1 shards its states with ZeroRedundancyOptimizer.
+    ``experts``: expert-parallel parameters (compared by identity: a pipeline stage's move to
+    its device swaps DTensor parameters' contents in place, so no mark on them survives)."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
     from runtime.optim import optimizer_class
@@ -273,15 +282,13 @@ def make_optimizers(parts: list[nn.Module], plan: dict, dp_mesh: DeviceMesh) -> 
     cls = optimizer_class(plan["optimizer"])
     lr = float(plan.get("lr", 3e-4))
     if plan["zero_stage"] == 1:
-        from runtime.expert_parallel import is_expert_param
-
         # Expert-parallel experts differ between dp ranks: ZeRO-1 over dp would overwrite them
         # with their owner's copy, so they keep a plain optimizer.
-        experts = [q for p in parts for q in p.parameters() if is_expert_param(q)]
-        plain = [cls(experts, lr=lr)] if experts else []
+        own = {id(q) for q in experts or []}
+        plain = [cls(list(experts), lr=lr)] if experts else []
         return plain + [
             ZeroRedundancyOptimizer(
-                [q for q in p.parameters() if not is_expert_param(q)],
+                [q for q in p.parameters() if id(q) not in own],
                 optimizer_class=cls,
                 process_group=dp_mesh.get_group(),
                 # One broadcast per bucket after the step, not one per parameter: on gloo each

@@ -91,7 +91,10 @@ def main(argv: list[str] | None = None) -> int:
             if rank == 0:
                 mesh = plan["mesh"]
                 print(
-                    f"running {plan_path}: pp {mesh['pp']} x dp {mesh['dp']} x tp {mesh['tp']}, "
+                    f"running {plan_path}: pp {mesh['pp']} x dp {mesh['dp']}"
+                    + (f" (ep {mesh['ep']})" if mesh.get("ep", 1) > 1 else "")
+                    + (f" x cp {mesh['cp']}" if mesh.get("cp", 1) > 1 else "")
+                    + f" x tp {mesh['tp']}, "
                     f"{plan['schedule'] if mesh['pp'] > 1 else 'no pipeline'}, "
                     f"ZeRO {plan['zero_stage']}, {args.steps} steps on {device.type}",
                     flush=True,

@@ -102,6 +102,25 @@ def test_inconsistent_plan_is_refused(mlp_plan, tmp_path, capsys):
     assert "cluster.gpus does not equal pp*dp*cp*tp" in one_error_line(capsys)
 
 
+@pytest.mark.parametrize(
+    "edit,says",
+    [
+        ({"zero_stage": 1, "mesh": {"pp": 2, "dp": 2, "tp": 1}}, "ZeRO-1 with pipeline"),
+        ({"mesh": {"pp": 2, "dp": 1, "tp": 1, "cp": 2}}, "context parallelism without"),
+    ],
+)
+def test_plan_the_runtime_cannot_build_is_refused_before_launch(
+    mlp_plan, tmp_path, capsys, edit, says
+):
+    """One line before any process starts, not a traceback from every rank."""
+    from runtime.launch import check_runnable
+
+    doc = json.loads(mlp_plan.read_text())
+    doc.update(edit)
+    with pytest.raises(UserInputError, match=says):
+        check_runnable(doc)
+
+
 def test_world_size_that_nodes_cannot_host_is_refused(mlp_plan, capsys):
     assert plan_main(["run", str(mlp_plan), "--device", "cpu", "--nnodes", "3"]) == 2
     line = one_error_line(capsys)

@@ -133,6 +133,9 @@ EXTRA: list[tuple[str, str, int, dict]] = [
     ("pp2xep2", "moe", 4, {**EP2, "pp": 2, "schedule": "1f1b"}),
     ("tp2xep2", "moe", 4, {**EP2, "tp": 2}),
     ("ep2", "mixtral", 2, EP2),
+    # transformers MoE models beyond Mixtral (tests/models/): shared experts, MLA, grouped top-k
+    ("ep2", "qwen2_moe", 2, EP2),
+    ("ep2", "deepseek_v3", 2, EP2),
     # Context parallelism (ring attention over sequence chunks) needs fused attention: the
     # HF Llama (SDPA); our GPT's explicit softmax(QK^T)V has no ring to run, the planner
     # refuses --cp for it.
@@ -170,8 +173,11 @@ def forced_plan(model: str, world: int, out: Path, layers: int | None = None, **
     pins.setdefault("offload", "none")
     if pins.get("tp", 1) > 1:
         pins.setdefault("tp_variant", "sharded")
+    path = ROOT / "examples" / f"{model}.py"
+    if not path.exists():
+        path = ROOT / "tests" / "models" / f"{model}.py"
     result = make_plan(
-        ROOT / "examples" / f"{model}.py",
+        path,
         world,
         model_args={"size": "tiny", **({"layers": layers} if layers else {})},
         profile="cpu",

@@ -98,3 +98,26 @@ def test_every_rank_is_used_exactly_once():
     assert sorted(b["name"] for b in p["blocks"]) == sorted(
         n for st in p["stages"] for n in st["blocks"]
     )
+
+
+def test_only_runnable_schedules_and_zero_stages_are_searched():
+    """What the runtime can run: torch's Schedule1F1B needs m >= pp (GPipe covers m < pp, at the
+    same cost), and ZeroRedundancyOptimizer holds neither DTensors nor pipeline stages, so
+    ZeRO-1 is searched with tp = pp = 1 only unless --zero 1 pins it."""
+    from planner.costmodel import Training
+    from planner.search import enumerate_candidates
+
+    training = Training(8, "bf16", "adamw")
+    cands = enumerate_candidates(8, 6, training, Pins(), [1, 2, 4, 8])
+    for c in cands:
+        m = 8 // (c.dp * c.micro_batch_size)
+        if c.pp > 1 and c.schedule == "1f1b":
+            assert m >= c.pp
+        if c.zero == 1:
+            assert c.tp == 1 and c.pp == 1
+    assert any(
+        c.pp > 1 and c.schedule == "gpipe" and 8 // (c.dp * c.micro_batch_size) < c.pp
+        for c in cands
+    )
+    pinned = enumerate_candidates(8, 6, training, Pins(zero=1, tp=2), [1, 2])
+    assert pinned and all(c.zero == 1 and c.tp == 2 for c in pinned)
