@@ -798,6 +798,8 @@ def search_space(
     for c in stopped:
         if time.perf_counter() - start > SECOND_PASS_UNTIL_S or time_limit_s <= FIRST_PASS_LIMIT_S:
             break
+        if c is best:  # the incumbent keeps its placement; its proven bound is in the gap
+            continue
         if best is not None and _beaten(c, best, band):
             if c.status == "unresolved":
                 _prune_by_bound(c, best)

@@ -1163,9 +1163,9 @@ def _sequence_parallel(
     saved activations shrink by t. The block takes and returns replicated tensors (the runtime
     slices at entry and all-gathers at exit); the module holding column-parallel weights
     all-gathers its sequence-sharded input once ("sp_gather"; reduce-scatter of the gradient
-    back) and keeps the gathered copy for backward, as torch's DTensor does (Megatron keeps
-    the shard and gathers again: 2sbh(1 - 1/t) less per gather); each row-parallel output is
-    reduce-scattered instead of all-reduced (all-gather of the gradient back). Norm modules run
+    back) and, as Megatron does, keeps only the shard for backward and gathers it again there
+    (the runtime's saved-tensor hooks); each row-parallel output is reduce-scattered instead of
+    all-reduced (all-gather of the gradient back). Norm modules run
     as torch's ``SequenceParallel``; a region op outside a norm module must be token-local."""
     t = prob.tp
     strat = [op.strategies[k] for op, k in zip(prob.ops, choice)]
@@ -1223,6 +1223,7 @@ def _sequence_parallel(
     bwd: list[tuple[str, int]] = [("all_gather", _out_bytes(prob, u)) for u in partial_in]
     plans = []
     gathers: dict[tuple[str, str], int] = {}
+    regathered: set[str] = set()  # column-parallel ops whose gathered input is kept as the shard
     for pos, (op, s) in enumerate(zip(prob.ops, strat)):
         if s.plan == "rowwise":
             plans.append((pos, _weight_slot(op), "rowwise_sp"))
@@ -1235,11 +1236,15 @@ def _sequence_parallel(
             plans.append((pos, _weight_slot(op), "colwise_sp" if own else "colwise"))
             for a in acts:
                 gathers[(op.name if own else parent, a)] = _out_bytes(prob, a)
+            if not own:
+                regathered.add(op.name)
         elif s.plan:
             return None
-    for nbytes in gathers.values():
+    for (where, _), nbytes in gathers.items():
         fwd.append(("all_gather", nbytes))
         bwd.append(("reduce_scatter", nbytes))
+        if where not in prob.index:  # a module's gather: again in backward, for the weights
+            bwd.append(("all_gather", nbytes))
     fwd += [("all_gather", prob.ops[prob.index[u]].nbytes) for u in prob.outputs]
     bwd += [("all_gather", prob.external[n][0]) for n in seeds]
     shares = [1.0 / t if op.name in region else _share(op, s, t) for op, s in zip(prob.ops, strat)]
@@ -1251,6 +1256,8 @@ def _sequence_parallel(
                 sharded_params.add(o.name)
         for how, key, nbytes, kept in _saved_entries(prob, op):
             sharded = op.name in region or _entry_sharded(state, op, s, how, key)
+            if op.name in regathered and how == "slot":
+                sharded = True  # the gathered input, kept as its shard until backward
             b = nbytes / t if sharded else nbytes
             saved += b
             selective += b if kept else 0.0

@@ -103,20 +103,77 @@ def tp_style(module: nn.Module, style: str, fqn: str, traced_parent: bool = Fals
 SEQUENCE_STYLES = ("colwise_sp", "rowwise_sp", "sequence", "sp_gather", "sp_block")
 
 
-def gather_sequence(module: nn.Module) -> None:
+def gather_sequence(module: nn.Module, regather_in_backward: bool = False) -> None:
     """Before ``module`` runs, turn every sequence-sharded DTensor it is given (a norm's output
     under SequenceParallel) into a replicated one: one all-gather that the column-parallel
-    weights inside share, wherever the model passes it (positionally or by keyword)."""
+    weights inside share, wherever the model passes it (positionally or by keyword).
+
+    ``regather_in_backward``: what the module saves for backward of the gathered tensor is kept
+    as the shard and gathered again when backward needs it (Megatron's sequence parallelism,
+    through torch's saved-tensor hooks): 1/t of the memory for one more all-gather. Only where
+    no checkpoint of the block holds its own saved-tensor hooks (recompute "none")."""
+    gathered: list[tuple[torch.Tensor, DTensor]] = []  # (full local tensor, its shard)
+    regathered: dict[int, list] = {}  # shard id -> [full local tensor, handles left]
+    contexts: list = []
 
     def full(x: object) -> object:
         if isinstance(x, DTensor) and any(isinstance(p, Shard) for p in x.placements):
-            return x.redistribute(placements=[Replicate()] * len(x.placements))
+            out = x.redistribute(placements=[Replicate()] * len(x.placements))
+            if regather_in_backward:
+                gathered.append((out.to_local(), x))
+            return out
         return x
 
-    def hook(_m: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-        return tuple(full(a) for a in args), {k: full(v) for k, v in kwargs.items()}
+    def local_of(t: torch.Tensor) -> torch.Tensor:
+        return t._local_tensor if isinstance(t, DTensor) else t
 
-    module.register_forward_pre_hook(hook, with_kwargs=True)
+    def pack(t: torch.Tensor) -> object:
+        loc = local_of(t)
+        for whole, shard in gathered:
+            if loc.untyped_storage().data_ptr() == whole.untyped_storage().data_ptr():
+                entry = regathered.setdefault(id(shard), [None, 0])
+                entry[1] += 1
+                spec = (loc.size(), loc.stride(), loc.storage_offset())
+                mesh = (t.device_mesh, t.placements, t.size(), t.stride()) if t is not loc else None
+                return ("regather", shard, spec, mesh)
+        return t
+
+    def unpack(packed: object) -> torch.Tensor:
+        if not (isinstance(packed, tuple) and packed and packed[0] == "regather"):
+            return packed
+        _, shard, (size, stride, offset), mesh = packed
+        entry = regathered[id(shard)]
+        if entry[0] is None:
+            with torch.no_grad():
+                entry[0] = shard.redistribute(
+                    placements=[Replicate()] * len(shard.placements)
+                ).to_local()
+        loc = entry[0].as_strided(size, stride, offset)
+        entry[1] -= 1
+        if entry[1] == 0:
+            del regathered[id(shard)]
+        if mesh is None:
+            return loc
+        device_mesh, placements, shape, dstride = mesh
+        return DTensor.from_local(loc, device_mesh, placements, shape=shape, stride=dstride)
+
+    def pre(_m: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        gathered.clear()
+        result = tuple(full(a) for a in args), {k: full(v) for k, v in kwargs.items()}
+        if gathered and torch.is_grad_enabled():
+            ctx = torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+            ctx.__enter__()
+            contexts.append(ctx)
+        return result
+
+    def post(_m: nn.Module, _args: tuple, output: object) -> object:
+        while contexts:
+            contexts.pop().__exit__(None, None, None)
+        gathered.clear()
+        return output
+
+    module.register_forward_pre_hook(pre, with_kwargs=True)
+    module.register_forward_hook(post)
 
 
 def is_traced(module: nn.Module) -> bool:
@@ -145,7 +202,9 @@ def apply_tensor_parallel(root: nn.Module, blocks: list[dict], tp_mesh: DeviceMe
             if style == "sp_gather":
                 if traced or is_traced(module):
                     tp_style(module, style, fqn, True)  # raises: traced code cannot
-                gather_sequence(module)
+                # a checkpoint of the block holds its own saved-tensor hooks: keep the gathered
+                # tensor there (its recompute gathers again anyway)
+                gather_sequence(module, regather_in_backward=block["recompute"] == "none")
                 continue
             styles[fqn] = tp_style(module, style, fqn, traced)
             if traced:

@@ -1,0 +1,32 @@
+"""The runtime keeps what the cost model prices for sequence parallelism: the input of each
+module of column-parallel weights is kept as its sequence shard and gathered again in backward
+(Megatron's layout, Korthikanti's sbh(34/t + 5as/(ht))), once per module, not per weight."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_runtime_oracle import forced_plan
+
+from runtime.launch import worker_env
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("model", ["gpt", "llama"])
+def test_backward_gathers_each_module_input_once_more(model, tmp_path, monkeypatch):
+    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path / "cache"))
+    pins = dict(tp=2, dp=1, pp=1, zero=0, micro_batch_size=2, recompute="none")
+    plan_path = forced_plan(model, 2, tmp_path / "run", tp_variant="sequence", **pins)
+    env = {**worker_env(), "PLAN": str(plan_path)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+    cmd += [str(ROOT / "tests" / "scripts" / "sp_regather.py")]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    found = json.loads([x for x in proc.stdout.splitlines() if x.startswith("{")][-1])
+    assert found["sp_gather_modules"] == 4  # attention and MLP of 2 layers
+    assert found["regather"] - found["keep"] == found["sp_gather_modules"]
