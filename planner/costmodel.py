@@ -414,7 +414,11 @@ def ring_attention_times(
     Each of the cp - 1 ring steps passes this rank's key and value chunk (1/cp of the sequence,
     ``scale`` already holds the 1/cp) to the next rank; backward passes keys, values and their
     gradients, twice the bytes. Ring steps overlap the attention kernels on the chunks already
-    received, up to the profile's ``comm_overlap`` share of the attention's time."""
+    received, up to the profile's ``comm_overlap`` share of the attention's time.
+
+    Causal attention without load balancing (the runtime's, see runtime/context_parallel.py):
+    rank r attends its chunk to chunks 0..r, so the last rank does (2cp - 1)/cp times the mean
+    attention work, and every rank waits for it: the attention time grows by (cp - 1)/cp."""
     from planner.opcost import ATTENTION_OPS
 
     cp = len(cp_ranks) if cp_ranks else 1
@@ -434,7 +438,17 @@ def ring_attention_times(
         attn_f, attn_b, _ = node_times(graph, block, scale, cluster, training.dtype, [n])
         fwd += max(0.0, ring_f - hide * attn_f)
         bwd += max(0.0, ring_b - hide * attn_b)
+        if _causal(d):
+            fwd += attn_f * (cp - 1) / cp
+            bwd += attn_b * (cp - 1) / cp
     return fwd, bwd
+
+
+def _causal(node: dict) -> bool:
+    args = node.get("args") or []
+    kwargs = args[-1] if args and isinstance(args[-1], dict) and "node" not in args[-1] else {}
+    positional = args[5] if len(args) > 5 and not isinstance(args[5], dict) else None
+    return bool(kwargs.get("is_causal", positional))
 
 
 def _tensor_bytes(graph, n: str) -> float:

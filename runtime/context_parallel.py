@@ -13,7 +13,7 @@ On the CPU, SDPA dispatches to ``_scaled_dot_product_flash_attention_for_cpu``, 
 templates, so the same code path runs (and is tested) on CPU/gloo. Causal load balancing is
 off: it reorders the tokens of a chunk, and transformers reads reordered ``position_ids`` as
 packed sequences and builds a mask, which ring attention cannot take; without it the last
-rank does the most causal work (the plan's step time assumes balanced chunks).
+rank does the most causal work: (2cp - 1)/cp of the mean, which the cost model prices.
 """
 
 from __future__ import annotations
@@ -53,7 +53,6 @@ def enable_cpu_ring_attention() -> None:
     backward = aten._scaled_dot_product_flash_attention_for_cpu_backward.default
     if forward in cp.custom_ops:
         return
-    cp._cp_options.enable_load_balance = False
 
     def shard(tensors, mesh: DeviceMesh) -> tuple:
         return tuple(
@@ -115,7 +114,9 @@ def sequence_chunks(
     """Inside: this rank's chunk of the inputs and targets (split along dim 1, the sequence)
     and ``{"position_ids": ...}`` for the model; attention runs as a ring."""
     from torch.distributed.tensor.experimental import context_parallel
+    from torch.distributed.tensor.experimental._context_parallel import _attention
 
+    _attention._cp_options.enable_load_balance = False  # see the module docstring
     if cp_mesh.device_type == "cpu":
         enable_cpu_ring_attention()
     b, s = targets.shape[0], targets.shape[1]

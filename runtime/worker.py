@@ -11,6 +11,7 @@ each plan's modules are dropped before the next.
 from __future__ import annotations
 
 import argparse
+import datetime
 import faulthandler
 import logging
 import os
@@ -113,6 +114,14 @@ def main(argv: list[str] | None = None) -> int:
             if rank == 0:
                 print(f"done {plan_path} in {time.perf_counter() - t0:.1f} s", flush=True)
     except MeshplanError as exc:
+        # Every rank raises the same error at the same point (the loss is all-reduced, the plan
+        # is the same): meet before tearing down, so no rank closes its connections while a
+        # peer still uses them and dies of it (which torchrun would retry). Bounded: a rank
+        # that errs alone is not waited for long.
+        try:  # gloo's; NCCL has no monitored barrier, and there it is left out
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=30))
+        except Exception:  # noqa: BLE001 - a peer that never comes is what the timeout is for
+            pass
         dist.destroy_process_group()
         if os.environ.get(STOP_ENV) != "1":
             if rank == 0:

@@ -12,7 +12,7 @@ import pytest
 from planner.api import plan, trace, variants_for
 from planner.cluster import Cluster, make_cluster
 from planner.collectives import p2p_time
-from planner.costmodel import Training, block_options
+from planner.costmodel import Training, block_options, node_times
 from planner.errors import UserInputError
 from planner.modelfile import load_model_file
 from planner.opcost import ATTENTION_OPS
@@ -66,7 +66,7 @@ def test_context_parallel_option_is_the_closed_form(cp):
     """Per rank: the work and saved activations of 1/cp of the tokens (exactly a micro-batch
     cp times smaller), plus, for the attention op, cp - 1 ring steps of this rank's key and
     value chunk forward and twice the bytes backward (their gradients travel too);
-    comm_overlap 0 leaves all of it exposed."""
+    comm_overlap 0 leaves all of it exposed; and the causal imbalance of unbalanced chunks."""
     traced = _llama(256)
     layer = traced.blocks[1]
     base, _ = make_cluster(8, "h100-sxm", None, None)
@@ -86,6 +86,10 @@ def test_context_parallel_option_is_the_closed_form(cp):
     ring_f = (cp - 1) * p2p_time(chunk, bw, lat)
     ring_b = (cp - 1) * p2p_time(2 * chunk, bw, lat)
     assert ring_f > 0
+    # causal, no load balancing: the last rank attends (2cp - 1)/cp of the mean, everyone waits
+    attn_f, attn_b, _ = node_times(g, layer, 2 / cp, cluster, "bf16", [attn])
+    ring_f += attn_f * (cp - 1) / cp
+    ring_b += attn_b * (cp - 1) / cp
     for o_split, o_fewer in zip(split, fewer):
         assert o_split.act_bytes == pytest.approx(o_fewer.act_bytes)
         assert o_split.params == o_fewer.params
