@@ -101,6 +101,19 @@ def make_blocks(graph: nx.DiGraph) -> list[Block]:
     return blocks
 
 
+def cached_core_nodes(graph: nx.DiGraph) -> set[str]:
+    """``core_nodes`` once per graph (the cost model, the sharding ILP and the search ask)."""
+    core = graph.graph.get("_core")
+    if core is None:
+        core = graph.graph["_core"] = core_nodes(graph)
+    return core
+
+
+def in_modules(path: str, fqns) -> bool:
+    """Whether module ``path`` is one of ``fqns`` or inside one."""
+    return any(path == f or path.startswith(f + ".") for f in fqns)
+
+
 def _moe(graph: nx.DiGraph, nodes: list[str], param_names: list[str]) -> dict:
     """A mixture-of-experts layer inside the block: its expert modules (trace's
     ``expert_modules``), expert count, parameters, and the rows the experts receive per traced
@@ -116,7 +129,7 @@ def _moe(graph: nx.DiGraph, nodes: list[str], param_names: list[str]) -> dict:
     rows = width = top_k = 0
     for n in nodes:
         d = graph.nodes[n]
-        inside = any(d["module"] == f or d["module"].startswith(f + ".") for f in experts)
+        inside = in_modules(d["module"], experts)
         if d["op"] == "aten.topk.default" and not top_k and d["shapes"][0]:
             top_k = int(d["shapes"][0][-1])
             tokens = _numel(d["shapes"][0]) // max(top_k, 1)

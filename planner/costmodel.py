@@ -255,11 +255,9 @@ def node_times(graph, block: Block, scale: float, cluster: Cluster, dtype: str, 
     An op's traced bytes include the weights it reads; those do not grow with the micro-batch
     (only activations do), so they are kept out of the scaling. Backward reads the weights and
     writes their gradients: twice the weight bytes, also fixed."""
-    from planner.blocks import core_nodes
+    from planner.blocks import cached_core_nodes
 
-    core = graph.graph.get("_core")
-    if core is None:
-        core = graph.graph["_core"] = core_nodes(graph)
+    core = cached_core_nodes(graph)
     pbytes = _param_bytes(graph)
     half = cluster.profile.matmul_half_inner_dim
     fwd = bwd = core_fwd = 0.0
@@ -432,7 +430,7 @@ def ring_attention_times(
         if d["op"] not in ATTENTION_OPS:
             continue
         refs = [a["node"] for a in d["args"][1:3] if isinstance(a, dict) and "node" in a]
-        kv = sum(_tensor_bytes(graph, r) for r in refs) * scale
+        kv = sum(graph.edges[r, n]["bytes"] for r in refs) * scale
         ring_f = (cp - 1) * p2p_time(kv, bw, lat)
         ring_b = (cp - 1) * p2p_time(2 * kv, bw, lat)
         attn_f, attn_b, _ = node_times(graph, block, scale, cluster, training.dtype, [n])
@@ -451,23 +449,13 @@ def _causal(node: dict) -> bool:
     return bool(kwargs.get("is_causal", positional))
 
 
-def _tensor_bytes(graph, n: str) -> float:
-    d = graph.nodes[n]
-    shape, dtype = (d.get("shapes") or [None])[0], (d.get("dtypes") or [None])[0]
-    if not shape:
-        return 0.0
-    return math.prod(shape) * {"float32": 4, "float64": 8}.get(dtype or "", 2)
-
-
 def expert_nodes(graph, block: Block) -> list[str]:
     """The block's ops that run inside its expert modules (their compute scales with the
     routed rows each expert rank receives)."""
+    from planner.blocks import in_modules
+
     mods = block.extra.get("moe", {}).get("modules", [])
-
-    def inside(path: str) -> bool:
-        return any(path == f or path.startswith(f + ".") for f in mods)
-
-    return [n for n in block.nodes if inside(graph.nodes[n]["module"])]
+    return [n for n in block.nodes if in_modules(graph.nodes[n]["module"], mods)]
 
 
 def all_to_all_bytes(moe: dict, scale: float, ep: int, training: Training) -> float:

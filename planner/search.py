@@ -132,7 +132,7 @@ class Candidate:
 class SearchResult:
     best: Candidate | None
     candidates: list[Candidate]
-    inputs: dict[tuple[int, int, int], CostInputs]  # Candidate.key -> priced options
+    inputs: dict[tuple[int, int, int, int], CostInputs]  # Candidate.key -> priced options
     solve_time_s: float
     total: int = 0
     solved: int = 0
@@ -147,10 +147,15 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def expert_counts(blocks: list[Block]) -> list[int]:
+    """The expert count of every mixture-of-experts layer (none for a dense model)."""
+    return sorted({b.extra["moe"]["num_experts"] for b in blocks if b.extra.get("moe")})
+
+
 def ep_degrees(blocks: list[Block], dp: int, pins: Pins) -> list[int]:
     """Expert-parallel degrees for a data-parallel degree: divisors of dp that divide every
     mixture-of-experts layer's expert count (1 alone for a model without experts)."""
-    counts = [b.extra["moe"]["num_experts"] for b in blocks if b.extra.get("moe")]
+    counts = expert_counts(blocks)
     if not counts:
         return [1]
     found = [e for e in divisors(dp) if all(c % e == 0 for c in counts)]
@@ -190,7 +195,7 @@ def enumerate_candidates(
     sequence: int = 0,
 ) -> list[Candidate]:
     gbs = training.global_batch_size
-    moe = any(b.extra.get("moe") for b in blocks or [])
+    moe = bool(expert_counts(blocks or []))
     meshes = [
         (tp, pp, cp)
         for tp in tp_degrees
@@ -455,7 +460,7 @@ def lower_bounds(inp: CostInputs, cand: Candidate) -> tuple[float, float]:
         time_bound = total * (1 + (m - 1) / p)
     else:
         time_bound = m * total / p + (p - 1) * total / (p * v)
-    replicas = cand.dp * cand.cp
+    replicas = cand.mesh.replicas
     mem_bound = _min_device_bytes(inp, cand.zero, replicas) / p + inp.cluster.profile.reserved_bytes
     return time_bound, mem_bound
 
@@ -723,7 +728,7 @@ def search_space(
     if not cands:
         raise UserInputError(_no_candidate_message(gpus, training, pins, tp_degrees))
     traced_mbs = int(graph.graph["micro_batch_size"])
-    inputs: dict[tuple[int, int, int], CostInputs] = {}
+    inputs: dict[tuple[int, int, int, int], CostInputs] = {}
     for c in cands:
         key = c.key
         if key not in inputs:
@@ -763,6 +768,14 @@ def search_space(
     best: Candidate | None = None
     done = 0
     band: list[float] = []  # bounds of what the tolerance left unproven
+
+    def solve(c: Candidate, limit: float) -> None:
+        """The candidate's MILP under the best plan's cutoff less the tolerance."""
+        cutoff = best.cost.step_time_s * (1 - SEARCH_REL_TOL) if best is not None else None
+        solve_candidate(inputs[c.key], c, cutoff=cutoff, time_limit_s=limit)
+        if c.status == "pruned-bound":  # no placement under the cutoff; one within it may be
+            band.append(max(c.bound, cutoff))
+
     for i, c in enumerate(order):
         if progress:
             progress("solve", done, len(cands), pruned=len(cands) - len(order) + i - done)
@@ -778,11 +791,8 @@ def search_space(
         if best is not None and _beaten(c, best, band):
             _prune_by_bound(c, best)
             continue
-        cutoff = best.cost.step_time_s * (1 - SEARCH_REL_TOL) if best is not None else None
-        solve_candidate(inp, c, cutoff=cutoff, time_limit_s=min(time_limit_s, FIRST_PASS_LIMIT_S))
+        solve(c, min(time_limit_s, FIRST_PASS_LIMIT_S))
         done += 1
-        if c.status == "pruned-bound":  # no placement under the cutoff; one within it may be
-            band.append(max(c.bound, cutoff))
         if c.status == "solved" and c.tp > 1 and not pins.tp and _tp_unused(inputs, c):
             c.status = "dominated"
             c.reason = f"TP degree {c.tp} shards no block: {c.tp} devices repeat the same work"
@@ -804,10 +814,7 @@ def search_space(
             if c.status == "unresolved":
                 _prune_by_bound(c, best)
             continue
-        cutoff = best.cost.step_time_s * (1 - SEARCH_REL_TOL) if best is not None else None
-        solve_candidate(inputs[c.key], c, cutoff=cutoff, time_limit_s=time_limit_s)
-        if c.status == "pruned-bound":
-            band.append(max(c.bound, cutoff))
+        solve(c, time_limit_s)
         if c.status == "solved" and c.cost.feasible and (best is None or _better(c, best)):
             best = c
     if best is not None:
@@ -922,7 +929,7 @@ def attention_sequence(graph) -> int:
     """The sequence length context parallelism would split: that of the model's fused attention
     ops, when every attention is one (a matrix product of two activations elsewhere would see
     only a chunk of the sequence), else 0."""
-    from planner.blocks import core_nodes
+    from planner.blocks import cached_core_nodes
     from planner.opcost import ATTENTION_OPS, MATMUL_OPS
 
     lengths = {
@@ -932,10 +939,7 @@ def attention_sequence(graph) -> int:
     }
     if len(lengths) != 1:
         return 0
-    core = graph.graph.get("_core")
-    if core is None:
-        core = graph.graph["_core"] = core_nodes(graph)
-    if any(graph.nodes[n]["op"] in MATMUL_OPS for n in core):
+    if any(graph.nodes[n]["op"] in MATMUL_OPS for n in cached_core_nodes(graph)):
         return 0
     return int(lengths.pop())
 
@@ -943,7 +947,7 @@ def attention_sequence(graph) -> int:
 def _check_ep_pin(blocks: list[Block], pins: Pins) -> None:
     if not pins.ep or pins.ep == 1:
         return
-    counts = sorted({b.extra["moe"]["num_experts"] for b in blocks if b.extra.get("moe")})
+    counts = expert_counts(blocks)
     if not counts:
         raise UserInputError(
             f"--ep {pins.ep}: the model has no mixture-of-experts layer (no module whose "

@@ -43,7 +43,7 @@ import networkx as nx
 import numpy as np
 import scipy.sparse as sp
 
-from planner.blocks import Block, core_nodes
+from planner.blocks import Block, cached_core_nodes
 from planner.opcost import ATTENTION_OPS, is_view
 
 R, P = "R", "P"
@@ -579,9 +579,7 @@ def build_problem(
     outputs = [
         n for n in nodes if n in outputs_graph or any(v not in inside for v in graph.successors(n))
     ]
-    core = graph.graph.get("_core")
-    if core is None:
-        core = core_nodes(graph)
+    core = cached_core_nodes(graph)
     return BlockProblem(
         tp=tp,
         ops=ops,
@@ -723,9 +721,7 @@ def evaluate(prob: BlockProblem, choice: Sequence[int], comm_seconds_per_byte: f
             moves = reshard(src, r)
             if moves is None:
                 return Evaluation(feasible=False)
-            nbytes = (
-                prob.ops[prob.index[o.name]].nbytes if o.name in state else prob.external[o.name][0]
-            )
+            nbytes = _out_bytes(prob, o.name)
             if moves[0]:
                 ev.comm_fwd.append((moves[0], nbytes))
             if moves[1] and o.grad:
@@ -747,7 +743,7 @@ def evaluate(prob: BlockProblem, choice: Sequence[int], comm_seconds_per_byte: f
             ev.comm_fwd.append((fwd, prob.ops[prob.index[u]].nbytes))
     for u in sorted(pgrad_nodes):
         src = state.get(u, R)
-        nbytes = prob.ops[prob.index[u]].nbytes if u in state else prob.external[u][0]
+        nbytes = _out_bytes(prob, u)
         ev.comm_bwd.append(("reduce_scatter" if _dim(src) is not None else "all_reduce", nbytes))
     for p in sorted(pgrad_params):
         ev.comm_bwd.append(("all_reduce", prob.param_bytes[p]))
@@ -1193,9 +1189,7 @@ def _sequence_parallel(
             todo.append(v)
     if not region or any(u not in region for u in prob.outputs):
         return None
-    (seed,) = seeds
-    seed_op = prob.ops[prob.index[prob.outputs[0]]]
-    lead = seed_op.shape[:2]
+    lead = prob.ops[prob.index[prob.outputs[0]]].shape[:2]  # (batch, sequence) of the stream
     norms: list[tuple[int, int, str]] = []
     for pos, op in enumerate(prob.ops):
         if op.name not in region:
@@ -1249,11 +1243,7 @@ def _sequence_parallel(
     bwd += [("all_gather", prob.external[n][0]) for n in seeds]
     shares = [1.0 / t if op.name in region else _share(op, s, t) for op, s in zip(prob.ops, strat)]
     saved = selective = 0.0
-    sharded_params: set[str] = set()
     for op, s in zip(prob.ops, strat):
-        for o, r in zip(op.operands, s.req):
-            if o.kind == "param" and _dim(r) is not None:
-                sharded_params.add(o.name)
         for how, key, nbytes, kept in _saved_entries(prob, op):
             sharded = op.name in region or _entry_sharded(state, op, s, how, key)
             if op.name in regathered and how == "slot":
@@ -1263,9 +1253,7 @@ def _sequence_parallel(
             selective += b if kept else 0.0
     compute = sum(sh * op.seconds for sh, op in zip(shares, prob.ops))
     comm = sum(b * comm_seconds_per_byte * _ring(k, t) for k, b in fwd + bwd)
-    param_bytes = sum(
-        prob.param_bytes[p] / t if p in sharded_params else prob.param_bytes[p] for p in prob.owned
-    )
+    tp = evaluate(prob, choice, comm_seconds_per_byte)  # the weights are split as in TP
     owned_bytes = sum(prob.param_bytes[p] for p in prob.owned)
     cf = sum(sh * op.flops for sh, op in zip(shares, prob.ops)) / prob.flops if prob.flops else 1.0
     mb = (
@@ -1281,14 +1269,14 @@ def _sequence_parallel(
         plans=tuple(sorted(plans + norms)),
         compute_fraction=cf,
         memory_bound_fraction=mb,
-        param_fraction=param_bytes / owned_bytes if owned_bytes else 1.0,
+        param_fraction=tp.param_bytes / owned_bytes if owned_bytes else 1.0,
         saved_bytes=int(round(saved)),
         saved_selective_bytes=int(round(selective)),
         input_bytes=prob.input_bytes // t,
         comm_fwd=tuple(fwd),
         comm_bwd=tuple(bwd),
         time_s=compute + comm,
-        memory=saved + model_state_bytes(prob, sorted(sharded_params)),
+        memory=saved + model_state_bytes(prob, tp.sharded_params),
         sequence_parallel=True,
     )
 
@@ -1317,8 +1305,7 @@ def _template(prob: BlockProblem, choice: tuple[int, ...], name: str, ev: Evalua
     plans = []
     for pos, (op, s) in enumerate(zip(prob.ops, strat)):
         if s.plan:
-            w = next(i for i, o in enumerate(op.operands) if o.kind == "param")
-            plans.append((pos, w, s.plan))
+            plans.append((pos, _weight_slot(op), s.plan))
     return _Template(
         name=name,
         choice=choice,

@@ -15,10 +15,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from planner.errors import UserInputError
 from planner.modelfile import ModelFile
 from runtime.batching import dp_slice, micro_batches
 from runtime.expert_parallel import apply_expert_parallel, sync_expert_grads
+from runtime.launch import check_runnable
 from runtime.parallelize import (
     apply_data_parallel,
     apply_recompute,
@@ -130,12 +130,8 @@ def build(plan: dict, mf: ModelFile, device: torch.device, seed: int) -> Built:
     model.train()
     blocks = plan["blocks"]
     notes = _notes(plan, device)
+    check_runnable(plan)  # plan run checked it before launching; a batch of plans did not
     ep = mesh_cfg.get("ep", 1)
-    if cp > 1 and (mesh_cfg["pp"] > 1 or ep > 1):
-        raise UserInputError(
-            "this runtime runs context parallelism without pipelining or expert parallelism: "
-            "plan again with --cp 1, or with --pp 1 --ep 1"
-        )
     if mesh_cfg["pp"] == 1:
         model.to(device)
         experts, edp_group = [], None
@@ -183,7 +179,8 @@ def _build_pipeline(
     indices = [st["index"] for st in plan["stages"] if st["pp_rank"] == pp_rank]
     blocks = plan["blocks"]
     parts, stages = [], []
-    ep = plan["mesh"].get("ep", 1)
+    mesh_cfg = plan["mesh"]
+    ep = mesh_cfg.get("ep", 1)
     experts: list = []
     edp_group = None
     for i in indices:
@@ -191,9 +188,7 @@ def _build_pipeline(
         adopt_eager_modules(stage_mod, model)
         stage_mod.to(device)
         if ep > 1:
-            emesh = expert_mesh(
-                device, *(plan["mesh"][k] for k in ("pp", "dp")), ep, plan["mesh"]["tp"]
-            )
+            emesh = expert_mesh(device, mesh_cfg["pp"], mesh_cfg["dp"], ep, mesh_cfg["tp"])
             experts += apply_expert_parallel(stage_mod, emesh["ep"], eager_only=True)
             edp_group = emesh["edp"].get_group()
         if device.type != "cpu":

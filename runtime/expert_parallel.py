@@ -49,9 +49,9 @@ def apply_expert_parallel(
                     f"{fqn}: a pipeline stage runs it as traced code, where expert "
                     "parallelism cannot route tokens: plan again with --ep 1 or --pp 1"
                 )
-        if not found:
-            return []
     if not found:
+        if eager_only:
+            return []  # a pipeline stage without experts
         raise UserInputError(
             "plan uses expert parallelism but the model has no experts module (parameters "
             "stacked per expert): plan again with --ep 1"

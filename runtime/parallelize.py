@@ -283,11 +283,6 @@ def apply_data_parallel(
     if zero in (0, 1):
         # Plain DDP otherwise: replicate keeps every parameter as a DTensor, and the optimizer
         # step's per-tensor DTensor dispatch costs several times a plain step on the CPU.
-        if zero == 1 and pipelined:
-            raise UserInputError(
-                "ZeRO-1 with pipeline parallelism: DDP under ZeroRedundancyOptimizer cannot wrap "
-                "torch's pipeline stage modules; plan again with --zero 0, 2 or 3"
-            )
         if zero == 1 and has_dtensors:
             raise UserInputError(
                 "ZeRO-1 with tensor parallelism: torch's ZeroRedundancyOptimizer cannot hold "

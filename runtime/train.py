@@ -118,7 +118,7 @@ def train_plan(
     losses: list[float] = []
     pp_i, _, tp_i = built.coords
     # every context-parallel rank holds the loss of its chunk: the mean of the dp * cp shares
-    dp = plan["mesh"]["dp"] * plan["mesh"].get("cp", 1)
+    replicas = plan["mesh"]["dp"] * plan["mesh"].get("cp", 1)
     # Tests pace a run with a pause after each step, so a fault can be injected mid-run.
     pause_s = float(os.environ.get("MESHPLAN_STEP_PAUSE_S", "0") or 0)
     for step in range(start + 1, steps + 1):
@@ -129,7 +129,7 @@ def train_plan(
         # stage, pre-divided by dp) and every rank's peak memory in its own slot.
         vec = torch.zeros(1 + world, dtype=torch.float64, device=device)
         if local is not None and tp_i == 0:
-            vec[0] = local / dp
+            vec[0] = local / replicas
         vec[1 + rank] = peak_memory_bytes(device)
         dist.all_reduce(vec)
         elapsed = time.perf_counter() - t0
