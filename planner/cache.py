@@ -18,7 +18,7 @@ import torch
 
 from planner.atomic import write_text_atomic
 
-TRACE_FORMAT = 7  # bump when the OpGraph's attributes change
+TRACE_FORMAT = 8  # bump when the OpGraph's attributes change
 
 
 def cache_dir() -> Path:

@@ -116,7 +116,7 @@ def rebase_tp_plan(tp_plan: dict[str, str], rep: list[str], own: list[str]) -> d
 def block_memory(o, config: Config, training: Training, inflight: int) -> float:
     """Device bytes one block holds: its model states after ZeRO and offload, plus its saved
     activations for the stage's in-flight micro-batches."""
-    sm = option_states(o, config.zero_stage, config.mesh.dp, training)
+    sm = option_states(o, config.zero_stage, config.mesh.replicas, training)
     return sm["params"] + sm["grads"] + sm["optimizer"] + o.act_bytes * inflight
 
 

@@ -467,24 +467,16 @@ class _SavedTensorInterpreter(torch.fx.Interpreter):
         dropout = args[4] if len(args) > 4 else kwargs.get("dropout_p", 0.0)
         causal = args[5] if len(args) > 5 else kwargs.get("is_causal", False)
         scale = args[6] if len(args) > 6 else kwargs.get("scale")
-        if (
-            isinstance(mask, torch.Tensor)
-            and mask.dtype == torch.bool
-            and not mask.requires_grad
-            and q.shape[-2] == k.shape[-2]
-            and tuple(mask.shape[-2:]) == (q.shape[-2], k.shape[-2])
-        ):
-            # A boolean mask over (query, key) built from shapes alone is the causal mask that
-            # libraries materialise while tracing; unpadded training runs is_causal without one.
-            mask, causal = None, True
-        if kwargs.get("enable_gqa") and k.shape[-3] != q.shape[-3]:
-            k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
-            v = v.repeat_interleave(q.shape[-3] // v.shape[-3], dim=-3)
+        # Masks built from shapes alone are gone by now (_drop_traced_causal_masks): one left
+        # depends on the inputs. Grouped-query k and v stay compact, as fused kernels keep them.
         try:
             both = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(
                 q, k, v, dropout, causal, attn_mask=mask, scale=scale
             )
-        except (RuntimeError, NotImplementedError):  # shapes the fused kernel refuses
+        except (RuntimeError, NotImplementedError):
+            # The meta kernel took every case tried (MLA head sizes, float and padding masks,
+            # cross-attention, compact GQA, 3-D and 5-D inputs, fp16, dropout); a call it refuses
+            # in another torch still traces, saving what the math path saves.
             out = super().run_node(n)
             return out, [out]
         return both[0], list(both)
