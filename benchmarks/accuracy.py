@@ -11,7 +11,11 @@ torchrun launch (runtime.worker --plans ...), so process start-up and the torch 
 once. The median step time of the steps after the first WARMUP is compared with
 plan["predicted"]["step_time_s"].
 
-Options: --steps N, --warmup N, --only NAME[,NAME...] (a subset, for debugging), --no-plot.
+The whole suite runs --rounds times (default 3) and each configuration's figure is the median
+over rounds, so a slow spell of the machine lands on every configuration alike.
+
+Options: --steps N, --warmup N, --rounds N, --only NAME[,NAME...] (a subset, for debugging),
+--no-plot.
 """
 
 from __future__ import annotations
@@ -304,7 +308,7 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     ax.set_xlim(lo, hi)
     ax.set_ylim(lo, hi)
     ax.set_xlabel("predicted step time (s), cost model")
-    ax.set_ylabel("measured step time (s), median of warm steps")
+    ax.set_ylabel("measured step time (s), median over rounds of the median warm step")
     ax.set_title(title, fontsize=9)
     ax.legend(loc="upper left", fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
@@ -312,10 +316,57 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def run_round(batch: list[dict], ranks: int, rnd: int, args, load_during: list) -> None:
+    """One torchrun launch training every plan of ``batch`` in turn; appends each plan's warm
+    step times to its row's ``_rounds``."""
+    dirs = [Path(r["run_dir"]) / f"round{rnd}" for r in batch]
+    worker_args = [
+        "--plans",
+        *[r["plan_path"] for r in batch],
+        "--run-dirs",
+        *[str(d) for d in dirs],
+        "--steps",
+        str(args.steps),
+        "--seed",
+        "0",
+        "--device",
+        "cpu",
+    ]
+    cmd = torchrun_command(ranks, worker_args)
+    env = worker_env()
+    env["OMP_NUM_THREADS"] = "1"  # as the profile was measured: 1 thread per rank
+    print(
+        f"[run {rnd + 1}/{args.rounds}] {len(batch)} plan(s) on {ranks} rank(s), "
+        f"{args.steps} steps each ...",
+        flush=True,
+    )
+    load_during.append(loadavg())
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, check=False)
+    load_during.append(loadavg())
+    print(
+        f"[run {rnd + 1}/{args.rounds}] {ranks} rank(s): exit {proc.returncode} in "
+        f"{time.perf_counter() - t0:.1f} s",
+        flush=True,
+    )
+    if proc.returncode != 0:
+        print((proc.stdout + proc.stderr)[-3000:], flush=True)
+    for r, d in zip(batch, dirs):
+        mpath = d / "metrics.jsonl"
+        recs = []
+        if mpath.is_file():
+            recs = [json.loads(line) for line in mpath.read_text().splitlines() if line.strip()]
+        times = [rec["step_time_s"] for rec in recs if rec["step"] > args.warmup]
+        if times:
+            r.setdefault("_rounds", []).append(times)
+            r["peak_memory_bytes"] = recs[-1].get("peak_memory_bytes")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=3, help="runs of the whole suite (median)")
     ap.add_argument("--only", help="comma-separated config names (debugging)")
     ap.add_argument("--out", default=str(ROOT / "reports" / "accuracy"))
     ap.add_argument("--no-plot", action="store_true")
@@ -402,58 +453,31 @@ def main() -> int:
             print(f"[plan {i + 1}/{len(suite)}] {name}: FAILED {row['error']}", flush=True)
         rows.append(row)
 
-    # 2. run: one torchrun launch per world size, every plan of that size in turn
+    # 2. run: per round, one torchrun launch per world size, every plan of that size in turn.
+    # Rounds spread the machine's slow spells (other tenants of the host) over every
+    # configuration instead of whichever ran during one; each configuration's figure is the
+    # median over rounds of its median warm step.
     load_during: list[list[float]] = []
-    for ranks in sorted({r["ranks"] for r in rows}):
-        batch = [r for r in rows if r["ranks"] == ranks and "plan_path" in r]
-        if not batch:
+    for rnd in range(args.rounds):
+        for ranks in sorted({r["ranks"] for r in rows}):
+            batch = [r for r in rows if r["ranks"] == ranks and "plan_path" in r]
+            if batch:
+                run_round(batch, ranks, rnd, args, load_during)
+    for r in rows:
+        rounds = r.pop("_rounds", [])
+        if "plan_path" not in r:
             continue
-        worker_args = [
-            "--plans",
-            *[r["plan_path"] for r in batch],
-            "--run-dirs",
-            *[r["run_dir"] for r in batch],
-            "--steps",
-            str(args.steps),
-            "--seed",
-            "0",
-            "--device",
-            "cpu",
-        ]
-        cmd = torchrun_command(ranks, worker_args)
-        env = worker_env()
-        env["OMP_NUM_THREADS"] = "1"  # as the profile was measured: 1 thread per rank
-        print(
-            f"[run] {len(batch)} plan(s) on {ranks} rank(s), {args.steps} steps each ...",
-            flush=True,
-        )
-        load_during.append(loadavg())
-        t0 = time.perf_counter()
-        proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, check=False)
-        load_during.append(loadavg())
-        print(
-            f"[run] {ranks} rank(s): exit {proc.returncode} in {time.perf_counter() - t0:.1f} s",
-            flush=True,
-        )
-        if proc.returncode != 0:
-            tail = (proc.stdout + proc.stderr)[-3000:]
-            print(tail, flush=True)
-        for r in batch:
-            mpath = Path(r["run_dir"]) / "metrics.jsonl"
-            recs = []
-            if mpath.is_file():
-                recs = [json.loads(line) for line in mpath.read_text().splitlines() if line.strip()]
-            times = [rec["step_time_s"] for rec in recs if rec["step"] > args.warmup]
-            if len(times) == 0:
-                r["error"] = r.get("error") or f"run failed (exit {proc.returncode}); no warm steps"
-                continue
-            r["step_times_s"] = [round(rec["step_time_s"], 6) for rec in recs]
-            r["measured_s"] = statistics.median(times)
-            r["measured_min_s"] = min(times)
-            r["measured_spread"] = (max(times) - min(times)) / r["measured_s"]
-            r["peak_memory_bytes"] = recs[-1].get("peak_memory_bytes")
-            r["rel_error"] = (r["predicted_s"] - r["measured_s"]) / r["measured_s"]
-            r["ratio_measured_over_predicted"] = r["measured_s"] / r["predicted_s"]
+        if len(rounds) < args.rounds:
+            r["error"] = r.get("error") or "run failed: no warm steps in some round"
+            continue
+        medians = [statistics.median(t) for t in rounds]
+        r["step_times_s"] = [[round(x, 6) for x in t] for t in rounds]
+        r["round_medians_s"] = medians
+        r["measured_s"] = statistics.median(medians)
+        r["measured_min_s"] = min(min(t) for t in rounds)
+        r["measured_spread"] = (max(medians) - min(medians)) / r["measured_s"]
+        r["rel_error"] = (r["predicted_s"] - r["measured_s"]) / r["measured_s"]
+        r["ratio_measured_over_predicted"] = r["measured_s"] / r["predicted_s"]
     load_after = loadavg()
     probe_after = matmul_probe()
     print(
@@ -578,8 +602,10 @@ def main() -> int:
         "dtype": "fp32",
         "steps": args.steps,
         "warmup_steps_dropped": args.warmup,
-        "measured": "median step_time_s of the runtime's metrics.jsonl over the warm steps "
-        "(rank 0; each step ends with an all-reduce, so it is the slowest rank's)",
+        "rounds": args.rounds,
+        "measured": "per round, the median step_time_s of the runtime's metrics.jsonl over the "
+        "warm steps (rank 0; each step ends with an all-reduce, so it is the slowest rank's); "
+        "then the median over rounds (spread: the rounds' range over that)",
         "machine": {
             "host": platform.node(),
             "cpus": ncpu,

@@ -412,6 +412,38 @@ def fsdp_unit_overhead(device: torch.device, mesh) -> float:
     return max(t_fsdp - t_plain - t_coll, 0.0) / 2
 
 
+# Compute between a training step's collectives runs from a fraction of a layer (tensor
+# parallelism) to a whole backward (data parallelism); the in-situ collective timings cycle
+# through phases of these lengths.
+PHASES_MS = (1.0, 3.0, 10.0)
+
+
+def compute_phase(device: torch.device) -> Callable[[float], None]:
+    """A closure that computes for about ``ms`` milliseconds (square matmuls; every rank agrees
+    on the repetition count per millisecond, so ranks on equal hardware run equal work and any
+    difference in arrival is the machine's own jitter)."""
+    import torch.distributed as dist
+
+    n = 256 if device.type == "cpu" else 4096
+    a = torch.randn(n, n, device=device)
+    sync = synchronizer(device)
+    a @ a
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(8):
+        a @ a
+    sync()
+    per_call = torch.tensor([(time.perf_counter() - t0) / 8], dtype=torch.float64, device=device)
+    dist.all_reduce(per_call, op=dist.ReduceOp.MAX)
+    calls_per_ms = 1e-3 / max(float(per_call.item()), 1e-9)
+
+    def phase(ms: float) -> None:
+        for _ in range(max(1, round(ms * calls_per_ms))):
+            a @ a
+
+    return phase
+
+
 OVERLAP_BYTES = 16 << 20  # the all-reduce whose overlap with compute is timed
 OVERLAP_TRIALS = 5
 

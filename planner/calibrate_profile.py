@@ -14,8 +14,10 @@ How each cost-model input is set (planner/costmodel.py, planner/cluster.py):
   the best pure streaming kernel, the efficiency what real element-wise ops reach of it.
 - Collectives take the alpha-beta ring formulas at ``intra_node_bandwidth * collective_efficiency``
   and ``intra_node_latency``: their product is the joint fit over all-reduce, all-gather and
-  reduce-scatter (planner/calibrate_fit.py); the link bandwidth is a point-to-point transfer's,
-  the efficiency what the collectives reach of it.
+  reduce-scatter timed back to back (planner/calibrate_fit.py); the link bandwidth is a
+  point-to-point transfer's, the efficiency what the collectives reach of it. Each call then
+  pays ``collective_sync_s``: the median of what the same collectives cost beyond that fit when
+  issued between compute phases, as a step issues them.
 - On a CPU, N ranks share the cores and memory: every rate is measured with all N running at
   once, so ``--gpus N`` on this machine prices each rank at what it really gets.
 """
@@ -30,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from planner.calibrate_bench import OVERHEAD_CHAIN, OVERLAP_BYTES, Settings
-from planner.calibrate_fit import fit_alpha_beta, fit_each
+from planner.calibrate_fit import fit_alpha_beta, fit_each, ring_factors
 from planner.errors import MeshplanError
 from planner.profiles import DeviceProfile, load_profile
 
@@ -163,20 +165,22 @@ def mix_rate(work: list[float], rates: list[float]) -> float:
 
 
 def collective_samples(
-    results: list[dict[str, Any]], key: str
+    results: list[dict[str, Any]], key: str, typical: bool = False
 ) -> list[tuple[str, int, int, float]]:
     """(kind, n, bytes, seconds): per trial the slowest rank's time, then the fastest trial
-    (noise from other processes only ever adds time)."""
+    (back-to-back timings: noise from other processes only ever adds time) or, with
+    ``typical``, the median trial (in-situ timings are differences of two walls, so noise
+    moves them both ways, and the jitter between ranks is part of what they measure)."""
     by_trial: dict[tuple, float] = {}
     for r in results:
-        for kind, n, nbytes, trial, seconds in r[key]:
+        for kind, n, nbytes, trial, seconds in r.get(key, ()):
             k = (kind, n, nbytes, trial)
             by_trial[k] = max(by_trial.get(k, 0.0), seconds)
-    best: dict[tuple, float] = {}
+    trials: dict[tuple, list[float]] = {}
     for (kind, n, nbytes, _), seconds in by_trial.items():
-        k = (kind, n, nbytes)
-        best[k] = min(best.get(k, float("inf")), seconds)
-    return [(kind, n, nbytes, t) for (kind, n, nbytes), t in sorted(best.items())]
+        trials.setdefault((kind, n, nbytes), []).append(seconds)
+    pick = (lambda ts: float(np.median(ts))) if typical else min
+    return [(kind, n, nbytes, pick(ts)) for (kind, n, nbytes), ts in sorted(trials.items())]
 
 
 # --------------------------------------------------------------------------- the profile
@@ -490,16 +494,33 @@ def build_profile(
             )
         )
         summary.update(collective=joint, p2p=link, link_bandwidth=link_bw, per_kind=each)
+        situ = collective_samples(results, "collectives_in_situ", typical=True)
+        excess = [t - _ring_time(kind, n, nbytes, joint) for kind, n, nbytes, t in situ]
+        net["collective_sync_s"] = max(0.0, float(np.median(excess))) if excess else 0.0
+        sizes = sorted({x[2] for x in situ})
+        comments["collective_sync_s"] = (
+            (
+                f"measured: {backend} collectives of {_size(sizes[0])}..{_size(sizes[-1])} "
+                "issued after 1-10 ms of matmuls, as a training step issues them, less the "
+                "back-to-back fit above; the median per call (from "
+                f"{min(excess) * 1e6:.3g} to {max(excess) * 1e6:.3g} us over kinds and sizes)"
+            )
+            if excess
+            else "not measured"
+        )
+        summary["samples_in_situ"] = situ
     else:
         src = ref_name if ref is not None else "h100-sxm"
         base = ref or load_profile("h100-sxm")
         net["intra_node_bandwidth_bytes_per_s"] = base.intra_node_bandwidth
         net["intra_node_latency_s"] = base.intra_node_latency
         net["collective_efficiency"] = base.collective_efficiency
+        net["collective_sync_s"] = base.collective_sync
         for k in (
             "intra_node_bandwidth_bytes_per_s",
             "intra_node_latency_s",
             "collective_efficiency",
+            "collective_sync_s",
         ):
             comments[k] = f"not measured (one GPU: no collective to time); from profiles/{src}.toml"
     if m.device == "cpu":
@@ -564,9 +585,11 @@ def build_profile(
         inter_node_bandwidth=net["inter_node_bandwidth_bytes_per_s"],
         inter_node_latency=net["inter_node_latency_s"],
         collective_efficiency=net["collective_efficiency"],
+        collective_sync=net["collective_sync_s"],
         comm_overlap=net["comm_overlap"],
     )
-    return Result(profile, comments, _header(m, device_text, coll + p2p), summary)
+    situ = [(f"{k} in situ", n, b, t) for k, n, b, t in summary.get("samples_in_situ", [])]
+    return Result(profile, comments, _header(m, device_text, coll + p2p + situ), summary)
 
 
 def _header(m: Machine, device_text: str, samples) -> str:
@@ -588,7 +611,7 @@ def _header(m: Machine, device_text: str, samples) -> str:
         f"1-minute load average: {m.load_average:.2f} when measuring began, "
         f"{load_average_now():.2f} when it ended (other processes lower every rate).",
         "Units: bytes, seconds, FLOP/s. Collective samples (kind, ranks, bytes: seconds, the "
-        "slowest rank's, fastest of the trials):",
+        "slowest rank's, fastest of the trials; in situ: the median trial):",
     ]
     per_line: dict[tuple[str, int], list[str]] = {}
     for kind, n, nbytes, t in samples:
@@ -609,6 +632,11 @@ def _fits_or_none(fit):
         return fit()
     except ValueError:
         return None
+
+
+def _ring_time(kind: str, n: int, nbytes: float, fit) -> float:
+    c, d = ring_factors(kind, n)
+    return c * nbytes / fit.bandwidth + d * fit.alpha
 
 
 def _size(nbytes: float) -> str:

@@ -10,6 +10,11 @@ shared/reference/hardware.md nccl_bus_bandwidth_factors) and each of a ring's st
     point-to-point                          S/B +         alpha
 
 Every function returns 0.0 when there is nothing to move (n <= 1 or no bytes).
+
+``collective_time`` adds the profile's ``collective_sync_s`` once per call: what a blocking
+collective issued between compute phases costs beyond its ring (the ranks arrive apart and the
+one that waited must be woken), measured in situ by plan calibrate. Point-to-point transfers do
+not pay it: a pipeline's receiver waits out its bubble, which the schedule already prices.
 """
 
 from __future__ import annotations
@@ -72,4 +77,5 @@ def collective_time(kind: str, nbytes: float, cluster: Cluster, ranks: Sequence[
     except KeyError:
         raise ValueError(f"unknown collective {kind!r}; expected one of {sorted(KINDS)}") from None
     bandwidth, latency = cluster.link(ranks)
-    return formula(nbytes, len(ranks), bandwidth, latency)
+    t = formula(nbytes, len(ranks), bandwidth, latency)
+    return t + cluster.profile.collective_sync if t > 0 else 0.0

@@ -53,6 +53,7 @@ FIELDS: tuple[tuple[str, str, str, str, str], ...] = (
     ("network", "inter_node_bandwidth_bytes_per_s", "inter_node_bandwidth", "pos", "bytes/s"),
     ("network", "inter_node_latency_s", "inter_node_latency", "nonneg", "seconds"),
     ("network", "collective_efficiency", "collective_efficiency", "eff", "share of link"),
+    ("network", "collective_sync_s", "collective_sync", "nonneg", "seconds per call"),
     ("network", "comm_overlap", "comm_overlap", "unit", "share of compute comm can hide behind"),
 )
 SECTIONS = ("compute", "memory", "node", "network")
@@ -74,6 +75,10 @@ OPTIONAL: dict[str, float] = {
     # (collectives run on their own stream and SMs); near 0 on a CPU whose ranks fill its cores,
     # where gloo's threads take their cycles from the compute.
     "comm_overlap": 1.0,
+    # What one blocking collective costs between compute phases beyond its ring (ranks arriving
+    # apart, the waiting one woken): measured by plan calibrate; the shipped GPU profiles have
+    # no measurement of it and keep 0.
+    "collective_sync_s": 0.0,
 }
 _NEED = {
     "pos": "a positive finite number",
@@ -118,6 +123,7 @@ class DeviceProfile:
     inter_node_bandwidth: float
     inter_node_latency: float
     collective_efficiency: float
+    collective_sync: float
     comm_overlap: float
     source: str = field(default="", compare=False)
 

@@ -74,6 +74,9 @@ def test_alpha_beta_fit_rejects_undetermined_data():
 # --------------------------------------------------------------------------- synthetic machine
 
 
+SYNC = 1.2e-3  # what each collective costs between compute phases beyond its ring
+
+
 def synthetic_results(nproc: int, alpha: float, bandwidth: float):
     """What run_workers would return on a machine with known rates (ranks differ: the slower
     one must count)."""
@@ -91,6 +94,15 @@ def synthetic_results(nproc: int, alpha: float, bandwidth: float):
         ("p2p", 2, size, trial, t)
         for trial in range(2)
         for _, _, size, t in exact_times(alpha, 2 * bandwidth, 2, ("p2p",), s.collective_sizes)
+    ]
+    # between compute phases each call costs SYNC more; in-situ trials scatter both ways
+    # around it (differences of two walls), so the median trial counts
+    in_situ = [
+        (k, nproc, size, trial, t + SYNC * (0.5, 1.0, 1.7)[trial])
+        for trial in range(3)
+        for k, n, size, t in exact_times(
+            alpha, bandwidth, nproc, workers_mod.COLLECTIVES, workers_mod.in_situ_sizes(s)
+        )
     ]
     shapes = len(s.matmul_shapes)
     out = []
@@ -124,6 +136,7 @@ def synthetic_results(nproc: int, alpha: float, bandwidth: float):
                     "fsdp_unit": 6e-4 / slow,
                 },
                 "collectives": coll,
+                "collectives_in_situ": in_situ,
                 "p2p": p2p,
             }
         )
@@ -162,11 +175,13 @@ def test_profile_makes_the_cost_model_reproduce_the_measurements(tmp_path, synth
     mixed = (3 + 2 + 2 + 2) / (3 / 8e9 + 3 * 2 / 4e9)
     assert compute_time(0, 1e9, cluster, "fp32") == pytest.approx(1e9 / mixed, rel=rel)
     assert p.memory_bandwidth == pytest.approx(13e9 * 0.8, rel=rel)
-    # collectives priced by the model equal the synthetic measurements
+    # collectives priced by the model equal the synthetic measurements in situ: the ring fitted
+    # back to back, plus the median in-situ excess once per call
+    assert p.collective_sync == pytest.approx(SYNC, rel=rel)
     for kind in workers_mod.COLLECTIVES:
         for size in (2**12, 2**20, 2**26):
             c, d = ring_factors(kind, 2)
-            want = c * size / bandwidth + d * alpha
+            want = c * size / bandwidth + d * alpha + SYNC
             assert collective_time(kind, size, cluster, [0, 1]) == pytest.approx(want, rel=rel)
     assert p.reserved_bytes == pytest.approx(3e8, rel=rel)
     # per-op host overheads: the slower rank's (CPU ranks run dispatch in line with the math)
@@ -220,6 +235,7 @@ def test_measured_numbers_are_positive_finite_and_physical(measured):
     for eff in (p.matmul_efficiency, p.elementwise_efficiency, p.collective_efficiency):
         assert 0 < eff <= 1
     assert 0 <= p.intra_node_latency < 0.1
+    assert 0 <= p.collective_sync < 0.1 and "in situ" in measured[0].read_text()
     # loose physical ranges: a unit slip (GFLOP/s for FLOP/s, MB for bytes) fails these
     fp32 = p.peak_flops["fp32"] * p.matmul_efficiency
     assert 1e8 < fp32 < 1e13
@@ -397,6 +413,7 @@ def test_cuda_profile_keeps_datasheet_peaks_and_fits_efficiencies(nproc, monkeyp
     else:
         assert p.intra_node_latency == pytest.approx(5e-6)
         assert p.intra_node_bandwidth * p.collective_efficiency == pytest.approx(3.6e11)
+        assert p.collective_sync == 0 and res.comments["collective_sync_s"] == "not measured"
 
 
 @pytest.mark.parametrize("half", [0.0, 12.5, 40.0])

@@ -3,9 +3,12 @@ papers, not from our code)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from conftest import cluster_of, make_block, make_option
 
+from planner.cluster import Cluster
 from planner.collectives import collective_time
 from planner.costmodel import (
     Config,
@@ -73,6 +76,23 @@ def test_collectives_follow_nccl_bus_bandwidth_formulas(n):
         assert collective_time(kind, size, cl, ranks) == pytest.approx(
             size * (n - 1) / (n * bw) + (n - 1) * lat
         )
+
+
+@pytest.mark.parametrize("n", [2, 8])
+def test_each_collective_call_pays_the_in_situ_sync_once(n):
+    """collective_sync_s is a per-call cost (ranks arriving apart, a sleeping waiter woken),
+    independent of the ring's step count and of the bytes; nothing moved costs nothing."""
+    base = cluster_of(8)
+    cl = Cluster(replace(base.profile, collective_sync=1.5e-3), base.nodes, base.gpus_per_node)
+    ranks = list(range(n))
+    for kind in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
+        for size in (4e3, 3e9):
+            extra = collective_time(kind, size, cl, ranks) - collective_time(
+                kind, size, base, ranks
+            )
+            assert extra == pytest.approx(1.5e-3)
+        assert collective_time(kind, 0.0, cl, ranks) == 0.0
+        assert collective_time(kind, 1e6, cl, [0]) == 0.0
 
 
 def test_cross_node_group_is_slower():
