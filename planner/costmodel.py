@@ -644,12 +644,14 @@ def optimizer_time(inp: CostInputs, opts: list[BlockOption], config: Config) -> 
     # Per-tensor dispatch: torch's optimizers step each parameter tensor with a few eager ops
     # (the multi-tensor path is CUDA-only). ZeRO-1 steps 1/dp of the tensors; TP, FSDP2
     # (ZeRO 2/3) and pipelined ZeRO-0 (replicate) parameters are DTensors, and so are their
-    # optimizer ops (the runtime's mapping, runtime/parallelize.py).
+    # optimizer ops (the runtime's mapping, runtime/parallelize.py); one replica keeps plain
+    # parameters (GPU mixed precision keeps replicate, but GPU profiles price no dispatch).
     tensors = sum(o.param_tensors for o in opts)
     if config.zero_stage == 1:
         tensors /= config.mesh.replicas
     mesh = config.mesh
-    dtensors = mesh.tp > 1 or config.zero_stage >= 2 or (config.zero_stage == 0 and mesh.pp > 1)
+    replicated = config.zero_stage == 0 and mesh.pp > 1 and mesh.replicas > 1
+    dtensors = mesh.tp > 1 or config.zero_stage >= 2 or replicated
     per_op = p.dtensor_op_overhead if dtensors else p.optimizer_op_overhead
     return memory + tensors * OPTIMIZER_OPS[inp.training.optimizer] * per_op
 
