@@ -79,6 +79,12 @@ def print_summary(result: Any, path: Path, seconds: float) -> None:
             f"{c.bandwidth / 1e9:,.3f} GB/s, {c.alpha * 1e6:,.1f} µs",
             f"worst point off {c.max_rel_error:.0%}",
         )
+        if s.get("samples_in_situ"):
+            table.add_row(
+                "in-situ collective",
+                f"+{p.collective_sync * 1e3:,.2f} ms a call",
+                "in situ, over the fit",
+            )
         table.add_row(
             "point-to-point (link)",
             f"{s['link_bandwidth'] / 1e9:,.3f} GB/s{link_alpha}",
