@@ -473,9 +473,22 @@ def all_to_all_bytes(moe: dict, scale: float, ep: int, training: Training) -> fl
 # --------------------------------------------------------------------------- memory
 
 
-def option_states(o: BlockOption, zero: int, dp: int, training: Training) -> dict[str, float]:
-    """``state_memory`` of one block option (expert parameters shard over their replicas)."""
-    return state_memory(o.params, zero, dp, o.offload, training, o.zero_params)
+def option_states(
+    o: BlockOption, zero: int, dp: int, training: Training, deferred: bool = False
+) -> dict[str, float]:
+    """``state_memory`` of one block option (expert parameters shard over their replicas).
+    ``deferred`` (see ``deferred_reduce``): weights and gradients stay whole, as ZeRO-1's."""
+    return state_memory(o.params, 1 if deferred else zero, dp, o.offload, training, o.zero_params)
+
+
+def deferred_reduce(config: Config, training: Training) -> bool:
+    """Whether a ZeRO-2/3 pipeline stage reduces its gradients once per step. torch's
+    pipelining runs an FSDP stage's backward without gradient sync and without resharding
+    until the last micro-batch (PipelineStage.backward_maybe_with_nosync), then reduce-scatters
+    once: with several micro-batches the stage holds its weights unsharded and accumulates
+    unsharded gradients all step long, and pays one reduce-scatter, not one per micro-batch."""
+    m = training.global_batch_size // (config.mesh.dp * config.micro_batch_size)
+    return config.mesh.pp > 1 and config.zero_stage >= 2 and m > 1
 
 
 def state_memory(
@@ -621,6 +634,12 @@ def dp_comm(inp: CostInputs, opts: list[BlockOption], config: Config, pp_rank: i
     rs = sum(collective_time("reduce_scatter", n * gb, cl, ranks) for n in owned)
     ag = sum(collective_time("all_gather", n * wb, cl, ranks) for n in owned)
     unit = len(owned) * cl.profile.fsdp_unit_overhead
+    if deferred_reduce(config, tr):
+        # One reduce-scatter after the last micro-batch's backward: nothing left to hide it.
+        if zero == 2:
+            return rs + m * unit + ag, rs + m * unit + max(0.0, ag - fwd)
+        per_mb = 2 * ag + unit
+        return m * per_mb + rs, m * max(0.0, per_mb - fwd - bwd) + rs
     if zero == 2:
         return m * (rs + unit) + ag, m * max(0.0, rs + unit - bwd) + max(0.0, ag - fwd)
     per_mb = 2 * ag + rs + unit
@@ -741,6 +760,7 @@ def evaluate(inp: CostInputs, config: Config) -> StepCost:
         pipeline = m * max(R) + (p - 1) * max(T)
         bubble = (p - 1) * max(T)
     rank_memory: list[dict[str, float]] = []
+    deferred = deferred_reduce(config, training)
     for r in range(p):
         mem = {"params": 0.0, "grads": 0.0, "optimizer": 0.0, "activations": 0.0}
         rank_opts: list[BlockOption] = []
@@ -748,7 +768,7 @@ def evaluate(inp: CostInputs, config: Config) -> StepCost:
             for i in st.blocks:
                 o = inp.options[i][config.choice[i]]
                 rank_opts.append(o)
-                sm = option_states(o, config.zero_stage, mesh.replicas, training)
+                sm = option_states(o, config.zero_stage, mesh.replicas, training, deferred)
                 for k in ("params", "grads", "optimizer"):
                     mem[k] += sm[k]
                 mem["activations"] += o.act_bytes * st.inflight
@@ -758,7 +778,11 @@ def evaluate(inp: CostInputs, config: Config) -> StepCost:
     host = max(
         sum(
             option_states(
-                inp.options[i][config.choice[i]], config.zero_stage, mesh.replicas, training
+                inp.options[i][config.choice[i]],
+                config.zero_stage,
+                mesh.replicas,
+                training,
+                deferred,
             )["host"]
             for st in stages[r::p]
             for i in st.blocks

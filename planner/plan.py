@@ -15,7 +15,14 @@ from typing import Any
 
 from planner.atomic import write_text_atomic
 from planner.cluster import Cluster, cluster_to_dict
-from planner.costmodel import Config, CostInputs, StepCost, Training, option_states
+from planner.costmodel import (
+    Config,
+    CostInputs,
+    StepCost,
+    Training,
+    deferred_reduce,
+    option_states,
+)
 from planner.errors import UserInputError
 from planner.search import Candidate, SearchResult
 
@@ -116,7 +123,8 @@ def rebase_tp_plan(tp_plan: dict[str, str], rep: list[str], own: list[str]) -> d
 def block_memory(o, config: Config, training: Training, inflight: int) -> float:
     """Device bytes one block holds: its model states after ZeRO and offload, plus its saved
     activations for the stage's in-flight micro-batches."""
-    sm = option_states(o, config.zero_stage, config.mesh.replicas, training)
+    deferred = deferred_reduce(config, training)
+    sm = option_states(o, config.zero_stage, config.mesh.replicas, training, deferred)
     return sm["params"] + sm["grads"] + sm["optimizer"] + o.act_bytes * inflight
 
 

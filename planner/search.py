@@ -32,6 +32,7 @@ from planner.costmodel import (
     StepCost,
     Training,
     block_options,
+    deferred_reduce,
     evaluate,
     inflight_microbatches,
     offload_allowed,
@@ -336,11 +337,12 @@ def stage_problem(inp: CostInputs, cand: Candidate) -> StageProblem:
     p, v = cand.pp, cand.virtual_stages
     J = p * v
     config = Config(mesh, cand.micro_batch_size, cand.schedule, v, cand.zero, [], [])
+    deferred = deferred_reduce(config, tr)
     segs = segments(inp.blocks)
     cols: dict[str, list[np.ndarray]] = {k: [] for k in StageProblem.__annotations__}
     for first, _ in segs:
         opts = inp.options[first]
-        sm = [option_states(o, cand.zero, mesh.replicas, tr) for o in opts]
+        sm = [option_states(o, cand.zero, mesh.replicas, tr, deferred) for o in opts]
         wb = tr.state_bytes[0]
         cols["time"].append(np.array([o.time_s for o in opts]))
         cols["fwd"].append(np.array([o.fwd_s for o in opts]))
@@ -397,6 +399,7 @@ def stage_problem(inp: CostInputs, cand: Candidate) -> StageProblem:
         capacity=profile.memory_bytes * inp.memory_fraction,
         host_capacity=profile.host_memory_bytes / max(profile.gpus_per_node, 1),
         zero=cand.zero,
+        deferred=deferred,
         dp_ar=_affine("all_reduce", inp.cluster, dp_ranks, gb),
         dp_rs=_affine("reduce_scatter", inp.cluster, dp_ranks, gb),
         dp_ag=_affine("all_gather", inp.cluster, dp_ranks, wb),

@@ -78,6 +78,7 @@ class StageProblem:
     fsdp_unit_overhead: float  # host seconds per FSDP unit per micro-batch (ZeRO 2/3)
     dp: int
     allowed: list[np.ndarray] | None = None  # per segment: options this candidate may use
+    deferred: bool = False  # ZeRO 2/3 reduce-scatter once per step (costmodel.deferred_reduce)
 
 
 @dataclass
@@ -229,6 +230,10 @@ def _dp_coefficients(sp: StageProblem, s: int) -> tuple[np.ndarray, np.ndarray]:
     owns = (pb > 0).astype(float)
     rs_lat, ag_lat = sp.dp_rs[1] * owns, sp.dp_ag[1] * owns
     unit = sp.fsdp_unit_overhead * owns
+    if sp.deferred:  # one reduce-scatter after the last micro-batch, nothing to hide it
+        if sp.zero == 2:
+            return rs * pb + rs_lat + m * unit, ag * pb + ag_lat - fwd
+        return m * (2 * ag * pb + 2 * ag_lat + unit - fwd - bwd), rs * pb + rs_lat
     if sp.zero == 2:
         return m * (rs * pb + rs_lat + unit - bwd), ag * pb + ag_lat - fwd
     return m * ((2 * ag + rs) * pb + 2 * ag_lat + rs_lat + unit - fwd - bwd), zero

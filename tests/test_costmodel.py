@@ -212,3 +212,41 @@ def test_short_inner_dimensions_slow_a_gemm_down():
     )
     assert inner_dim_slowdowns([96, 64, 512, True], 1.0, 0.0) == (1.0, 1.0)
     assert inner_dim_slowdowns(None, 1.0, 32.0) == (1.0, 1.0)
+
+
+@pytest.mark.parametrize("zero", [2, 3])
+def test_zero_pipeline_stages_reduce_once_and_hold_whole_gradients(zero):
+    """torch's pipelining runs FSDP stages without gradient sync or resharding until the last
+    micro-batch: with m > 1 a ZeRO-2/3 stage keeps whole weights and gradients (ZeRO-1's
+    memory) and pays one reduce-scatter per step; with one micro-batch, or without a pipeline,
+    the states shard as the ZeRO paper says and every micro-batch reduce-scatters."""
+    psi = 4e8
+    n = 4
+    blocks = [make_block(i, "layer", params=int(psi)) for i in range(n)]
+    opts = [[make_option(0.01, psi, 1e6)] for _ in range(n)]
+    dp, cl = 4, cluster_of(8)
+    tr = Training(16 * dp, "bf16", "adamw")  # m = 16 at micro-batch 1
+    wb, gb, ob = tr.state_bytes
+    stage_of = [0, 0, 1, 1]
+
+    def run(pp: int, m: int):
+        training = Training(m * dp, "bf16", "adamw")
+        inp = CostInputs(blocks, opts, 1, cl, training)
+        config = Config(
+            Mesh(pp, dp, 1), 1, "1f1b", 1, zero, stage_of if pp > 1 else [0] * n, [0] * n
+        )
+        return evaluate(inp, config)
+
+    whole, single, flat = run(2, 16), run(2, 1), run(1, 16)
+    assert whole.rank_memory[0]["grads"] == pytest.approx(2 * psi * gb)
+    assert whole.rank_memory[0]["params"] == pytest.approx(2 * psi * wb)
+    assert whole.rank_memory[0]["optimizer"] == pytest.approx(2 * psi * ob / dp)
+    assert single.rank_memory[0]["grads"] == pytest.approx(2 * psi * gb / dp)
+    assert flat.rank_memory[0]["grads"] == pytest.approx(n * psi * gb / dp)
+    rs = collective_time("reduce_scatter", psi * gb, cl, list(range(dp)))
+    ag = collective_time("all_gather", psi * wb, cl, list(range(dp)))
+    per_block = {2: rs + ag, 3: 16 * 2 * ag + rs}[zero]  # fsdp_unit_overhead is 0 on a GPU
+    assert whole.stages[0].dp_comm_s == pytest.approx(2 * per_block)
+    assert flat.stages[0].dp_comm_s == pytest.approx(
+        n * {2: 16 * rs + ag, 3: 16 * (2 * ag + rs)}[zero]
+    )
