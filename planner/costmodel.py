@@ -648,17 +648,36 @@ def dp_comm(inp: CostInputs, opts: list[BlockOption], config: Config, pp_rank: i
 
 def optimizer_time(inp: CostInputs, opts: list[BlockOption], config: Config) -> float:
     """The optimizer step: memory-bound over the local shard, on the device or, offloaded, on
-    the host (reads weights, gradients and states, writes weights and states)."""
+    the host (reads weights, gradients and states, writes weights and states); and the
+    gradient accumulation of the step's micro-batches before it. torch adds each micro-batch's
+    gradient after the first into ``.grad`` (AccumulateGrad's in-place add: reads both, writes
+    one), m - 1 passes over the gradients a rank accumulates: sharded under ZeRO 2/3 (FSDP adds
+    each reduce-scattered shard), whole under ZeRO 0/1 (DDP's no_sync) and in a pipeline that
+    defers the reduce (``deferred_reduce``); on the host when offloaded with the weights."""
     wb, gb, ob = inp.training.state_bytes
     p = inp.cluster.profile
-    dp = config.mesh.replicas if config.zero_stage >= 1 else 1
+    mesh = config.mesh
+    dp = mesh.replicas if config.zero_stage >= 1 else 1
     local = [(o.zero_params / dp if dp > 1 else o.params, o.offload) for o in opts]
     device = sum(n for n, off in local if off == "none")
     host = sum(n for n, off in local if off != "none")
     per_param = 2 * wb + gb + 2 * ob
+    m = inp.training.global_batch_size // (mesh.dp * config.micro_batch_size)
+    acc_device = acc_host = 0.0
+    if m > 1:
+        sharded = config.zero_stage >= 2 and not deferred_reduce(config, inp.training)
+        for o in opts:
+            n = o.zero_params / mesh.replicas if sharded and mesh.replicas > 1 else o.params
+            if o.offload == "optimizer+params":
+                acc_host += n
+            else:
+                acc_device += n
+    per_acc = (m - 1) * 3 * gb
     # The same achievable share of bandwidth applies to a memory-bound step on either side.
-    memory = device * per_param / (p.memory_bandwidth * p.elementwise_efficiency) + (
-        host * per_param / (p.host_memory_bandwidth * p.elementwise_efficiency)
+    memory = (device * per_param + acc_device * per_acc) / (
+        p.memory_bandwidth * p.elementwise_efficiency
+    ) + (host * per_param + acc_host * per_acc) / (
+        p.host_memory_bandwidth * p.elementwise_efficiency
     )
     # Per-tensor dispatch: torch's optimizers step each parameter tensor with a few eager ops
     # (the multi-tensor path is CUDA-only). ZeRO-1 steps 1/dp of the tensors; TP, FSDP2
@@ -668,7 +687,6 @@ def optimizer_time(inp: CostInputs, opts: list[BlockOption], config: Config) -> 
     tensors = sum(o.param_tensors for o in opts)
     if config.zero_stage == 1:
         tensors /= config.mesh.replicas
-    mesh = config.mesh
     replicated = config.zero_stage == 0 and mesh.pp > 1 and mesh.replicas > 1
     dtensors = mesh.tp > 1 or config.zero_stage >= 2 or replicated
     per_op = p.dtensor_op_overhead if dtensors else p.optimizer_op_overhead

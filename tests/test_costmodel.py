@@ -250,3 +250,27 @@ def test_zero_pipeline_stages_reduce_once_and_hold_whole_gradients(zero):
     assert flat.stages[0].dp_comm_s == pytest.approx(
         n * {2: 16 * rs + ag, 3: 16 * (2 * ag + rs)}[zero]
     )
+
+
+@pytest.mark.parametrize("zero,pp", [(0, 1), (2, 1), (2, 2), (3, 1)])
+def test_gradient_accumulation_adds_m_minus_1_passes_over_the_accumulated_gradients(zero, pp):
+    """torch adds every micro-batch's gradient after the first into .grad (read both, write
+    one): (m - 1) * 3 * gradient bytes at the element-wise rate, over whole gradients under
+    ZeRO 0/1 or a deferring pipeline, over the dp shard under ZeRO 2/3 otherwise."""
+    from planner.costmodel import optimizer_time
+
+    psi, dp = 4e8, 4
+    cl = cluster_of(8)
+    prof = cl.profile
+    opts = [make_option(0.01, psi, 1e6)]
+
+    def opt_time(m: int) -> float:
+        tr = Training(m * dp, "bf16", "adamw")
+        inp = CostInputs([make_block(0, "layer", params=int(psi))], [opts], 1, cl, tr)
+        return optimizer_time(inp, opts, Config(Mesh(pp, dp, 1), 1, "1f1b", 1, zero, [0], [0]))
+
+    gb = Training(dp, "bf16", "adamw").state_bytes[1]
+    whole = zero < 2 or pp > 1
+    accumulated = psi if whole else psi / dp
+    rate = prof.memory_bandwidth * prof.elementwise_efficiency
+    assert opt_time(8) - opt_time(1) == pytest.approx(7 * 3 * accumulated * gb / rate)
