@@ -359,6 +359,14 @@ def build_profile(
             else "not measured (one rank: nothing to shard over)"
         )
         tp_ovh = overhead.get("tp_module", 0.0)
+        gather_ovh = overhead.get("tp_gather_module", tp_ovh)
+        comments["tp_gather_overhead_s"] = (
+            "measured: a pair of 8-wide nn.Linear under ColwiseParallel with gathered output, "
+            "forward and backward, less the pair unsharded, its two all-gathers and its "
+            f"all-reduce, per module (slowest rank, {share})"
+            if "tp_gather_module" in overhead
+            else "not measured (one rank: no tensor-parallel mesh)"
+        )
         comments["tp_module_overhead_s"] = (
             "measured: a colwise -> rowwise pair of 8-wide nn.Linear under torch's "
             "ParallelStyles, forward and backward, less the pair unsharded and its all-reduce, "
@@ -367,7 +375,7 @@ def build_profile(
             else "not measured (one rank: no tensor-parallel mesh)"
         )
     else:
-        op_ovh = bwd_ovh = sel_ovh = opt_ovh = dt_ovh = tp_ovh = fsdp_ovh = 0.0
+        op_ovh = bwd_ovh = sel_ovh = opt_ovh = dt_ovh = tp_ovh = gather_ovh = fsdp_ovh = 0.0
         note = (
             "0: CUDA launches are asynchronous and overlap the running kernel; measured here "
             f"{overhead['forward'] * 1e6:.3g} us forward, {overhead['backward'] * 1e6:.3g} us "
@@ -384,6 +392,7 @@ def build_profile(
             "optimizer_op_overhead_s",
             "dtensor_op_overhead_s",
             "tp_module_overhead_s",
+            "tp_gather_overhead_s",
             "fsdp_unit_overhead_s",
         ):
             comments[k] = note
@@ -572,6 +581,7 @@ def build_profile(
         optimizer_op_overhead=opt_ovh,
         dtensor_op_overhead=dt_ovh,
         tp_module_overhead=tp_ovh,
+        tp_gather_overhead=gather_ovh,
         fsdp_unit_overhead=fsdp_ovh,
         memory_bytes=capacity,
         memory_bandwidth=bandwidth,

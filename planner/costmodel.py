@@ -301,16 +301,20 @@ def op_counts(graph, block: Block) -> OpCounts:
 def overhead_times(counts: OpCounts, tp_plan: dict, tp: int, cluster: Cluster):
     """(forward, backward, selective-recompute) host overhead of a block's ops. Each module TP
     shards adds ``tp_module_overhead_s`` (DTensor wrapping and dispatch of the linear and its
-    backward, measured by plan calibrate), a third in forward and two thirds in backward, as
-    its ops split. Selective recompute's checkpoint policy sees every op in forward and in the
+    backward, measured by plan calibrate), or ``tp_gather_overhead_s`` when its output is
+    gathered (a further redistribute), a third in forward and two thirds in backward, as its
+    ops split. Selective recompute's checkpoint policy sees every op in forward and in the
     recompute: ``selective_op_overhead_s`` per op."""
     p = cluster.profile
     fwd = counts.fwd * p.op_overhead
     bwd = counts.bwd * p.backward_op_overhead
     if tp > 1 and tp_plan:
-        sharded = len(tp_plan)
-        fwd += sharded * p.tp_module_overhead / 3
-        bwd += sharded * p.tp_module_overhead * 2 / 3
+        gathered = sum(1 for style in tp_plan.values() if style == "colwise_gather")
+        per_step = (len(tp_plan) - gathered) * p.tp_module_overhead + gathered * (
+            p.tp_gather_overhead
+        )
+        fwd += per_step / 3
+        bwd += per_step * 2 / 3
     return fwd, bwd, counts.fwd * p.selective_op_overhead
 
 

@@ -40,6 +40,7 @@ FIELDS: tuple[tuple[str, str, str, str, str], ...] = (
     ("compute", "optimizer_op_overhead_s", "optimizer_op_overhead", "nonneg", "seconds per op"),
     ("compute", "dtensor_op_overhead_s", "dtensor_op_overhead", "nonneg", "seconds per op"),
     ("compute", "tp_module_overhead_s", "tp_module_overhead", "nonneg", "seconds per module"),
+    ("compute", "tp_gather_overhead_s", "tp_gather_overhead", "nonneg", "seconds per module"),
     ("compute", "fsdp_unit_overhead_s", "fsdp_unit_overhead", "nonneg", "seconds per unit"),
     ("memory", "capacity_bytes", "memory_bytes", "pos", "bytes"),
     ("memory", "bandwidth_bytes_per_s", "memory_bandwidth", "pos", "bytes/s"),
@@ -70,6 +71,9 @@ OPTIONAL: dict[str, float] = {
     "optimizer_op_overhead_s": 0.0,
     "dtensor_op_overhead_s": 0.0,
     "tp_module_overhead_s": 0.0,
+    # A column-parallel module whose output is gathered; a profile without it (measured before
+    # it was) takes tp_module_overhead_s, see load_profile.
+    "tp_gather_overhead_s": 0.0,
     "fsdp_unit_overhead_s": 0.0,
     # How much of the compute time data-parallel communication can hide behind. 1 on a GPU
     # (collectives run on their own stream and SMs); near 0 on a CPU whose ranks fill its cores,
@@ -110,6 +114,7 @@ class DeviceProfile:
     optimizer_op_overhead: float
     dtensor_op_overhead: float
     tp_module_overhead: float
+    tp_gather_overhead: float
     fsdp_unit_overhead: float
     memory_bytes: float
     memory_bandwidth: float
@@ -197,6 +202,8 @@ def profile_from_dict(data: dict[str, Any], source: str) -> DeviceProfile:
     values: dict[str, Any] = {"peak_flops": {}}
     for section, key, attr, kind, unit in FIELDS:
         raw = data.get(section, {}).get(key)
+        if raw is None and key == "tp_gather_overhead_s":
+            raw = data.get(section, {}).get("tp_module_overhead_s")
         if raw is None:
             if key in OPTIONAL:
                 raw = OPTIONAL[key]

@@ -133,6 +133,7 @@ def synthetic_results(nproc: int, alpha: float, bandwidth: float):
                     "optimizer": 3e-6,
                     "dtensor": 7e-5,
                     "tp_module": 4e-4 / slow,
+                    "tp_gather_module": 9e-4 / slow,
                     "fsdp_unit": 6e-4 / slow,
                 },
                 "collectives": coll,
@@ -191,6 +192,7 @@ def test_profile_makes_the_cost_model_reproduce_the_measurements(tmp_path, synth
     assert p.optimizer_op_overhead == pytest.approx(3e-6, rel=rel)
     assert p.selective_op_overhead == pytest.approx(2e-4, rel=rel)
     assert p.tp_module_overhead == pytest.approx(5e-4, rel=rel)
+    assert p.tp_gather_overhead == pytest.approx(9e-4 / 0.8, rel=rel)
     assert p.fsdp_unit_overhead == pytest.approx(7.5e-4, rel=rel)
     text = out.read_text()
     assert "one process alone with 2 threads: 70 GFLOP/s" in text
@@ -248,6 +250,7 @@ def test_measured_numbers_are_positive_finite_and_physical(measured):
     assert 1e-7 < p.optimizer_op_overhead < p.dtensor_op_overhead < 1e-2
     assert p.op_overhead < p.selective_op_overhead < 1e-2  # a dispatch mode sees every op twice
     assert p.dtensor_op_overhead < p.tp_module_overhead < 0.1  # several DTensor ops per module
+    assert p.dtensor_op_overhead < p.tp_gather_overhead < 0.1
 
 
 def test_plan_with_the_measured_profile(measured):
@@ -405,7 +408,7 @@ def test_cuda_profile_keeps_datasheet_peaks_and_fits_efficiencies(nproc, monkeyp
     # GPU launches are asynchronous: the measured host time is noted, the profile keeps 0
     assert p.op_overhead == p.backward_op_overhead == p.dtensor_op_overhead == 0
     assert p.tp_module_overhead == p.optimizer_op_overhead == p.selective_op_overhead == 0
-    assert p.fsdp_unit_overhead == 0
+    assert p.fsdp_unit_overhead == p.tp_gather_overhead == 0
     assert "6 us forward" in res.comments["op_overhead_s"]
     if nproc == 1:
         assert p.intra_node_bandwidth == h100.intra_node_bandwidth

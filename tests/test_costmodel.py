@@ -274,3 +274,22 @@ def test_gradient_accumulation_adds_m_minus_1_passes_over_the_accumulated_gradie
     accumulated = psi if whole else psi / dp
     rate = prof.memory_bandwidth * prof.elementwise_efficiency
     assert opt_time(8) - opt_time(1) == pytest.approx(7 * 3 * accumulated * gb / rate)
+
+
+def test_a_gathered_tp_module_pays_the_gather_overhead():
+    """tp_module_overhead_s per column/row-parallel module, tp_gather_overhead_s per
+    column-parallel module whose output is gathered; a third forward, two thirds backward."""
+    from planner.costmodel import OpCounts, overhead_times
+
+    cl = cluster_of(8, tp_module_overhead=3e-4, tp_gather_overhead=9e-4, op_overhead=0.0)
+    cl = Cluster(replace(cl.profile, backward_op_overhead=0.0), cl.nodes, cl.gpus_per_node)
+    plan = {
+        "a.q": "colwise_gather",
+        "a.k": "colwise_gather",
+        "m.fc1": "colwise",
+        "m.fc2": "rowwise",
+    }
+    fwd, bwd, _ = overhead_times(OpCounts(10, 10), plan, 2, cl)
+    per_step = 2 * 3e-4 + 2 * 9e-4
+    assert fwd == pytest.approx(per_step / 3) and bwd == pytest.approx(per_step * 2 / 3)
+    assert overhead_times(OpCounts(10, 10), plan, 1, cl)[:2] == (0.0, 0.0)

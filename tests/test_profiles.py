@@ -105,6 +105,22 @@ def test_round_trip_escapes_strings(tmp_path):
     assert load_profile(str(tmp_path / "odd.toml")).description == odd.description
 
 
+def test_a_profile_without_the_gathered_tp_overhead_takes_the_tp_module_one(tmp_path):
+    """Profiles measured before tp_gather_overhead_s existed keep pricing gathered modules as
+    they did: at tp_module_overhead_s, not at the optional 0."""
+    p = load_profile(
+        str(edited(tmp_path, r"^tp_module_overhead_s = .*$", "tp_module_overhead_s = 7e-4"))
+    )
+    assert p.tp_module_overhead == p.tp_gather_overhead == 7e-4
+    both = edited(
+        tmp_path,
+        r"^tp_module_overhead_s = .*$",
+        "tp_module_overhead_s = 7e-4\ntp_gather_overhead_s = 2e-3",
+    )
+    q = load_profile(str(both))
+    assert (q.tp_module_overhead, q.tp_gather_overhead) == (7e-4, 2e-3)
+
+
 def test_reserved_bytes_is_optional(tmp_path):
     p = load_profile(str(edited(tmp_path, r"^reserved_bytes = .*\n", "")))
     assert p.reserved_bytes == 0.0
