@@ -352,28 +352,10 @@ def tp_module_overhead(device: torch.device, mesh) -> float:
     backward dispatch as several DTensor ops. Timed on a colwise -> rowwise pair of 8-wide
     linears (one all-reduce, in forward), less the same pair unsharded and one plain
     all-reduce of its output; half of that per module. Call on every rank of ``mesh``."""
-    import torch.distributed as dist
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        RowwiseParallel,
-        parallelize_module,
-    )
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
-    x = torch.ones(4, 8, device=device)
     styles = {"0": ColwiseParallel(), "1": RowwiseParallel()}
-    sharded = parallelize_module(_linear_pair(device), mesh, styles)
-    out = torch.ones(4, 8, device=device)
-    group = mesh.get_group()
-    t_plain, t_tp, t_ar = _lockstep_best(
-        [
-            _forward_backward(_linear_pair(device), x),
-            _forward_backward(sharded, x),
-            lambda: dist.all_reduce(out, group=group),
-        ],
-        group,
-        synchronizer(device),
-    )
-    return max(t_tp - t_plain - t_ar, 0.0) / 2
+    return _styled_pair_overhead(device, mesh, styles, gathers=0, reduces=1)
 
 
 def tp_gather_overhead(device: torch.device, mesh) -> float:
@@ -384,22 +366,34 @@ def tp_gather_overhead(device: torch.device, mesh) -> float:
     on a pair of 8-wide gathered linears (two all-gathers forward, one all-reduce backward:
     the first takes a plain input that needs no gradient), less the pair unsharded and those
     collectives on plain tensors; half of that per module. Call on every rank of ``mesh``."""
-    import torch.distributed as dist
     from torch.distributed.tensor import Replicate
-    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+    from torch.distributed.tensor.parallel import ColwiseParallel
+
+    gathered = ColwiseParallel(output_layouts=Replicate())
+    return _styled_pair_overhead(device, mesh, {"0": gathered, "1": gathered}, 2, 1)
+
+
+def _styled_pair_overhead(
+    device: torch.device, mesh, styles: dict, gathers: int, reduces: int
+) -> float:
+    """Per module: the pair of 8-wide linears under ``styles``, forward and backward, less the
+    pair unsharded and ``gathers`` all-gathers and ``reduces`` all-reduces of its [4, 8]
+    activations on plain tensors (the collectives the styles issue)."""
+    import torch.distributed as dist
+    from torch.distributed.tensor.parallel import parallelize_module
 
     x = torch.ones(4, 8, device=device)
-    gathered = ColwiseParallel(output_layouts=Replicate())
-    sharded = parallelize_module(_linear_pair(device), mesh, {"0": gathered, "1": gathered})
+    sharded = parallelize_module(_linear_pair(device), mesh, styles)
     group = mesh.get_group()
     out = torch.ones(4, 8, device=device)
     full = torch.ones(4 * mesh.size(), 8 // mesh.size() or 1, device=device)
     part = torch.ones(4, 8 // mesh.size() or 1, device=device)
 
     def collectives() -> None:
-        dist.all_gather_into_tensor(full, part, group=group)
-        dist.all_gather_into_tensor(full, part, group=group)
-        dist.all_reduce(out, group=group)
+        for _ in range(gathers):
+            dist.all_gather_into_tensor(full, part, group=group)
+        for _ in range(reduces):
+            dist.all_reduce(out, group=group)
 
     t_plain, t_tp, t_coll = _lockstep_best(
         [_forward_backward(_linear_pair(device), x), _forward_backward(sharded, x), collectives],

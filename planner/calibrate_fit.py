@@ -34,6 +34,11 @@ class AlphaBeta:
     max_rel_error: float  # largest |model - measured| / measured over the fitted points
     points: int
 
+    def time(self, kind: str, n: int, nbytes: float) -> float:
+        """The fitted model's time of one ``kind`` over ``n`` ranks moving ``nbytes``."""
+        c, d = ring_factors(kind, n)
+        return c * nbytes / self.bandwidth + d * self.alpha
+
 
 def ring_factors(kind: str, n: int) -> tuple[float, float]:
     """(bandwidth factor c, latency steps d) of ``kind`` over ``n`` ranks, as the cost model

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from planner.calibrate_bench import OVERHEAD_CHAIN, OVERLAP_BYTES, Settings
-from planner.calibrate_fit import fit_alpha_beta, fit_each, ring_factors
+from planner.calibrate_fit import fit_alpha_beta, fit_each
 from planner.errors import MeshplanError
 from planner.profiles import DeviceProfile, load_profile
 
@@ -504,7 +504,7 @@ def build_profile(
         )
         summary.update(collective=joint, p2p=link, link_bandwidth=link_bw, per_kind=each)
         situ = collective_samples(results, "collectives_in_situ", typical=True)
-        excess = [t - _ring_time(kind, n, nbytes, joint) for kind, n, nbytes, t in situ]
+        excess = [t - joint.time(kind, n, nbytes) for kind, n, nbytes, t in situ]
         net["collective_sync_s"] = max(0.0, float(np.median(excess))) if excess else 0.0
         sizes = sorted({x[2] for x in situ})
         comments["collective_sync_s"] = (
@@ -642,11 +642,6 @@ def _fits_or_none(fit):
         return fit()
     except ValueError:
         return None
-
-
-def _ring_time(kind: str, n: int, nbytes: float, fit) -> float:
-    c, d = ring_factors(kind, n)
-    return c * nbytes / fit.bandwidth + d * fit.alpha
 
 
 def _size(nbytes: float) -> str:

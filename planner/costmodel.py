@@ -491,7 +491,7 @@ def deferred_reduce(config: Config, training: Training) -> bool:
     until the last micro-batch (PipelineStage.backward_maybe_with_nosync), then reduce-scatters
     once: with several micro-batches the stage holds its weights unsharded and accumulates
     unsharded gradients all step long, and pays one reduce-scatter, not one per micro-batch."""
-    m = training.global_batch_size // (config.mesh.dp * config.micro_batch_size)
+    m = num_microbatches(training, config.mesh.dp, config.micro_batch_size)
     return config.mesh.pp > 1 and config.zero_stage >= 2 and m > 1
 
 
@@ -528,6 +528,11 @@ def offload_allowed(offload: str, zero: int) -> bool:
     """Weights live on the host only when ZeRO-3 shards them (FSDP2's CPUOffloadPolicy):
     otherwise every rank would fetch the full weights for every micro-batch."""
     return offload != "optimizer+params" or zero >= 3
+
+
+def num_microbatches(training: Training, dp: int, micro_batch_size: int) -> int:
+    """Micro-batches per step on each data-parallel replica."""
+    return training.global_batch_size // (dp * micro_batch_size)
 
 
 def inflight_microbatches(schedule: str, m: int, pp: int, v: int, pp_rank: int) -> int:
@@ -666,7 +671,7 @@ def optimizer_time(inp: CostInputs, opts: list[BlockOption], config: Config) -> 
     device = sum(n for n, off in local if off == "none")
     host = sum(n for n, off in local if off != "none")
     per_param = 2 * wb + gb + 2 * ob
-    m = inp.training.global_batch_size // (mesh.dp * config.micro_batch_size)
+    m = num_microbatches(inp.training, mesh.dp, config.micro_batch_size)
     acc_device = acc_host = 0.0
     if m > 1:
         sharded = config.zero_stage >= 2 and not deferred_reduce(config, inp.training)
@@ -744,7 +749,7 @@ def evaluate(inp: CostInputs, config: Config) -> StepCost:
     step + offload traffic (the last three: the slowest pipeline rank's)."""
     mesh, training, cluster = config.mesh, inp.training, inp.cluster
     p, v = mesh.pp, config.virtual_stages
-    m = training.global_batch_size // (mesh.dp * config.micro_batch_size)
+    m = num_microbatches(training, mesh.dp, config.micro_batch_size)
     n_stages = p * v
     stage_blocks: list[list[int]] = [[] for _ in range(n_stages)]
     for i, s in enumerate(config.stage_of):

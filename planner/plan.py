@@ -21,6 +21,7 @@ from planner.costmodel import (
     StepCost,
     Training,
     deferred_reduce,
+    num_microbatches,
     option_states,
 )
 from planner.errors import UserInputError
@@ -143,7 +144,7 @@ def build_plan(
     cost: StepCost = best.cost
     blocks = traced.blocks
     mesh = config.mesh
-    m = training.global_batch_size // (mesh.dp * config.micro_batch_size)
+    m = num_microbatches(training, mesh.dp, config.micro_batch_size)
     stages = []
     for st in cost.stages:
         stages.append(

@@ -71,8 +71,6 @@ OPTIONAL: dict[str, float] = {
     "optimizer_op_overhead_s": 0.0,
     "dtensor_op_overhead_s": 0.0,
     "tp_module_overhead_s": 0.0,
-    # A column-parallel module whose output is gathered; a profile without it (measured before
-    # it was) takes tp_module_overhead_s, see load_profile.
     "tp_gather_overhead_s": 0.0,
     "fsdp_unit_overhead_s": 0.0,
     # How much of the compute time data-parallel communication can hide behind. 1 on a GPU
@@ -84,6 +82,10 @@ OPTIONAL: dict[str, float] = {
     # no measurement of it and keep 0.
     "collective_sync_s": 0.0,
 }
+# A key a profile may lack -> the key of the same section whose value stands in for it: a
+# profile measured before the key existed prices as it did (a gathered column-parallel module
+# as any TP module), not at the optional default.
+STANDS_IN = {"tp_gather_overhead_s": "tp_module_overhead_s"}
 _NEED = {
     "pos": "a positive finite number",
     "nonneg": "a finite number >= 0",
@@ -202,8 +204,8 @@ def profile_from_dict(data: dict[str, Any], source: str) -> DeviceProfile:
     values: dict[str, Any] = {"peak_flops": {}}
     for section, key, attr, kind, unit in FIELDS:
         raw = data.get(section, {}).get(key)
-        if raw is None and key == "tp_gather_overhead_s":
-            raw = data.get(section, {}).get("tp_module_overhead_s")
+        if raw is None and key in STANDS_IN:
+            raw = data.get(section, {}).get(STANDS_IN[key])
         if raw is None:
             if key in OPTIONAL:
                 raw = OPTIONAL[key]

@@ -35,6 +35,7 @@ from planner.costmodel import (
     deferred_reduce,
     evaluate,
     inflight_microbatches,
+    num_microbatches,
     offload_allowed,
     offload_time,
     optimizer_time,
@@ -333,7 +334,7 @@ def stage_problem(inp: CostInputs, cand: Candidate) -> StageProblem:
     """The MILP's numbers for one candidate, each computed by the cost model's own functions."""
     mesh = cand.mesh
     tr = inp.training
-    m = tr.global_batch_size // (cand.dp * cand.micro_batch_size)
+    m = num_microbatches(tr, cand.dp, cand.micro_batch_size)
     p, v = cand.pp, cand.virtual_stages
     J = p * v
     config = Config(mesh, cand.micro_batch_size, cand.schedule, v, cand.zero, [], [])
@@ -456,7 +457,7 @@ def _min_device_bytes(inp: CostInputs, zero: int, dp: int) -> float:
 
 def lower_bounds(inp: CostInputs, cand: Candidate) -> tuple[float, float]:
     """(step-time bound, peak-memory bound) without building a MILP."""
-    m = inp.training.global_batch_size // (cand.dp * cand.micro_batch_size)
+    m = num_microbatches(inp.training, cand.dp, cand.micro_batch_size)
     p, v = cand.pp, cand.virtual_stages
     total = sum(min(o.time_s for o in opts) for opts in inp.options)
     if v == 1:
@@ -755,7 +756,7 @@ def search_space(
         c.bound, c.min_memory = lower_bounds(inputs[key], c)
     capacity = cluster.profile.memory_bytes * pins.memory_fraction
     for c in cands:
-        m = training.global_batch_size // (c.dp * c.micro_batch_size)
+        m = num_microbatches(training, c.dp, c.micro_batch_size)
         if c.schedule == "gpipe" and not pins.schedule and c.pp > 1 and m >= c.pp:
             c.status, c.reason = "dominated", "GPipe: same time as 1F1B, more memory"
         elif c.min_memory > capacity:

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.distributed._composable import checkpoint as composable_checkpoint
-from torch.distributed._composable.replicate_with_fsdp import replicate
+from torch.distributed._composable.replicate_with_fsdp import ReplicateModule, replicate
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Replicate, Shard
@@ -362,11 +362,12 @@ def make_optimizers(
 
 
 def gradient_sync(parts: list[nn.Module], enabled: bool) -> None:
-    """Skip the data-parallel reduction on all but the last micro-batch (pp == 1 only)."""
-    from torch.distributed.fsdp import FSDPModule
-
+    """Skip the data-parallel reduction on all but the last micro-batch (pp == 1 only) where
+    it reduces whole gradients: DDP and replicate (ZeRO 0/1). FSDP (ZeRO 2/3) keeps
+    reduce-scattering every micro-batch: skipping it would accumulate unsharded gradients,
+    (1 - 1/dp) of the gradient bytes more than the plan's memory holds."""
     for p in parts:
-        if isinstance(p, FSDPModule):
+        if isinstance(p, ReplicateModule):
             p.set_requires_gradient_sync(enabled)
         elif isinstance(p, DistributedDataParallel):
             p.require_backward_grad_sync = enabled

@@ -50,12 +50,8 @@ def _local_step(built: Built, mf: ModelFile, step: int, device: torch.device) ->
     if built.schedule is None:
         chunks = micro_batches((inputs, targets), gbs // dp, mbs)
         model, total = built.parts[0], 0.0
-        # DDP and replicate (ZeRO 0/1) reduce once, after the last micro-batch. FSDP (ZeRO 2/3)
-        # reduce-scatters every micro-batch: skipping it would accumulate unsharded gradients,
-        # (1 - 1/dp) of the stage's gradient bytes more than the plan's memory holds.
-        sharded = plan["zero_stage"] >= 2
         for j, (x, y) in enumerate(chunks):
-            gradient_sync(built.parts, sharded or j == len(chunks) - 1)
+            gradient_sync(built.parts, j == len(chunks) - 1)
             with _sequence_share(built, x, y) as (x, kwargs, y):
                 loss = mf.loss(model(*x, **kwargs), y)
                 (loss / len(chunks)).backward()
