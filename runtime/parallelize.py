@@ -280,7 +280,8 @@ def apply_data_parallel(
     if dp_mesh.size() == 1 and zero in (0, 1) and mp.param_dtype is None:
         # One replica: nothing to reduce. A wrapper would only add its hooks to every micro-batch
         # and (replicate) turn the parameters into DTensors whose optimizer step dispatches
-        # several times slower on a CPU: measured 5-8 ms a step on a GPT-small pipeline stage.
+        # several times slower on a CPU: a GPT-small 2-stage pipeline, 4 micro-batches, ran
+        # 84-94 ms a step with it and 71-79 ms without on the development VM.
         return root
     if zero == 0 and (has_dtensors or mp.param_dtype is not None or pipelined):
         # DDP can neither hold TP's DTensors nor cast parameters for mixed precision, and a
