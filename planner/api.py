@@ -156,6 +156,7 @@ def plan(
     global_batch_size: int | None = None,
     dtype: str | None = None,
     optimizer: str | None = None,
+    lr: float | None = None,
     pins: Any = None,
     use_cache: bool = True,
     progress: Any = None,
@@ -180,6 +181,7 @@ def plan(
         ("global_batch_size", global_batch_size),
         ("dtype", dtype),
         ("optimizer", optimizer),
+        ("lr", lr),
     ):
         if value is not None:
             training_cfg[key] = value

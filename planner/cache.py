@@ -1,12 +1,15 @@
 """On-disk cache of traced OpGraphs, so planning the same model again is instant.
 
 The key covers everything a trace depends on: the model file's bytes, the build_model arguments,
-the micro-batch size, the dtype, and the versions of torch, transformers (if loaded) and of the
-trace format itself. Entries are written atomically; a corrupt entry is ignored and replaced.
+the micro-batch size, the dtype, the versions of torch, transformers (if loaded) and of the
+trace format itself, and a hash of the code that writes a trace (the tracer, the op costs and
+the model-file loader), so an edited tracer never reads traces an older one wrote. Entries are
+written atomically; a corrupt entry is ignored and replaced.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -19,6 +22,17 @@ import torch
 from planner.atomic import write_text_atomic
 
 TRACE_FORMAT = 8  # bump when the OpGraph's attributes change
+# The modules whose code decides what a cached trace holds.
+TRACE_CODE = ("trace.py", "opcost.py", "modelfile.py", "cache.py")
+
+
+@functools.cache
+def trace_code_hash() -> str:
+    here = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for name in TRACE_CODE:
+        digest.update((here / name).read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def cache_dir() -> Path:
@@ -30,7 +44,7 @@ def cache_dir() -> Path:
 
 
 def trace_key(sha256: str, args: dict, micro_batch_size: int, dtype: str) -> str:
-    versions = {"torch": torch.__version__, "format": TRACE_FORMAT}
+    versions = {"torch": torch.__version__, "format": TRACE_FORMAT, "code": trace_code_hash()}
     try:  # models built with transformers trace differently across its versions
         versions["transformers"] = importlib.metadata.version("transformers")
     except importlib.metadata.PackageNotFoundError:

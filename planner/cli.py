@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 
 from planner.errors import MeshplanError, UserInputError
 from planner.modelfile import DTYPES, OPTIMIZERS, parse_model_args
-from planner.runflags import add_run_flags, positive_int
+from planner.runflags import add_run_flags, positive_float, positive_int
 
 
 def _lazy(module: str) -> Callable[[list[str]], int]:
@@ -61,6 +61,7 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--global-batch-size", type=positive_int, help="overrides TRAINING")
     p.add_argument("--dtype", choices=sorted(DTYPES), help="overrides TRAINING")
     p.add_argument("--optimizer", choices=OPTIMIZERS, help="overrides TRAINING")
+    p.add_argument("--lr", type=positive_float, help="learning rate; overrides TRAINING")
     p.add_argument("--no-cache", action="store_true", help="trace again even if cached")
 
 
@@ -124,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
 def resolve_training(mf, args: argparse.Namespace) -> dict:
     """TRAINING defaults from the model file, overridden by flags."""
     training = dict(mf.training)
-    for key in ("global_batch_size", "dtype", "optimizer"):
+    for key in ("global_batch_size", "dtype", "optimizer", "lr"):
         value = getattr(args, key, None)
         if value is not None:
             training[key] = value
@@ -214,6 +215,7 @@ def run_planning(args: argparse.Namespace, mf, command: str) -> int:
             global_batch_size=args.global_batch_size,
             dtype=args.dtype,
             optimizer=args.optimizer,
+            lr=args.lr,
             pins=pins,
             use_cache=not args.no_cache,
             progress=progress.update,

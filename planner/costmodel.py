@@ -355,8 +355,8 @@ def block_options(
         fwd_full += e_fwd * (factor - 1)
         bwd_full += e_bwd * (factor - 1)
         # dispatch + combine in forward, their gradients in backward
-        a2a = all_to_all_bytes(moe, scale, ep, training)
-        one = collective_time("all_to_all", a2a / 2, cluster, ep_ranks or [0])
+        buffer = dispatch_bytes(moe, scale, training) if ep > 1 else 0.0
+        one = collective_time("all_to_all", buffer, cluster, ep_ranks or [0])
         a2a_f = a2a_b = 2 * one
     options: list[BlockOption] = []
     for v in variants:
@@ -462,16 +462,15 @@ def expert_nodes(graph, block: Block) -> list[str]:
     return [n for n in block.nodes if in_modules(graph.nodes[n]["module"], mods)]
 
 
-def all_to_all_bytes(moe: dict, scale: float, ep: int, training: Training) -> float:
-    """Bytes one rank sends to other ranks per mixture-of-experts layer per pass (dispatch plus
-    combine): routed rows (tokens x top-k, times the capacity factor and, under expert
-    parallelism, the imbalance) x width x activation bytes x (ep - 1)/ep, twice.
-    Switch Transformer Sec. 5.4's E * C * d per direction, with C the per-expert capacity."""
-    if ep <= 1:
-        return 0.0
+def dispatch_bytes(moe: dict, scale: float, training: Training) -> float:
+    """One rank's buffer of one expert-parallel all-to-all (a dispatch or a combine, in one
+    pass): its routed rows (tokens x top-k, times the capacity factor and, under expert
+    parallelism, the imbalance) x width x activation bytes. The ring formula sends
+    (ep - 1)/ep of it to other ranks: Switch Transformer Sec. 5.4's E * C * d per direction,
+    C the per-expert capacity."""
     act = 2 if training.mixed else 4
     rows = moe["routed_rows"] * scale * training.moe_capacity_factor * training.moe_imbalance
-    return 2 * rows * moe["width"] * act * (ep - 1) / ep
+    return rows * moe["width"] * act
 
 
 # --------------------------------------------------------------------------- memory
@@ -703,9 +702,11 @@ def optimizer_time(inp: CostInputs, opts: list[BlockOption], config: Config) -> 
 
 
 def offload_time(inp: CostInputs, opts: list[BlockOption], config: Config, m: int) -> float:
-    """Host<->device traffic per step. "optimizer": gradients down and updated weights up once
-    per step. "optimizer+params": also the weights up for every micro-batch's forward and
-    backward and the gradients down after each micro-batch."""
+    """Host<->device traffic per step. "optimizer" (ZeRO-Offload): gradients down and updated
+    weights up once per step. "optimizer+params" (FSDP2's CPUOffloadPolicy): the weight shards
+    live on the host, are copied up for every micro-batch's forward and again for its backward,
+    and each micro-batch's reduce-scattered gradient shard is copied down; the optimizer
+    updates them where they live, so nothing goes up after the step."""
     wb, gb, _ = inp.training.state_bytes
     bw = inp.cluster.profile.host_bandwidth
     dp = config.mesh.replicas if config.zero_stage >= 1 else 1
@@ -715,7 +716,7 @@ def offload_time(inp: CostInputs, opts: list[BlockOption], config: Config, m: in
         if o.offload == "optimizer":
             t += shard * (gb + wb) / bw
         elif o.offload == "optimizer+params":
-            t += shard * (2 * m * wb + m * gb + wb) / bw
+            t += shard * m * (2 * wb + gb) / bw
     return t
 
 

@@ -133,7 +133,12 @@ def _drop_traced_causal_masks(exported: torch.export.ExportedProgram) -> None:
         ):
             continue
         kwargs = {key: v for key, v in node.kwargs.items() if key not in ("attn_mask", "is_causal")}
-        node.args = tuple(node.args[:3])
+        q, k, v = node.args[:3]
+        kv = _compact_grouped(k), _compact_grouped(v)
+        if all(x is not None for x in kv):
+            k, v = kv
+            kwargs["enable_gqa"] = True
+        node.args = (q, k, v)
         node.kwargs = {**kwargs, "attn_mask": None, "is_causal": True}
         changed = True
     if changed:
@@ -152,6 +157,41 @@ def _drop_traced_causal_masks(exported: torch.export.ExportedProgram) -> None:
             for n in lone:
                 gm.graph.erase_node(n)
         gm.recompile()
+
+
+def _compact_grouped(kv: Any) -> torch.fx.Node | None:
+    """The compact key or value behind grouped-query attention's head repeat, if ``kv`` is one:
+    ``reshape(expand(unsqueeze(x, 2), [b, g, r, s, d]), [b, g * r, s, d])`` -> ``x``.
+
+    transformers repeats the g key/value heads r times when a mask is passed (which exporting
+    makes it do), and hands SDPA the compact heads with ``enable_gqa`` when none is (eager
+    training): the fused kernel then keeps g heads, not g * r, for backward."""
+    aten = torch.ops.aten
+    if not isinstance(kv, torch.fx.Node) or kv.target not in (
+        aten.reshape.default,
+        aten.view.default,
+        aten._unsafe_view.default,
+    ):
+        return None
+    expand = kv.args[0]
+    if not isinstance(expand, torch.fx.Node) or expand.target is not aten.expand.default:
+        return None
+    unsqueeze = expand.args[0]
+    if (
+        not isinstance(unsqueeze, torch.fx.Node)
+        or unsqueeze.target is not aten.unsqueeze.default
+        or unsqueeze.args[1] != 2
+    ):
+        return None
+    src = unsqueeze.args[0]
+    shape = getattr(src.meta.get("val"), "shape", None) if isinstance(src, torch.fx.Node) else None
+    out = getattr(kv.meta.get("val"), "shape", None)
+    if shape is None or out is None or len(shape) != 4 or len(out) != 4:
+        return None
+    b, g, s, d = shape
+    if (out[0], out[2], out[3]) != (b, s, d) or out[1] % g or out[1] == g:
+        return None
+    return src
 
 
 def _depends_on(node: torch.fx.Node, names: set[str]) -> bool:
@@ -233,6 +273,12 @@ def _graph_from_export(exported: torch.export.ExportedProgram, model: torch.nn.M
     for spec in sig.input_specs:
         kind = spec.kind.name.lower()  # parameter | buffer | constant_tensor | user_input
         kinds[spec.arg.name] = (kind, spec.target or spec.arg.name)
+    # Parameters that train: a frozen weight (requires_grad False) needs no gradient, and a
+    # product of it with an activation that needs none has no backward at all.
+    grads = {n: p.requires_grad for n, p in model.named_parameters(remove_duplicate=False)}
+    trainable = {
+        name for name, (kind, fqn) in kinds.items() if kind == "parameter" and grads.get(fqn, True)
+    }
     graph = nx.DiGraph()
     order = 0
     for node in gm.graph.nodes:
@@ -272,13 +318,13 @@ def _graph_from_export(exported: torch.export.ExportedProgram, model: torch.nn.M
             for a in in_nodes
             if a.op == "placeholder" and kinds.get(a.name, ("",))[0] == "parameter"
         ]
-        requires_grad = bool(param_fqns) or any(
+        requires_grad = any(a.name in trainable for a in in_nodes) or any(
             graph.nodes[a.name].get("requires_grad", False) for a in in_nodes if a.name in graph
         )
         out_bytes = sum(tensor_bytes(o) for o in outs)
         fwd = forward_flops(op, in_shapes, _shape(outs[0]) if outs else None)
         needs_grad = [
-            (a.op == "placeholder" and kinds.get(a.name, ("",))[0] == "parameter")
+            (a.op == "placeholder" and a.name in trainable)
             or (a.name in graph and graph.nodes[a.name].get("requires_grad", False))
             for a in _tensor_args(node)
         ]
@@ -469,6 +515,12 @@ class _SavedTensorInterpreter(torch.fx.Interpreter):
         scale = args[6] if len(args) > 6 else kwargs.get("scale")
         # Masks built from shapes alone are gone by now (_drop_traced_causal_masks): one left
         # depends on the inputs. Grouped-query k and v stay compact, as fused kernels keep them.
+        # SDPA turns a boolean mask into an additive one of the query's dtype before it calls a
+        # fused kernel (torch's convert_boolean_attn_mask), and that is the mask it keeps.
+        if isinstance(mask, torch.Tensor) and mask.dtype == torch.bool:
+            mask = torch.zeros(mask.shape, dtype=q.dtype, device=mask.device).masked_fill(
+                mask.logical_not(), float("-inf")
+            )
         try:
             both = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(
                 q, k, v, dropout, causal, attn_mask=mask, scale=scale
@@ -506,11 +558,8 @@ def _measure_saved(
             continue
         t = state[spec.target]
         if isinstance(t, torch.Tensor):
-            t = (
-                t.detach()
-                .to("meta")
-                .requires_grad_(spec.kind.name.lower() == "parameter" and t.is_floating_point())
-            )
+            trains = spec.kind.name.lower() == "parameter" and t.is_floating_point()
+            t = t.detach().to("meta").requires_grad_(trains and t.requires_grad)
             key = _storage_key(t)
             if key is not None:
                 static.add(key)

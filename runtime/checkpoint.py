@@ -24,6 +24,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from runtime.build import Built
 
@@ -47,8 +48,19 @@ def latest_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
     return max(found) if found else None
 
 
-def _zero1(built: Built) -> bool:
-    return built.plan["zero_stage"] == 1
+def _zero1(opt: Any) -> bool:
+    return isinstance(opt, ZeroRedundancyOptimizer)
+
+
+def _pairs(built: Built) -> list[tuple[int, Any, Any]]:
+    """(index, module part, optimizer) for every optimizer: a part may have two (ZeRO-1 keeps
+    expert-parallel experts on a plain optimizer beside its ZeroRedundancyOptimizer)."""
+    found = []
+    for i, opt in enumerate(built.optimizers):
+        ids = {id(p) for g in opt.param_groups for p in g["params"]}
+        part = next(m for m in built.parts if any(id(p) in ids for p in m.parameters()))
+        found.append((i, part, opt))
+    return found
 
 
 def _zero1_key(built: Built, i: int) -> str:
@@ -61,6 +73,8 @@ def _init_zero1_state(built: Built) -> None:
     """Create the local optimizer's state tensors (a zero-lr step on zero gradients), so that
     loading has tensors to load into."""
     for opt in built.optimizers:
+        if not _zero1(opt):
+            continue
         inner = opt.optim
         for group in inner.param_groups:
             group["_lr"], group["lr"] = group["lr"], 0.0
@@ -77,9 +91,10 @@ def _init_zero1_state(built: Built) -> None:
 def _state(built: Built, step: int) -> dict[str, Any]:
     model: dict[str, Any] = {}
     optim: dict[str, Any] = {}
-    for i, (part, opt) in enumerate(zip(built.parts, built.optimizers)):
+    for part in built.parts:
         model.update(get_model_state_dict(part))
-        if _zero1(built):
+    for i, part, opt in _pairs(built):
+        if _zero1(opt):
             optim[_zero1_key(built, i)] = opt.optim.state_dict()
         else:
             optim.update(get_optimizer_state_dict(part, opt, options=_OPTS))
@@ -105,14 +120,14 @@ def save_checkpoint(built: Built, run_dir: Path, step: int) -> Path:
 
 def load_checkpoint(built: Built, path: Path) -> int:
     """Load model and optimizer states in place; returns the step the checkpoint was taken at."""
-    if _zero1(built):
-        _init_zero1_state(built)
+    _init_zero1_state(built)
     state = _state(built, 0)
     dcp.load(state, checkpoint_id=str(path))
-    for i, (part, opt) in enumerate(zip(built.parts, built.optimizers)):
+    for part in built.parts:
         names = set(get_model_state_dict(part))
         set_model_state_dict(part, {k: v for k, v in state["model"].items() if k in names})
-        if _zero1(built):
+    for i, part, opt in _pairs(built):
+        if _zero1(opt):
             opt.optim.load_state_dict(state["optim"][_zero1_key(built, i)])
         else:
             own = set(get_optimizer_state_dict(part, opt, options=_OPTS))

@@ -3,14 +3,24 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 
+# SGD keeps a momentum buffer, as the cost model prices it (one state per parameter,
+# planner.costmodel.STATE_BYTES): plain SGD without momentum is rarely what anyone trains with.
+SGD_MOMENTUM = 0.9
+
 
 def optimizer_class(name: str) -> type[torch.optim.Optimizer]:
-    """``adamw`` -> AdamW, ``sgd`` -> SGD, both with torch's defaults besides the learning rate."""
+    """``adamw`` -> AdamW, ``sgd`` -> SGD; ``optimizer_kwargs`` gives their arguments."""
     return {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}[name]
 
 
+def optimizer_kwargs(name: str, lr: float) -> dict[str, Any]:
+    """torch's defaults besides the learning rate, and momentum 0.9 for SGD."""
+    return {"lr": lr, **({"momentum": SGD_MOMENTUM} if name == "sgd" else {})}
+
+
 def make_optimizer(params: Iterable[torch.nn.Parameter], name: str, lr: float):
-    return optimizer_class(name)(params, lr=lr)
+    return optimizer_class(name)(params, **optimizer_kwargs(name, lr))

@@ -338,15 +338,15 @@ def make_optimizers(
     its device swaps DTensor parameters' contents in place, so no mark on them survives)."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
-    from runtime.optim import optimizer_class
+    from runtime.optim import optimizer_class, optimizer_kwargs
 
     cls = optimizer_class(plan["optimizer"])
-    lr = float(plan.get("lr", 3e-4))
+    kwargs = optimizer_kwargs(plan["optimizer"], float(plan.get("lr", 3e-4)))
     if plan["zero_stage"] == 1:
         # Expert-parallel experts differ between dp ranks: ZeRO-1 over dp would overwrite them
         # with their owner's copy, so they keep a plain optimizer.
         own = {id(q) for q in experts or []}
-        plain = [cls(list(experts), lr=lr)] if experts else []
+        plain = [cls(list(experts), **kwargs)] if experts else []
         return plain + [
             ZeroRedundancyOptimizer(
                 [q for q in p.parameters() if id(q) not in own],
@@ -355,11 +355,11 @@ def make_optimizers(
                 # One broadcast per bucket after the step, not one per parameter: on gloo each
                 # call costs ~0.3 ms, and the cost model prices one all-gather.
                 parameters_as_bucket_view=True,
-                lr=lr,
+                **kwargs,
             )
             for p in parts
         ]
-    return [cls(p.parameters(), lr=lr) for p in parts]
+    return [cls(p.parameters(), **kwargs) for p in parts]
 
 
 def gradient_sync(parts: list[nn.Module], enabled: bool) -> None:

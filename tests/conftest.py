@@ -5,12 +5,19 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("MESHPLAN_DETERMINISTIC", "1")
+# The tests trace into their own cache, never the user's: a fresh directory per session, or
+# MESHPLAN_TEST_CACHE when a caller shares one between sessions (benchmarks/mutants.py; the
+# trace key holds a hash of the tracer's code, so a changed tracer never reads an old trace).
+os.environ["MESHPLAN_CACHE"] = os.environ.get("MESHPLAN_TEST_CACHE") or tempfile.mkdtemp(
+    prefix="meshplan-test-cache-"
+)
 
 from planner.blocks import Block  # noqa: E402
 from planner.cluster import Cluster  # noqa: E402

@@ -209,11 +209,13 @@ def measured(tmp_path_factory):
     return out, time.perf_counter() - start
 
 
+@pytest.mark.distributed
 def test_quick_calibration_is_quick(measured):
     _, seconds = measured
     assert seconds < 60
 
 
+@pytest.mark.distributed
 def test_measured_profile_round_trips(measured):
     path, _ = measured
     p = load_profile(str(path))
@@ -229,6 +231,7 @@ def test_measured_profile_round_trips(measured):
     assert path.read_text().startswith("# Measured by `plan calibrate")
 
 
+@pytest.mark.distributed
 def test_measured_numbers_are_positive_finite_and_physical(measured):
     p = load_profile(str(measured[0]))
     values = [*p.peak_flops.values(), p.memory_bytes, p.memory_bandwidth, p.host_bandwidth]
@@ -253,6 +256,7 @@ def test_measured_numbers_are_positive_finite_and_physical(measured):
     assert p.dtensor_op_overhead < p.tp_gather_overhead < 0.1
 
 
+@pytest.mark.distributed
 def test_plan_with_the_measured_profile(measured):
     from planner.api import plan
 

@@ -51,6 +51,7 @@ def test_unknown_model_arg_names_the_argument(tmp_path, capsys, monkeypatch):
     assert code == 2 and "colour" in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.distributed
 def test_real_process_exit_status_and_stderr(tmp_path):
     env_cache = {"MESHPLAN_CACHE": str(tmp_path)}
     import os

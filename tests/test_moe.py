@@ -11,7 +11,7 @@ import pytest
 from planner.api import plan, trace, variants_for
 from planner.cluster import make_cluster
 from planner.collectives import collective_time
-from planner.costmodel import Training, all_to_all_bytes, block_options, option_states
+from planner.costmodel import Training, block_options, dispatch_bytes, option_states
 from planner.modelfile import load_model_file
 from planner.search import Pins
 
@@ -47,18 +47,24 @@ def test_tracer_finds_experts_and_counts_routed_flops(path):
 @pytest.mark.parametrize("size,top_k", [("tiny-top1", 1), ("tiny", 2)])
 @pytest.mark.parametrize("ep", [2, 4])
 @pytest.mark.parametrize("mbs", [1, 4])
-def test_all_to_all_volume_is_the_closed_form(size, top_k, ep, mbs):
-    """Switch Transformer Sec. 5.4: per MoE layer and pass, tokens x hidden x bytes x
-    (ep - 1)/ep leave each rank in the dispatch and as much in the combine (tokens counted
-    once per chosen expert)."""
-    _, blocks = _moe_blocks(MOE, size=size)
-    moe = blocks[0].extra["moe"]
-    tokens, hidden, nbytes = 32 * mbs, 64, 2
-    want = tokens * top_k * hidden * nbytes * (ep - 1) / ep * 2
-    assert all_to_all_bytes(moe, mbs, ep, BF16) == pytest.approx(want, rel=1e-12)
-    assert all_to_all_bytes(moe, mbs, 1, BF16) == 0.0
-    padded = Training(8, "bf16", "adamw", moe_capacity_factor=1.25)
-    assert all_to_all_bytes(moe, mbs, ep, padded) == pytest.approx(1.25 * want, rel=1e-12)
+def test_all_to_all_time_is_the_closed_form(size, top_k, ep, mbs):
+    """Switch Transformer Sec. 5.4: per MoE layer and pass, each rank holds tokens x top-k x
+    hidden x bytes to dispatch (tokens counted once per chosen expert), of which (ep - 1)/ep
+    leaves the rank, and as much comes back in the combine; an all-to-all of that runs at the
+    link's bandwidth with ep - 1 latencies (nccl-tests)."""
+    traced, blocks = _moe_blocks(MOE, size=size)
+    blk = blocks[0]
+    cluster, _ = make_cluster(8, "h100-sxm", None, None)
+    p = cluster.profile
+    bw, lat = p.intra_node_bandwidth * p.collective_efficiency, p.intra_node_latency
+    variants = variants_for(traced.graph, cluster, "auto")(blk, 1)
+    ranks = list(range(ep))
+    for tr, factor in ((BF16, 1.0), (Training(8, "bf16", "adamw", moe_capacity_factor=1.25), 1.25)):
+        spread = block_options(traced.graph, blk, variants, mbs, cluster, [0], tr, ep_ranks=ranks)
+        buffer = 32 * mbs * top_k * 64 * 2 * factor
+        one = (ep - 1) / ep * buffer / bw + (ep - 1) * lat
+        assert spread[0].ep_comm_s == pytest.approx(4 * one, rel=1e-12)
+        assert dispatch_bytes(blk.extra["moe"], mbs, tr) == pytest.approx(buffer, rel=1e-12)
 
 
 def test_expert_parallel_options_price_memory_and_all_to_alls():
@@ -71,9 +77,7 @@ def test_expert_parallel_options_price_memory_and_all_to_alls():
     experts = blk.extra["moe"]["expert_params"]
     assert spread.params == pytest.approx(plain.params - experts / 2)
     assert spread.expert_params == pytest.approx(experts / 2)
-    one = collective_time(
-        "all_to_all", all_to_all_bytes(blk.extra["moe"], 2, 2, BF16) / 2, cluster, [0, 1]
-    )
+    one = collective_time("all_to_all", dispatch_bytes(blk.extra["moe"], 2, BF16), cluster, [0, 1])
     assert one > 0
     assert spread.ep_comm_s == pytest.approx(4 * one)  # dispatch + combine, forward and back
     assert spread.time_s == pytest.approx(plain.time_s + 4 * one)

@@ -91,6 +91,7 @@ def test_valid_plans_pass_and_text_mutations_fail_cleanly(valid_plans, tmp_path)
             load_plan(path)
 
 
+@pytest.mark.distributed
 def test_byte_identical_across_hash_seeds_and_threads(tmp_path):
     outs = []
     for i, (seed, threads) in enumerate((("0", "1"), ("12345", "2"))):

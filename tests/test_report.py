@@ -299,6 +299,7 @@ def test_no_label_overlaps_another_or_leaves_the_figure(case):
 # --------------------------------------------------------------------------- the browser
 
 
+@pytest.mark.distributed
 def test_page_renders_every_figure_in_headless_chromium(planned, tmp_path):
     name, _, out, _ = planned("gpt-1024")  # one page is enough for the browser: the largest
     browser = shutil.which("chromium") or shutil.which("chromium-browser")

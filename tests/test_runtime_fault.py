@@ -11,14 +11,17 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
-from test_runtime_oracle import forced_plan
+from runs import forced_plan
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from planner.api import plan as make_plan
 from planner.plan import write_plan
 from planner.search import Pins
 from runtime.launch import worker_env
+
+pytestmark = pytest.mark.distributed  # every test here launches processes
 
 STEPS = 8
 EVERY = 2

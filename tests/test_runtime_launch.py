@@ -10,14 +10,15 @@ import threading
 from pathlib import Path
 
 import pytest
-from test_runtime_oracle import RTOL, forced_plan, launch, losses_of
+from oracle import reference_for_plan
+from runs import forced_plan, launch, losses_of
 
 from planner.cli import main as plan_main
 from planner.errors import UserInputError
 from runtime.launch import run_plan
-from runtime.reference import reference_for_plan
 
 ROOT = Path(__file__).resolve().parent.parent
+RTOL = 1e-4
 
 
 def opts(**kw) -> argparse.Namespace:
@@ -149,6 +150,7 @@ def test_resume_without_checkpoint_is_refused(mlp_plan, tmp_path):
         run_plan(mlp_plan, opts(resume=True, run_dir=str(tmp_path)))
 
 
+@pytest.mark.distributed
 def test_two_nodes_on_localhost_match_one_process(mlp_plan, tmp_path):
     """Two torchrun launches (--nnodes 2, node ranks 0 and 1, c10d on 127.0.0.1)."""
     endpoint = f"127.0.0.1:{free_port()}"
@@ -168,7 +170,7 @@ def test_two_nodes_on_localhost_match_one_process(mlp_plan, tmp_path):
         t.join(timeout=400)
     assert codes == {0: 0, 1: 0}
     got = losses_of(run_dir)
-    want = reference_for_plan(json.loads(mlp_plan.read_text()), 5)
+    want = reference_for_plan(json.loads(mlp_plan.read_text()), 5).losses
     assert len(got) == 5
     for g, w in zip(got, want):
         assert abs(g - w) <= RTOL * abs(w)
@@ -182,6 +184,7 @@ CHECKPOINT_CASES = [
 ]
 
 
+@pytest.mark.distributed
 def test_resume_from_checkpoint_continues_the_same_run(tmp_path):
     """Steps 1-3 with a checkpoint at 3, then a new launch resumes and trains steps 4-5: the
     losses equal the uninterrupted one-process run's, step for step."""
@@ -203,7 +206,7 @@ def test_resume_from_checkpoint_continues_the_same_run(tmp_path):
     assert log.count("resuming from") == len(plans)
     assert "step 4/5" in log and "step 1/5" not in log  # only steps 4-5 were trained again
     for (model, _), p, d in zip(CHECKPOINT_CASES, plans, dirs):
-        want = reference_for_plan(json.loads(p.read_text()), 5)
+        want = reference_for_plan(json.loads(p.read_text()), 5).losses
         got = losses_of(d)
         assert len(got) == 5, f"{model}: {got}"
         for step, (g, w) in enumerate(zip(got, want), start=1):

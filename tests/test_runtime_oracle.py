@@ -1,33 +1,48 @@
-"""The runtime's oracle: every plan trains like one process.
+"""The runtime's oracle: every plan trains like one process, parameter for parameter.
 
 For tiny GPT, tiny Llama (HF LlamaForCausalLM) and the tiny residual MLP, and the tiny
 mixture-of-experts models (examples/moe.py, HF MixtralForCausalLM) under expert parallelism,
-each plan below is forced with Pins, trained for 5 steps on CPU/gloo, and its per-step losses
-must match ``runtime.reference`` (one process, fp32) to 1e-4 relative. Plans of one world size
-run in ONE torchrun launch (``runtime.worker --plans ...``) to keep the suite within CI's budget.
+each plan below is forced with Pins, trained for 5 steps on CPU/gloo, and must match one-process
+training (``tests/oracle.py``): per-step losses to 1e-4 relative, and every parameter and
+buffer after the last step (read back from the run's distributed checkpoint) within 1e-3 of how
+far that tensor moved in one process. Every tensor that receives a gradient must move 100
+times farther than that, so a frozen tensor fails. Each configuration runs once with SGD with
+momentum at a learning rate that moves the parameters by percents (a gradient off by a
+constant factor fails: AdamW would normalise it away) and once, with recompute, with AdamW.
+Plans of one world size run in ONE torchrun launch (``runtime.worker --plans ...``) to keep the
+suite within CI's budget; only the cases ``pytest -k`` selects are launched.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from oracle import (
+    Reference,
+    checkpoint_model_state,
+    parameter_mismatches,
+    reference_for_plan,
+    unmoved_parameters,
+)
+from runs import forced_plan, launch, losses_of
 
-from planner.api import plan as make_plan
-from planner.plan import write_plan
-from planner.search import Pins
-from runtime.launch import torchrun_command, worker_env
-from runtime.reference import reference_for_plan
+pytestmark = pytest.mark.distributed
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS = 5
 RTOL = 1e-4
 MODELS = ("gpt", "llama", "mlp")
+# SGD's learning rate per model: as large as keeps five steps stable, so every tensor moves
+# far beyond the comparison's tolerance; AdamW moves every weight by about lr per step.
+SGD_LR = {"mlp": 0.1}
+SGD_LR_DEFAULT = 0.5
+ADAMW_LR = 3e-3
 
 # (id, world, pins, models): every model runs every configuration with and without recompute
 # (full or selective, alternating over configurations). MESHPLAN_RUNTIME_QUICK=1 runs only the
@@ -146,118 +161,121 @@ EXTRA: list[tuple[str, str, int, dict]] = [
 ]
 
 
-def _cases(full: bool) -> list[tuple[str, str, int, dict]]:
-    """Every configuration for every model, with and without recompute (``full``); otherwise
-    each configuration's listed models without, and one of them (rotating) with."""
+@dataclass(frozen=True)
+class Case:
+    id: str
+    model: str
+    world: int
+    pins: dict = field(hash=False)
+    optimizer: str = "sgd"
+
+    @property
+    def lr(self) -> float:
+        return SGD_LR.get(self.model, SGD_LR_DEFAULT) if self.optimizer == "sgd" else ADAMW_LR
+
+
+def _cases(full: bool) -> list[Case]:
+    """Every configuration for every model, with SGD and no recompute and with AdamW and
+    recompute (``full``); otherwise each configuration's listed models with SGD, and one of
+    them (rotating) with AdamW and recompute."""
     cases = []
     for i, (cid, world, pins, models) in enumerate(CONFIGS + MOE_CONFIGS):
         models = MODELS if full and i < len(CONFIGS) else models
         for j, model in enumerate(models):
-            cases.append((f"{model}-{cid}", model, world, {**pins, "recompute": "none"}))
+            cases.append(Case(f"{model}-{cid}", model, world, {**pins, "recompute": "none"}))
             # Selective recompute only differs from none where attention materialises its
             # scores (our GPT); the planner pins Llama (SDPA) and the MLP to "none" for it.
             rc = "selective" if i % 2 == 1 and model == "gpt" else "full"
             if full or j == i % len(models):
-                cases.append((f"{model}-{cid}-{rc}", model, world, {**pins, "recompute": rc}))
-    for cid, model, world, pins in EXTRA:
-        cases.append((f"{model}-{cid}", model, world, {"recompute": "none", **pins}))
+                cases.append(
+                    Case(f"{model}-{cid}-{rc}", model, world, {**pins, "recompute": rc}, "adamw")
+                )
+    for k, (cid, model, world, pins) in enumerate(EXTRA):
+        opt = "sgd" if k % 2 == 0 else "adamw"
+        cases.append(Case(f"{model}-{cid}", model, world, {"recompute": "none", **pins}, opt))
     return cases
 
 
 CASES = _cases(os.environ.get("MESHPLAN_RUNTIME_QUICK") != "1")
 
 
-def forced_plan(model: str, world: int, out: Path, layers: int | None = None, **pins) -> Path:
-    """A plan.json with the mesh, schedule, ZeRO stage and recompute pinned (fp32, batch 8), of
-    the tiny model (with ``layers`` layers when given)."""
-    pins.setdefault("offload", "none")
-    if pins.get("tp", 1) > 1:
-        pins.setdefault("tp_variant", "sharded")
-    path = ROOT / "examples" / f"{model}.py"
-    if not path.exists():
-        path = ROOT / "tests" / "models" / f"{model}.py"
-    result = make_plan(
-        path,
-        world,
-        model_args={"size": "tiny", **({"layers": layers} if layers else {})},
-        profile="cpu",
-        global_batch_size=8,
-        dtype="fp32",
-        pins=Pins(**pins),
+def ref_key(plan: dict) -> str:
+    """Plans of one model, arguments, batch sizes and optimizer share one reference."""
+    fields = ("global_batch_size", "micro_batch_size", "optimizer", "lr")
+    return json.dumps(
+        [plan["model"]["file"], plan["model"].get("args", {})] + [plan[f] for f in fields]
     )
-    return write_plan(result.plan, out)
 
 
-def launch(plans: list[Path], run_dirs: list[Path], world: int, *extra: str) -> tuple[int, str]:
-    args = ["--plans", *map(str, plans), "--run-dirs", *map(str, run_dirs), "--steps", str(STEPS)]
-    env = worker_env()
-    env["MESHPLAN_HANG_TIMEOUT_S"] = "240"  # a hung collective fails the test, not CI
-    proc = subprocess.run(
-        torchrun_command(world, [*args, *extra]),
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
-    return proc.returncode, proc.stdout + proc.stderr
+@dataclass
+class OracleRuns:
+    base: Path
+    logs: dict[str, tuple[int, str]]
+    refs: dict[str, Reference]
 
 
-def losses_of(run_dir: Path) -> list[float]:
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line)["loss"] for line in path.read_text().splitlines()]
-
-
-def ref_key(model: str, plan: dict) -> str:
-    """Plans of one model, arguments and micro-batch size share one one-process reference."""
-    args = json.dumps(plan["model"].get("args", {}), sort_keys=True)
-    return f"{model}-{args}-{plan['micro_batch_size']}"
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict:
-    """Every case planned, then one torchrun launch per world size."""
-    os.environ.setdefault("MESHPLAN_CACHE", str(tmp_path_factory.mktemp("cache")))
+@pytest.fixture(scope="session")
+def runs(request, tmp_path_factory) -> OracleRuns:
+    """The selected cases planned, then one torchrun launch per world size, each plan
+    checkpointed after its last step; and the one-process reference of each."""
+    chosen = {
+        item.callspec.params["case"].id
+        for item in request.session.items
+        if getattr(item, "callspec", None) and isinstance(item.callspec.params.get("case"), Case)
+    }
     base = tmp_path_factory.mktemp("oracle")
     by_world: dict[int, list[tuple[str, Path, Path]]] = {}
-    for cid, model, world, pins in CASES:
-        run_dir = base / cid
-        path = forced_plan(model, world, run_dir, **pins)
-        by_world.setdefault(world, []).append((cid, path, run_dir))
+    for case in CASES:
+        if case.id not in chosen:
+            continue
+        run_dir = base / case.id
+        path = forced_plan(
+            case.model, case.world, run_dir, optimizer=case.optimizer, lr=case.lr, **case.pins
+        )
+        by_world.setdefault(case.world, []).append((case.id, path, run_dir))
     logs, walls = {}, {}
     for world, items in sorted(by_world.items()):
         t0 = time.perf_counter()
-        rc, log = launch([p for _, p, _ in items], [d for _, _, d in items], world)
-        walls[world] = time.perf_counter() - t0
+        plans, dirs = [p for _, p, _ in items], [d for _, _, d in items]
+        rc, log = launch(plans, dirs, world, "--checkpoint-every", str(STEPS), steps=STEPS)
+        walls[world] = round(time.perf_counter() - t0, 1)
         (base / f"launch-world{world}.log").write_text(log)
         for cid, _, _ in items:
             logs[cid] = (rc, log)
     print(f"\nruntime oracle launches (world: seconds): {walls}", file=sys.stderr)
-    refs: dict[str, list[float]] = {}
-    for cid, model, _, _ in CASES:
-        plan = json.loads((base / cid / "plan.json").read_text())
-        key = ref_key(model, plan)
-        if key not in refs:
-            refs[key] = reference_for_plan(plan, STEPS)
-    return {"base": base, "logs": logs, "refs": refs}
+    refs: dict[str, Reference] = {}
+    for items in by_world.values():
+        for _, path, _ in items:
+            plan = json.loads(path.read_text())
+            key = ref_key(plan)
+            if key not in refs:
+                refs[key] = reference_for_plan(plan, STEPS)
+    return OracleRuns(base, logs, refs)
 
 
-@pytest.mark.parametrize("cid,model,world,pins", CASES, ids=[c[0] for c in CASES])
-def test_plan_matches_one_process(runs, cid, model, world, pins):
-    run_dir = runs["base"] / cid
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_plan_trains_like_one_process(runs, case):
+    cid, pins, world = case.id, case.pins, case.world
+    run_dir = runs.base / cid
     plan = json.loads((run_dir / "plan.json").read_text())
     want = {k: pins.get(k, 1) for k in ("pp", "dp", "tp", "ep", "cp")}
     assert plan["mesh"] == want
     assert pins["recompute"] in {b["recompute"] for b in plan["blocks"]}
-    if pins.get("tp_variant") == "sequence" and model in ("gpt", "llama"):
+    assert (plan["optimizer"], plan["lr"]) == (case.optimizer, case.lr)
+    if pins.get("tp_variant") == "sequence" and case.model in ("gpt", "llama"):
         assert any("sp_block" in b["tp_plan"].values() for b in plan["blocks"])
+    ref = runs.refs[ref_key(plan)]
+    assert not unmoved_parameters(ref), "the reference does not move these far enough"
     got = losses_of(run_dir)
-    rc, log = runs["logs"][cid]
+    rc, log = runs.logs[cid]
     assert len(got) == STEPS, f"{cid}: no metrics (torchrun exit {rc})\n{log[-6000:]}"
-    want = runs["refs"][ref_key(model, plan)]
-    for step, (g, w) in enumerate(zip(got, want), start=1):
+    for step, (g, w) in enumerate(zip(got, ref.losses), start=1):
         assert abs(g - w) <= RTOL * abs(w), f"{cid} step {step}: {g} vs one-process {w}"
+    state = checkpoint_model_state(run_dir / "checkpoints" / f"step_{STEPS:06d}")
+    wrong = parameter_mismatches(state, ref)
+    assert not wrong, f"{cid}: {len(wrong)} tensors differ from one process:\n" + "\n".join(
+        wrong[:20]
+    )
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))
     for r in records:

@@ -10,9 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_runtime_oracle import forced_plan
+from runs import forced_plan
 
 from runtime.launch import worker_env
+
+pytestmark = pytest.mark.distributed  # every test here launches processes
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,24 +1,36 @@
 """The stage MILP returns brute force's optimum on random small instances (same discrete space,
-same cost model), and its objective is the cost model's own step time for the plan it picks."""
+same cost model), and its objective is the cost model's own step time for the plan it picks.
+
+Instances come in three situations, each checked to hold: memory does not bind (the fastest
+placement fits), the device memory binds (the capacity lies between the least memory any
+placement needs and what the fastest placement needs, so the optimum must trade time for
+memory), and the host memory binds (likewise for offloaded states). Among them some run the
+interleaved schedule, some ZeRO-3 (whose gathered-weight buffer counts), some expert
+parallelism; the coverage tests say so.
+"""
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import replace
 
 import pytest
+from bruteforce import brute_force, every_config
 from conftest import cluster_of, make_block, make_option
 
-from planner.bruteforce import brute_force
 from planner.costmodel import CostInputs, Mesh, Training, evaluate
 from planner.search import Candidate, solve_candidate
 
 RECOMPUTE = ("none", "selective", "full")
 OFFLOAD = ("none", "optimizer", "optimizer+params")
+SITUATIONS = ("free", "device", "host")
+PER_SITUATION = 12
+HUGE = 1e18
 
 
-def random_instance(seed: int):
-    rng = random.Random(seed)
+def random_shape(rng: random.Random):
+    """Blocks, options, mesh and schedule of one instance (memory limits left open)."""
     n_blocks = rng.randint(3, 6)
     classes = [rng.choice("ABC") for _ in range(n_blocks)]
     gpus = rng.choice([1, 2, 4, 8])
@@ -26,17 +38,14 @@ def random_instance(seed: int):
     dp = gpus // pp
     mbs = rng.choice([1, 2])
     m = rng.choice([1, 2, 4])
-    gbs = dp * mbs * m
-    schedule = "1f1b"
-    v = 1
-    if pp > 1 and rng.random() < 0.3 and pp * 2 <= n_blocks and m % pp == 0:
-        schedule, v = "interleaved_1f1b", 2
+    schedule, v = "1f1b", 1
+    if pp == 2 and n_blocks >= 4 and rng.random() < 0.4:
+        schedule, v, m = "interleaved_1f1b", 2, rng.choice([2, 4])
     elif pp > 1 and rng.random() < 0.2:
         schedule = "gpipe"
-    zero = rng.choice([0, 1, 2, 3]) if dp > 1 else 0
+    zero = rng.choice([0, 1, 2, 3, 3]) if dp > 1 else 0
     options_by_class = {}
     for c in "ABC":
-        k = rng.randint(1, 3)
         options_by_class[c] = [
             make_option(
                 time_s=rng.uniform(0.5e-3, 5e-3),
@@ -45,7 +54,7 @@ def random_instance(seed: int):
                 recompute=rng.choice(RECOMPUTE),
                 offload=rng.choice(OFFLOAD),
             )
-            for _ in range(k)
+            for _ in range(rng.randint(1, 3))
         ]
     # Expert parallelism on half the instances with dp > 1: part of each option's parameters
     # are experts spread over ep ranks (ZeRO shards them over dp / ep, DP reduces them there).
@@ -60,29 +69,71 @@ def random_instance(seed: int):
         for i, c in enumerate(classes)
     ]
     options = [options_by_class[c] for c in classes]
-    capacity = rng.choice([8, 16, 24, 40, 80]) * 2**30
-    cl = cluster_of(gpus, memory_bytes=capacity, reserved_bytes=2**30)
-    training = Training(gbs, "bf16", "adamw")
-    inp = CostInputs(blocks, options, 1, cl, training)
     cand = Candidate(pp, dp, 1, mbs, schedule, v, zero, ep)
-    return inp, cand
+    return blocks, options, gpus, Training(dp * mbs * m, "bf16", "adamw"), cand
 
 
-def reference(inp, cand) -> float:
+def inputs(blocks, options, gpus, training, memory: float, host: float) -> CostInputs:
+    # host memory is the profile's per node, shared by the profile's GPUs per node (8)
+    cl = cluster_of(gpus, memory_bytes=memory, reserved_bytes=2**30, host_memory_bytes=host * 8)
+    return CostInputs(blocks, options, 1, cl, training)
+
+
+def configs(inp: CostInputs, cand: Candidate):
     mesh = Mesh(cand.pp, cand.dp, 1, cand.ep)
     args = (cand.micro_batch_size, cand.schedule, cand.virtual_stages, cand.zero)
+    return mesh, args
+
+
+@functools.cache
+def instances(situation: str) -> list[tuple[int, CostInputs, Candidate]]:
+    """The first PER_SITUATION seeds whose instance is in ``situation``, with the limits that
+    put it there (deterministic: the same list on every run)."""
+    found = []
+    seed = {"free": 0, "device": 1000, "host": 2000}[situation]
+    while len(found) < PER_SITUATION:
+        seed += 1
+        rng = random.Random(seed)
+        blocks, options, gpus, training, cand = random_shape(rng)
+        open_inp = inputs(blocks, options, gpus, training, HUGE, HUGE)
+        mesh, args = configs(open_inp, cand)
+        costs = [c for _, c in every_config(open_inp, mesh, *args) if c.feasible]
+        if not costs:
+            continue
+        fastest = min(costs, key=lambda c: (c.step_time_s, c.peak_memory_bytes))
+        if situation == "free":
+            memory = fastest.peak_memory_bytes * rng.uniform(1.0, 2.0)
+            inp = inputs(blocks, options, gpus, training, memory, HUGE)
+        elif situation == "device":
+            least = min(c.peak_memory_bytes for c in costs)
+            if least >= fastest.peak_memory_bytes:
+                continue
+            memory = least + (fastest.peak_memory_bytes - least) * rng.uniform(0.1, 0.9)
+            inp = inputs(blocks, options, gpus, training, memory, HUGE)
+        else:
+            least = min(c.host_bytes_per_gpu for c in costs)
+            if least >= fastest.host_bytes_per_gpu:
+                continue
+            host = least + (fastest.host_bytes_per_gpu - least) * rng.uniform(0.1, 0.9)
+            inp = inputs(blocks, options, gpus, training, HUGE, host)
+        found.append((seed, inp, cand))
+    return found
+
+
+def reference(inp: CostInputs, cand: Candidate) -> float:
+    mesh, args = configs(inp, cand)
     return brute_force(inp, mesh, *args)[0]
 
 
-@pytest.mark.parametrize("seed", range(32))
-def test_milp_equals_brute_force(seed):
-    inp, cand = random_instance(seed)
+@pytest.mark.parametrize("situation", SITUATIONS)
+@pytest.mark.parametrize("k", range(PER_SITUATION))
+def test_milp_equals_brute_force(situation, k):
+    seed, inp, cand = instances(situation)[k]
+    cand = replace(cand)
     want = reference(inp, cand)
+    assert want < float("inf"), f"seed {seed}: some placement fits by construction"
     solve_candidate(inp, cand)
-    if want == float("inf"):
-        assert cand.status == "infeasible"
-        return
-    assert cand.status == "solved"
+    assert cand.status == "solved", f"seed {seed}: {cand.status} {cand.reason}"
     assert cand.milp_objective == pytest.approx(want, rel=1e-9)
     # the plan the MILP returns is priced identically by the cost model, and fits
     again = evaluate(inp, cand.config)
@@ -90,17 +141,34 @@ def test_milp_equals_brute_force(seed):
     assert again.step_time_s == pytest.approx(cand.milp_objective, rel=1e-9)
 
 
-def test_instances_cover_expert_parallelism():
-    eps = {random_instance(seed)[1].ep for seed in range(32)}
-    assert eps >= {1, 2}
+@pytest.mark.parametrize("situation", ["device", "host"])
+def test_the_limit_binds_in_every_binding_instance(situation):
+    """The optimum under the limit is slower than the fastest placement without it."""
+    for seed, inp, cand in instances(situation):
+        mesh, args = configs(inp, cand)
+        free = inputs(inp.blocks, inp.options, cand.pp * cand.dp, inp.training, HUGE, HUGE)
+        assert reference(inp, cand) > brute_force(free, mesh, *args)[0], f"seed {seed}"
 
 
-def test_instances_cover_feasible_and_infeasible_cases():
-    outcomes = set()
-    for seed in range(24):
-        inp, cand = random_instance(seed)
-        want = reference(inp, cand)
-        outcomes.add(want == float("inf"))
-        if len(outcomes) == 2:
-            break
-    assert outcomes == {True, False}
+def test_instances_cover_every_schedule_zero_stage_and_expert_parallelism():
+    every = [cand for s in SITUATIONS for _, _, cand in instances(s)]
+    assert {c.schedule for c in every} == {"gpipe", "1f1b", "interleaved_1f1b"}
+    assert {c.zero for c in every} == {0, 1, 2, 3}
+    assert {c.ep for c in every} >= {1, 2}
+    for s in SITUATIONS:
+        assert any(c.zero == 3 and c.dp > 1 for _, _, c in instances(s)), s
+    assert any(c.schedule == "interleaved_1f1b" for _, _, c in instances("device"))
+    # host memory binds through offloaded states, and ZeRO-3's gather buffer is in play
+    assert any(
+        o.offload != "none" for _, inp, _ in instances("host") for opts in inp.options for o in opts
+    )
+
+
+def test_infeasible_candidates_are_reported_infeasible():
+    """Memory below what any placement needs: the MILP says infeasible, as brute force."""
+    seed, inp, cand = instances("device")[0]
+    tight = inputs(inp.blocks, inp.options, cand.pp * cand.dp, inp.training, 2**30, HUGE)
+    assert reference(tight, cand) == float("inf")
+    cand = replace(cand)
+    solve_candidate(tight, cand)
+    assert cand.status == "infeasible"

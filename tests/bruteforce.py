@@ -20,6 +20,24 @@ def splits(n_blocks: int, n_stages: int):
         yield [s for s in range(n_stages) for _ in range(bounds[s + 1] - bounds[s])]
 
 
+def every_config(
+    inp: CostInputs,
+    mesh: Mesh,
+    micro_batch_size: int,
+    schedule: str,
+    virtual_stages: int,
+    zero: int,
+):
+    """(Config, StepCost) of every contiguous split and option choice, feasible or not."""
+    n = len(inp.blocks)
+    for stage_of in splits(n, mesh.pp * virtual_stages):
+        for choice in itertools.product(*(range(len(o)) for o in inp.options)):
+            cfg = Config(
+                mesh, micro_batch_size, schedule, virtual_stages, zero, stage_of, list(choice)
+            )
+            yield cfg, evaluate(inp, cfg)
+
+
 def brute_force(
     inp: CostInputs,
     mesh: Mesh,
@@ -28,14 +46,8 @@ def brute_force(
     virtual_stages: int,
     zero: int,
 ) -> tuple[float, Config | None, StepCost | None]:
-    best = (math.inf, None, None)
-    n = len(inp.blocks)
-    for stage_of in splits(n, mesh.pp * virtual_stages):
-        for choice in itertools.product(*(range(len(o)) for o in inp.options)):
-            cfg = Config(
-                mesh, micro_batch_size, schedule, virtual_stages, zero, stage_of, list(choice)
-            )
-            cost = evaluate(inp, cfg)
-            if cost.feasible and cost.step_time_s < best[0]:
-                best = (cost.step_time_s, cfg, cost)
+    best: tuple[float, Config | None, StepCost | None] = (math.inf, None, None)
+    for cfg, cost in every_config(inp, mesh, micro_batch_size, schedule, virtual_stages, zero):
+        if cost.feasible and cost.step_time_s < best[0]:
+            best = (cost.step_time_s, cfg, cost)
     return best

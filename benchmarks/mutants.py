@@ -1,0 +1,766 @@
+"""Mutation testing: plant small realistic bugs, one at a time, and see whether the tests notice.
+
+    python benchmarks/mutants.py                 # every mutant; writes reports/mutants.json
+    python benchmarks/mutants.py --only cost-    # the mutants whose id starts with cost-
+    python benchmarks/mutants.py --check         # which mutants still apply, running nothing
+    python benchmarks/mutants.py --targeted-only # only each mutant's own tests (a quick survey)
+
+Each mutant is one exact text replacement in one file, the kind of slip a maintainer makes (a
+factor of 2 dropped, the wrong branch of a ZeRO stage, a max where a sum belongs). The tree is
+copied once to a scratch directory (tracked and untracked, not ignored, files); for each mutant
+its file is edited there, the tests most likely to notice run first (``pytest -x``), and when
+they pass the whole suite runs (``-x``, single-process tests first). A mutant is *killed* when a
+test fails, errors or hangs past the time limit, *survived* when the whole suite passes, and *no
+longer applicable* when its text is not found exactly once (the code moved on: update it).
+Traces are cached across mutants in one scratch cache; the cache key includes a hash of the
+tracer's code, so a mutated tracer never reads a clean trace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TIMEOUT_S = 1500  # one mutant's whole run: a mutant that hangs a collective is killed by it
+
+COST = "tests/test_cost_terms.py tests/test_costmodel.py"
+FLOPS = "tests/test_trace_reference.py tests/test_trace.py"
+MILP = "tests/test_solver_exact.py"
+SHARD = "tests/test_sharding.py"
+ORACLE = "tests/test_runtime_oracle.py"
+
+
+@dataclass(frozen=True)
+class Mutant:
+    id: str
+    path: str
+    old: str
+    new: str
+    tests: str  # space-separated test files (or node ids) most likely to notice
+    why: str = ""  # what the bug would do
+
+
+M = Mutant
+MUTANTS: list[Mutant] = [
+    # ------------------------------------------------------------------ cost model
+    M(
+        "cost-roofline-sum",
+        "planner/costmodel.py",
+        "return max(flops * slowdown / peak, nbytes / bw)",
+        "return flops * slowdown / peak + nbytes / bw",
+        COST,
+        "roofline adds compute and memory time instead of taking the larger",
+    ),
+    M(
+        "cost-weights-scale-with-batch",
+        "planner/costmodel.py",
+        'd["fwd_flops"] * scale, act_f * scale + weights,',
+        'd["fwd_flops"] * scale, (act_f + weights) * scale,',
+        COST,
+        "weight reads grow with the micro-batch",
+    ),
+    M(
+        "cost-backward-weight-bytes",
+        "planner/costmodel.py",
+        'bw_w = min(2 * weights, d["bwd_bytes"])',
+        'bw_w = min(weights, d["bwd_bytes"])',
+        COST,
+        "backward reads the weights but forgets writing their gradient",
+    ),
+    M(
+        "cost-selective-recompute-free",
+        "planner/costmodel.py",
+        '"selective": core_fwd * cf + ovh_sel,',
+        '"selective": ovh_sel,',
+        COST,
+        "selective recompute re-runs the attention core for free",
+    ),
+    M(
+        "cost-full-recompute-no-comm",
+        "planner/costmodel.py",
+        '"full": fwd + comm_f}[rc]',
+        '"full": fwd}[rc]',
+        COST,
+        "full recompute forgets the forward TP collectives it repeats",
+    ),
+    M(
+        "cost-full-recompute-peak",
+        "planner/costmodel.py",
+        '"full": v.saved_bytes,\n            }[rc]',
+        '"full": v.saved_selective_bytes,\n            }[rc]',
+        COST,
+        "full recompute's backward peak holds only the selective set",
+    ),
+    M(
+        "cost-moe-capacity-ignored",
+        "planner/costmodel.py",
+        "factor = training.moe_capacity_factor * (training.moe_imbalance if ep > 1 else 1.0)",
+        "factor = training.moe_imbalance if ep > 1 else 1.0",
+        COST,
+        "expert compute ignores the capacity factor's padded rows",
+    ),
+    M(
+        "cost-a2a-combine-forgotten",
+        "planner/costmodel.py",
+        "a2a_f = a2a_b = 2 * one",
+        "a2a_f = a2a_b = one",
+        COST + " tests/test_moe.py",
+        "all-to-all volume counts the dispatch but not the combine",
+    ),
+    M(
+        "cost-zero2-grads-whole",
+        "planner/costmodel.py",
+        "g = z * gb / dp if zero >= 2 else params * gb",
+        "g = z * gb / dp if zero >= 3 else params * gb",
+        COST,
+        "ZeRO-2 does not shard gradients",
+    ),
+    M(
+        "cost-1f1b-inflight",
+        "planner/costmodel.py",
+        '    if schedule == "1f1b":\n        return min(m, pp - pp_rank)',
+        '    if schedule == "1f1b":\n        return min(m, pp)',
+        COST,
+        "every 1F1B stage holds pp micro-batches",
+    ),
+    M(
+        "cost-interleaved-inflight",
+        "planner/costmodel.py",
+        "return min(m * v, (v - 1) * pp + 2 * (pp - pp_rank - 1) + 1)",
+        "return min(m * v, (v - 1) * pp + 2 * (pp - pp_rank - 1))",
+        COST,
+        "interleaved warm-up forgets the chunk in flight",
+    ),
+    M(
+        "cost-logits-half",
+        "planner/costmodel.py",
+        "return 2 * 4 * last.output_bytes / dtype_bytes",
+        "return 4 * last.output_bytes / dtype_bytes",
+        COST,
+        "fp32 logits counted without their gradient",
+    ),
+    M(
+        "cost-p2p-one-way",
+        "planner/costmodel.py",
+        "p2p += 2 * p2p_time(nbytes, bw, lat)",
+        "p2p += p2p_time(nbytes, bw, lat)",
+        COST,
+        "pipeline sends activations forward but not gradients back",
+    ),
+    M(
+        "cost-loss-one-pass",
+        "planner/costmodel.py",
+        "return 2 * nbytes / (p.memory_bandwidth * p.elementwise_efficiency) + ops",
+        "return nbytes / (p.memory_bandwidth * p.elementwise_efficiency) + ops",
+        COST,
+        "the loss reads the logits forward only",
+    ),
+    M(
+        "cost-zero0-hides-behind-forward",
+        "planner/costmodel.py",
+        "return total, max(0.0, total - bwd)",
+        "return total, max(0.0, total - bwd - fwd)",
+        COST,
+        "the gradient all-reduce hides behind the forward too",
+    ),
+    M(
+        "cost-zero1-broadcast-hidden",
+        "planner/costmodel.py",
+        "return ar + ag, max(0.0, ar - bwd) + ag",
+        "return ar + ag, max(0.0, ar + ag - bwd)",
+        COST,
+        "ZeRO-1's parameter broadcast after the step hides behind backward",
+    ),
+    M(
+        "cost-zero3-one-gather",
+        "planner/costmodel.py",
+        "    per_mb = 2 * ag + rs + unit\n    return m * per_mb",
+        "    per_mb = ag + rs + unit\n    return m * per_mb",
+        COST,
+        "ZeRO-3 gathers weights for forward but not again for backward",
+    ),
+    M(
+        "cost-optimizer-bytes",
+        "planner/costmodel.py",
+        "per_param = 2 * wb + gb + 2 * ob",
+        "per_param = wb + gb + ob",
+        COST,
+        "optimizer step reads the states but forgets writing them back",
+    ),
+    M(
+        "cost-zero1-optimizer-whole",
+        "planner/costmodel.py",
+        "dp = mesh.replicas if config.zero_stage >= 1 else 1\n    local",
+        "dp = mesh.replicas if config.zero_stage >= 2 else 1\n    local",
+        COST,
+        "ZeRO-1's optimizer steps every parameter instead of its shard",
+    ),
+    M(
+        "cost-offload-once-per-step",
+        "planner/costmodel.py",
+        "t += shard * m * (2 * wb + gb) / bw",
+        "t += shard * (2 * wb + gb) / bw",
+        COST,
+        "offloaded weights travel once per step, not per micro-batch",
+    ),
+    M(
+        "cost-p2p-buffers-one",
+        "planner/costmodel.py",
+        "total += 2 * inp.boundary_bytes * scale",
+        "total += inp.boundary_bytes * scale",
+        COST,
+        "one pipeline buffer instead of a send and a receive buffer",
+    ),
+    M(
+        "cost-gather-buffer-one",
+        "planner/costmodel.py",
+        "total += 2 * max(gathered, default=0.0) * inp.training.state_bytes[0]",
+        "total += max(gathered, default=0.0) * inp.training.state_bytes[0]",
+        COST,
+        "ZeRO-3 gather buffer without the prefetched block",
+    ),
+    M(
+        "cost-no-logits-memory",
+        "planner/costmodel.py",
+        "    if last:\n        total += inp.loss_bytes * scale",
+        "    if last and False:\n        total += inp.loss_bytes * scale",
+        COST,
+        "the last stage's logits are not in memory",
+    ),
+    M(
+        "cost-pipeline-mean-stage",
+        "planner/costmodel.py",
+        "pipeline = sum(T) + (m - 1) * max(T)",
+        "pipeline = sum(T) + (m - 1) * sum(T) / len(T)",
+        COST,
+        "steady state paced by the mean stage, not the slowest",
+    ),
+    M(
+        "cost-interleaved-bubble-fastest",
+        "planner/costmodel.py",
+        "pipeline = m * max(R) + (p - 1) * max(T)",
+        "pipeline = m * max(R) + (p - 1) * min(T)",
+        COST,
+        "interleaved bubble paced by the fastest chunk",
+    ),
+    M(
+        "cost-host-capacity-per-node",
+        "planner/costmodel.py",
+        "host_capacity = profile.host_memory_bytes / max(profile.gpus_per_node, 1)",
+        "host_capacity = profile.host_memory_bytes",
+        COST + " " + MILP,
+        "each GPU may use the whole node's host memory",
+    ),
+    M(
+        "cost-ep-ring-ratio",
+        "planner/costmodel.py",
+        "ratio = ((n - 1) / n) / ((dp - 1) / dp)",
+        "ratio = 1.0",
+        COST + " " + MILP,
+        "expert gradients reduce over all dp ranks",
+    ),
+    M(
+        "cost-cp-ring-backward",
+        "planner/costmodel.py",
+        "ring_b = (cp - 1) * p2p_time(2 * kv, bw, lat)",
+        "ring_b = (cp - 1) * p2p_time(kv, bw, lat)",
+        COST + " tests/test_long_context.py",
+        "context-parallel backward ring moves keys and values but not their gradients",
+    ),
+    M(
+        "cost-grad-accumulation-m",
+        "planner/costmodel.py",
+        "per_acc = (m - 1) * 3 * gb",
+        "per_acc = m * 3 * gb",
+        COST,
+        "gradient accumulation counted for every micro-batch",
+    ),
+    M(
+        "cost-tp-overhead-forward",
+        "planner/costmodel.py",
+        "        fwd += per_step / 3\n",
+        "        fwd += per_step\n",
+        COST,
+        "the TP module overhead counted whole in forward",
+    ),
+    # ------------------------------------------------------------------ op costs and tracer
+    M(
+        "ops-attention-no-pv",
+        "planner/opcost.py",
+        "return 2 * batch_heads * s_q * s_kv * d + 2 * batch_heads * s_q * s_kv * d_v",
+        "return 2 * batch_heads * s_q * s_kv * d",
+        FLOPS,
+        "fused attention counts QK^T but not PV",
+    ),
+    M(
+        "ops-attention-backward-once",
+        "planner/opcost.py",
+        "return 2 * fwd if any(needs_grad[:3]) else 0",
+        "return fwd if any(needs_grad[:3]) else 0",
+        FLOPS,
+        "attention backward as one forward's FLOPs",
+    ),
+    M(
+        "ops-backward-both-operands",
+        "planner/opcost.py",
+        "count = sum(1 for i in (a, b) if i < len(needs_grad) and needs_grad[i])",
+        "count = 2",
+        FLOPS,
+        "backward computes gradients of operands that need none",
+    ),
+    M(
+        "ops-conv-kernel",
+        "planner/opcost.py",
+        "per_out = numel(w[1:])",
+        "per_out = numel(w[2:])",
+        FLOPS,
+        "convolution forgets the input channels",
+    ),
+    M(
+        "ops-addmm-operands",
+        "planner/opcost.py",
+        '    if op in ("aten.addmm.default", "aten.baddbmm.default", "aten.addbmm.default"):\n'
+        "        return (1, 2)",
+        '    if op in ("aten.addmm.default", "aten.baddbmm.default", "aten.addbmm.default"):\n'
+        "        return (0, 1)",
+        FLOPS,
+        "addmm's bias taken as a multiplied operand",
+    ),
+    M(
+        "ops-grouped-mm-width",
+        "planner/opcost.py",
+        "return 2 * numel(out_shape) * in_shapes[0][-1]",
+        "return 2 * numel(out_shape) * in_shapes[1][-1]",
+        FLOPS + " tests/test_moe.py",
+        "grouped product's inner dimension read from the weight's output side",
+    ),
+    M(
+        "trace-saved-credited-to-producer",
+        "planner/trace.py",
+        "        if saver in graph:\n"
+        '            graph.nodes[saver]["saved"].append([producer, nbytes])',
+        "        target = producer or saver\n        if target in graph:\n"
+        '            graph.nodes[target]["saved"].append([producer, nbytes])',
+        FLOPS,
+        "a saved tensor credited to the op that made it, not the one that keeps it",
+    ),
+    M(
+        "trace-dropout-mask-dtype",
+        "planner/trace.py",
+        'if n.op == "call_function" and n.target is torch.ops.aten.dropout.default:',
+        "if False and n.target is torch.ops.aten.dropout.default:",
+        FLOPS + " tests/test_costmodel.py",
+        "dropout keeps the CPU fallback's full-width mask",
+    ),
+    M(
+        "trace-attention-math-path",
+        "planner/trace.py",
+        "            and n.target is torch.ops.aten.scaled_dot_product_attention.default\n",
+        "            and n.target is None\n",
+        FLOPS,
+        "SDPA saves the math path's s x s probabilities",
+    ),
+    M(
+        "trace-bf16-four-bytes",
+        "planner/trace.py",
+        "    torch.bfloat16: 2,",
+        "    torch.bfloat16: 4,",
+        FLOPS + " " + COST,
+        "bf16 tensors counted as 4 bytes",
+    ),
+    M(
+        "trace-backward-bytes-once",
+        "planner/trace.py",
+        "bwd_bytes=2 * fwd_bytes if requires_grad else 0,",
+        "bwd_bytes=fwd_bytes if requires_grad else 0,",
+        FLOPS + " " + COST,
+        "memory-bound backward moves the forward's bytes once",
+    ),
+    M(
+        "trace-frozen-weights-need-grad",
+        "planner/trace.py",
+        '            (a.op == "placeholder" and a.name in trainable)',
+        '            (a.op == "placeholder" and kinds.get(a.name, ("",))[0] == "parameter")',
+        FLOPS,
+        "a frozen weight's product still computes its gradient",
+    ),
+    M(
+        "blocks-selective-keeps-core",
+        "planner/blocks.py",
+        "saved_selective_bytes=sum(b for p, b in saved if p not in core),",
+        "saved_selective_bytes=sum(b for p, b in saved),",
+        FLOPS + " " + COST,
+        "selective recompute drops nothing",
+    ),
+    M(
+        "blocks-boundary-from-next",
+        "planner/blocks.py",
+        "        for i in range(src, last):\n            cut[i] += nbytes",
+        "        for i in range(src + 1, last):\n            cut[i] += nbytes",
+        FLOPS + " " + COST,
+        "a tensor crossing the cut right after its producer is not counted",
+    ),
+    # ------------------------------------------------------------------ collectives
+    M(
+        "coll-all-reduce-factor",
+        "planner/collectives.py",
+        "return 2 * (n - 1) / n * nbytes / bandwidth + 2 * (n - 1) * latency",
+        "return (n - 1) / n * nbytes / bandwidth + 2 * (n - 1) * latency",
+        "tests/test_costmodel.py tests/test_collectives.py",
+        "all-reduce priced as one ring pass",
+    ),
+    M(
+        "coll-no-sync",
+        "planner/collectives.py",
+        "return t + cluster.profile.collective_sync if t > 0 else 0.0",
+        "return t",
+        "tests/test_costmodel.py tests/test_collectives.py",
+        "collectives never pay the in-situ sync",
+    ),
+    M(
+        "coll-p2p-no-latency",
+        "planner/collectives.py",
+        "    return nbytes / bandwidth + latency",
+        "    return nbytes / bandwidth",
+        COST + " tests/test_collectives.py",
+        "point-to-point without latency",
+    ),
+    M(
+        "cluster-link-by-group-size",
+        "planner/cluster.py",
+        "        if self.spans_nodes(ranks):",
+        "        if len(ranks) > self.gpus_per_node:",
+        COST + " tests/test_profiles.py",
+        "a small group across nodes priced at NVLink speed",
+    ),
+    # ------------------------------------------------------------------ stage MILP, search
+    M(
+        "milp-inflight-ignored",
+        "planner/stage_milp.py",
+        "self.memco.value = (state[None, :] + inflight * act[None, :]) / GIB",
+        "self.memco.value = (state[None, :] + act[None, :]) / GIB",
+        MILP,
+        "the MILP's memory holds one micro-batch's activations per stage",
+    ),
+    M(
+        "milp-gather-ignored",
+        "planner/stage_milp.py",
+        "mem + X + Z + self.const_mem <= self.capacity,  # memory",
+        "mem + X + self.const_mem <= self.capacity,  # memory",
+        MILP,
+        "the MILP forgets ZeRO-3's gathered weights",
+    ),
+    M(
+        "milp-host-unbounded",
+        "planner/stage_milp.py",
+        "on_rank @ self.host <= self.host_capacity,  # host",
+        "on_rank @ self.host <= 1e6 * self.host_capacity,  # host",
+        MILP,
+        "the MILP ignores host memory",
+    ),
+    M(
+        "milp-interleaved-as-1f1b",
+        "planner/stage_milp.py",
+        "self.c_sum.value, self.c_t.value, self.c_r.value = 0.0, sp.pp - 1.0, float(sp.m)",
+        "self.c_sum.value, self.c_t.value, self.c_r.value = 1.0, sp.m - 1.0, 0.0",
+        MILP,
+        "interleaved candidates priced with the 1F1B objective",
+    ),
+    M(
+        "milp-zero0-not-hidden",
+        "planner/stage_milp.py",
+        "        return ar * pb - bwd, zero\n",
+        "        return ar * pb, zero\n",
+        MILP,
+        "the MILP's ZeRO-0 all-reduce never hides behind backward",
+    ),
+    M(
+        "milp-zero1-latency",
+        "planner/stage_milp.py",
+        "return {0: (ar, 0.0), 1: (ar, ag)}[sp.zero]",
+        "return {0: (ar, 0.0), 1: (ar, 0.0)}[sp.zero]",
+        MILP,
+        "the MILP forgets the broadcast's latency",
+    ),
+    M(
+        "milp-dominance-ignores-gather",
+        "planner/stage_milp.py",
+        "[sp.time[s], sp.state[s], sp.host[s], sp.act[s], sp.ws[s], sp.gather[s]]",
+        "[sp.time[s], sp.state[s], sp.host[s], sp.act[s], sp.ws[s]]",
+        MILP,
+        "dominance drops options that need a smaller gather buffer",
+    ),
+    M(
+        "search-gather-one-block",
+        "planner/search.py",
+        '2 * o.params * wb if (cand.zero >= 3 or o.offload == "optimizer+params") else 0',
+        'o.params * wb if (cand.zero >= 3 or o.offload == "optimizer+params") else 0',
+        MILP,
+        "the MILP's gather buffer holds one block",
+    ),
+    M(
+        "search-bound-too-high",
+        "planner/search.py",
+        "time_bound = total * (1 + (m - 1) / p)",
+        "time_bound = total * (1 + m / p)",
+        "tests/test_solver_plans.py tests/test_search_bounds.py",
+        "a lower bound that is not one: prunes candidates that would win",
+    ),
+    # ------------------------------------------------------------------ sharding ILP
+    M(
+        "shard-ring-all-reduce",
+        "planner/sharding.py",
+        'return 2 * (t - 1) / t if kind == "all_reduce" else (t - 1) / t',
+        "return (t - 1) / t",
+        SHARD,
+        "the sharding ILP prices an all-reduce as one ring pass",
+    ),
+    M(
+        "shard-saved-never-sharded",
+        "planner/sharding.py",
+        "b = nbytes / t if _entry_sharded(state, op, s, how, key) else nbytes",
+        "b = nbytes",
+        SHARD,
+        "a sharded saved activation counted whole on every device",
+    ),
+    M(
+        "shard-slice-grad-free",
+        "planner/sharding.py",
+        '    if src == R:\n        return (None, "all_gather")',
+        "    if src == R:\n        return (None, None)",
+        SHARD,
+        "slicing a replicated tensor forgets gathering its gradient",
+    ),
+    M(
+        "shard-partial-share",
+        "planner/sharding.py",
+        "if _dim(s.out) is not None or (s.out == P and op.flops > 0):",
+        "if _dim(s.out) is not None:",
+        SHARD,
+        "a row-parallel product runs its whole FLOPs on every device",
+    ),
+    # ------------------------------------------------------------------ runtime
+    M(
+        "run-no-microbatch-scaling",
+        "runtime/train.py",
+        "(loss / len(chunks)).backward()",
+        "loss.backward()",
+        ORACLE,
+        "gradient accumulation sums micro-batch gradients instead of averaging",
+    ),
+    M(
+        "run-no-dp-sync",
+        "runtime/train.py",
+        "gradient_sync(built.parts, j == len(chunks) - 1)",
+        "gradient_sync(built.parts, False)",
+        ORACLE,
+        "data-parallel replicas never reduce gradients",
+    ),
+    M(
+        "run-expert-grads-zeroed",
+        "runtime/expert_parallel.py",
+        "        g.div_(dp)",
+        "        g.zero_()",
+        ORACLE,
+        "expert weights never learn",
+    ),
+    M(
+        "run-expert-grads-not-averaged",
+        "runtime/expert_parallel.py",
+        "        g.div_(dp)",
+        "        g.div_(max(1, dp // 2))",
+        ORACLE,
+        "expert gradients divided by the wrong replica count",
+    ),
+    M(
+        "run-same-data-every-rank",
+        "runtime/batching.py",
+        "return slice_tree(batch, dp_rank * per, (dp_rank + 1) * per)",
+        "return slice_tree(batch, 0, per)",
+        ORACLE,
+        "every data-parallel rank trains on the first slice",
+    ),
+    M(
+        "run-expert-routing",
+        "runtime/expert_parallel.py",
+        'dest = torch.div(ids, local, rounding_mode="floor")',
+        "dest = ids % ep",
+        ORACLE,
+        "tokens sent to the wrong expert rank",
+    ),
+    M(
+        "run-seed-per-rank",
+        "runtime/build.py",
+        "    torch.manual_seed(seed)\n    model = mf.build()",
+        "    torch.manual_seed(seed + dist.get_rank())\n    model = mf.build()",
+        ORACLE,
+        "each rank initialises its own weights",
+    ),
+    M(
+        "run-sgd-no-momentum",
+        "runtime/optim.py",
+        'return {"lr": lr, **({"momentum": SGD_MOMENTUM} if name == "sgd" else {})}',
+        'return {"lr": lr}',
+        ORACLE + " tests/test_runtime_launch.py",
+        "SGD without the momentum the cost model prices (the oracle shares the optimizer, so "
+        "only the momentum-state memory notices)",
+    ),
+    M(
+        "run-zero1-experts-sharded",
+        "runtime/parallelize.py",
+        "        own = {id(q) for q in experts or []}",
+        "        own = set()",
+        ORACLE,
+        "ZeRO-1 shards expert-parallel experts over dp and overwrites them with their owner's",
+    ),
+    M(
+        "run-pipeline-skip-relay",
+        "runtime/stages.py",
+        "            if src not in index or index[src] >= j - 1:",
+        "            if src not in index or index[src] >= j - 2:",
+        ORACLE,
+        "a value that skips one stage is not relayed",
+    ),
+]
+
+
+@dataclass
+class Outcome:
+    id: str
+    status: str  # killed | survived | not-applicable
+    seconds: float
+    stage: str = ""  # targeted | suite
+    detail: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+def scratch_copy() -> Path:
+    """Tracked and untracked (not ignored) files of the tree, copied once."""
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    dest = Path(tempfile.mkdtemp(prefix="meshplan-mutants-"))
+    for f in files:
+        src = ROOT / f
+        if src.is_file():
+            (dest / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / f)
+    return dest
+
+
+def applies(m: Mutant, root: Path) -> bool:
+    text = (root / m.path).read_text()
+    return text.count(m.old) == 1
+
+
+def pytest(root: Path, args: list[str], env: dict, limit: float) -> tuple[int, str]:
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *args]
+    try:
+        proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=limit)
+    except subprocess.TimeoutExpired:
+        return -1, "timeout"
+    return proc.returncode, (proc.stdout + proc.stderr)[-3000:]
+
+
+def failing_test(log: str) -> str:
+    for line in log.splitlines():
+        if line.startswith(("FAILED", "ERROR")):
+            return line[:200]
+    return log.strip().splitlines()[-1][:200] if log.strip() else ""
+
+
+def run_one(m: Mutant, root: Path, env: dict, targeted_only: bool) -> Outcome:
+    path = root / m.path
+    original = path.read_text()
+    if original.count(m.old) != 1:
+        return Outcome(m.id, "not-applicable", 0.0, detail=f"text found {original.count(m.old)}x")
+    path.write_text(original.replace(m.old, m.new))
+    start = time.perf_counter()
+    try:
+        targets = [t for t in m.tests.split() if (root / t.split("::")[0]).exists()]
+        rc, log = pytest(root, targets, env, TIMEOUT_S) if targets else (0, "")
+        if rc != 0:
+            stage = "targeted"
+        elif targeted_only:
+            return Outcome(m.id, "survived", time.perf_counter() - start, "targeted")
+        else:
+            left = TIMEOUT_S * 2
+            rc, log = pytest(root, ["-m", "not distributed"], env, left)
+            if rc == 0:
+                rc, log = pytest(root, ["-m", "distributed"], env, left)
+            stage = "suite"
+        status = "survived" if rc == 0 else "killed"
+        detail = "" if rc == 0 else ("timeout" if rc == -1 else failing_test(log))
+        return Outcome(m.id, status, time.perf_counter() - start, stage, detail)
+    finally:
+        path.write_text(original)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", help="run the mutants whose id starts with this")
+    ap.add_argument("--check", action="store_true", help="only report which mutants apply")
+    ap.add_argument("--targeted-only", action="store_true", help="skip the whole-suite stage")
+    ap.add_argument("--out", default=str(ROOT / "reports" / "mutants.json"))
+    args = ap.parse_args()
+    chosen = [m for m in MUTANTS if not args.only or m.id.startswith(args.only)]
+    if args.check:
+        bad = [m.id for m in chosen if not applies(m, ROOT)]
+        print(f"{len(chosen) - len(bad)} of {len(chosen)} mutants apply")
+        for b in bad:
+            print(f"  not applicable: {b}")
+        return 1 if bad else 0
+    root = scratch_copy()
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(root)
+    env["MESHPLAN_TEST_CACHE"] = str(root / ".mutant-cache")
+    env.pop("MESHPLAN_RUNTIME_QUICK", None)
+    outcomes: list[Outcome] = []
+    try:
+        for i, m in enumerate(chosen, 1):
+            o = run_one(m, root, env, args.targeted_only)
+            outcomes.append(o)
+            print(
+                f"[{i}/{len(chosen)}] {m.id}: {o.status} ({o.stage}, {o.seconds:.0f} s) {o.detail}",
+                flush=True,
+            )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    applicable = [o for o in outcomes if o.status != "not-applicable"]
+    killed = [o for o in applicable if o.status == "killed"]
+    rate = len(killed) / len(applicable) if applicable else 0.0
+    report = {
+        "command": "python benchmarks/mutants.py" + (" --targeted-only" * args.targeted_only),
+        "mutants": len(outcomes),
+        "applicable": len(applicable),
+        "killed": len(killed),
+        "kill_rate": round(rate, 4),
+        "survivors": [o.id for o in applicable if o.status == "survived"],
+        "not_applicable": [o.id for o in outcomes if o.status == "not-applicable"],
+        "results": [{**o.__dict__, "path": m.path, "why": m.why} for o, m in zip(outcomes, chosen)],
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(
+        f"killed {len(killed)} of {len(applicable)} applicable mutants ({rate:.1%}); "
+        f"survivors: {', '.join(report['survivors']) or 'none'}; written {out}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,32 @@
+"""An MLP whose embedding-like input projection and first block are frozen
+(``requires_grad_(False)``, as when fine-tuning the top of a pretrained network): their
+products need no weight gradient, and the first frozen layers no input gradient either.
+Follows meshplan's model-file contract."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+TRAINING = {"global_batch_size": 8, "optimizer": "adamw", "dtype": "fp32", "lr": 1e-3}
+IN, WIDTH, CLASSES = 12, 32, 5
+
+
+def build_model(size: str = "tiny") -> nn.Module:
+    if size != "tiny":
+        raise ValueError(f"unknown size {size!r}; this test model has only 'tiny'")
+    model = nn.Sequential(
+        nn.Linear(IN, WIDTH),
+        nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.Tanh()),
+        nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.Tanh()),
+        nn.Linear(WIDTH, CLASSES),
+    )
+    for module in (model[0], model[1]):
+        module.requires_grad_(False)
+    return model
+
+
+def make_batch(batch_size: int, step: int = 0):
+    g = torch.Generator().manual_seed(6000 + step)
+    x = torch.randn(batch_size, IN, generator=g)
+    return x, torch.randint(0, CLASSES, (batch_size,), generator=g)

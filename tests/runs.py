@@ -1,0 +1,73 @@
+"""Helpers of the tests that launch plans: a plan with everything pinned, one torchrun launch
+for a batch of plans, and what a run wrote."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from planner.api import plan as make_plan
+from planner.plan import write_plan
+from planner.search import Pins
+from runtime.launch import torchrun_command, worker_env
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def model_path(model: str) -> Path:
+    """examples/<model>.py, else tests/models/<model>.py (models no one here tuned for)."""
+    path = ROOT / "examples" / f"{model}.py"
+    return path if path.exists() else ROOT / "tests" / "models" / f"{model}.py"
+
+
+def forced_plan(
+    model: str,
+    world: int,
+    out: Path,
+    layers: int | None = None,
+    optimizer: str | None = None,
+    lr: float | None = None,
+    **pins,
+) -> Path:
+    """A plan.json with the mesh, schedule, ZeRO stage and recompute pinned (fp32, batch 8), of
+    the tiny model (with ``layers`` layers when given)."""
+    pins.setdefault("offload", "none")
+    if pins.get("tp", 1) > 1:
+        pins.setdefault("tp_variant", "sharded")
+    result = make_plan(
+        model_path(model),
+        world,
+        model_args={"size": "tiny", **({"layers": layers} if layers else {})},
+        profile="cpu",
+        global_batch_size=8,
+        dtype="fp32",
+        optimizer=optimizer,
+        lr=lr,
+        pins=Pins(**pins),
+    )
+    return write_plan(result.plan, out)
+
+
+def launch(
+    plans: list[Path], run_dirs: list[Path], world: int, *extra: str, steps: int = 5
+) -> tuple[int, str]:
+    """One torchrun launch training each plan in turn; (exit status, everything printed)."""
+    args = ["--plans", *map(str, plans), "--run-dirs", *map(str, run_dirs), "--steps", str(steps)]
+    env = worker_env()
+    env["MESHPLAN_HANG_TIMEOUT_S"] = "240"  # a hung collective fails the test, not CI
+    proc = subprocess.run(
+        torchrun_command(world, [*args, *extra]),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def losses_of(run_dir: Path) -> list[float]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line)["loss"] for line in path.read_text().splitlines()]

@@ -1,0 +1,484 @@
+"""Every term of the cost model against a step time and a memory written out by hand.
+
+A device profile of round numbers (no overheads unless a test sets them) and synthetic blocks
+whose options state their times, parameters and activations directly; each expectation below
+is the arithmetic of the term as the literature states it (ZeRO's collectives, Narayanan et
+al.'s pipeline, FSDP2's offload, Megatron's send/receive buffers), spelled out in the test and
+never computed by the cost model's helpers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import networkx as nx
+import pytest
+from conftest import make_block, make_option
+
+from planner.blocks import Block
+from planner.cluster import Cluster
+from planner.costmodel import (
+    Config,
+    CostInputs,
+    Mesh,
+    Training,
+    compute_time,
+    evaluate,
+    node_times,
+    optimizer_time,
+)
+from planner.profiles import DeviceProfile
+
+PEAK32 = 1e12 * 0.5  # achievable fp32 FLOP/s
+PEAK16 = 4e12 * 0.5
+BW = 1e11 * 0.5  # achievable memory bandwidth
+NVLINK, NVLINK_LAT = 1e10, 1e-5
+NIC, NIC_LAT = 1e9, 1e-4
+HOST_LINK, HOST_BW = 2e10, 5e10 * 0.5
+RESERVED = 1e9
+BF16 = Training(8, "bf16", "adamw")  # weights 2, gradients 2, fp32 master + Adam 12 bytes
+
+
+def round_profile(**overrides) -> DeviceProfile:
+    base = dict(
+        name="round",
+        description="round numbers for hand-written references",
+        peak_flops={"fp32": 1e12, "tf32": 1e12, "bf16": 4e12, "fp16": 4e12},
+        matmul_efficiency=0.5,
+        elementwise_efficiency=0.5,
+        matmul_half_inner_dim=0.0,
+        op_overhead=0.0,
+        backward_op_overhead=0.0,
+        selective_op_overhead=0.0,
+        optimizer_op_overhead=0.0,
+        dtensor_op_overhead=0.0,
+        tp_module_overhead=0.0,
+        tp_gather_overhead=0.0,
+        fsdp_unit_overhead=0.0,
+        memory_bytes=80e9,
+        memory_bandwidth=1e11,
+        reserved_bytes=RESERVED,
+        gpus_per_node=4,
+        host_memory_bytes=400e9,
+        host_bandwidth=HOST_LINK,
+        host_memory_bandwidth=5e10,
+        intra_node_bandwidth=NVLINK,
+        intra_node_latency=NVLINK_LAT,
+        inter_node_bandwidth=NIC,
+        inter_node_latency=NIC_LAT,
+        collective_efficiency=1.0,
+        collective_sync=0.0,
+        comm_overlap=0.5,
+    )
+    base.update(overrides)
+    return DeviceProfile(**base)
+
+
+def cluster(gpus: int = 4, per_node: int = 4, **overrides) -> Cluster:
+    return Cluster(round_profile(gpus_per_node=per_node, **overrides), gpus // per_node, per_node)
+
+
+def ring(kind: str, nbytes: float, n: int, bw: float = NVLINK, lat: float = NVLINK_LAT) -> float:
+    """nccl-tests' ring times, written out: all-reduce twice the (n-1)/n pass."""
+    if n == 1:
+        return 0.0
+    passes = 2 if kind == "all_reduce" else 1
+    return passes * ((n - 1) / n * nbytes / bw + (n - 1) * lat)
+
+
+def inputs(blocks, options, cl, training=BF16, traced_mbs=1) -> CostInputs:
+    return CostInputs(blocks, [[o] for o in options], traced_mbs, cl, training)
+
+
+def silent_blocks(n: int, params: int = 0) -> list[Block]:
+    """Blocks with no pipeline boundary and no logits: only their options' numbers count."""
+    return [make_block(i, "L", params=params, boundary=0, out=0) for i in range(n)]
+
+
+# --------------------------------------------------------------------------- roofline
+
+
+def test_roofline_takes_the_larger_of_compute_and_memory_time():
+    cl = cluster()
+    assert compute_time(1e9, 4e8, cl, "fp32") == pytest.approx(max(1e9 / PEAK32, 4e8 / BW))
+    assert compute_time(8e9, 4e8, cl, "fp32") == pytest.approx(8e9 / PEAK32)
+    assert compute_time(8e9, 4e8, cl, "bf16") == pytest.approx(4e8 / BW)
+    assert compute_time(1e9, 1e8, cl, "fp32", slowdown=3.0) == pytest.approx(3e9 / PEAK32)
+
+
+def one_linear_graph(flops: float, act_bytes: float, weight_elems: int) -> nx.DiGraph:
+    """A traced graph of one linear op: its forward reads act_bytes of activations (in and out)
+    and the fp32 weight; backward twice the forward's bytes, two products' FLOPs."""
+    g = nx.DiGraph()
+    fwd_bytes = act_bytes + 4 * weight_elems
+    g.add_node(
+        "lin",
+        op="aten.linear.default",
+        module="m",
+        order=0,
+        shapes=[[1]],
+        dtypes=["float32"],
+        out_bytes=0,
+        fwd_flops=flops,
+        bwd_flops=2 * flops,
+        fwd_bytes=fwd_bytes,
+        bwd_bytes=2 * fwd_bytes,
+        params=["w"],
+        args=[],
+        requires_grad=True,
+        saved=[],
+    )
+    g.graph.update(param_shapes={"w": [weight_elems]}, param_dtype_bytes={"w": 4}, param_owner={})
+    return g
+
+
+@pytest.mark.parametrize("scale", [1.0, 3.0])
+def test_weight_bytes_do_not_grow_with_the_micro_batch(scale):
+    """A memory-bound linear: its activations scale with the micro-batch, its weight read (and
+    in backward, the weight read plus the weight-gradient write) does not."""
+    act, w = 1e8, 10**7  # 1e8 activation bytes, 4e7 weight bytes
+    g = one_linear_graph(1e9, act, w)
+    blk = make_block(0, "L")
+    blk.nodes = ["lin"]
+    fwd, bwd, _ = node_times(g, blk, scale, cluster(), "fp32")
+    assert fwd == pytest.approx(max(scale * 1e9 / PEAK32, (scale * act + 4 * w) / BW))
+    assert bwd == pytest.approx(max(scale * 2e9 / PEAK32, (2 * scale * act + 8 * w) / BW))
+    assert fwd == pytest.approx((scale * act + 4 * w) / BW)  # memory-bound indeed
+
+
+# --------------------------------------------------------------------------- pipelines
+
+
+def run(
+    blocks, options, mesh, stage_of, schedule="1f1b", v=1, zero=0, mbs=1, training=BF16, cl=None
+):
+    cl = cl or cluster(mesh.size, min(mesh.size, 4))
+    inp = inputs(blocks, options, cl, training)
+    config = Config(mesh, mbs, schedule, v, zero, stage_of, [0] * len(blocks))
+    return evaluate(inp, config)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_unequal_stages_run_at_the_slowest_stage(schedule):
+    """Stages of 3, 5 and 2 ms, 4 micro-batches: the first micro-batch crosses every stage
+    (10 ms), the other three leave at the slowest stage's pace (3 x 5 ms)."""
+    per_block = [1e-3, 2e-3, 2.5e-3, 2.5e-3, 2e-3]  # stages: [0,1], [2,3], [4]
+    blocks = silent_blocks(5)
+    opts = [make_option(t, 0.0, 1e6) for t in per_block]
+    cost = run(blocks, opts, Mesh(3, 1, 1), [0, 0, 1, 1, 2], schedule, training=Training(4))
+    assert cost.pipeline_s == pytest.approx(10e-3 + 3 * 5e-3)
+    assert cost.bubble_s == pytest.approx(10e-3 - 5e-3)
+    assert cost.step_time_s == pytest.approx(25e-3)
+    # activations: GPipe holds all 4 micro-batches on every stage, 1F1B p - j of them
+    held = [4, 4, 4] if schedule == "gpipe" else [3, 2, 1]
+    per_stage = [2, 2, 1]
+    for j in range(3):
+        assert cost.rank_memory[j]["activations"] == pytest.approx(1e6 * per_stage[j] * held[j])
+
+
+def test_interleaved_pipeline_pays_the_busiest_rank_and_the_slowest_chunk():
+    """p = 2 ranks, v = 2 chunks each: chunks 0 and 2 on rank 0 (1 + 3 ms), 1 and 3 on rank 1
+    (2 + 1 ms); m = 4: 4 x 4 ms of the busiest rank plus (p - 1) x the slowest chunk, 3 ms."""
+    times = [1e-3, 2e-3, 3e-3, 1e-3]
+    blocks = silent_blocks(4)
+    opts = [make_option(t, 0.0, 1e6) for t in times]
+    cost = run(
+        blocks, opts, Mesh(2, 1, 1), [0, 1, 2, 3], "interleaved_1f1b", v=2, training=Training(4)
+    )
+    assert cost.pipeline_s == pytest.approx(4 * 4e-3 + 1 * 3e-3)
+    # torch's interleaved warm-up: rank r holds (v-1)p + 2(p-r-1) + 1 chunk-micro-batches
+    assert cost.rank_memory[0]["activations"] == pytest.approx(2 * 1e6 * (2 + 2 + 1))
+    assert cost.rank_memory[1]["activations"] == pytest.approx(2 * 1e6 * (2 + 0 + 1))
+
+
+@pytest.mark.parametrize("per_node", [2, 1])
+def test_point_to_point_sends_and_their_buffers(per_node):
+    """Two stages, activations of 3e6 bytes per sample crossing the cut, micro-batch 2: each
+    micro-batch sends 6e6 bytes forward and receives as much gradient back, over NVLink within
+    a node or the NIC across nodes; every rank keeps a send and a receive buffer."""
+    blocks = [make_block(i, "L", params=0, boundary=3 * 10**6, out=0) for i in range(2)]
+    opts = [make_option(1e-3, 0.0, 0.0) for _ in blocks]
+    bw, lat = (NVLINK, NVLINK_LAT) if per_node == 2 else (NIC, NIC_LAT)
+    cl = cluster(2, per_node)
+    m = 3
+    cost = run(blocks, opts, Mesh(2, 1, 1), [0, 1], mbs=2, training=Training(2 * m), cl=cl)
+    hop = 2 * (6e6 / bw + lat)
+    assert cost.stages[0].p2p_s == pytest.approx(hop)
+    assert cost.stages[1].p2p_s == 0.0
+    t0, t1 = 1e-3 + hop, 1e-3
+    assert cost.pipeline_s == pytest.approx(t0 + t1 + (m - 1) * max(t0, t1))
+    for r in range(2):
+        assert cost.rank_memory[r]["other"] == pytest.approx(RESERVED + 2 * 6e6, rel=1e-12)
+
+
+def test_the_loss_and_its_logits_live_on_the_last_stage():
+    """Last block's bf16 output of 5e6 bytes per sample: fp32 logits and their gradient,
+    2 x 4 / 2 x 5e6 bytes per sample, on the last stage only; the loss reads and writes them
+    three times in forward and in backward, at the element-wise rate."""
+    blocks = [make_block(0, "L", params=0, boundary=0, out=0)]
+    blocks.append(make_block(1, "L", params=0, boundary=0, out=5 * 10**6))
+    opts = [make_option(1e-3, 0.0, 0.0) for _ in blocks]
+    mbs = 2
+    cost = run(blocks, opts, Mesh(2, 1, 1), [0, 1], mbs=mbs, training=Training(mbs))
+    logits = 2 * 4 / 2 * 5e6 * mbs
+    assert cost.rank_memory[1]["other"] - cost.rank_memory[0]["other"] == pytest.approx(logits)
+    loss = 2 * 1.5 * logits / BW
+    assert cost.stages[1].compute_s == pytest.approx(1e-3 + loss)
+    assert cost.stages[0].compute_s == pytest.approx(1e-3)
+
+
+# --------------------------------------------------------------------------- data parallel
+
+
+def dp_case(zero: int, m: int = 2, pp: int = 1):
+    """Two blocks of 1e8 and 3e8 parameters, 3 ms per micro-batch each (1 forward, 2 backward),
+    on 4 data-parallel ranks in one node; bf16 AdamW."""
+    params = [10**8, 3 * 10**8]
+    blocks = [make_block(i, "L", params=p, boundary=0, out=0) for i, p in enumerate(params)]
+    opts = [make_option(3e-3, float(p), 0.0) for p in params]
+    cost = run(
+        blocks,
+        opts,
+        Mesh(pp, 4, 1),
+        [0, pp - 1],
+        zero=zero,
+        training=Training(4 * m),
+        cl=cluster(4 * pp, 4 * pp),
+    )
+    return cost, params
+
+
+def test_zero0_all_reduce_hides_behind_half_the_backward():
+    cost, params = dp_case(0)
+    ar = ring("all_reduce", 2 * sum(params), 4)
+    assert cost.stages[0].dp_comm_s == pytest.approx(ar)
+    assert cost.dp_exposed_s == pytest.approx(max(0.0, ar - 0.5 * 2 * 2e-3))
+
+
+def test_zero1_broadcasts_updated_shards_after_the_step():
+    cost, params = dp_case(1)
+    ar = ring("all_reduce", 2 * sum(params), 4)
+    ag = ring("all_gather", 2 * sum(params), 4)
+    assert cost.stages[0].dp_comm_s == pytest.approx(ar + ag)
+    assert cost.dp_exposed_s == pytest.approx(max(0.0, ar - 0.5 * 4e-3) + ag)
+
+
+def test_zero2_reduce_scatters_every_micro_batch_and_gathers_once():
+    m = 3
+    cost, params = dp_case(2, m)
+    rs = sum(ring("reduce_scatter", 2 * p, 4) for p in params)
+    ag = sum(ring("all_gather", 2 * p, 4) for p in params)
+    assert cost.stages[0].dp_comm_s == pytest.approx(m * rs + ag)
+    fwd, bwd = 2 * 1e-3, 2 * 2e-3
+    assert cost.dp_exposed_s == pytest.approx(
+        m * max(0.0, rs - 0.5 * bwd) + max(0.0, ag - 0.5 * fwd)
+    )
+
+
+def test_zero3_gathers_weights_for_forward_and_again_for_backward():
+    m = 3
+    cost, params = dp_case(3, m)
+    rs = sum(ring("reduce_scatter", 2 * p, 4) for p in params)
+    ag = sum(ring("all_gather", 2 * p, 4) for p in params)
+    assert cost.stages[0].dp_comm_s == pytest.approx(m * (2 * ag + rs))
+    assert cost.dp_exposed_s == pytest.approx(m * max(0.0, 2 * ag + rs - 0.5 * 6e-3))
+    # memory: 16 bytes per parameter over 4 ranks, plus the gathered bf16 weights of the
+    # current and the prefetched block (the larger block, twice)
+    mem = cost.rank_memory[0]
+    assert mem["params"] + mem["grads"] + mem["optimizer"] == pytest.approx(16 * sum(params) / 4)
+    assert mem["other"] == pytest.approx(RESERVED + 2 * 2 * max(params), rel=1e-12)
+
+
+def test_data_parallel_groups_across_nodes_use_the_network():
+    """dp 4 over two nodes of 2: the ring runs at the NIC's rate and latency."""
+    params = [10**8]
+    blocks = [make_block(0, "L", params=params[0], boundary=0, out=0)]
+    opts = [make_option(3e-3, float(params[0]), 0.0)]
+    cost = run(blocks, opts, Mesh(1, 4, 1), [0], cl=cluster(4, 2), training=Training(4))
+    assert cost.stages[0].dp_comm_s == pytest.approx(ring("all_reduce", 2e8, 4, NIC, NIC_LAT))
+
+
+def test_expert_gradients_reduce_over_their_replicas_only():
+    """ep 2 in dp 4: 1e8 of a block's 3e8 parameters are this rank's experts, whose gradient
+    is reduced over the dp / ep = 2 ranks holding the same experts; the rest over all 4."""
+    blk = [make_block(0, "L", params=3 * 10**8, boundary=0, out=0)]
+    opt = replace(make_option(3e-3, 3e8, 0.0), ep=2, expert_params=1e8)
+    cost = run(blk, [opt], Mesh(1, 4, 1, ep=2), [0], training=Training(4))
+    dense = 2 * 2e8 * 2 * 3 / 4 / NVLINK  # all-reduce of the dense gradients over 4 ranks
+    experts = 2 * 1e8 * 2 * 1 / 2 / NVLINK  # over 2
+    assert cost.stages[0].dp_comm_s == pytest.approx(dense + experts + 2 * 3 * NVLINK_LAT)
+
+
+# --------------------------------------------------------------------------- optimizer, offload
+
+
+@pytest.mark.parametrize("zero,tensors_stepped,shard", [(0, 6, 1), (1, 6 / 4, 4), (3, 6, 4)])
+def test_optimizer_step_reads_and_writes_every_state_once(zero, tensors_stepped, shard):
+    """AdamW in mixed precision per local parameter: reads the bf16 weight and gradient and
+    the 12 bytes of fp32 master weight and moments, writes the weight (2) and the 12 bytes
+    back: 30 bytes; plus 8 eager ops per parameter tensor it steps (ZeRO-1 steps 1/dp of them,
+    FSDP's DTensor parameters pay the DTensor rate)."""
+    params = 4e8
+    blk = [make_block(0, "L", params=int(params), boundary=0, out=0)]
+    opt = replace(make_option(3e-3, params, 0.0), param_tensors=6)
+    cl = cluster(4, 4, optimizer_op_overhead=1e-5, dtensor_op_overhead=7e-5)
+    inp = inputs(blk, [opt], cl, Training(4))
+    t = optimizer_time(inp, [opt], Config(Mesh(1, 4, 1), 1, "1f1b", 1, zero, [0], [0]))
+    per_op = 7e-5 if zero >= 2 else 1e-5
+    assert t == pytest.approx(params / shard * 30 / BW + tensors_stepped * 8 * per_op)
+
+
+def test_offloaded_states_step_on_the_host():
+    params = 4e8
+    blk = [make_block(0, "L", params=int(params), boundary=0, out=0)]
+    opt = make_option(3e-3, params, 0.0, offload="optimizer+params")
+    inp = inputs(blk, [opt], cluster(), Training(4))
+    t = optimizer_time(inp, [opt], Config(Mesh(1, 4, 1), 1, "1f1b", 1, 3, [0], [0]))
+    assert t == pytest.approx(params / 4 * 30 / HOST_BW)
+
+
+@pytest.mark.parametrize("m", [1, 3])
+def test_offload_traffic_per_step(m):
+    """FSDP2 offload (ZeRO-3, dp 4): each micro-batch copies the rank's weight shard up for
+    forward and again for backward and its gradient shard down; ZeRO-Offload (optimizer
+    states only, ZeRO-1) moves the gradient shard down and the updated weight shard up once."""
+    params = 4e8
+    shard = params / 4
+    blk = [make_block(0, "L", params=int(params), boundary=0, out=0)]
+    for offload, zero, want in (
+        ("optimizer+params", 3, m * shard * (2 + 2 + 2) / HOST_LINK),
+        ("optimizer", 1, shard * (2 + 2) / HOST_LINK),
+    ):
+        opt = make_option(3e-3, params, 0.0, offload=offload)
+        cost = run(blk, [opt], Mesh(1, 4, 1), [0], zero=zero, training=Training(4 * m))
+        assert cost.offload_s == pytest.approx(want)
+        assert cost.step_time_s == pytest.approx(
+            cost.pipeline_s + cost.dp_exposed_s + cost.optimizer_s + want
+        )
+
+
+def test_host_memory_per_gpu_bounds_offload():
+    """400 GB of host memory shared by 4 GPUs: 100 GB each; 16-byte states of 28e9 parameters
+    over 4 ranks (112 GB per rank) do not fit, 24e9 (96 GB) do (device memory left ample)."""
+    for params, fits in ((28e9, False), (24e9, True)):
+        blk = [make_block(0, "L", params=int(params), boundary=0, out=0)]
+        opt = make_option(3e-3, params, 0.0, offload="optimizer+params")
+        cl = cluster(memory_bytes=1e15)
+        cost = run(blk, [opt], Mesh(1, 4, 1), [0], zero=3, training=Training(4), cl=cl)
+        assert cost.host_bytes_per_gpu == pytest.approx(16 * params / 4)
+        assert cost.feasible == fits
+
+
+def test_mfu_counts_model_flops_over_every_device():
+    blocks = silent_blocks(2)
+    opts = [make_option(1e-3, 0.0, 0.0) for _ in blocks]
+    cost = run(blocks, opts, Mesh(1, 4, 1), [0, 0], training=Training(8, "bf16"))
+    flops = 2 * (10**9 + 2 * 10**9) * 8  # per sample, times the global batch
+    assert cost.model_flops_per_step == pytest.approx(flops)
+    assert cost.mfu == pytest.approx(flops / (cost.step_time_s * 4 * 4e12))
+
+
+# --------------------------------------------------------------------------- block options
+
+
+def traced_layer(path: str, args: dict, index: int = 1):
+    from planner.api import trace
+
+    traced = trace(path, {"size": "tiny", **args}, micro_batch_size=1, dtype="fp32")
+    return traced.graph, traced.blocks[index]
+
+
+def roofline_sum(graph, nodes, key_flops: str, key_bytes: str) -> float:
+    return sum(
+        max(graph.nodes[n][key_flops] / PEAK32, graph.nodes[n][key_bytes] / BW) for n in nodes
+    )
+
+
+FP32 = Training(8, "fp32")
+
+
+def options_by_recompute(graph, block, tp: int, training=FP32, **kw):
+    from planner.api import variants_for
+    from planner.costmodel import block_options
+
+    cl = cluster(4, 4)
+    variants = variants_for(graph, cl, "sharded" if tp > 1 else "auto")(block, tp)
+    opts = block_options(graph, block, variants[:1], 1, cl, list(range(tp)), training, **kw)
+    return {o.recompute: o for o in opts if o.offload == "none"}
+
+
+def attention_core(graph, block) -> list[str]:
+    """Korthikanti's attention core, found the way the paper draws it: the score product QK^T
+    and the ops on the scores up to the product with V (scale, mask, softmax, dropout); what
+    only builds the mask from a buffer is not activation work."""
+    from planner.opcost import MATMUL_OPS, VIEW_OPS
+
+    attn = sorted(
+        (n for n in block.nodes if ".attn" in graph.nodes[n]["module"]),
+        key=lambda n: graph.nodes[n]["order"],
+    )
+    products = [
+        i
+        for i, n in enumerate(attn)
+        if graph.nodes[n]["op"] in MATMUL_OPS and not graph.nodes[n]["params"]
+    ]
+    first, second = products[0], products[1]
+    return [
+        n
+        for n in attn[first:second]
+        if graph.nodes[n]["op"] not in VIEW_OPS and graph.nodes[n]["requires_grad"]
+    ]
+
+
+def test_recompute_options_of_a_gpt_layer_cost_what_they_re_run():
+    """No recompute: the ops' roofline forward and backward. Full recompute runs the forward
+    again in backward and keeps only the layer input (s x b x h fp32); selective re-runs the
+    attention core and keeps everything else."""
+    graph, layer = traced_layer("examples/gpt.py", {"dropout": 0.1})
+    by = options_by_recompute(graph, layer, 1)
+    none, sel, full = by["none"], by["selective"], by["full"]
+    fwd = roofline_sum(graph, layer.nodes, "fwd_flops", "fwd_bytes")
+    bwd = roofline_sum(graph, layer.nodes, "bwd_flops", "bwd_bytes")
+    assert none.fwd_s == pytest.approx(fwd, rel=1e-12)
+    assert none.bwd_s == pytest.approx(bwd, rel=1e-12)
+    assert full.bwd_s == pytest.approx(bwd + fwd, rel=1e-12)
+    s, b, h = 32, 1, 64
+    assert full.act_bytes == s * b * h * 4
+    assert full.recompute_peak_bytes == none.act_bytes
+    core = attention_core(graph, layer)
+    assert {graph.nodes[n]["op"].split(".")[1] for n in core} >= {"softmax", "dropout"}
+    assert sel.bwd_s == pytest.approx(bwd + roofline_sum(graph, core, "fwd_flops", "fwd_bytes"))
+    core_saved = sum(
+        nbytes for n in layer.nodes for src, nbytes in graph.nodes[n]["saved"] if src in core
+    )
+    assert sel.act_bytes == none.act_bytes - core_saved
+    assert sel.recompute_peak_bytes == core_saved
+
+
+def test_full_recompute_repeats_the_forward_tensor_parallel_all_reduces():
+    """Megatron's layer at TP 2 (the HF Llama layer): two all-reduces of the s x b x h
+    activations in forward and two in backward (Narayanan et al.); full recompute runs the
+    forward pair once more."""
+    graph, layer = traced_layer("examples/llama.py", {})
+    by = options_by_recompute(graph, layer, 2)
+    one = ring("all_reduce", 32 * 64 * 4, 2)
+    assert by["none"].tp_comm_s == pytest.approx(4 * one)
+    assert by["full"].tp_comm_s == pytest.approx(6 * one)
+    assert by["full"].bwd_s - by["none"].bwd_s == pytest.approx(by["none"].fwd_s)
+
+
+def test_capacity_factor_pads_only_the_experts_rows():
+    """Switch Transformer's capacity factor: each expert computes capacity x its share of the
+    routed rows, so the expert ops (and nothing else) cost 1.25 times as much."""
+    graph, layer = traced_layer("examples/moe.py", {}, index=1)
+    plain = options_by_recompute(graph, layer, 1)["none"]
+    padded = options_by_recompute(graph, layer, 1, Training(8, "fp32", moe_capacity_factor=1.25))[
+        "none"
+    ]
+    inside = f"{layer.modules[0]}.moe.experts"
+    experts = [n for n in layer.nodes if graph.nodes[n]["module"].startswith(inside)]
+    assert any("grouped_mm" in graph.nodes[n]["op"] for n in experts)
+    e_fwd = roofline_sum(graph, experts, "fwd_flops", "fwd_bytes")
+    e_bwd = roofline_sum(graph, experts, "bwd_flops", "bwd_bytes")
+    assert padded.fwd_s - plain.fwd_s == pytest.approx(0.25 * e_fwd, rel=1e-9)
+    assert padded.bwd_s - plain.bwd_s == pytest.approx(0.25 * e_bwd, rel=1e-9)

@@ -1,0 +1,31 @@
+"""The search prunes candidates with lower bounds; a bound above the optimum would prune the
+winner. On the brute-force instances of test_solver_exact, every bound lies at or below what
+brute force finds: the step-time bound of ``lower_bounds``, the LP relaxation
+(``relaxed_bound``), and the peak-memory bound below the least memory any placement the
+runtime can run needs."""
+
+from __future__ import annotations
+
+import pytest
+from bruteforce import every_config
+from test_solver_exact import HUGE, SITUATIONS, configs, inputs, instances, reference
+
+from planner.search import lower_bounds, relaxed_bound, stage_problem
+
+
+@pytest.mark.parametrize("situation", SITUATIONS)
+def test_bounds_never_exceed_the_optimum(situation):
+    tight = 0
+    for seed, inp, cand in instances(situation):
+        best = reference(inp, cand)
+        time_bound, memory_bound = lower_bounds(inp, cand)
+        assert time_bound <= best * (1 + 1e-9), f"seed {seed}"
+        lp = relaxed_bound(stage_problem(inp, cand), time_bound)
+        assert time_bound <= lp <= best * (1 + 1e-9), f"seed {seed}"
+        mesh, args = configs(inp, cand)
+        free = inputs(inp.blocks, inp.options, cand.pp * cand.dp, inp.training, HUGE, HUGE)
+        runnable = [c for _, c in every_config(free, mesh, *args) if c.feasible]
+        least = min(c.peak_memory_bytes for c in runnable)
+        assert memory_bound <= least * (1 + 1e-9), f"seed {seed}"
+        tight += lp >= 0.5 * best
+    assert tight >= len(instances(situation)) // 2  # the bounds are not vacuous either
