@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -36,7 +37,13 @@ COST = "tests/test_cost_terms.py tests/test_costmodel.py"
 FLOPS = "tests/test_trace_reference.py tests/test_trace.py"
 MILP = "tests/test_solver_exact.py"
 SHARD = "tests/test_sharding.py"
-ORACLE = "tests/test_runtime_oracle.py"
+ORACLE = "tests/test_runtime_oracle.py tests/test_runtime_build.py"
+
+
+def oracle(cases: str) -> str:
+    """The oracle cases a runtime mutant is most likely to break first (``pytest -k``): a few
+    launches instead of the whole matrix; a mutant they miss still meets the whole suite."""
+    return f"tests/test_runtime_build.py tests/test_runtime_oracle.py -k '{cases} or build'"
 
 
 @dataclass(frozen=True)
@@ -277,6 +284,14 @@ MUTANTS: list[Mutant] = [
         "context-parallel backward ring moves keys and values but not their gradients",
     ),
     M(
+        "cost-zero1-experts-sharded",
+        "planner/costmodel.py",
+        "experts = state_memory(o.expert_params, 0, 1, o.offload, training)",
+        "experts = state_memory(o.expert_params, 1, dp, o.offload, training)",
+        COST + " " + MILP,
+        "ZeRO-1 priced as sharding the experts' optimizer states the runtime keeps whole",
+    ),
+    M(
         "cost-grad-accumulation-m",
         "planner/costmodel.py",
         "per_acc = (m - 1) * 3 * gb",
@@ -408,6 +423,22 @@ MUTANTS: list[Mutant] = [
         "        for i in range(src + 1, last):\n            cut[i] += nbytes",
         FLOPS + " " + COST,
         "a tensor crossing the cut right after its producer is not counted",
+    ),
+    M(
+        "trace-grouped-kv-expanded",
+        "planner/trace.py",
+        "        if all(x is not None for x in kv):",
+        "        if False:",
+        FLOPS,
+        "grouped-query keys and values kept repeated to every head",
+    ),
+    M(
+        "trace-boolean-mask-bytes",
+        "planner/trace.py",
+        "        if isinstance(mask, torch.Tensor) and mask.dtype == torch.bool:",
+        "        if False:",
+        FLOPS,
+        "a boolean attention mask kept as 1 byte where SDPA keeps the additive one",
     ),
     # ------------------------------------------------------------------ collectives
     M(
@@ -554,7 +585,7 @@ MUTANTS: list[Mutant] = [
         "runtime/train.py",
         "(loss / len(chunks)).backward()",
         "loss.backward()",
-        ORACLE,
+        oracle("gpt-tp2 or mlp-dp4"),
         "gradient accumulation sums micro-batch gradients instead of averaging",
     ),
     M(
@@ -562,7 +593,7 @@ MUTANTS: list[Mutant] = [
         "runtime/train.py",
         "gradient_sync(built.parts, j == len(chunks) - 1)",
         "gradient_sync(built.parts, False)",
-        ORACLE,
+        oracle("gpt-dp4 or mlp-dp4"),
         "data-parallel replicas never reduce gradients",
     ),
     M(
@@ -570,7 +601,7 @@ MUTANTS: list[Mutant] = [
         "runtime/expert_parallel.py",
         "        g.div_(dp)",
         "        g.zero_()",
-        ORACLE,
+        oracle("moe-ep2"),
         "expert weights never learn",
     ),
     M(
@@ -578,7 +609,7 @@ MUTANTS: list[Mutant] = [
         "runtime/expert_parallel.py",
         "        g.div_(dp)",
         "        g.div_(max(1, dp // 2))",
-        ORACLE,
+        oracle("moe-ep2"),
         "expert gradients divided by the wrong replica count",
     ),
     M(
@@ -586,7 +617,7 @@ MUTANTS: list[Mutant] = [
         "runtime/batching.py",
         "return slice_tree(batch, dp_rank * per, (dp_rank + 1) * per)",
         "return slice_tree(batch, 0, per)",
-        ORACLE,
+        oracle("mlp-dp4"),
         "every data-parallel rank trains on the first slice",
     ),
     M(
@@ -594,7 +625,7 @@ MUTANTS: list[Mutant] = [
         "runtime/expert_parallel.py",
         'dest = torch.div(ids, local, rounding_mode="floor")',
         "dest = ids % ep",
-        ORACLE,
+        oracle("moe-ep2"),
         "tokens sent to the wrong expert rank",
     ),
     M(
@@ -602,7 +633,7 @@ MUTANTS: list[Mutant] = [
         "runtime/build.py",
         "    torch.manual_seed(seed)\n    model = mf.build()",
         "    torch.manual_seed(seed + dist.get_rank())\n    model = mf.build()",
-        ORACLE,
+        oracle("gpt-pp2-1f1b or mlp-zero3-dp4"),
         "each rank initialises its own weights",
     ),
     M(
@@ -610,7 +641,7 @@ MUTANTS: list[Mutant] = [
         "runtime/optim.py",
         'return {"lr": lr, **({"momentum": SGD_MOMENTUM} if name == "sgd" else {})}',
         'return {"lr": lr}',
-        ORACLE + " tests/test_runtime_launch.py",
+        oracle("mlp-dp4"),
         "SGD without the momentum the cost model prices (the oracle shares the optimizer, so "
         "only the momentum-state memory notices)",
     ),
@@ -619,15 +650,23 @@ MUTANTS: list[Mutant] = [
         "runtime/parallelize.py",
         "        own = {id(q) for q in experts or []}",
         "        own = set()",
-        ORACLE,
+        oracle("moe-ep2xdp2-zero1"),
         "ZeRO-1 shards expert-parallel experts over dp and overwrites them with their owner's",
+    ),
+    M(
+        "run-experts-not-zero-sharded",
+        "runtime/parallelize.py",
+        'if plan["zero_stage"] < 2 or edp_mesh.size() == 1 or not experts:',
+        "if True:",
+        oracle("moe-ep2xdp2"),
+        "ZeRO 2/3 leave expert-parallel experts unsharded over their replicas",
     ),
     M(
         "run-pipeline-skip-relay",
         "runtime/stages.py",
         "            if src not in index or index[src] >= j - 1:",
         "            if src not in index or index[src] >= j - 2:",
-        ORACLE,
+        oracle("llama-pp4"),
         "a value that skips one stage is not relayed",
     ),
 ]
@@ -690,7 +729,11 @@ def run_one(m: Mutant, root: Path, env: dict, targeted_only: bool) -> Outcome:
     path.write_text(original.replace(m.old, m.new))
     start = time.perf_counter()
     try:
-        targets = [t for t in m.tests.split() if (root / t.split("::")[0]).exists()]
+        targets = [
+            t
+            for t in shlex.split(m.tests)
+            if not t.endswith(".py") or (root / t.split("::")[0]).exists()
+        ]
         rc, log = pytest(root, targets, env, TIMEOUT_S) if targets else (0, "")
         if rc != 0:
             stage = "targeted"
@@ -712,11 +755,18 @@ def run_one(m: Mutant, root: Path, env: dict, targeted_only: bool) -> Outcome:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", help="run the mutants whose id starts with this")
+    ap.add_argument("--ids", help="run these mutants (comma-separated ids)")
     ap.add_argument("--check", action="store_true", help="only report which mutants apply")
     ap.add_argument("--targeted-only", action="store_true", help="skip the whole-suite stage")
     ap.add_argument("--out", default=str(ROOT / "reports" / "mutants.json"))
     args = ap.parse_args()
     chosen = [m for m in MUTANTS if not args.only or m.id.startswith(args.only)]
+    if args.ids:
+        wanted = set(args.ids.split(","))
+        unknown = wanted - {m.id for m in MUTANTS}
+        if unknown:
+            ap.error(f"unknown mutant ids: {', '.join(sorted(unknown))}")
+        chosen = [m for m in chosen if m.id in wanted]
     if args.check:
         bad = [m.id for m in chosen if not applies(m, ROOT)]
         print(f"{len(chosen) - len(bad)} of {len(chosen)} mutants apply")

@@ -97,6 +97,11 @@ class BlockOption:
         ZeRO's share of them is (expert_params * ep) / dp, the same as without EP."""
         return self.params + self.expert_params * (self.ep - 1)
 
+    @property
+    def dense_params(self) -> float:
+        """Parameters held per device that are not expert-parallel experts."""
+        return self.params - self.expert_params
+
     def comm_params(self, dp: int) -> float:
         """Parameters whose gradients (or ZeRO-3 weights) a dp-wide ring moves, as the
         equivalent count: experts reduce over their dp/ep replicas only, a ring of
@@ -479,8 +484,15 @@ def dispatch_bytes(moe: dict, scale: float, training: Training) -> float:
 def option_states(
     o: BlockOption, zero: int, dp: int, training: Training, deferred: bool = False
 ) -> dict[str, float]:
-    """``state_memory`` of one block option (expert parameters shard over their replicas).
-    ``deferred`` (see ``deferred_reduce``): weights and gradients stay whole, as ZeRO-1's."""
+    """``state_memory`` of one block option. Expert parameters shard over their dp / ep
+    replicas under ZeRO 2/3 (FSDP units of their own over those ranks); under ZeRO-1 they keep
+    whole optimizer states beside the dense parameters' sharded ones, as the runtime runs it
+    (torch's ZeroRedundancyOptimizer cannot hold their DTensors). ``deferred`` (see
+    ``deferred_reduce``): weights and gradients stay whole, as ZeRO-1's."""
+    if zero == 1 and o.expert_params:
+        dense = state_memory(o.dense_params, 1, dp, o.offload, training)
+        experts = state_memory(o.expert_params, 0, 1, o.offload, training)
+        return {k: dense[k] + experts[k] for k in dense}
     return state_memory(o.params, 1 if deferred else zero, dp, o.offload, training, o.zero_params)
 
 
@@ -631,10 +643,10 @@ def dp_comm(inp: CostInputs, opts: list[BlockOption], config: Config, pp_rank: i
         return total, max(0.0, total - bwd)
     if zero == 1:
         # As the runtime runs it (DDP + ZeroRedundancyOptimizer): gradients all-reduced in
-        # buckets during backward; after the step each owner broadcasts its updated shard,
-        # which nothing overlaps.
+        # buckets during backward; after the step each owner broadcasts its updated shard of
+        # the dense parameters (experts step whole on every rank), which nothing overlaps.
         ar = collective_time("all_reduce", params * gb, cl, ranks)
-        ag = collective_time("all_gather", params * wb, cl, ranks)
+        ag = collective_time("all_gather", sum(o.dense_params for o in opts) * wb, cl, ranks)
         return ar + ag, max(0.0, ar - bwd) + ag
     # ZeRO 2/3 (FSDP) issue one collective per block that holds parameters: each pays latency,
     # and each unit its host overhead per micro-batch (hooks, copy-in/out).
@@ -666,7 +678,7 @@ def optimizer_time(inp: CostInputs, opts: list[BlockOption], config: Config) -> 
     p = inp.cluster.profile
     mesh = config.mesh
     dp = mesh.replicas if config.zero_stage >= 1 else 1
-    local = [(o.zero_params / dp if dp > 1 else o.params, o.offload) for o in opts]
+    local = [(_stepped_params(o, config.zero_stage, dp), o.offload) for o in opts]
     device = sum(n for n, off in local if off == "none")
     host = sum(n for n, off in local if off != "none")
     per_param = 2 * wb + gb + 2 * ob
@@ -699,6 +711,16 @@ def optimizer_time(inp: CostInputs, opts: list[BlockOption], config: Config) -> 
     dtensors = mesh.tp > 1 or config.zero_stage >= 2 or replicated
     per_op = p.dtensor_op_overhead if dtensors else p.optimizer_op_overhead
     return memory + tensors * OPTIMIZER_OPS[inp.training.optimizer] * per_op
+
+
+def _stepped_params(o: BlockOption, zero: int, dp: int) -> float:
+    """Parameters whose optimizer step a rank runs: its ZeRO shard (experts over their
+    replicas), or under ZeRO-1 the dense shard and its whole experts."""
+    if dp <= 1:
+        return o.params
+    if zero == 1:
+        return o.dense_params / dp + o.expert_params
+    return o.zero_params / dp
 
 
 def offload_time(inp: CostInputs, opts: list[BlockOption], config: Config, m: int) -> float:

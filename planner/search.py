@@ -363,6 +363,7 @@ def stage_problem(inp: CostInputs, cand: Candidate) -> StageProblem:
         cols["optim"].append(np.array([optimizer_time(inp, [o], config) for o in opts]))
         cols["offl"].append(np.array([offload_time(inp, [o], config, m) for o in opts]))
         cols["pbytes"].append(np.array([o.comm_params(mesh.replicas) for o in opts]))
+        cols["dense"].append(np.array([o.dense_params for o in opts]))
     from planner.costmodel import other_memory, stage_time_parts
 
     # What a stage costs per micro-batch besides its blocks: its point-to-point hops, and on
@@ -389,6 +390,7 @@ def stage_problem(inp: CostInputs, cand: Candidate) -> StageProblem:
         optim=cols["optim"],
         offl=cols["offl"],
         pbytes=cols["pbytes"],
+        dense=cols["dense"],
         allowed=[
             np.array([offload_allowed(o.offload, cand.zero) for o in inp.options[first]])
             for first, _ in segs

@@ -79,6 +79,8 @@ class StageProblem:
     dp: int
     allowed: list[np.ndarray] | None = None  # per segment: options this candidate may use
     deferred: bool = False  # ZeRO 2/3 reduce-scatter once per step (costmodel.deferred_reduce)
+    # per segment: dense (not expert-parallel) parameters per block, what ZeRO-1 broadcasts
+    dense: list[np.ndarray] | None = None
 
 
 @dataclass
@@ -223,8 +225,8 @@ def _dp_coefficients(sp: StageProblem, s: int) -> tuple[np.ndarray, np.ndarray]:
     ar, rs, ag = sp.dp_ar[0], sp.dp_rs[0], sp.dp_ag[0]
     if sp.zero == 0:
         return ar * pb - bwd, zero
-    if sp.zero == 1:  # the broadcast after the step is not overlapped
-        return ar * pb - bwd, ag * pb
+    if sp.zero == 1:  # the broadcast of the dense shards after the step is not overlapped
+        return ar * pb - bwd, ag * (pb if sp.dense is None else sp.dense[s])
     # ZeRO 2/3: one collective per block that holds parameters, each with its latency, and
     # each FSDP unit's host overhead per micro-batch
     owns = (pb > 0).astype(float)

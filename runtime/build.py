@@ -24,6 +24,7 @@ from runtime.parallelize import (
     apply_recompute,
     apply_tensor_parallel,
     make_optimizers,
+    shard_experts,
 )
 
 _MESHES: dict[tuple, DeviceMesh] = {}
@@ -147,6 +148,8 @@ def build(plan: dict, mf: ModelFile, device: torch.device, seed: int) -> Built:
 
             check_model(model)
         replicas = replica_mesh(mesh)
+        if ep > 1:
+            experts = shard_experts(model, experts, emesh["edp"], plan, device)
         model = apply_data_parallel(model, blocks, plan, replicas, device, set(experts))
         parts = [model]
         optimizers = make_optimizers(parts, plan, replicas, experts)
@@ -187,9 +190,10 @@ def _build_pipeline(
         stage_mod = pipe.get_stage_module(i)
         adopt_eager_modules(stage_mod, model)
         stage_mod.to(device)
+        stage_experts: list = []
         if ep > 1:
             emesh = expert_mesh(device, mesh_cfg["pp"], mesh_cfg["dp"], ep, mesh_cfg["tp"])
-            experts += apply_expert_parallel(stage_mod, emesh["ep"], eager_only=True)
+            stage_experts = apply_expert_parallel(stage_mod, emesh["ep"], eager_only=True)
             edp_group = emesh["edp"].get_group()
         if device.type != "cpu":
             _modify_graph_op_device(stage_mod, device)
@@ -201,6 +205,8 @@ def _build_pipeline(
                 "around them is traced with fixed shapes, so it cannot take local shards"
             )
         apply_recompute(stage_mod, blocks)
+        if ep > 1:
+            experts += shard_experts(stage_mod, stage_experts, emesh["edp"], plan, device)
         wrapped = apply_data_parallel(stage_mod, blocks, plan, mesh["dp"], device, set(experts))
         pipe.split_gm.register_module(stage_module_name(i), wrapped)
         stages.append(pipe.build_stage(i, device, group=mesh["pp"].get_group()))

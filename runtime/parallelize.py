@@ -330,6 +330,35 @@ def apply_data_parallel(
     return root
 
 
+def shard_experts(
+    root: nn.Module, experts: list, edp_mesh: DeviceMesh, plan: dict, device: torch.device
+) -> list:
+    """ZeRO 2/3 for expert-parallel experts: each experts module is its own FSDP unit over the
+    ranks that hold the same experts (``edp``, dp / ep of them), so its gradients and optimizer
+    states (and under ZeRO-3 its weights) shard over them, as the cost model prices it. Their
+    gradient already sums the tokens of the whole ep group; FSDP sums over edp and divides by
+    dp, the average every other gradient gets. Returns the expert parameters that still need
+    ``sync_expert_grads`` (all of them below ZeRO-2, or with one copy of each expert)."""
+    if plan["zero_stage"] < 2 or edp_mesh.size() == 1 or not experts:
+        return experts
+    ids = {id(p) for p in experts}
+    mp = MixedPrecisionPolicy()
+    if device.type == "cuda" and plan["dtype"] in HALF:
+        mp = MixedPrecisionPolicy(param_dtype=HALF[plan["dtype"]], reduce_dtype=torch.float32)
+    modules = [
+        m
+        for m in root.modules()
+        if (own := list(m.parameters(recurse=False))) and all(id(p) in ids for p in own)
+    ]
+    for module in modules:
+        fully_shard(
+            module, mesh=edp_mesh, reshard_after_forward=plan["zero_stage"] == 3, mp_policy=mp
+        )
+        module.set_force_sum_reduction_for_comms(True)  # gloo has no pre-scaled sum
+        module.set_gradient_divide_factor(float(plan["mesh"]["dp"]))
+    return []
+
+
 def make_optimizers(
     parts: list[nn.Module], plan: dict, dp_mesh: DeviceMesh, experts: list | None = None
 ) -> list:

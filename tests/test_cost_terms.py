@@ -230,10 +230,10 @@ def test_the_loss_and_its_logits_live_on_the_last_stage():
 # --------------------------------------------------------------------------- data parallel
 
 
-def dp_case(zero: int, m: int = 2, pp: int = 1):
-    """Two blocks of 1e8 and 3e8 parameters, 3 ms per micro-batch each (1 forward, 2 backward),
-    on 4 data-parallel ranks in one node; bf16 AdamW."""
-    params = [10**8, 3 * 10**8]
+def dp_case(zero: int, m: int = 2, pp: int = 1, scale: float = 1.0):
+    """Two blocks of 1e8 and 3e8 parameters (times ``scale``), 3 ms per micro-batch each (1
+    forward, 2 backward), on 4 data-parallel ranks in one node; bf16 AdamW."""
+    params = [int(10**8 * scale), int(3 * 10**8 * scale)]
     blocks = [make_block(i, "L", params=p, boundary=0, out=0) for i, p in enumerate(params)]
     opts = [make_option(3e-3, float(p), 0.0) for p in params]
     cost = run(
@@ -248,24 +248,30 @@ def dp_case(zero: int, m: int = 2, pp: int = 1):
     return cost, params
 
 
-def test_zero0_all_reduce_hides_behind_half_the_backward():
-    cost, params = dp_case(0)
+@pytest.mark.parametrize("scale", [1.0, 1e-3])
+def test_zero0_all_reduce_hides_behind_half_the_backward(scale):
+    cost, params = dp_case(0, scale=scale)
     ar = ring("all_reduce", 2 * sum(params), 4)
     assert cost.stages[0].dp_comm_s == pytest.approx(ar)
     assert cost.dp_exposed_s == pytest.approx(max(0.0, ar - 0.5 * 2 * 2e-3))
 
 
-def test_zero1_broadcasts_updated_shards_after_the_step():
-    cost, params = dp_case(1)
+@pytest.mark.parametrize("scale", [1.0, 1e-3])
+def test_zero1_broadcasts_updated_shards_after_the_step(scale):
+    """The all-reduce hides behind backward (wholly, for the small model); the broadcast of
+    the updated shards comes after the step, with nothing to hide behind."""
+    cost, params = dp_case(1, scale=scale)
     ar = ring("all_reduce", 2 * sum(params), 4)
     ag = ring("all_gather", 2 * sum(params), 4)
     assert cost.stages[0].dp_comm_s == pytest.approx(ar + ag)
     assert cost.dp_exposed_s == pytest.approx(max(0.0, ar - 0.5 * 4e-3) + ag)
+    assert (ar < 0.5 * 4e-3) == (scale < 1)
 
 
-def test_zero2_reduce_scatters_every_micro_batch_and_gathers_once():
+@pytest.mark.parametrize("scale", [1.0, 1e-3])
+def test_zero2_reduce_scatters_every_micro_batch_and_gathers_once(scale):
     m = 3
-    cost, params = dp_case(2, m)
+    cost, params = dp_case(2, m, scale=scale)
     rs = sum(ring("reduce_scatter", 2 * p, 4) for p in params)
     ag = sum(ring("all_gather", 2 * p, 4) for p in params)
     assert cost.stages[0].dp_comm_s == pytest.approx(m * rs + ag)
@@ -275,9 +281,10 @@ def test_zero2_reduce_scatters_every_micro_batch_and_gathers_once():
     )
 
 
-def test_zero3_gathers_weights_for_forward_and_again_for_backward():
+@pytest.mark.parametrize("scale", [1.0, 1e-3])
+def test_zero3_gathers_weights_for_forward_and_again_for_backward(scale):
     m = 3
-    cost, params = dp_case(3, m)
+    cost, params = dp_case(3, m, scale=scale)
     rs = sum(ring("reduce_scatter", 2 * p, 4) for p in params)
     ag = sum(ring("all_gather", 2 * p, 4) for p in params)
     assert cost.stages[0].dp_comm_s == pytest.approx(m * (2 * ag + rs))
@@ -389,9 +396,16 @@ def traced_layer(path: str, args: dict, index: int = 1):
 
 
 def roofline_sum(graph, nodes, key_flops: str, key_bytes: str) -> float:
-    return sum(
-        max(graph.nodes[n][key_flops] / PEAK32, graph.nodes[n][key_bytes] / BW) for n in nodes
-    )
+    """Per-op roofline, summed. Backward of an op that needs a gradient reads the output's
+    gradient and what the op saved and writes the input's gradient: twice the forward's
+    bytes (``key_bytes`` "bwd_bytes"); an op without a gradient has no backward."""
+
+    def nbytes(d: dict) -> float:
+        if key_bytes == "fwd_bytes":
+            return d["fwd_bytes"]
+        return 2 * d["fwd_bytes"] if d["requires_grad"] else 0.0
+
+    return sum(max(graph.nodes[n][key_flops] / PEAK32, nbytes(graph.nodes[n]) / BW) for n in nodes)
 
 
 FP32 = Training(8, "fp32")
@@ -482,3 +496,22 @@ def test_capacity_factor_pads_only_the_experts_rows():
     e_bwd = roofline_sum(graph, experts, "bwd_flops", "bwd_bytes")
     assert padded.fwd_s - plain.fwd_s == pytest.approx(0.25 * e_fwd, rel=1e-9)
     assert padded.bwd_s - plain.bwd_s == pytest.approx(0.25 * e_bwd, rel=1e-9)
+
+
+def test_zero1_keeps_expert_optimizer_states_whole():
+    """ZeRO-1 with expert parallelism, as the runtime runs it: the dense parameters' optimizer
+    states shard over the 4 data-parallel ranks, this rank's experts (1e8 of its 3e8
+    parameters) keep theirs whole, and only the dense shards are broadcast after the step."""
+    blk = [make_block(0, "L", params=3 * 10**8, boundary=0, out=0)]
+    opt = replace(make_option(3e-3, 3e8, 0.0), ep=2, expert_params=1e8)
+    cost = run(blk, [opt], Mesh(1, 4, 1, ep=2), [0], zero=1, training=Training(4))
+    mem = cost.rank_memory[0]
+    assert mem["params"] == pytest.approx(2 * 3e8) and mem["grads"] == pytest.approx(2 * 3e8)
+    assert mem["optimizer"] == pytest.approx(12 * 2e8 / 4 + 12 * 1e8)
+    dense_ar = 2 * 2e8 * 2 * 3 / 4 / NVLINK
+    expert_ar = 2 * 1e8 * 2 * 1 / 2 / NVLINK
+    broadcast = ring("all_gather", 2 * 2e8, 4)
+    assert cost.stages[0].dp_comm_s == pytest.approx(
+        dense_ar + expert_ar + 2 * 3 * NVLINK_LAT + broadcast
+    )
+    assert cost.optimizer_s == pytest.approx((2e8 / 4 + 1e8) * 30 / BW)

@@ -144,6 +144,7 @@ EXTRA: list[tuple[str, str, int, dict]] = [
         for m in MODELS
     ),
     ("ep2xdp2-zero1", "moe", 4, {**EP2_DP4, "zero": 1}),
+    ("ep2xdp2-zero2", "moe", 4, {**EP2_DP4, "zero": 2}),
     ("ep2xdp2-zero3", "moe", 4, {**EP2_DP4, "zero": 3}),
     ("pp2xep2", "moe", 4, {**EP2, "pp": 2, "schedule": "1f1b"}),
     ("tp2xep2", "moe", 4, {**EP2, "tp": 2}),
@@ -180,7 +181,8 @@ def _cases(full: bool) -> list[Case]:
     them (rotating) with AdamW and recompute."""
     cases = []
     for i, (cid, world, pins, models) in enumerate(CONFIGS + MOE_CONFIGS):
-        models = MODELS if full and i < len(CONFIGS) else models
+        if full and i < len(CONFIGS):  # the 8-rank mesh: the MLP adds nothing but minutes
+            models = NO_MLP if world == 8 else MODELS
         for j, model in enumerate(models):
             cases.append(Case(f"{model}-{cid}", model, world, {**pins, "recompute": "none"}))
             # Selective recompute only differs from none where attention materialises its

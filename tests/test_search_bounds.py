@@ -29,3 +29,23 @@ def test_bounds_never_exceed_the_optimum(situation):
         assert memory_bound <= least * (1 + 1e-9), f"seed {seed}"
         tight += lp >= 0.5 * best
     assert tight >= len(instances(situation)) // 2  # the bounds are not vacuous either
+
+
+@pytest.mark.parametrize("pp,m,v", [(1, 1, 1), (2, 4, 1), (4, 8, 1), (2, 4, 2)])
+def test_the_step_time_bound_is_exact_for_balanced_stages(pp, m, v):
+    """Blocks without parameters (no optimizer, no gradient reduction), equal and as many as
+    a balanced split needs: the best placement reaches the bound, so the bound is tight."""
+    from conftest import cluster_of, make_block, make_option
+
+    from planner.costmodel import CostInputs, Training
+    from planner.search import Candidate, solve_candidate
+
+    n = 2 * pp * v
+    blocks = [make_block(i, "L", params=0, boundary=0, out=0) for i in range(n)]
+    options = [[make_option(1e-3, 0.0, 1e6)] for _ in blocks]
+    inp = CostInputs(blocks, options, 1, cluster_of(pp), Training(m))
+    schedule = "interleaved_1f1b" if v > 1 else "1f1b"
+    cand = Candidate(pp, 1, 1, 1, schedule, v, 0)
+    bound, _ = lower_bounds(inp, cand)
+    solve_candidate(inp, cand)
+    assert cand.cost.step_time_s == pytest.approx(bound, rel=1e-12)

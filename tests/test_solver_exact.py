@@ -172,3 +172,27 @@ def test_infeasible_candidates_are_reported_infeasible():
     cand = replace(cand)
     solve_candidate(tight, cand)
     assert cand.status == "infeasible"
+
+
+def test_dominance_keeps_an_option_that_needs_a_smaller_gather_buffer():
+    """Option 0 is faster and lighter on every row but ZeRO-3's gathered-weight buffer (its
+    expert-parallel parameters shard, its dense ones are gathered whole): option 1 may be the
+    only one that fits, so dominance must keep both; and identical options keep the first."""
+    import numpy as np
+
+    from planner.stage_milp import StageProblem, undominated
+
+    def rows(*values):
+        return [np.array(values, dtype=float)]
+
+    sp = StageProblem(
+        pp=1, v=1, m=1, seg_len=[2],
+        time=rows(1.0, 2.0, 2.0), fwd=rows(0.3, 0.6, 0.6), bwd=rows(0.7, 1.4, 1.4),
+        state=rows(1.0, 2.0, 2.0), host=rows(0, 0, 0), act=rows(1, 1, 1), ws=rows(0, 0, 0),
+        gather=rows(9.0, 1.0, 1.0), optim=rows(0, 0, 0), offl=rows(0, 0, 0),
+        pbytes=rows(1, 1, 1), has_params=[True], const_time=[0.0], inflight=[1],
+        const_mem=[0.0], capacity=10.0, host_capacity=10.0, zero=3,
+        dp_ar=(0.0, 0.0), dp_rs=(0.0, 0.0), dp_ag=(0.0, 0.0), comm_overlap=1.0,
+        fsdp_unit_overhead=0.0, dp=1,
+    )  # fmt: skip
+    assert undominated(sp) == [[0, 1]]

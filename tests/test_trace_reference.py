@@ -105,7 +105,9 @@ def test_frozen_operands_cost_no_backward_products():
     fwd2, bwd2 = by_param["2.0.weight"]
     assert bwd2 == fwd2  # its weight's gradient only: its input comes from frozen layers
     fwd3, bwd3 = by_param["3.weight"]
-    assert bwd3 == 2 * fwd3
+    assert bwd3 == fwd3  # addmm with a frozen weight: the input's gradient only
+    fwd4, bwd4 = by_param["4.weight"]
+    assert bwd4 == 2 * fwd4
 
 
 def real_saved_bytes(path: Path, layers: list[str]) -> dict[str, int]:
@@ -159,3 +161,27 @@ def test_saved_activations_per_layer_equal_a_real_forward(path, layers, rel):
     for name in layers:
         assert real[name] > 0
         assert by_module[name].saved_bytes == pytest.approx(real[name], rel=rel, abs=0), name
+
+
+@pytest.mark.parametrize(
+    "path,outputs",
+    [
+        (ROOT / "examples" / "gpt.py", ["drop", "layers.0", "layers.1"]),
+        (ROOT / "examples" / "mlp.py", ["proj", "layers.0", "layers.1", "layers.2", "layers.3"]),
+    ],
+    ids=["gpt", "mlp"],
+)
+def test_pipeline_cuts_carry_what_the_previous_block_returns(path, outputs):
+    """In a model whose blocks pass one tensor on, the bytes crossing the cut after each block
+    are that block's output, as a real forward returns it."""
+    traced = trace(path, {"size": "tiny"}, micro_batch_size=BATCH, dtype="fp32")
+    mf, model = real_model(path)
+    sizes: dict[str, int] = {}
+    for name in outputs:
+        model.get_submodule(name).register_forward_hook(
+            lambda _m, _a, out, name=name: sizes.__setitem__(name, out.numel() * out.element_size())
+        )
+    inputs, _ = mf.batch(BATCH, step=0)
+    model(*inputs)
+    cuts = [b.boundary_bytes for b in traced.blocks[:-1]]
+    assert cuts == [sizes[name] for name in outputs]
