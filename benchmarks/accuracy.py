@@ -37,8 +37,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the package, not benchmarks/planner.py beside this script
 
 from planner.api import plan as make_plan  # noqa: E402
-from planner.plan import write_plan  # noqa: E402
-from planner.profiles import load_profile  # noqa: E402
+from planner.hardware.profiles import load_profile  # noqa: E402
+from planner.schema import write_plan  # noqa: E402
 from planner.search import Pins  # noqa: E402
 from runtime.launch import torchrun_command, worker_env  # noqa: E402
 

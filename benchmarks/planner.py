@@ -43,7 +43,8 @@ sys.path.insert(0, str(_HERE.parent))
 
 from planner.api import PlanResult, plan, variants_for  # noqa: E402
 from planner.errors import MeshplanError  # noqa: E402
-from planner.search import Candidate, Pins, divisors, search  # noqa: E402
+from planner.search import Candidate, Pins, search  # noqa: E402
+from planner.search.candidates import divisors  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "reports" / "planner"

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.grouped_mm import grouped_mm
+from planner.grouped_mm import grouped_mm
 
 # name: (layers, hidden, heads, experts, top_k, ffn, seq_len, vocab)
 SIZES: dict[str, tuple[int, int, int, int, int, int, int, int]] = {

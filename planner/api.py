@@ -8,11 +8,11 @@ from typing import Any
 
 import networkx as nx
 
-from planner.blocks import Block, make_blocks
-from planner.cache import load_graph, save_graph, trace_key
 from planner.errors import UserInputError
 from planner.modelfile import ModelFile, load_model_file
-from planner.trace import trace_model
+from planner.trace.blocks import Block, make_blocks
+from planner.trace.cache import load_graph, save_graph, trace_key
+from planner.trace.export import trace_model
 
 
 @dataclass
@@ -120,7 +120,7 @@ def variants_for(graph: nx.DiGraph, cluster, tp_variant: str = "auto") -> Any:
     pinned ``--tp`` really shards (used to score hand-written Megatron configs, and by tests);
     "sequence" keeps only the sequence-parallel variant where a block has one (else as
     "sharded"); "no-sequence" drops sequence-parallel variants."""
-    from planner.sharding import tp_variants
+    from planner.cost.sharding import tp_variants
 
     p = cluster.profile
     bw, _ = cluster.link(list(range(min(cluster.gpus_per_node, cluster.gpus))))
@@ -164,10 +164,10 @@ def plan(
     """Trace, price and solve: the plan dict of docs/plan-format.md, plus what made it.
 
     Raises UserInputError for bad input and InfeasibleError when nothing fits."""
-    from planner.cluster import make_cluster
-    from planner.costmodel import Training
+    from planner.assemble import build_plan
+    from planner.cost.model import Training
     from planner.errors import InfeasibleError
-    from planner.plan import build_plan
+    from planner.hardware.cluster import make_cluster
     from planner.search import Pins, search
 
     mf = (

@@ -20,8 +20,9 @@ import traceback
 from collections.abc import Callable, Sequence
 
 from planner.errors import MeshplanError, UserInputError
+from planner.flags import CommandParser, add_run_flags, positive_float, positive_int
 from planner.modelfile import DTYPES, OPTIMIZERS, parse_model_args
-from planner.runflags import add_run_flags, positive_float, positive_int
+from planner.vocab import OFFLOAD, RECOMPUTE, SCHEDULES
 
 
 def _lazy(module: str) -> Callable[[list[str]], int]:
@@ -35,18 +36,26 @@ def _lazy(module: str) -> Callable[[list[str]], int]:
     return call
 
 
+def cmd_run(argv: list[str]) -> int:
+    """``plan run PLAN.json [flags]``: train a saved plan (see runtime.launch)."""
+    from pathlib import Path
+
+    parser = CommandParser(
+        prog="plan run", description="Train a saved plan with torch.distributed."
+    )
+    parser.add_argument("plan", help="a plan.json written by `plan MODEL.py`")
+    add_run_flags(parser)
+    opts = parser.parse_args(argv)
+    from runtime.launch import run_plan
+
+    return run_plan(Path(opts.plan), opts)
+
+
 SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
-    "run": _lazy("runtime.cli"),
+    "run": cmd_run,
     "show": _lazy("planner.report.show"),
     "calibrate": _lazy("planner.calibrate"),
 }
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse that raises our one-line error instead of printing usage and exiting."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise UserInputError(f"{message} (see `{self.prog} --help`)")
 
 
 def add_model_flags(p: argparse.ArgumentParser) -> None:
@@ -71,7 +80,7 @@ def add_common_flags(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = CommandParser(
         prog="plan",
         description="meshplan: plan data, tensor and pipeline parallelism for a PyTorch model.",
         epilog="Subcommands: plan run PLAN.json | plan show PLAN.json | plan calibrate",
@@ -99,12 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="context-parallel degree (splits each sequence; models with fused attention)",
     )
     s.add_argument("--zero", type=int, choices=(0, 1, 2, 3), help="ZeRO stage")
-    s.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved_1f1b"))
+    s.add_argument("--schedule", choices=SCHEDULES)
     s.add_argument("--virtual-stages", type=positive_int, help="chunks per rank (interleaved)")
-    s.add_argument("--recompute", default="auto", choices=("auto", "none", "selective", "full"))
-    s.add_argument(
-        "--offload", default="auto", choices=("auto", "none", "optimizer", "optimizer+params")
-    )
+    s.add_argument("--recompute", default="auto", choices=("auto", *RECOMPUTE))
+    s.add_argument("--offload", default="auto", choices=("auto", *OFFLOAD))
     s.add_argument(
         "--tp-variant",
         default="auto",
@@ -163,7 +170,7 @@ def cmd_plan(argv: list[str]) -> int:
         if args.json:
             print(json.dumps(summary, indent=2))
         else:
-            from planner.console import print_graph
+            from planner.report.console import print_graph
 
             print_graph(summary, traced.note, quiet=args.quiet)
         return 0
@@ -196,8 +203,8 @@ def run_planning(args: argparse.Namespace, mf, command: str) -> int:
     from pathlib import Path
 
     from planner.api import plan
-    from planner.console import Progress, print_plan
-    from planner.plan import write_plan
+    from planner.report.console import Progress, print_plan
+    from planner.schema import write_plan
 
     if args.gpus is None and args.nodes is None:
         raise UserInputError("say how many devices to plan for: --gpus N (or --graph)")

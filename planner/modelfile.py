@@ -21,7 +21,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from planner import vocab
 from planner.errors import UserInputError
+from planner.vocab import TENSOR_DTYPE
 
 TRAINING_DEFAULTS: dict[str, Any] = {
     "global_batch_size": 8,
@@ -29,8 +31,8 @@ TRAINING_DEFAULTS: dict[str, Any] = {
     "dtype": "bf16",
     "lr": 3e-4,
 }
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-OPTIMIZERS = ("adamw", "sgd")
+DTYPES = {name: getattr(torch, TENSOR_DTYPE[name]) for name in vocab.DTYPES}
+OPTIMIZERS = vocab.OPTIMIZERS
 
 
 @dataclass
@@ -290,3 +292,19 @@ def _fmt_args(args: dict[str, Any]) -> str:
 def _one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     return text[:300] + ("…" if len(text) > 300 else "")
+
+
+def expert_modules(model: torch.nn.Module) -> dict[str, dict[str, int]]:
+    """Modules that hold a mixture-of-experts layer's expert weights: every parameter of their
+    own is a stack of per-expert matrices with one leading expert dimension (transformers'
+    3-D ``*Experts`` modules, examples/moe.py's ``Experts``). Expert parallelism shards them
+    along that dimension; the planner prices their parameters separately."""
+    found: dict[str, dict[str, int]] = {}
+    for name, m in model.named_modules():
+        own = list(m.parameters(recurse=False))
+        if not own or any(p.dim() < 3 for p in own):
+            continue
+        leading = {p.shape[0] for p in own}
+        if len(leading) == 1 and (e := leading.pop()) >= 2:
+            found[name] = {"num_experts": int(e), "params": sum(p.numel() for p in own)}
+    return found

@@ -17,8 +17,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from planner.modelfile import ModelFile
 from runtime.batching import dp_slice, micro_batches
+from runtime.capability import check_runnable
 from runtime.expert_parallel import apply_expert_parallel, sync_expert_grads
-from runtime.launch import check_runnable
 from runtime.parallelize import (
     apply_data_parallel,
     apply_recompute,

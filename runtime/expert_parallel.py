@@ -2,7 +2,7 @@
 layer's experts, and routed tokens travel to their expert's rank and back with
 ``all_to_all_single``.
 
-Any experts module the planner recognises (``planner.trace.expert_modules``: parameters that
+Any experts module the planner recognises (``planner.modelfile.expert_modules``: parameters that
 are stacks of per-expert matrices) with the interface transformers 5 gives its ``*Experts``
 modules and examples/moe.py follows: ``forward(hidden (T, d), top_k_index (T, k),
 top_k_weights (T, k)) -> (T, d)`` and a ``num_experts`` attribute. The model's own router runs
@@ -29,7 +29,7 @@ from torch.distributed.nn.functional import all_to_all_single as all_to_all_auto
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 from planner.errors import UserInputError
-from planner.trace import expert_modules
+from planner.modelfile import expert_modules
 
 
 def apply_expert_parallel(

@@ -15,7 +15,9 @@ from pathlib import Path
 
 from planner.errors import UserInputError
 from planner.modelfile import file_sha256
-from planner.plan import load_plan
+from planner.schema import load_plan
+from runtime.capability import check_runnable
+from runtime.checkpoint import latest_checkpoint
 from runtime.stop import ENV as STOP_ENV
 from runtime.stop import clear_stop, read_stop
 
@@ -42,21 +44,6 @@ def check_model_file(plan: dict, plan_path: Path) -> None:
         raise UserInputError(
             f"model file {model} changed since plan {plan_path} was made (sha256 "
             f"{digest[:12]}…, plan has {plan['model']['sha256'][:12]}…): plan again"
-        )
-
-
-def check_runnable(plan: dict) -> None:
-    """Refuse, before any process starts, what the runtime cannot build (one line, no trace)."""
-    mesh = plan["mesh"]
-    if plan["zero_stage"] == 1 and (mesh["pp"] > 1 or mesh["tp"] > 1):
-        raise UserInputError(
-            "ZeRO-1 with pipeline or tensor parallelism: torch's ZeroRedundancyOptimizer holds "
-            "neither DTensors nor pipeline stages; plan again with --zero 0, 2 or 3"
-        )
-    if mesh.get("cp", 1) > 1 and (mesh["pp"] > 1 or mesh.get("ep", 1) > 1):
-        raise UserInputError(
-            "this runtime runs context parallelism without pipelining or expert parallelism: "
-            "plan again with --cp 1, or with --pp 1 --ep 1"
         )
 
 
@@ -141,8 +128,6 @@ def run_plan(plan_path: Path, opts: argparse.Namespace) -> int:
     except OSError as exc:
         raise UserInputError(f"cannot create run directory {run_dir}: {exc.strerror}") from exc
     if getattr(opts, "resume", False):
-        from runtime.checkpoint import latest_checkpoint
-
         if latest_checkpoint(run_dir) is None:
             raise UserInputError(
                 f"--resume: no complete checkpoint under {run_dir / 'checkpoints'}; "

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 # SGD keeps a momentum buffer, as the cost model prices it (one state per parameter,
-# planner.costmodel.STATE_BYTES): plain SGD without momentum is rarely what anyone trains with.
+# planner.cost.model.STATE_BYTES): plain SGD without momentum is rarely what anyone trains with.
 SGD_MOMENTUM = 0.9
 
 

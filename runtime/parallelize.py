@@ -7,8 +7,6 @@ order is torchtitan's: tensor parallel, then activation checkpointing, then data
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import nn
 from torch.distributed._composable import checkpoint as composable_checkpoint
@@ -25,23 +23,13 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
+from planner.checkpoint_policy import selective_context
 from planner.errors import UserInputError
+from planner.modelfile import DTYPES
+from planner.vocab import HALF_DTYPES, SEQUENCE_STYLES
 
-aten = torch.ops.aten
-# Selective recompute keeps the outputs of the expensive ops (matrix products, attention) and
-# recomputes the cheap element-wise work around them (Korthikanti et al.'s selective recompute).
-SAVED_OPS = {
-    aten.mm.default,
-    aten.addmm.default,
-    aten.bmm.default,
-    aten.baddbmm.default,
-    aten._scaled_dot_product_flash_attention.default,
-    aten._scaled_dot_product_efficient_attention.default,
-    aten._scaled_dot_product_cudnn_attention.default,
-}
-HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
+HALF = {name: DTYPES[name] for name in HALF_DTYPES}
 
 
 def find_module(root: nn.Module, fqn: str) -> nn.Module | None:
@@ -98,9 +86,6 @@ def tp_style(module: nn.Module, style: str, fqn: str, traced_parent: bool = Fals
         # rowwise: an embedding's vocabulary split (ids arrive replicated), or see above
         return RowwiseParallel(input_layouts=Replicate())
     return RowwiseParallel()
-
-
-SEQUENCE_STYLES = ("colwise_sp", "rowwise_sp", "sequence", "sp_gather", "sp_block")
 
 
 def gather_sequence(module: nn.Module, regather_in_backward: bool = False) -> None:
@@ -212,14 +197,6 @@ def apply_tensor_parallel(root: nn.Module, blocks: list[dict], tp_mesh: DeviceMe
     if styles:
         parallelize_module(root, tp_mesh, styles)
     return gathered
-
-
-def _selective_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-    return CheckpointPolicy.MUST_SAVE if op in SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
-
-
-def selective_context() -> Any:
-    return create_selective_checkpoint_contexts(_selective_policy)
 
 
 def is_sequence_parallel(block: dict) -> bool:

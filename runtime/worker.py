@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from planner.errors import MeshplanError
 from planner.modelfile import load_model_file
-from planner.plan import load_plan
+from planner.schema import load_plan
 from runtime.checkpoint import latest_checkpoint
 from runtime.stop import ENV as STOP_ENV
 from runtime.stop import write_stop

@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import math
 
-from planner.costmodel import Config, CostInputs, Mesh, StepCost, evaluate
+from planner.cost.model import Config, CostInputs, Mesh, StepCost, evaluate
 
 
 def splits(n_blocks: int, n_stages: int):

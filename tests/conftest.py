@@ -19,10 +19,10 @@ os.environ["MESHPLAN_CACHE"] = os.environ.get("MESHPLAN_TEST_CACHE") or tempfile
     prefix="meshplan-test-cache-"
 )
 
-from planner.blocks import Block  # noqa: E402
-from planner.cluster import Cluster  # noqa: E402
-from planner.costmodel import BlockOption  # noqa: E402
-from planner.profiles import load_profile  # noqa: E402
+from planner.cost.model import BlockOption  # noqa: E402
+from planner.hardware.cluster import Cluster  # noqa: E402
+from planner.hardware.profiles import load_profile  # noqa: E402
+from planner.trace.blocks import Block  # noqa: E402
 
 
 def make_block(i: int, cls: str, params: int = 1000, boundary: int = 4096, out: int = 4096):

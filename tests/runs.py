@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 from planner.api import plan as make_plan
-from planner.plan import write_plan
+from planner.schema import write_plan
 from planner.search import Pins
 from runtime.launch import torchrun_command, worker_env
 

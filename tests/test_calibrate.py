@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 import tomllib
 
-import planner.calibrate as calibrate_mod
-import planner.calibrate_workers as workers_mod
+import planner.calibrate.command as calibrate_mod
+import planner.calibrate.workers as workers_mod
 from planner.calibrate import main
-from planner.calibrate_fit import fit_alpha_beta, fit_each, ring_factors
-from planner.cluster import Cluster
-from planner.collectives import collective_time
-from planner.costmodel import compute_time
+from planner.calibrate.fit import fit_alpha_beta, fit_each, ring_factors
+from planner.cost.model import compute_time
 from planner.errors import UserInputError
-from planner.profiles import FIELDS, load_profile, profile_to_dict
+from planner.hardware.cluster import Cluster
+from planner.hardware.collectives import collective_time
+from planner.hardware.profiles import FIELDS, load_profile, profile_to_dict
 
 ROOT = Path(__file__).resolve().parent.parent
 MLP = ROOT / "examples" / "mlp.py"
@@ -80,7 +80,7 @@ SYNC = 1.2e-3  # what each collective costs between compute phases beyond its ri
 def synthetic_results(nproc: int, alpha: float, bandwidth: float):
     """What run_workers would return on a machine with known rates (ranks differ: the slower
     one must count)."""
-    from planner.calibrate_bench import settings
+    from planner.calibrate.bench import settings
 
     s = settings("cpu", quick=True)
     coll = [
@@ -329,7 +329,7 @@ def test_cuda_without_gpu_is_refused(tmp_path):
 
 def cuda_results(nproc: int) -> list[dict]:
     """What NCCL ranks on H100s would report (this machine has no GPU to run them)."""
-    from planner.calibrate_bench import settings
+    from planner.calibrate.bench import settings
 
     s = settings("cuda", quick=True)
     shapes = len(s.matmul_shapes)
@@ -375,8 +375,8 @@ def cuda_results(nproc: int) -> list[dict]:
 
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_cuda_profile_keeps_datasheet_peaks_and_fits_efficiencies(nproc, monkeypatch):
-    import planner.calibrate_profile as cp
-    from planner.calibrate_bench import settings
+    import planner.calibrate.profile as cp
+    from planner.calibrate.bench import settings
 
     h100 = load_profile("h100-sxm")
     monkeypatch.setattr(cp, "reference_profile", lambda device: (h100, "h100-sxm"))
@@ -425,7 +425,7 @@ def test_cuda_profile_keeps_datasheet_peaks_and_fits_efficiencies(nproc, monkeyp
 
 @pytest.mark.parametrize("half", [0.0, 12.5, 40.0])
 def test_inner_dimension_fit_recovers_exact_data(half):
-    from planner.calibrate_profile import fit_half_inner_dim
+    from planner.calibrate.profile import fit_half_inner_dim
 
     ks = [32, 64, 128, 512, 1024]
     rates = [90e9 * k / (k + half) for k in ks]

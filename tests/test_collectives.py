@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from planner.cluster import Cluster
-from planner.collectives import (
+from planner.hardware.cluster import Cluster
+from planner.hardware.collectives import (
     all_gather_time,
     all_reduce_time,
     all_to_all_time,
@@ -14,7 +14,7 @@ from planner.collectives import (
     p2p_time,
     reduce_scatter_time,
 )
-from planner.profiles import load_profile
+from planner.hardware.profiles import load_profile
 
 B = 360e9  # bytes/s
 ALPHA = 5e-6  # s

@@ -15,9 +15,7 @@ import networkx as nx
 import pytest
 from conftest import make_block, make_option
 
-from planner.blocks import Block
-from planner.cluster import Cluster
-from planner.costmodel import (
+from planner.cost.model import (
     Config,
     CostInputs,
     Mesh,
@@ -27,7 +25,9 @@ from planner.costmodel import (
     node_times,
     optimizer_time,
 )
-from planner.profiles import DeviceProfile
+from planner.hardware.cluster import Cluster
+from planner.hardware.profiles import DeviceProfile
+from planner.trace.blocks import Block
 
 PEAK32 = 1e12 * 0.5  # achievable fp32 FLOP/s
 PEAK16 = 4e12 * 0.5
@@ -413,7 +413,7 @@ FP32 = Training(8, "fp32")
 
 def options_by_recompute(graph, block, tp: int, training=FP32, **kw):
     from planner.api import variants_for
-    from planner.costmodel import block_options
+    from planner.cost.model import block_options
 
     cl = cluster(4, 4)
     variants = variants_for(graph, cl, "sharded" if tp > 1 else "auto")(block, tp)
@@ -425,7 +425,7 @@ def attention_core(graph, block) -> list[str]:
     """Korthikanti's attention core, found the way the paper draws it: the score product QK^T
     and the ops on the scores up to the product with V (scale, mask, softmax, dropout); what
     only builds the mask from a buffer is not activation work."""
-    from planner.opcost import MATMUL_OPS, VIEW_OPS
+    from planner.trace.opcost import MATMUL_OPS, VIEW_OPS
 
     attn = sorted(
         (n for n in block.nodes if ".attn" in graph.nodes[n]["module"]),

@@ -8,9 +8,7 @@ from dataclasses import replace
 import pytest
 from conftest import cluster_of, make_block, make_option
 
-from planner.cluster import Cluster
-from planner.collectives import collective_time
-from planner.costmodel import (
+from planner.cost.model import (
     Config,
     CostInputs,
     Mesh,
@@ -19,6 +17,8 @@ from planner.costmodel import (
     inflight_microbatches,
     state_memory,
 )
+from planner.hardware.cluster import Cluster
+from planner.hardware.collectives import collective_time
 
 ADAM_MIXED = Training(64, "bf16", "adamw")
 
@@ -165,8 +165,8 @@ def test_full_and_selective_recompute_options_from_a_traced_gpt(tmp_path, monkey
     """Full recompute keeps only the layer input, 2sbh; selective keeps sbh*34 (Korthikanti)."""
     monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path))
     from planner.api import trace
-    from planner.costmodel import block_options
-    from planner.sharding import tp_variants
+    from planner.cost.model import block_options
+    from planner.cost.sharding import tp_variants
 
     s, h, a, b = 2048, 2048, 16, 1
     traced = trace(
@@ -200,7 +200,7 @@ def test_short_inner_dimensions_slow_a_gemm_down():
     """rate = R * K / (K + half): a K=96 linear forward at half=32 takes 4/3 of its K->inf time;
     backward averages its two GEMMs (over N, and over the M tokens, which scale with the
     micro-batch for a weight's gradient)."""
-    from planner.costmodel import inner_dim_slowdowns
+    from planner.cost.model import inner_dim_slowdowns
 
     assert inner_dim_slowdowns([96, 64, 512, True], 1.0, 32.0) == pytest.approx(
         (128 / 96, ((64 + 32) / 64 + (512 + 32) / 512) / 2)
@@ -257,7 +257,7 @@ def test_gradient_accumulation_adds_m_minus_1_passes_over_the_accumulated_gradie
     """torch adds every micro-batch's gradient after the first into .grad (read both, write
     one): (m - 1) * 3 * gradient bytes at the element-wise rate, over whole gradients under
     ZeRO 0/1 or a deferring pipeline, over the dp shard under ZeRO 2/3 otherwise."""
-    from planner.costmodel import optimizer_time
+    from planner.cost.model import optimizer_time
 
     psi, dp = 4e8, 4
     cl = cluster_of(8)
@@ -279,7 +279,7 @@ def test_gradient_accumulation_adds_m_minus_1_passes_over_the_accumulated_gradie
 def test_a_gathered_tp_module_pays_the_gather_overhead():
     """tp_module_overhead_s per column/row-parallel module, tp_gather_overhead_s per
     column-parallel module whose output is gathered; a third forward, two thirds backward."""
-    from planner.costmodel import OpCounts, overhead_times
+    from planner.cost.model import OpCounts, overhead_times
 
     cl = cluster_of(8, tp_module_overhead=3e-4, tp_gather_overhead=9e-4, op_overhead=0.0)
     cl = Cluster(replace(cl.profile, backward_op_overhead=0.0), cl.nodes, cl.gpus_per_node)

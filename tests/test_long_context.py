@@ -10,13 +10,14 @@ from pathlib import Path
 import pytest
 
 from planner.api import plan, trace, variants_for
-from planner.cluster import Cluster, make_cluster
-from planner.collectives import p2p_time
-from planner.costmodel import Training, block_options, node_times
+from planner.cost.model import Training, block_options, node_times
 from planner.errors import UserInputError
+from planner.hardware.cluster import Cluster, make_cluster
+from planner.hardware.collectives import p2p_time
 from planner.modelfile import load_model_file
-from planner.opcost import ATTENTION_OPS
-from planner.search import Pins, attention_sequence
+from planner.search import Pins
+from planner.search.candidates import attention_sequence
+from planner.trace.opcost import ATTENTION_OPS
 
 ROOT = Path(__file__).resolve().parent.parent
 LLAMA = ROOT / "examples" / "llama.py"

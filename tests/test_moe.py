@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from planner.api import plan, trace, variants_for
-from planner.cluster import make_cluster
-from planner.collectives import collective_time
-from planner.costmodel import Training, block_options, dispatch_bytes, option_states
+from planner.cost.model import Training, block_options, dispatch_bytes, option_states
+from planner.hardware.cluster import make_cluster
+from planner.hardware.collectives import collective_time
 from planner.modelfile import load_model_file
 from planner.search import Pins
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from planner.api import plan
 from planner.errors import UserInputError
-from planner.plan import dumps, load_plan, validate_plan
+from planner.schema import dumps, load_plan, validate_plan
 from planner.search import Pins
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from planner.cluster import Cluster, cluster_to_dict, make_cluster
 from planner.errors import UserInputError
-from planner.profiles import (
+from planner.hardware.cluster import Cluster, cluster_to_dict, make_cluster
+from planner.hardware.profiles import (
     FIELDS,
     DeviceProfile,
     default_profile_name,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -17,8 +18,7 @@ from matplotlib.text import Text
 
 from planner.api import plan as make_plan
 from planner.errors import UserInputError
-from planner.plan import dumps
-from planner.report import DOC_EXAMPLES, REPORT_NAMES, report_files, write_report
+from planner.report import REPORT_NAMES, report_files, write_report
 from planner.report.blocks import HATCH, block_shares
 from planner.report.candidates import candidates_figure, pareto_front
 from planner.report.figures import FIGURES
@@ -35,6 +35,7 @@ from planner.report.schedule import (
 from planner.report.show import main as show_main
 from planner.report.style import GIB, coords, stage_colors
 from planner.report.timeline import step_boxes, timeline_boxes
+from planner.schema import dumps
 from planner.search import Pins
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -415,7 +416,7 @@ def test_gpipe_and_1f1b_take_m_plus_pp_minus_1_slots(pp, m):
 
 @pytest.mark.parametrize("pp, m, v", [(2, 4, 2), (4, 8, 2), (4, 8, 4), (8, 16, 2)])
 def test_interleaved_matches_the_cost_models_formula(pp, m, v):
-    from planner.costmodel import inflight_microbatches
+    from planner.cost.model import inflight_microbatches
 
     t_f, t_b = 1.0 / v, 2.0 / v  # a rank's v chunks together take as long as one 1F1B stage
     boxes = simulate("interleaved_1f1b", [t_f] * (pp * v), [t_b] * (pp * v), pp, m, v)
@@ -491,8 +492,11 @@ def test_pareto_front_keeps_exactly_the_undominated_points():
 
 
 def test_doc_figures_are_committed_for_the_readme_examples():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from doc_figures import DOC_EXAMPLES
+
     for stem, *_ in DOC_EXAMPLES:
         for name in REPORT_NAMES:
             path = ROOT / "docs" / "figures" / f"{stem}-{name}.png"
-            assert path.exists(), f"{path} missing: regenerate with write_doc_figures"
+            assert path.exists(), f"{path} missing: python benchmarks/doc_figures.py"
             assert mpimg.imread(path).shape[0] > 200

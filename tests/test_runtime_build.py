@@ -24,7 +24,7 @@ from torch.distributed.tensor import DTensor
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from planner.modelfile import load_model_file
-from planner.plan import load_plan
+from planner.schema import load_plan
 
 WORLD = 4
 CASES = [

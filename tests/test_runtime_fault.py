@@ -17,7 +17,7 @@ from runs import forced_plan
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from planner.api import plan as make_plan
-from planner.plan import write_plan
+from planner.schema import write_plan
 from planner.search import Pins
 from runtime.launch import worker_env
 

@@ -57,7 +57,7 @@ def mlp_plan(tmp_path_factory) -> Path:
     model = work / "mlp.py"
     shutil.copy(ROOT / "examples" / "mlp.py", model)
     from planner.api import plan
-    from planner.plan import write_plan
+    from planner.schema import write_plan
     from planner.search import Pins
 
     result = plan(
@@ -114,7 +114,7 @@ def test_plan_the_runtime_cannot_build_is_refused_before_launch(
     mlp_plan, tmp_path, capsys, edit, says
 ):
     """One line before any process starts, not a traceback from every rank."""
-    from runtime.launch import check_runnable
+    from runtime.capability import check_runnable
 
     doc = json.loads(mlp_plan.read_text())
     doc.update(edit)

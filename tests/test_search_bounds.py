@@ -10,7 +10,8 @@ import pytest
 from bruteforce import every_config
 from test_solver_exact import HUGE, SITUATIONS, configs, inputs, instances, reference
 
-from planner.search import lower_bounds, relaxed_bound, stage_problem
+from planner.search.bounds import lower_bounds, relaxed_bound
+from planner.search.problem import stage_problem
 
 
 @pytest.mark.parametrize("situation", SITUATIONS)
@@ -37,8 +38,9 @@ def test_the_step_time_bound_is_exact_for_balanced_stages(pp, m, v):
     a balanced split needs: the best placement reaches the bound, so the bound is tight."""
     from conftest import cluster_of, make_block, make_option
 
-    from planner.costmodel import CostInputs, Training
-    from planner.search import Candidate, solve_candidate
+    from planner.cost.model import CostInputs, Training
+    from planner.search import Candidate
+    from planner.search.problem import solve_candidate
 
     n = 2 * pp * v
     blocks = [make_block(i, "L", params=0, boundary=0, out=0) for i in range(n)]

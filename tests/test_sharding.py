@@ -13,9 +13,9 @@ from dataclasses import replace
 import pytest
 from conftest import ROOT
 
-from planner import sharding
 from planner.api import trace
-from planner.sharding import (
+from planner.cost import sharding
+from planner.cost.sharding import (
     LAMBDAS,
     Operand,
     build_problem,

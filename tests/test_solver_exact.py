@@ -19,8 +19,9 @@ import pytest
 from bruteforce import brute_force, every_config
 from conftest import cluster_of, make_block, make_option
 
-from planner.costmodel import CostInputs, Mesh, Training, evaluate
-from planner.search import Candidate, solve_candidate
+from planner.cost.model import CostInputs, Mesh, Training, evaluate
+from planner.search import Candidate
+from planner.search.problem import solve_candidate
 
 RECOMPUTE = ("none", "selective", "full")
 OFFLOAD = ("none", "optimizer", "optimizer+params")
@@ -180,7 +181,7 @@ def test_dominance_keeps_an_option_that_needs_a_smaller_gather_buffer():
     only one that fits, so dominance must keep both; and identical options keep the first."""
     import numpy as np
 
-    from planner.stage_milp import StageProblem, undominated
+    from planner.search.stage_milp import StageProblem, undominated
 
     def rows(*values):
         return [np.array(values, dtype=float)]

@@ -8,7 +8,7 @@ import pytest
 
 from planner.api import plan
 from planner.errors import InfeasibleError, UserInputError
-from planner.plan import dumps, load_plan, validate_plan
+from planner.schema import dumps, load_plan, validate_plan
 from planner.search import Pins
 
 GPT = "examples/gpt.py"
@@ -104,8 +104,8 @@ def test_only_runnable_schedules_and_zero_stages_are_searched():
     """What the runtime can run: torch's Schedule1F1B needs m >= pp (GPipe covers m < pp, at the
     same cost), and ZeroRedundancyOptimizer holds neither DTensors nor pipeline stages, so
     ZeRO-1 is searched with tp = pp = 1 only unless --zero 1 pins it."""
-    from planner.costmodel import Training
-    from planner.search import enumerate_candidates
+    from planner.cost.model import Training
+    from planner.search.candidates import enumerate_candidates
 
     training = Training(8, "bf16", "adamw")
     cands = enumerate_candidates(8, 6, training, Pins(), [1, 2, 4, 8])

@@ -239,7 +239,7 @@ def test_hook_fallback_graph(tmp_path, monkeypatch):
 
 
 def test_matmul_inner_dimensions():
-    from planner.trace import matmul_inner_dims
+    from planner.trace.export import matmul_inner_dims
 
     # x[2, 16, 64] @ W[32, 64]^T: forward over 64, dX over 32, dW over all 32 tokens
     assert matmul_inner_dims("aten.linear.default", [[2, 16, 64], [32, 64]], [2, 16, 32]) == [

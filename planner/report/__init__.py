@@ -1,7 +1,8 @@
 """The plan report: five figures (PNG and SVG) and a self-contained report.html beside plan.json.
 
-``write_report`` is what ``plan`` and ``plan show`` call; ``write_doc_figures`` regenerates the
-example PNGs under docs/figures/ that the README shows.
+``write_report`` is what ``plan`` and ``plan show`` call. The report reads a plan and nothing
+else: no trace, no solver (benchmarks/doc_figures.py plans the README's examples and draws them
+with the same figures).
 """
 
 from __future__ import annotations
@@ -46,56 +47,4 @@ def write_report(plan: dict[str, Any], out_dir: Path, command: str) -> list[Path
         written.append(path)
     except OSError as exc:
         raise UserInputError(f"cannot write the report into {out_dir}: {exc.strerror}") from exc
-    return written
-
-
-# The examples the README shows: (file stem, model file, gpus, model args, global batch, pins).
-DOC_EXAMPLES = (
-    ("gpt-1.3b-8xh100", "examples/gpt.py", 8, {"size": "1.3b"}, 64, {}),
-    (
-        "gpt3-175b-1024xh100",
-        "examples/gpt.py",
-        1024,
-        {"size": "gpt3-175b"},
-        1536,
-        {
-            "tp": 8,
-            "pp": 8,
-            "micro_batch_size": 1,
-            "schedule": "interleaved_1f1b",
-            "virtual_stages": 2,
-        },
-    ),
-)
-
-
-def write_doc_figures(root: Path, names: tuple[str, ...] = REPORT_NAMES) -> list[Path]:
-    """Plan the README's examples and write their figures as docs/figures/<example>-<figure>.png.
-
-    Run from the repository root: ``python -c "from pathlib import Path; from planner.report
-    import write_doc_figures; write_doc_figures(Path('.'))"``."""
-    import matplotlib.pyplot as plt
-
-    from planner.api import plan as make_plan
-    from planner.report.figures import FIGURES, render
-    from planner.search import Pins
-
-    out = Path(root) / "docs" / "figures"
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
-    for stem, model, gpus, args, gbs, pins in DOC_EXAMPLES:
-        doc = make_plan(
-            Path(root) / model,
-            gpus,
-            model_args=args,
-            profile="h100-sxm",
-            global_batch_size=gbs,
-            pins=Pins(**pins),
-        ).plan
-        for name in names:
-            fig = FIGURES[name](doc)
-            path = out / f"{stem}-{name}.png"
-            write_bytes_atomic(path, render(fig, "png"))
-            plt.close(fig)
-            written.append(path)
     return written

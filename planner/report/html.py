@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from planner.console import cp_label, ep_label, human_bytes, human_count, human_time
+from planner.report.console import cp_label, ep_label, human_bytes, human_count, human_time
 from planner.report.figures import CAPTIONS
 
 ACCENT = "#6a1b9a"  # the bar left of each figure; tests find figures on a screenshot by it

@@ -11,15 +11,13 @@ import shlex
 from pathlib import Path
 
 from planner.errors import UserInputError
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise UserInputError(f"{message} (see `plan show --help`)")
+from planner.flags import CommandParser
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="plan show", description="Summary, figures and report.html of a saved plan.")
+    p = CommandParser(
+        prog="plan show", description="Summary, figures and report.html of a saved plan."
+    )
     p.add_argument("plan", help="a plan.json written by `plan`")
     p.add_argument("--out", help="where to write the figures (default: beside the plan file)")
     p.add_argument("--quiet", action="store_true", help="print only errors")
@@ -79,9 +77,9 @@ def check_report_fields(plan: dict, where: str) -> None:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    from planner.console import print_plan
-    from planner.plan import load_plan
     from planner.report import write_report
+    from planner.report.console import print_plan
+    from planner.schema import load_plan
 
     path = Path(args.plan)
     if path.is_dir():

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 
 import networkx as nx
 
-from planner.opcost import MATMUL_OPS, is_grouped_mm, is_view
+from planner.trace.opcost import MATMUL_OPS, is_grouped_mm, is_view
 
 
 @dataclass

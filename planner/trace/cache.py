@@ -22,13 +22,13 @@ import torch
 from planner.atomic import write_text_atomic
 
 TRACE_FORMAT = 8  # bump when the OpGraph's attributes change
-# The modules whose code decides what a cached trace holds.
-TRACE_CODE = ("trace.py", "opcost.py", "modelfile.py", "cache.py")
+# The modules whose code decides what a cached trace holds (relative to the planner package).
+TRACE_CODE = ("trace/export.py", "trace/opcost.py", "trace/cache.py", "modelfile.py", "vocab.py")
 
 
 @functools.cache
 def trace_code_hash() -> str:
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parents[1]
     digest = hashlib.sha256()
     for name in TRACE_CODE:
         digest.update((here / name).read_bytes())

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from planner.errors import UserInputError
-from planner.profiles import DeviceProfile, default_profile_name, load_profile
+from planner.hardware.profiles import DeviceProfile, default_profile_name, load_profile
 
 
 @dataclass(frozen=True)

@@ -26,21 +26,16 @@ import torch
 import torch.fx
 
 from planner.errors import UserInputError
-from planner.modelfile import DTYPES, ModelFile
-from planner.opcost import MATMUL_OPS, backward_flops, forward_flops, is_grouped_mm, is_view, numel
-
-ELEMENT_BYTES = {
-    torch.float64: 8,
-    torch.float32: 4,
-    torch.float16: 2,
-    torch.bfloat16: 2,
-    torch.int64: 8,
-    torch.int32: 4,
-    torch.int16: 2,
-    torch.int8: 1,
-    torch.uint8: 1,
-    torch.bool: 1,
-}
+from planner.modelfile import DTYPES, ModelFile, expert_modules
+from planner.trace.opcost import (
+    MATMUL_OPS,
+    backward_flops,
+    forward_flops,
+    is_grouped_mm,
+    is_view,
+    numel,
+)
+from planner.vocab import ELEMENT_BYTES
 
 
 @dataclass
@@ -53,7 +48,11 @@ class TraceResult:
 def tensor_bytes(t: Any) -> int:
     if not isinstance(t, torch.Tensor):
         return 0
-    return numel(t.shape) * ELEMENT_BYTES.get(t.dtype, t.element_size())
+    return numel(t.shape) * element_bytes(t)
+
+
+def element_bytes(t: torch.Tensor) -> int:
+    return ELEMENT_BYTES.get(str(t.dtype).removeprefix("torch."), t.element_size())
 
 
 def op_name(target: Any) -> str:
@@ -225,7 +224,7 @@ def _annotate_model(
         method=method,
         params=sum(p.numel() for p in params.values()),
         param_shapes={k: list(p.shape) for k, p in params.items()},
-        param_dtype_bytes={k: ELEMENT_BYTES.get(p.dtype, 4) for k, p in params.items()},
+        param_dtype_bytes={k: element_bytes(p) for k, p in params.items()},
         param_owner=_param_aliases(model),
         modules={name: type(m).__name__ for name, m in model.named_modules()},
         containers=[
@@ -236,22 +235,6 @@ def _annotate_model(
         torch_version=torch.__version__,
         experts=expert_modules(model),
     )
-
-
-def expert_modules(model: torch.nn.Module) -> dict[str, dict[str, int]]:
-    """Modules that hold a mixture-of-experts layer's expert weights: every parameter of their
-    own is a stack of per-expert matrices with one leading expert dimension (transformers'
-    3-D ``*Experts`` modules, examples/moe.py's ``Experts``). Expert parallelism shards them
-    along that dimension; the planner prices their parameters separately."""
-    found: dict[str, dict[str, int]] = {}
-    for name, m in model.named_modules():
-        own = list(m.parameters(recurse=False))
-        if not own or any(p.dim() < 3 for p in own):
-            continue
-        leading = {p.shape[0] for p in own}
-        if len(leading) == 1 and (e := leading.pop()) >= 2:
-            found[name] = {"num_experts": int(e), "params": sum(p.numel() for p in own)}
-    return found
 
 
 def _param_aliases(model: torch.nn.Module) -> dict[str, str]:

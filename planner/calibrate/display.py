@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from planner.calibrate_workers import phase_totals
+from planner.calibrate.workers import phase_totals
 
 LABELS = {
     "single": "one process alone",

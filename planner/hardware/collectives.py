@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from planner.cluster import Cluster
+    from planner.hardware.cluster import Cluster
 
 
 def all_reduce_time(nbytes: float, n: int, bandwidth: float, latency: float) -> float:

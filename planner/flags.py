@@ -1,12 +1,23 @@
-"""The flags that run a plan, shared by ``plan model.py --run`` and ``plan run PLAN.json``.
+"""Command-line building blocks every ``plan`` subcommand shares: the parser whose errors are
+one-line UserInputErrors, number types, and the flags that run a plan (``plan model.py --run``
+and ``plan run PLAN.json``).
 
-They live in the planner package (not the runtime) so that building the CLI parser never imports
-torch.distributed; the runtime reads them from the parsed namespace.
+They live here, importing nothing heavy, so that building any parser never imports torch or
+the solver; the runtime reads the flags from the parsed namespace.
 """
 
 from __future__ import annotations
 
 import argparse
+
+from planner.errors import UserInputError
+
+
+class CommandParser(argparse.ArgumentParser):
+    """argparse that raises meshplan's one-line error instead of printing usage and exiting."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UserInputError(f"{message} (see `{self.prog} --help`)")
 
 
 def positive_int(text: str) -> int:

@@ -22,17 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from planner.errors import UserInputError
+from planner.flags import CommandParser
 
 DEFAULT_MAX_CPU_RANKS = 8
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise UserInputError(f"{message} (see `plan calibrate --help`)")
-
-
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = _Parser(prog="plan calibrate", description="Measure this machine into a profile TOML.")
+    p = CommandParser(
+        prog="plan calibrate", description="Measure this machine into a profile TOML."
+    )
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--nproc", type=int, help="ranks to measure with (default: cores or GPUs)")
     p.add_argument("--out", help="profile to write (default: profiles/measured/<name>.toml)")
@@ -88,7 +86,7 @@ def measure_single(device: str, s) -> dict[str, Any]:
     and the host memory bandwidth behind the GPUs' offload (CUDA)."""
     import torch
 
-    from planner.calibrate_bench import matmul_rates, stream_rates
+    from planner.calibrate.bench import matmul_rates, stream_rates
 
     cpu = torch.device("cpu")
     out: dict[str, Any] = {"threads": torch.get_num_threads()}
@@ -104,7 +102,7 @@ def main(argv: list[str]) -> int:
     """Run the calibration; write the profile; print its key numbers unless --quiet."""
     args = parse_args(list(argv))
     started = time.perf_counter()
-    from planner.calibrate_profile import usable_cores
+    from planner.calibrate.profile import usable_cores
 
     cores = usable_cores()
     nproc = args.nproc if args.nproc is not None else default_nproc(args.device, cores)
@@ -113,7 +111,7 @@ def main(argv: list[str]) -> int:
         out = Path(args.out)
         name = re.sub(r"[^A-Za-z0-9_.-]+", "-", out.stem) or "measured"
     else:
-        from planner.profiles import profiles_dir
+        from planner.hardware.profiles import profiles_dir
 
         name = default_name(args.device, nproc)
         out = profiles_dir() / "measured" / f"{name}.toml"
@@ -122,26 +120,26 @@ def main(argv: list[str]) -> int:
     if out.exists() and not args.force:
         raise UserInputError(f"{out} exists: pass --force to overwrite it, or choose --out")
 
-    from planner.calibrate_display import Display
+    from planner.calibrate.display import Display
 
     with Display(args.quiet or not sys.stderr.isatty(), args.device, args.quick) as display:
         result = calibrate(args.device, nproc, args.quick, name, display.update, argv)
-    from planner.profiles import write_profile
+    from planner.hardware.profiles import write_profile
 
     write_profile(result.profile, out, result.comments, result.header)
     if not args.quiet:
-        from planner.calibrate_display import print_summary
+        from planner.calibrate.display import print_summary
 
         print_summary(result, out, time.perf_counter() - started)
     return 0
 
 
 def calibrate(device: str, nproc: int, quick: bool, name: str, progress=None, argv=()) -> Any:
-    """Measure and build the profile (nothing is written): planner.calibrate_profile.Result."""
+    """Measure and build the profile (nothing is written): planner.calibrate.profile.Result."""
     import torch
 
-    from planner.calibrate_bench import settings
-    from planner.calibrate_profile import (
+    from planner.calibrate.bench import settings
+    from planner.calibrate.profile import (
         Machine,
         build_profile,
         host_memory_bytes,
@@ -149,7 +147,7 @@ def calibrate(device: str, nproc: int, quick: bool, name: str, progress=None, ar
         read_cpuinfo,
         usable_cores,
     )
-    from planner.calibrate_workers import run_workers
+    from planner.calibrate.workers import run_workers
 
     cores = usable_cores()
     model, mhz, flags, vendor = read_cpuinfo()
@@ -197,9 +195,3 @@ def rounded(profile):
         if isinstance(value, float):
             changes[f.name] = r(value)
     return replace(profile, **changes)
-
-
-if __name__ == "__main__":
-    from planner.cli import main as cli_main
-
-    sys.exit(cli_main(["calibrate", *sys.argv[1:]]))

@@ -23,7 +23,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.device_mesh import init_device_mesh
 
-from planner.calibrate_bench import (
+from planner.calibrate.bench import (
     PHASES_MS,
     comm_overlap,
     compute_phase,
@@ -36,6 +36,7 @@ from planner.calibrate_bench import (
     stream_rates,
     synchronizer,
 )
+from planner.vocab import DTYPES, PEAK_DTYPES
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 IN_SITU_BYTES = 1 << 20  # the largest message timed between compute phases
@@ -44,7 +45,7 @@ Progress = Callable[[str, int, int], None]
 
 def matmul_dtypes(device: str) -> tuple[str, ...]:
     """CPU has no TF32 (its fp32 rate stands in); CUDA measures all four."""
-    return ("fp32", "tf32", "bf16", "fp16") if device == "cuda" else ("fp32", "bf16", "fp16")
+    return PEAK_DTYPES if device == "cuda" else DTYPES
 
 
 def phase_totals(device: str, quick: bool) -> dict[str, int]:

@@ -31,10 +31,11 @@ from typing import Any
 
 import numpy as np
 
-from planner.calibrate_bench import OVERHEAD_CHAIN, OVERLAP_BYTES, Settings
-from planner.calibrate_fit import fit_alpha_beta, fit_each
+from planner.calibrate.bench import OVERHEAD_CHAIN, OVERLAP_BYTES, Settings
+from planner.calibrate.fit import fit_alpha_beta, fit_each
 from planner.errors import MeshplanError
-from planner.profiles import DeviceProfile, load_profile
+from planner.hardware.profiles import DeviceProfile, load_profile
+from planner.vocab import PEAK_DTYPES
 
 REFERENCE_DTYPE = {"cpu": "fp32", "cuda": "bf16"}
 ELEMENTWISE_BYTES = {"add": 3.0, "gelu": 2.0, "layer_norm": 2.0, "softmax": 2.0}
@@ -190,7 +191,7 @@ def reference_profile(device: str) -> tuple[DeviceProfile | None, str]:
     """The shipped profile of the local GPU (datasheet peaks, inter-node network), or None."""
     if device != "cuda":
         return None, ""
-    from planner.profiles import default_profile_name
+    from planner.hardware.profiles import default_profile_name
 
     name, reason = default_profile_name()
     if "no shipped profile" in reason:
@@ -266,7 +267,7 @@ def build_profile(
     summary["matmul_half_inner_dim"] = half
     if "tf32" not in peaks:  # CPUs have no TF32: torch runs fp32 matmuls
         peaks["tf32"] = peaks["fp32"]
-    for d in ("fp32", "tf32", "bf16", "fp16"):
+    for d in PEAK_DTYPES:
         key = f"peak_flops_{d}"
         if d == ref_dtype:
             comments[key] = f"peak: {peak_note}"
@@ -571,7 +572,7 @@ def build_profile(
     profile = DeviceProfile(
         name=name,
         description=f"measured by plan calibrate: {device_text}",
-        peak_flops={d: peaks[d] for d in ("fp32", "tf32", "bf16", "fp16")},
+        peak_flops={d: peaks[d] for d in PEAK_DTYPES},
         matmul_efficiency=efficiency,
         matmul_half_inner_dim=half,
         elementwise_efficiency=ew_eff,

@@ -43,22 +43,12 @@ import networkx as nx
 import numpy as np
 import scipy.sparse as sp
 
-from planner.blocks import Block, cached_core_nodes
-from planner.opcost import ATTENTION_OPS, is_view
+from planner.trace.blocks import Block, cached_core_nodes
+from planner.trace.opcost import ATTENTION_OPS, is_view
+from planner.vocab import ELEMENT_BYTES
 
 R, P = "R", "P"
-DTYPE_BYTES = {
-    "float64": 8,
-    "float32": 4,
-    "float16": 2,
-    "bfloat16": 2,
-    "int64": 8,
-    "int32": 4,
-    "int16": 2,
-    "int8": 1,
-    "uint8": 1,
-    "bool": 1,
-}
+DTYPE_BYTES = ELEMENT_BYTES
 STATE_BYTES_PER_PARAM = 16  # weights + gradients + Adam states (ZeRO paper), any precision
 # Objective weights on memory (relative to the replicated block's time and memory): 1e-4 is
 # "time first, memory as the tie-break"; the larger ones trace the rest of the Pareto front.

@@ -1,21 +1,15 @@
-"""plan.json: build it from the solver's result, write it atomically, load and validate it.
-
-The format is documented in docs/plan-format.md. Output is deterministic: keys sorted, floats
+"""Assemble plan.json from the solver's result: stages, blocks, the prediction and the solver's
+record with the alternatives and why each lost. Output is deterministic: keys sorted, floats
 rounded to 12 significant digits, nothing that depends on time or the machine except the solve
-time, which lives under ``solver`` and is rounded to milliseconds... and is excluded when
-``MESHPLAN_DETERMINISTIC=1`` (tests of byte-identical output set it).
+time, which lives under ``solver``.
 """
 
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
 from typing import Any
 
-from planner.atomic import write_text_atomic
-from planner.cluster import Cluster, cluster_to_dict
-from planner.costmodel import (
+from planner.cost.model import (
     Config,
     CostInputs,
     StepCost,
@@ -24,24 +18,9 @@ from planner.costmodel import (
     num_microbatches,
     option_states,
 )
-from planner.errors import UserInputError
-from planner.search import Candidate, SearchResult
-
-SCHEMA = "meshplan.plan/1"
-# colwise / rowwise: torch's Colwise/RowwiseParallel; colwise_gather: its output gathered at
-# once. Sequence parallel: *_sp take or give sequence-sharded activations, "sequence" is a norm
-# under SequenceParallel, "sp_gather" a module that all-gathers the sequence for the
-# column-parallel weights inside it, "sp_block" the block entered and left replicated.
-TP_STYLES = (
-    "colwise",
-    "colwise_gather",
-    "rowwise",
-    "colwise_sp",
-    "rowwise_sp",
-    "sequence",
-    "sp_gather",
-    "sp_block",
-)
+from planner.hardware.cluster import Cluster, cluster_to_dict
+from planner.schema import SCHEMA
+from planner.search.driver import Candidate, SearchResult
 
 
 def _r(x: float) -> float:
@@ -292,175 +271,3 @@ def _rank(c: Candidate) -> tuple:
     if c.status == "solved" and c.cost is not None:
         return (0 if c.cost.feasible else 1, c.cost.step_time_s)
     return (2, c.bound)
-
-
-def dumps(plan: dict) -> str:
-    return json.dumps(plan, indent=2, sort_keys=True) + "\n"
-
-
-def write_plan(plan: dict, out_dir: Path) -> Path:
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UserInputError(f"cannot create output directory {out_dir}: {exc.strerror}") from exc
-    if not os.access(out_dir, os.W_OK):
-        raise UserInputError(f"output directory {out_dir} is not writable: choose --out DIR")
-    path = out_dir / "plan.json"
-    try:
-        write_text_atomic(path, dumps(plan))
-    except OSError as exc:
-        raise UserInputError(f"cannot write {path}: {exc.strerror}") from exc
-    return path
-
-
-REQUIRED = {
-    "schema": str,
-    "model": dict,
-    "cluster": dict,
-    "mesh": dict,
-    "global_batch_size": int,
-    "micro_batch_size": int,
-    "num_microbatches": int,
-    "schedule": str,
-    "virtual_stages": int,
-    "zero_stage": int,
-    "dtype": str,
-    "optimizer": str,
-    "stages": list,
-    "blocks": list,
-    "predicted": dict,
-    "solver": dict,
-}
-
-
-def load_plan(path: str | Path) -> dict:
-    """Read and validate a plan; every defect is a one-line UserInputError."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise UserInputError(f"plan {path} does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserInputError(f"plan {path} cannot be read: {exc}") from exc
-    try:
-        plan = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UserInputError(
-            f"plan {path} is not valid JSON (line {exc.lineno}): {exc.msg}"
-        ) from None
-    validate_plan(plan, str(path))
-    return plan
-
-
-def validate_plan(plan: Any, where: str) -> None:
-    if not isinstance(plan, dict):
-        raise UserInputError(f"plan {where} is not a JSON object")
-    schema = plan.get("schema")
-    if schema != SCHEMA:
-        raise UserInputError(
-            f"plan {where} has schema {schema!r}, this meshplan reads {SCHEMA!r}: plan again"
-        )
-    for key, kind in REQUIRED.items():
-        if not isinstance(plan.get(key), kind) or isinstance(plan.get(key), bool):
-            raise UserInputError(f"plan {where}: {key!r} is missing or not a {kind.__name__}")
-    mesh = plan["mesh"]
-    for k in ("pp", "dp", "tp"):
-        if not isinstance(mesh.get(k), int) or isinstance(mesh.get(k), bool) or mesh[k] < 1:
-            raise UserInputError(f"plan {where}: mesh.{k} must be a positive integer")
-    cp = mesh.setdefault("cp", 1)
-    if not isinstance(cp, int) or isinstance(cp, bool) or cp < 1:
-        raise UserInputError(f"plan {where}: mesh.cp must be a positive integer")
-    ep = mesh.setdefault("ep", 1)
-    if not isinstance(ep, int) or isinstance(ep, bool) or ep < 1 or mesh["dp"] % ep:
-        raise UserInputError(f"plan {where}: mesh.ep must be a positive integer dividing mesh.dp")
-    model = plan["model"]
-    for k in ("file", "sha256"):
-        if not isinstance(model.get(k), str):
-            raise UserInputError(f"plan {where}: model.{k} is missing")
-    gpus = plan["cluster"].get("gpus")
-    if not isinstance(gpus, int) or gpus != mesh["pp"] * mesh["dp"] * mesh["cp"] * mesh["tp"]:
-        raise UserInputError(f"plan {where}: cluster.gpus does not equal pp*dp*cp*tp")
-    for key in ("global_batch_size", "micro_batch_size", "num_microbatches", "virtual_stages"):
-        if plan[key] < 1:
-            raise UserInputError(f"plan {where}: {key} must be positive")
-    if plan["global_batch_size"] != (
-        mesh["dp"] * plan["micro_batch_size"] * plan["num_microbatches"]
-    ):
-        raise UserInputError(
-            f"plan {where}: global_batch_size != dp * micro_batch_size * num_microbatches"
-        )
-    if plan["schedule"] not in ("gpipe", "1f1b", "interleaved_1f1b"):
-        raise UserInputError(f"plan {where}: unknown schedule {plan['schedule']!r}")
-    if plan["zero_stage"] not in (0, 1, 2, 3):
-        raise UserInputError(f"plan {where}: zero_stage must be 0-3")
-    if plan["dtype"] not in ("fp32", "bf16", "fp16") or plan["optimizer"] not in ("adamw", "sgd"):
-        raise UserInputError(f"plan {where}: unknown dtype or optimizer")
-    n_stages = mesh["pp"] * plan["virtual_stages"]
-    if len(plan["stages"]) != n_stages:
-        raise UserInputError(f"plan {where}: expected {n_stages} stages")
-    names = []
-    for b in plan["blocks"]:
-        if not isinstance(b, dict) or not isinstance(b.get("name"), str):
-            raise UserInputError(f"plan {where}: a block lacks its name")
-        if not isinstance(b.get("modules"), list) or not all(
-            isinstance(x, str) for x in b["modules"]
-        ):
-            raise UserInputError(f"plan {where}: block {b['name']!r} lacks its modules")
-        if b.get("recompute") not in ("none", "selective", "full"):
-            raise UserInputError(f"plan {where}: block {b['name']!r} has a bad recompute")
-        if b.get("offload") not in ("none", "optimizer", "optimizer+params"):
-            raise UserInputError(f"plan {where}: block {b['name']!r} has a bad offload")
-        if not isinstance(b.get("tp_plan"), dict) or not all(
-            v in TP_STYLES for v in b["tp_plan"].values()
-        ):
-            raise UserInputError(f"plan {where}: block {b['name']!r} has a bad tp_plan")
-        stage = b.get("stage")
-        if not isinstance(stage, int) or isinstance(stage, bool) or not 0 <= stage < n_stages:
-            raise UserInputError(f"plan {where}: block {b['name']!r} has a bad stage")
-        names.append(b["name"])
-    if len(set(names)) != len(names):
-        raise UserInputError(f"plan {where}: block names repeat")
-    stages_of = [b["stage"] for b in plan["blocks"]]
-    if stages_of != sorted(stages_of):
-        raise UserInputError(f"plan {where}: blocks are not in stage order")
-    pp, dp, tp = mesh["pp"], mesh["dp"] * mesh["cp"], mesh["tp"]
-    for i, st in enumerate(plan["stages"]):
-        if not isinstance(st, dict) or not isinstance(st.get("blocks"), list):
-            raise UserInputError(f"plan {where}: stage {i} is malformed")
-        own = [b["name"] for b in plan["blocks"] if b["stage"] == i]
-        if st["blocks"] != own:
-            raise UserInputError(f"plan {where}: stage {i} does not list its blocks {own}")
-        if st.get("index") != i or st.get("pp_rank") != i % pp:
-            raise UserInputError(f"plan {where}: stage {i} has a wrong index or pp_rank")
-        r = i % pp
-        want = [(r * dp + d) * tp + t for d in range(dp) for t in range(tp)]
-        if st.get("ranks") != want:
-            raise UserInputError(f"plan {where}: stage {i} ranks are not {want}")
-        for key in ("forward_s", "backward_s"):
-            _number(st, key, f"plan {where}: stage {i}")
-    if not isinstance(plan.get("lr", 3e-4), (int, float)) or not plan.get("lr", 3e-4) > 0:
-        raise UserInputError(f"plan {where}: lr must be a positive number")
-    if not isinstance(model.get("args", {}), dict):
-        raise UserInputError(f"plan {where}: model.args must be an object")
-    pred = plan["predicted"]
-    for key in ("step_time_s", "peak_memory_bytes", "capacity_bytes", "mfu"):
-        _number(pred, key, f"plan {where}: predicted")
-    per_stage = pred.get("memory_per_stage")
-    if not isinstance(per_stage, list) or len(per_stage) != pp:
-        raise UserInputError(f"plan {where}: predicted.memory_per_stage needs {pp} entries")
-    for mem in per_stage:
-        for key in ("params", "grads", "optimizer", "activations", "other", "total"):
-            _number(mem, key, f"plan {where}: predicted.memory_per_stage")
-
-
-def _number(obj: Any, key: str, where: str) -> float:
-    value = obj.get(key) if isinstance(obj, dict) else None
-    if (
-        not isinstance(value, (int, float))
-        or isinstance(value, bool)
-        or value != value
-        or value < 0
-        or value == float("inf")
-    ):
-        raise UserInputError(f"{where}: {key} must be a non-negative number")
-    return float(value)

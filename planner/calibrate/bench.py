@@ -241,8 +241,8 @@ def model_op_mix() -> tuple[torch.nn.Module, torch.Tensor]:
 def traced_op_count(module: torch.nn.Module, x: torch.Tensor) -> int:
     """Ops the tracer would count for ``module`` (torch.export's graph, views excluded): the
     unit the cost model charges a per-op overhead on."""
-    from planner.opcost import is_view
-    from planner.trace import op_name
+    from planner.trace.export import op_name
+    from planner.trace.opcost import is_view
 
     exported = torch.export.export(module, (x,), strict=False)
     nodes = exported.graph_module.graph.nodes
@@ -261,7 +261,7 @@ def op_overheads(device: torch.device, seconds: float, mesh=None) -> dict[str, f
     # what a plan runs.
     from torch.distributed._composable import checkpoint
 
-    from runtime.parallelize import selective_context
+    from planner.checkpoint_policy import selective_context
 
     sync = synchronizer(device)
     layer, x = model_op_mix()

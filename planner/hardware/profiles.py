@@ -21,7 +21,6 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-PEAK_DTYPES = ("fp32", "tf32", "bf16", "fp16")
 
 # (section, key in the file, attribute, kind, unit). Kinds: "pos" finite > 0, "nonneg" finite
 # >= 0, "eff" a fraction in (0, 1], "unit" a fraction in [0, 1], "int" a positive integer. A
@@ -137,7 +136,7 @@ class DeviceProfile:
 
 def profiles_dir() -> Path:
     """The shipped profiles, beside the package (a source checkout or an editable install)."""
-    return Path(__file__).resolve().parent.parent / "profiles"
+    return Path(__file__).resolve().parents[2] / "profiles"
 
 
 def list_profiles() -> list[str]:

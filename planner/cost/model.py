@@ -21,13 +21,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from planner.blocks import Block
-from planner.cluster import Cluster
-from planner.collectives import collective_time, p2p_time
-
-RECOMPUTE = ("none", "selective", "full")
-OFFLOAD = ("none", "optimizer", "optimizer+params")
-SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
+from planner.hardware.cluster import Cluster
+from planner.hardware.collectives import collective_time, p2p_time
+from planner.trace.blocks import Block
+from planner.vocab import HALF_DTYPES, OFFLOAD, RECOMPUTE, Offload
 
 # Bytes per parameter: (weights, gradients, optimizer states). Mixed precision keeps fp32
 # master weights in the optimizer states (ZeRO paper's K = 12 for Adam); SGD keeps momentum.
@@ -37,7 +34,6 @@ STATE_BYTES = {
     ("sgd", True): (2, 2, 8),
     ("sgd", False): (4, 4, 4),
 }
-PEAK_KEY = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}
 # Eager ops per parameter tensor in torch's single-tensor optimizer steps: AdamW's step count,
 # decay, two moment updates, square root, bias-corrected denominator and update; SGD's momentum
 # update and parameter update (plus the in-place decay both apply).
@@ -58,7 +54,7 @@ class Training:
 
     @property
     def mixed(self) -> bool:
-        return self.dtype in ("bf16", "fp16")
+        return self.dtype in HALF_DTYPES
 
     @property
     def state_bytes(self) -> tuple[int, int, int]:
@@ -221,7 +217,7 @@ def compute_time(
     """Roofline: the larger of FLOPs over achievable peak (``slowdown`` times slower for a GEMM
     with a short inner dimension) and bytes over achievable bandwidth."""
     p = cluster.profile
-    peak = p.peak_flops[PEAK_KEY[dtype]] * p.matmul_efficiency
+    peak = p.peak_flops[dtype] * p.matmul_efficiency
     bw = p.memory_bandwidth * p.elementwise_efficiency
     return max(flops * slowdown / peak, nbytes / bw)
 
@@ -260,7 +256,7 @@ def node_times(graph, block: Block, scale: float, cluster: Cluster, dtype: str, 
     An op's traced bytes include the weights it reads; those do not grow with the micro-batch
     (only activations do), so they are kept out of the scaling. Backward reads the weights and
     writes their gradients: twice the weight bytes, also fixed."""
-    from planner.blocks import cached_core_nodes
+    from planner.trace.blocks import cached_core_nodes
 
     core = cached_core_nodes(graph)
     pbytes = _param_bytes(graph)
@@ -291,7 +287,7 @@ class OpCounts:
 
 
 def op_counts(graph, block: Block) -> OpCounts:
-    from planner.opcost import is_view
+    from planner.trace.opcost import is_view
 
     fwd = bwd = 0
     for n in block.nodes:
@@ -426,7 +422,7 @@ def ring_attention_times(
     Causal attention without load balancing (the runtime's, see runtime/context_parallel.py):
     rank r attends its chunk to chunks 0..r, so the last rank does (2cp - 1)/cp times the mean
     attention work, and every rank waits for it: the attention time grows by (cp - 1)/cp."""
-    from planner.opcost import ATTENTION_OPS
+    from planner.trace.opcost import ATTENTION_OPS
 
     cp = len(cp_ranks) if cp_ranks else 1
     if cp <= 1:
@@ -461,7 +457,7 @@ def _causal(node: dict) -> bool:
 def expert_nodes(graph, block: Block) -> list[str]:
     """The block's ops that run inside its expert modules (their compute scales with the
     routed rows each expert rank receives)."""
-    from planner.blocks import in_modules
+    from planner.trace.blocks import in_modules
 
     mods = block.extra.get("moe", {}).get("modules", [])
     return [n for n in block.nodes if in_modules(graph.nodes[n]["module"], mods)]
@@ -526,7 +522,7 @@ def state_memory(
     g = z * gb / dp if zero >= 2 else params * gb
     o = z * ob / dp if zero >= 1 else params * ob
     host = 0.0
-    if offload in ("optimizer", "optimizer+params"):
+    if offload in (Offload.OPTIMIZER, Offload.PARAMS):
         host += o
         o = 0.0
     if offload == "optimizer+params":
@@ -849,7 +845,7 @@ def evaluate(inp: CostInputs, config: Config) -> StepCost:
     flops = sum(b.fwd_flops + b.bwd_flops for b in inp.blocks) * (
         training.global_batch_size / inp.traced_mbs
     )
-    peak_flops = profile.peak_flops[PEAK_KEY[training.dtype]]
+    peak_flops = profile.peak_flops[training.dtype]
     host_capacity = profile.host_memory_bytes / max(profile.gpus_per_node, 1)
     return StepCost(
         step_time_s=step,

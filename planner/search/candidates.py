@@ -1,0 +1,260 @@
+"""The outer search space: what the user pinned (Pins), one candidate (mesh, micro-batch,
+schedule, ZeRO stage, expert and context parallel degrees), and their enumeration.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from planner.cost.model import (
+    Config,
+    Mesh,
+    StepCost,
+    Training,
+)
+from planner.errors import UserInputError
+from planner.trace.blocks import Block
+
+INTERLEAVE = (2, 4)
+
+
+@dataclass
+class Pins:
+    """What the user fixed; None / "auto" leaves it to the solver."""
+
+    tp: int | None = None
+    pp: int | None = None
+    dp: int | None = None
+    ep: int | None = None
+    cp: int | None = None
+    zero: int | None = None
+    micro_batch_size: int | None = None
+    schedule: str | None = None
+    virtual_stages: int | None = None
+    recompute: str = "auto"
+    offload: str = "auto"
+    memory_fraction: float = 1.0
+    tp_variant: str = "auto"  # "sharded": every block that can be TP-sharded is
+
+
+@dataclass
+class Candidate:
+    pp: int
+    dp: int
+    tp: int
+    micro_batch_size: int
+    schedule: str
+    virtual_stages: int
+    zero: int
+    ep: int = 1
+    cp: int = 1
+    bound: float = 0.0
+    status: str = "pending"  # solved | infeasible | pruned-bound | pruned-memory | dominated
+    reason: str = ""
+    config: Config | None = None
+    cost: StepCost | None = None
+    milp_objective: float = math.inf
+    solve_time_s: float = 0.0
+    min_memory: float = 0.0  # lower bound of peak memory (for infeasibility messages)
+    gap: float = 0.0  # relative MILP gap when a time limit stopped the solve
+
+    @property
+    def mesh_key(self) -> tuple[int, int, int]:
+        return (self.pp, self.dp, self.tp)
+
+    @property
+    def key(self) -> tuple[int, int, int, int]:
+        """What its block options are priced for: (TP degree, micro-batch, EP and CP degrees)."""
+        return (self.tp, self.micro_batch_size, self.ep, self.cp)
+
+    @property
+    def mesh(self) -> Mesh:
+        return Mesh(self.pp, self.dp, self.tp, self.ep, self.cp)
+
+    def label(self) -> str:
+        sched = self.schedule if self.pp > 1 else "no pipeline"
+        if self.schedule == "interleaved_1f1b" and self.pp > 1:
+            sched = f"interleaved 1F1B x{self.virtual_stages}"
+        ep = f" ep{self.ep}" if self.ep > 1 else ""
+        cp = f" cp{self.cp}" if self.cp > 1 else ""
+        return (
+            f"pp{self.pp} dp{self.dp}{ep}{cp} tp{self.tp}, micro-batch {self.micro_batch_size}, "
+            f"{sched}, ZeRO-{self.zero}"
+        )
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def expert_counts(blocks: list[Block]) -> list[int]:
+    """The expert count of every mixture-of-experts layer (none for a dense model)."""
+    return sorted({b.extra["moe"]["num_experts"] for b in blocks if b.extra.get("moe")})
+
+
+def ep_degrees(blocks: list[Block], dp: int, pins: Pins) -> list[int]:
+    """Expert-parallel degrees for a data-parallel degree: divisors of dp that divide every
+    mixture-of-experts layer's expert count (1 alone for a model without experts)."""
+    counts = expert_counts(blocks)
+    if not counts:
+        return [1]
+    found = [e for e in divisors(dp) if all(c % e == 0 for c in counts)]
+    if pins.ep:
+        found = [e for e in found if e == pins.ep]
+    return found
+
+
+def cp_degrees(sequence: int, room: int, pins: Pins) -> list[int]:
+    """Context-parallel degrees: divisors of the devices left after TP and PP that split the
+    sequence into 2 * cp equal chunks (causal load balancing gives each rank two); 1 alone for
+    a model whose attention is not one fused attention op per layer (``sequence`` 0)."""
+    found = [c for c in divisors(room) if c == 1 or (sequence and sequence % (2 * c) == 0)]
+    if pins.cp:
+        found = [c for c in found if c == pins.cp]
+    return found
+
+
+def _cp_dominated(gbs: int, dp: int, cp: int, mbs: int, pins: Pins) -> bool:
+    """Whether data parallelism does the same work with no ring: dp * cp replicas of
+    micro-batch mbs / cp give each rank the same tokens, the same micro-batch count, the same
+    activations and the same gradient reduction, without the key/value ring, so the cost
+    model prices that candidate no slower. Then the context-parallel one is left out (unless
+    the user pinned what makes the two differ)."""
+    if pins.cp or pins.dp or pins.micro_batch_size:
+        return False
+    return mbs % cp == 0 and gbs % (dp * cp) == 0
+
+
+def enumerate_candidates(
+    gpus: int,
+    n_blocks: int,
+    training: Training,
+    pins: Pins,
+    tp_degrees: list[int],
+    blocks: list[Block] | None = None,
+    sequence: int = 0,
+) -> list[Candidate]:
+    gbs = training.global_batch_size
+    moe = bool(expert_counts(blocks or []))
+    meshes = [
+        (tp, pp, cp)
+        for tp in tp_degrees
+        for pp in divisors(gpus // tp)
+        # experts spread over dp ranks, which context parallelism would regroup
+        for cp in ([1] if moe else cp_degrees(sequence, gpus // (tp * pp), pins))
+    ]
+    out: list[Candidate] = []
+    for tp, pp, cp in meshes:
+        if (pins.tp and tp != pins.tp) or pp > n_blocks or (pins.pp and pp != pins.pp):
+            continue
+        dp = gpus // (tp * pp * cp)
+        if (pins.dp and dp != pins.dp) or gbs % dp:
+            continue
+        per_replica = gbs // dp
+        for mbs in divisors(per_replica):
+            if pins.micro_batch_size and mbs != pins.micro_batch_size:
+                continue
+            if cp > 1 and _cp_dominated(gbs, dp, cp, mbs, pins):
+                continue
+            m = per_replica // mbs
+            for schedule, v in _schedules(pp, m, n_blocks, pins):
+                for zero in range(4) if dp * cp > 1 else (0,):
+                    if pins.zero is not None and zero != pins.zero:
+                        continue
+                    if zero == 1 and (tp > 1 or pp > 1) and pins.zero != 1:
+                        continue  # the runtime has no ZeRO-1 for DTensors or pipeline stages
+                    for ep in ep_degrees(blocks or [], dp, pins):
+                        out.append(Candidate(pp, dp, tp, mbs, schedule, v, zero, ep, cp))
+    return out
+
+
+def _schedules(pp: int, m: int, n_blocks: int, pins: Pins) -> list[tuple[str, int]]:
+    if pp == 1:
+        if pins.schedule and pins.schedule != "1f1b":
+            return [(pins.schedule, 1)] if pins.schedule == "gpipe" else []
+        return [("1f1b", 1)]
+    # torch's Schedule1F1B needs at least as many micro-batches as stages; with fewer, 1F1B
+    # has no steady state and runs as GPipe does (same time and in-flight activations).
+    found = [("gpipe", 1)] + ([("1f1b", 1)] if m >= pp else [])
+    for v in INTERLEAVE:
+        if pp * v <= n_blocks and m % pp == 0:
+            found.append(("interleaved_1f1b", v))
+    if pins.schedule:
+        found = [(s, v) for s, v in found if s == pins.schedule]
+    if pins.virtual_stages:
+        found = [(s, v) for s, v in found if v == pins.virtual_stages]
+    return found
+
+
+# --------------------------------------------------------------------------- options
+
+
+def attention_sequence(graph) -> int:
+    """The sequence length context parallelism would split: that of the model's fused attention
+    ops, when every attention is one (a matrix product of two activations elsewhere would see
+    only a chunk of the sequence), else 0."""
+    from planner.trace.blocks import cached_core_nodes
+    from planner.trace.opcost import ATTENTION_OPS, MATMUL_OPS
+
+    lengths = {
+        graph.nodes[n]["shapes"][0][-2]
+        for n in graph.nodes
+        if graph.nodes[n]["op"] in ATTENTION_OPS and graph.nodes[n].get("shapes")
+    }
+    if len(lengths) != 1:
+        return 0
+    if any(graph.nodes[n]["op"] in MATMUL_OPS for n in cached_core_nodes(graph)):
+        return 0
+    return int(lengths.pop())
+
+
+def check_ep_pin(blocks: list[Block], pins: Pins) -> None:
+    if not pins.ep or pins.ep == 1:
+        return
+    counts = expert_counts(blocks)
+    if not counts:
+        raise UserInputError(
+            f"--ep {pins.ep}: the model has no mixture-of-experts layer (no module whose "
+            "parameters are stacked per expert) to spread: drop --ep"
+        )
+    if any(c % pins.ep for c in counts):
+        raise UserInputError(
+            f"--ep {pins.ep} does not divide the expert count ({', '.join(map(str, counts))}): "
+            "choose a divisor of it"
+        )
+
+
+def no_candidate_message(gpus: int, training: Training, pins: Pins, tps: list[int]) -> str:
+    if pins.tp and pins.tp not in tps:
+        return (
+            f"--tp {pins.tp} cannot shard this model on {gpus} GPUs: it must divide the GPU "
+            f"count and the dimensions it shards; possible degrees: {', '.join(map(str, tps))}"
+        )
+    if pins.dp and training.global_batch_size % pins.dp:
+        return (
+            f"the global batch {training.global_batch_size} is not divisible by --dp {pins.dp}: "
+            "choose a global batch that is a multiple of the data-parallel degree"
+        )
+    if pins.ep and pins.ep > 1 and (gpus % pins.ep or (pins.dp and pins.dp % pins.ep)):
+        return (
+            f"--ep {pins.ep} must divide the data-parallel degree (experts are spread over "
+            "data-parallel ranks): pin a --dp that it divides, or a smaller --ep"
+        )
+    fixed = [(k, v) for k, v in (("pp", pins.pp), ("dp", pins.dp), ("tp", pins.tp)) if v]
+    product = math.prod(v for _, v in fixed)
+    if gpus % product or (len(fixed) == 3 and product != gpus):
+        shown = " x ".join(f"--{k} {v}" for k, v in fixed)
+        return f"{shown} = {product} devices, which does not fit --gpus {gpus}: make them agree"
+    if pins.micro_batch_size and pins.dp:
+        per_replica = training.global_batch_size // pins.dp
+        if per_replica % pins.micro_batch_size:
+            return (
+                f"--micro-batch-size {pins.micro_batch_size} does not divide the per-replica "
+                f"batch {per_replica} (global {training.global_batch_size} / --dp {pins.dp})"
+            )
+    return (
+        f"no parallel layout of {gpus} GPUs matches the pinned flags and a global batch of "
+        f"{training.global_batch_size}: relax --tp/--pp/--dp/--micro-batch-size or change "
+        "--global-batch-size"
+    )

@@ -1,0 +1,330 @@
+"""The outer search: mesh shapes, micro-batch sizes, schedules and ZeRO stages, pruned by lower
+bounds, each survivor solved exactly by the stage MILP.
+
+Candidates are solved in order of their lower bound; once the best solved step time is no
+larger than a candidate's bound, that candidate (and every later one) cannot win and is pruned
+without building a MILP. The bound is valid because the pipeline time is at least
+sum_j T_j (1 + (m-1)/p) for 1F1B (max_j T_j >= mean) and m sum T / p + (p-1) sum T / (p v) for the
+interleaved schedule, and sum_j T_j is at least the sum over blocks of their fastest option.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from planner.cost.model import (
+    Config,
+    CostInputs,
+    Training,
+    evaluate,
+    num_microbatches,
+    offload_allowed,
+)
+from planner.errors import UserInputError
+from planner.hardware.cluster import Cluster
+from planner.search.bounds import lower_bounds, quiet_highs, relaxed_bound
+from planner.search.candidates import (
+    Candidate,
+    Pins,
+    attention_sequence,
+    check_ep_pin,
+    divisors,
+    enumerate_candidates,
+    no_candidate_message,
+)
+from planner.search.options import price_options
+from planner.search.problem import solve_candidate, stage_problem
+from planner.trace.blocks import Block
+
+MILP_TIME_LIMIT_S = 2.0
+# First pass: each MILP gets this long; those it stops are solved again with the full limit
+# afterwards, best bound first, while the whole search has spent less than SECOND_PASS_UNTIL_S.
+FIRST_PASS_LIMIT_S = 0.4
+SECOND_PASS_UNTIL_S = 4.0
+# The search stops proving improvements smaller than this share of the best step time: a
+# candidate whose lower bound is within it of the best plan is not solved, and MILPs run with
+# the best time less this share as their cutoff. The plan's solver.gap then says at most this
+# much (a cost model is not that accurate; proving the last 0.1% took most of the time).
+SEARCH_REL_TOL = 1e-3
+# What --offload auto may choose: FSDP2's CPUOffloadPolicy moves parameters, gradients and
+# optimizer states together; optimizer-only offload (ZeRO-Offload) is priced when pinned, and
+# the runtime says it cannot apply it.
+SEED_CANDIDATES = 8
+
+
+@dataclass
+class SearchResult:
+    best: Candidate | None
+    candidates: list[Candidate]
+    inputs: dict[tuple[int, int, int, int], CostInputs]  # Candidate.key -> priced options
+    solve_time_s: float
+    total: int = 0
+    solved: int = 0
+    notes: list[str] = field(default_factory=list)
+    gap: float = 0.0  # how far the best plan may be from the optimum (0: proven optimal)
+
+
+# --------------------------------------------------------------------------- enumeration
+
+
+def search(
+    graph,
+    blocks: list[Block],
+    cluster: Cluster,
+    training: Training,
+    pins: Pins,
+    variants_of: Callable[[Block, int], list],
+    progress: Callable[..., None] | None = None,
+    time_limit_s: float = MILP_TIME_LIMIT_S,
+) -> SearchResult:
+    """``search_space`` without context parallelism first, then, when nothing fits, with it
+    (or with it at once when ``--cp`` pins a degree).
+
+    Context parallelism is for sequences whose activations do not fit: elsewhere the cost
+    model prices a context-parallel plan like data parallelism over a fraction of a sample
+    (each rank the same tokens, activations and gradient reduction, plus the key/value ring),
+    an equivalence real kernels break at small per-rank token counts; and the larger space
+    costs seconds of solving at scale."""
+    if pins.cp is None and attention_sequence(graph):
+        first = search_space(
+            graph,
+            blocks,
+            cluster,
+            training,
+            replace(pins, cp=1),
+            variants_of,
+            progress,
+            time_limit_s,
+        )
+        if first.best is not None:
+            return first
+    return search_space(graph, blocks, cluster, training, pins, variants_of, progress, time_limit_s)
+
+
+def search_space(
+    graph,
+    blocks: list[Block],
+    cluster: Cluster,
+    training: Training,
+    pins: Pins,
+    variants_of: Callable[[Block, int], list],
+    progress: Callable[..., None] | None = None,
+    time_limit_s: float = MILP_TIME_LIMIT_S,
+) -> SearchResult:
+    """Every candidate, cheapest bound first; each is pruned by its bounds or solved exactly.
+    A MILP that hits ``time_limit_s`` keeps its best placement and its proven bound, and the
+    result's ``gap`` says how far from optimal the returned plan can be (0 = proven optimal)."""
+    start = time.perf_counter()
+    quiet_highs()  # before cvxpy builds its first HiGHS instance
+    gpus = cluster.gpus
+    tp_degrees = [t for t in divisors(gpus) if _tp_useful(graph, blocks, t, variants_of)]
+    check_ep_pin(blocks, pins)
+    sequence = attention_sequence(graph)
+    if pins.cp and pins.cp > 1 and not sequence:
+        raise UserInputError(
+            f"--cp {pins.cp}: context parallelism splits attention computed by fused attention "
+            "ops (scaled_dot_product_attention); this model computes its attention with plain "
+            "matrix products and softmax: drop --cp"
+        )
+    cands = enumerate_candidates(gpus, len(blocks), training, pins, tp_degrees, blocks, sequence)
+    if not cands:
+        raise UserInputError(no_candidate_message(gpus, training, pins, tp_degrees))
+    traced_mbs = int(graph.graph["micro_batch_size"])
+    inputs: dict[tuple[int, int, int, int], CostInputs] = {}
+    for c in cands:
+        key = c.key
+        if key not in inputs:
+            if progress:
+                progress("price", len(inputs), len({d.key for d in cands}))
+            opts = price_options(
+                graph,
+                blocks,
+                c.tp,
+                c.micro_batch_size,
+                cluster,
+                training,
+                pins,
+                variants_of,
+                c.ep,
+                c.cp,
+            )
+            inputs[key] = CostInputs(
+                blocks, opts, traced_mbs, cluster, training, pins.memory_fraction
+            )
+        c.bound, c.min_memory = lower_bounds(inputs[key], c)
+    capacity = cluster.profile.memory_bytes * pins.memory_fraction
+    for c in cands:
+        m = num_microbatches(training, c.dp, c.micro_batch_size)
+        if c.schedule == "gpipe" and not pins.schedule and c.pp > 1 and m >= c.pp:
+            c.status, c.reason = "dominated", "GPipe: same time as 1F1B, more memory"
+        elif c.min_memory > capacity:
+            c.status, c.reason = "pruned-memory", "model states alone exceed memory"
+    order = sorted(
+        (c for c in cands if c.status == "pending"),
+        key=lambda c: (c.bound, c.pp, c.tp, -c.micro_batch_size, c.zero, c.virtual_stages, c.ep),
+    )
+    # Seed the incumbent with the cheapest MILPs first (no pipeline: one stage, milliseconds),
+    # so the many-stage MILPs that follow meet a tight cutoff. Order never changes the optimum.
+    seeds = [c for c in order if c.pp * c.virtual_stages == 1][:SEED_CANDIDATES]
+    order = seeds + [c for c in order if c not in seeds]
+    best: Candidate | None = None
+    done = 0
+    band: list[float] = []  # bounds of what the tolerance left unproven
+
+    def solve(c: Candidate, limit: float) -> None:
+        """The candidate's MILP under the best plan's cutoff less the tolerance."""
+        cutoff = best.cost.step_time_s * (1 - SEARCH_REL_TOL) if best is not None else None
+        solve_candidate(inputs[c.key], c, cutoff=cutoff, time_limit_s=limit)
+        if c.status == "pruned-bound":  # no placement under the cutoff; one within it may be
+            band.append(max(c.bound, cutoff))
+
+    for i, c in enumerate(order):
+        if progress:
+            progress("solve", done, len(cands), pruned=len(cands) - len(order) + i - done)
+        if best is not None and _beaten(c, best, band):
+            _prune_by_bound(c, best)
+            continue
+        inp = inputs[c.key]
+        c.bound = relaxed_bound(stage_problem(inp, c), c.bound)
+        if c.bound == math.inf:
+            c.status = "pruned-memory"
+            c.reason = "even split fractionally over the ranks, the model does not fit in memory"
+            continue
+        if best is not None and _beaten(c, best, band):
+            _prune_by_bound(c, best)
+            continue
+        solve(c, min(time_limit_s, FIRST_PASS_LIMIT_S))
+        done += 1
+        if c.status == "solved" and c.tp > 1 and not pins.tp and _tp_unused(inputs, c):
+            c.status = "dominated"
+            c.reason = f"TP degree {c.tp} shards no block: {c.tp} devices repeat the same work"
+        if c.status == "solved":
+            if c.cost.feasible and (best is None or _better(c, best)):
+                best = c
+    # Second pass: the MILPs the first pass stopped, again with the full limit, most promising
+    # first, while time allows; what stays open is in the gap.
+    stopped = sorted(
+        (c for c in cands if c.status == "unresolved" or (c.status == "solved" and c.gap > 0)),
+        key=lambda c: c.bound,
+    )
+    for c in stopped:
+        if time.perf_counter() - start > SECOND_PASS_UNTIL_S or time_limit_s <= FIRST_PASS_LIMIT_S:
+            break
+        if c is best:  # the incumbent keeps its placement; its proven bound is in the gap
+            continue
+        if best is not None and _beaten(c, best, band):
+            if c.status == "unresolved":
+                _prune_by_bound(c, best)
+            continue
+        solve(c, time_limit_s)
+        if c.status == "solved" and c.cost.feasible and (best is None or _better(c, best)):
+            best = c
+    if best is not None:
+        prefer_simpler(inputs[best.key], best)
+    elapsed = time.perf_counter() - start
+    gap = 0.0
+    if best is not None:
+        t = best.cost.step_time_s
+        open_bounds = band + [
+            c.bound
+            for c in cands
+            if c.status == "unresolved" or (c.status == "solved" and c.gap > 0)
+        ]
+        if open_bounds and min(open_bounds) < t:
+            gap = (t - min(open_bounds)) / t
+    return SearchResult(
+        best=best,
+        candidates=cands,
+        inputs=inputs,
+        solve_time_s=elapsed,
+        total=len(cands),
+        solved=done,
+        gap=gap,
+    )
+
+
+def prefer_simpler(inp: CostInputs, cand: Candidate) -> None:
+    """On ties, run blocks without recompute or offload: for each (stage, option) group of
+    blocks, switch them to the same TP variant with less recompute and offload when the cost
+    model says the step is no slower and it still fits. The step time never grows, so an
+    optimal plan stays optimal; it only stops recomputing when recomputing gains nothing."""
+    rank = {"none": 0, "selective": 1, "full": 2, "optimizer": 1, "optimizer+params": 2}
+    cfg = cand.config
+    groups = sorted({(cfg.stage_of[i], k) for i, k in enumerate(cfg.choice)})
+    for stage, k in groups:
+        members = [i for i, kk in enumerate(cfg.choice) if kk == k and cfg.stage_of[i] == stage]
+        opts = inp.options[members[0]]
+        cur = opts[k]
+        simpler = sorted(
+            (
+                j
+                for j, o in enumerate(opts)
+                if o.variant == cur.variant
+                and rank[o.recompute] + rank[o.offload] < rank[cur.recompute] + rank[cur.offload]
+                and offload_allowed(o.offload, cfg.zero_stage)
+            ),
+            key=lambda j: (rank[opts[j].recompute] + rank[opts[j].offload], j),
+        )
+        for j in simpler:
+            choice = list(cfg.choice)
+            for i in members:
+                choice[i] = j
+            trial = Config(
+                cfg.mesh,
+                cfg.micro_batch_size,
+                cfg.schedule,
+                cfg.virtual_stages,
+                cfg.zero_stage,
+                cfg.stage_of,
+                choice,
+            )
+            cost = evaluate(inp, trial)
+            if cost.feasible and cost.step_time_s <= cand.cost.step_time_s:
+                cand.config, cand.cost, cfg = trial, cost, trial
+                break
+
+
+def _tp_unused(inputs: dict, c: Candidate) -> bool:
+    """Every block runs its replicated variant: the TP group computes the same thing tp times,
+    which the cost model prices as free of communication, so it can look fast on tiny models."""
+    opts = inputs[c.key].options
+    return all(opts[i][k].variant == "replicated" for i, k in enumerate(c.config.choice))
+
+
+def _better(a: Candidate, b: Candidate) -> bool:
+    """Strictly faster, ties broken deterministically (less memory, then simpler mesh)."""
+    ka = (a.cost.step_time_s, a.cost.peak_memory_bytes, a.pp, a.tp, a.zero, a.ep, a.cp)
+    kb = (b.cost.step_time_s, b.cost.peak_memory_bytes, b.pp, b.tp, b.zero, b.ep, b.cp)
+    return ka < kb
+
+
+def _tp_useful(graph, blocks: list[Block], tp: int, variants_of) -> bool:
+    if tp == 1:
+        return True
+    for blk in {b.cls: b for b in blocks}.values():
+        if any(v.name != "replicated" for v in variants_of(blk, tp)):
+            return True
+    return False
+
+
+def _beaten(c: Candidate, best: Candidate, band: list[float]) -> bool:
+    """Whether ``c``'s lower bound leaves it no room to beat ``best`` by more than the search
+    tolerance; a bound inside the tolerance goes to ``band`` (the reported gap)."""
+    t = best.cost.step_time_s
+    if c.bound >= t:
+        return True
+    if c.bound >= t * (1 - SEARCH_REL_TOL):
+        band.append(c.bound)
+        return True
+    return False
+
+
+def _prune_by_bound(c: Candidate, best: Candidate) -> None:
+    c.status = "pruned-bound"
+    c.reason = (
+        f"lower bound {c.bound:.4g} s is no better than the best plan's "
+        f"{best.cost.step_time_s:.4g} s"
+    )

@@ -1,0 +1,79 @@
+"""Each block's priced options for one candidate's TP degree and micro-batch, filtered by the
+user's pins.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from planner.cost.model import (
+    BlockOption,
+    Mesh,
+    Training,
+    block_options,
+)
+from planner.hardware.cluster import Cluster
+from planner.search.candidates import Pins
+from planner.trace.blocks import Block
+from planner.vocab import Offload
+
+AUTO_OFFLOAD = (Offload.NONE.value, Offload.PARAMS.value)
+
+
+def price_options(
+    graph,
+    blocks: list[Block],
+    tp: int,
+    mbs: int,
+    cluster: Cluster,
+    training: Training,
+    pins: Pins,
+    variants_of: Callable[[Block, int], list],
+    ep: int = 1,
+    cp: int = 1,
+) -> list[list[BlockOption]]:
+    """Options per block (shared by blocks of one class), filtered by the user's pins."""
+    tp_ranks = list(range(tp))
+    ep_ranks = Mesh(1, ep, tp, ep).ep_group(0)
+    cp_ranks = Mesh(1, 1, tp, 1, cp).cp_group(0)
+    by_class: dict[str, list[BlockOption]] = {}
+    result = []
+    # Priced options are memoized on the graph: the baselines search the same space again.
+    memo = graph.graph.setdefault("_priced_options", {})
+    for blk in blocks:
+        if blk.cls not in by_class:
+            key = (blk.cls, tp, mbs, ep, cp, id(variants_of), id(cluster), training)
+            if key not in memo:  # the value holds what the ids name, so no id is reused
+                memo[key] = (
+                    (variants_of, cluster),
+                    block_options(
+                        graph,
+                        blk,
+                        variants_of(blk, tp),
+                        mbs,
+                        cluster,
+                        tp_ranks,
+                        training,
+                        ep_ranks=ep_ranks,
+                        cp_ranks=cp_ranks,
+                    ),
+                )
+            by_class[blk.cls] = _filter(memo[key][1], pins)
+        result.append(by_class[blk.cls])
+    return result
+
+
+def _filter(opts: list[BlockOption], pins: Pins) -> list[BlockOption]:
+    keep = opts
+    if pins.recompute != "auto":
+        wanted = [o for o in keep if o.recompute == pins.recompute]
+        keep = wanted or [o for o in keep if o.recompute == "none"]
+    if pins.offload != "auto":
+        wanted = [o for o in keep if o.offload == pins.offload]
+        keep = wanted or [o for o in keep if o.offload == "none"]
+    else:  # optimizer-only offload has no torch.distributed implementation to run it with
+        keep = [o for o in keep if o.offload in AUTO_OFFLOAD]
+    return keep
+
+
+# --------------------------------------------------------------------------- one candidate

@@ -1,0 +1,184 @@
+"""One candidate's stage MILP: its numbers from the cost model's own functions, the solve, and
+the placement read back as a Config.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from planner.cost.model import (
+    Config,
+    CostInputs,
+    deferred_reduce,
+    evaluate,
+    inflight_microbatches,
+    num_microbatches,
+    offload_allowed,
+    offload_time,
+    optimizer_time,
+    option_states,
+)
+from planner.hardware.cluster import Cluster
+from planner.hardware.collectives import collective_time
+from planner.search.candidates import Candidate
+from planner.search.stage_milp import StageProblem, solve_stage_milp
+from planner.trace.blocks import Block
+
+
+def segments(blocks: list[Block]) -> list[tuple[int, int]]:
+    """Maximal runs of consecutive blocks of one class: (first index, length)."""
+    runs: list[tuple[int, int]] = []
+    for i, b in enumerate(blocks):
+        if runs and blocks[runs[-1][0]].cls == b.cls:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((i, 1))
+    return runs
+
+
+def _affine(kind: str, cluster: Cluster, ranks: list[int], bytes_per_param: float):
+    """A collective's time as (seconds per parameter, latency): exact for the ring model."""
+    x = 1e9
+    t1 = collective_time(kind, x * bytes_per_param, cluster, ranks)
+    t2 = collective_time(kind, 2 * x * bytes_per_param, cluster, ranks)
+    slope = (t2 - t1) / x
+    return slope, t1 - slope * x
+
+
+def stage_problem(inp: CostInputs, cand: Candidate) -> StageProblem:
+    """The MILP's numbers for one candidate, each computed by the cost model's own functions."""
+    mesh = cand.mesh
+    tr = inp.training
+    m = num_microbatches(tr, cand.dp, cand.micro_batch_size)
+    p, v = cand.pp, cand.virtual_stages
+    J = p * v
+    config = Config(mesh, cand.micro_batch_size, cand.schedule, v, cand.zero, [], [])
+    deferred = deferred_reduce(config, tr)
+    segs = segments(inp.blocks)
+    cols: dict[str, list[np.ndarray]] = {k: [] for k in StageProblem.__annotations__}
+    for first, _ in segs:
+        opts = inp.options[first]
+        sm = [option_states(o, cand.zero, mesh.replicas, tr, deferred) for o in opts]
+        wb = tr.state_bytes[0]
+        cols["time"].append(np.array([o.time_s for o in opts]))
+        cols["fwd"].append(np.array([o.fwd_s for o in opts]))
+        cols["bwd"].append(np.array([o.bwd_s for o in opts]))
+        cols["state"].append(np.array([x["params"] + x["grads"] + x["optimizer"] for x in sm]))
+        cols["host"].append(np.array([x["host"] for x in sm]))
+        cols["act"].append(np.array([o.act_bytes for o in opts]))
+        cols["ws"].append(np.array([o.transient_bytes + o.recompute_peak_bytes for o in opts]))
+        cols["gather"].append(
+            np.array(
+                [
+                    2 * o.params * wb if (cand.zero >= 3 or o.offload == "optimizer+params") else 0
+                    for o in opts
+                ]
+            )
+        )
+        cols["optim"].append(np.array([optimizer_time(inp, [o], config) for o in opts]))
+        cols["offl"].append(np.array([offload_time(inp, [o], config, m) for o in opts]))
+        cols["pbytes"].append(np.array([o.comm_params(mesh.replicas) for o in opts]))
+        cols["dense"].append(np.array([o.dense_params for o in opts]))
+    from planner.cost.model import other_memory, stage_time_parts
+
+    # What a stage costs per micro-batch besides its blocks: its point-to-point hops, and on
+    # the last stage the loss (stage_time_parts of no blocks).
+    const_time = [sum(stage_time_parts(inp, [], config, j)) for j in range(J)]
+    last_rank = (J - 1) % p
+    const_mem = [other_memory(inp, [], config, r, last=(r == last_rank)) for r in range(p)]
+    wb, gb, _ = tr.state_bytes
+    dp_ranks = mesh.dp_group(0)
+    profile = inp.cluster.profile
+    return StageProblem(
+        pp=p,
+        v=v,
+        m=m,
+        seg_len=[n for _, n in segs],
+        time=cols["time"],
+        fwd=cols["fwd"],
+        bwd=cols["bwd"],
+        state=cols["state"],
+        host=cols["host"],
+        act=cols["act"],
+        ws=cols["ws"],
+        gather=cols["gather"],
+        optim=cols["optim"],
+        offl=cols["offl"],
+        pbytes=cols["pbytes"],
+        dense=cols["dense"],
+        allowed=[
+            np.array([offload_allowed(o.offload, cand.zero) for o in inp.options[first]])
+            for first, _ in segs
+        ],
+        has_params=[inp.blocks[first].params > 0 for first, _ in segs],
+        const_time=const_time,
+        inflight=[inflight_microbatches(cand.schedule, m, p, v, j % p) for j in range(J)],
+        const_mem=const_mem,
+        capacity=profile.memory_bytes * inp.memory_fraction,
+        host_capacity=profile.host_memory_bytes / max(profile.gpus_per_node, 1),
+        zero=cand.zero,
+        deferred=deferred,
+        dp_ar=_affine("all_reduce", inp.cluster, dp_ranks, gb),
+        dp_rs=_affine("reduce_scatter", inp.cluster, dp_ranks, gb),
+        dp_ag=_affine("all_gather", inp.cluster, dp_ranks, wb),
+        comm_overlap=profile.comm_overlap,
+        fsdp_unit_overhead=profile.fsdp_unit_overhead,
+        dp=mesh.replicas,
+    )
+
+
+def config_from_counts(inp: CostInputs, cand: Candidate, counts) -> Config:
+    segs = segments(inp.blocks)
+    stage_of = [0] * len(inp.blocks)
+    choice = [0] * len(inp.blocks)
+    next_block = [first for first, _ in segs]
+    for j, per_seg in enumerate(counts):
+        for s, per_opt in enumerate(per_seg):
+            for o, k in enumerate(per_opt):
+                for _ in range(k):
+                    i = next_block[s]
+                    stage_of[i], choice[i] = j, o
+                    next_block[s] += 1
+    mesh = cand.mesh
+    return Config(
+        mesh, cand.micro_batch_size, cand.schedule, cand.virtual_stages, cand.zero, stage_of, choice
+    )
+
+
+def solve_candidate(
+    inp: CostInputs, cand: Candidate, cutoff: float | None = None, time_limit_s: float = 60.0
+) -> None:
+    sp = stage_problem(inp, cand)
+    start = time.perf_counter()
+    sol = solve_stage_milp(sp, time_limit_s=time_limit_s, cutoff=cutoff)
+    cand.solve_time_s = time.perf_counter() - start
+    if sol.status == "cutoff":
+        cand.status = "pruned-bound"
+        cand.reason = f"its MILP proves no placement beats the best plan's {cutoff:.4g} s"
+        return
+    if sol.status == "no_solution":
+        cand.status = "unresolved"
+        if math.isfinite(sol.dual_bound):
+            cand.bound = max(cand.bound, sol.dual_bound)
+        cand.reason = f"no placement found within the {time_limit_s:g} s MILP time limit"
+        return
+    if sol.status not in ("optimal", "time_limit"):
+        cand.status = "infeasible"
+        cand.reason = "does not fit in memory with any placement and options"
+        return
+    cand.config = config_from_counts(inp, cand, sol.counts)
+    cand.cost = evaluate(inp, cand.config)
+    cand.milp_objective = sol.objective
+    cand.status = "solved"
+    if sol.status == "time_limit" and math.isfinite(sol.dual_bound):
+        # The incumbent's auxiliary variables (max terms) may be loose at a time limit: the
+        # cost model's own evaluation of its placement is the true step time.
+        t = cand.cost.step_time_s
+        cand.gap = max(0.0, (t - sol.dual_bound) / t) if t > 0 else 0.0
+        cand.bound = max(cand.bound, sol.dual_bound)
+
+
+# --------------------------------------------------------------------------- the search

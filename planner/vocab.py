@@ -1,0 +1,100 @@
+"""The words plans are made of, defined once: schedules, recompute and offload modes,
+tensor-parallel styles, training dtypes, optimizers, and how many bytes an element of each
+tensor dtype takes. Every other module (and the plan's JSON, and the command line) spells them
+through here; each enum's value is the string the plan and the flags use."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class Word(str, Enum):
+    """A plan word: compares equal to, formats as and serialises to its string value."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Schedule(Word):
+    GPIPE = "gpipe"
+    ONE_F_ONE_B = "1f1b"
+    INTERLEAVED = "interleaved_1f1b"
+
+
+class Recompute(Word):
+    NONE = "none"
+    SELECTIVE = "selective"  # Korthikanti et al.: the attention core is recomputed
+    FULL = "full"  # only the block's input is kept
+
+
+class Offload(Word):
+    NONE = "none"
+    OPTIMIZER = "optimizer"  # ZeRO-Offload: optimizer states on the host
+    PARAMS = "optimizer+params"  # FSDP2's CPUOffloadPolicy: weights, gradients and states
+
+
+class TPStyle(Word):
+    """How tensor parallelism runs one module (torch's ParallelStyle it maps to)."""
+
+    COLWISE = "colwise"  # ColwiseParallel
+    COLWISE_GATHER = "colwise_gather"  # ColwiseParallel with its output gathered at once
+    ROWWISE = "rowwise"  # RowwiseParallel
+    COLWISE_SP = "colwise_sp"  # takes a sequence-sharded input (sequence parallel)
+    ROWWISE_SP = "rowwise_sp"  # gives a sequence-sharded output
+    SEQUENCE = "sequence"  # a norm under SequenceParallel
+    SP_GATHER = "sp_gather"  # all-gathers the sequence for the column-parallel weights inside
+    SP_BLOCK = "sp_block"  # the block entered and left replicated
+
+
+class DType(Word):
+    """Training dtypes (mixed precision keeps fp32 master weights for bf16 and fp16)."""
+
+    FP32 = "fp32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+
+
+class Optimizer(Word):
+    ADAMW = "adamw"  # torch's AdamW
+    SGD = "sgd"  # SGD with momentum 0.9
+
+
+SCHEDULES = tuple(s.value for s in Schedule)
+RECOMPUTE = tuple(r.value for r in Recompute)
+OFFLOAD = tuple(o.value for o in Offload)
+TP_STYLES = tuple(s.value for s in TPStyle)
+SEQUENCE_STYLES = tuple(
+    s.value
+    for s in (
+        TPStyle.COLWISE_SP,
+        TPStyle.ROWWISE_SP,
+        TPStyle.SEQUENCE,
+        TPStyle.SP_GATHER,
+        TPStyle.SP_BLOCK,
+    )
+)
+DTYPES = tuple(d.value for d in DType)
+HALF_DTYPES = (DType.BF16.value, DType.FP16.value)
+OPTIMIZERS = tuple(o.value for o in Optimizer)
+# Peak-rate keys of a device profile: the training dtypes and TF32.
+PEAK_DTYPES = ("fp32", "tf32", "bf16", "fp16")
+# A training dtype's tensor dtype name (torch.<name>).
+TENSOR_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+# Bytes per element, by tensor dtype name (torch's, without "torch.").
+ELEMENT_BYTES = {
+    "float64": 8,
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "int64": 8,
+    "int32": 4,
+    "int16": 2,
+    "int8": 1,
+    "uint8": 1,
+    "bool": 1,
+}
+
+
+def dtype_bytes(dtype: str) -> int:
+    """Bytes per element of a training dtype's activations and weights."""
+    return ELEMENT_BYTES[TENSOR_DTYPE[dtype]]
