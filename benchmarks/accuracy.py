@@ -427,7 +427,7 @@ def main() -> int:
                 dtype="fp32",
                 pins=full_pins(ranks, pins),
             )
-            p = res.plan
+            p = res.plan.to_dict()
             d = work / f"c{i:02d}"
             path = write_plan(p, d)
             row.update(

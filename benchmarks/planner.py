@@ -206,7 +206,7 @@ def run_case(label: str, path: str, args: dict, gpus: int, gbs: int) -> dict[str
     log(f"{label}: tracing and planning")
     result = plan(ROOT / path, gpus, model_args=args, global_batch_size=gbs, profile=PROFILE)
     plan_s = time.perf_counter() - start
-    doc = result.plan
+    doc = result.plan.to_dict()
     cached = "cached trace" if result.traced.from_cache else "cold trace"
     log(f"{label}: planned in {plan_s:.1f} s ({cached})")
     rows: dict[str, dict[str, Any]] = {"meshplan": row_from_plan(doc)}

@@ -33,7 +33,7 @@ def main() -> None:
         start = time.perf_counter()
         res = plan(ROOT / path, gpus, model_args=args, global_batch_size=gbs, profile="h100-sxm")
         elapsed = time.perf_counter() - start
-        p = res.plan
+        p = res.plan.to_dict()
         row = {
             "model": path,
             "args": args,

@@ -114,12 +114,15 @@ class PlanResult:
     notes: list[str]
 
 
-def variants_for(graph: nx.DiGraph, cluster, tp_variant: str = "auto") -> Any:
+def variants_for(
+    graph: nx.DiGraph, cluster, tp_variant: str = "auto", memo: dict | None = None
+) -> Any:
     """The intra-block sharding ILP, with its cost rates taken from the cluster's profile.
     ``tp_variant="sharded"`` drops the replicated variant wherever a sharded one exists, so a
     pinned ``--tp`` really shards (used to score hand-written Megatron configs, and by tests);
     "sequence" keeps only the sequence-parallel variant where a block has one (else as
-    "sharded"); "no-sequence" drops sequence-parallel variants."""
+    "sharded"); "no-sequence" drops sequence-parallel variants. ``memo`` keeps the ILP's
+    solutions for other calls of one planning run."""
     from planner.cost.sharding import tp_variants
 
     p = cluster.profile
@@ -133,6 +136,7 @@ def variants_for(graph: nx.DiGraph, cluster, tp_variant: str = "auto") -> Any:
             comm_seconds_per_byte=1.0 / bw,
             flops_per_second=p.peak_flops["bf16"] * p.matmul_efficiency,
             bytes_per_second=p.memory_bandwidth * p.elementwise_efficiency,
+            memo=memo,
         )
         if tp_variant == "no-sequence":
             return [v for v in found if not v.name.endswith("-sp")]
@@ -169,6 +173,7 @@ def plan(
     from planner.errors import InfeasibleError
     from planner.hardware.cluster import make_cluster
     from planner.search import Pins, search
+    from planner.search.memo import SearchMemo
 
     mf = (
         model_file
@@ -198,13 +203,16 @@ def plan(
     traced = trace(mf, micro_batch_size=1, dtype=training.dtype, use_cache=use_cache)
     if traced.note:
         notes.append(traced.note)
-    variants_of = variants_for(traced.graph, cluster, pins.tp_variant)
-    result = search(traced.graph, traced.blocks, cluster, training, pins, variants_of, progress)
+    memo = SearchMemo()
+    variants_of = variants_for(traced.graph, cluster, pins.tp_variant, memo.variants)
+    result = search(
+        traced.graph, traced.blocks, cluster, training, pins, variants_of, progress, memo=memo
+    )
     if result.best is None:
         raise InfeasibleError(infeasible_message(traced, cluster, training, result, pins))
     # Hand-written baselines as published (Narayanan et al. 2021: no sequence parallelism).
-    hand = variants_for(traced.graph, cluster, "no-sequence")
-    baselines = baseline_candidates(traced, cluster, training, pins, hand)
+    hand = variants_for(traced.graph, cluster, "no-sequence", memo.variants)
+    baselines = baseline_candidates(traced, cluster, training, pins, hand, memo)
     lr = float(training_cfg.get("lr", 3e-4))
     doc = build_plan(traced, cluster, training, lr, result, baselines)
     return PlanResult(doc, traced, cluster, training, result, notes)
@@ -220,7 +228,7 @@ def moe_factor(training_cfg: dict, key: str) -> float:
     return float(value)
 
 
-def baseline_candidates(traced, cluster, training, pins, variants_of) -> list:
+def baseline_candidates(traced, cluster, training, pins, variants_of, memo=None) -> list:
     """Pure DP, pure FSDP and Megatron's rule, each solved under the same cost model."""
     from dataclasses import replace
 
@@ -242,7 +250,7 @@ def baseline_candidates(traced, cluster, training, pins, variants_of) -> list:
         if name.startswith("Megatron"):
             p = replace(p, recompute="full", pp=cluster.nodes if cluster.nodes > 1 else None)
         try:
-            res = search(traced.graph, traced.blocks, cluster, training, p, variants_of)
+            res = search(traced.graph, traced.blocks, cluster, training, p, variants_of, memo=memo)
         except Exception:  # a baseline that cannot be formed is simply not listed
             continue
         best = res.best or min(

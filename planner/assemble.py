@@ -1,13 +1,9 @@
-"""Assemble plan.json from the solver's result: stages, blocks, the prediction and the solver's
-record with the alternatives and why each lost. Output is deterministic: keys sorted, floats
-rounded to 12 significant digits, nothing that depends on time or the machine except the solve
-time, which lives under ``solver``.
+"""Assemble the plan from the solver's result: stages, blocks, the prediction and the solver's
+record with the alternatives and why each lost. Output is deterministic (floats rounded to 12
+significant digits) except the solve time, which lives under ``solver``.
 """
 
 from __future__ import annotations
-
-import os
-from typing import Any
 
 from planner.cost.model import (
     Config,
@@ -18,8 +14,21 @@ from planner.cost.model import (
     num_microbatches,
     option_states,
 )
-from planner.hardware.cluster import Cluster, cluster_to_dict
-from planner.schema import SCHEMA
+from planner.hardware.cluster import Cluster
+from planner.schema import (
+    SCHEMA,
+    Alternative,
+    BlockPlan,
+    CandidatePoint,
+    ClusterInfo,
+    Memory,
+    Mesh,
+    ModelInfo,
+    Plan,
+    Prediction,
+    SolverRecord,
+    StagePlan,
+)
 from planner.search.driver import Candidate, SearchResult
 
 
@@ -27,33 +36,28 @@ def _r(x: float) -> float:
     return float(f"{x:.12g}")
 
 
-def memory_dict(mem: dict[str, float]) -> dict[str, float]:
+def memory_record(mem: dict[str, float]) -> Memory:
     keys = ("params", "grads", "optimizer", "activations", "other", "total")
-    return {k: _r(mem.get(k, 0.0)) for k in keys}
+    return Memory(**{k: _r(mem.get(k, 0.0)) for k in keys})
 
 
-def candidate_summary(c: Candidate, best: Candidate | None) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "mesh": {"pp": c.pp, "dp": c.dp, "tp": c.tp, "ep": c.ep, "cp": c.cp},
-        "micro_batch_size": c.micro_batch_size,
-        "schedule": c.schedule,
-        "virtual_stages": c.virtual_stages,
-        "zero_stage": c.zero,
-        "label": c.label(),
-        "status": c.status,
-        "lower_bound_step_time_s": _r(c.bound),
-    }
-    if c.cost is not None:
-        out.update(
-            step_time_s=_r(c.cost.step_time_s),
-            peak_memory_bytes=_r(c.cost.peak_memory_bytes),
-            feasible=c.cost.feasible,
-            mfu=_r(c.cost.mfu),
-        )
-    else:
-        out.update(step_time_s=None, peak_memory_bytes=None, feasible=None, mfu=None)
-    out["why_not"] = why_lost(c, best)
-    return out
+def candidate_summary(c: Candidate, best: Candidate | None) -> Alternative:
+    cost = c.cost
+    return Alternative(
+        label=c.label(),
+        status=c.status,
+        mesh=Mesh(c.pp, c.dp, c.tp, c.ep, c.cp),
+        micro_batch_size=c.micro_batch_size,
+        schedule=c.schedule,
+        virtual_stages=c.virtual_stages,
+        zero_stage=c.zero,
+        why_not=why_lost(c, best),
+        lower_bound_step_time_s=_r(c.bound),
+        step_time_s=_r(cost.step_time_s) if cost else None,
+        peak_memory_bytes=_r(cost.peak_memory_bytes) if cost else None,
+        feasible=cost.feasible if cost else None,
+        mfu=_r(cost.mfu) if cost else None,
+    )
 
 
 def why_lost(c: Candidate, best: Candidate | None) -> str:
@@ -115,126 +119,136 @@ def build_plan(
     lr: float,
     result: SearchResult,
     baselines: list[tuple[str, Candidate]],
-) -> dict[str, Any]:
+) -> Plan:
     best = result.best
     assert best is not None and best.config is not None and best.cost is not None
-    inp: CostInputs = result.inputs[best.key]
     config: Config = best.config
-    cost: StepCost = best.cost
-    blocks = traced.blocks
     mesh = config.mesh
-    m = num_microbatches(training, mesh.dp, config.micro_batch_size)
-    stages = []
-    for st in cost.stages:
-        stages.append(
-            {
-                "index": st.index,
-                "pp_rank": st.pp_rank,
-                "blocks": [blocks[i].name for i in st.blocks],
-                "ranks": mesh.stage_ranks(st.pp_rank),
-                "compute_s": _r(st.compute_s),
-                "tp_comm_s": _r(st.tp_comm_s),
-                "p2p_s": _r(st.p2p_s),
-                "time_per_microbatch_s": _r(st.time_s),
-                "forward_s": _r(st.fwd_s),
-                "backward_s": _r(st.bwd_s),
-                "dp_comm_s": _r(st.dp_comm_s),
-                "dp_exposed_s": _r(st.dp_exposed_s),
-                "optimizer_s": _r(st.optimizer_s),
-                "offload_s": _r(st.offload_s),
-                "inflight_microbatches": st.inflight,
-            }
+    g = traced.graph.graph
+    return Plan(
+        schema=SCHEMA,
+        model=ModelInfo(
+            file=g["file"],
+            sha256=g["sha256"],
+            args=g["args"],
+            params=traced.params,
+            blocks=len(traced.blocks),
+            trace=g["method"],
+        ),
+        cluster=ClusterInfo(
+            cluster.profile.name, cluster.nodes, cluster.gpus_per_node, cluster.gpus
+        ),
+        mesh=Mesh(mesh.pp, mesh.dp, mesh.tp, mesh.ep, mesh.cp),
+        global_batch_size=training.global_batch_size,
+        micro_batch_size=config.micro_batch_size,
+        num_microbatches=num_microbatches(training, mesh.dp, config.micro_batch_size),
+        schedule=config.schedule,
+        virtual_stages=config.virtual_stages,
+        zero_stage=config.zero_stage,
+        dtype=training.dtype,
+        optimizer=training.optimizer,
+        lr=lr,
+        stages=stage_records(best, traced.blocks),
+        blocks=block_records(best, result.inputs[best.key], traced.blocks, training),
+        predicted=prediction(best.cost, traced),
+        solver=solver_record(result, baselines),
+    )
+
+
+def stage_records(best: Candidate, blocks) -> list[StagePlan]:
+    mesh = best.config.mesh
+    return [
+        StagePlan(
+            index=st.index,
+            pp_rank=st.pp_rank,
+            blocks=[blocks[i].name for i in st.blocks],
+            ranks=mesh.stage_ranks(st.pp_rank),
+            compute_s=_r(st.compute_s),
+            tp_comm_s=_r(st.tp_comm_s),
+            p2p_s=_r(st.p2p_s),
+            time_per_microbatch_s=_r(st.time_s),
+            forward_s=_r(st.fwd_s),
+            backward_s=_r(st.bwd_s),
+            dp_comm_s=_r(st.dp_comm_s),
+            dp_exposed_s=_r(st.dp_exposed_s),
+            optimizer_s=_r(st.optimizer_s),
+            offload_s=_r(st.offload_s),
+            inflight_microbatches=st.inflight,
         )
-    stage_inflight = {i: st.inflight for st in cost.stages for i in st.blocks}
+        for st in best.cost.stages
+    ]
+
+
+def block_records(best: Candidate, inp: CostInputs, blocks, training: Training) -> list[BlockPlan]:
+    config = best.config
+    stage_inflight = {i: st.inflight for st in best.cost.stages for i in st.blocks}
     rep_modules: dict[str, list[str]] = {}
     for blk in blocks:
         rep_modules.setdefault(blk.cls, blk.modules)
-    block_rows = []
+    rows = []
     for i, blk in enumerate(blocks):
         o = inp.options[i][config.choice[i]]
-        block_rows.append(
-            {
-                "name": blk.name,
-                "class": blk.label,
-                "modules": blk.modules,
-                "stage": config.stage_of[i],
-                "params": blk.params,
-                "tp_variant": o.variant,
-                "tp_plan": rebase_tp_plan(dict(o.tp_plan), rep_modules[blk.cls], blk.modules),
-                "recompute": o.recompute,
-                "offload": o.offload,
-                "time_per_microbatch_s": _r(o.time_s),
-                "activation_bytes_per_microbatch": _r(o.act_bytes),
-                "memory_bytes": _r(block_memory(o, config, training, stage_inflight[i])),
-            }
+        rows.append(
+            BlockPlan(
+                name=blk.name,
+                block_class=blk.label,
+                modules=blk.modules,
+                stage=config.stage_of[i],
+                params=blk.params,
+                tp_variant=o.variant,
+                tp_plan=rebase_tp_plan(dict(o.tp_plan), rep_modules[blk.cls], blk.modules),
+                recompute=o.recompute,
+                offload=o.offload,
+                time_per_microbatch_s=_r(o.time_s),
+                activation_bytes_per_microbatch=_r(o.act_bytes),
+                memory_bytes=_r(block_memory(o, config, training, stage_inflight[i])),
+            )
         )
-    tokens = _tokens_per_sample(traced)
-    solver = {
-        "status": "optimal" if result.gap == 0 else "feasible",
-        "objective": _r(best.milp_objective),
-        "gap": _r(result.gap),
-        "solve_time_s": round(result.solve_time_s, 3),
-        "candidates_total": result.total,
-        "candidates_solved": result.solved,
-        "candidates_pruned": sum(1 for c in result.candidates if c.status.startswith("pruned")),
-        "alternatives": alternatives(result, baselines),
-        "candidates": [
-            {
-                "label": c.label(),
-                "step_time_s": _r(c.cost.step_time_s),
-                "peak_memory_bytes": _r(c.cost.peak_memory_bytes),
-                "feasible": c.cost.feasible,
-                "chosen": c is best,
-            }
+    return rows
+
+
+def prediction(cost: StepCost, traced) -> Prediction:
+    return Prediction(
+        step_time_s=_r(cost.step_time_s),
+        pipeline_s=_r(cost.pipeline_s),
+        bubble_s=_r(cost.bubble_s),
+        dp_exposed_s=_r(cost.dp_exposed_s),
+        optimizer_s=_r(cost.optimizer_s),
+        offload_s=_r(cost.offload_s),
+        samples_per_s=_r(cost.samples_per_s),
+        tokens_per_s=_r(cost.samples_per_s * _tokens_per_sample(traced)),
+        model_flops_per_step=_r(cost.model_flops_per_step),
+        mfu=_r(cost.mfu),
+        peak_memory_bytes=_r(cost.peak_memory_bytes),
+        capacity_bytes=_r(cost.capacity_bytes),
+        host_bytes_per_gpu=_r(cost.host_bytes_per_gpu),
+        memory_per_stage=[memory_record(mm) for mm in cost.rank_memory],
+    )
+
+
+def solver_record(result: SearchResult, baselines: list[tuple[str, Candidate]]) -> SolverRecord:
+    best = result.best
+    return SolverRecord(
+        status="optimal" if result.gap == 0 else "feasible",
+        objective=_r(best.milp_objective),
+        gap=_r(result.gap),
+        solve_time_s=round(result.solve_time_s, 3),
+        candidates_total=result.total,
+        candidates_solved=result.solved,
+        candidates_pruned=sum(1 for c in result.candidates if c.status.startswith("pruned")),
+        alternatives=alternatives(result, baselines),
+        candidates=[
+            CandidatePoint(
+                label=c.label(),
+                step_time_s=_r(c.cost.step_time_s),
+                peak_memory_bytes=_r(c.cost.peak_memory_bytes),
+                feasible=c.cost.feasible,
+                chosen=c is best,
+            )
             for c in result.candidates
             if c.status == "solved" and c.cost is not None
         ],
-    }
-    if os.environ.get("MESHPLAN_DETERMINISTIC") == "1":
-        solver["solve_time_s"] = 0.0
-    g = traced.graph.graph
-    return {
-        "schema": SCHEMA,
-        "model": {
-            "file": g["file"],
-            "sha256": g["sha256"],
-            "args": g["args"],
-            "params": traced.params,
-            "blocks": len(blocks),
-            "trace": g["method"],
-        },
-        "cluster": cluster_to_dict(cluster),
-        "mesh": {"pp": mesh.pp, "dp": mesh.dp, "tp": mesh.tp, "ep": mesh.ep, "cp": mesh.cp},
-        "mesh_order": ["pp", "dp", "cp", "tp"],
-        "global_batch_size": training.global_batch_size,
-        "micro_batch_size": config.micro_batch_size,
-        "num_microbatches": m,
-        "schedule": config.schedule,
-        "virtual_stages": config.virtual_stages,
-        "zero_stage": config.zero_stage,
-        "dtype": training.dtype,
-        "optimizer": training.optimizer,
-        "lr": lr,
-        "stages": stages,
-        "blocks": block_rows,
-        "predicted": {
-            "step_time_s": _r(cost.step_time_s),
-            "pipeline_s": _r(cost.pipeline_s),
-            "bubble_s": _r(cost.bubble_s),
-            "dp_exposed_s": _r(cost.dp_exposed_s),
-            "optimizer_s": _r(cost.optimizer_s),
-            "offload_s": _r(cost.offload_s),
-            "samples_per_s": _r(cost.samples_per_s),
-            "tokens_per_s": _r(cost.samples_per_s * tokens),
-            "model_flops_per_step": _r(cost.model_flops_per_step),
-            "mfu": _r(cost.mfu),
-            "peak_memory_bytes": _r(cost.peak_memory_bytes),
-            "capacity_bytes": _r(cost.capacity_bytes),
-            "host_bytes_per_gpu": _r(cost.host_bytes_per_gpu),
-            "memory_per_stage": [memory_dict(mm) for mm in cost.rank_memory],
-        },
-        "solver": solver,
-    }
+    )
 
 
 def _tokens_per_sample(traced) -> int:
@@ -248,7 +262,7 @@ def _tokens_per_sample(traced) -> int:
     return 1
 
 
-def alternatives(result: SearchResult, baselines: list[tuple[str, Candidate]]) -> list[dict]:
+def alternatives(result: SearchResult, baselines: list[tuple[str, Candidate]]) -> list[Alternative]:
     """The best plan of each mesh shape, then the named baselines, each with why it lost."""
     best = result.best
     by_shape: dict[tuple[int, int, int], Candidate] = {}
@@ -259,10 +273,10 @@ def alternatives(result: SearchResult, baselines: list[tuple[str, Candidate]]) -
         if cur is None or _rank(c) < _rank(cur):
             by_shape[c.mesh_key] = c
     rows = [candidate_summary(c, best) for _, c in sorted(by_shape.items())]
-    rows.sort(key=lambda r: (r["step_time_s"] is None, r["step_time_s"] or 0, r["label"]))
+    rows.sort(key=lambda r: (r.step_time_s is None, r.step_time_s or 0, r.label))
     for name, c in baselines:
         row = candidate_summary(c, best)
-        row["baseline"] = name
+        row.baseline = name
         rows.append(row)
     return rows
 

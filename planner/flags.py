@@ -75,6 +75,12 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
         "complete checkpoint (default 0)",
     )
     r.add_argument(
+        "--hang-timeout",
+        type=positive_float,
+        help="if a step does not finish within this many seconds, every rank prints its "
+        "stack and the run stops (a hung collective ends instead of waiting forever)",
+    )
+    r.add_argument(
         "--run-dir",
         help="where metrics.jsonl and checkpoints go (default: beside plan.json)",
     )

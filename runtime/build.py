@@ -16,6 +16,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from planner.modelfile import ModelFile
+from planner.schema import Plan
 from runtime.batching import dp_slice, micro_batches
 from runtime.capability import check_runnable
 from runtime.expert_parallel import apply_expert_parallel, sync_expert_grads
@@ -72,7 +73,7 @@ def replica_mesh(mesh: DeviceMesh) -> DeviceMesh:
 class Built:
     """What this rank runs: ``parts`` hold its parameters (the model, or its stage modules)."""
 
-    plan: dict
+    plan: Plan
     mesh: DeviceMesh
     parts: list[nn.Module]
     optimizers: list
@@ -85,7 +86,7 @@ class Built:
     def sync_gradients(self) -> None:
         """What the data-parallel wrappers leave to do before the optimizer step."""
         if self.expert_params:
-            sync_expert_grads(self.expert_params, self.edp_group, self.plan["mesh"]["dp"])
+            sync_expert_grads(self.expert_params, self.edp_group, self.plan.mesh.dp)
 
     @property
     def coords(self) -> tuple[int, int, int]:
@@ -102,42 +103,42 @@ class Built:
 
     @property
     def holds_last(self) -> bool:
-        return self.schedule is None or len(self.plan["stages"]) - 1 in self.stage_indices
+        return self.schedule is None or len(self.plan.stages) - 1 in self.stage_indices
 
 
-def _notes(plan: dict, device: torch.device) -> list[str]:
+def _notes(plan: Plan, device: torch.device) -> list[str]:
     notes = []
-    if device.type == "cpu" and plan["dtype"] != "fp32":
+    if device.type == "cpu" and plan.dtype != "fp32":
         notes.append(
-            f"dtype {plan['dtype']}: the CPU run trains in fp32 (mixed precision is GPU-only)"
+            f"dtype {plan.dtype}: the CPU run trains in fp32 (mixed precision is GPU-only)"
         )
-    offloads = {b["offload"] for b in plan["blocks"]} - {"none"}
+    offloads = {b.offload for b in plan.blocks} - {"none"}
     if "optimizer" in offloads:
         notes.append(
             "offload 'optimizer': torch's FSDP2 offloads parameters and optimizer states "
             "together only, so optimizer-only offload is not applied"
         )
-    if "optimizer+params" in offloads and plan["zero_stage"] < 2:
+    if "optimizer+params" in offloads and plan.zero_stage < 2:
         notes.append("offload 'optimizer+params' needs ZeRO 2 or 3 (FSDP2); not applied")
     return notes
 
 
-def build(plan: dict, mf: ModelFile, device: torch.device, seed: int) -> Built:
-    mesh_cfg = plan["mesh"]
-    cp = mesh_cfg.get("cp", 1)
-    mesh = device_mesh(device, mesh_cfg["pp"], mesh_cfg["dp"], mesh_cfg["tp"], cp)
+def build(plan: Plan, mf: ModelFile, device: torch.device, seed: int) -> Built:
+    mesh_cfg = plan.mesh
+    cp = mesh_cfg.cp
+    mesh = device_mesh(device, mesh_cfg.pp, mesh_cfg.dp, mesh_cfg.tp, cp)
     torch.manual_seed(seed)
     model = mf.build()
     model.train()
-    blocks = plan["blocks"]
+    blocks = plan.blocks
     notes = _notes(plan, device)
     check_runnable(plan)  # plan run checked it before launching; a batch of plans did not
-    ep = mesh_cfg.get("ep", 1)
-    if mesh_cfg["pp"] == 1:
+    ep = mesh_cfg.ep
+    if mesh_cfg.pp == 1:
         model.to(device)
         experts, edp_group = [], None
         if ep > 1:
-            emesh = expert_mesh(device, 1, mesh_cfg["dp"], ep, mesh_cfg["tp"])
+            emesh = expert_mesh(device, 1, mesh_cfg.dp, ep, mesh_cfg.tp)
             experts = apply_expert_parallel(model, emesh["ep"])
             edp_group = emesh["edp"].get_group()
         apply_recompute(model, blocks, before_tp=True)
@@ -160,7 +161,7 @@ def build(plan: dict, mf: ModelFile, device: torch.device, seed: int) -> Built:
 
 
 def _build_pipeline(
-    plan: dict, mf: ModelFile, model: nn.Module, mesh: DeviceMesh, device: torch.device, notes
+    plan: Plan, mf: ModelFile, model: nn.Module, mesh: DeviceMesh, device: torch.device, notes
 ) -> Built:
     from torch.distributed.pipelining import (
         Schedule1F1B,
@@ -171,19 +172,19 @@ def _build_pipeline(
 
     from runtime.stages import adopt_eager_modules, stage_module_name, traced_pipe
 
-    inputs, _ = mf.batch(plan["global_batch_size"], step=0)
+    inputs, _ = mf.batch(plan.global_batch_size, step=0)
     example = micro_batches(
-        dp_slice(inputs, 0, plan["mesh"]["dp"], plan["global_batch_size"]),
-        plan["global_batch_size"] // plan["mesh"]["dp"],
-        plan["micro_batch_size"],
+        dp_slice(inputs, 0, plan.mesh.dp, plan.global_batch_size),
+        plan.global_batch_size // plan.mesh.dp,
+        plan.micro_batch_size,
     )[0]
     pipe = traced_pipe(plan, model, example)
     pp_rank = mesh.get_local_rank("pp")
-    indices = [st["index"] for st in plan["stages"] if st["pp_rank"] == pp_rank]
-    blocks = plan["blocks"]
+    indices = [st.index for st in plan.stages if st.pp_rank == pp_rank]
+    blocks = plan.blocks
     parts, stages = [], []
-    mesh_cfg = plan["mesh"]
-    ep = mesh_cfg.get("ep", 1)
+    mesh_cfg = plan.mesh
+    ep = mesh_cfg.ep
     experts: list = []
     edp_group = None
     for i in indices:
@@ -192,7 +193,7 @@ def _build_pipeline(
         stage_mod.to(device)
         stage_experts: list = []
         if ep > 1:
-            emesh = expert_mesh(device, mesh_cfg["pp"], mesh_cfg["dp"], ep, mesh_cfg["tp"])
+            emesh = expert_mesh(device, mesh_cfg.pp, mesh_cfg.dp, ep, mesh_cfg.tp)
             stage_experts = apply_expert_parallel(stage_mod, emesh["ep"], eager_only=True)
             edp_group = emesh["edp"].get_group()
         if device.type != "cpu":
@@ -212,11 +213,11 @@ def _build_pipeline(
         stages.append(pipe.build_stage(i, device, group=mesh["pp"].get_group()))
         parts.append(wrapped)
     loss = _loss_fn(mf)
-    m = plan["num_microbatches"]
-    if plan["schedule"] == "interleaved_1f1b":
+    m = plan.num_microbatches
+    if plan.schedule == "interleaved_1f1b":
         schedule = ScheduleInterleaved1F1B(stages, n_microbatches=m, loss_fn=loss)
     else:
-        cls = ScheduleGPipe if plan["schedule"] == "gpipe" else Schedule1F1B
+        cls = ScheduleGPipe if plan.schedule == "gpipe" else Schedule1F1B
         schedule = cls(stages[0], n_microbatches=m, loss_fn=loss)
     optimizers = make_optimizers(parts, plan, mesh["dp"], experts)
     return Built(plan, mesh, parts, optimizers, schedule, indices, notes, experts, edp_group)

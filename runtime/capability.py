@@ -4,17 +4,18 @@ each worker (a batch of plans skips ``plan run``)."""
 from __future__ import annotations
 
 from planner.errors import UserInputError
+from planner.schema import Plan
 
 
-def check_runnable(plan: dict) -> None:
+def check_runnable(plan: Plan) -> None:
     """Refuse, before any process starts, what the runtime cannot build (one line, no trace)."""
-    mesh = plan["mesh"]
-    if plan["zero_stage"] == 1 and (mesh["pp"] > 1 or mesh["tp"] > 1):
+    mesh = plan.mesh
+    if plan.zero_stage == 1 and (mesh.pp > 1 or mesh.tp > 1):
         raise UserInputError(
             "ZeRO-1 with pipeline or tensor parallelism: torch's ZeroRedundancyOptimizer holds "
             "neither DTensors nor pipeline stages; plan again with --zero 0, 2 or 3"
         )
-    if mesh.get("cp", 1) > 1 and (mesh["pp"] > 1 or mesh.get("ep", 1) > 1):
+    if mesh.cp > 1 and (mesh.pp > 1 or mesh.ep > 1):
         raise UserInputError(
             "this runtime runs context parallelism without pipelining or expert parallelism: "
             "plan again with --cp 1, or with --pp 1 --ep 1"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from planner.errors import UserInputError
 from planner.modelfile import file_sha256
-from planner.schema import load_plan
+from planner.schema import Plan, load_plan
 from runtime.capability import check_runnable
 from runtime.checkpoint import latest_checkpoint
 from runtime.stop import ENV as STOP_ENV
@@ -32,29 +32,29 @@ def choose_device(requested: str | None) -> str:
     return requested or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def check_model_file(plan: dict, plan_path: Path) -> None:
-    model = Path(plan["model"]["file"])
+def check_model_file(plan: Plan, plan_path: Path) -> None:
+    model = Path(plan.model.file)
     if not model.is_file():
         raise UserInputError(
             f"plan {plan_path} was made for model file {model}, which does not exist: "
             "restore it or plan again"
         )
     digest = file_sha256(model)
-    if digest != plan["model"]["sha256"]:
+    if digest != plan.model.sha256:
         raise UserInputError(
             f"model file {model} changed since plan {plan_path} was made (sha256 "
-            f"{digest[:12]}…, plan has {plan['model']['sha256'][:12]}…): plan again"
+            f"{digest[:12]}…, plan has {plan.model.sha256[:12]}…): plan again"
         )
 
 
-def processes_per_node(plan: dict, opts: argparse.Namespace, device: str) -> int:
-    mesh = plan["mesh"]
-    world = mesh["pp"] * mesh["dp"] * mesh.get("cp", 1) * mesh["tp"]
+def processes_per_node(plan: Plan, opts: argparse.Namespace, device: str) -> int:
+    mesh = plan.mesh
+    world = mesh.size
     nnodes = int(getattr(opts, "nnodes", 1) or 1)
     if world % nnodes:
         raise UserInputError(
-            f"the plan needs {world} processes (pp {mesh['pp']} x dp {mesh['dp']} x cp "
-            f"{mesh.get('cp', 1)} x tp {mesh['tp']}), which {nnodes} nodes cannot split "
+            f"the plan needs {world} processes (pp {mesh.pp} x dp {mesh.dp} x cp "
+            f"{mesh.cp} x tp {mesh.tp}), which {nnodes} nodes cannot split "
             "evenly: use --nnodes dividing "
             f"{world}, or plan again for {nnodes} nodes"
         )
@@ -143,6 +143,8 @@ def run_plan(plan_path: Path, opts: argparse.Namespace) -> int:
     ]  # fmt: skip
     if getattr(opts, "resume", False):
         worker_args.append("--resume")
+    if getattr(opts, "hang_timeout", None):
+        worker_args += ["--hang-timeout", str(opts.hang_timeout)]
     cmd = torchrun_command(
         nproc,
         worker_args,

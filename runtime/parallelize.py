@@ -27,6 +27,7 @@ from torch.nn.parallel import DistributedDataParallel
 from planner.checkpoint_policy import selective_context
 from planner.errors import UserInputError
 from planner.modelfile import DTYPES
+from planner.schema import Plan
 from planner.vocab import HALF_DTYPES, SEQUENCE_STYLES
 
 HALF = {name: DTYPES[name] for name in HALF_DTYPES}
@@ -175,7 +176,7 @@ def apply_tensor_parallel(root: nn.Module, blocks: list[dict], tp_mesh: DeviceMe
     styles: dict[str, ParallelStyle] = {}
     gathered: list[str] = []
     for block in blocks:
-        for fqn, style in block["tp_plan"].items():
+        for fqn, style in block.tp_plan.items():
             module = find_module(root, fqn)
             if module is None:
                 continue
@@ -189,7 +190,7 @@ def apply_tensor_parallel(root: nn.Module, blocks: list[dict], tp_mesh: DeviceMe
                     tp_style(module, style, fqn, True)  # raises: traced code cannot
                 # a checkpoint of the block holds its own saved-tensor hooks: keep the gathered
                 # tensor there (its recompute gathers again anyway)
-                gather_sequence(module, regather_in_backward=block["recompute"] == "none")
+                gather_sequence(module, regather_in_backward=block.recompute == "none")
                 continue
             styles[fqn] = tp_style(module, style, fqn, traced)
             if traced:
@@ -200,7 +201,7 @@ def apply_tensor_parallel(root: nn.Module, blocks: list[dict], tp_mesh: DeviceMe
 
 
 def is_sequence_parallel(block: dict) -> bool:
-    return "sp_block" in block["tp_plan"].values()
+    return "sp_block" in block.tp_plan.values()
 
 
 def apply_recompute(root: nn.Module, blocks: list[dict], before_tp: bool = False) -> None:
@@ -212,13 +213,13 @@ def apply_recompute(root: nn.Module, blocks: list[dict], before_tp: bool = False
     the checkpoint's hooks then run outside the block's slice-at-entry and gather-at-exit, so
     the recompute slices the same replicated input again; the others after, torchtitan's order."""
     for block in blocks:
-        if block["recompute"] == "none" or is_sequence_parallel(block) != before_tp:
+        if block.recompute == "none" or is_sequence_parallel(block) != before_tp:
             continue
-        for fqn in block["modules"]:
+        for fqn in block.modules:
             module = find_module(root, fqn)
             if module is None:
                 continue
-            if block["recompute"] == "full":
+            if block.recompute == "full":
                 composable_checkpoint(module)
             else:
                 composable_checkpoint(module, context_fn=selective_context)
@@ -231,7 +232,7 @@ def _params_of(modules: list[nn.Module]) -> bool:
 def apply_data_parallel(
     root: nn.Module,
     blocks: list[dict],
-    plan: dict,
+    plan: Plan,
     dp_mesh: DeviceMesh,
     device: torch.device,
     ignored: set | None = None,
@@ -243,17 +244,17 @@ def apply_data_parallel(
     3: fully_shard per block, resharded after forward. ``ignored``: parameters that keep their
     own gradient sync (expert-parallel experts). Returns the module to call."""
     ignored = ignored or set()
-    zero = plan["zero_stage"]
+    zero = plan.zero_stage
     on_gpu = device.type == "cuda"
     mp = MixedPrecisionPolicy()
-    if on_gpu and plan["dtype"] in HALF:
-        mp = MixedPrecisionPolicy(param_dtype=HALF[plan["dtype"]], reduce_dtype=torch.float32)
+    if on_gpu and plan.dtype in HALF:
+        mp = MixedPrecisionPolicy(param_dtype=HALF[plan.dtype], reduce_dtype=torch.float32)
     has_dtensors = any(
         isinstance(p, torch.distributed.tensor.DTensor)
         for p in root.parameters()
         if p not in ignored
     )
-    pipelined = plan["mesh"]["pp"] > 1
+    pipelined = plan.mesh.pp > 1
     if dp_mesh.size() == 1 and zero in (0, 1) and mp.param_dtype is None:
         # One replica: nothing to reduce. A wrapper would only add its hooks to every micro-batch
         # and (replicate) turn the parameters into DTensors whose optimizer step dispatches
@@ -280,11 +281,11 @@ def apply_data_parallel(
     reshard = zero == 3
     offloaded = []
     for block in blocks:
-        modules = [m for m in (find_module(root, f) for f in block["modules"]) if m is not None]
+        modules = [m for m in (find_module(root, f) for f in block.modules) if m is not None]
         modules = [m for m in modules if _params_of([m])]
         if not modules:
             continue
-        offload = block["offload"] == "optimizer+params"
+        offload = block.offload == "optimizer+params"
         offloaded.append(offload)
         policy = CPUOffloadPolicy(pin_memory=on_gpu) if offload else None
         fully_shard(
@@ -308,7 +309,7 @@ def apply_data_parallel(
 
 
 def shard_experts(
-    root: nn.Module, experts: list, edp_mesh: DeviceMesh, plan: dict, device: torch.device
+    root: nn.Module, experts: list, edp_mesh: DeviceMesh, plan: Plan, device: torch.device
 ) -> list:
     """ZeRO 2/3 for expert-parallel experts: each experts module is its own FSDP unit over the
     ranks that hold the same experts (``edp``, dp / ep of them), so its gradients and optimizer
@@ -316,28 +317,26 @@ def shard_experts(
     gradient already sums the tokens of the whole ep group; FSDP sums over edp and divides by
     dp, the average every other gradient gets. Returns the expert parameters that still need
     ``sync_expert_grads`` (all of them below ZeRO-2, or with one copy of each expert)."""
-    if plan["zero_stage"] < 2 or edp_mesh.size() == 1 or not experts:
+    if plan.zero_stage < 2 or edp_mesh.size() == 1 or not experts:
         return experts
     ids = {id(p) for p in experts}
     mp = MixedPrecisionPolicy()
-    if device.type == "cuda" and plan["dtype"] in HALF:
-        mp = MixedPrecisionPolicy(param_dtype=HALF[plan["dtype"]], reduce_dtype=torch.float32)
+    if device.type == "cuda" and plan.dtype in HALF:
+        mp = MixedPrecisionPolicy(param_dtype=HALF[plan.dtype], reduce_dtype=torch.float32)
     modules = [
         m
         for m in root.modules()
         if (own := list(m.parameters(recurse=False))) and all(id(p) in ids for p in own)
     ]
     for module in modules:
-        fully_shard(
-            module, mesh=edp_mesh, reshard_after_forward=plan["zero_stage"] == 3, mp_policy=mp
-        )
+        fully_shard(module, mesh=edp_mesh, reshard_after_forward=plan.zero_stage == 3, mp_policy=mp)
         module.set_force_sum_reduction_for_comms(True)  # gloo has no pre-scaled sum
-        module.set_gradient_divide_factor(float(plan["mesh"]["dp"]))
+        module.set_gradient_divide_factor(float(plan.mesh.dp))
     return []
 
 
 def make_optimizers(
-    parts: list[nn.Module], plan: dict, dp_mesh: DeviceMesh, experts: list | None = None
+    parts: list[nn.Module], plan: Plan, dp_mesh: DeviceMesh, experts: list | None = None
 ) -> list:
     """One optimizer per module part; ZeRO-1 shards its states with ZeroRedundancyOptimizer.
     ``experts``: expert-parallel parameters (compared by identity: a pipeline stage's move to
@@ -346,9 +345,9 @@ def make_optimizers(
 
     from runtime.optim import optimizer_class, optimizer_kwargs
 
-    cls = optimizer_class(plan["optimizer"])
-    kwargs = optimizer_kwargs(plan["optimizer"], float(plan.get("lr", 3e-4)))
-    if plan["zero_stage"] == 1:
+    cls = optimizer_class(plan.optimizer)
+    kwargs = optimizer_kwargs(plan.optimizer, float(plan.lr))
+    if plan.zero_stage == 1:
         # Expert-parallel experts differ between dp ranks: ZeRO-1 over dp would overwrite them
         # with their owner's copy, so they keep a plain optimizer.
         own = {id(q) for q in experts or []}

@@ -30,30 +30,32 @@ from torch import nn
 from torch.distributed.pipelining import SplitPoint, pipeline
 from torch.distributed.pipelining._IR import annotate_split_points
 
+from planner.schema import Plan
+
 _TRACED: dict[str, Any] = {}  # one trace per model, micro-batch size and cut, per process
 
 
-def split_points(plan: dict) -> list[str]:
+def split_points(plan: Plan) -> list[str]:
     """The module path where each stage after the first begins."""
-    first_module = {b["name"]: b["modules"][0] for b in plan["blocks"]}
-    return [first_module[st["blocks"][0]] for st in plan["stages"][1:]]
+    first_module = {b.name: b.modules[0] for b in plan.blocks}
+    return [first_module[st.blocks[0]] for st in plan.stages[1:]]
 
 
-def traced_pipe(plan: dict, model: nn.Module, example_inputs: tuple) -> Any:
+def traced_pipe(plan: Plan, model: nn.Module, example_inputs: tuple) -> Any:
     """A private copy of the traced, split model (the trace is cached: it is the slow part)."""
     points = split_points(plan)
     key = json.dumps(
-        [plan["model"]["sha256"], plan["model"].get("args", {}), plan["micro_batch_size"], points],
+        [plan.model.sha256, plan.model.args, plan.micro_batch_size, points],
         sort_keys=True,
     )
     if key not in _TRACED:
         traced_model = copy.deepcopy(model)
         annotate_split_points(traced_model, {fqn: SplitPoint.BEGINNING for fqn in points})
         pipe = pipeline(traced_model, example_inputs, split_policy=inline_grad_mode_regions)
-        if pipe.num_stages != len(plan["stages"]):
+        if pipe.num_stages != len(plan.stages):
             raise RuntimeError(
                 f"tracing cut the model into {pipe.num_stages} stages, the plan has "
-                f"{len(plan['stages'])}: a split point ({', '.join(points)}) is not called in "
+                f"{len(plan.stages)}: a split point ({', '.join(points)}) is not called in "
                 "forward order"
             )
         relay_skip_connections(pipe.split_gm)

@@ -10,8 +10,8 @@ scales gradients by 1/m itself). Data parallelism averages over ranks.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import math
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from planner.errors import MeshplanError
 from planner.modelfile import ModelFile
+from planner.schema import Plan
 from runtime.batching import dp_slice, micro_batches, throughput_unit
 from runtime.build import Built, build, release
 from runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -44,7 +45,7 @@ def _local_step(built: Built, mf: ModelFile, step: int, device: torch.device) ->
     """Forward and backward of this rank's share of step ``step``; its mean micro-batch loss
     when this rank computes losses (the last pipeline stage), else None."""
     plan = built.plan
-    dp, gbs, mbs = plan["mesh"]["dp"], plan["global_batch_size"], plan["micro_batch_size"]
+    dp, gbs, mbs = plan.mesh.dp, plan.global_batch_size, plan.micro_batch_size
     _, dp_rank, _ = built.coords
     inputs, targets = _to(dp_slice(mf.batch(gbs, step=step), dp_rank, dp, gbs), device)
     if built.schedule is None:
@@ -88,8 +89,16 @@ def _optimizer_step(built: Built) -> None:
         opt.zero_grad(set_to_none=True)
 
 
+def arm_watchdog(seconds: float) -> None:
+    """Dump every thread's stack and exit if the next step takes longer than ``seconds``
+    (0: off). Re-armed after each step: a hung collective ends the run with the place it hung,
+    where torch.distributed would wait for its own much longer timeout."""
+    if seconds > 0:
+        faulthandler.dump_traceback_later(seconds, exit=True)
+
+
 def train_plan(
-    plan: dict,
+    plan: Plan,
     mf: ModelFile,
     device: torch.device,
     *,
@@ -98,10 +107,12 @@ def train_plan(
     run_dir: Path,
     checkpoint_every: int = 0,
     resume: bool = False,
+    hang_timeout_s: float = 0.0,
 ) -> list[float]:
     """Train ``steps`` steps (or the rest of them after a checkpoint); every rank returns the
     same per-step losses, and rank 0 logs them to the terminal and ``run_dir/metrics.jsonl``."""
     rank, world = dist.get_rank(), dist.get_world_size()
+    arm_watchdog(hang_timeout_s)
     built = build(plan, mf, device, seed)
     start = 0
     found = latest_checkpoint(run_dir) if resume else None
@@ -118,9 +129,8 @@ def train_plan(
     losses: list[float] = []
     pp_i, _, tp_i = built.coords
     # every context-parallel rank holds the loss of its chunk: the mean of the dp * cp shares
-    replicas = plan["mesh"]["dp"] * plan["mesh"].get("cp", 1)
+    replicas = plan.mesh.dp * plan.mesh.cp
     # Tests pace a run with a pause after each step, so a fault can be injected mid-run.
-    pause_s = float(os.environ.get("MESHPLAN_STEP_PAUSE_S", "0") or 0)
     for step in range(start + 1, steps + 1):
         t0 = time.perf_counter()
         local = _local_step(built, mf, step, device)
@@ -140,7 +150,7 @@ def train_plan(
                 "or check the model's numerics"
             )
         losses.append(loss)
-        rate = plan["global_batch_size"] * per_sample / elapsed
+        rate = plan.global_batch_size * per_sample / elapsed
         record = {
             "step": step,
             "loss": loss,
@@ -155,8 +165,8 @@ def train_plan(
             where = save_checkpoint(built, run_dir, step)
             if rank == 0:
                 print(f"checkpoint {where}", flush=True)
-        if pause_s:
-            time.sleep(pause_s)
+        arm_watchdog(hang_timeout_s)
+    faulthandler.cancel_dump_traceback_later()
     release(built)  # only on success: after an error, other ranks may be mid-collective
     del pp_i
     return losses

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import faulthandler
 import logging
 import os
 import sys
@@ -47,6 +46,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--checkpoint-every", type=int, default=0)
     p.add_argument("--resume", action="store_true")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--hang-timeout", type=float, default=0.0, help="seconds per step; 0: off")
     args = p.parse_args(argv)
     if len(args.plans) != len(args.run_dirs):
         p.error("--plans and --run-dirs need the same number of entries")
@@ -72,9 +72,6 @@ def init_process_group(backend: str, **kwargs) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    hang_s = float(os.environ.get("MESHPLAN_HANG_TIMEOUT_S", "0"))
-    if hang_s > 0:  # tests: a hung collective dumps every rank's stack and exits
-        faulthandler.dump_traceback_later(hang_s, exit=True)
     if args.device == "cuda":
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
@@ -88,16 +85,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for plan_path, run_dir in zip(args.plans, args.run_dirs):
             plan = load_plan(plan_path)
-            mf = load_model_file(plan["model"]["file"], plan["model"].get("args", {}))
+            mf = load_model_file(plan.model.file, plan.model.args)
             if rank == 0:
-                mesh = plan["mesh"]
+                mesh = plan.mesh
                 print(
-                    f"running {plan_path}: pp {mesh['pp']} x dp {mesh['dp']}"
-                    + (f" (ep {mesh['ep']})" if mesh.get("ep", 1) > 1 else "")
-                    + (f" x cp {mesh['cp']}" if mesh.get("cp", 1) > 1 else "")
-                    + f" x tp {mesh['tp']}, "
-                    f"{plan['schedule'] if mesh['pp'] > 1 else 'no pipeline'}, "
-                    f"ZeRO {plan['zero_stage']}, {args.steps} steps on {device.type}",
+                    f"running {plan_path}: pp {mesh.pp} x dp {mesh.dp}"
+                    + (f" (ep {mesh.ep})" if mesh.ep > 1 else "")
+                    + (f" x cp {mesh.cp}" if mesh.cp > 1 else "")
+                    + f" x tp {mesh.tp}, "
+                    f"{plan.schedule if mesh.pp > 1 else 'no pipeline'}, "
+                    f"ZeRO {plan.zero_stage}, {args.steps} steps on {device.type}",
                     flush=True,
                 )
             t0 = time.perf_counter()
@@ -110,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
                 run_dir=Path(run_dir),
                 checkpoint_every=args.checkpoint_every,
                 resume=args.resume or restarted(Path(run_dir)),
+                hang_timeout_s=args.hang_timeout,
             )
             if rank == 0:
                 print(f"done {plan_path} in {time.perf_counter() - t0:.1f} s", flush=True)

@@ -11,7 +11,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-os.environ.setdefault("MESHPLAN_DETERMINISTIC", "1")
 # The tests trace into their own cache, never the user's: a fresh directory per session, or
 # MESHPLAN_TEST_CACHE when a caller shares one between sessions (benchmarks/mutants.py; the
 # trace key holds a hash of the tracer's code, so a changed tracer never reads an old trace).

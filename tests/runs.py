@@ -54,8 +54,8 @@ def launch(
 ) -> tuple[int, str]:
     """One torchrun launch training each plan in turn; (exit status, everything printed)."""
     args = ["--plans", *map(str, plans), "--run-dirs", *map(str, run_dirs), "--steps", str(steps)]
+    args += ["--hang-timeout", "240"]  # a hung collective fails the test, not CI
     env = worker_env()
-    env["MESHPLAN_HANG_TIMEOUT_S"] = "240"  # a hung collective fails the test, not CI
     proc = subprocess.run(
         torchrun_command(world, [*args, *extra]),
         env=env,

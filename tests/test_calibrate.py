@@ -263,10 +263,10 @@ def test_plan_with_the_measured_profile(measured):
     path, _ = measured
     result = plan(str(MLP), 2, model_args={"size": "tiny"}, profile=str(path))
     doc = result.plan
-    assert doc["cluster"]["profile"] == "this-machine"
-    assert doc["cluster"]["gpus"] == 2
-    assert doc["predicted"]["step_time_s"] > 0
-    assert math.isfinite(doc["predicted"]["step_time_s"])
+    assert doc.cluster.profile == "this-machine"
+    assert doc.cluster.gpus == 2
+    assert doc.predicted.step_time_s > 0
+    assert math.isfinite(doc.predicted.step_time_s)
 
 
 # --------------------------------------------------------------------------- refusing

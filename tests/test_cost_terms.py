@@ -515,3 +515,30 @@ def test_zero1_keeps_expert_optimizer_states_whole():
         dense_ar + expert_ar + 2 * 3 * NVLINK_LAT + broadcast
     )
     assert cost.optimizer_s == pytest.approx((2e8 / 4 + 1e8) * 30 / BW)
+
+
+def test_tensor_parallel_shrinks_compute_and_memory_bound_work_by_their_own_shares():
+    """Under TP a block's matrix products split over the group (compute_fraction of their
+    FLOPs per device) while replicated norms and residual adds do not (memory_bound_fraction
+    of the bytes): each op's roofline time shrinks by the share of what bounds it."""
+    from planner.api import variants_for
+    from planner.cost.model import block_options
+
+    graph, layer = traced_layer("examples/llama.py", {})
+    cl = cluster(4, 4)
+    v = variants_for(graph, cl, "sharded")(layer, 2)[0]
+    assert v.memory_bound_fraction > v.compute_fraction  # the norms stay whole
+    opt = [
+        o for o in block_options(graph, layer, [v], 1, cl, [0, 1], FP32) if o.recompute == "none"
+    ][0]
+    compute = memory = 0.0
+    for n in layer.nodes:
+        d = graph.nodes[n]
+        t_flops, t_bytes = d["fwd_flops"] / PEAK32, d["fwd_bytes"] / BW
+        if d["fwd_flops"] > 0 and t_flops >= t_bytes:
+            compute += t_flops
+        else:
+            memory += t_bytes
+    comm = sum(ring(kind, nbytes, 2) for kind, nbytes in v.comm_fwd)
+    want = compute * v.compute_fraction + memory * v.memory_bound_fraction + comm
+    assert opt.fwd_s == pytest.approx(want, rel=1e-9)

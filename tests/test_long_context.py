@@ -104,8 +104,8 @@ def test_solver_splits_128k_token_llama3_8b_over_8_gpus():
     activations fit no plan (even with full recompute and TP 8); with it they do."""
     args = {"size": "llama3-8b", "seq_len": 131072}
     best = plan(LLAMA, 8, model_args=args, profile="h100-sxm").plan
-    assert best["mesh"]["cp"] > 1
-    assert best["predicted"]["peak_memory_bytes"] <= best["predicted"]["capacity_bytes"]
+    assert best.mesh.cp > 1
+    assert best.predicted.peak_memory_bytes <= best.predicted.capacity_bytes
     from planner.errors import InfeasibleError
 
     with pytest.raises(InfeasibleError):

@@ -101,13 +101,13 @@ def test_solver_spreads_mixtral_experts_over_64_gpus():
     it is faster than the best plan that keeps every expert on every rank."""
     args = {"size": "mixtral-8x7b"}
     best = plan(MOE, 64, model_args=args, profile="h100-sxm", global_batch_size=256).plan
-    assert best["mesh"]["ep"] > 1
-    assert best["mesh"]["dp"] % best["mesh"]["ep"] == 0
+    assert best.mesh.ep > 1
+    assert best.mesh.dp % best.mesh.ep == 0
     dense = plan(
         MOE, 64, model_args=args, profile="h100-sxm", global_batch_size=256, pins=Pins(ep=1)
     ).plan
-    assert dense["mesh"]["ep"] == 1
-    assert best["predicted"]["step_time_s"] < dense["predicted"]["step_time_s"]
+    assert dense.mesh.ep == 1
+    assert best.predicted.step_time_s < dense.predicted.step_time_s
 
 
 @pytest.mark.parametrize(

@@ -126,13 +126,13 @@ def test_report_writes_every_figure_and_the_page(case):
     assert "--gpus" in page and "&lt;&amp;&gt; &#x27;quoted&#x27;" in page
     assert "<&>" not in page
     # the tables follow the plan
-    for st in doc["stages"]:
-        assert f"<td>{st['blocks'][0]}" in page
-    for b in doc["blocks"]:
-        assert f"<td>{b['name']}</td>" in page
-    for alt in doc["solver"]["alternatives"]:
-        assert alt["why_not"].replace("'", "&#x27;") in page
-    assert doc["model"]["sha256"] in page
+    for st in doc.stages:
+        assert f"<td>{st.blocks[0]}" in page
+    for b in doc.blocks:
+        assert f"<td>{b.name}</td>" in page
+    for alt in doc.solver.alternatives:
+        assert alt.why_not.replace("'", "&#x27;") in page
+    assert doc.model.sha256 in page
 
 
 def test_report_never_touches_other_files(tmp_path, planned):
@@ -155,33 +155,33 @@ def _gpu_patches(fig):
 
 def test_placement_has_one_colour_per_stage_and_covers_every_gpu(case):
     _, doc, _, _ = case
-    mesh, cl = doc["mesh"], doc["cluster"]
+    mesh, cl = doc.mesh, doc.cluster
     fig = placement_figure(doc)
     cells = _gpu_patches(fig)
     faces = {to_hex(p.get_facecolor()) for p in cells}
-    assert len(faces) == mesh["pp"]
-    assert faces == set(stage_colors(mesh["pp"]))
+    assert len(faces) == mesh.pp
+    assert faces == set(stage_colors(mesh.pp))
     texts = {t.get_text() for t in fig.findobj(Text)}
-    if cl["nodes"] <= 16:  # every GPU drawn with its rank and coordinate
-        assert len(cells) == cl["gpus"]
-        for rank in range(cl["gpus"]):
+    if cl.nodes <= 16:  # every GPU drawn with its rank and coordinate
+        assert len(cells) == cl.gpus
+        for rank in range(cl.gpus):
             assert f"r{rank}" in texts
             assert "({},{},{})".format(*coords(rank, mesh)) in texts
     else:  # node grid: every GPU's slice is there, node 0 in detail
         grid = [p for p in cells if p.axes is fig.axes[0]]
-        assert sum(p.get_width() for p in grid) == pytest.approx(0.9 * cl["nodes"], rel=0.02)
-        assert all(f"r{r}" in texts for r in range(cl["gpus_per_node"]))
+        assert sum(p.get_width() for p in grid) == pytest.approx(0.9 * cl.nodes, rel=0.02)
+        assert all(f"r{r}" in texts for r in range(cl.gpus_per_node))
     tp_groups = [p for p in fig.findobj() if getattr(p, "get_gid", lambda: None)() == "tp-group"]
-    if mesh["tp"] > 1:
-        shown = cl["gpus"] if cl["nodes"] <= 16 else cl["gpus_per_node"]
-        assert len(tp_groups) == shown // mesh["tp"]
+    if mesh.tp > 1:
+        shown = cl.gpus if cl.nodes <= 16 else cl.gpus_per_node
+        assert len(tp_groups) == shown // mesh.tp
     else:
         assert not tp_groups
 
 
 def test_memory_bars_are_the_plans_numbers(case):
     _, doc, _, _ = case
-    per_rank = doc["predicted"]["memory_per_stage"]
+    per_rank = doc.predicted.memory_per_stage
     fig = memory_figure(doc)
     ax = fig.axes[0]
     stacked = [0.0] * len(per_rank)
@@ -189,18 +189,19 @@ def test_memory_bars_are_the_plans_numbers(case):
         bars = [p for p in ax.patches if p.get_gid() == f"memory-{part}"]
         assert len(bars) == len(per_rank)
         for i, bar in enumerate(bars):
-            assert bar.get_height() * GIB == pytest.approx(per_rank[i][part], rel=1e-9, abs=1)
+            want = getattr(per_rank[i], part)
+            assert bar.get_height() * GIB == pytest.approx(want, rel=1e-9, abs=1)
             assert bar.get_y() == pytest.approx(stacked[i])
             stacked[i] += bar.get_height()
     for i, mem in enumerate(per_rank):
-        assert stacked[i] * GIB == pytest.approx(mem["total"], rel=1e-9)
+        assert stacked[i] * GIB == pytest.approx(mem.total, rel=1e-9)
     (cap,) = [ln for ln in ax.lines if ln.get_gid() == "capacity"]
-    assert cap.get_ydata()[0] * GIB == pytest.approx(doc["predicted"]["capacity_bytes"])
+    assert cap.get_ydata()[0] * GIB == pytest.approx(doc.predicted.capacity_bytes)
 
 
 def test_blocks_figure_follows_the_plan(case):
     _, doc, _, _ = case
-    blocks, pp = doc["blocks"], doc["mesh"]["pp"]
+    blocks, pp = doc.blocks, doc.mesh.pp
     fig = FIGURES["blocks"](doc)
     colors = stage_colors(pp)
     time_pct, mem_pct = block_shares(doc)
@@ -209,41 +210,41 @@ def test_blocks_figure_follows_the_plan(case):
         bars = [p for p in fig.findobj() if getattr(p, "get_gid", lambda: None)() == gid]
         assert len(bars) == len(blocks)
         for bar, b, share in zip(bars, blocks, pct):
-            assert to_hex(bar.get_facecolor()) == colors[b["stage"] % pp]
-            assert (bar.get_hatch() or "") == HATCH[b["recompute"]]
+            assert to_hex(bar.get_facecolor()) == colors[b.stage % pp]
+            assert (bar.get_hatch() or "") == HATCH[b.recompute]
             assert bar.get_height() == pytest.approx(share)
     marks = [c for c in fig.findobj() if getattr(c, "get_gid", lambda: None)() == "offload-marks"]
-    offloaded = sum(b["offload"] != "none" for b in blocks)
+    offloaded = sum(b.offload != "none" for b in blocks)
     assert (len(marks[0].get_offsets()) if marks else 0) == offloaded
 
 
 def test_candidates_figure_shows_every_candidate_and_the_choice(case):
     _, doc, _, _ = case
-    cands = doc["solver"]["candidates"]
+    cands = doc.solver.candidates
     fig = candidates_figure(doc)
     ax = fig.axes[0]
     by_gid = {c.get_gid(): c for c in ax.collections}
-    n_feasible = sum(c["feasible"] for c in cands)
+    n_feasible = sum(c.feasible for c in cands)
     assert len(by_gid["feasible"].get_offsets()) == n_feasible
     if n_feasible < len(cands):
         assert len(by_gid["infeasible"].get_offsets()) == len(cands) - n_feasible
-    (chosen,) = [c for c in cands if c["chosen"]]
+    (chosen,) = [c for c in cands if c.chosen]
     x, y = by_gid["chosen"].get_offsets()[0]
-    assert x * GIB == pytest.approx(chosen["peak_memory_bytes"])
+    assert x * GIB == pytest.approx(chosen.peak_memory_bytes)
     assert y > 0
 
 
 def test_timeline_draws_every_micro_batch_of_the_schedule(case):
     _, doc, _, _ = case
-    pp, v, m = doc["mesh"]["pp"], doc["virtual_stages"], doc["num_microbatches"]
+    pp, v, m = doc.mesh.pp, doc.virtual_stages, doc.num_microbatches
     boxes = step_boxes(doc)
     assert sum(b.kind == "F" for b in boxes) == sum(b.kind == "B" for b in boxes) == m * pp * v
     for b in boxes:
-        st = doc["stages"][b.stage]
-        want = st["forward_s"] if b.kind == "F" else st["backward_s"]
+        st = doc.stages[b.stage]
+        want = st.forward_s if b.kind == "F" else st.backward_s
         assert b.end - b.start == pytest.approx(want)
     # the simulated pipeline is the cost model's, within the formula's approximation
-    assert makespan(boxes) == pytest.approx(doc["predicted"]["pipeline_s"], rel=0.1)
+    assert makespan(boxes) == pytest.approx(doc.predicted.pipeline_s, rel=0.1)
     # the tail after the pipeline carries the cost model's per-step terms
     tails = [b for b in timeline_boxes(doc) if b.kind in ("dp", "optimizer", "offload")]
     for kind, key in (
@@ -252,7 +253,7 @@ def test_timeline_draws_every_micro_batch_of_the_schedule(case):
         ("offload", "offload_s"),
     ):
         drawn = sum(b.end - b.start for b in tails if b.kind == kind)
-        assert drawn == pytest.approx(sum(st[key] for st in doc["stages"]))
+        assert drawn == pytest.approx(sum(getattr(st, key) for st in doc.stages))
     fig = FIGURES["timeline"](doc)
     ax = fig.axes[0]
     gids = {c.get_gid() for c in ax.collections}
@@ -390,7 +391,7 @@ def test_show_rejects_bad_plan_files_in_one_line(tmp_path, content, message):
 
 def test_show_rejects_a_plan_missing_report_fields(planned, tmp_path):
     name, doc, _, _ = planned("gpt-8")
-    broken = json.loads(json.dumps(doc))
+    broken = doc.to_dict()
     del broken["stages"][0]["p2p_s"]
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(broken))

@@ -66,7 +66,7 @@ def built_plan(case_id: str, model: str, pins: dict, tmp_path):
     optimizer = "sgd" if case_id.endswith("sgd") else None
     path = forced_plan(model, WORLD, tmp_path / case_id, optimizer=optimizer, lr=0.25, **pins)
     plan = load_plan(path)
-    mf = load_model_file(plan["model"]["file"], plan["model"].get("args", {}))
+    mf = load_model_file(plan.model.file, plan.model.args)
     return plan, build(plan, mf, torch.device("cpu"), seed=0)
 
 
@@ -78,26 +78,26 @@ def local_numel(p: torch.Tensor) -> int:
 def test_rank_zero_holds_what_the_plan_says(fake_world, case_id, model, pins, tmp_path):
     plan, built = built_plan(case_id, model, pins, tmp_path)
     parts = built.parts
-    zero = plan["zero_stage"]
+    zero = plan.zero_stage
     # weights between steps: the plan's predicted parameter memory of pipeline rank 0 (fp32);
     # ZeRO-2 keeps the shard at rest and the whole weights from forward to backward, which is
     # the peak the plan counts
     held = sum(local_numel(p) for part in parts for p in part.parameters()) * 4
-    predicted = plan["predicted"]["memory_per_stage"][0]["params"]
+    predicted = plan.predicted.memory_per_stage[0].params
     if zero == 2:
-        held *= plan["mesh"]["dp"]
-    if {b["offload"] for b in plan["blocks"]} == {"optimizer+params"}:
-        predicted = plan["model"]["params"] * 4 / plan["mesh"]["dp"]  # the host's, on a CPU
+        held *= plan.mesh.dp
+    if {b.offload for b in plan.blocks} == {"optimizer+params"}:
+        predicted = plan.model.params * 4 / plan.mesh.dp  # the host's, on a CPU
     assert held == pytest.approx(predicted, rel=0.02), f"{case_id}: {held} vs {predicted}"
     # recompute: exactly the modules of the blocks the plan recomputes are checkpointed
     owned = {name for part in parts for name, _ in part.named_modules()}
-    for block in plan["blocks"]:
-        for fqn in block["modules"]:
+    for block in plan.blocks:
+        for fqn in block.modules:
             found = [m for part in parts for n, m in part.named_modules() if n == fqn]
             if fqn not in owned or not found:
                 continue
             checkpointed = "checkpoint" in (_get_registry(found[0]) or {})
-            assert checkpointed == (block["recompute"] != "none"), f"{case_id}: {fqn}"
+            assert checkpointed == (block.recompute != "none"), f"{case_id}: {fqn}"
     # ZeRO 2/3: FSDP units, resharded after forward under ZeRO-3 only; offload where planned
     units = [
         m
@@ -106,7 +106,7 @@ def test_rank_zero_holds_what_the_plan_says(fake_world, case_id, model, pins, tm
         if isinstance(m, FSDPModule) and not isinstance(m, ReplicateModule)
     ]
     assert bool(units) == (zero >= 2)
-    offloaded = {b["offload"] for b in plan["blocks"]} == {"optimizer+params"}
+    offloaded = {b.offload for b in plan.blocks} == {"optimizer+params"}
     for unit in units:
         group = unit._get_fsdp_state()._fsdp_param_group
         if group is None:
@@ -114,22 +114,22 @@ def test_rank_zero_holds_what_the_plan_says(fake_world, case_id, model, pins, tm
         assert (group.post_forward_mesh_info is not None) == (zero == 3), case_id
         assert isinstance(group.offload_policy, CPUOffloadPolicy) == offloaded, case_id
     # tensor parallelism: a sharded block's weights are split over tp, as its tp_plan says
-    if plan["mesh"]["tp"] > 1:
-        sharded = [fqn for b in plan["blocks"] for fqn in b["tp_plan"]]
+    if plan.mesh.tp > 1:
+        sharded = [fqn for b in plan.blocks for fqn in b.tp_plan]
         assert sharded
         for fqn in sharded:
             weight = parts[0].get_submodule(fqn).weight
             assert isinstance(weight, DTensor)
-            assert local_numel(weight) * plan["mesh"]["tp"] <= weight.numel()
+            assert local_numel(weight) * plan.mesh.tp <= weight.numel()
     # the optimizer is the plan's, with its learning rate (and SGD's momentum)
     for opt in built.optimizers:
         inner = opt.optim if isinstance(opt, ZeroRedundancyOptimizer) else opt
-        want = {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}[plan["optimizer"]]
+        want = {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}[plan.optimizer]
         assert isinstance(inner, want)
-        assert inner.defaults["lr"] == pytest.approx(plan["lr"])
-        if plan["optimizer"] == "sgd":
+        assert inner.defaults["lr"] == pytest.approx(plan.lr)
+        if plan.optimizer == "sgd":
             assert inner.defaults["momentum"] == 0.9
     assert any(isinstance(o, ZeroRedundancyOptimizer) for o in built.optimizers) == (zero == 1)
     # experts keep their own gradient sync only where no FSDP unit reduces them
-    ep = plan["mesh"].get("ep", 1)
-    assert bool(built.expert_params) == (ep > 1 and (zero < 2 or ep == plan["mesh"]["dp"]))
+    ep = plan.mesh.ep
+    assert bool(built.expert_params) == (ep > 1 and (zero < 2 or ep == plan.mesh.dp))

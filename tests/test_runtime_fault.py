@@ -30,9 +30,10 @@ EVERY = 2
 def plan_run(plan: Path, run_dir: Path, *extra: str, env: dict | None = None) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "planner.cli", "run", str(plan), "--steps", str(STEPS)]
     cmd += ["--device", "cpu", "--checkpoint-every", str(EVERY), "--run-dir", str(run_dir)]
+    cmd += ["--hang-timeout", "240"]
     return subprocess.Popen(
         [*cmd, *extra],
-        env={**worker_env(), "MESHPLAN_HANG_TIMEOUT_S": "240", **(env or {})},
+        env={**worker_env(), **(env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -87,16 +88,17 @@ def assert_same(a, b, where: str = "") -> None:
 
 
 def test_sigkill_of_one_rank_restarts_and_ends_identical(tmp_path):
+    # paced_gpt makes each step's batch in 0.4 s, so that the kill lands mid-run
     plan = forced_plan(
-        "gpt", 2, tmp_path / "plan", tp=1, dp=2, pp=1, zero=3, micro_batch_size=2, recompute="none"
-    )
+        "paced_gpt", 2, tmp_path / "plan", tp=1, dp=2, pp=1, zero=3, micro_batch_size=2,
+        recompute="none",
+    )  # fmt: skip
     clean = plan_run(plan, tmp_path / "clean")
     clean_log, _ = clean.communicate(timeout=400)
     assert clean.returncode == 0, clean_log
 
     faulty_dir = tmp_path / "faulty"
-    # The pause between steps only paces the run so that the kill lands mid-run.
-    faulty = plan_run(plan, faulty_dir, "--max-restarts", "2", env={"MESHPLAN_STEP_PAUSE_S": "0.4"})
+    faulty = plan_run(plan, faulty_dir, "--max-restarts", "2")
     deadline = time.monotonic() + 300
     killed = None
     while time.monotonic() < deadline and faulty.poll() is None:

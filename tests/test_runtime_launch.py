@@ -114,12 +114,13 @@ def test_plan_the_runtime_cannot_build_is_refused_before_launch(
     mlp_plan, tmp_path, capsys, edit, says
 ):
     """One line before any process starts, not a traceback from every rank."""
+    from planner.schema import Plan
     from runtime.capability import check_runnable
 
     doc = json.loads(mlp_plan.read_text())
     doc.update(edit)
     with pytest.raises(UserInputError, match=says):
-        check_runnable(doc)
+        check_runnable(Plan.from_dict(doc))
 
 
 def test_world_size_that_nodes_cannot_host_is_refused(mlp_plan, capsys):

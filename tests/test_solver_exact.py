@@ -188,12 +188,47 @@ def test_dominance_keeps_an_option_that_needs_a_smaller_gather_buffer():
 
     sp = StageProblem(
         pp=1, v=1, m=1, seg_len=[2],
-        time=rows(1.0, 2.0, 2.0), fwd=rows(0.3, 0.6, 0.6), bwd=rows(0.7, 1.4, 1.4),
+        time=rows(1.0, 2.0, 2.0),
         state=rows(1.0, 2.0, 2.0), host=rows(0, 0, 0), act=rows(1, 1, 1), ws=rows(0, 0, 0),
         gather=rows(9.0, 1.0, 1.0), optim=rows(0, 0, 0), offl=rows(0, 0, 0),
-        pbytes=rows(1, 1, 1), has_params=[True], const_time=[0.0], inflight=[1],
-        const_mem=[0.0], capacity=10.0, host_capacity=10.0, zero=3,
-        dp_ar=(0.0, 0.0), dp_rs=(0.0, 0.0), dp_ag=(0.0, 0.0), comm_overlap=1.0,
-        fsdp_unit_overhead=0.0, dp=1,
+        has_params=[True], const_time=[0.0], inflight=[1], const_mem=[0.0],
+        capacity=10.0, host_capacity=10.0, dp_first=rows(0, 0, 0), dp_second=rows(0, 0, 0),
     )  # fmt: skip
     assert undominated(sp) == [[0, 1]]
+
+
+@pytest.mark.parametrize("situation", SITUATIONS)
+def test_milp_objective_is_the_cost_models_step_time_on_random_configurations(situation):
+    """Pin the MILP's block counts to a random placement and option choice: its objective is
+    exactly the step time ``evaluate`` gives that configuration, for every ZeRO stage and
+    schedule the instances cover (the MILP reads the cost model's own per-block terms)."""
+    import cvxpy as cvx
+    import numpy as np
+
+    from planner.search.problem import segments, stage_problem
+    from planner.search.stage_milp import _Structure
+
+    rng = random.Random(7)
+    checked = 0
+    for seed, inp, cand in instances(situation):
+        free = inputs(inp.blocks, inp.options, cand.pp * cand.dp, inp.training, HUGE, HUGE)
+        mesh, args = configs(free, cand)
+        every = [(cfg, cost) for cfg, cost in every_config(free, mesh, *args) if cost.feasible]
+        sp = stage_problem(free, cand)
+        n_opts = [len(t) for t in sp.time]
+        J = cand.pp * cand.virtual_stages
+        st = _Structure(J, cand.pp, sp.seg_len, n_opts, sp.has_params)
+        st.load(sp, [list(range(k)) for k in n_opts])
+        segs = segments(free.blocks)
+        cols = np.cumsum([0, *n_opts])
+        for cfg, cost in rng.sample(every, min(3, len(every))):
+            counts = np.zeros((J, cols[-1]))
+            for s, (first, length) in enumerate(segs):
+                for i in range(first, first + length):
+                    counts[cfg.stage_of[i], cols[s] + cfg.choice[i]] += 1
+            pinned = cvx.Problem(st.problem.objective, [*st.problem.constraints, st.n == counts])
+            pinned.solve(solver=cvx.HIGHS)
+            assert pinned.status == "optimal", f"seed {seed}"
+            assert pinned.value == pytest.approx(cost.step_time_s, rel=1e-9, abs=1e-12)
+            checked += 1
+    assert checked >= 2 * PER_SITUATION

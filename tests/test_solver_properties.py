@@ -46,18 +46,18 @@ def test_feasible_plans_fit_and_use_every_rank_once(layers, width, gpus, batch, 
     except UserInputError as exc:  # e.g. 3 GPUs, batch 8, too few blocks: no mesh exists
         assert "no parallel layout" in str(exc) and f"{gpus} GPUs" in str(exc)
         return
-    pred = p["predicted"]
-    mesh = p["mesh"]
-    assert mesh["pp"] * mesh["dp"] * mesh["tp"] == gpus
-    totals = [m["total"] for m in pred["memory_per_stage"]]
-    assert len(totals) == mesh["pp"]
-    assert max(totals) == pred["peak_memory_bytes"] <= pred["capacity_bytes"] * (1 + 1e-12)
-    for m in pred["memory_per_stage"]:
-        parts = m["params"] + m["grads"] + m["optimizer"] + m["activations"] + m["other"]
-        assert abs(parts - m["total"]) <= 1e-9 * m["total"]
-    firsts = [st_ for st_ in p["stages"] if st_["index"] < mesh["pp"]]
-    ranks = sorted(r for st_ in firsts for r in st_["ranks"])
+    pred = p.predicted
+    mesh = p.mesh
+    assert mesh.pp * mesh.dp * mesh.tp == gpus
+    totals = [m.total for m in pred.memory_per_stage]
+    assert len(totals) == mesh.pp
+    assert max(totals) == pred.peak_memory_bytes <= pred.capacity_bytes * (1 + 1e-12)
+    for m in pred.memory_per_stage:
+        parts = m.params + m.grads + m.optimizer + m.activations + m.other
+        assert abs(parts - m.total) <= 1e-9 * m.total
+    firsts = [st_ for st_ in p.stages if st_.index < mesh.pp]
+    ranks = sorted(r for st_ in firsts for r in st_.ranks)
     assert ranks == list(range(gpus))
-    placed = [name for st_ in p["stages"] for name in st_["blocks"]]
-    assert sorted(placed) == sorted(b["name"] for b in p["blocks"])
-    assert p["global_batch_size"] == mesh["dp"] * p["micro_batch_size"] * p["num_microbatches"]
+    placed = [name for st_ in p.stages for name in st_.blocks]
+    assert sorted(placed) == sorted(b.name for b in p.blocks)
+    assert p.global_batch_size == mesh.dp * p.micro_batch_size * p.num_microbatches

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import nnls
 
+from planner.hardware.collectives import ring_factors
+
 
 @dataclass(frozen=True)
 class AlphaBeta:
@@ -38,18 +40,6 @@ class AlphaBeta:
         """The fitted model's time of one ``kind`` over ``n`` ranks moving ``nbytes``."""
         c, d = ring_factors(kind, n)
         return c * nbytes / self.bandwidth + d * self.alpha
-
-
-def ring_factors(kind: str, n: int) -> tuple[float, float]:
-    """(bandwidth factor c, latency steps d) of ``kind`` over ``n`` ranks, as the cost model
-    uses them: t = c * S / B + d * alpha."""
-    if kind == "all_reduce":
-        return 2 * (n - 1) / n, 2 * (n - 1)
-    if kind in ("all_gather", "reduce_scatter", "all_to_all"):
-        return (n - 1) / n, n - 1
-    if kind == "p2p":
-        return 1.0, 1.0
-    raise ValueError(f"unknown collective {kind!r}")
 
 
 def fit_alpha_beta(samples: Iterable[tuple[str, int, float, float]]) -> AlphaBeta:

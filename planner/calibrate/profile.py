@@ -199,6 +199,18 @@ def reference_profile(device: str) -> tuple[DeviceProfile | None, str]:
     return load_profile(name), name
 
 
+@dataclass
+class _Context:
+    """What every section of a profile reads: the reference profile, how many ranks shared
+    the machine, and where the comments and the summary go."""
+
+    ref: DeviceProfile | None
+    ref_name: str
+    share: str
+    comments: dict[str, str]
+    summary: dict[str, Any]
+
+
 def build_profile(
     m: Machine,
     s: Settings,
@@ -206,16 +218,41 @@ def build_profile(
     single: dict[str, Any],
     name: str,
 ) -> Result:
-    """The measured profile, a source comment per field and a header saying when and how."""
+    """The measured profile, a source comment per field and a header saying when and how:
+    each section (compute, memory, host overheads, capacity, node, network) gives its fields."""
     ref, ref_name = reference_profile(m.device)
-    comments: dict[str, str] = {}
-    summary: dict[str, Any] = {}
-    shapes = s.matmul_shapes
-    work = [2.0 * a * b * c for a, b, c in shapes]
-    shape_text = ", ".join(f"{a}x{b}x{c}" for a, b, c in shapes)
     share = f"{m.nproc} ranks at once" if m.nproc > 1 else "one rank"
+    c = _Context(ref, ref_name, share, {}, {})
+    fields: dict[str, Any] = {}
+    for section in (_matmul, _memory, _overheads, _capacity, _node, _network):
+        fields.update(section(m, s, results, single, c))
+    device_text = (
+        f"{results[0].get('device_name', 'GPU')} x{m.nproc}, NCCL"
+        if m.device == "cuda"
+        else f"{m.cpu_model}, {m.nproc} gloo ranks x {m.threads} thread(s) on {m.cores} cores"
+    )
+    profile = DeviceProfile(
+        name=name,
+        description=f"measured by plan calibrate: {device_text}",
+        host_memory_bytes=m.host_memory_bytes,
+        **fields,
+    )
+    coll = c.summary["samples"]["collectives"] + c.summary["samples"]["p2p"]
+    situ = [(f"{k} in situ", n, b, t) for k, n, b, t in c.summary.get("samples_in_situ", [])]
+    return Result(profile, c.comments, _header(m, device_text, coll + situ), c.summary)
 
-    # ---- matmul
+
+def _matmul(
+    m: Machine, s: Settings, results: list[dict[str, Any]], single: dict[str, Any], c: _Context
+) -> dict[str, Any]:
+    """Peak FLOP/s per dtype, matmul efficiency and the short-inner-dimension fit.
+
+    Long because each field's comment is written next to the measurement it cites.
+    """
+    comments, summary, share, ref, ref_name = c.comments, c.summary, c.share, c.ref, c.ref_name
+    shapes = s.matmul_shapes
+    work = [2.0 * a * b * c_ for a, b, c_ in shapes]
+    shape_text = ", ".join(f"{a}x{b}x{c_}" for a, b, c_ in shapes)
     matmul = slowest(results, "matmul")
     achieved = {d: mix_rate(work, rates) for d, rates in matmul.items()}
     best = {d: max(rates) for d, rates in matmul.items()}
@@ -290,8 +327,18 @@ def build_profile(
     )
     summary["matmul_flops"] = achieved
     summary["matmul_efficiency"] = efficiency
+    return {
+        "peak_flops": {d: peaks[d] for d in PEAK_DTYPES},
+        "matmul_efficiency": efficiency,
+        "matmul_half_inner_dim": half,
+    }
 
-    # ---- memory bandwidth and element-wise ops
+
+def _memory(
+    m: Machine, s: Settings, results: list[dict[str, Any]], single: dict[str, Any], c: _Context
+) -> dict[str, Any]:
+    """Memory bandwidth (the best streaming kernel) and element-wise efficiency."""
+    comments, summary, share, ref = c.comments, c.summary, c.share, c.ref
     stream = slowest(results, "stream")
     bandwidth = max(stream.values())
     fastest = max(stream, key=stream.get)
@@ -320,8 +367,17 @@ def build_profile(
     )
     summary["memory_bandwidth"] = bandwidth
     summary["elementwise_efficiency"] = ew_eff
+    return {"memory_bandwidth": bandwidth, "elementwise_efficiency": ew_eff}
 
-    # ---- per-op host overhead (dispatch, autograd, DTensor)
+
+def _overheads(
+    m: Machine, s: Settings, results: list[dict[str, Any]], single: dict[str, Any], c: _Context
+) -> dict[str, Any]:
+    """Host time per op, optimizer op, DTensor op, TP module and FSDP unit.
+
+    Long because each field's comment is written next to the measurement it cites.
+    """
+    comments, summary, share = c.comments, c.summary, c.share
     overhead = {k: max(r["op_overhead"][k] for r in results) for k in results[0]["op_overhead"]}
     if m.device == "cpu":
         op_ovh = overhead["forward"]
@@ -398,8 +454,23 @@ def build_profile(
         ):
             comments[k] = note
     summary["op_overhead"] = overhead
+    return {
+        "op_overhead": op_ovh,
+        "backward_op_overhead": bwd_ovh,
+        "selective_op_overhead": sel_ovh,
+        "optimizer_op_overhead": opt_ovh,
+        "dtensor_op_overhead": dt_ovh,
+        "tp_module_overhead": tp_ovh,
+        "tp_gather_overhead": gather_ovh,
+        "fsdp_unit_overhead": fsdp_ovh,
+    }
 
-    # ---- device memory
+
+def _capacity(
+    m: Machine, s: Settings, results: list[dict[str, Any]], single: dict[str, Any], c: _Context
+) -> dict[str, Any]:
+    """Device memory capacity and what the context and process group reserve."""
+    comments = c.comments
     if m.device == "cuda":
         capacity = min(r["device_total_bytes"] for r in results)
         reserved = max(r["context_bytes"] for r in results)
@@ -418,8 +489,16 @@ def build_profile(
             "measured: the largest rank's resident set after importing torch and joining the "
             "gloo group, before any model"
         )
+    return {"memory_bytes": capacity, "reserved_bytes": reserved}
 
-    # ---- node: host memory and the offload path
+
+def _node(
+    m: Machine, s: Settings, results: list[dict[str, Any]], single: dict[str, Any], c: _Context
+) -> dict[str, Any]:
+    """GPUs per node, the host link (offload) and host memory bandwidth."""
+    comments, summary, share = c.comments, c.summary, c.share
+    stream = slowest(results, "stream")
+    bandwidth = max(stream.values())
     if m.device == "cuda":
         gpus_per_node = _cuda_device_count()
         links = slowest(results, "host_link")
@@ -451,8 +530,21 @@ def build_profile(
         )
     comments["host_memory_bytes"] = "this host's MemTotal (/proc/meminfo)"
     summary["host_link"] = host_link
+    return {
+        "gpus_per_node": gpus_per_node,
+        "host_bandwidth": host_link,
+        "host_memory_bandwidth": host_bw,
+    }
 
-    # ---- network
+
+def _network(
+    m: Machine, s: Settings, results: list[dict[str, Any]], single: dict[str, Any], c: _Context
+) -> dict[str, Any]:
+    """Link bandwidth and latency (alpha-beta fits), in-situ sync and overlap.
+
+    Long because each field's comment is written next to the measurement it cites.
+    """
+    comments, summary, ref, ref_name = c.comments, c.summary, c.ref, c.ref_name
     coll = collective_samples(results, "collectives")
     p2p = collective_samples(results, "p2p")
     net: dict[str, float] = {}
@@ -563,44 +655,15 @@ def build_profile(
     else:
         net["comm_overlap"] = (ref or load_profile("h100-sxm")).comm_overlap
         comments["comm_overlap"] = "not measured (one GPU: no collective to time); the reference's"
-
-    device_text = (
-        f"{results[0].get('device_name', 'GPU')} x{m.nproc}, NCCL"
-        if m.device == "cuda"
-        else f"{m.cpu_model}, {m.nproc} gloo ranks x {m.threads} thread(s) on {m.cores} cores"
-    )
-    profile = DeviceProfile(
-        name=name,
-        description=f"measured by plan calibrate: {device_text}",
-        peak_flops={d: peaks[d] for d in PEAK_DTYPES},
-        matmul_efficiency=efficiency,
-        matmul_half_inner_dim=half,
-        elementwise_efficiency=ew_eff,
-        op_overhead=op_ovh,
-        backward_op_overhead=bwd_ovh,
-        selective_op_overhead=sel_ovh,
-        optimizer_op_overhead=opt_ovh,
-        dtensor_op_overhead=dt_ovh,
-        tp_module_overhead=tp_ovh,
-        tp_gather_overhead=gather_ovh,
-        fsdp_unit_overhead=fsdp_ovh,
-        memory_bytes=capacity,
-        memory_bandwidth=bandwidth,
-        reserved_bytes=reserved,
-        gpus_per_node=gpus_per_node,
-        host_memory_bytes=m.host_memory_bytes,
-        host_bandwidth=host_link,
-        host_memory_bandwidth=host_bw,
-        intra_node_bandwidth=net["intra_node_bandwidth_bytes_per_s"],
-        intra_node_latency=net["intra_node_latency_s"],
-        inter_node_bandwidth=net["inter_node_bandwidth_bytes_per_s"],
-        inter_node_latency=net["inter_node_latency_s"],
-        collective_efficiency=net["collective_efficiency"],
-        collective_sync=net["collective_sync_s"],
-        comm_overlap=net["comm_overlap"],
-    )
-    situ = [(f"{k} in situ", n, b, t) for k, n, b, t in summary.get("samples_in_situ", [])]
-    return Result(profile, comments, _header(m, device_text, coll + p2p + situ), summary)
+    return {
+        "intra_node_bandwidth": net["intra_node_bandwidth_bytes_per_s"],
+        "intra_node_latency": net["intra_node_latency_s"],
+        "inter_node_bandwidth": net["inter_node_bandwidth_bytes_per_s"],
+        "inter_node_latency": net["inter_node_latency_s"],
+        "collective_efficiency": net["collective_efficiency"],
+        "collective_sync": net["collective_sync_s"],
+        "comm_overlap": net["comm_overlap"],
+    }
 
 
 def _header(m: Machine, device_text: str, samples) -> str:

@@ -18,12 +18,13 @@ What overlaps with what (stated once, used everywhere):
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from planner.hardware.cluster import Cluster
 from planner.hardware.collectives import collective_time, p2p_time
+from planner.schema.mesh import Mesh
 from planner.trace.blocks import Block
+from planner.trace.graph import param_bytes_of
 from planner.vocab import HALF_DTYPES, OFFLOAD, RECOMPUTE, Offload
 
 # Bytes per parameter: (weights, gradients, optimizer states). Mixed precision keeps fp32
@@ -110,50 +111,6 @@ class BlockOption:
 
 
 @dataclass
-class Mesh:
-    """pp x dp x cp x tp ranks, rank = ((pp_i * dp + dp_i) * cp + cp_i) * tp + tp_i.
-
-    ``dp`` splits the batch; ``cp`` (context parallel) splits each sample's sequence, so the
-    dp * cp ``replicas`` of the weights are what gradients reduce over and ZeRO shards over.
-    ``ep`` (expert parallel) divides dp: each run of ep consecutive dp ranks holds one copy of
-    every expert, 1/ep of them each (ep shares devices with dp)."""
-
-    pp: int
-    dp: int
-    tp: int
-    ep: int = 1
-    cp: int = 1
-
-    @property
-    def replicas(self) -> int:
-        return self.dp * self.cp
-
-    @property
-    def size(self) -> int:
-        return self.pp * self.replicas * self.tp
-
-    def rank(self, pp_i: int, replica_i: int, tp_i: int) -> int:
-        """``replica_i`` = dp_i * cp + cp_i."""
-        return (pp_i * self.replicas + replica_i) * self.tp + tp_i
-
-    def tp_group(self, pp_i: int = 0) -> list[int]:
-        return [self.rank(pp_i, 0, t) for t in range(self.tp)]
-
-    def dp_group(self, pp_i: int = 0) -> list[int]:
-        """The ranks one weight is replicated on (data and context parallel)."""
-        return [self.rank(pp_i, d, 0) for d in range(self.replicas)]
-
-    def ep_group(self, pp_i: int = 0) -> list[int]:
-        return [self.rank(pp_i, d * self.cp, 0) for d in range(self.ep)]
-
-    def cp_group(self, pp_i: int = 0) -> list[int]:
-        return [self.rank(pp_i, c, 0) for c in range(self.cp)]
-
-    def stage_ranks(self, pp_i: int) -> list[int]:
-        return [self.rank(pp_i, d, t) for d in range(self.replicas) for t in range(self.tp)]
-
-
-@dataclass
 class Config:
     """One point of the search space; ``choice[i]`` indexes block i's option list."""
 
@@ -236,22 +193,42 @@ def inner_dim_slowdowns(inner: list | None, scale: float, half: float) -> tuple[
     return f, b
 
 
-def _param_bytes(graph) -> dict[str, int]:
-    """Bytes of each parameter, under every name an op may use for it (tied aliases too)."""
-    found = graph.graph.get("_param_bytes")
-    if found is None:
-        shapes = graph.graph.get("param_shapes", {})
-        elem = graph.graph.get("param_dtype_bytes", {})
-        found = {k: math.prod(v) * elem.get(k, 4) for k, v in shapes.items()}
-        for alias, owner in graph.graph.get("param_owner", {}).items():
-            if owner in found:
-                found.setdefault(alias, found[owner])
-        graph.graph["_param_bytes"] = found
-    return found
+@dataclass
+class NodeTimes:
+    """A block's per-op roofline times, summed, split by what bounds each op: compute (its
+    FLOPs over the achievable peak) or memory (its bytes over the achievable bandwidth).
+    Tensor parallelism shrinks the two by different shares (``TPVariant.compute_fraction``
+    and ``memory_bound_fraction``): replicated norms and residual adds do not shrink."""
+
+    fwd_compute: float = 0.0
+    fwd_memory: float = 0.0
+    bwd_compute: float = 0.0
+    bwd_memory: float = 0.0
+    core_fwd: float = 0.0  # forward of the selective core (what selective recompute re-runs)
+
+    @property
+    def fwd(self) -> float:
+        return self.fwd_compute + self.fwd_memory
+
+    @property
+    def bwd(self) -> float:
+        return self.bwd_compute + self.bwd_memory
 
 
-def node_times(graph, block: Block, scale: float, cluster: Cluster, dtype: str, nodes=None):
-    """Per-op roofline, summed: (forward, backward, forward of the selective core).
+def _roofline_parts(
+    flops: float, nbytes: float, cluster: Cluster, dtype: str, slowdown: float
+) -> tuple[float, float]:
+    """(compute-bound, memory-bound) time of one op: the roofline time in its bound's slot."""
+    t = compute_time(flops, nbytes, cluster, dtype, slowdown)
+    p = cluster.profile
+    compute_bound = flops * slowdown / (p.peak_flops[dtype] * p.matmul_efficiency) >= t
+    return (t, 0.0) if compute_bound and flops > 0 else (0.0, t)
+
+
+def block_node_times(
+    graph, block: Block, scale: float, cluster: Cluster, dtype: str, nodes=None
+) -> NodeTimes:
+    """Per-op roofline of a block's ops (or of ``nodes``), for ``scale`` traced micro-batches.
 
     An op's traced bytes include the weights it reads; those do not grow with the micro-batch
     (only activations do), so they are kept out of the scaling. Backward reads the weights and
@@ -259,22 +236,35 @@ def node_times(graph, block: Block, scale: float, cluster: Cluster, dtype: str, 
     from planner.trace.blocks import cached_core_nodes
 
     core = cached_core_nodes(graph)
-    pbytes = _param_bytes(graph)
+    pbytes = param_bytes_of(graph)
     half = cluster.profile.matmul_half_inner_dim
-    fwd = bwd = core_fwd = 0.0
+    out = NodeTimes()
     for n in block.nodes if nodes is None else nodes:
         d = graph.nodes[n]
         weights = min(sum(pbytes.get(p, 0) for p in d.get("params", ())), d["fwd_bytes"])
         act_f = d["fwd_bytes"] - weights
         slow_f, slow_b = inner_dim_slowdowns(d.get("mm_inner"), scale, half)
-        f = compute_time(d["fwd_flops"] * scale, act_f * scale + weights, cluster, dtype, slow_f)
-        fwd += f
+        fc, fm = _roofline_parts(
+            d["fwd_flops"] * scale, act_f * scale + weights, cluster, dtype, slow_f
+        )
         bw_w = min(2 * weights, d["bwd_bytes"])
         act_b = d["bwd_bytes"] - bw_w
-        bwd += compute_time(d["bwd_flops"] * scale, act_b * scale + bw_w, cluster, dtype, slow_b)
+        bc, bm = _roofline_parts(
+            d["bwd_flops"] * scale, act_b * scale + bw_w, cluster, dtype, slow_b
+        )
+        out.fwd_compute += fc
+        out.fwd_memory += fm
+        out.bwd_compute += bc
+        out.bwd_memory += bm
         if n in core:
-            core_fwd += f
-    return fwd, bwd, core_fwd
+            out.core_fwd += fc + fm
+    return out
+
+
+def node_times(graph, block: Block, scale: float, cluster: Cluster, dtype: str, nodes=None):
+    """(forward, backward, forward of the selective core): ``block_node_times`` summed."""
+    t = block_node_times(graph, block, scale, cluster, dtype, nodes)
+    return t.fwd, t.bwd, t.core_fwd
 
 
 @dataclass(frozen=True)
@@ -334,11 +324,16 @@ def block_options(
     """Every (TP variant x recompute x offload) option of a block, priced. ``ep_ranks``: the
     expert-parallel group a mixture-of-experts block's experts are spread over; ``cp_ranks``:
     the context-parallel group each sample's sequence is split over (every token-local op and
-    every query's attention run on 1/cp of the tokens, plus the ring of key/value chunks)."""
+    every query's attention run on 1/cp of the tokens, plus the ring of key/value chunks).
+
+    Long because every option of a block shares the same per-op sums; computing them once here keeps
+    each option a few lines.
+    """
     traced_mbs = graph.graph["micro_batch_size"]
     cp = len(cp_ranks) if cp_ranks else 1
     scale = micro_batch_size / traced_mbs / cp
-    fwd_full, bwd_full, core_fwd = node_times(graph, block, scale, cluster, training.dtype)
+    times = block_node_times(graph, block, scale, cluster, training.dtype)
+    fwd_full, bwd_full, core_fwd = times.fwd_compute, times.bwd_compute, times.core_fwd
     ring_f, ring_b = ring_attention_times(graph, block, scale, cluster, training, cp_ranks)
     fwd_full += ring_f
     bwd_full += ring_b
@@ -363,8 +358,9 @@ def block_options(
     for v in variants:
         cf = v.compute_fraction
         ovh_f, ovh_b, ovh_sel = overhead_times(counts, v.tp_plan, len(tp_ranks), cluster)
-        fwd = fwd_full * cf + ovh_f + a2a_f
-        bwd = bwd_full * cf + ovh_b + a2a_b
+        mbf = v.memory_bound_fraction
+        fwd = fwd_full * cf + times.fwd_memory * mbf + ovh_f + a2a_f
+        bwd = bwd_full * cf + times.bwd_memory * mbf + ovh_b + a2a_b
         comm_f = sum(collective_time(k, b * scale, cluster, tp_ranks) for k, b in v.comm_fwd)
         comm_b = sum(collective_time(k, b * scale, cluster, tp_ranks) for k, b in v.comm_bwd)
         # Experts are not split by TP (a grouped product has no sharding rule), but by EP.
@@ -568,6 +564,8 @@ class CostInputs:
     cluster: Cluster
     training: Training
     memory_fraction: float = 1.0
+    # sums every candidate sharing these options asks for (the search's bounds), kept here
+    memo: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def boundary_bytes(self) -> float:
@@ -619,47 +617,107 @@ def loss_time(inp: CostInputs, config: Config) -> float:
     return 2 * nbytes / (p.memory_bandwidth * p.elementwise_efficiency) + ops
 
 
-def dp_comm(inp: CostInputs, opts: list[BlockOption], config: Config, pp_rank: int, m: int):
-    """(total, exposed) data-parallel communication per step for one stage's blocks."""
-    mesh, zero, tr = config.mesh, config.zero_stage, inp.training
-    if mesh.replicas == 1:
-        return 0.0, 0.0
+@dataclass(frozen=True)
+class DPRates:
+    """What a candidate's data-parallel collectives cost, as affine functions of the
+    parameters they move: (seconds per parameter, seconds per call). Exact under the ring
+    model, where a collective's time is affine in its bytes."""
+
+    replicas: int
+    zero: int
+    m: int  # micro-batches per step
+    deferred: bool  # see deferred_reduce
+    overlap: float  # the share of forward/backward time communication hides behind
+    unit: float  # FSDP host overhead per unit and micro-batch
+    all_reduce: tuple[float, float]
+    reduce_scatter: tuple[float, float]
+    all_gather: tuple[float, float]
+
+
+def _affine(kind: str, cluster: Cluster, ranks: list[int], bytes_per_param: float):
+    """A collective's time as (seconds per parameter, latency), read off two sizes."""
+    x = 1e9
+    t1 = collective_time(kind, x * bytes_per_param, cluster, ranks)
+    t2 = collective_time(kind, 2 * x * bytes_per_param, cluster, ranks)
+    slope = (t2 - t1) / x
+    return slope, t1 - slope * x
+
+
+def dp_rates(inp: CostInputs, config: Config, pp_rank: int = 0) -> DPRates:
+    tr, mesh = inp.training, config.mesh
     wb, gb, _ = tr.state_bytes
-    params = sum(o.comm_params(mesh.replicas) for o in opts)
-    if params == 0:
-        return 0.0, 0.0
     ranks = mesh.dp_group(pp_rank)
-    cl = inp.cluster
-    # Communication hides behind the share comm_overlap of the compute it runs beside.
-    hide = cl.profile.comm_overlap
-    fwd = hide * sum(o.fwd_s for o in opts)
-    bwd = hide * sum(o.bwd_s for o in opts)
-    if zero == 0:
-        total = collective_time("all_reduce", params * gb, cl, ranks)
-        return total, max(0.0, total - bwd)
-    if zero == 1:
-        # As the runtime runs it (DDP + ZeroRedundancyOptimizer): gradients all-reduced in
-        # buckets during backward; after the step each owner broadcasts its updated shard of
-        # the dense parameters (experts step whole on every rank), which nothing overlaps.
-        ar = collective_time("all_reduce", params * gb, cl, ranks)
-        ag = collective_time("all_gather", sum(o.dense_params for o in opts) * wb, cl, ranks)
-        return ar + ag, max(0.0, ar - bwd) + ag
-    # ZeRO 2/3 (FSDP) issue one collective per block that holds parameters: each pays latency,
-    # and each unit its host overhead per micro-batch (hooks, copy-in/out).
-    owned = [o.comm_params(mesh.replicas) for o in opts if o.params > 0]
-    rs = sum(collective_time("reduce_scatter", n * gb, cl, ranks) for n in owned)
-    ag = sum(collective_time("all_gather", n * wb, cl, ranks) for n in owned)
-    unit = len(owned) * cl.profile.fsdp_unit_overhead
-    if deferred_reduce(config, tr):
-        # One reduce-scatter after the last micro-batch's backward: nothing left to hide it.
-        if zero == 2:
-            return rs + m * unit + ag, rs + m * unit + max(0.0, ag - fwd)
-        per_mb = 2 * ag + unit
-        return m * per_mb + rs, m * max(0.0, per_mb - fwd - bwd) + rs
-    if zero == 2:
-        return m * (rs + unit) + ag, m * max(0.0, rs + unit - bwd) + max(0.0, ag - fwd)
-    per_mb = 2 * ag + rs + unit
-    return m * per_mb, m * max(0.0, per_mb - fwd - bwd)
+    return DPRates(
+        replicas=mesh.replicas,
+        zero=config.zero_stage,
+        m=num_microbatches(tr, mesh.dp, config.micro_batch_size),
+        deferred=deferred_reduce(config, tr),
+        overlap=inp.cluster.profile.comm_overlap,
+        unit=inp.cluster.profile.fsdp_unit_overhead,
+        all_reduce=_affine("all_reduce", inp.cluster, ranks, gb),
+        reduce_scatter=_affine("reduce_scatter", inp.cluster, ranks, gb),
+        all_gather=_affine("all_gather", inp.cluster, ranks, wb),
+    )
+
+
+def dp_block_terms(o: BlockOption, r: DPRates) -> tuple[float, float, float]:
+    """One block's share of its stage's data-parallel communication, linear in its options.
+
+    A stage's exposed communication is max(0, A) + max(0, B), its total T, where A, B and T
+    sum these per-block terms (a, b, t) and once per stage that holds parameters the
+    ``dp_stage_terms`` (the latency of a bucketed ZeRO-0/1 collective). What each ZeRO stage
+    does, as the runtime runs it (overlap h = the profile's comm_overlap):
+
+    - ZeRO-0 (DDP): one all-reduce of the gradients, hidden behind h of the last backward.
+    - ZeRO-1: the same, then a broadcast of the updated dense shards nothing hides.
+    - ZeRO-2 (FSDP, weights kept from forward to backward): a reduce-scatter per micro-batch
+      behind its backward, one all-gather per step behind the forward; in a deferring
+      pipeline one reduce-scatter after the last backward.
+    - ZeRO-3: all-gathers for forward and again for backward and a reduce-scatter, per
+      micro-batch, behind both; in a deferring pipeline the reduce-scatter once per step.
+    FSDP units (ZeRO 2/3) each pay their collective's latency and host overhead."""
+    if r.replicas == 1:
+        return 0.0, 0.0, 0.0
+    p = o.comm_params(r.replicas)
+    fwd, bwd = r.overlap * o.fwd_s, r.overlap * o.bwd_s
+    ar, rs, ag = r.all_reduce, r.reduce_scatter, r.all_gather
+    if r.zero == 0:
+        return ar[0] * p - bwd, 0.0, ar[0] * p
+    if r.zero == 1:
+        return ar[0] * p - bwd, ag[0] * o.dense_params, ar[0] * p + ag[0] * o.dense_params
+    owns = 1.0 if o.params > 0 else 0.0
+    rs_t = (rs[0] * p + rs[1]) * owns
+    ag_t = (ag[0] * p + ag[1]) * owns
+    unit = r.unit * owns
+    m = r.m
+    if r.deferred and r.zero == 2:
+        return rs_t + m * unit, ag_t - fwd, rs_t + m * unit + ag_t
+    if r.deferred:
+        return m * (2 * ag_t + unit - fwd - bwd), rs_t, m * (2 * ag_t + unit) + rs_t
+    if r.zero == 2:
+        return m * (rs_t + unit - bwd), ag_t - fwd, m * (rs_t + unit) + ag_t
+    return m * (2 * ag_t + rs_t + unit - fwd - bwd), 0.0, m * (2 * ag_t + rs_t + unit)
+
+
+def dp_stage_terms(r: DPRates) -> tuple[float, float, float]:
+    """(a, b, t) paid once by a stage that holds parameters: the latency of ZeRO-0/1's
+    bucketed collectives (ZeRO 2/3 pay one per unit, in ``dp_block_terms``)."""
+    if r.replicas == 1 or r.zero >= 2:
+        return 0.0, 0.0, 0.0
+    ar, ag = r.all_reduce[1], r.all_gather[1]
+    return (ar, 0.0, ar) if r.zero == 0 else (ar, ag, ar + ag)
+
+
+def dp_comm(inp: CostInputs, opts: list[BlockOption], config: Config, pp_rank: int):
+    """(total, exposed) data-parallel communication per step for one stage's blocks."""
+    r = dp_rates(inp, config, pp_rank)
+    if r.replicas == 1 or not any(o.comm_params(r.replicas) > 0 for o in opts):
+        return 0.0, 0.0
+    terms = [dp_block_terms(o, r) for o in opts]
+    a0, b0, t0 = dp_stage_terms(r)
+    a = sum(x for x, _, _ in terms) + a0
+    b = sum(y for _, y, _ in terms) + b0
+    return sum(t for _, _, t in terms) + t0, max(0.0, a) + max(0.0, b)
 
 
 def optimizer_time(inp: CostInputs, opts: list[BlockOption], config: Config) -> float:
@@ -738,6 +796,14 @@ def offload_time(inp: CostInputs, opts: list[BlockOption], config: Config, m: in
     return t
 
 
+def gathered_weight_bytes(o: BlockOption, zero: int, training: Training) -> float:
+    """ZeRO-3's (and offload's) gathered weights of a block while it runs, and of the next
+    block prefetched beside it: two blocks' worth of whole weights."""
+    if zero >= 3 or o.offload == Offload.PARAMS:
+        return 2 * o.params * training.state_bytes[0]
+    return 0.0
+
+
 def other_memory(
     inp: CostInputs, opts: list[BlockOption], config: Config, pp_rank: int, last: bool
 ) -> float:
@@ -751,8 +817,9 @@ def other_memory(
     total += max((o.transient_bytes + o.recompute_peak_bytes for o in opts), default=0.0)
     if config.num_stages > 1:
         total += 2 * inp.boundary_bytes * scale
-    gathered = [o.params for o in opts if config.zero_stage >= 3 or o.offload == "optimizer+params"]
-    total += 2 * max(gathered, default=0.0) * inp.training.state_bytes[0]
+    total += max(
+        (gathered_weight_bytes(o, config.zero_stage, inp.training) for o in opts), default=0
+    )
     if last:
         total += inp.loss_bytes * scale
     return total
@@ -761,14 +828,56 @@ def other_memory(
 def evaluate(inp: CostInputs, config: Config) -> StepCost:
     """Step time and per-device memory of ``config`` under the cost model.
 
-    Pipeline (p ranks, m micro-batches, per-stage time T_j per micro-batch):
-    GPipe / 1F1B: sum_j T_j + (m - 1) * max_j T_j. Interleaved with v chunks per rank:
-    m * max_r R_r + (p - 1) * max_c T_c, where R_r sums rank r's chunks; with equal chunks the
-    bubble is 1/v of the 1F1B bubble. Step = pipeline + exposed DP communication + optimizer
-    step + offload traffic (the last three: the slowest pipeline rank's)."""
-    mesh, training, cluster = config.mesh, inp.training, inp.cluster
+    Step = pipeline + exposed DP communication + optimizer step + offload traffic (the last
+    three: the slowest pipeline rank's); see ``pipeline_time`` and ``rank_memory``."""
+    mesh, training = config.mesh, inp.training
+    p = mesh.pp
+    stages = stage_costs(inp, config)
+    pipeline, bubble = pipeline_time(
+        stages, config, num_microbatches(training, mesh.dp, config.micro_batch_size)
+    )
+    memory, host = rank_memory(inp, config, stages)
+    profile = inp.cluster.profile
+    capacity = profile.memory_bytes * inp.memory_fraction
+    peak = max(mm["total"] for mm in memory)
+    dp_exposed = max(st.dp_exposed_s for st in stages)
+    opt_s = max(sum(st.optimizer_s for st in stages[r::p]) for r in range(p))
+    off_s = max(sum(st.offload_s for st in stages[r::p]) for r in range(p))
+    step = pipeline + dp_exposed + opt_s + off_s
+    flops = sum(b.fwd_flops + b.bwd_flops for b in inp.blocks) * (
+        training.global_batch_size / inp.traced_mbs
+    )
+    peak_flops = profile.peak_flops[training.dtype]
+    host_capacity = profile.host_memory_bytes / max(profile.gpus_per_node, 1)
+    return StepCost(
+        step_time_s=step,
+        pipeline_s=pipeline,
+        bubble_s=bubble,
+        dp_exposed_s=dp_exposed,
+        optimizer_s=opt_s,
+        offload_s=off_s,
+        stages=stages,
+        rank_memory=memory,
+        peak_memory_bytes=peak,
+        capacity_bytes=capacity,
+        model_flops_per_step=flops,
+        mfu=flops / (step * mesh.size * peak_flops) if step > 0 else 0.0,
+        samples_per_s=training.global_batch_size / step if step > 0 else 0.0,
+        feasible=peak <= capacity
+        and host <= host_capacity
+        and all(
+            offload_allowed(inp.options[i][k].offload, config.zero_stage)
+            for i, k in enumerate(config.choice)
+        ),
+        host_bytes_per_gpu=host,
+    )
+
+
+def stage_costs(inp: CostInputs, config: Config) -> list[StageCost]:
+    """Every (virtual) stage's times per micro-batch and per step."""
+    mesh = config.mesh
     p, v = mesh.pp, config.virtual_stages
-    m = num_microbatches(training, mesh.dp, config.micro_batch_size)
+    m = num_microbatches(inp.training, mesh.dp, config.micro_batch_size)
     n_stages = p * v
     stage_blocks: list[list[int]] = [[] for _ in range(n_stages)]
     for i, s in enumerate(config.stage_of):
@@ -778,7 +887,7 @@ def evaluate(inp: CostInputs, config: Config) -> StepCost:
         r = s % p
         opts = [inp.options[i][config.choice[i]] for i in stage_blocks[s]]
         compute, tp_comm, p2p = stage_time_parts(inp, opts, config, s)
-        dp_total, dp_exposed = dp_comm(inp, opts, config, r, m)
+        dp_total, dp_exposed = dp_comm(inp, opts, config, r)
         stages.append(
             StageCost(
                 index=s,
@@ -797,19 +906,37 @@ def evaluate(inp: CostInputs, config: Config) -> StepCost:
                 inflight=inflight_microbatches(config.schedule, m, p, v, r),
             )
         )
+    return stages
+
+
+def pipeline_time(stages: list[StageCost], config: Config, m: int) -> tuple[float, float]:
+    """(pipeline, bubble) of one step. p ranks, m micro-batches, per-stage time T_j per
+    micro-batch: GPipe / 1F1B: sum_j T_j + (m - 1) * max_j T_j. Interleaved with v chunks per
+    rank: m * max_r R_r + (p - 1) * max_c T_c, where R_r sums rank r's chunks; with equal
+    chunks the bubble is 1/v of the 1F1B bubble (Narayanan et al. 2021)."""
+    p = config.mesh.pp
     T = [st.time_s for st in stages]
-    if v == 1:
-        pipeline = sum(T) + (m - 1) * max(T)
-        bubble = sum(T) - max(T)
-    else:
-        R = [sum(T[c] for c in range(r, n_stages, p)) for r in range(p)]
-        pipeline = m * max(R) + (p - 1) * max(T)
-        bubble = (p - 1) * max(T)
-    rank_memory: list[dict[str, float]] = []
+    if config.virtual_stages == 1:
+        return sum(T) + (m - 1) * max(T), sum(T) - max(T)
+    R = [sum(T[c] for c in range(r, len(T), p)) for r in range(p)]
+    return m * max(R) + (p - 1) * max(T), (p - 1) * max(T)
+
+
+def rank_memory(
+    inp: CostInputs, config: Config, stages: list[StageCost]
+) -> tuple[list[dict[str, float]], float]:
+    """Per pipeline rank, device bytes by category (states, in-flight activations, other) and
+    their total; and the most host bytes any rank keeps (offloaded states)."""
+    mesh, training = config.mesh, inp.training
+    p = mesh.pp
+    last = (len(stages) - 1) % p
     deferred = deferred_reduce(config, training)
+    memory: list[dict[str, float]] = []
+    host = 0.0
     for r in range(p):
         mem = {"params": 0.0, "grads": 0.0, "optimizer": 0.0, "activations": 0.0}
         rank_opts: list[BlockOption] = []
+        rank_host = 0.0
         for st in stages[r::p]:
             for i in st.blocks:
                 o = inp.options[i][config.choice[i]]
@@ -817,55 +944,10 @@ def evaluate(inp: CostInputs, config: Config) -> StepCost:
                 sm = option_states(o, config.zero_stage, mesh.replicas, training, deferred)
                 for k in ("params", "grads", "optimizer"):
                     mem[k] += sm[k]
+                rank_host += sm["host"]
                 mem["activations"] += o.act_bytes * st.inflight
-        mem["other"] = other_memory(inp, rank_opts, config, r, last=(r == (n_stages - 1) % p))
+        mem["other"] = other_memory(inp, rank_opts, config, r, last=(r == last))
         mem["total"] = sum(mem.values())
-        rank_memory.append(mem)
-    host = max(
-        sum(
-            option_states(
-                inp.options[i][config.choice[i]],
-                config.zero_stage,
-                mesh.replicas,
-                training,
-                deferred,
-            )["host"]
-            for st in stages[r::p]
-            for i in st.blocks
-        )
-        for r in range(p)
-    )
-    profile = cluster.profile
-    capacity = profile.memory_bytes * inp.memory_fraction
-    peak = max(mm["total"] for mm in rank_memory)
-    dp_exposed = max(st.dp_exposed_s for st in stages)
-    opt_s = max(sum(st.optimizer_s for st in stages[r::p]) for r in range(p))
-    off_s = max(sum(st.offload_s for st in stages[r::p]) for r in range(p))
-    step = pipeline + dp_exposed + opt_s + off_s
-    flops = sum(b.fwd_flops + b.bwd_flops for b in inp.blocks) * (
-        training.global_batch_size / inp.traced_mbs
-    )
-    peak_flops = profile.peak_flops[training.dtype]
-    host_capacity = profile.host_memory_bytes / max(profile.gpus_per_node, 1)
-    return StepCost(
-        step_time_s=step,
-        pipeline_s=pipeline,
-        bubble_s=bubble,
-        dp_exposed_s=dp_exposed,
-        optimizer_s=opt_s,
-        offload_s=off_s,
-        stages=stages,
-        rank_memory=rank_memory,
-        peak_memory_bytes=peak,
-        capacity_bytes=capacity,
-        model_flops_per_step=flops,
-        mfu=flops / (step * mesh.size * peak_flops) if step > 0 else 0.0,
-        samples_per_s=training.global_batch_size / step if step > 0 else 0.0,
-        feasible=peak <= capacity
-        and host <= host_capacity
-        and all(
-            offload_allowed(inp.options[i][k].offload, config.zero_stage)
-            for i, k in enumerate(config.choice)
-        ),
-        host_bytes_per_gpu=host,
-    )
+        memory.append(mem)
+        host = max(host, rank_host)
+    return memory, host

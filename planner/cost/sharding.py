@@ -34,7 +34,6 @@ node names and module paths, since blocks of one class differ only in those.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -43,6 +42,7 @@ import networkx as nx
 import numpy as np
 import scipy.sparse as sp
 
+from planner.hardware.collectives import ring_factors
 from planner.trace.blocks import Block, cached_core_nodes
 from planner.trace.opcost import ATTENTION_OPS, is_view
 from planner.vocab import ELEMENT_BYTES
@@ -594,7 +594,8 @@ def _has_tensor(graph: nx.DiGraph, n: str) -> bool:
 
 
 def _ring(kind: str, t: int) -> float:
-    return 2 * (t - 1) / t if kind == "all_reduce" else (t - 1) / t
+    """The bandwidth factor of ``kind`` over t devices (the sharding ILP prices no latency)."""
+    return ring_factors(kind, t)[0]
 
 
 def reshard(src: str, dst: str) -> tuple[str | None, str | None] | None:
@@ -816,6 +817,9 @@ def sharding_milp(
     the objective pushes g down; h is an AND over a parameter's uses, pushed up. T0 and M0, the
     replicated block's time and memory, make the terms commensurate, so one lambda grid suits
     every block. The model is compiled once (lambda is a cvxpy Parameter), solved per lambda.
+
+    One function on purpose, as torch's sac_ilp: the whole formulation reads top to bottom beside
+    its docstring's math.
     """
     t = prob.tp
     cols: list[tuple[int, int]] = [
@@ -1054,10 +1058,6 @@ class _Template:
     sequence_parallel: bool = False  # the block runs Megatron-style sequence parallel
 
 
-_CACHE: dict[tuple, list[_Template]] = {}
-SOLVE_STATS: dict[tuple, dict[str, float]] = {}  # per cache key: seconds, ops, strategies
-
-
 def tp_variants(
     graph: nx.DiGraph,
     block: Block,
@@ -1066,27 +1066,24 @@ def tp_variants(
     flops_per_second: float = 400e12,
     bytes_per_second: float = 2e12,
     max_variants: int = 3,
+    memo: dict | None = None,
 ) -> list[TPVariant]:
     """The Pareto-best ways (time vs per-device memory) to run ``block`` over ``tp`` devices.
 
     Always includes "replicated" (the only one for tp=1), plus up to ``max_variants`` sharded
     variants named "tp{t}-v{k}", k = 1 for the fastest, ordered by time, fastest first; then,
     where the block allows it, "tp{t}-v1-sp": the fastest with sequence parallelism. Solved once
-    per (block class, tp, cost rates) and re-bound to this block's names."""
+    per (block class, tp, cost rates) when given a ``memo`` to keep the solutions in (blocks of a
+    class differ only in names), and re-bound to this block's names."""
     key = (block.cls, tp, comm_seconds_per_byte, flops_per_second, bytes_per_second, max_variants)
-    if key not in _CACHE:
-        start = time.perf_counter()
+    memo = {} if memo is None else memo
+    if key not in memo:
         prob = build_problem(graph, block, tp, flops_per_second, bytes_per_second)
-        _CACHE[key] = _templates(prob, comm_seconds_per_byte, max_variants)
-        SOLVE_STATS[key] = {
-            "seconds": time.perf_counter() - start,
-            "ops": len(prob.ops),
-            "strategies": sum(len(op.strategies) for op in prob.ops),
-        }
+        memo[key] = _templates(prob, comm_seconds_per_byte, max_variants)
     # A sequence-parallel block is entered and left as one module (one block, one module).
     return [
         _bind(graph, block, tpl, tp)
-        for tpl in _CACHE[key]
+        for tpl in memo[key]
         if not tpl.sequence_parallel or len(block.modules) == 1
     ]
 
@@ -1152,7 +1149,11 @@ def _sequence_parallel(
     back) and, as Megatron does, keeps only the shard for backward and gathers it again there
     (the runtime's saved-tensor hooks); each row-parallel output is reduce-scattered instead of
     all-reduced (all-gather of the gradient back). Norm modules run
-    as torch's ``SequenceParallel``; a region op outside a norm module must be token-local."""
+    as torch's ``SequenceParallel``; a region op outside a norm module must be token-local.
+
+    Long because Megatron's layout is derived in one pass over the block's ops; split, its
+    invariants would be spread over helpers.
+    """
     t = prob.tp
     strat = [op.strategies[k] for op, k in zip(prob.ops, choice)]
     state = {op.name: s.out for op, s in zip(prob.ops, strat)}

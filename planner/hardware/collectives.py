@@ -26,39 +26,52 @@ if TYPE_CHECKING:
     from planner.hardware.cluster import Cluster
 
 
-def all_reduce_time(nbytes: float, n: int, bandwidth: float, latency: float) -> float:
-    """Ring all-reduce of an S-byte buffer: 2(n-1)/n * S/B + 2(n-1) alpha (a reduce-scatter
-    then an all-gather)."""
+def ring_factors(kind: str, n: int) -> tuple[float, float]:
+    """(bandwidth factor c, latency steps d) of ``kind`` over ``n`` ranks: t = c * S/B + d
+    alpha. The one statement of the ring model; everything that prices or fits a collective
+    (these functions, the sharding ILP, the calibration fit) reads it from here."""
+    if kind == "all_reduce":
+        return 2 * (n - 1) / n, 2 * (n - 1)
+    if kind in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n, n - 1
+    if kind == "p2p":
+        return 1.0, 1.0
+    raise ValueError(f"unknown collective {kind!r}")
+
+
+def _ring_time(kind: str, nbytes: float, n: int, bandwidth: float, latency: float) -> float:
     if n <= 1 or nbytes <= 0:
         return 0.0
-    return 2 * (n - 1) / n * nbytes / bandwidth + 2 * (n - 1) * latency
+    c, d = ring_factors(kind, n)
+    return c * nbytes / bandwidth + d * latency
+
+
+def all_reduce_time(nbytes: float, n: int, bandwidth: float, latency: float) -> float:
+    """Ring all-reduce of an S-byte buffer: a reduce-scatter then an all-gather."""
+    return _ring_time("all_reduce", nbytes, n, bandwidth, latency)
 
 
 def all_gather_time(nbytes: float, n: int, bandwidth: float, latency: float) -> float:
-    """Ring all-gather into an S-byte result (S/n bytes from each rank): (n-1)/n * S/B +
-    (n-1) alpha."""
-    if n <= 1 or nbytes <= 0:
-        return 0.0
-    return (n - 1) / n * nbytes / bandwidth + (n - 1) * latency
+    """Ring all-gather into an S-byte result (S/n bytes from each rank)."""
+    return _ring_time("all_gather", nbytes, n, bandwidth, latency)
 
 
 def reduce_scatter_time(nbytes: float, n: int, bandwidth: float, latency: float) -> float:
-    """Ring reduce-scatter of an S-byte input (S/n bytes kept by each rank): (n-1)/n * S/B +
-    (n-1) alpha."""
-    return all_gather_time(nbytes, n, bandwidth, latency)
+    """Ring reduce-scatter of an S-byte input (S/n bytes kept by each rank)."""
+    return _ring_time("reduce_scatter", nbytes, n, bandwidth, latency)
 
 
 def all_to_all_time(nbytes: float, n: int, bandwidth: float, latency: float) -> float:
-    """All-to-all of S bytes per rank (S/n to each peer, its own share stays): (n-1)/n * S/B +
-    (n-1) alpha."""
-    return all_gather_time(nbytes, n, bandwidth, latency)
+    """All-to-all of S bytes per rank (S/n to each peer, its own share stays)."""
+    return _ring_time("all_to_all", nbytes, n, bandwidth, latency)
 
 
 def p2p_time(nbytes: float, bandwidth: float, latency: float) -> float:
     """One send/receive of S bytes: S/B + alpha."""
     if nbytes <= 0:
         return 0.0
-    return nbytes / bandwidth + latency
+    c, d = ring_factors("p2p", 2)
+    return c * nbytes / bandwidth + d * latency
 
 
 KINDS: dict[str, Callable[[float, int, float, float], float]] = {

@@ -8,10 +8,10 @@ with the same figures).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from planner.atomic import write_bytes_atomic, write_text_atomic
 from planner.errors import UserInputError
+from planner.schema import Plan
 
 REPORT_NAMES = ("placement", "blocks", "memory", "timeline", "candidates")
 
@@ -22,7 +22,7 @@ def report_files(out_dir: Path) -> list[Path]:
     return files + [out_dir / "report.html"]
 
 
-def write_report(plan: dict[str, Any], out_dir: Path, command: str) -> list[Path]:
+def write_report(plan: Plan, out_dir: Path, command: str) -> list[Path]:
     """Write the five figures as PNG and SVG and report.html into ``out_dir``; each file
     atomically (a crash leaves the previous report intact). Returns the paths written."""
     from planner.report.figures import render_all

@@ -8,25 +8,24 @@ variants, block classes) are labelled once, so a 100-layer model stays legible.
 
 from __future__ import annotations
 
-from typing import Any
-
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import MaxNLocator
 
 from planner.report.style import keep_apart, runs, stage_colors, text_color, text_width_in
+from planner.schema import Plan
 
 HATCH = {"none": "", "selective": "///", "full": "xxx"}
 VARIANT_COLORS = plt.get_cmap("Pastel2")
 MAX_NAMED = 32  # up to this many blocks, every block's name is an x tick
 
 
-def block_shares(plan: dict[str, Any]) -> tuple[list[float], list[float]]:
+def block_shares(plan: Plan) -> tuple[list[float], list[float]]:
     """Each block's percentage of the summed block time and of the summed block memory."""
-    blocks = plan["blocks"]
-    t = [b["time_per_microbatch_s"] for b in blocks]
-    mem = [b["memory_bytes"] for b in blocks]
+    blocks = plan.blocks
+    t = [b.time_per_microbatch_s for b in blocks]
+    mem = [b.memory_bytes for b in blocks]
     tt, mm = sum(t) or 1.0, sum(mem) or 1.0
     return [100 * x / tt for x in t], [100 * x / mm for x in mem]
 
@@ -39,14 +38,17 @@ def short(name: str, limit: int = 28) -> str:
     return name[:keep] + "…" + name[-keep:]
 
 
-def blocks_figure(plan: dict[str, Any]) -> Figure:
-    blocks = plan["blocks"]
+def blocks_figure(plan: Plan) -> Figure:
+    """
+    Long because a figure's layout reads best top to bottom, panel by panel.
+    """
+    blocks = plan.blocks
     n = len(blocks)
-    pp, v = plan["mesh"]["pp"], plan["virtual_stages"]
+    pp, v = plan.mesh.pp, plan.virtual_stages
     colors = stage_colors(pp)
     time_pct, mem_pct = block_shares(plan)
     width = min(16.0, max(9.0, 0.32 * n + 3))
-    names = [short(b["name"]) for b in blocks]
+    names = [short(b.name) for b in blocks]
     longest = text_width_in(max(names, key=len), 7.5)
     flat = longest < (width - 1.4) / n * 0.95  # names fit side by side
     if n <= MAX_NAMED:  # else they stand vertically under their bars
@@ -69,8 +71,8 @@ def blocks_figure(plan: dict[str, Any]) -> Figure:
     for ax in (band, ax_m, strip):
         ax.sharex(ax_t)
     xs = list(range(n))
-    faces = [colors[b["stage"] % pp] for b in blocks]
-    hatches = [HATCH[b["recompute"]] for b in blocks]
+    faces = [colors[b.stage % pp] for b in blocks]
+    hatches = [HATCH[b.recompute] for b in blocks]
     for ax, vals, name in ((ax_t, time_pct, "time"), (ax_m, mem_pct, "memory")):
         bars = ax.bar(xs, vals, width=0.8, color=faces, edgecolor="#333333", linewidth=0.3)
         for bar, h in zip(bars, hatches):
@@ -82,7 +84,7 @@ def blocks_figure(plan: dict[str, Any]) -> Figure:
         ax.yaxis.set_major_locator(MaxNLocator(nbins=5, prune="upper"))
     ax_t.set_ylabel("share of compute\ntime per micro-batch (%)")
     ax_m.set_ylabel("share of device\nmemory (%)")
-    offl = [i for i, b in enumerate(blocks) if b["offload"] != "none"]
+    offl = [i for i, b in enumerate(blocks) if b.offload != "none"]
     if offl:
         top = max(mem_pct)
         ax_m.scatter(
@@ -97,7 +99,7 @@ def blocks_figure(plan: dict[str, Any]) -> Figure:
         ax_m.set_ylim(0, top * 1.15)
     inch_per_block = ax_t.get_position().width * width / n
     # stage band above the bars
-    stage_label = [b["stage"] for b in blocks]
+    stage_label = [b.stage for b in blocks]
     for first, last, s in runs(stage_label):
         band.add_patch(Rectangle((first - 0.5, 0), last - first + 1, 1, color=colors[s % pp]))
         room = (last - first + 1) * inch_per_block
@@ -116,7 +118,7 @@ def blocks_figure(plan: dict[str, Any]) -> Figure:
     band.set_ylim(0, 1)
     band.axis("off")
     # TP-variant strip below the bars
-    variants = [b["tp_variant"] for b in blocks]
+    variants = [b.tp_variant for b in blocks]
     variant_names = sorted(set(variants))
     for first, last, var in runs(variants):
         face = VARIANT_COLORS(variant_names.index(var) % 8)
@@ -137,12 +139,10 @@ def blocks_figure(plan: dict[str, Any]) -> Figure:
         strip.set_xticks(xs)
         strip.set_xticklabels(names, rotation=0 if flat else 90, va="top", fontsize=7.5)
     else:
-        class_runs = runs([b["class"] for b in blocks])
+        class_runs = runs([b.block_class for b in blocks])
         ticks = [(first + last) / 2 for first, last, _ in class_runs]
         labels = [
-            f"{blocks[first]['name']} … {blocks[last]['name']}"
-            if last > first
-            else blocks[first]["name"]
+            f"{blocks[first].name} … {blocks[last].name}" if last > first else blocks[first].name
             for first, last, _ in class_runs
         ]
         keep = keep_apart([(t + 0.5) * inch_per_block for t in ticks], labels, 7.5)
@@ -164,7 +164,7 @@ def blocks_figure(plan: dict[str, Any]) -> Figure:
     if pp > 8:
         handles.append(Patch(color="white", label=f"… {pp} ranks"))
     for mode in ("selective", "full"):
-        if any(b["recompute"] == mode for b in blocks):
+        if any(b.recompute == mode for b in blocks):
             handles.append(
                 Patch(
                     facecolor="white",
@@ -174,7 +174,7 @@ def blocks_figure(plan: dict[str, Any]) -> Figure:
                 )
             )
     if offl:
-        kinds = sorted({blocks[i]["offload"] for i in offl})
+        kinds = sorted({blocks[i].offload for i in offl})
         handles.append(
             plt.Line2D(
                 [], [], marker="v", color="black", ls="", label="offload " + ", ".join(kinds)

@@ -7,12 +7,11 @@ a plan would be with more memory.
 
 from __future__ import annotations
 
-from typing import Any
-
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
 from planner.report.style import GIB, time_unit
+from planner.schema import Plan
 
 
 def pareto_front(points: list[tuple[float, float]]) -> list[int]:
@@ -28,18 +27,21 @@ def pareto_front(points: list[tuple[float, float]]) -> list[int]:
     return front
 
 
-def candidates_figure(plan: dict[str, Any]) -> Figure:
-    cands = plan["solver"]["candidates"]
-    cap = plan["predicted"]["capacity_bytes"] / GIB
-    scale, unit = time_unit(max((c["step_time_s"] for c in cands), default=1.0))
+def candidates_figure(plan: Plan) -> Figure:
+    """
+    Long because a figure's layout reads best top to bottom, panel by panel.
+    """
+    cands = plan.solver.candidates
+    cap = plan.predicted.capacity_bytes / GIB
+    scale, unit = time_unit(max((c.step_time_s for c in cands), default=1.0))
     fig, ax = plt.subplots(figsize=(9.0, 5.6))
     fig.subplots_adjust(left=0.1, right=0.97, top=0.86, bottom=0.11)
-    feas = [c for c in cands if c["feasible"]]
-    infeas = [c for c in cands if not c["feasible"]]
+    feas = [c for c in cands if c.feasible]
+    infeas = [c for c in cands if not c.feasible]
     if infeas:
         ax.scatter(
-            [c["peak_memory_bytes"] / GIB for c in infeas],
-            [c["step_time_s"] * scale for c in infeas],
+            [c.peak_memory_bytes / GIB for c in infeas],
+            [c.step_time_s * scale for c in infeas],
             marker="x",
             color="#b0b0b0",
             s=28,
@@ -48,15 +50,15 @@ def candidates_figure(plan: dict[str, Any]) -> Figure:
         )
     if feas:
         ax.scatter(
-            [c["peak_memory_bytes"] / GIB for c in feas],
-            [c["step_time_s"] * scale for c in feas],
+            [c.peak_memory_bytes / GIB for c in feas],
+            [c.step_time_s * scale for c in feas],
             color="#4c72b0",
             s=26,
             alpha=0.8,
             label=f"fits ({len(feas)})",
             gid="feasible",
         )
-        pts = [(c["peak_memory_bytes"] / GIB, c["step_time_s"] * scale) for c in feas]
+        pts = [(c.peak_memory_bytes / GIB, c.step_time_s * scale) for c in feas]
         front = [pts[i] for i in pareto_front(pts)]
         ax.step(
             [p[0] for p in front],
@@ -70,10 +72,10 @@ def candidates_figure(plan: dict[str, Any]) -> Figure:
             gid="pareto",
         )
     ax.axvline(cap, color="black", ls="--", lw=1, label=f"capacity {cap:,.1f} GiB")
-    chosen = [c for c in cands if c["chosen"]]
+    chosen = [c for c in cands if c.chosen]
     if chosen:
         c = chosen[0]
-        x, y = c["peak_memory_bytes"] / GIB, c["step_time_s"] * scale
+        x, y = c.peak_memory_bytes / GIB, c.step_time_s * scale
         ax.scatter(
             [x],
             [y],
@@ -86,7 +88,7 @@ def candidates_figure(plan: dict[str, Any]) -> Figure:
             gid="chosen",
         )
         ax.annotate(
-            c["label"],
+            c.label,
             (x, y),
             xytext=(0.5, 0.97),
             textcoords="axes fraction",
@@ -96,7 +98,7 @@ def candidates_figure(plan: dict[str, Any]) -> Figure:
             bbox=dict(boxstyle="round", fc="white", ec="#e6550d"),
             arrowprops=dict(arrowstyle="->", color="#e6550d", lw=1),
         )
-    times = [c["step_time_s"] * scale for c in cands]
+    times = [c.step_time_s * scale for c in cands]
     if times and min(times) > 0 and max(times) / min(times) > 30:
         ax.set_yscale("log")
         ax.set_ylim(min(times) / 1.5, max(times) * 4)
@@ -105,15 +107,15 @@ def candidates_figure(plan: dict[str, Any]) -> Figure:
         span = max(hi - lo, 0.02 * hi)
         bottom = 0.0 if lo < 0.3 * hi else max(0.0, lo - 0.4 * span)
         ax.set_ylim(bottom, hi + 0.6 * span)
-    ax.set_xlim(0, max([cap] + [c["peak_memory_bytes"] / GIB for c in cands]) * 1.05)
+    ax.set_xlim(0, max([cap] + [c.peak_memory_bytes / GIB for c in cands]) * 1.05)
     ax.set_xlabel("predicted peak memory per device (GiB)")
     ax.set_ylabel(f"predicted step time ({unit})")
     ax.grid(alpha=0.3)
     fig.legend(loc="upper center", bbox_to_anchor=(0.5, 0.935), ncol=5)
-    sol = plan["solver"]
+    sol = plan.solver
     fig.suptitle(
-        f"Candidates: {len(cands)} solved of {sol['candidates_total']} "
-        f"({sol['candidates_pruned']} pruned by bounds)",
+        f"Candidates: {len(cands)} solved of {sol.candidates_total} "
+        f"({sol.candidates_pruned} pruned by bounds)",
         fontsize=12,
         fontweight="bold",
     )

@@ -8,15 +8,17 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from planner.schema import Plan
+
 
 def cp_label(mesh: dict) -> str:
     """ " cp=N" when each sequence is split over N ranks (nothing otherwise)."""
-    return f" cp={mesh['cp']}" if mesh.get("cp", 1) > 1 else ""
+    return f" cp={mesh.cp}" if mesh.cp > 1 else ""
 
 
 def ep_label(mesh: dict) -> str:
     """ " ep=N" when experts are spread over N data-parallel ranks (nothing otherwise)."""
-    return f" ep={mesh['ep']}" if mesh.get("ep", 1) > 1 else ""
+    return f" ep={mesh.ep}" if mesh.ep > 1 else ""
 
 
 def console(quiet: bool = False) -> Console:
@@ -116,66 +118,66 @@ class Progress:
             self._status.__exit__(None, None, None)
 
 
-def print_plan(plan: dict[str, Any], written: list, quiet: bool = False) -> None:
+def print_plan(plan: Plan, written: list, quiet: bool = False) -> None:
     """The terminal summary of a plan: one line, the stage table, the prediction, the
     alternatives and where the files are."""
     out = console(quiet)
-    mesh, pred, sol = plan["mesh"], plan["predicted"], plan["solver"]
-    cl = plan["cluster"]
-    sched = plan["schedule"] if mesh["pp"] > 1 else "no pipeline"
-    if plan["schedule"] == "interleaved_1f1b":
-        sched += f" x{plan['virtual_stages']}"
+    mesh, pred, sol = plan.mesh, plan.predicted, plan.solver
+    cl = plan.cluster
+    sched = plan.schedule if mesh.pp > 1 else "no pipeline"
+    if plan.schedule == "interleaved_1f1b":
+        sched += f" x{plan.virtual_stages}"
     out.print(
-        f"[bold]plan[/bold] pp={mesh['pp']} dp={mesh['dp']}{ep_label(mesh)}{cp_label(mesh)} "
-        f"tp={mesh['tp']} on "
-        f"{cl['gpus']} x {cl['profile']} ({cl['nodes']} node{'s' * (cl['nodes'] > 1)})  ·  "
-        f"global batch {plan['global_batch_size']} = {mesh['dp']} x "
-        f"{plan['micro_batch_size']} x {plan['num_microbatches']} micro-batches  ·  {sched}  ·  "
-        f"ZeRO-{plan['zero_stage']}  ·  {plan['dtype']}"
+        f"[bold]plan[/bold] pp={mesh.pp} dp={mesh.dp}{ep_label(mesh)}{cp_label(mesh)} "
+        f"tp={mesh.tp} on "
+        f"{cl.gpus} x {cl.profile} ({cl.nodes} node{'s' * (cl.nodes > 1)})  ·  "
+        f"global batch {plan.global_batch_size} = {mesh.dp} x "
+        f"{plan.micro_batch_size} x {plan.num_microbatches} micro-batches  ·  {sched}  ·  "
+        f"ZeRO-{plan.zero_stage}  ·  {plan.dtype}"
     )
-    blocks = {b["name"]: b for b in plan["blocks"]}
+    blocks = {b.name: b for b in plan.blocks}
     table = Table(title="stages")
     for col in ("stage", "blocks", "ranks", "compute/mb", "comm/mb", "memory / capacity"):
         table.add_column(col, justify="right" if col != "blocks" else "left")
-    cap = pred["capacity_bytes"]
-    for st in plan["stages"]:
-        names = st["blocks"]
+    cap = pred.capacity_bytes
+    for st in plan.stages:
+        names = st.blocks
         shown = names[0] if len(names) == 1 else f"{names[0]} … {names[-1]} ({len(names)})"
-        modes = sorted({blocks[n]["recompute"] for n in names} - {"none"})
-        offl = sorted({blocks[n]["offload"] for n in names} - {"none"})
+        modes = sorted({blocks[n].recompute for n in names} - {"none"})
+        offl = sorted({blocks[n].offload for n in names} - {"none"})
         extra = "".join(f" [recompute {m}]" for m in modes) + "".join(
             f" [offload {o}]" for o in offl
         )
-        ranks = st["ranks"]
+        ranks = st.ranks
         rank_text = f"{ranks[0]}–{ranks[-1]}" if len(ranks) > 1 else str(ranks[0])
-        mem = pred["memory_per_stage"][st["pp_rank"]]["total"]
+        mem = pred.memory_per_stage[st.pp_rank].total
         table.add_row(
-            str(st["index"]),
+            str(st.index),
             shown + extra,
             rank_text,
-            human_time(st["compute_s"]),
-            human_time(st["tp_comm_s"] + st["p2p_s"]),
+            human_time(st.compute_s),
+            human_time(st.tp_comm_s + st.p2p_s),
             f"{human_bytes(mem)} / {human_bytes(cap)}",
         )
     out.print(table)
     out.print(
-        f"predicted step {human_time(pred['step_time_s'])}  ·  "
-        f"{pred['samples_per_s']:,.1f} samples/s  ·  {pred['tokens_per_s']:,.0f} tokens/s  ·  "
-        f"MFU {pred['mfu']:.1%}  ·  peak memory {human_bytes(pred['peak_memory_bytes'])}"
+        f"predicted step {human_time(pred.step_time_s)}  ·  "
+        f"{pred.samples_per_s:,.1f} samples/s  ·  {pred.tokens_per_s:,.0f} tokens/s  ·  "
+        f"MFU {pred.mfu:.1%}  ·  peak memory {human_bytes(pred.peak_memory_bytes)}"
     )
-    alts = [a for a in sol["alternatives"] if a["why_not"] != "chosen"][:6]
+    alts = [a for a in sol.alternatives if a.why_not != "chosen"][:6]
     if alts:
         t = Table(title="alternatives")
         for col in ("layout", "step", "peak memory", "why not"):
             t.add_column(col)
         for a in alts:
-            step = human_time(a["step_time_s"]) if a["step_time_s"] else "—"
-            mem = human_bytes(a["peak_memory_bytes"]) if a["peak_memory_bytes"] else "—"
-            t.add_row(a.get("baseline", a["label"]), step, mem, a["why_not"])
+            step = human_time(a.step_time_s) if a.step_time_s else "—"
+            mem = human_bytes(a.peak_memory_bytes) if a.peak_memory_bytes else "—"
+            t.add_row(a.baseline, step, mem, a.why_not)
         out.print(t)
     out.print(
-        f"solver: {sol['candidates_solved']} of {sol['candidates_total']} candidates solved "
-        f"({sol['candidates_pruned']} pruned by bounds) in {sol['solve_time_s']:.2f} s"
+        f"solver: {sol.candidates_solved} of {sol.candidates_total} candidates solved "
+        f"({sol.candidates_pruned} pruned by bounds) in {sol.solve_time_s:.2f} s"
     )
     if len(written) <= 2:
         for path in written:

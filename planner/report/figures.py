@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable
-from typing import Any
 
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
@@ -18,8 +17,9 @@ from planner.report.candidates import candidates_figure
 from planner.report.memory import memory_figure
 from planner.report.placement import placement_figure
 from planner.report.timeline import timeline_figure
+from planner.schema import Plan
 
-FIGURES: dict[str, Callable[[dict[str, Any]], Figure]] = {
+FIGURES: dict[str, Callable[[Plan], Figure]] = {
     "placement": placement_figure,
     "blocks": blocks_figure,
     "memory": memory_figure,
@@ -42,7 +42,7 @@ CAPTIONS = {
 PNG_DPI = 110
 
 
-def build_figures(plan: dict[str, Any]) -> dict[str, Figure]:
+def build_figures(plan: Plan) -> dict[str, Figure]:
     """All five figures of ``plan``, by name, in the order the report shows them."""
     return {name: build(plan) for name, build in FIGURES.items()}
 
@@ -55,7 +55,7 @@ def render(fig: Figure, fmt: str) -> bytes:
     return buf.getvalue()
 
 
-def render_all(plan: dict[str, Any]) -> dict[str, dict[str, bytes]]:
+def render_all(plan: Plan) -> dict[str, dict[str, bytes]]:
     """{name: {"png": bytes, "svg": bytes}} for the five figures; figures are closed after."""
     out: dict[str, dict[str, bytes]] = {}
     for name, build in FIGURES.items():

@@ -15,6 +15,7 @@ from typing import Any
 
 from planner.report.console import cp_label, ep_label, human_bytes, human_count, human_time
 from planner.report.figures import CAPTIONS
+from planner.schema import Plan
 
 ACCENT = "#6a1b9a"  # the bar left of each figure; tests find figures on a screenshot by it
 
@@ -63,36 +64,36 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], numeric: set[in
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
-def schedule_text(plan: Mapping[str, Any]) -> str:
-    if plan["mesh"]["pp"] == 1:
+def schedule_text(plan: Plan) -> str:
+    if plan.mesh.pp == 1:
         return "no pipeline"
-    if plan["schedule"] == "interleaved_1f1b":
-        return f"interleaved 1F1B × {plan['virtual_stages']}"
-    return {"gpipe": "GPipe", "1f1b": "1F1B"}[plan["schedule"]]
+    if plan.schedule == "interleaved_1f1b":
+        return f"interleaved 1F1B × {plan.virtual_stages}"
+    return {"gpipe": "GPipe", "1f1b": "1F1B"}[plan.schedule]
 
 
-def summary_line(plan: Mapping[str, Any]) -> str:
-    mesh, cl = plan["mesh"], plan["cluster"]
+def summary_line(plan: Plan) -> str:
+    mesh, cl = plan.mesh, plan.cluster
     return (
-        f"pp={mesh['pp']} dp={mesh['dp']}{ep_label(mesh)}{cp_label(mesh)} tp={mesh['tp']} "
-        f"on {cl['gpus']} × {cl['profile']} "
-        f"({cl['nodes']} node{'s' * (cl['nodes'] > 1)})  ·  global batch "
-        f"{plan['global_batch_size']} = {mesh['dp']} × {plan['micro_batch_size']} × "
-        f"{plan['num_microbatches']} micro-batches  ·  {schedule_text(plan)}  ·  "
-        f"ZeRO-{plan['zero_stage']}  ·  {plan['dtype']}  ·  {plan['optimizer']}"
+        f"pp={mesh.pp} dp={mesh.dp}{ep_label(mesh)}{cp_label(mesh)} tp={mesh.tp} "
+        f"on {cl.gpus} × {cl.profile} "
+        f"({cl.nodes} node{'s' * (cl.nodes > 1)})  ·  global batch "
+        f"{plan.global_batch_size} = {mesh.dp} × {plan.micro_batch_size} × "
+        f"{plan.num_microbatches} micro-batches  ·  {schedule_text(plan)}  ·  "
+        f"ZeRO-{plan.zero_stage}  ·  {plan.dtype}  ·  {plan.optimizer}"
     )
 
 
-def _facts(plan: Mapping[str, Any]) -> str:
-    pred = plan["predicted"]
+def _facts(plan: Plan) -> str:
+    pred = plan.predicted
     items = [
-        (human_time(pred["step_time_s"]), "predicted step"),
-        (f"{pred['samples_per_s']:,.1f}", "samples / s"),
-        (f"{pred['tokens_per_s']:,.0f}", "tokens / s"),
-        (f"{pred['mfu']:.1%}", "model FLOPs utilization"),
+        (human_time(pred.step_time_s), "predicted step"),
+        (f"{pred.samples_per_s:,.1f}", "samples / s"),
+        (f"{pred.tokens_per_s:,.0f}", "tokens / s"),
+        (f"{pred.mfu:.1%}", "model FLOPs utilization"),
         (
-            f"{human_bytes(pred['peak_memory_bytes'])}",
-            f"peak memory of {human_bytes(pred['capacity_bytes'])}",
+            f"{human_bytes(pred.peak_memory_bytes)}",
+            f"peak memory of {human_bytes(pred.capacity_bytes)}",
         ),
     ]
     return (
@@ -115,27 +116,27 @@ def _figures(images: Mapping[str, bytes]) -> str:
     return "\n".join(out)
 
 
-def _stages(plan: Mapping[str, Any]) -> str:
-    mem = plan["predicted"]["memory_per_stage"]
+def _stages(plan: Plan) -> str:
+    mem = plan.predicted.memory_per_stage
     rows = []
-    for st in plan["stages"]:
-        names, ranks = st["blocks"], st["ranks"]
+    for st in plan.stages:
+        names, ranks = st.blocks, st.ranks
         shown = names[0] if len(names) == 1 else f"{names[0]} … {names[-1]} ({len(names)})"
         rows.append(
             [
-                st["index"],
-                st["pp_rank"],
+                st.index,
+                st.pp_rank,
                 shown if names else "—",
                 f"{ranks[0]}–{ranks[-1]}" if len(ranks) > 1 else ranks[0],
-                human_time(st["forward_s"]),
-                human_time(st["backward_s"]),
-                human_time(st["tp_comm_s"]),
-                human_time(st["p2p_s"]),
-                f"{human_time(st['dp_comm_s'])} ({human_time(st['dp_exposed_s'])})",
-                human_time(st["optimizer_s"]),
-                human_time(st["offload_s"]),
-                st["inflight_microbatches"],
-                human_bytes(mem[st["pp_rank"]]["total"]),
+                human_time(st.forward_s),
+                human_time(st.backward_s),
+                human_time(st.tp_comm_s),
+                human_time(st.p2p_s),
+                f"{human_time(st.dp_comm_s)} ({human_time(st.dp_exposed_s)})",
+                human_time(st.optimizer_s),
+                human_time(st.offload_s),
+                st.inflight_microbatches,
+                human_bytes(mem[st.pp_rank].total),
             ]
         )
     headers = [
@@ -156,22 +157,22 @@ def _stages(plan: Mapping[str, Any]) -> str:
     return table(headers, rows, set(range(4, 13)) | {0, 1})
 
 
-def _blocks(plan: Mapping[str, Any]) -> str:
+def _blocks(plan: Plan) -> str:
     rows = [
         [
             i,
-            b["name"],
-            b["class"],
-            b["stage"],
-            human_count(b.get("params", 0)),
-            b["tp_variant"],
-            b["recompute"],
-            b["offload"],
-            human_time(b["time_per_microbatch_s"]),
-            human_bytes(b["activation_bytes_per_microbatch"]),
-            human_bytes(b["memory_bytes"]),
+            b.name,
+            b.block_class,
+            b.stage,
+            human_count(b.params),
+            b.tp_variant,
+            b.recompute,
+            b.offload,
+            human_time(b.time_per_microbatch_s),
+            human_bytes(b.activation_bytes_per_microbatch),
+            human_bytes(b.memory_bytes),
         ]
-        for i, b in enumerate(plan["blocks"])
+        for i, b in enumerate(plan.blocks)
     ]
     headers = [
         "#",
@@ -189,54 +190,54 @@ def _blocks(plan: Mapping[str, Any]) -> str:
     return table(headers, rows, {0, 3, 4, 8, 9, 10})
 
 
-def _alternatives(plan: Mapping[str, Any]) -> str:
+def _alternatives(plan: Plan) -> str:
     rows = []
-    for a in plan["solver"]["alternatives"]:
-        name = f"{a['baseline']}: {a['label']}" if a.get("baseline") else a["label"]
+    for a in plan.solver.alternatives:
+        name = f"{a.baseline}: {a.label}" if a.baseline else a.label
         rows.append(
             [
                 name,
-                human_time(a["step_time_s"]) if a.get("step_time_s") else "—",
-                human_bytes(a["peak_memory_bytes"]) if a.get("peak_memory_bytes") else "—",
-                {True: "yes", False: "no", None: "—"}[a.get("feasible")],
-                a.get("status", ""),
-                a["why_not"],
+                human_time(a.step_time_s) if a.step_time_s else "—",
+                human_bytes(a.peak_memory_bytes) if a.peak_memory_bytes else "—",
+                {True: "yes", False: "no", None: "—"}[a.feasible],
+                a.status,
+                a.why_not,
             ]
         )
     return table(["layout", "step", "peak memory", "fits", "status", "why not"], rows, {1, 2})
 
 
-def _facts_list(plan: Mapping[str, Any]) -> str:
-    model, cl, sol = plan["model"], plan["cluster"], plan["solver"]
-    args = ", ".join(f"{k}={v}" for k, v in sorted(model.get("args", {}).items())) or "none"
+def _facts_list(plan: Plan) -> str:
+    model, cl, sol = plan.model, plan.cluster, plan.solver
+    args = ", ".join(f"{k}={v}" for k, v in sorted(model.args.items())) or "none"
     items = [
-        ("model file", model["file"]),
+        ("model file", model.file),
         ("model arguments", args),
-        ("sha256", model["sha256"]),
-        ("parameters", f"{model.get('params', 0):,} ({human_count(model.get('params', 0))})"),
-        ("blocks", model.get("blocks", len(plan["blocks"]))),
-        ("traced by", model.get("trace", "—")),
-        ("cluster", f"{cl['nodes']} node(s) × {cl['gpus_per_node']} GPUs = {cl['gpus']}"),
-        ("device profile", cl["profile"]),
-        ("capacity per device", human_bytes(plan["predicted"]["capacity_bytes"])),
-        ("training", f"{plan['dtype']}, {plan['optimizer']}, lr {plan.get('lr', '—')}"),
+        ("sha256", model.sha256),
+        ("parameters", f"{model.params:,} ({human_count(model.params)})"),
+        ("blocks", model.blocks or len(plan.blocks)),
+        ("traced by", model.trace),
+        ("cluster", f"{cl.nodes} node(s) × {cl.gpus_per_node} GPUs = {cl.gpus}"),
+        ("device profile", cl.profile),
+        ("capacity per device", human_bytes(plan.predicted.capacity_bytes)),
+        ("training", f"{plan.dtype}, {plan.optimizer}, lr {plan.lr}"),
         ("rank order", "rank = (pp_i × dp + dp_i) × tp + tp_i"),
         (
             "solver",
-            f"{sol['status']}, {sol['candidates_solved']} of {sol['candidates_total']} "
-            f"candidates solved ({sol['candidates_pruned']} pruned by bounds) in "
-            f"{sol['solve_time_s']:.2f} s",
+            f"{sol.status}, {sol.candidates_solved} of {sol.candidates_total} "
+            f"candidates solved ({sol.candidates_pruned} pruned by bounds) in "
+            f"{sol.solve_time_s:.2f} s",
         ),
     ]
     return "<dl>" + "".join(f"<dt>{esc(k)}</dt><dd>{esc(v)}</dd>" for k, v in items) + "</dl>"
 
 
-def render_html(plan: Mapping[str, Any], images: Mapping[str, bytes], command: str) -> str:
+def render_html(plan: Plan, images: Mapping[str, bytes], command: str) -> str:
     """The page: summary, figures, stage / block / alternative tables, facts, command."""
-    model = plan["model"]
-    name = Path(model["file"]).name
-    args = " ".join(f"{k}={v}" for k, v in sorted(model.get("args", {}).items()))
-    title = f"meshplan: {name}{' ' + args if args else ''} on {plan['cluster']['gpus']} GPUs"
+    model = plan.model
+    name = Path(model.file).name
+    args = " ".join(f"{k}={v}" for k, v in sorted(model.args.items()))
+    title = f"meshplan: {name}{' ' + args if args else ''} on {plan.cluster.gpus} GPUs"
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>

@@ -7,20 +7,19 @@ the solver checked against ``capacity_bytes``.
 
 from __future__ import annotations
 
-from typing import Any
-
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
 from planner.report.style import GIB, MEMORY_COLORS, keep_apart
+from planner.schema import Plan
 
 PARTS = ("params", "grads", "optimizer", "activations", "other")
 
 
-def memory_figure(plan: dict[str, Any]) -> Figure:
-    pred = plan["predicted"]
-    per_rank = pred["memory_per_stage"]
-    cap = pred["capacity_bytes"]
+def memory_figure(plan: Plan) -> Figure:
+    pred = plan.predicted
+    per_rank = pred.memory_per_stage
+    cap = pred.capacity_bytes
     pp = len(per_rank)
     width = min(14.0, max(8.0, 0.45 * pp + 4))
     fig, ax = plt.subplots(figsize=(width, 5.0))
@@ -28,7 +27,7 @@ def memory_figure(plan: dict[str, Any]) -> Figure:
     xs = list(range(pp))
     bottom = [0.0] * pp
     for part in PARTS:
-        vals = [m[part] / GIB for m in per_rank]
+        vals = [getattr(m, part) / GIB for m in per_rank]
         bars = ax.bar(
             xs,
             vals,
@@ -52,7 +51,7 @@ def memory_figure(plan: dict[str, Any]) -> Figure:
     )
     inch_per_bar = ax.get_position().width * width / pp
     if pp <= 16:
-        labels = [f"{m['total'] / GIB:,.1f}" for m in per_rank]
+        labels = [f"{m.total / GIB:,.1f}" for m in per_rank]
         if all(len(t) * 8 * 0.62 / 72 < inch_per_bar for t in labels):
             for x, total, text in zip(xs, bottom, labels):
                 ax.text(
@@ -72,13 +71,13 @@ def memory_figure(plan: dict[str, Any]) -> Figure:
     ax.set_xlim(-0.6, pp - 0.4)
     ax.set_ylim(0, max(max(bottom), cap / GIB) * 1.12)
     ax.set_ylabel("device memory (GiB)")
-    v = plan["virtual_stages"]
+    v = plan.virtual_stages
     ax.set_xlabel("pipeline rank" + (f" (its {v} chunks summed)" if v > 1 else ""))
     ax.grid(axis="y", alpha=0.3)
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 0.9), title="per device")
-    peak = pred["peak_memory_bytes"]
+    peak = pred.peak_memory_bytes
     headroom = (cap - peak) / GIB
-    zero = plan["zero_stage"]
+    zero = plan.zero_stage
     fig.suptitle(
         f"Memory per device: peak {peak / GIB:,.1f} of {cap / GIB:,.1f} GiB "
         f"({headroom:,.1f} GiB free)",
@@ -88,8 +87,8 @@ def memory_figure(plan: dict[str, Any]) -> Figure:
     fig.text(
         0.5,
         0.905,
-        f"ZeRO-{zero}, dp {plan['mesh']['dp']}, {plan['dtype']} {plan['optimizer']}; activations "
-        f"for each rank's in-flight micro-batches ({plan['schedule']})",
+        f"ZeRO-{zero}, dp {plan.mesh.dp}, {plan.dtype} {plan.optimizer}; activations "
+        f"for each rank's in-flight micro-batches ({plan.schedule})",
         ha="center",
         fontsize=8.5,
     )

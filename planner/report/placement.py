@@ -9,13 +9,13 @@ it to show the layout inside a node.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyBboxPatch, Patch, Rectangle
 
 from planner.report.style import coords, replicas, runs, span_text, stage_colors, text_color
+from planner.schema import Plan
 
 DETAIL_NODES = 16
 DP_STRIPE = plt.get_cmap("Set2")
@@ -23,11 +23,11 @@ SEP = "  ·  "
 SUBTITLE_LINE_IN = 0.17  # one 8.5 pt line of the subtitle, in inches
 
 
-def group_facts(plan: dict[str, Any]) -> str:
+def group_facts(plan: Plan) -> str:
     """One line on where the TP and DP groups and the stages fall, for the subtitle."""
-    mesh, cl = plan["mesh"], plan["cluster"]
-    gpn = cl["gpus_per_node"]
-    pp, dp, tp = mesh["pp"], replicas(mesh), mesh["tp"]
+    mesh, cl = plan.mesh, plan.cluster
+    gpn = cl.gpus_per_node
+    pp, dp, tp = mesh.pp, replicas(mesh), mesh.tp
     parts = [f"{pp} stage{'s' * (pp > 1)} of {dp * tp} GPUs"]
     if tp > 1:
         where = "inside a node" if tp <= gpn and gpn % tp == 0 else "across nodes"
@@ -37,13 +37,13 @@ def group_facts(plan: dict[str, Any]) -> str:
         nodes = len({r // gpn for r in first})
         where = "inside one node" if nodes == 1 else f"across {nodes} nodes"
         stride = f" at stride {tp}" if tp > 1 else ""
-        kind = "DP x CP" if mesh.get("cp", 1) > 1 else "DP"
+        kind = "DP x CP" if mesh.cp > 1 else "DP"
         parts.append(f"{kind} groups: {dp} GPUs{stride}, {where}")
     return SEP.join(parts)
 
 
-def _gpu_cell(ax, x: float, y: float, rank: int, plan: dict, colors: list[str], fs: float):
-    mesh = plan["mesh"]
+def _gpu_cell(ax, x: float, y: float, rank: int, plan: Plan, colors: list[str], fs: float):
+    mesh = plan.mesh
     pp_i, dp_i, tp_i = coords(rank, mesh)
     face = colors[pp_i]
     cell = Rectangle((x + 0.05, y + 0.08), 0.9, 0.84, facecolor=face, edgecolor="white", lw=0.5)
@@ -69,7 +69,7 @@ def _gpu_cell(ax, x: float, y: float, rank: int, plan: dict, colors: list[str], 
         fontsize=fs * 0.85,
         color=ink,
     )
-    if mesh["tp"] > 1 and replicas(mesh) > 1:
+    if mesh.tp > 1 and replicas(mesh) > 1:
         stripe = Rectangle((x + 0.05, y + 0.08), 0.9, 0.1, facecolor=DP_STRIPE(tp_i % 8), lw=0)
         stripe.set_gid("dp-stripe")
         ax.add_patch(stripe)
@@ -99,14 +99,14 @@ def _tp_outlines(ax, ranks_by_pos: dict[int, tuple[float, float]], tp: int, gpus
             ax.add_patch(box)
 
 
-def _detail(ax, plan: dict, ranks: list[int], colors: list[str], per_row: int, fs: float) -> None:
+def _detail(ax, plan: Plan, ranks: list[int], colors: list[str], per_row: int, fs: float) -> None:
     pos: dict[int, tuple[float, float]] = {}
     rows = math.ceil(len(ranks) / per_row)
     for k, rank in enumerate(ranks):
         x, y = k % per_row, rows - 1 - k // per_row
         pos[rank] = (x, y)
         _gpu_cell(ax, x, y, rank, plan, colors, fs)
-    _tp_outlines(ax, pos, plan["mesh"]["tp"], plan["cluster"]["gpus"])
+    _tp_outlines(ax, pos, plan.mesh.tp, plan.cluster.gpus)
     ax.set_xlim(-0.05, per_row + 0.05)
     ax.set_ylim(-0.05, rows + 0.05)
     ax.set_aspect("equal")
@@ -116,13 +116,13 @@ def _detail(ax, plan: dict, ranks: list[int], colors: list[str], per_row: int, f
         ax.spines[side].set_visible(False)
 
 
-def _legend(fig: Figure, plan: dict, colors: list[str], y: float) -> None:
+def _legend(fig: Figure, plan: Plan, colors: list[str], y: float) -> None:
     """One entry per stage with its ranks (at most 16, then a summary entry)."""
-    mesh = plan["mesh"]
-    size = replicas(mesh) * mesh["tp"]
-    gpn = plan["cluster"]["gpus_per_node"]
+    mesh = plan.mesh
+    size = replicas(mesh) * mesh.tp
+    gpn = plan.cluster.gpus_per_node
     handles = []
-    shown = list(range(mesh["pp"]))
+    shown = list(range(mesh.pp))
     if len(shown) > 16:
         shown = shown[:8] + shown[-7:]
     for i in shown:
@@ -132,11 +132,11 @@ def _legend(fig: Figure, plan: dict, colors: list[str], y: float) -> None:
         handles.append(
             Patch(color=colors[i], label=f"stage {i}: ranks {span_text(first, last)}, {where}")
         )
-        if len(shown) < mesh["pp"] and i == 7:
-            handles.append(Patch(color="white", label=f"… {mesh['pp'] - 15} more stages …"))
-    if mesh["tp"] > 1:
+        if len(shown) < mesh.pp and i == 7:
+            handles.append(Patch(color="white", label=f"… {mesh.pp - 15} more stages …"))
+    if mesh.tp > 1:
         handles.append(Patch(facecolor="none", edgecolor="#222222", lw=1.8, label="TP group"))
-    if mesh["tp"] > 1 and replicas(mesh) > 1:
+    if mesh.tp > 1 and replicas(mesh) > 1:
         handles.append(Patch(color=DP_STRIPE(0), label="DP group: same stripe colour in a stage"))
     ncol = min(4, max(1, len(handles)))
     fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, y), ncol=ncol)
@@ -155,20 +155,20 @@ def _wrap(facts: list[str], width_in: float) -> str:
     return "\n".join(lines)
 
 
-def placement_figure(plan: dict[str, Any]) -> Figure:
+def placement_figure(plan: Plan) -> Figure:
     """The cluster as nodes x GPUs, coloured by pipeline stage, with TP and DP groups."""
-    mesh, cl = plan["mesh"], plan["cluster"]
-    nodes, gpn, gpus = cl["nodes"], cl["gpus_per_node"], cl["gpus"]
-    colors = stage_colors(mesh["pp"])
+    mesh, cl = plan.mesh, plan.cluster
+    nodes, gpn, gpus = cl.nodes, cl.gpus_per_node, cl.gpus
+    colors = stage_colors(mesh.pp)
     title = (
-        f"Placement: pp {mesh['pp']} × dp {mesh['dp']}"
-        + (f" × cp {mesh['cp']}" if mesh.get("cp", 1) > 1 else "")
-        + f" × tp {mesh['tp']} on {nodes} "
-        f"node{'s' * (nodes > 1)} × {gpn} {cl['profile']} GPUs"
+        f"Placement: pp {mesh.pp} × dp {mesh.dp}"
+        + (f" × cp {mesh.cp}" if mesh.cp > 1 else "")
+        + f" × tp {mesh.tp} on {nodes} "
+        f"node{'s' * (nodes > 1)} × {gpn} {cl.profile} GPUs"
     )
     facts = ["cell: rank r and its (pp, dp, tp) coordinate", *group_facts(plan).split(SEP)]
     per_row = min(gpn, 16)
-    legend_rows = math.ceil((min(mesh["pp"], 16) + 2) / 4)
+    legend_rows = math.ceil((min(mesh.pp, 16) + 2) / 4)
     if nodes <= DETAIL_NODES:
         rows = math.ceil(gpus / per_row)
         width = max(8.0, 1.0 * per_row + 1.5)
@@ -223,13 +223,13 @@ def placement_figure(plan: dict[str, Any]) -> Figure:
     return fig
 
 
-def _node_grid(ax, plan: dict, colors: list[str], cols: int, rows: int) -> None:
+def _node_grid(ax, plan: Plan, colors: list[str], cols: int, rows: int) -> None:
     """Every node as a cell of gpus_per_node thin slices, coloured by each GPU's stage."""
-    mesh, cl = plan["mesh"], plan["cluster"]
-    gpn = cl["gpus_per_node"]
-    for node in range(cl["nodes"]):
+    mesh, cl = plan.mesh, plan.cluster
+    gpn = cl.gpus_per_node
+    for node in range(cl.nodes):
         x0, y0 = node % cols, rows - 1 - node // cols
-        present = [node * gpn + g for g in range(gpn) if node * gpn + g < cl["gpus"]]
+        present = [node * gpn + g for g in range(gpn) if node * gpn + g < cl.gpus]
         stages = [coords(r, mesh)[0] for r in present]
         for first, last, stage in runs(stages):  # one patch per run: no seams between slices
             cell = Rectangle(
@@ -259,7 +259,7 @@ def _node_grid(ax, plan: dict, colors: list[str], cols: int, rows: int) -> None:
     ax.set_xticks([])
     ax.set_yticks([(rows - 1 - r) + 0.5 for r in range(rows)])
     ax.set_yticklabels(
-        [f"nodes {span_text(r * cols, min((r + 1) * cols, cl['nodes']) - 1)}" for r in range(rows)],
+        [f"nodes {span_text(r * cols, min((r + 1) * cols, cl.nodes) - 1)}" for r in range(rows)],
         fontsize=7.5,
     )
     ax.tick_params(length=0)

@@ -14,6 +14,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.colors import to_hex  # noqa: E402
 
+from planner.schema import Mesh  # noqa: E402
+
 GIB = 2**30
 BASE_FONT = 9
 
@@ -99,20 +101,19 @@ def time_unit(seconds: float) -> tuple[float, str]:
     return 1e6, "µs"
 
 
-def replicas(mesh: dict[str, int]) -> int:
+def replicas(mesh: Mesh) -> int:
     """Copies of each weight in a stage: data-parallel times context-parallel ranks."""
-    return mesh["dp"] * mesh.get("cp", 1)
+    return mesh.replicas
 
 
-def stage_of_rank(rank: int, mesh: dict[str, int]) -> int:
-    return rank // (replicas(mesh) * mesh["tp"])
+def stage_of_rank(rank: int, mesh: Mesh) -> int:
+    return mesh.coords(rank)[0]
 
 
-def coords(rank: int, mesh: dict[str, int]) -> tuple[int, int, int]:
-    """(pp, replica, tp) of a global rank: rank = (pp_i * R + r_i) * tp + tp_i, with R = dp * cp
-    replicas and r_i = dp_i * cp + cp_i (r_i = dp_i without context parallelism)."""
-    dp, tp = replicas(mesh), mesh["tp"]
-    return rank // (dp * tp), (rank // tp) % dp, rank % tp
+def coords(rank: int, mesh: Mesh) -> tuple[int, int, int]:
+    """(pp, replica, tp) of a global rank, replica = dp_i * cp + cp_i (``Mesh.rank``)."""
+    pp_i, dp_i, cp_i, tp_i = mesh.coords(rank)
+    return pp_i, dp_i * mesh.cp + cp_i, tp_i
 
 
 def text_width_in(text: str, fontsize: float) -> float:

@@ -10,7 +10,6 @@ drawn (the title says how many) and a bar below gives the whole step as the cost
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
 import matplotlib.pyplot as plt
 from matplotlib.collections import PatchCollection
@@ -20,46 +19,47 @@ from matplotlib.ticker import MaxNLocator
 
 from planner.report.schedule import Box, compress, simulate, steady_cuts
 from planner.report.style import TIME_COLORS, keep_apart, text_width_in, time_unit
+from planner.schema import Plan
 
 
-def step_boxes(plan: dict[str, Any], m: int | None = None) -> list[Box]:
+def step_boxes(plan: Plan, m: int | None = None) -> list[Box]:
     """The simulated schedule of ``plan`` with ``m`` micro-batches (default: the plan's)."""
-    stages = plan["stages"]
-    pp, v = plan["mesh"]["pp"], plan["virtual_stages"]
+    stages = plan.stages
+    pp, v = plan.mesh.pp, plan.virtual_stages
     return simulate(
         schedule_of(plan),
-        [st["forward_s"] for st in stages],
-        [st["backward_s"] for st in stages],
+        [st.forward_s for st in stages],
+        [st.backward_s for st in stages],
         pp,
-        plan["num_microbatches"] if m is None else m,
+        plan.num_microbatches if m is None else m,
         v,
     )
 
 
-def schedule_of(plan: dict[str, Any]) -> str:
-    return plan["schedule"] if plan["mesh"]["pp"] > 1 else "1f1b"
+def schedule_of(plan: Plan) -> str:
+    return plan.schedule if plan.mesh.pp > 1 else "1f1b"
 
 
-def tail_parts(plan: dict[str, Any], rank: int) -> list[tuple[str, float]]:
+def tail_parts(plan: Plan, rank: int) -> list[tuple[str, float]]:
     """What a rank does after its last backward: exposed DP communication, optimizer, offload
     (summed over its chunks)."""
-    own = [st for st in plan["stages"] if st["pp_rank"] == rank]
+    own = [st for st in plan.stages if st.pp_rank == rank]
     return [
-        ("dp", sum(st["dp_exposed_s"] for st in own)),
-        ("optimizer", sum(st["optimizer_s"] for st in own)),
-        ("offload", sum(st["offload_s"] for st in own)),
+        ("dp", sum(st.dp_exposed_s for st in own)),
+        ("optimizer", sum(st.optimizer_s for st in own)),
+        ("offload", sum(st.offload_s for st in own)),
     ]
 
 
-def timeline_boxes(plan: dict[str, Any]) -> list[Box]:
+def timeline_boxes(plan: Plan) -> list[Box]:
     """Every box of the step in true time: forward and backward bodies ("F", "B"), their
     point-to-point tails ("P"), and each rank's exposed DP communication, optimizer step and
     offload after its last backward ("dp", "optimizer", "offload")."""
-    stages = plan["stages"]
+    stages = plan.stages
     out: list[Box] = []
     ends: dict[int, float] = {}
     for b in step_boxes(plan):
-        tail = min(stages[b.stage]["p2p_s"] / 2, b.end - b.start)
+        tail = min(stages[b.stage].p2p_s / 2, b.end - b.start)
         out.append(replace(b, end=b.end - tail))
         if tail > 0:
             out.append(replace(b, kind="P", start=b.end - tail))
@@ -72,8 +72,11 @@ def timeline_boxes(plan: dict[str, Any]) -> list[Box]:
     return out
 
 
-def timeline_figure(plan: dict[str, Any]) -> Figure:
-    pp, v, m = plan["mesh"]["pp"], plan["virtual_stages"], plan["num_microbatches"]
+def timeline_figure(plan: Plan) -> Figure:
+    """
+    Long because a figure's layout reads best top to bottom, panel by panel.
+    """
+    pp, v, m = plan.mesh.pp, plan.virtual_stages, plan.num_microbatches
     true_boxes = timeline_boxes(plan)
     pipe_end = max(b.end for b in true_boxes if b.kind in "FBP")
     total = max(b.end for b in true_boxes)
@@ -83,8 +86,8 @@ def timeline_figure(plan: dict[str, Any]) -> Figure:
     gap = 0.05 * kept
     boxes, to_drawn = compress(true_boxes, cuts, gap)
     drawn_total = to_drawn(total)
-    pred = plan["predicted"]
-    scale, unit = time_unit(max(total, pred["step_time_s"]))
+    pred = plan.predicted
+    scale, unit = time_unit(max(total, pred.step_time_s))
     row_h = 0.45 if pp <= 8 else max(0.16, 3.6 / pp)
     width = 13.0
     height = 3.1 + row_h * pp
@@ -194,7 +197,7 @@ def timeline_figure(plan: dict[str, Any]) -> Figure:
     handles.append(Patch(color=TIME_COLORS["idle"], label="idle (bubble)"))
     fig.legend(handles=handles, loc="upper left", bbox_to_anchor=(right + 0.01, 1 - 0.8 / height))
     sched = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": f"interleaved 1F1B × {v}"}
-    name = sched[plan["schedule"]] if pp > 1 else "no pipeline"
+    name = sched[plan.schedule] if pp > 1 else "no pipeline"
     fig.suptitle(
         f"Timeline of one step: {name}, {pp} rank{'s' * (pp > 1)}, {m} micro-batch"
         f"{'es' * (m > 1)} per replica",
@@ -228,19 +231,19 @@ def _true_ticks(ax, cuts, to_drawn, total: float, scale: float, inch_per_s: floa
     ax.set_xticklabels([texts[i] for i in keep])
 
 
-def _breakdown(ax, plan: dict[str, Any], scale: float, unit: str) -> None:
+def _breakdown(ax, plan: Plan, scale: float, unit: str) -> None:
     """The whole step as the cost model prices it: work, bubble, exposed DP, optimizer, offload."""
-    pred = plan["predicted"]
-    pipeline = pred.get("pipeline_s", pred["step_time_s"])
-    bubble = pred.get("bubble_s", 0.0)
+    pred = plan.predicted
+    pipeline = pred.pipeline_s
+    bubble = pred.bubble_s
     parts = [
         ("forward + backward", pipeline - bubble, TIME_COLORS["backward"]),
         ("bubble", bubble, "#bdbdbd"),
-        ("exposed DP", pred.get("dp_exposed_s", 0.0), TIME_COLORS["dp"]),
-        ("optimizer", pred.get("optimizer_s", 0.0), TIME_COLORS["optimizer"]),
-        ("offload", pred.get("offload_s", 0.0), TIME_COLORS["offload"]),
+        ("exposed DP", pred.dp_exposed_s, TIME_COLORS["dp"]),
+        ("optimizer", pred.optimizer_s, TIME_COLORS["optimizer"]),
+        ("offload", pred.offload_s, TIME_COLORS["offload"]),
     ]
-    step = pred["step_time_s"]
+    step = pred.step_time_s
     width_in = ax.get_position().width * ax.figure.get_figwidth()
     x = 0.0
     for name, dur, color in parts:
@@ -260,7 +263,7 @@ def _breakdown(ax, plan: dict[str, Any], scale: float, unit: str) -> None:
     ax.tick_params(axis="y", length=0)
     ax.set_xlabel(
         f"predicted step {step * scale:,.1f} {unit}: bubble {bubble / step:.1%}, "
-        f"MFU {pred['mfu']:.1%}",
+        f"MFU {pred.mfu:.1%}",
         fontsize=8.5,
     )
     for side in ("left",):

@@ -1,4 +1,5 @@
-"""plan.json: the plan's schema, its JSON form, and the checks every loaded plan passes.
+"""plan.json: the plan's schema (typed records, ``planner.schema.plan``), the mesh that owns the
+rank formula (``planner.schema.mesh``), its JSON form, and the checks every loaded plan passes.
 
 This package is what the runtime and the report read; it imports neither torch nor the solver,
 so a torchrun worker reads a plan without loading either.
@@ -13,16 +14,52 @@ from typing import Any
 
 from planner.atomic import write_text_atomic
 from planner.errors import UserInputError
+from planner.schema.mesh import Mesh
+from planner.schema.plan import (
+    Alternative,
+    BlockPlan,
+    CandidatePoint,
+    ClusterInfo,
+    Memory,
+    ModelInfo,
+    Plan,
+    Prediction,
+    SchemaError,
+    SolverRecord,
+    StagePlan,
+)
 from planner.vocab import DTYPES, OFFLOAD, OPTIMIZERS, RECOMPUTE, SCHEDULES, TP_STYLES
+
+__all__ = [
+    "SCHEMA",
+    "Alternative",
+    "BlockPlan",
+    "CandidatePoint",
+    "ClusterInfo",
+    "Memory",
+    "Mesh",
+    "ModelInfo",
+    "Plan",
+    "Prediction",
+    "SolverRecord",
+    "StagePlan",
+    "dumps",
+    "load_plan",
+    "plan_from_dict",
+    "validate_plan",
+    "write_plan",
+]
 
 SCHEMA = "meshplan.plan/1"
 
 
-def dumps(plan: dict) -> str:
-    return json.dumps(plan, indent=2, sort_keys=True) + "\n"
+def dumps(plan: Plan | dict) -> str:
+    """plan.json's text: sorted keys, two-space indent, one trailing newline."""
+    data = plan.to_dict() if isinstance(plan, Plan) else plan
+    return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
 
-def write_plan(plan: dict, out_dir: Path) -> Path:
+def write_plan(plan: Plan | dict, out_dir: Path) -> Path:
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -57,7 +94,7 @@ REQUIRED = {
 }
 
 
-def load_plan(path: str | Path) -> dict:
+def load_plan(path: str | Path) -> Plan:
     """Read and validate a plan; every defect is a one-line UserInputError."""
     path = Path(path)
     try:
@@ -72,11 +109,23 @@ def load_plan(path: str | Path) -> dict:
         raise UserInputError(
             f"plan {path} is not valid JSON (line {exc.lineno}): {exc.msg}"
         ) from None
-    validate_plan(plan, str(path))
-    return plan
+    return plan_from_dict(plan, str(path))
+
+
+def plan_from_dict(data: Any, where: str = "(in memory)") -> Plan:
+    """A validated plan record from plan.json's dict."""
+    validate_plan(data, where)
+    try:
+        return Plan.from_dict(data)
+    except SchemaError as exc:
+        raise UserInputError(f"plan {where}: {exc}") from None
 
 
 def validate_plan(plan: Any, where: str) -> None:
+    """Every check a plan passes before anything reads it; each failure is one line saying
+    which field is wrong. A typed plan is checked as the JSON it writes."""
+    if isinstance(plan, Plan):
+        plan = plan.to_dict()
     if not isinstance(plan, dict):
         raise UserInputError(f"plan {where} is not a JSON object")
     schema = plan.get("schema")
@@ -87,6 +136,15 @@ def validate_plan(plan: Any, where: str) -> None:
     for key, kind in REQUIRED.items():
         if not isinstance(plan.get(key), kind) or isinstance(plan.get(key), bool):
             raise UserInputError(f"plan {where}: {key!r} is missing or not a {kind.__name__}")
+    _check_header(plan, where)
+    _check_blocks(plan, where)
+    _check_stages(plan, where)
+    _check_prediction(plan, where)
+    _check_report_fields(plan, where)
+
+
+def _check_header(plan: dict, where: str) -> None:
+    """The mesh, the model, the cluster, the batch sizes and the words of the plan."""
     mesh = plan["mesh"]
     for k in ("pp", "dp", "tp"):
         if not isinstance(mesh.get(k), int) or isinstance(mesh.get(k), bool) or mesh[k] < 1:
@@ -119,6 +177,11 @@ def validate_plan(plan: Any, where: str) -> None:
         raise UserInputError(f"plan {where}: zero_stage must be 0-3")
     if plan["dtype"] not in DTYPES or plan["optimizer"] not in OPTIMIZERS:
         raise UserInputError(f"plan {where}: unknown dtype or optimizer")
+
+
+def _check_blocks(plan: dict, where: str) -> None:
+    """Every block named once, with its modules, choices and stage, in stage order."""
+    mesh = plan["mesh"]
     n_stages = mesh["pp"] * plan["virtual_stages"]
     if len(plan["stages"]) != n_stages:
         raise UserInputError(f"plan {where}: expected {n_stages} stages")
@@ -147,7 +210,13 @@ def validate_plan(plan: Any, where: str) -> None:
     stages_of = [b["stage"] for b in plan["blocks"]]
     if stages_of != sorted(stages_of):
         raise UserInputError(f"plan {where}: blocks are not in stage order")
-    pp, dp, tp = mesh["pp"], mesh["dp"] * mesh["cp"], mesh["tp"]
+
+
+def _check_stages(plan: dict, where: str) -> None:
+    """Each stage lists its blocks, sits on pp rank index % pp, and names its ranks."""
+    mesh = plan["mesh"]
+    pp = mesh["pp"]
+    dims = Mesh(pp, mesh["dp"], mesh["tp"], mesh["ep"], mesh["cp"])
     for i, st in enumerate(plan["stages"]):
         if not isinstance(st, dict) or not isinstance(st.get("blocks"), list):
             raise UserInputError(f"plan {where}: stage {i} is malformed")
@@ -156,12 +225,16 @@ def validate_plan(plan: Any, where: str) -> None:
             raise UserInputError(f"plan {where}: stage {i} does not list its blocks {own}")
         if st.get("index") != i or st.get("pp_rank") != i % pp:
             raise UserInputError(f"plan {where}: stage {i} has a wrong index or pp_rank")
-        r = i % pp
-        want = [(r * dp + d) * tp + t for d in range(dp) for t in range(tp)]
+        want = dims.stage_ranks(i % pp)
         if st.get("ranks") != want:
             raise UserInputError(f"plan {where}: stage {i} ranks are not {want}")
         for key in ("forward_s", "backward_s"):
             _number(st, key, f"plan {where}: stage {i}")
+
+
+def _check_prediction(plan: dict, where: str) -> None:
+    """The learning rate, the model's arguments and the predicted numbers."""
+    model, pp = plan["model"], plan["mesh"]["pp"]
     if not isinstance(plan.get("lr", 3e-4), (int, float)) or not plan.get("lr", 3e-4) > 0:
         raise UserInputError(f"plan {where}: lr must be a positive number")
     if not isinstance(model.get("args", {}), dict):
@@ -175,6 +248,56 @@ def validate_plan(plan: Any, where: str) -> None:
     for mem in per_stage:
         for key in ("params", "grads", "optimizer", "activations", "other", "total"):
             _number(mem, key, f"plan {where}: predicted.memory_per_stage")
+
+
+STAGE_KEYS = ("tp_comm_s", "p2p_s", "dp_comm_s", "dp_exposed_s", "optimizer_s", "offload_s")
+BLOCK_KEYS = ("time_per_microbatch_s", "memory_bytes", "activation_bytes_per_microbatch")
+CANDIDATE_KEYS = ("step_time_s", "peak_memory_bytes")
+
+
+def _check_report_fields(plan: dict, where: str) -> None:
+    """What the report reads beyond what the runtime needs, so a hand-edited or truncated plan
+    is a one-line error rather than a traceback."""
+
+    def number(obj: object, key: str, what: str) -> None:
+        value = obj.get(key) if isinstance(obj, dict) else None
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:
+            raise UserInputError(f"plan {where}: {what} lacks a non-negative number {key!r}")
+
+    cl = plan["cluster"]
+    for key in ("nodes", "gpus_per_node"):
+        if not isinstance(cl.get(key), int) or cl[key] < 1:
+            raise UserInputError(f"plan {where}: cluster.{key} must be a positive integer")
+    if cl["nodes"] * cl["gpus_per_node"] < cl["gpus"]:
+        raise UserInputError(f"plan {where}: cluster has fewer GPUs than cluster.gpus")
+    for st in plan["stages"]:
+        for key in STAGE_KEYS:
+            number(st, key, f"stage {st.get('index')}")
+    for b in plan["blocks"]:
+        for key in BLOCK_KEYS:
+            number(b, key, f"block {b['name']!r}")
+        if not isinstance(b.get("tp_variant"), str) or not isinstance(b.get("class"), str):
+            raise UserInputError(f"plan {where}: block {b['name']!r} lacks tp_variant or class")
+    sol = plan["solver"]
+    cands, alts = sol.get("candidates"), sol.get("alternatives")
+    if not isinstance(cands, list) or not isinstance(alts, list):
+        raise UserInputError(f"plan {where}: solver.candidates or solver.alternatives is missing")
+    for c in cands:
+        for key in CANDIDATE_KEYS:
+            number(c, key, "a solver candidate")
+        if not isinstance(c.get("label"), str) or not isinstance(c.get("feasible"), bool):
+            raise UserInputError(f"plan {where}: a solver candidate lacks label or feasible")
+    for a in alts:
+        if (
+            not isinstance(a, dict)
+            or not isinstance(a.get("label"), str)
+            or not isinstance(a.get("why_not"), str)
+        ):
+            raise UserInputError(f"plan {where}: an alternative lacks label or why_not")
+    for key in ("samples_per_s", "tokens_per_s"):
+        number(plan["predicted"], key, "predicted")
+    for key in ("candidates_total", "candidates_solved", "candidates_pruned", "solve_time_s"):
+        number(sol, key, "solver")
 
 
 def _number(obj: Any, key: str, where: str) -> float:

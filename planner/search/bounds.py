@@ -23,7 +23,7 @@ from planner.search.stage_milp import GIB, StageProblem
 def _min_device_bytes(inp: CostInputs, zero: int, dp: int) -> float:
     """Sum over blocks of the least device memory (states + one micro-batch's activations) any
     allowed option needs; memoized on ``inp`` since hundreds of candidates share (zero, dp)."""
-    memo = inp.__dict__.setdefault("_min_device_bytes", {})
+    memo = inp.memo.setdefault("min_device_bytes", {})
     if (zero, dp) not in memo:
         per_list: dict[int, float] = {}
         total = 0.0
@@ -68,7 +68,11 @@ def relaxed_bound(sp: StageProblem, bound: float) -> float:
     the working-set terms and the DP exposure, which are all >= 0. Granularity cuts add what
     integrality forces: a segment of L blocks over J stages (p ranks) puts ceil(L / J)
     (ceil(L / p)) of them on one stage (rank). Every MILP solution is feasible here, so the LP
-    optimum is a valid lower bound, and costs milliseconds."""
+    optimum is a valid lower bound, and costs milliseconds.
+
+    Long because the LP's rows are assembled in one place, block by block, where their indices can
+    be checked against each other.
+    """
     from scipy.sparse import coo_matrix
 
     p, v, m = sp.pp, sp.v, sp.m

@@ -35,6 +35,7 @@ from planner.search.candidates import (
     enumerate_candidates,
     no_candidate_message,
 )
+from planner.search.memo import SearchMemo
 from planner.search.options import price_options
 from planner.search.problem import solve_candidate, stage_problem
 from planner.trace.blocks import Block
@@ -79,6 +80,7 @@ def search(
     variants_of: Callable[[Block, int], list],
     progress: Callable[..., None] | None = None,
     time_limit_s: float = MILP_TIME_LIMIT_S,
+    memo: SearchMemo | None = None,
 ) -> SearchResult:
     """``search_space`` without context parallelism first, then, when nothing fits, with it
     (or with it at once when ``--cp`` pins a degree).
@@ -87,21 +89,14 @@ def search(
     model prices a context-parallel plan like data parallelism over a fraction of a sample
     (each rank the same tokens, activations and gradient reduction, plus the key/value ring),
     an equivalence real kernels break at small per-rank token counts; and the larger space
-    costs seconds of solving at scale."""
+    costs seconds of solving at scale. ``memo``: what searches of one planning run share."""
+    memo = SearchMemo() if memo is None else memo
+    args = (graph, blocks, cluster, training)
     if pins.cp is None and attention_sequence(graph):
-        first = search_space(
-            graph,
-            blocks,
-            cluster,
-            training,
-            replace(pins, cp=1),
-            variants_of,
-            progress,
-            time_limit_s,
-        )
+        first = search_space(*args, replace(pins, cp=1), variants_of, progress, time_limit_s, memo)
         if first.best is not None:
             return first
-    return search_space(graph, blocks, cluster, training, pins, variants_of, progress, time_limit_s)
+    return search_space(*args, pins, variants_of, progress, time_limit_s, memo)
 
 
 def search_space(
@@ -113,12 +108,36 @@ def search_space(
     variants_of: Callable[[Block, int], list],
     progress: Callable[..., None] | None = None,
     time_limit_s: float = MILP_TIME_LIMIT_S,
+    memo: SearchMemo | None = None,
 ) -> SearchResult:
     """Every candidate, cheapest bound first; each is pruned by its bounds or solved exactly.
     A MILP that hits ``time_limit_s`` keeps its best placement and its proven bound, and the
     result's ``gap`` says how far from optimal the returned plan can be (0 = proven optimal)."""
     start = time.perf_counter()
     quiet_highs()  # before cvxpy builds its first HiGHS instance
+    cands = _candidates(graph, blocks, cluster, training, pins, variants_of)
+    memo = SearchMemo() if memo is None else memo
+    inputs = _price(graph, blocks, cluster, training, pins, variants_of, cands, progress, memo)
+    state = _Incumbent(inputs, time_limit_s, memo.structures)
+    order = _order(cands, training, pins, cluster)
+    state.first_pass(cands, order, pins, progress)
+    state.second_pass(cands, start)
+    best = state.best
+    if best is not None:
+        prefer_simpler(inputs[best.key], best)
+    return SearchResult(
+        best=best,
+        candidates=cands,
+        inputs=inputs,
+        solve_time_s=time.perf_counter() - start,
+        total=len(cands),
+        solved=state.done,
+        gap=state.gap(cands),
+    )
+
+
+def _candidates(graph, blocks, cluster, training, pins, variants_of) -> list[Candidate]:
+    """Every outer candidate the pins allow, or a one-line error saying why there is none."""
     gpus = cluster.gpus
     tp_degrees = [t for t in divisors(gpus) if _tp_useful(graph, blocks, t, variants_of)]
     check_ep_pin(blocks, pins)
@@ -132,29 +151,33 @@ def search_space(
     cands = enumerate_candidates(gpus, len(blocks), training, pins, tp_degrees, blocks, sequence)
     if not cands:
         raise UserInputError(no_candidate_message(gpus, training, pins, tp_degrees))
+    return cands
+
+
+def _price(graph, blocks, cluster, training, pins, variants_of, cands, progress, memo):
+    """Priced options per (TP, micro-batch, EP, CP), and each candidate's lower bounds."""
     traced_mbs = int(graph.graph["micro_batch_size"])
     inputs: dict[tuple[int, int, int, int], CostInputs] = {}
+    keys = len({d.key for d in cands})
     for c in cands:
-        key = c.key
-        if key not in inputs:
+        if c.key not in inputs:
             if progress:
-                progress("price", len(inputs), len({d.key for d in cands}))
+                progress("price", len(inputs), keys)
             opts = price_options(
-                graph,
-                blocks,
-                c.tp,
-                c.micro_batch_size,
-                cluster,
-                training,
-                pins,
-                variants_of,
-                c.ep,
-                c.cp,
-            )
-            inputs[key] = CostInputs(
+                graph, blocks, c.tp, c.micro_batch_size, cluster, training, pins, variants_of,
+                c.ep, c.cp, memo.priced,
+            )  # fmt: skip
+            inputs[c.key] = CostInputs(
                 blocks, opts, traced_mbs, cluster, training, pins.memory_fraction
             )
-        c.bound, c.min_memory = lower_bounds(inputs[key], c)
+        c.bound, c.min_memory = lower_bounds(inputs[c.key], c)
+    return inputs
+
+
+def _order(cands: list[Candidate], training, pins: Pins, cluster) -> list[Candidate]:
+    """Drop what is dominated or cannot fit, then cheapest bound first, with the one-stage
+    candidates (milliseconds each) up front to seed the incumbent: the many-stage MILPs that
+    follow then meet a tight cutoff. Order never changes the optimum."""
     capacity = cluster.profile.memory_bytes * pins.memory_fraction
     for c in cands:
         m = num_microbatches(training, c.dp, c.micro_batch_size)
@@ -166,84 +189,100 @@ def search_space(
         (c for c in cands if c.status == "pending"),
         key=lambda c: (c.bound, c.pp, c.tp, -c.micro_batch_size, c.zero, c.virtual_stages, c.ep),
     )
-    # Seed the incumbent with the cheapest MILPs first (no pipeline: one stage, milliseconds),
-    # so the many-stage MILPs that follow meet a tight cutoff. Order never changes the optimum.
     seeds = [c for c in order if c.pp * c.virtual_stages == 1][:SEED_CANDIDATES]
-    order = seeds + [c for c in order if c not in seeds]
-    best: Candidate | None = None
-    done = 0
-    band: list[float] = []  # bounds of what the tolerance left unproven
+    return seeds + [c for c in order if c not in seeds]
 
-    def solve(c: Candidate, limit: float) -> None:
+
+class _Incumbent:
+    """The best plan so far and what the search left unproven: the bounds of candidates the
+    tolerance pruned (``band``) and of MILPs stopped by their time limit."""
+
+    def __init__(self, inputs: dict, time_limit_s: float, structures: dict) -> None:
+        self.inputs = inputs
+        self.time_limit_s = time_limit_s
+        self.structures = structures
+        self.best: Candidate | None = None
+        self.band: list[float] = []
+        self.done = 0
+
+    def solve(self, c: Candidate, limit: float) -> None:
         """The candidate's MILP under the best plan's cutoff less the tolerance."""
+        best = self.best
         cutoff = best.cost.step_time_s * (1 - SEARCH_REL_TOL) if best is not None else None
-        solve_candidate(inputs[c.key], c, cutoff=cutoff, time_limit_s=limit)
+        solve_candidate(
+            self.inputs[c.key], c, cutoff=cutoff, time_limit_s=limit, structures=self.structures
+        )
         if c.status == "pruned-bound":  # no placement under the cutoff; one within it may be
-            band.append(max(c.bound, cutoff))
+            self.band.append(max(c.bound, cutoff))
 
-    for i, c in enumerate(order):
-        if progress:
-            progress("solve", done, len(cands), pruned=len(cands) - len(order) + i - done)
-        if best is not None and _beaten(c, best, band):
-            _prune_by_bound(c, best)
-            continue
-        inp = inputs[c.key]
-        c.bound = relaxed_bound(stage_problem(inp, c), c.bound)
-        if c.bound == math.inf:
-            c.status = "pruned-memory"
-            c.reason = "even split fractionally over the ranks, the model does not fit in memory"
-            continue
-        if best is not None and _beaten(c, best, band):
-            _prune_by_bound(c, best)
-            continue
-        solve(c, min(time_limit_s, FIRST_PASS_LIMIT_S))
-        done += 1
-        if c.status == "solved" and c.tp > 1 and not pins.tp and _tp_unused(inputs, c):
-            c.status = "dominated"
-            c.reason = f"TP degree {c.tp} shards no block: {c.tp} devices repeat the same work"
-        if c.status == "solved":
-            if c.cost.feasible and (best is None or _better(c, best)):
-                best = c
-    # Second pass: the MILPs the first pass stopped, again with the full limit, most promising
-    # first, while time allows; what stays open is in the gap.
-    stopped = sorted(
-        (c for c in cands if c.status == "unresolved" or (c.status == "solved" and c.gap > 0)),
-        key=lambda c: c.bound,
-    )
-    for c in stopped:
-        if time.perf_counter() - start > SECOND_PASS_UNTIL_S or time_limit_s <= FIRST_PASS_LIMIT_S:
-            break
-        if c is best:  # the incumbent keeps its placement; its proven bound is in the gap
-            continue
-        if best is not None and _beaten(c, best, band):
-            if c.status == "unresolved":
-                _prune_by_bound(c, best)
-            continue
-        solve(c, time_limit_s)
-        if c.status == "solved" and c.cost.feasible and (best is None or _better(c, best)):
-            best = c
-    if best is not None:
-        prefer_simpler(inputs[best.key], best)
-    elapsed = time.perf_counter() - start
-    gap = 0.0
-    if best is not None:
-        t = best.cost.step_time_s
-        open_bounds = band + [
-            c.bound
-            for c in cands
-            if c.status == "unresolved" or (c.status == "solved" and c.gap > 0)
-        ]
+    def beaten(self, c: Candidate) -> bool:
+        return self.best is not None and _beaten(c, self.best, self.band)
+
+    def offer(self, c: Candidate) -> None:
+        if (
+            c.status == "solved"
+            and c.cost.feasible
+            and (self.best is None or _better(c, self.best))
+        ):
+            self.best = c
+
+    def first_pass(self, cands, order, pins: Pins, progress) -> None:
+        """Each candidate once, with the short MILP limit, unless a bound prunes it."""
+        for i, c in enumerate(order):
+            if progress:
+                pruned = len(cands) - len(order) + i - self.done
+                progress("solve", self.done, len(cands), pruned=pruned)
+            if self.beaten(c):
+                _prune_by_bound(c, self.best)
+                continue
+            c.bound = relaxed_bound(stage_problem(self.inputs[c.key], c), c.bound)
+            if c.bound == math.inf:
+                c.status = "pruned-memory"
+                c.reason = (
+                    "even split fractionally over the ranks, the model does not fit in memory"
+                )
+                continue
+            if self.beaten(c):
+                _prune_by_bound(c, self.best)
+                continue
+            self.solve(c, min(self.time_limit_s, FIRST_PASS_LIMIT_S))
+            self.done += 1
+            if c.status == "solved" and c.tp > 1 and not pins.tp and _tp_unused(self.inputs, c):
+                c.status = "dominated"
+                c.reason = f"TP degree {c.tp} shards no block: {c.tp} devices repeat the same work"
+            self.offer(c)
+
+    def second_pass(self, cands, start: float) -> None:
+        """The MILPs the first pass stopped, again with the full limit, most promising first,
+        while time allows; what stays open is in the gap."""
+        stopped = sorted((c for c in cands if _open(c)), key=lambda c: c.bound)
+        for c in stopped:
+            elapsed = time.perf_counter() - start
+            if elapsed > SECOND_PASS_UNTIL_S or self.time_limit_s <= FIRST_PASS_LIMIT_S:
+                break
+            if c is self.best:  # the incumbent keeps its placement; its bound is in the gap
+                continue
+            if self.beaten(c):
+                if c.status == "unresolved":
+                    _prune_by_bound(c, self.best)
+                continue
+            self.solve(c, self.time_limit_s)
+            self.offer(c)
+
+    def gap(self, cands: list[Candidate]) -> float:
+        """How far the best plan may be from the optimum: 0 when nothing is left unproven."""
+        if self.best is None:
+            return 0.0
+        t = self.best.cost.step_time_s
+        open_bounds = self.band + [c.bound for c in cands if _open(c)]
         if open_bounds and min(open_bounds) < t:
-            gap = (t - min(open_bounds)) / t
-    return SearchResult(
-        best=best,
-        candidates=cands,
-        inputs=inputs,
-        solve_time_s=elapsed,
-        total=len(cands),
-        solved=done,
-        gap=gap,
-    )
+            return (t - min(open_bounds)) / t
+        return 0.0
+
+
+def _open(c: Candidate) -> bool:
+    """A MILP its time limit stopped: unresolved, or solved without a proof."""
+    return c.status == "unresolved" or (c.status == "solved" and c.gap > 0)
 
 
 def prefer_simpler(inp: CostInputs, cand: Candidate) -> None:

@@ -31,15 +31,17 @@ def price_options(
     variants_of: Callable[[Block, int], list],
     ep: int = 1,
     cp: int = 1,
+    memo: dict | None = None,
 ) -> list[list[BlockOption]]:
-    """Options per block (shared by blocks of one class), filtered by the user's pins."""
+    """Options per block (shared by blocks of one class), filtered by the user's pins.
+    ``memo`` keeps priced options across searches of one planning run (the baselines search
+    the same space again)."""
     tp_ranks = list(range(tp))
     ep_ranks = Mesh(1, ep, tp, ep).ep_group(0)
     cp_ranks = Mesh(1, 1, tp, 1, cp).cp_group(0)
     by_class: dict[str, list[BlockOption]] = {}
     result = []
-    # Priced options are memoized on the graph: the baselines search the same space again.
-    memo = graph.graph.setdefault("_priced_options", {})
+    memo = {} if memo is None else memo
     for blk in blocks:
         if blk.cls not in by_class:
             key = (blk.cls, tp, mbs, ep, cp, id(variants_of), id(cluster), training)

@@ -13,16 +13,20 @@ from planner.cost.model import (
     Config,
     CostInputs,
     deferred_reduce,
+    dp_block_terms,
+    dp_rates,
+    dp_stage_terms,
     evaluate,
+    gathered_weight_bytes,
     inflight_microbatches,
     num_microbatches,
     offload_allowed,
     offload_time,
     optimizer_time,
     option_states,
+    other_memory,
+    stage_time_parts,
 )
-from planner.hardware.cluster import Cluster
-from planner.hardware.collectives import collective_time
 from planner.search.candidates import Candidate
 from planner.search.stage_milp import StageProblem, solve_stage_milp
 from planner.trace.blocks import Block
@@ -39,15 +43,6 @@ def segments(blocks: list[Block]) -> list[tuple[int, int]]:
     return runs
 
 
-def _affine(kind: str, cluster: Cluster, ranks: list[int], bytes_per_param: float):
-    """A collective's time as (seconds per parameter, latency): exact for the ring model."""
-    x = 1e9
-    t1 = collective_time(kind, x * bytes_per_param, cluster, ranks)
-    t2 = collective_time(kind, 2 * x * bytes_per_param, cluster, ranks)
-    slope = (t2 - t1) / x
-    return slope, t1 - slope * x
-
-
 def stage_problem(inp: CostInputs, cand: Candidate) -> StageProblem:
     """The MILP's numbers for one candidate, each computed by the cost model's own functions."""
     mesh = cand.mesh
@@ -57,49 +52,36 @@ def stage_problem(inp: CostInputs, cand: Candidate) -> StageProblem:
     J = p * v
     config = Config(mesh, cand.micro_batch_size, cand.schedule, v, cand.zero, [], [])
     deferred = deferred_reduce(config, tr)
+    rates = dp_rates(inp, config)
     segs = segments(inp.blocks)
     cols: dict[str, list[np.ndarray]] = {k: [] for k in StageProblem.__annotations__}
     for first, _ in segs:
         opts = inp.options[first]
         sm = [option_states(o, cand.zero, mesh.replicas, tr, deferred) for o in opts]
-        wb = tr.state_bytes[0]
+        dp = [dp_block_terms(o, rates) for o in opts]
         cols["time"].append(np.array([o.time_s for o in opts]))
-        cols["fwd"].append(np.array([o.fwd_s for o in opts]))
-        cols["bwd"].append(np.array([o.bwd_s for o in opts]))
         cols["state"].append(np.array([x["params"] + x["grads"] + x["optimizer"] for x in sm]))
         cols["host"].append(np.array([x["host"] for x in sm]))
         cols["act"].append(np.array([o.act_bytes for o in opts]))
         cols["ws"].append(np.array([o.transient_bytes + o.recompute_peak_bytes for o in opts]))
-        cols["gather"].append(
-            np.array(
-                [
-                    2 * o.params * wb if (cand.zero >= 3 or o.offload == "optimizer+params") else 0
-                    for o in opts
-                ]
-            )
-        )
+        cols["gather"].append(np.array([gathered_weight_bytes(o, cand.zero, tr) for o in opts]))
         cols["optim"].append(np.array([optimizer_time(inp, [o], config) for o in opts]))
         cols["offl"].append(np.array([offload_time(inp, [o], config, m) for o in opts]))
-        cols["pbytes"].append(np.array([o.comm_params(mesh.replicas) for o in opts]))
-        cols["dense"].append(np.array([o.dense_params for o in opts]))
-    from planner.cost.model import other_memory, stage_time_parts
-
+        cols["dp_first"].append(np.array([a for a, _, _ in dp]))
+        cols["dp_second"].append(np.array([b for _, b, _ in dp]))
     # What a stage costs per micro-batch besides its blocks: its point-to-point hops, and on
     # the last stage the loss (stage_time_parts of no blocks).
     const_time = [sum(stage_time_parts(inp, [], config, j)) for j in range(J)]
     last_rank = (J - 1) % p
     const_mem = [other_memory(inp, [], config, r, last=(r == last_rank)) for r in range(p)]
-    wb, gb, _ = tr.state_bytes
-    dp_ranks = mesh.dp_group(0)
     profile = inp.cluster.profile
+    once_a, once_b, _ = dp_stage_terms(rates)
     return StageProblem(
         pp=p,
         v=v,
         m=m,
         seg_len=[n for _, n in segs],
         time=cols["time"],
-        fwd=cols["fwd"],
-        bwd=cols["bwd"],
         state=cols["state"],
         host=cols["host"],
         act=cols["act"],
@@ -107,8 +89,9 @@ def stage_problem(inp: CostInputs, cand: Candidate) -> StageProblem:
         gather=cols["gather"],
         optim=cols["optim"],
         offl=cols["offl"],
-        pbytes=cols["pbytes"],
-        dense=cols["dense"],
+        dp_first=cols["dp_first"],
+        dp_second=cols["dp_second"],
+        dp_once=(once_a, once_b),
         allowed=[
             np.array([offload_allowed(o.offload, cand.zero) for o in inp.options[first]])
             for first, _ in segs
@@ -119,14 +102,6 @@ def stage_problem(inp: CostInputs, cand: Candidate) -> StageProblem:
         const_mem=const_mem,
         capacity=profile.memory_bytes * inp.memory_fraction,
         host_capacity=profile.host_memory_bytes / max(profile.gpus_per_node, 1),
-        zero=cand.zero,
-        deferred=deferred,
-        dp_ar=_affine("all_reduce", inp.cluster, dp_ranks, gb),
-        dp_rs=_affine("reduce_scatter", inp.cluster, dp_ranks, gb),
-        dp_ag=_affine("all_gather", inp.cluster, dp_ranks, wb),
-        comm_overlap=profile.comm_overlap,
-        fsdp_unit_overhead=profile.fsdp_unit_overhead,
-        dp=mesh.replicas,
     )
 
 
@@ -149,11 +124,16 @@ def config_from_counts(inp: CostInputs, cand: Candidate, counts) -> Config:
 
 
 def solve_candidate(
-    inp: CostInputs, cand: Candidate, cutoff: float | None = None, time_limit_s: float = 60.0
+    inp: CostInputs,
+    cand: Candidate,
+    cutoff: float | None = None,
+    time_limit_s: float = 60.0,
+    structures: dict | None = None,
 ) -> None:
+    """Solve the candidate's stage MILP and record its placement, cost and status on it."""
     sp = stage_problem(inp, cand)
     start = time.perf_counter()
-    sol = solve_stage_milp(sp, time_limit_s=time_limit_s, cutoff=cutoff)
+    sol = solve_stage_milp(sp, time_limit_s=time_limit_s, cutoff=cutoff, structures=structures)
     cand.solve_time_s = time.perf_counter() - start
     if sol.status == "cutoff":
         cand.status = "pruned-bound"

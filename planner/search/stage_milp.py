@@ -53,8 +53,6 @@ class StageProblem:
     m: int
     seg_len: list[int]  # L_s
     time: list[np.ndarray]  # per segment: per-option time per micro-batch (fwd+bwd+tp comm)
-    fwd: list[np.ndarray]
-    bwd: list[np.ndarray]
     state: list[np.ndarray]  # device bytes of weights + grads + optimizer per block
     host: list[np.ndarray]
     act: list[np.ndarray]  # saved activations per in-flight micro-batch
@@ -62,25 +60,19 @@ class StageProblem:
     gather: list[np.ndarray]  # ZeRO-3 / offload gathered-weight buffer (2 blocks), else 0
     optim: list[np.ndarray]  # optimizer step time per block
     offl: list[np.ndarray]  # offload transfer time per block
-    pbytes: list[np.ndarray]  # parameters per block (for DP collectives)
     has_params: list[bool]
     const_time: list[float]  # per stage, per micro-batch: p2p hops, and the loss on the last
     inflight: list[int]  # per stage
     const_mem: list[float]  # per rank: reserved + p2p buffers + loss
     capacity: float
     host_capacity: float
-    zero: int
-    # DP collectives as affine functions of parameter count: (per-param seconds, latency)
-    dp_ar: tuple[float, float]
-    dp_rs: tuple[float, float]
-    dp_ag: tuple[float, float]
-    comm_overlap: float  # the share of fwd/bwd time DP communication hides behind
-    fsdp_unit_overhead: float  # host seconds per FSDP unit per micro-batch (ZeRO 2/3)
-    dp: int
+    # Exposed data-parallel communication of a stage, max(0, A) + max(0, B): per segment, each
+    # option's share of A and of B (costmodel.dp_block_terms), and what a stage holding
+    # parameters pays once (costmodel.dp_stage_terms).
+    dp_first: list[np.ndarray]
+    dp_second: list[np.ndarray]
+    dp_once: tuple[float, float] = (0.0, 0.0)
     allowed: list[np.ndarray] | None = None  # per segment: options this candidate may use
-    deferred: bool = False  # ZeRO 2/3 reduce-scatter once per step (costmodel.deferred_reduce)
-    # per segment: dense (not expert-parallel) parameters per block, what ZeRO-1 broadcasts
-    dense: list[np.ndarray] | None = None
 
 
 @dataclass
@@ -191,12 +183,9 @@ class _Structure:
         state, act = cat(sp.state), cat(sp.act)
         inflight = np.asarray(sp.inflight, dtype=float)[:, None]
         self.memco.value = (state[None, :] + inflight * act[None, :]) / GIB
-        k = [_dp_coefficients(sp, s) for s in range(S)]
-        k1 = cat([np.broadcast_to(x, sp.time[s].shape) for s, (x, _) in enumerate(k)])
-        k2 = cat([np.broadcast_to(y, sp.time[s].shape) for s, (_, y) in enumerate(k)])
-        self.k1.value = np.tile(k1, (J, 1))
-        self.k2.value = np.tile(k2, (J, 1))
-        self.k1h.value, self.k2h.value = _dp_latency(sp)
+        self.k1.value = np.tile(cat(sp.dp_first), (J, 1))
+        self.k2.value = np.tile(cat(sp.dp_second), (J, 1))
+        self.k1h.value, self.k2h.value = sp.dp_once
         self.const_time.value = np.asarray(sp.const_time, dtype=float)
         self.const_mem.value = np.asarray(sp.const_mem, dtype=float) / GIB
         self.capacity.value = sp.capacity / GIB
@@ -214,45 +203,6 @@ class _Structure:
         ]
 
 
-def _dp_coefficients(sp: StageProblem, s: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per-block coefficients of the exposed DP communication (costmodel.dp_comm), linear in
-    the counts: e1 >= n @ k1 + k1h h, e2 >= n @ k2 + k2h h."""
-    pb, m = sp.pbytes[s], sp.m
-    fwd, bwd = sp.comm_overlap * sp.fwd[s], sp.comm_overlap * sp.bwd[s]
-    zero = np.zeros_like(pb, dtype=float)
-    if sp.dp == 1:
-        return zero, zero
-    ar, rs, ag = sp.dp_ar[0], sp.dp_rs[0], sp.dp_ag[0]
-    if sp.zero == 0:
-        return ar * pb - bwd, zero
-    if sp.zero == 1:  # the broadcast of the dense shards after the step is not overlapped
-        return ar * pb - bwd, ag * (pb if sp.dense is None else sp.dense[s])
-    # ZeRO 2/3: one collective per block that holds parameters, each with its latency, and
-    # each FSDP unit's host overhead per micro-batch
-    owns = (pb > 0).astype(float)
-    rs_lat, ag_lat = sp.dp_rs[1] * owns, sp.dp_ag[1] * owns
-    unit = sp.fsdp_unit_overhead * owns
-    if sp.deferred:  # one reduce-scatter after the last micro-batch, nothing to hide it
-        if sp.zero == 2:
-            return rs * pb + rs_lat + m * unit, ag * pb + ag_lat - fwd
-        return m * (2 * ag * pb + 2 * ag_lat + unit - fwd - bwd), rs * pb + rs_lat
-    if sp.zero == 2:
-        return m * (rs * pb + rs_lat + unit - bwd), ag * pb + ag_lat - fwd
-    return m * ((2 * ag + rs) * pb + 2 * ag_lat + rs_lat + unit - fwd - bwd), zero
-
-
-def _dp_latency(sp: StageProblem) -> tuple[float, float]:
-    """Latency paid once per stage that holds parameters (bucketed ZeRO 0/1); ZeRO 2/3 pay it
-    per block, in _dp_coefficients."""
-    if sp.dp == 1 or sp.zero >= 2:
-        return 0.0, 0.0
-    ar, ag = sp.dp_ar[1], sp.dp_ag[1]
-    return {0: (ar, 0.0), 1: (ar, ag)}[sp.zero]
-
-
-_STRUCTURES: dict[tuple, _Structure] = {}
-
-
 def undominated(sp: StageProblem) -> list[list[int]]:
     """Per segment, the options no other option beats on every coefficient the MILP reads
     (time, memory rows, working set, gathered buffer, host bytes, optimizer and offload time,
@@ -261,11 +211,9 @@ def undominated(sp: StageProblem) -> list[list[int]]:
     objective. Identical options keep the first."""
     keep = []
     for s in range(len(sp.seg_len)):
-        k1, k2 = _dp_coefficients(sp, s)
         rows = np.stack(
             [sp.time[s], sp.state[s], sp.host[s], sp.act[s], sp.ws[s], sp.gather[s]]
-            + [sp.optim[s], sp.offl[s], np.broadcast_to(k1, sp.time[s].shape)]
-            + [np.broadcast_to(k2, sp.time[s].shape)],
+            + [sp.optim[s], sp.offl[s], sp.dp_first[s], sp.dp_second[s]],
             axis=1,
         )
         tol = 1e-12 * (np.abs(rows).max(axis=0) + 1e-300)
@@ -286,19 +234,24 @@ def undominated(sp: StageProblem) -> list[list[int]]:
 
 
 def solve_stage_milp(
-    sp: StageProblem, time_limit_s: float = 60.0, cutoff: float | None = None
+    sp: StageProblem,
+    time_limit_s: float = 60.0,
+    cutoff: float | None = None,
+    structures: dict | None = None,
 ) -> StageSolution:
     """Solve one candidate's MILP exactly, or within ``time_limit_s``.
 
     ``cutoff``: only solutions with objective below it matter (the incumbent's step time);
-    HiGHS then prunes with it, and "infeasible" means "nothing here beats the cutoff"."""
+    HiGHS then prunes with it, and "infeasible" means "nothing here beats the cutoff".
+    ``structures``: compiled problems by MILP shape, kept by the caller across candidates."""
     keep = undominated(sp)
     J = sp.pp * sp.v
     n_opts = [len(t) for t in sp.time]
     key = (J, sp.pp, tuple(sp.seg_len), tuple(n_opts), tuple(sp.has_params))
-    st = _STRUCTURES.get(key)
+    structures = {} if structures is None else structures
+    st = structures.get(key)
     if st is None:
-        st = _STRUCTURES[key] = _Structure(J, sp.pp, sp.seg_len, n_opts, sp.has_params)
+        st = structures[key] = _Structure(J, sp.pp, sp.seg_len, n_opts, sp.has_params)
     if any(not ids for ids in keep):
         return StageSolution("infeasible", float("inf"), [], 0.0)
     st.load(sp, keep)

@@ -23,7 +23,8 @@ from dataclasses import asdict, dataclass, field
 
 import networkx as nx
 
-from planner.trace.opcost import MATMUL_OPS, is_grouped_mm, is_view
+from planner.trace.graph import core_nodes, core_of
+from planner.trace.opcost import is_grouped_mm
 
 
 @dataclass
@@ -102,11 +103,8 @@ def make_blocks(graph: nx.DiGraph) -> list[Block]:
 
 
 def cached_core_nodes(graph: nx.DiGraph) -> set[str]:
-    """``core_nodes`` once per graph (the cost model, the sharding ILP and the search ask)."""
-    core = graph.graph.get("_core")
-    if core is None:
-        core = graph.graph["_core"] = core_nodes(graph)
-    return core
+    """``core_nodes`` once per OpGraph (the cost model, the sharding ILP and the search ask)."""
+    return core_of(graph)
 
 
 def in_modules(path: str, fqns) -> bool:
@@ -290,59 +288,6 @@ def _param_blocks(graph: nx.DiGraph, groups: list[dict], block_of: dict[str, int
                 0,
             )
     return owner
-
-
-def core_nodes(graph: nx.DiGraph) -> set[str]:
-    """Ops that selective recompute drops: weight-free ops lying between two products of
-    activations (QK^T -> mask -> softmax -> dropout -> PV). Their inputs stay saved; what they
-    produce is recomputed. A block with no such pair (FlashAttention, an MLP) has no core."""
-    param_view: set[str] = set()
-    weight_free: set[str] = set()
-    act_matmul: set[str] = set()
-    for n in sorted(graph.nodes, key=lambda n: graph.nodes[n]["order"]):
-        d = graph.nodes[n]
-        if d["op"] == "input":
-            continue
-        refs = _refs(d["args"])
-        uses_param = bool(d["params"]) or any(r in param_view for r in refs)
-        if is_view(d["op"]) and uses_param:
-            param_view.add(n)
-            continue
-        if uses_param:
-            continue
-        weight_free.add(n)
-        if d["op"] in MATMUL_OPS:
-            act_matmul.add(n)
-    order = sorted(weight_free, key=lambda n: graph.nodes[n]["order"])
-    after: dict[str, bool] = {}  # an activation product lies upstream (or is n itself)
-    for n in order:
-        after[n] = n in act_matmul or any(after.get(p, False) for p in graph.predecessors(n))
-    before: dict[str, bool] = {}  # an activation product lies strictly downstream
-    for n in reversed(order):
-        before[n] = any(
-            s in weight_free and (s in act_matmul or before.get(s, False))
-            for s in graph.successors(n)
-        )
-    core = {n for n in order if after[n] and before[n]}
-    return core
-
-
-def _refs(args: object) -> list[str]:
-    found: list[str] = []
-
-    def visit(a: object) -> None:
-        if isinstance(a, dict):
-            if "node" in a and len(a) == 1:
-                found.append(a["node"])
-            else:
-                for v in a.values():
-                    visit(v)
-        elif isinstance(a, list):
-            for v in a:
-                visit(v)
-
-    visit(args)
-    return found
 
 
 def _boundary_bytes(graph: nx.DiGraph, block_of: dict[str, int], count: int) -> list[int]:

@@ -20,10 +20,18 @@ import networkx as nx
 import torch
 
 from planner.atomic import write_text_atomic
+from planner.trace.graph import OpGraph
 
 TRACE_FORMAT = 8  # bump when the OpGraph's attributes change
 # The modules whose code decides what a cached trace holds (relative to the planner package).
-TRACE_CODE = ("trace/export.py", "trace/opcost.py", "trace/cache.py", "modelfile.py", "vocab.py")
+TRACE_CODE = (
+    "trace/export.py",
+    "trace/opcost.py",
+    "trace/cache.py",
+    "trace/graph.py",
+    "modelfile.py",
+    "vocab.py",
+)
 
 
 @functools.cache
@@ -55,14 +63,14 @@ def trace_key(sha256: str, args: dict, micro_batch_size: int, dtype: str) -> str
     return hashlib.sha256(payload.encode()).hexdigest()[:32]
 
 
-def load_graph(key: str) -> nx.DiGraph | None:
+def load_graph(key: str) -> OpGraph | None:
     path = cache_dir() / "traces" / f"{key}.json"
     try:
         data = json.loads(path.read_text())
         graph = nx.node_link_graph(data, directed=True, edges="edges")
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return graph
+    return OpGraph(graph)
 
 
 def save_graph(key: str, graph: nx.DiGraph) -> None:

@@ -27,6 +27,7 @@ import torch.fx
 
 from planner.errors import UserInputError
 from planner.modelfile import DTYPES, ModelFile, expert_modules
+from planner.trace.graph import OpGraph
 from planner.trace.opcost import (
     MATMUL_OPS,
     backward_flops,
@@ -250,6 +251,10 @@ def _param_aliases(model: torch.nn.Module) -> dict[str, str]:
 
 
 def _graph_from_export(exported: torch.export.ExportedProgram, model: torch.nn.Module):
+    """
+    Long because it is one pass over the exported graph that records every attribute of a node
+    together.
+    """
     sig = exported.graph_signature
     gm = exported.graph_module
     kinds: dict[str, tuple[str, str]] = {}  # placeholder name -> (kind, fqn)
@@ -262,7 +267,7 @@ def _graph_from_export(exported: torch.export.ExportedProgram, model: torch.nn.M
     trainable = {
         name for name, (kind, fqn) in kinds.items() if kind == "parameter" and grads.get(fqn, True)
     }
-    graph = nx.DiGraph()
+    graph = OpGraph()
     order = 0
     for node in gm.graph.nodes:
         if node.op == "placeholder":
@@ -285,6 +290,7 @@ def _graph_from_export(exported: torch.export.ExportedProgram, model: torch.nn.M
                     args=[],
                     requires_grad=False,
                     saved=[],
+                    mm_inner=None,
                 )
                 order += 1
             continue
@@ -576,8 +582,12 @@ def _identity(t: torch.Tensor) -> torch.Tensor:
 def _trace_with_hooks(
     mf: ModelFile, model: torch.nn.Module, inputs: tuple, export_exc: BaseException
 ) -> nx.DiGraph:
-    """One node per leaf module call, from forward hooks on the meta device."""
-    graph = nx.DiGraph()
+    """One node per leaf module call, from forward hooks on the meta device.
+
+    Long because the hooks share their state through closures; split, that state would have to
+    become an object.
+    """
+    graph = OpGraph()
     producer: dict[int, str] = {}
     saved_seen: set[int] = set()
     names = {m: n for n, m in model.named_modules()}
@@ -604,7 +614,6 @@ def _trace_with_hooks(
         out_t = [o for o in outs if isinstance(o, torch.Tensor)]
         in_t = [a for a in args if isinstance(a, torch.Tensor)]
         params = [f"{path}.{n}" if path else n for n, _ in module.named_parameters(recurse=False)]
-        in_shapes = [list(a.shape) for a in in_t]
         if isinstance(module, torch.nn.Linear) and in_t and out_t:
             fwd = 2 * numel(out_t[0].shape) * in_t[0].shape[-1]
         elif isinstance(module, torch.nn.modules.conv._ConvNd) and out_t:
@@ -632,7 +641,7 @@ def _trace_with_hooks(
             args=[],
             requires_grad=requires_grad,
             saved=pending_saved.pop(path, []),
-            in_shapes=in_shapes,
+            mm_inner=None,
         )
         for a in in_t:
             src = producer.get(_storage_key(a))

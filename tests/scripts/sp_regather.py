@@ -13,19 +13,20 @@ from torch.distributed.tensor import DTensor
 
 import runtime.parallelize as parallelize
 from planner.modelfile import load_model_file
+from planner.schema import Plan, load_plan
 from runtime.build import build
 
 
-def backward_redistributions(plan: dict, regather: bool) -> int:
+def backward_redistributions(plan: Plan, regather: bool) -> int:
     original = parallelize.gather_sequence
     if not regather:
         parallelize.gather_sequence = lambda m, regather_in_backward=False: original(m, False)
     try:
-        mf = load_model_file(plan["model"]["file"], plan["model"]["args"])
+        mf = load_model_file(plan.model.file, plan.model.args)
         model = build(plan, mf, torch.device("cpu"), 0).parts[0]
     finally:
         parallelize.gather_sequence = original
-    x, y = mf.batch(plan["micro_batch_size"], step=1)
+    x, y = mf.batch(plan.micro_batch_size, step=1)
     loss = mf.loss(model(*x), y)
     calls = [0]
     redistribute = DTensor.redistribute
@@ -44,9 +45,9 @@ def backward_redistributions(plan: dict, regather: bool) -> int:
 
 def main() -> None:
     dist.init_process_group("gloo")
-    plan = json.loads(open(os.environ["PLAN"]).read())
+    plan = load_plan(os.environ["PLAN"])
     on, off = backward_redistributions(plan, True), backward_redistributions(plan, False)
-    modules = sum(list(b["tp_plan"].values()).count("sp_gather") for b in plan["blocks"])
+    modules = sum(list(b.tp_plan.values()).count("sp_gather") for b in plan.blocks)
     if dist.get_rank() == 0:
         print(json.dumps({"regather": on, "keep": off, "sp_gather_modules": modules}), flush=True)
     dist.barrier()

@@ -1,0 +1,260 @@
+"""The plan as typed records: what plan.json holds (docs/plan-format.md), field for field.
+
+``Plan.from_dict`` reads a validated plan dict (``planner.schema.validate_plan`` checks it
+first and says in one line what is wrong); ``to_dict`` gives back the same dict, so writing a
+loaded plan reproduces its file byte for byte. Nothing here computes anything: the runtime and
+the report read these records, the planner writes them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+from planner.schema.mesh import Mesh
+
+# A field's JSON key when it is not the field's name (``class`` is a Python keyword).
+JSON_KEY = "json"
+
+
+@dataclass
+class ModelInfo:
+    file: str  # absolute path of the model file
+    sha256: str  # of its bytes: plan run refuses a file that changed
+    args: dict[str, Any] = field(default_factory=dict)  # build_model keyword arguments
+    params: int = 0  # unique parameters (tied ones once)
+    blocks: int = 0
+    trace: str = "export"  # "export" or "hooks" (the coarser fallback)
+
+
+@dataclass
+class ClusterInfo:
+    profile: str
+    nodes: int
+    gpus_per_node: int
+    gpus: int
+
+
+@dataclass
+class StagePlan:
+    """One (virtual) pipeline stage: per micro-batch times unless they say "per step"."""
+
+    index: int
+    pp_rank: int  # stage i runs on pp rank i % pp
+    blocks: list[str]
+    ranks: list[int]  # global ranks of its pp rank (replicas x tp)
+    forward_s: float
+    backward_s: float
+    compute_s: float = 0.0
+    tp_comm_s: float = 0.0
+    p2p_s: float = 0.0
+    time_per_microbatch_s: float = 0.0
+    dp_comm_s: float = 0.0  # per step
+    dp_exposed_s: float = 0.0  # per step
+    optimizer_s: float = 0.0  # per step, gradient accumulation included
+    offload_s: float = 0.0  # per step
+    inflight_microbatches: int = 1
+
+
+@dataclass
+class BlockPlan:
+    """One block and every choice the plan makes for it."""
+
+    name: str
+    modules: list[str]  # module paths (FQNs) that make the block
+    stage: int
+    recompute: str  # vocab.Recompute
+    offload: str  # vocab.Offload
+    tp_plan: dict[str, str] = field(default_factory=dict)  # module FQN -> vocab.TPStyle
+    block_class: str = field(default="", metadata={JSON_KEY: "class"})  # identical blocks share it
+    params: int = 0
+    tp_variant: str = "replicated"
+    time_per_microbatch_s: float = 0.0
+    activation_bytes_per_microbatch: float = 0.0
+    memory_bytes: float = 0.0  # its states after ZeRO/offload + in-flight activations
+
+
+@dataclass
+class Memory:
+    """Per-device bytes of one pipeline rank, by category."""
+
+    params: float
+    grads: float
+    optimizer: float
+    activations: float
+    other: float
+    total: float
+
+
+@dataclass
+class Prediction:
+    step_time_s: float
+    peak_memory_bytes: float
+    capacity_bytes: float
+    mfu: float
+    memory_per_stage: list[Memory]
+    pipeline_s: float = 0.0
+    bubble_s: float = 0.0
+    dp_exposed_s: float = 0.0
+    optimizer_s: float = 0.0
+    offload_s: float = 0.0
+    samples_per_s: float = 0.0
+    tokens_per_s: float = 0.0
+    model_flops_per_step: float = 0.0
+    host_bytes_per_gpu: float = 0.0
+
+
+@dataclass
+class Alternative:
+    """The best candidate of one mesh shape, or a named baseline, and why it lost."""
+
+    label: str
+    status: str
+    mesh: Mesh
+    micro_batch_size: int
+    schedule: str
+    virtual_stages: int
+    zero_stage: int
+    why_not: str
+    lower_bound_step_time_s: float = 0.0
+    step_time_s: float | None = None
+    peak_memory_bytes: float | None = None
+    feasible: bool | None = None
+    mfu: float | None = None
+    baseline: str | None = None  # only on named baselines
+
+
+@dataclass
+class CandidatePoint:
+    label: str
+    step_time_s: float
+    peak_memory_bytes: float
+    feasible: bool
+    chosen: bool
+
+
+@dataclass
+class SolverRecord:
+    status: str  # "optimal", or "feasible" with the gap it may be from optimal
+    objective: float = 0.0
+    gap: float = 0.0
+    solve_time_s: float = 0.0
+    candidates_total: int = 0
+    candidates_solved: int = 0
+    candidates_pruned: int = 0
+    alternatives: list[Alternative] = field(default_factory=list)
+    candidates: list[CandidatePoint] = field(default_factory=list)
+
+
+@dataclass
+class Plan:
+    schema: str
+    model: ModelInfo
+    cluster: ClusterInfo
+    mesh: Mesh
+    global_batch_size: int
+    micro_batch_size: int
+    num_microbatches: int  # per replica per step
+    schedule: str  # vocab.Schedule
+    virtual_stages: int
+    zero_stage: int
+    dtype: str  # vocab.DType
+    optimizer: str  # vocab.Optimizer
+    stages: list[StagePlan]
+    blocks: list[BlockPlan]
+    predicted: Prediction
+    solver: SolverRecord
+    lr: float = 3e-4
+    mesh_order: list[str] = field(default_factory=lambda: ["pp", "dp", "cp", "tp"])
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Plan:
+        return _build(cls, data)
+
+    def to_dict(self) -> dict[str, Any]:
+        return _dump(self)
+
+    def stages_of(self, pp_rank: int) -> list[StagePlan]:
+        """The (virtual) stages pipeline rank ``pp_rank`` runs, in order."""
+        return [st for st in self.stages if st.pp_rank == pp_rank]
+
+
+# --------------------------------------------------------------------------- dict <-> records
+
+
+def _key(f: dataclasses.Field) -> str:
+    return f.metadata.get(JSON_KEY, f.name)
+
+
+class SchemaError(ValueError):
+    """A plan dict that does not fit the records: says which field, where."""
+
+
+def _build(cls: type, data: Any, where: str = "plan") -> Any:
+    """A dataclass from its dict, nested records and lists of them included; keys the dict
+    lacks take the field's default, and a required one missing is a SchemaError."""
+    if not isinstance(data, dict):
+        raise SchemaError(f"{where} must be an object")
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        key = _key(f)
+        if key in data:
+            kwargs[f.name] = _convert(hints[f.name], data[key], f"{where}.{key}")
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise SchemaError(f"{where}.{key} is missing")
+    return cls(**kwargs)
+
+
+def _convert(hint: Any, value: Any, where: str) -> Any:
+    if value is None:
+        return None
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in typing.get_args(hint) if a is not type(None)]
+        return _convert(inner[0], value, where) if len(inner) == 1 else value
+    if origin is list:
+        if not isinstance(value, list):
+            raise SchemaError(f"{where} must be a list")
+        (item,) = typing.get_args(hint)
+        return [_convert(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value, where)
+    return _checked(hint, value, where)
+
+
+def _checked(hint: Any, value: Any, where: str) -> Any:
+    """A plain value of the field's type: a finite number for float (an int is one), an int
+    for int, a string, a flag, an object."""
+    base = typing.get_origin(hint) or hint
+    if base is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        ok = ok and value == value and abs(value) != float("inf")
+    elif base is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif base in (str, bool, dict):
+        ok = isinstance(value, base)
+    else:
+        ok = True
+    if not ok:
+        raise SchemaError(f"{where} must be a {getattr(base, '__name__', base)}, got {value!r}")
+    return value
+
+
+def _dump(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj):
+        out = {}
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            if f.name == "baseline" and value is None:
+                continue  # only named baselines carry one
+            out[_key(f)] = _dump(value)
+        return out
+    if isinstance(obj, list):
+        return [_dump(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: _dump(v) for k, v in obj.items()}
+    return obj

@@ -1,0 +1,16 @@
+"""What one planning run computes once and reuses across its searches (the chosen plan's and
+the baselines'): an explicit object the caller owns, so nothing is cached behind its back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SearchMemo:
+    # (block class, tp, micro-batch, ep, cp, variants source, cluster, training) -> options
+    priced: dict = field(default_factory=dict)
+    # MILP shape (stages, ranks, segment lengths, options, parameters) -> compiled problem
+    structures: dict = field(default_factory=dict)
+    # (block class, tp, cost rates) -> the sharding ILP's variants of that class
+    variants: dict = field(default_factory=dict)
