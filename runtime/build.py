@@ -16,7 +16,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from planner.modelfile import ModelFile
-from planner.schema import Plan
+from planner.schema import Mesh, Plan
 from runtime.batching import dp_slice, micro_batches
 from runtime.capability import check_runnable
 from runtime.expert_parallel import apply_expert_parallel, sync_expert_grads
@@ -28,30 +28,41 @@ from runtime.parallelize import (
     shard_experts,
 )
 
-_MESHES: dict[tuple, DeviceMesh] = {}
+
+@dataclass
+class RuntimeCache:
+    """What a worker keeps between the plans of one launch: device meshes by shape (each
+    creates process groups, which a batch of plans reuses) and traced pipelines by model and
+    cut (tracing is the slow part of building a pipeline)."""
+
+    meshes: dict[tuple, DeviceMesh] = field(default_factory=dict)
+    pipes: dict[str, Any] = field(default_factory=dict)
 
 
-def expert_mesh(device: torch.device, pp: int, dp: int, ep: int, tp: int) -> DeviceMesh:
+def expert_mesh(
+    device: torch.device, pp: int, dp: int, ep: int, tp: int, cache: RuntimeCache
+) -> DeviceMesh:
     """(pp, edp, ep, tp): the dp dimension split into dp / ep copies of ep consecutive ranks,
     the same ranks as ``device_mesh``'s, so that ``ep`` groups the ranks that share one copy
     of the experts and ``edp`` the ranks that hold the same experts."""
     key = (device.type + "-ep", pp, dp, ep, tp)
-    if key not in _MESHES:
-        _MESHES[key] = init_device_mesh(
+    if key not in cache.meshes:
+        cache.meshes[key] = init_device_mesh(
             device.type, (pp, dp // ep, ep, tp), mesh_dim_names=("pp", "edp", "ep", "tp")
         )
-    return _MESHES[key]
+    return cache.meshes[key]
 
 
-def device_mesh(device: torch.device, pp: int, dp: int, tp: int, cp: int = 1) -> DeviceMesh:
+def device_mesh(device: torch.device, plan_mesh: Mesh, cache: RuntimeCache) -> DeviceMesh:
     """The (pp, dp, tp) mesh, rank = (pp_i * dp + dp_i) * tp + tp_i; with context parallelism
     (pp, dp, cp, tp), rank = ((pp_i * dp + dp_i) * cp + cp_i) * tp + tp_i and a flattened
     "dp_cp" dimension: the replicas gradients reduce over. Cached per shape, because each mesh
     creates process groups and a batch of plans reuses them."""
+    pp, dp, tp, cp = plan_mesh.pp, plan_mesh.dp, plan_mesh.tp, plan_mesh.cp
     key = (device.type, pp, dp, tp, cp)
-    if key not in _MESHES:
+    if key not in cache.meshes:
         if cp == 1:
-            _MESHES[key] = init_device_mesh(
+            cache.meshes[key] = init_device_mesh(
                 device.type, (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp")
             )
         else:
@@ -59,8 +70,8 @@ def device_mesh(device: torch.device, pp: int, dp: int, tp: int, cp: int = 1) ->
                 device.type, (pp, dp, cp, tp), mesh_dim_names=("pp", "dp", "cp", "tp")
             )
             mesh["dp", "cp"]._flatten("dp_cp")
-            _MESHES[key] = mesh
-    return _MESHES[key]
+            cache.meshes[key] = mesh
+    return cache.meshes[key]
 
 
 def replica_mesh(mesh: DeviceMesh) -> DeviceMesh:
@@ -123,10 +134,14 @@ def _notes(plan: Plan, device: torch.device) -> list[str]:
     return notes
 
 
-def build(plan: Plan, mf: ModelFile, device: torch.device, seed: int) -> Built:
+def build(
+    plan: Plan, mf: ModelFile, device: torch.device, seed: int, cache: RuntimeCache | None = None
+) -> Built:
+    """This rank's share of ``plan``; ``cache`` keeps meshes and traces for the next plan."""
+    cache = RuntimeCache() if cache is None else cache
     mesh_cfg = plan.mesh
     cp = mesh_cfg.cp
-    mesh = device_mesh(device, mesh_cfg.pp, mesh_cfg.dp, mesh_cfg.tp, cp)
+    mesh = device_mesh(device, mesh_cfg, cache)
     torch.manual_seed(seed)
     model = mf.build()
     model.train()
@@ -138,7 +153,7 @@ def build(plan: Plan, mf: ModelFile, device: torch.device, seed: int) -> Built:
         model.to(device)
         experts, edp_group = [], None
         if ep > 1:
-            emesh = expert_mesh(device, 1, mesh_cfg.dp, ep, mesh_cfg.tp)
+            emesh = expert_mesh(device, 1, mesh_cfg.dp, ep, mesh_cfg.tp, cache)
             experts = apply_expert_parallel(model, emesh["ep"])
             edp_group = emesh["edp"].get_group()
         apply_recompute(model, blocks, before_tp=True)
@@ -157,11 +172,17 @@ def build(plan: Plan, mf: ModelFile, device: torch.device, seed: int) -> Built:
         return Built(
             plan, mesh, parts, optimizers, notes=notes, expert_params=experts, edp_group=edp_group
         )
-    return _build_pipeline(plan, mf, model, mesh, device, notes)
+    return _build_pipeline(plan, mf, model, mesh, device, notes, cache)
 
 
 def _build_pipeline(
-    plan: Plan, mf: ModelFile, model: nn.Module, mesh: DeviceMesh, device: torch.device, notes
+    plan: Plan,
+    mf: ModelFile,
+    model: nn.Module,
+    mesh: DeviceMesh,
+    device: torch.device,
+    notes,
+    cache: RuntimeCache,
 ) -> Built:
     from torch.distributed.pipelining import (
         Schedule1F1B,
@@ -178,7 +199,7 @@ def _build_pipeline(
         plan.global_batch_size // plan.mesh.dp,
         plan.micro_batch_size,
     )[0]
-    pipe = traced_pipe(plan, model, example)
+    pipe = traced_pipe(plan, model, example, cache.pipes)
     pp_rank = mesh.get_local_rank("pp")
     indices = [st.index for st in plan.stages if st.pp_rank == pp_rank]
     blocks = plan.blocks
@@ -193,7 +214,7 @@ def _build_pipeline(
         stage_mod.to(device)
         stage_experts: list = []
         if ep > 1:
-            emesh = expert_mesh(device, mesh_cfg.pp, mesh_cfg.dp, ep, mesh_cfg.tp)
+            emesh = expert_mesh(device, mesh_cfg.pp, mesh_cfg.dp, ep, mesh_cfg.tp, cache)
             stage_experts = apply_expert_parallel(stage_mod, emesh["ep"], eager_only=True)
             edp_group = emesh["edp"].get_group()
         if device.type != "cpu":

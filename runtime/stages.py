@@ -32,8 +32,6 @@ from torch.distributed.pipelining._IR import annotate_split_points
 
 from planner.schema import Plan
 
-_TRACED: dict[str, Any] = {}  # one trace per model, micro-batch size and cut, per process
-
 
 def split_points(plan: Plan) -> list[str]:
     """The module path where each stage after the first begins."""
@@ -41,14 +39,15 @@ def split_points(plan: Plan) -> list[str]:
     return [first_module[st.blocks[0]] for st in plan.stages[1:]]
 
 
-def traced_pipe(plan: Plan, model: nn.Module, example_inputs: tuple) -> Any:
-    """A private copy of the traced, split model (the trace is cached: it is the slow part)."""
+def traced_pipe(plan: Plan, model: nn.Module, example_inputs: tuple, traced: dict) -> Any:
+    """A private copy of the traced, split model; ``traced`` keeps the trace (the slow part)
+    for later plans of the same model, micro-batch and cut."""
     points = split_points(plan)
     key = json.dumps(
         [plan.model.sha256, plan.model.args, plan.micro_batch_size, points],
         sort_keys=True,
     )
-    if key not in _TRACED:
+    if key not in traced:
         traced_model = copy.deepcopy(model)
         annotate_split_points(traced_model, {fqn: SplitPoint.BEGINNING for fqn in points})
         pipe = pipeline(traced_model, example_inputs, split_policy=inline_grad_mode_regions)
@@ -59,8 +58,8 @@ def traced_pipe(plan: Plan, model: nn.Module, example_inputs: tuple) -> Any:
                 "forward order"
             )
         relay_skip_connections(pipe.split_gm)
-        _TRACED[key] = pipe
-    return copy.deepcopy(_TRACED[key])
+        traced[key] = pipe
+    return copy.deepcopy(traced[key])
 
 
 def inline_grad_mode_regions(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:

@@ -23,7 +23,7 @@ from planner.errors import MeshplanError
 from planner.modelfile import ModelFile
 from planner.schema import Plan
 from runtime.batching import dp_slice, micro_batches, throughput_unit
-from runtime.build import Built, build, release
+from runtime.build import Built, RuntimeCache, build, release
 from runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from runtime.metrics import append_metrics, format_step, peak_memory_bytes, start_metrics
 from runtime.parallelize import gradient_sync
@@ -108,12 +108,13 @@ def train_plan(
     checkpoint_every: int = 0,
     resume: bool = False,
     hang_timeout_s: float = 0.0,
+    cache: RuntimeCache | None = None,
 ) -> list[float]:
     """Train ``steps`` steps (or the rest of them after a checkpoint); every rank returns the
     same per-step losses, and rank 0 logs them to the terminal and ``run_dir/metrics.jsonl``."""
     rank, world = dist.get_rank(), dist.get_world_size()
     arm_watchdog(hang_timeout_s)
-    built = build(plan, mf, device, seed)
+    built = build(plan, mf, device, seed, cache)
     start = 0
     found = latest_checkpoint(run_dir) if resume else None
     if found is not None:

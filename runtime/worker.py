@@ -24,6 +24,7 @@ import torch.distributed as dist
 from planner.errors import MeshplanError
 from planner.modelfile import load_model_file
 from planner.schema import load_plan
+from runtime.build import RuntimeCache
 from runtime.checkpoint import latest_checkpoint
 from runtime.stop import ENV as STOP_ENV
 from runtime.stop import write_stop
@@ -82,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     rank = dist.get_rank()
     # build_stage warns once per eager module it cannot retarget; on one device that is noise.
     logging.getLogger("torch.distributed.pipelining._IR").setLevel(logging.ERROR)
+    cache = RuntimeCache()  # meshes and traces the plans of this launch share
     try:
         for plan_path, run_dir in zip(args.plans, args.run_dirs):
             plan = load_plan(plan_path)
@@ -108,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
                 checkpoint_every=args.checkpoint_every,
                 resume=args.resume or restarted(Path(run_dir)),
                 hang_timeout_s=args.hang_timeout,
+                cache=cache,
             )
             if rank == 0:
                 print(f"done {plan_path} in {time.perf_counter() - t0:.1f} s", flush=True)

@@ -47,15 +47,11 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def fake_world():
-    """Rank 0 of WORLD under the fake process group; meshes the runtime cached are dropped
-    after, so no other test sees them."""
-    from runtime import build as build_module
-
+    """Rank 0 of WORLD under the fake process group, torn down after the module."""
     dist.init_process_group("fake", rank=0, world_size=WORLD, store=FakeStore())
     try:
         yield
     finally:
-        build_module._MESHES.clear()
         dist.destroy_process_group()
 
 

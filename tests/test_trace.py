@@ -236,6 +236,15 @@ def test_hook_fallback_graph(tmp_path, monkeypatch):
     assert [b.name for b in traced.blocks] == ["layers.0", "layers.1", "layers.2"]
     # three Linear layers of 4 x 8 x 8 multiply-adds
     assert sum(b.fwd_flops for b in traced.blocks) == 3 * 2 * 4 * 8 * 8
+    # both tracing paths write the OpGraph's documented node schema, and the cache keeps it
+    from planner.trace.graph import OpGraph, check_op_graph
+
+    assert isinstance(traced.graph, OpGraph) and check_op_graph(traced.graph) == []
+    exported = trace(GPT, {"size": "tiny"}, dtype="fp32")
+    assert check_op_graph(exported.graph) == []
+    again = trace(GPT, {"size": "tiny"}, dtype="fp32")
+    assert again.from_cache and isinstance(again.graph, OpGraph)
+    assert check_op_graph(again.graph) == []
 
 
 def test_matmul_inner_dimensions():
