@@ -115,21 +115,26 @@ class PlanResult:
 
 
 def variants_for(
-    graph: nx.DiGraph, cluster, tp_variant: str = "auto", memo: dict | None = None
+    graph: nx.DiGraph,
+    cluster,
+    tp_variant: str = "auto",
+    memo: dict | None = None,
+    probe: Any = None,
 ) -> Any:
     """The intra-block sharding ILP, with its cost rates taken from the cluster's profile.
     ``tp_variant="sharded"`` drops the replicated variant wherever a sharded one exists, so a
     pinned ``--tp`` really shards (used to score hand-written Megatron configs, and by tests);
     "sequence" keeps only the sequence-parallel variant where a block has one (else as
     "sharded"); "no-sequence" drops sequence-parallel variants. ``memo`` keeps the ILP's
-    solutions for other calls of one planning run."""
+    solutions for other calls of one planning run. ``probe`` (an ``EagerShardProbe``) drops
+    the sharded variants the model's own code would run wrongly on local shards."""
     from planner.cost.sharding import tp_variants
 
     p = cluster.profile
     bw, _ = cluster.link(list(range(min(cluster.gpus_per_node, cluster.gpus))))
 
-    def variants_of(block: Block, tp: int) -> list:
-        found = tp_variants(
+    def solve(block: Block, tp: int, gathered: frozenset[str] = frozenset()) -> list:
+        return tp_variants(
             graph,
             block,
             tp,
@@ -137,7 +142,13 @@ def variants_for(
             flops_per_second=p.peak_flops["bf16"] * p.matmul_efficiency,
             bytes_per_second=p.memory_bandwidth * p.elementwise_efficiency,
             memo=memo,
+            gathered=gathered,
         )
+
+    def variants_of(block: Block, tp: int) -> list:
+        found = solve(block, tp)
+        if probe is not None and len(block.modules) == 1:
+            found = _runnable(block, tp, found)
         if tp_variant == "no-sequence":
             return [v for v in found if not v.name.endswith("-sp")]
         sharded = [v for v in found if v.name != "replicated"]
@@ -145,6 +156,29 @@ def variants_for(
         if tp_variant == "sequence" and sequence:
             return sequence
         return sharded if tp_variant in ("sharded", "sequence") and sharded else found
+
+    def _runnable(block: Block, tp: int, found: list) -> list:
+        """The variants the model's eager code runs as priced. A rejected variant's
+        column-parallel modules whose outputs the code mishandles are gathered, and the ILP
+        solved again, until every sharded variant passes (each round gathers one more
+        module at least, so this ends)."""
+        module = block.modules[0]
+        gathered: frozenset[str] = frozenset()
+        while True:
+            bad = [
+                v
+                for v in found
+                if v.name != "replicated" and probe.reject(block.cls, module, v.tp_plan, tp)
+            ]
+            if not bad:
+                return found
+            more = set().union(
+                *(probe.unsafe_outputs(block.cls, module, v.tp_plan, tp) for v in bad)
+            )
+            if not more - gathered:
+                return [v for v in found if v not in bad]
+            gathered = gathered | frozenset(more)
+            found = solve(block, tp, gathered)
 
     return variants_of
 
@@ -169,6 +203,7 @@ def plan(
 
     Raises UserInputError for bad input and InfeasibleError when nothing fits."""
     from planner.assemble import build_plan
+    from planner.cost.eager_probe import EagerShardProbe
     from planner.cost.model import Training
     from planner.errors import InfeasibleError
     from planner.hardware.cluster import make_cluster
@@ -204,15 +239,23 @@ def plan(
     if traced.note:
         notes.append(traced.note)
     memo = SearchMemo()
-    variants_of = variants_for(traced.graph, cluster, pins.tp_variant, memo.variants)
+    probe = EagerShardProbe(mf, training.dtype, traced.graph.graph.setdefault("tp_probe", {}))
+    variants_of = variants_for(traced.graph, cluster, pins.tp_variant, memo.variants, probe)
     result = search(
         traced.graph, traced.blocks, cluster, training, pins, variants_of, progress, memo=memo
     )
     if result.best is None:
         raise InfeasibleError(infeasible_message(traced, cluster, training, result, pins))
     # Hand-written baselines as published (Narayanan et al. 2021: no sequence parallelism).
-    hand = variants_for(traced.graph, cluster, "no-sequence", memo.variants)
+    hand = variants_for(traced.graph, cluster, "no-sequence", memo.variants, probe)
     baselines = baseline_candidates(traced, cluster, training, pins, hand, memo)
+    first: dict[str, str] = {}
+    for reason, _ in probe.verdicts.values():
+        if reason:
+            first.setdefault(reason.split(":")[0], reason)
+    notes += [f"tensor parallelism: {r}" for _, r in sorted(first.items())]
+    if probe.probed and use_cache:
+        save_graph(trace_key(mf.sha256, mf.args, 1, training.dtype), traced.graph)
     lr = float(training_cfg.get("lr", 3e-4))
     doc = build_plan(traced, cluster, training, lr, result, baselines)
     return PlanResult(doc, traced, cluster, training, result, notes)

@@ -70,6 +70,12 @@ def why_lost(c: Candidate, best: Candidate | None) -> str:
         if best is not None and best.cost is not None:
             slower = c.cost.step_time_s / best.cost.step_time_s - 1
             cost = c.cost
+            if slower <= -1e-3:
+                # Only a baseline outside the user's pins can beat the chosen plan.
+                return (
+                    f"{1 / (1 + slower):.2f}x as fast as the chosen plan, but your pins "
+                    "(--tp/--pp/--dp/--zero/...) exclude it; drop them to let the search choose it"
+                )
             if slower < 1e-3:
                 extra = (cost.peak_memory_bytes - best.cost.peak_memory_bytes) / 2**30
                 if extra > 0.05:

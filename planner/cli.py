@@ -212,6 +212,7 @@ def run_planning(args: argparse.Namespace, mf, command: str) -> int:
     if pins.tp and args.gpus and args.gpus % pins.tp:
         raise UserInputError(f"--tp {pins.tp} does not divide --gpus {args.gpus}")
     out_dir = Path(args.out) if args.out else Path("reports") / mf.path.stem
+    notes = _run_profile_default(args)
     with Progress(quiet=args.quiet) as progress:
         result = plan(
             mf,
@@ -233,7 +234,7 @@ def run_planning(args: argparse.Namespace, mf, command: str) -> int:
 
     written += write_report(result.plan, out_dir, command)
     if not args.quiet:
-        for note in result.notes:
+        for note in notes + result.notes:
             print(f"note: {note}", file=sys.stderr)
     print_plan(result.plan, written, quiet=args.quiet)
     if args.run:
@@ -241,6 +242,24 @@ def run_planning(args: argparse.Namespace, mf, command: str) -> int:
 
         return run_plan(path, args)
     return 0
+
+
+def _run_profile_default(args: argparse.Namespace) -> list[str]:
+    """With ``--run`` on the CPU and no ``--profile``, plan for the CPU the run will use.
+
+    Planning for the GPU default and then running on gloo would predict microseconds per step
+    and choose a layout for memory the run does not have."""
+    if not args.run or args.profile is not None:
+        return []
+    from runtime.launch import choose_device
+
+    if choose_device(args.device) != "cpu":
+        return []
+    args.profile = "cpu"
+    return [
+        "profile cpu: the run uses the CPU (gloo); plan calibrate --device cpu measures this "
+        "host, then pass --profile measured/<name>"
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

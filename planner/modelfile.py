@@ -83,6 +83,11 @@ class ModelFile:
                 f"{self.path.name}: build_model() returned {type(model).__name__}, "
                 "not a torch.nn.Module"
             )
+        if not any(p.requires_grad for p in model.parameters()):
+            raise UserInputError(
+                f"{self.path.name}: build_model() returned a model with no trainable parameters: "
+                "there is nothing to train (give the model parameters that require grad)"
+            )
         return model
 
     def batch(self, batch_size: int, step: int = 0) -> tuple[tuple[torch.Tensor, ...], Any]:

@@ -27,6 +27,7 @@ from runtime.parallelize import (
     make_optimizers,
     shard_experts,
 )
+from runtime.tied import TiedGrads, tied_grads, tied_groups, untie_between
 
 
 @dataclass
@@ -37,6 +38,7 @@ class RuntimeCache:
 
     meshes: dict[tuple, DeviceMesh] = field(default_factory=dict)
     pipes: dict[str, Any] = field(default_factory=dict)
+    groups: dict[tuple, Any] = field(default_factory=dict)  # process groups by members
 
 
 def expert_mesh(
@@ -93,11 +95,13 @@ class Built:
     notes: list[str] = field(default_factory=list)
     expert_params: list = field(default_factory=list)  # sharded over ep: own gradient sync
     edp_group: Any = None
+    tied: TiedGrads = field(default_factory=TiedGrads)  # copies of tied weights on stages
 
     def sync_gradients(self) -> None:
         """What the data-parallel wrappers leave to do before the optimizer step."""
         if self.expert_params:
             sync_expert_grads(self.expert_params, self.edp_group, self.plan.mesh.dp)
+        self.tied.sum_gradients(self.parts)
 
     @property
     def coords(self) -> tuple[int, int, int]:
@@ -208,9 +212,13 @@ def _build_pipeline(
     ep = mesh_cfg.ep
     experts: list = []
     edp_group = None
-    for i in indices:
-        stage_mod = pipe.get_stage_module(i)
+    stage_mods = [pipe.get_stage_module(i) for i in indices]
+    for stage_mod in stage_mods:
         adopt_eager_modules(stage_mod, model)
+    untie_between(stage_mods)
+    coords = tuple(int(c) for c in mesh.get_coordinate() or ())
+    tied = tied_grads(tied_groups(model), stage_mods, coords, 0, cache.groups)
+    for i, stage_mod in zip(indices, stage_mods):
         stage_mod.to(device)
         stage_experts: list = []
         if ep > 1:
@@ -241,7 +249,7 @@ def _build_pipeline(
         cls = ScheduleGPipe if plan.schedule == "gpipe" else Schedule1F1B
         schedule = cls(stages[0], n_microbatches=m, loss_fn=loss)
     optimizers = make_optimizers(parts, plan, mesh["dp"], experts)
-    return Built(plan, mesh, parts, optimizers, schedule, indices, notes, experts, edp_group)
+    return Built(plan, mesh, parts, optimizers, schedule, indices, notes, experts, edp_group, tied)
 
 
 def _loss_fn(mf: ModelFile):

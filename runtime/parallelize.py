@@ -29,6 +29,7 @@ from planner.errors import UserInputError
 from planner.modelfile import DTYPES
 from planner.schema import Plan
 from planner.vocab import HALF_DTYPES, SEQUENCE_STYLES
+from runtime.tied import splits_tie, tied_groups
 
 HALF = {name: DTYPES[name] for name in HALF_DTYPES}
 
@@ -196,7 +197,15 @@ def apply_tensor_parallel(root: nn.Module, blocks: list[dict], tp_mesh: DeviceMe
             if traced:
                 gathered.append(fqn)
     if styles:
+        ties = tied_groups(root)
         parallelize_module(root, tp_mesh, styles)
+        broken = sorted(set(ties) - set(tied_groups(root)))
+        if broken:
+            raise UserInputError(
+                f"the plan shards the tied weight {broken[0]} ({', '.join(ties[broken[0]])}) in "
+                "only some of its modules, which would train two tensors: plan again with this "
+                "version of meshplan (it keeps tied weights replicated) or with --tp 1"
+            )
     return gathered
 
 
@@ -280,8 +289,11 @@ def apply_data_parallel(
         return DistributedDataParallel(root, device_ids=ids, process_group=dp_mesh.get_group())
     reshard = zero == 3
     offloaded = []
+    ties = tied_groups(root)
     for block in blocks:
-        modules = [m for m in (find_module(root, f) for f in block.modules) if m is not None]
+        # a module holding a tied weight joins the root unit with the weight's other holders
+        fqns = [f for f in block.modules if not splits_tie(f, ties)]
+        modules = [m for m in (find_module(root, f) for f in fqns) if m is not None]
         modules = [m for m in modules if _params_of([m])]
         if not modules:
             continue

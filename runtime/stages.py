@@ -23,6 +23,7 @@ import copy
 import inspect
 import json
 import operator
+from functools import partial
 from typing import Any
 
 import torch
@@ -58,8 +59,61 @@ def traced_pipe(plan: Plan, model: nn.Module, example_inputs: tuple, traced: dic
                 "forward order"
             )
         relay_skip_connections(pipe.split_gm)
+        contiguous_boundaries(pipe.split_gm)
         traced[key] = pipe
     return copy.deepcopy(traced[key])
+
+
+class _ContiguousGrad(torch.autograd.Function):
+    """Identity whose backward makes the gradient contiguous (it is sent to the stage before)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+        return grad.contiguous()
+
+
+def contiguous_grad(x: torch.Tensor) -> torch.Tensor:
+    return _ContiguousGrad.apply(x) if x.requires_grad else x
+
+
+def _contiguous(graph: torch.fx.Graph, n: torch.fx.Node) -> torch.fx.Node:
+    val = n.meta.get("val")
+    if not isinstance(val, torch.Tensor):
+        return n
+    out = graph.call_method("contiguous", (n,))
+    out.meta = {**n.meta, "val": torch.empty(val.shape, dtype=val.dtype, device="meta")}
+    return out
+
+
+def contiguous_boundaries(split_gm: torch.fx.GraphModule) -> None:
+    """Send and receive only contiguous tensors: gloo refuses any other ("input tensor has to
+    be contiguous": the transposed attention outputs of transformers' OPT and T5). Each
+    stage's outputs are made contiguous, its inputs' gradients (sent back) too, and its
+    receive buffers, which torch's pipelining allocates with the strides the trace recorded,
+    are declared contiguous. Values and gradients are unchanged."""
+    for stage in split_gm.children():
+        if not isinstance(stage, torch.fx.GraphModule):
+            continue
+        graph = stage.graph
+        for node in list(graph.nodes):
+            if node.op == "placeholder":
+                val = node.meta.get("val")
+                if isinstance(val, torch.Tensor) and not val.is_contiguous():
+                    node.meta["val"] = torch.empty(val.shape, dtype=val.dtype, device="meta")
+                if isinstance(val, torch.Tensor) and val.is_floating_point():
+                    with graph.inserting_after(node):
+                        wrapped = graph.call_function(contiguous_grad, (node,))
+                    wrapped.meta = dict(node.meta)
+                    node.replace_all_uses_with(wrapped, lambda user, w=wrapped: user is not w)
+            elif node.op == "output":
+                with graph.inserting_before(node):
+                    node.args = (torch.fx.map_arg(node.args[0], partial(_contiguous, graph)),)
+        graph.lint()
+        stage.recompile()
 
 
 def inline_grad_mode_regions(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
@@ -249,14 +303,18 @@ def _single_tensor_io(traced: nn.Module) -> bool:
 
 
 def _takes_one_argument(module: nn.Module) -> bool:
+    """Whether ``forward`` has exactly one parameter. One required argument is not enough: a
+    module called with keywords (transformers' OPT positional embedding takes
+    ``position_ids=``) is traced with the keyword's value as its one input, which the eager
+    module would read as its first positional argument."""
     try:
         params = list(inspect.signature(module.forward).parameters.values())
     except (TypeError, ValueError):
         return False
-    if not params or any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
-        return False
-    required = [p for p in params if p.default is inspect.Parameter.empty]
-    return len(required) == 1 and required[0] is params[0]
+    return len(params) == 1 and params[0].kind in (
+        inspect.Parameter.POSITIONAL_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    )
 
 
 def adopt_eager_modules(stage: nn.Module, model: nn.Module) -> list[str]:

@@ -37,6 +37,29 @@ def build_model():
 def make_batch(b, step=0):
     raise KeyError("no such dataset")
 """
+NO_PARAMETERS = """
+import torch
+class M(torch.nn.Module):
+    def forward(self, x):
+        return torch.relu(x)
+def build_model():
+    return M()
+def make_batch(b, step=0):
+    return torch.randn(b, 8), torch.zeros(b, dtype=torch.long)
+"""
+SHAPE_MISMATCH = """
+import torch
+class M(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l = torch.nn.Linear(8, 8)
+    def forward(self, x):
+        return self.l(x) @ torch.ones(7, 3)
+def build_model():
+    return M()
+def make_batch(b, step=0):
+    return torch.randn(b, 8), torch.zeros(b, dtype=torch.long)
+"""
 FORWARD_RAISES = """
 import torch
 from torch import nn
@@ -126,6 +149,16 @@ CASES = {
         "no such dataset",
     ),
     "forward_raises": (lambda t: [_model(t, "m.py", FORWARD_RAISES), "--gpus", "2"], 2, "boom"),
+    "no_parameters": (
+        lambda t: [_model(t, "m.py", NO_PARAMETERS), "--gpus", "2"],
+        2,
+        "no trainable parameters",
+    ),
+    "shape_mismatch": (
+        lambda t: [_model(t, "m.py", SHAPE_MISMATCH), "--gpus", "2"],
+        2,
+        "same reduction dim",
+    ),
     "untraceable": (
         lambda t: [_model(t, "m.py", UNTRACEABLE), "--gpus", "2"],
         2,

@@ -65,3 +65,50 @@ def test_real_process_exit_status_and_stderr(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "does not exist" in proc.stderr
     assert proc.stdout == ""
+
+
+@pytest.mark.distributed
+def test_a_failing_forward_prints_no_torch_log_lines(tmp_path):
+    """torch's fake-tensor layer logs the whole internal traceback of a failed shape check at
+    ERROR level; the user sees only meshplan's one line."""
+    import os
+
+    model = tmp_path / "m.py"
+    model.write_text(
+        "import torch\n"
+        "class M(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.l = torch.nn.Linear(8, 8)\n"
+        "    def forward(self, x):\n"
+        "        return self.l(x) @ torch.ones(7, 3)\n"
+        "def build_model():\n"
+        "    return M()\n"
+        "def make_batch(b, step=0):\n"
+        "    return torch.randn(b, 8), torch.zeros(b, dtype=torch.long)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "planner.cli", str(model), "--gpus", "2", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "MESHPLAN_CACHE": str(tmp_path / "cache")},
+    )
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if not line.startswith("note:")]
+    assert len(lines) == 1 and lines[0].startswith("plan: error:"), proc.stderr
+
+
+def test_running_on_the_cpu_plans_for_the_cpu():
+    """--run on the CPU without --profile plans with the cpu profile (planning for the GPU
+    default would predict microseconds and a memory the run does not have)."""
+    import argparse
+
+    from planner.cli import _run_profile_default
+
+    args = argparse.Namespace(run=True, profile=None, device="cpu")
+    notes = _run_profile_default(args)
+    assert args.profile == "cpu" and notes and "cpu" in notes[0]
+    kept = argparse.Namespace(run=True, profile="h100-sxm", device="cpu")
+    assert _run_profile_default(kept) == [] and kept.profile == "h100-sxm"
+    planning = argparse.Namespace(run=False, profile=None, device=None)
+    assert _run_profile_default(planning) == [] and planning.profile is None

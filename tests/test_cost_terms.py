@@ -542,3 +542,66 @@ def test_tensor_parallel_shrinks_compute_and_memory_bound_work_by_their_own_shar
     comm = sum(ring(kind, nbytes, 2) for kind, nbytes in v.comm_fwd)
     want = compute * v.compute_fraction + memory * v.memory_bound_fraction + comm
     assert opt.fwd_s == pytest.approx(want, rel=1e-9)
+
+
+# --------------------------------------------------------------------------- tied weights
+
+
+def tied_case(pp: int, dp: int, zero: int, m: int = 2):
+    """Three blocks; the first owns a 1e8-element embedding that the last reads again (an
+    output projection tied to it), 2 ms per micro-batch each; bf16 AdamW, one node."""
+    blocks = [make_block(i, "L", params=0, boundary=0, out=0) for i in range(3)]
+    blocks[0] = replace(blocks[0], params=10**8, param_names=["wte.weight"])
+    blocks[2] = replace(blocks[2], tied={"wte.weight": 10**8})
+    opts = [make_option(2e-3, p, 0.0) for p in (1e8, 0.0, 0.0)]
+    stage_of = [0, pp - 1, pp - 1] if pp > 1 else [0, 0, 0]
+    n = pp * dp
+    return run(
+        blocks, opts, Mesh(pp, dp, 1), stage_of, zero=zero, training=Training(dp * m),
+        cl=cluster(n, n),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("zero,m", [(0, 2), (3, 1), (3, 2)])
+def test_a_tied_copy_lives_and_trains_on_the_last_stage(zero, m):
+    """Two stages, two replicas: the last stage keeps a full copy of the tied embedding with
+    its gradient and optimizer states (sharded by ZeRO like its owner's; a ZeRO-3 pipeline
+    with several micro-batches keeps weights and gradients whole until the step), and after
+    the pipeline drains the copy's gradient is reduced over its replicas (nothing hides it)
+    and summed with the first stage's by an all-reduce between the two stages (Megatron's
+    embedding group)."""
+    base = tied_case(2, 2, zero, m)
+    n, dp = 1e8, 2
+    if zero == 0:
+        states = n * (2 + 2 + 12)
+        sync = ring("all_reduce", n * 2, dp) + ring("all_reduce", n * 2, 2)
+    else:
+        states = n * (2 + 2 + 12) / dp if m == 1 else n * (2 + 2 + 12 / dp)
+        sync = ring("reduce_scatter", n * 2, dp) + ring("all_reduce", n * 2 / dp, 2)
+    untied = run_untied(2, 2, zero, m)
+    assert base.rank_memory[1]["other"] - untied.rank_memory[1]["other"] == pytest.approx(states)
+    assert base.rank_memory[0]["other"] == pytest.approx(untied.rank_memory[0]["other"])
+    assert base.step_time_s - untied.step_time_s == pytest.approx(sync, rel=1e-9)
+
+
+def run_untied(pp: int, dp: int, zero: int, m: int = 2):
+    blocks = [make_block(i, "L", params=0, boundary=0, out=0) for i in range(3)]
+    blocks[0] = replace(blocks[0], params=10**8, param_names=["wte.weight"])
+    opts = [make_option(2e-3, p, 0.0) for p in (1e8, 0.0, 0.0)]
+    stage_of = [0, pp - 1, pp - 1] if pp > 1 else [0, 0, 0]
+    n = pp * dp
+    return run(
+        blocks, opts, Mesh(pp, dp, 1), stage_of, zero=zero, training=Training(dp * m),
+        cl=cluster(n, n),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("zero", [0, 2, 3])
+def test_one_stage_holds_a_tied_weight_once(zero):
+    """Without a pipeline both uses are on every rank: one tensor, no copy, no sync; under
+    ZeRO-3 the modules sharing it form one FSDP unit with the root, so the weight stays
+    gathered through forward and backward: (1 - 1/dp) of its bf16 bytes more."""
+    tied, untied = tied_case(1, 4, zero), run_untied(1, 4, zero)
+    extra = 1e8 * 2 * (1 - 1 / 4) if zero == 3 else 0.0
+    assert tied.rank_memory[0]["other"] - untied.rank_memory[0]["other"] == pytest.approx(extra)
+    assert tied.step_time_s == pytest.approx(untied.step_time_s, rel=1e-12)

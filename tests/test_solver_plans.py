@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from planner.api import plan
 from planner.errors import InfeasibleError, UserInputError
 from planner.schema import Mesh, dumps, load_plan, validate_plan
 from planner.search import Pins
+
+ROOT = Path(__file__).resolve().parent.parent
 
 GPT = "examples/gpt.py"
 
@@ -118,3 +122,23 @@ def test_only_runnable_schedules_and_zero_stages_are_searched():
     )
     pinned = enumerate_candidates(8, 6, training, Pins(zero=1, tp=2), [1, 2])
     assert pinned and all(c.zero == 1 and c.tp == 2 for c in pinned)
+
+
+def test_a_baseline_the_pins_excluded_says_how_much_faster_it_is():
+    """A pinned 4-stage pipeline of a tiny GPT on 4 GPUs loses to the baselines; the table
+    must say so (the speed-up and that the pins excluded it), never call them a tie."""
+    pinned = plan(
+        ROOT / "examples" / "gpt.py", 4, model_args={"size": "tiny"}, profile="h100-sxm",
+        pins=Pins(pp=4, tp=1, dp=1),
+    )  # fmt: skip
+    chosen = pinned.plan.predicted.step_time_s
+    faster = [
+        a
+        for a in pinned.plan.solver.alternatives
+        if a.step_time_s is not None and a.step_time_s < chosen * 0.99
+    ]
+    assert faster, "the pinned pipeline should lose to a baseline"
+    for a in faster:
+        ratio = chosen / a.step_time_s
+        assert "your pins" in a.why_not and f"{ratio:.2f}x as fast" in a.why_not, a.why_not
+        assert "as fast (within" not in a.why_not

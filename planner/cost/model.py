@@ -804,13 +804,87 @@ def gathered_weight_bytes(o: BlockOption, zero: int, training: Training) -> floa
     return 0.0
 
 
+@dataclass(frozen=True)
+class TiedCopy:
+    """A parameter one block owns and a later block also reads (an output projection that is
+    the token embedding)."""
+
+    name: str
+    numel: int
+    owner: int  # block index
+    user: int
+
+    def spans_model(self, blocks: int) -> bool:
+        """Owned by the first block and read by the last: with a pipeline they are always on
+        the first and the last pipeline rank."""
+        return self.owner == 0 and self.user == blocks - 1
+
+
+def tied_copies(blocks: list[Block]) -> list[TiedCopy]:
+    owner = {name: b.index for b in blocks for name in b.param_names}
+    return [
+        TiedCopy(name, numel, owner.get(name, 0), b.index)
+        for b in blocks
+        for name, numel in b.tied.items()
+    ]
+
+
+def tied_memory(inp: CostInputs, config: Config, last: bool) -> float:
+    """Device bytes tied weights add beyond their owner block's states, as the runtime runs
+    them. One stage: under ZeRO-3 the modules that share the weight form one FSDP unit with the
+    root, so the weight stays gathered from the first use in forward to the last in backward.
+    A pipeline: the stage that reads a weight another stage owns keeps a full copy with its
+    gradient and optimizer states (Megatron's embedding group), kept equal by
+    ``tied_sync_time``'s all-reduce. A tie between the first and the last block puts that copy
+    on the last rank; for any other tie the copy is counted on every rank (an upper bound:
+    where it lands depends on the split)."""
+    copies = tied_copies(inp.blocks)
+    if not copies:
+        return 0.0
+    tr, mesh = inp.training, config.mesh
+    total = 0.0
+    for c in copies:
+        if config.num_stages == 1:
+            if config.zero_stage >= 3:
+                total += c.numel * tr.state_bytes[0] * (1 - 1 / mesh.replicas)
+        elif last or not c.spans_model(len(inp.blocks)):
+            zero = 1 if deferred_reduce(config, tr) else config.zero_stage
+            sm = state_memory(c.numel, zero, mesh.replicas, Offload.NONE, tr)
+            total += sm["params"] + sm["grads"] + sm["optimizer"]
+    return total
+
+
+def tied_sync_time(inp: CostInputs, config: Config) -> float:
+    """Per step, with a pipeline: each tied copy's gradient is reduced over its stage's data
+    parallel ranks (a collective nothing overlaps: it runs after the pipeline drains), then
+    summed with the owner stage's by an all-reduce between the two pipeline ranks, so every
+    copy takes the one-process update."""
+    mesh = config.mesh
+    if mesh.pp == 1:
+        return 0.0
+    gb = inp.training.state_bytes[1]
+    zero, n = config.zero_stage, mesh.replicas
+    pair = [mesh.rank(0, 0, 0), mesh.rank(mesh.pp - 1, 0, 0)]
+    total = 0.0
+    for c in tied_copies(inp.blocks):
+        nbytes = c.numel * gb
+        if n > 1:
+            kind = "reduce_scatter" if zero >= 2 else "all_reduce"
+            total += collective_time(kind, nbytes, inp.cluster, mesh.dp_group(mesh.pp - 1))
+        total += collective_time(
+            "all_reduce", nbytes / n if zero >= 2 else nbytes, inp.cluster, pair
+        )
+    return total
+
+
 def other_memory(
     inp: CostInputs, opts: list[BlockOption], config: Config, pp_rank: int, last: bool
 ) -> float:
     """Memory that is not a model state or saved activation: the profile's reserved bytes, the
     largest op's working memory (or one block's recomputed activations during backward), the
     pipeline send/receive buffers, ZeRO-3's gathered weights of the current and the prefetched
-    block, and on the last stage the loss's fp32 logits and their gradient."""
+    block, on the last stage the loss's fp32 logits and their gradient, and tied weights'
+    copies (``tied_memory``)."""
     p = inp.cluster.profile
     scale = sample_share(config) / inp.traced_mbs
     total = p.reserved_bytes
@@ -822,14 +896,15 @@ def other_memory(
     )
     if last:
         total += inp.loss_bytes * scale
-    return total
+    return total + tied_memory(inp, config, last)
 
 
 def evaluate(inp: CostInputs, config: Config) -> StepCost:
     """Step time and per-device memory of ``config`` under the cost model.
 
     Step = pipeline + exposed DP communication + optimizer step + offload traffic (the last
-    three: the slowest pipeline rank's); see ``pipeline_time`` and ``rank_memory``."""
+    three: the slowest pipeline rank's) + tied weights' gradient sum; see ``pipeline_time`` and
+    ``rank_memory``."""
     mesh, training = config.mesh, inp.training
     p = mesh.pp
     stages = stage_costs(inp, config)
@@ -843,7 +918,7 @@ def evaluate(inp: CostInputs, config: Config) -> StepCost:
     dp_exposed = max(st.dp_exposed_s for st in stages)
     opt_s = max(sum(st.optimizer_s for st in stages[r::p]) for r in range(p))
     off_s = max(sum(st.offload_s for st in stages[r::p]) for r in range(p))
-    step = pipeline + dp_exposed + opt_s + off_s
+    step = pipeline + dp_exposed + opt_s + off_s + tied_sync_time(inp, config)
     flops = sum(b.fwd_flops + b.bwd_flops for b in inp.blocks) * (
         training.global_batch_size / inp.traced_mbs
     )

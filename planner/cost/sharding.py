@@ -518,9 +518,17 @@ def build_problem(
     tp: int,
     flops_per_second: float = 400e12,
     bytes_per_second: float = 2e12,
+    gathered: frozenset[str] = frozenset(),
 ) -> BlockProblem:
-    """The block's tensor-valued ops with their strategies, costs and saved tensors."""
+    """The block's tensor-valued ops with their strategies, costs and saved tensors.
+    ``gathered``: module paths, relative to the block's module, whose outputs every op outside
+    them must read whole (the model's code cannot take their local shards; see
+    ``planner.cost.eager_probe``)."""
     nodes = [n for n in block.nodes if _has_tensor(graph, n)]
+    prefix = block.modules[0] + "." if len(block.modules) == 1 else ""
+    whole_outputs = {
+        n for n in nodes if gathered and graph.nodes[n]["module"].removeprefix(prefix) in gathered
+    }
     inside = set(nodes)
     ops: list[Op] = []
     external: dict[str, tuple[int, bool]] = {}
@@ -528,6 +536,9 @@ def build_problem(
     param_numel: dict[str, int] = {}
     pshapes = graph.graph.get("param_shapes", {})
     pdtype = graph.graph.get("param_dtype_bytes", {})
+    tied = tied_parameters(graph)
+    # a weight-sharding strategy needs a module the runtime's ParallelStyles can shard
+    shardable = set(graph.graph.get("tp_modules", []))
     for n in nodes:
         d = graph.nodes[n]
         operands = _operands(graph, d)
@@ -548,7 +559,19 @@ def build_problem(
                 module=d["module"],
                 shape=tuple(d["shapes"][0]),
                 operands=tuple(operands),
-                strategies=tuple(strategies_for(d["op"], d, operands, tp)),
+                strategies=tuple(
+                    st
+                    for st in strategies_for(d["op"], d, operands, tp)
+                    if not _shards_tied(st, operands, tied)
+                    and (not st.plan or d["module"] in shardable)
+                    and (
+                        n in whole_outputs
+                        or not any(
+                            o.kind == "node" and o.name in whole_outputs and req != R
+                            for o, req in zip(operands, st.req)
+                        )
+                    )
+                ),
                 seconds=seconds,
                 flops=int(d["fwd_flops"] + d["bwd_flops"]),
                 fwd_bytes=int(d["fwd_bytes"]),
@@ -585,6 +608,24 @@ def build_problem(
         flops=sum(op.flops for op in ops),
         fwd_bytes=sum(op.fwd_bytes for op in ops),
         block_module=block.modules[0] if len(block.modules) == 1 else "",
+    )
+
+
+def tied_parameters(graph: nx.DiGraph) -> frozenset[str]:
+    """Canonical names of parameters reachable under more than one module path."""
+    seen: dict[str, int] = {}
+    for canonical in graph.graph.get("param_owner", {}).values():
+        seen[canonical] = seen.get(canonical, 0) + 1
+    return frozenset(p for p, n in seen.items() if n > 1)
+
+
+def _shards_tied(st: Strategy, operands: Sequence[Operand], tied: frozenset[str]) -> bool:
+    """A tied weight stays replicated under TP: its uses live in different blocks, each
+    sharded by its own ILP, and the runtime can keep one tensor only if every use holds it
+    alike (a consistent vocabulary-parallel embedding and head is not built yet)."""
+    return any(
+        o.kind == "param" and o.name in tied and req not in (R, None)
+        for o, req in zip(operands, st.req)
     )
 
 
@@ -1067,6 +1108,7 @@ def tp_variants(
     bytes_per_second: float = 2e12,
     max_variants: int = 3,
     memo: dict | None = None,
+    gathered: frozenset[str] = frozenset(),
 ) -> list[TPVariant]:
     """The Pareto-best ways (time vs per-device memory) to run ``block`` over ``tp`` devices.
 
@@ -1076,9 +1118,10 @@ def tp_variants(
     per (block class, tp, cost rates) when given a ``memo`` to keep the solutions in (blocks of a
     class differ only in names), and re-bound to this block's names."""
     key = (block.cls, tp, comm_seconds_per_byte, flops_per_second, bytes_per_second, max_variants)
+    key += (gathered,) if gathered else ()
     memo = {} if memo is None else memo
     if key not in memo:
-        prob = build_problem(graph, block, tp, flops_per_second, bytes_per_second)
+        prob = build_problem(graph, block, tp, flops_per_second, bytes_per_second, gathered)
         memo[key] = _templates(prob, comm_seconds_per_byte, max_variants)
     # A sequence-parallel block is entered and left as one module (one block, one module).
     return [

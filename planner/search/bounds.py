@@ -157,7 +157,7 @@ def relaxed_bound(sp: StageProblem, bound: float) -> float:
         return math.inf
     if status != "optimal":
         return bound
-    return max(bound, value)
+    return max(bound, value + sp.const_step)
 
 
 def quiet_highs():

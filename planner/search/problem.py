@@ -26,6 +26,7 @@ from planner.cost.model import (
     option_states,
     other_memory,
     stage_time_parts,
+    tied_sync_time,
 )
 from planner.search.candidates import Candidate
 from planner.search.stage_milp import StageProblem, solve_stage_milp
@@ -100,6 +101,7 @@ def stage_problem(inp: CostInputs, cand: Candidate) -> StageProblem:
         const_time=const_time,
         inflight=[inflight_microbatches(cand.schedule, m, p, v, j % p) for j in range(J)],
         const_mem=const_mem,
+        const_step=tied_sync_time(inp, config),
         capacity=profile.memory_bytes * inp.memory_fraction,
         host_capacity=profile.host_memory_bytes / max(profile.gpus_per_node, 1),
     )

@@ -28,7 +28,8 @@ Constraints (names in the code):
                  X_r >= ws[s,o] u[r,s,o];  Z_r >= gather[s,o] u[r,s,o];  L_s u >= sum_{j=r} n
     host:        sum_{j = r} sum n host[s,o] <= host capacity per GPU
 Objective (= costmodel.evaluate's step time):
-    v = 1: sum_j T_j + (m - 1) Tmax;   v > 1: m Rmax + (p - 1) Tmax;   + E + Opt + Off
+    v = 1: sum_j T_j + (m - 1) Tmax;   v > 1: m Rmax + (p - 1) Tmax;   + E + Opt + Off + K
+    (K: what a step pays whatever the placement, the tied weights' gradient sum)
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ class StageProblem:
     dp_first: list[np.ndarray]
     dp_second: list[np.ndarray]
     dp_once: tuple[float, float] = (0.0, 0.0)
+    const_step: float = 0.0  # per step, whatever the placement: tied weights' gradient sum
     allowed: list[np.ndarray] | None = None  # per segment: options this candidate may use
 
 
@@ -114,6 +116,7 @@ class _Structure:
         self.const_time = par(J)
         self.const_mem = par(P)
         self.capacity, self.host_capacity = par(), par()
+        self.const_step = par(nonneg=True)
         self.c_sum, self.c_t, self.c_r = par(nonneg=True), par(nonneg=True), par(nonneg=True)
         n = cp.Variable((J, K), integer=True)
         a = cp.Variable((J, S), boolean=True)
@@ -165,7 +168,7 @@ class _Structure:
         ]
         pipeline = self.c_sum * cp.sum(T) + self.c_t * tmax + self.c_r * rmax
         self.n = n
-        self.problem = cp.Problem(cp.Minimize(pipeline + E + opt + off), cons)
+        self.problem = cp.Problem(cp.Minimize(pipeline + E + opt + off + self.const_step), cons)
 
     def load(self, sp: StageProblem, keep: list[list[int]]) -> None:
         J, S = self.J, self.S
@@ -189,6 +192,7 @@ class _Structure:
         self.const_time.value = np.asarray(sp.const_time, dtype=float)
         self.const_mem.value = np.asarray(sp.const_mem, dtype=float) / GIB
         self.capacity.value = sp.capacity / GIB
+        self.const_step.value = sp.const_step
         self.host_capacity.value = sp.host_capacity / GIB
         if sp.v == 1:
             self.c_sum.value, self.c_t.value, self.c_r.value = 1.0, sp.m - 1.0, 0.0

@@ -49,6 +49,9 @@ class Block:
     transient_bytes: int  # working memory of the block's largest op
     member: bool = False  # a child of a repeated container
     extra: dict = field(default_factory=dict)
+    # parameters this block reads that an earlier block owns (tied weights, e.g. an output
+    # projection that is the token embedding): canonical name -> elements
+    tied: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -96,6 +99,11 @@ def make_blocks(graph: nx.DiGraph) -> list[Block]:
                 transient_bytes=max((d["fwd_bytes"] for d in data), default=0),
                 member=g["member"],
                 extra=_moe(graph, nodes, names),
+                tied={
+                    p: _numel(shapes[p])
+                    for p in sorted(_read_params(graph, nodes))
+                    if owners.get(p, i) != i
+                },
             )
         )
     _name_classes(blocks)
@@ -266,6 +274,12 @@ def _parent(path: str) -> str:
 
 
 # --------------------------------------------------------------------------- per-block facts
+
+
+def _read_params(graph: nx.DiGraph, nodes: list[str]) -> set[str]:
+    """Canonical names of the parameters ``nodes`` read."""
+    alias: dict[str, str] = graph.graph["param_owner"]
+    return {alias.get(p, p) for n in nodes for p in graph.nodes[n]["params"]}
 
 
 def _param_blocks(graph: nx.DiGraph, groups: list[dict], block_of: dict[str, int]) -> dict:

@@ -16,8 +16,11 @@ and the caller is told so in one line; when both fail, the error names the modul
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
 import operator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,8 +79,34 @@ def meta_inputs(mf: ModelFile, micro_batch_size: int) -> tuple[torch.Tensor, ...
     return tuple(t.to("meta") for t in inputs)
 
 
+@contextlib.contextmanager
+def quiet_torch_logs() -> Iterator[None]:
+    """Silence torch's own loggers while a user's model is traced.
+
+    A forward that fails a shape check makes torch's fake-tensor layer log the full internal
+    traceback at ERROR before the exception reaches us; the user must see only our one line."""
+    loggers = [logging.getLogger("torch")] + [
+        logging.getLogger(name)
+        for name in list(logging.root.manager.loggerDict)
+        if name.startswith("torch.")
+    ]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
 def trace_model(mf: ModelFile, micro_batch_size: int = 1, dtype: str = "bf16") -> TraceResult:
     """Trace ``mf`` for one micro-batch; the OpGraph's numbers are for that batch size."""
+    with quiet_torch_logs():
+        return _trace_model(mf, micro_batch_size, dtype)
+
+
+def _trace_model(mf: ModelFile, micro_batch_size: int, dtype: str) -> TraceResult:
     model = build_meta_model(mf, dtype)
     inputs = tuple(
         t.to(DTYPES[dtype]) if t.is_floating_point() else t
@@ -235,6 +264,23 @@ def _annotate_model(
         ],
         torch_version=torch.__version__,
         experts=expert_modules(model),
+        tp_modules=tp_shardable_modules(model),
+    )
+
+
+def tp_shardable_modules(model: torch.nn.Module) -> list[str]:
+    """Paths of the modules torch's ParallelStyles can shard: an ``nn.Linear`` or
+    ``nn.Embedding`` running the stock ``forward``. A subclass with its own ``forward``
+    (transformers' OPT positional embedding takes an attention mask and keywords) would get
+    its styles' input conversion on the wrong argument."""
+    stock = {
+        torch.nn.Linear: torch.nn.Linear.forward,
+        torch.nn.Embedding: torch.nn.Embedding.forward,
+    }
+    return sorted(
+        name
+        for name, m in model.named_modules()
+        if any(isinstance(m, cls) and type(m).forward is fwd for cls, fwd in stock.items())
     )
 
 

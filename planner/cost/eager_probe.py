@@ -1,0 +1,220 @@
+"""Will a block's tensor-parallel variant run correctly as the user's eager code?
+
+The sharding ILP reasons on the exported graph, where every ``view`` has concrete sizes. The
+runtime runs the model's own Python on local shards, and there a ``view`` infers only the
+dimension the author wrote as -1. transformers' OPT writes ``view(bsz, -1, num_heads,
+head_dim)``: on a column-parallel shard of q the -1 absorbs the missing heads as a shorter
+*sequence*, the shapes still agree downstream, and the model silently trains something else.
+Llama writes ``view(*input_shape, -1, head_dim)``, so its local view has the local heads.
+
+So before a sharded variant is priced, the block's first module is run on the meta device
+twice with the inputs it gets in the model's forward: as is, and with the weights the plan
+shards cut to their local shape (what the runtime's ParallelStyles leave each rank). Every
+reshape of the local run must move the split dimension where the ILP's own rule
+(``_reshape_dim``) moves it; a reshape that does otherwise, or a local run that fails,
+rejects the variant with a one-line reason. Meta tensors allocate nothing: one probe of a
+transformer layer takes milliseconds.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from planner.modelfile import DTYPES, ModelFile
+from planner.trace.export import build_meta_model, meta_inputs
+
+RESHAPE_OPS = {"aten.view.default", "aten._unsafe_view.default", "aten.reshape.default"}
+
+
+class _Reshapes(TorchDispatchMode):
+    """Records every reshape (op, input shape, output shape, the column-parallel modules its
+    input derives from). Provenance flows through every op: an output derives from whatever
+    its inputs derive from; ``sources`` seeds it with the outputs of the sharded modules."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[str, tuple, tuple, frozenset[str]]] = []
+        self.origin: dict[int, frozenset[str]] = {}
+        self._keep: list[torch.Tensor] = []  # ids stay unique while the forward runs
+
+    def mark(self, t: object, module: str) -> None:
+        if isinstance(t, torch.Tensor):
+            self.origin[id(t)] = self.origin.get(id(t), frozenset()) | {module}
+            self._keep.append(t)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        out = func(*args, **(kwargs or {}))
+        inputs = [
+            a
+            for a in torch.utils._pytree.tree_leaves((args, kwargs))
+            if isinstance(a, torch.Tensor)
+        ]
+        came = frozenset().union(*(self.origin.get(id(a), frozenset()) for a in inputs))
+        for o in torch.utils._pytree.tree_leaves(out):
+            if came and isinstance(o, torch.Tensor):
+                self.origin[id(o)] = self.origin.get(id(o), frozenset()) | came
+                self._keep.append(o)
+        if str(func) in RESHAPE_OPS and isinstance(out, torch.Tensor):
+            self.seen.append((str(func), tuple(args[0].shape), tuple(out.shape), came))
+        return out
+
+
+class EagerShardProbe:
+    """One per planning run: the meta model and each block module's captured inputs are built
+    on first use (importing a transformers model file costs seconds), verdicts are memoised."""
+
+    def __init__(self, mf: ModelFile, dtype: str, verdicts: dict[str, list]) -> None:
+        """``verdicts``: kept with the cached trace, so a re-plan runs no probe; each is
+        [reason ("" = runs as priced), the column-parallel modules to blame]."""
+        self.mf, self.dtype = mf, dtype
+        self.verdicts = verdicts
+        self.probed = 0  # probes run (the trace cache is rewritten when any ran)
+        self._model: nn.Module | None = None
+        self._inputs: dict[str, tuple[tuple, dict]] = {}
+
+    def _load(self) -> nn.Module:
+        if self._model is None:
+            model = build_meta_model(self.mf, self.dtype)
+            captured = self._inputs
+
+            def grab(module: nn.Module, args: tuple, kwargs: dict) -> None:
+                captured.setdefault(names[module], (args, kwargs))
+
+            names = {m: n for n, m in model.named_modules()}
+            handles = [m.register_forward_pre_hook(grab, with_kwargs=True) for m in names]
+            dtype = DTYPES[self.dtype]
+            inputs = tuple(
+                t.to(dtype) if t.is_floating_point() else t for t in meta_inputs(self.mf, 1)
+            )
+            try:
+                with torch.no_grad():
+                    model(*inputs)
+            except Exception:  # noqa: BLE001 (data-dependent code, e.g. .item(), runs only
+                # under torch.export's fake tensors): modules not reached stay unprobed
+                pass
+            finally:
+                for h in handles:
+                    h.remove()
+            self._model = model
+        return self._model
+
+    def reject(self, cls: str, module: str, tp_plan: dict[str, str], t: int) -> str | None:
+        """Why running ``module`` with ``tp_plan`` on ``t`` devices would not compute what the
+        plan prices, or None when it would (or when the probe cannot tell: a block of several
+        modules, a style other than colwise/rowwise, a module the meta forward did not reach
+        because the model's code needs data, such as ``.item()``, before it). Blocks of one
+        class (``cls``) share the verdict of the first one probed."""
+        return self._verdict(cls, module, tp_plan, t)[0] or None
+
+    def unsafe_outputs(self, cls: str, module: str, tp_plan: dict[str, str], t: int) -> set[str]:
+        """The column-parallel modules (paths relative to ``module``) whose local outputs the
+        first misread reshape of a rejected ``tp_plan`` derives from."""
+        return set(self._verdict(cls, module, tp_plan, t)[1])
+
+    def _verdict(self, cls: str, module: str, tp_plan: dict[str, str], t: int) -> list:
+        if not tp_plan or set(tp_plan.values()) - {"colwise", "rowwise"}:
+            return ["", []]
+        plan = _relative(tp_plan, module)
+        key = json.dumps([cls, t, sorted(plan.items())])
+        if key not in self.verdicts:
+            reason, blame = self._probe(module, plan, t)
+            self.verdicts[key] = [reason, sorted(blame)]
+            self.probed += 1
+        return self.verdicts[key]
+
+    def _probe(self, module: str, plan: dict[str, str], t: int) -> tuple[str, set[str]]:
+        model = self._load()
+        if module not in self._inputs:
+            return "", set()
+        args, kwargs = self._inputs[module]
+        whole = model.get_submodule(module)
+        local = copy.deepcopy(whole)
+        for rel, style in plan.items():
+            _cut(local.get_submodule(rel) if rel else local, style, t)
+        ran = []
+        for m in (whole, local):
+            rec = _Reshapes()
+            handles = [
+                m.get_submodule(rel).register_forward_hook(
+                    lambda _m, _a, out, rel=rel, rec=rec: rec.mark(out, rel)
+                )
+                for rel, style in plan.items()
+                if style == "colwise" and rel
+            ]
+            try:
+                with torch.no_grad(), rec:
+                    m(*args, **kwargs)
+            except Exception as exc:  # the user's code on local shards: any failure counts
+                return (
+                    f"{module}: its code fails on local shards "
+                    f"({type(exc).__name__}: {' '.join(str(exc).split())[:120]})",
+                    set(),
+                )
+            finally:
+                for h in handles:
+                    h.remove()
+            ran.append(rec.seen)
+        return _first_misplaced(module, ran[0], ran[1], t)
+
+
+def _relative(tp_plan: dict[str, str], module: str) -> dict[str, str]:
+    prefix = module + "."
+    return {
+        (f[len(prefix) :] if f.startswith(prefix) else "" if f == module else f): s
+        for f, s in tp_plan.items()
+    }
+
+
+def _join(module: str, rel: str) -> str:
+    return f"{module}.{rel}" if rel else module
+
+
+def _cut(m: nn.Module, style: str, t: int) -> None:
+    """Give ``m`` the local weight shape torch's ColwiseParallel / RowwiseParallel leave."""
+    w = getattr(m, "weight", None)
+    if not isinstance(w, torch.Tensor) or w.dim() != 2:
+        return
+    linear = isinstance(m, nn.Linear)
+    dim = (0 if style == "colwise" else 1) if linear else (1 if style == "colwise" else 0)
+    shape = list(w.shape)
+    shape[dim] //= t
+    m.weight = nn.Parameter(torch.empty(shape, dtype=w.dtype, device="meta"))
+    bias = getattr(m, "bias", None)
+    if linear and style == "colwise" and isinstance(bias, torch.Tensor):
+        m.bias = nn.Parameter(torch.empty(shape[0], dtype=bias.dtype, device="meta"))
+
+
+def _first_misplaced(module: str, whole: list, local: list, t: int) -> tuple[str, set[str]]:
+    from planner.cost.sharding import _reshape_dim
+
+    if len(whole) != len(local):
+        return f"{module}: its code takes another path on local shards", set()
+    for (_, g_in, g_out, _), (_, l_in, l_out, came) in zip(whole, local):
+        split = [d for d, (g, x) in enumerate(zip(g_in, l_in)) if g != x]
+        if len(g_in) != len(l_in) or len(split) > 1:
+            return (
+                f"{module}: a reshape sees {list(l_in)} on local shards, not one dim of "
+                f"{list(g_in)} split",
+                set(came),
+            )
+        want = list(g_out)
+        if split:
+            e = _reshape_dim(g_in, g_out, split[0], t)
+            if e is None:
+                return f"{module}: a reshape of {list(g_in)} cannot keep dim {split[0]} split", set(
+                    came
+                )
+            want[e] //= t
+        if list(l_out) != want:
+            return (
+                f"{module}: its code reshapes a local shard {list(l_in)} to {list(l_out)}, not "
+                f"{want} (a view that fixes the head count and infers another dim, such as "
+                "view(batch, -1, heads, head_dim)); those outputs are gathered",
+                set(came),
+            )
+    return "", set()

@@ -1,0 +1,145 @@
+"""Tied weights (one tensor under several module paths, e.g. an output projection that is the
+token embedding) in a parallel run, so that it trains as one tensor, as in one process.
+
+* One stage: FSDP2 refuses a tensor managed by two units, so the modules that hold a tied
+  weight stay out of the per-block units and join the root unit (``splits_tie``); the
+  weight is then gathered from its first use in forward to its last in backward, which the
+  cost model prices (``tied_memory``).
+* A pipeline: each stage that reads the weight holds its own copy (Megatron's embedding
+  group). Before the optimizer step the copies' gradients are summed, over the ranks that
+  hold a copy and share every coordinate but the pipeline's, so every copy takes the same
+  update from the same value (``TiedGrads``). Two stages of one rank (interleaved schedules)
+  get separate copies too, summed locally first: FSDP cannot wrap one tensor in two stages.
+
+Tensor parallelism keeps tied weights replicated (the planner never shards them), so every
+copy has the same layout and its local gradient is the whole, or the same shard of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+def tied_groups(model: nn.Module) -> dict[str, list[str]]:
+    """Canonical (first) name -> every name of a parameter reachable under several paths."""
+    names: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    return {group[0]: group for group in names.values() if len(group) > 1}
+
+
+def splits_tie(fqn: str, groups: dict[str, list[str]]) -> bool:
+    """Whether module ``fqn`` holds some, but not all, of the paths of one tied parameter
+    (``tied_groups``), so that an FSDP unit of its own would manage a tensor another unit
+    also reaches."""
+    for names in groups.values():
+        inside = [n.startswith(fqn + ".") or not fqn for n in names]
+        if any(inside) and not all(inside):
+            return True
+    return False
+
+
+def untie_between(parts: list[nn.Module]) -> None:
+    """Give each module of ``parts`` its own copy of a parameter an earlier one also holds."""
+    seen: set[int] = set()
+    for part in parts:
+        own: dict[int, nn.Parameter] = {}
+        for name, p in list(part.named_parameters(remove_duplicate=False)):
+            if id(p) in seen:
+                copy = own.get(id(p))
+                if copy is None:
+                    copy = own[id(p)] = nn.Parameter(p.detach().clone(), p.requires_grad)
+                parent_path, _, attr = name.rpartition(".")
+                parent = part.get_submodule(parent_path) if parent_path else part
+                setattr(parent, attr, copy)
+        seen.update(id(p) for p in part.parameters())
+
+
+@dataclass
+class TiedGrads:
+    """The tied parameters this rank holds, and how their gradients are summed."""
+
+    names: dict[str, list[tuple[int, str]]] = field(default_factory=dict)  # key -> (part, name)
+    groups: dict[str, object] = field(default_factory=dict)  # key -> process group
+
+    def sum_gradients(self, parts: list[nn.Module]) -> None:
+        """Sum every copy's gradient (locally, then over the copies' ranks) into each copy."""
+        if not self.names:
+            return
+        by_part = [_parameters(p) for p in parts]
+        for key in sorted(self.names):
+            params = [by_part[i][name] for i, name in self.names[key]]
+            grads = [_local(p.grad) if p.grad is not None else None for p in params]
+            like = next((g for g in grads if g is not None), None)
+            if like is None:
+                like = torch.zeros_like(_local(params[0].data))
+            total = torch.zeros_like(like)
+            for g in grads:
+                if g is not None:
+                    total += g
+            group = self.groups.get(key)
+            if group is not None:
+                dist.all_reduce(total, group=group)
+            for p, g in zip(params, grads):
+                if g is None:
+                    p.grad = _like_param(p, total.clone())
+                else:
+                    g.copy_(total)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, torch.distributed.tensor.DTensor) else t
+
+
+def _like_param(p: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+    if isinstance(p, torch.distributed.tensor.DTensor):
+        return torch.distributed.tensor.DTensor.from_local(
+            local, p.device_mesh, p.placements, run_check=False
+        )
+    return local
+
+
+def _parameters(part: nn.Module) -> dict[str, torch.Tensor]:
+    """A part's parameters by their model paths (DDP prefixes them with ``module.``)."""
+    found = {}
+    for name, p in part.named_parameters(remove_duplicate=False):
+        found[name.removeprefix("module.")] = p
+    return found
+
+
+def tied_grads(
+    model_groups: dict[str, list[str]],
+    parts: list[nn.Module],
+    rank_coords: tuple[int, ...],
+    pp_dim: int,
+    groups_cache: dict,
+) -> TiedGrads:
+    """Which tied parameters this rank's ``parts`` (pipeline stages, not yet wrapped) hold, and
+    a process group per parameter over the ranks holding a copy that agree on every mesh
+    coordinate but the pipeline's. Collective: every rank calls it."""
+    canonical = {name: key for key, names in model_groups.items() for name in names}
+    held: dict[str, list[tuple[int, str]]] = {}
+    for i, part in enumerate(parts):
+        for name, _ in part.named_parameters(remove_duplicate=False):
+            key = canonical.get(name)
+            if key is not None and all(j != i for j, _ in held.get(key, [])):
+                held.setdefault(key, []).append((i, name))  # one name per part and tensor
+    rest = rank_coords[:pp_dim] + rank_coords[pp_dim + 1 :]
+    everyone: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, (dist.get_rank(), rest, sorted(held)))
+    result = TiedGrads(names=held)
+    for key in sorted({k for _, _, keys in everyone for k in keys}):
+        for coords in sorted({c for _, c, _ in everyone}):
+            members = sorted(r for r, c, keys in everyone if c == coords and key in keys)
+            if len(members) < 2:
+                continue
+            group_key = ("tied", tuple(members))
+            if group_key not in groups_cache:
+                groups_cache[group_key] = dist.new_group(members)
+            if dist.get_rank() in members:
+                result.groups[key] = groups_cache[group_key]
+    return result

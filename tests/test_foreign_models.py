@@ -1,0 +1,106 @@
+"""Models no one here wrote (transformers GPT-2 and OPT at tiny size): what the planner
+records and decides for their tied weights and their attention code, checked against the
+models themselves. The runtime oracle (test_runtime_oracle.py) trains them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from planner.api import plan, trace
+from planner.cost.eager_probe import EagerShardProbe
+from planner.modelfile import load_model_file
+from planner.search import Pins
+
+MODELS = Path(__file__).resolve().parent / "models"
+
+
+@pytest.fixture(scope="module", params=["gpt2", "opt"])
+def tied_model(request):
+    mf = load_model_file(MODELS / f"{request.param}.py", {"size": "tiny"})
+    return request.param, mf, trace(mf, dtype="fp32", use_cache=False)
+
+
+def test_the_tracer_records_the_tied_output_projection(tied_model):
+    """The output projection reads the token embedding: the first block owns it, the last
+    block lists it as tied with its element count, and the model's parameters are counted
+    once (as torch counts them)."""
+    _, mf, traced = tied_model
+    model = mf.build()
+    embedding = model.get_input_embeddings().weight
+    owners = [b for b in traced.blocks if b.tied]
+    assert len(owners) == 1 and owners[0] is traced.blocks[-1]
+    ((name, numel),) = owners[0].tied.items()
+    assert numel == embedding.numel()
+    assert name in traced.blocks[0].param_names
+    assert traced.params == sum(p.numel() for p in model.parameters())
+
+
+def test_tensor_parallel_plans_keep_tied_weights_replicated(tied_model):
+    """A sharded variant is pinned, yet neither use of the tied weight gets a style (a
+    consistent vocabulary-parallel pair is not built): the runtime keeps one tensor."""
+    name, mf, traced = tied_model
+    result = plan(
+        mf, 2, profile="cpu", dtype="fp32", use_cache=False,
+        pins=Pins(tp=2, dp=1, pp=1, tp_variant="sharded"),
+    )  # fmt: skip
+    model = mf.build()
+    tied_modules = {
+        n.rpartition(".")[0]
+        for n, p in model.named_parameters(remove_duplicate=False)
+        if p is model.get_input_embeddings().weight
+    }
+    styled = {fqn for b in result.plan.blocks for fqn in b.tp_plan}
+    assert len(tied_modules) == 2 and not styled & tied_modules
+
+
+def test_the_eager_probe_rejects_a_view_that_fixes_the_head_count():
+    """OPT writes view(bsz, -1, num_heads, head_dim): a column-parallel q_proj shard would be
+    read as half the sequence. The probe says so; Llama's view(..., -1, head_dim) passes."""
+    opt = load_model_file(MODELS / "opt.py", {"size": "tiny"})
+    probe = EagerShardProbe(opt, "fp32", {})
+    layer = "model.decoder.layers.0"
+    attn = {f"{layer}.self_attn.{p}": "colwise" for p in ("q_proj", "k_proj", "v_proj")}
+    attn[f"{layer}.self_attn.out_proj"] = "rowwise"
+    why = probe.reject("opt-layer", layer, attn, 2)
+    assert why is not None and "view(batch, -1, heads, head_dim)" in why
+    assert probe.unsafe_outputs("opt-layer", layer, attn, 2) == {"self_attn.q_proj"}
+    assert (
+        probe.reject("opt-mlp", layer, {f"{layer}.fc1": "colwise", f"{layer}.fc2": "rowwise"}, 2)
+        is None
+    )
+    llama = load_model_file(MODELS.parent.parent / "examples" / "llama.py", {"size": "tiny"})
+    lprobe = EagerShardProbe(llama, "fp32", {})
+    attn = "model.layers.0.self_attn"
+    styles = {f"{attn}.{p}": "colwise" for p in ("q_proj", "k_proj", "v_proj")}
+    assert (
+        lprobe.reject("llama", "model.layers.0", {**styles, f"{attn}.o_proj": "rowwise"}, 2) is None
+    )
+
+
+def test_opt_attention_is_planned_gathered_not_misread():
+    """With the probe, OPT's pinned TP plan gathers its attention projections (or keeps them
+    replicated) instead of handing the code a shard it misreads."""
+    mf = load_model_file(MODELS / "opt.py", {"size": "tiny"})
+    result = plan(
+        mf, 2, profile="cpu", dtype="fp32", use_cache=False,
+        pins=Pins(tp=2, dp=1, pp=1, tp_variant="sharded"),
+    )  # fmt: skip
+    for b in result.plan.blocks:
+        for fqn, style in b.tp_plan.items():
+            if fqn.endswith(("q_proj", "k_proj", "v_proj")):
+                assert style != "colwise", (fqn, style)
+
+
+def test_a_module_with_its_own_forward_is_never_styled():
+    """OPT's learned positional embedding subclasses nn.Embedding with a forward of its own
+    (attention mask and keywords): torch's ParallelStyles would convert the wrong argument."""
+    mf = load_model_file(MODELS / "opt.py", {"size": "tiny"})
+    traced = trace(mf, dtype="fp32", use_cache=False)
+    shardable = set(traced.graph.graph["tp_modules"])
+    model = mf.build()
+    positions = "model.decoder.embed_positions"
+    assert isinstance(model.get_submodule(positions), torch.nn.Embedding)
+    assert positions not in shardable and "model.decoder.layers.0.fc1" in shardable
