@@ -547,12 +547,14 @@ def test_tensor_parallel_shrinks_compute_and_memory_bound_work_by_their_own_shar
 # --------------------------------------------------------------------------- tied weights
 
 
-def tied_case(pp: int, dp: int, zero: int, m: int = 2):
+def tied_case(pp: int, dp: int, zero: int, m: int = 2, tied: bool = True):
     """Three blocks; the first owns a 1e8-element embedding that the last reads again (an
-    output projection tied to it), 2 ms per micro-batch each; bf16 AdamW, one node."""
+    output projection tied to it; ``tied=False``: the same model without the tie), 2 ms per
+    micro-batch each; bf16 AdamW, one node."""
     blocks = [make_block(i, "L", params=0, boundary=0, out=0) for i in range(3)]
     blocks[0] = replace(blocks[0], params=10**8, param_names=["wte.weight"])
-    blocks[2] = replace(blocks[2], tied={"wte.weight": 10**8})
+    if tied:
+        blocks[2] = replace(blocks[2], tied={"wte.weight": 10**8})
     opts = [make_option(2e-3, p, 0.0) for p in (1e8, 0.0, 0.0)]
     stage_of = [0, pp - 1, pp - 1] if pp > 1 else [0, 0, 0]
     n = pp * dp
@@ -578,22 +580,10 @@ def test_a_tied_copy_lives_and_trains_on_the_last_stage(zero, m):
     else:
         states = n * (2 + 2 + 12) / dp if m == 1 else n * (2 + 2 + 12 / dp)
         sync = ring("reduce_scatter", n * 2, dp) + ring("all_reduce", n * 2 / dp, 2)
-    untied = run_untied(2, 2, zero, m)
+    untied = tied_case(2, 2, zero, m, tied=False)
     assert base.rank_memory[1]["other"] - untied.rank_memory[1]["other"] == pytest.approx(states)
     assert base.rank_memory[0]["other"] == pytest.approx(untied.rank_memory[0]["other"])
     assert base.step_time_s - untied.step_time_s == pytest.approx(sync, rel=1e-9)
-
-
-def run_untied(pp: int, dp: int, zero: int, m: int = 2):
-    blocks = [make_block(i, "L", params=0, boundary=0, out=0) for i in range(3)]
-    blocks[0] = replace(blocks[0], params=10**8, param_names=["wte.weight"])
-    opts = [make_option(2e-3, p, 0.0) for p in (1e8, 0.0, 0.0)]
-    stage_of = [0, pp - 1, pp - 1] if pp > 1 else [0, 0, 0]
-    n = pp * dp
-    return run(
-        blocks, opts, Mesh(pp, dp, 1), stage_of, zero=zero, training=Training(dp * m),
-        cl=cluster(n, n),
-    )  # fmt: skip
 
 
 @pytest.mark.parametrize("zero", [0, 2, 3])
@@ -601,7 +591,7 @@ def test_one_stage_holds_a_tied_weight_once(zero):
     """Without a pipeline both uses are on every rank: one tensor, no copy, no sync; under
     ZeRO-3 the modules sharing it form one FSDP unit with the root, so the weight stays
     gathered through forward and backward: (1 - 1/dp) of its bf16 bytes more."""
-    tied, untied = tied_case(1, 4, zero), run_untied(1, 4, zero)
+    tied, untied = tied_case(1, 4, zero), tied_case(1, 4, zero, tied=False)
     extra = 1e8 * 2 * (1 - 1 / 4) if zero == 3 else 0.0
     assert tied.rank_memory[0]["other"] - untied.rank_memory[0]["other"] == pytest.approx(extra)
     assert tied.step_time_s == pytest.approx(untied.step_time_s, rel=1e-12)

@@ -44,6 +44,7 @@ import scipy.sparse as sp
 
 from planner.hardware.collectives import ring_factors
 from planner.trace.blocks import Block, cached_core_nodes
+from planner.trace.graph import arg_refs
 from planner.trace.opcost import ATTENTION_OPS, is_view
 from planner.vocab import ELEMENT_BYTES
 
@@ -185,29 +186,19 @@ def _operands(graph: nx.DiGraph, attrs: dict) -> list[Operand]:
     pshapes = graph.graph.get("param_shapes", {})
     found: list[Operand] = []
 
-    def visit(a: object) -> None:
-        if isinstance(a, dict):
-            if "node" in a and len(a) == 1:
-                u = a["node"]
-                shapes = graph.nodes[u]["shapes"] if u in graph else None
-                if shapes and shapes[0] is not None:
-                    grad = bool(graph.nodes[u].get("requires_grad", False))
-                    found.append(Operand("node", u, tuple(shapes[0]), grad))
-            elif "param" in a:
-                p = alias.get(a["param"], a["param"])
-                shape = tuple(pshapes[p]) if p in pshapes else None
-                found.append(Operand("param", p, shape, True))
-            elif "buffer" in a or "const" in a:
-                found.append(Operand("buffer", a.get("buffer") or a.get("const"), None, False))
-            else:
-                for v in a.values():
-                    visit(v)
-        elif isinstance(a, list):
-            for v in a:
-                visit(v)
-
-    for a in attrs["args"]:
-        visit(a)
+    for a in arg_refs(attrs["args"]):
+        if "node" in a and len(a) == 1:
+            u = a["node"]
+            shapes = graph.nodes[u]["shapes"] if u in graph else None
+            if shapes and shapes[0] is not None:
+                grad = bool(graph.nodes[u].get("requires_grad", False))
+                found.append(Operand("node", u, tuple(shapes[0]), grad))
+        elif "param" in a:
+            p = alias.get(a["param"], a["param"])
+            shape = tuple(pshapes[p]) if p in pshapes else None
+            found.append(Operand("param", p, shape, True))
+        else:
+            found.append(Operand("buffer", a.get("buffer") or a.get("const"), None, False))
     return found
 
 

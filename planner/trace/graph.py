@@ -10,6 +10,7 @@ parameters and their shapes, module types, containers, expert modules.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from functools import cached_property
 from typing import Any, TypedDict
 
@@ -113,22 +114,25 @@ def core_nodes(graph: nx.DiGraph) -> set[str]:
     return core
 
 
+def arg_refs(args: object) -> Iterator[dict]:
+    """The references in a node's serialised arguments, in order: ``{"node": name}``,
+    ``{"param": fqn}``, ``{"buffer": fqn}`` or ``{"const": ...}``, however nested."""
+    if isinstance(args, dict):
+        if ("node" in args and len(args) == 1) or any(k in args for k in REF_KEYS[1:]):
+            yield args
+        else:
+            for v in args.values():
+                yield from arg_refs(v)
+    elif isinstance(args, list):
+        for v in args:
+            yield from arg_refs(v)
+
+
+REF_KEYS = ("node", "param", "buffer", "const")
+
+
 def _refs(args: object) -> list[str]:
-    found: list[str] = []
-
-    def visit(a: object) -> None:
-        if isinstance(a, dict):
-            if "node" in a and len(a) == 1:
-                found.append(a["node"])
-            else:
-                for v in a.values():
-                    visit(v)
-        elif isinstance(a, list):
-            for v in a:
-                visit(v)
-
-    visit(args)
-    return found
+    return [r["node"] for r in arg_refs(args) if "node" in r and len(r) == 1]
 
 
 def check_op_graph(graph: nx.DiGraph) -> list[str]:
