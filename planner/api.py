@@ -22,6 +22,7 @@ class TracedModel:
     blocks: list[Block]
     note: str  # one line for the user (fallback tracing), or ""
     from_cache: bool
+    cache_key: str = ""  # the trace cache's key (what else is cached for this trace uses it)
 
     @property
     def params(self) -> int:
@@ -58,7 +59,7 @@ def trace(
         note = graph.graph.get("note", "")
         # The key is the file's content: the same bytes may live at another path now.
         graph.graph["file"] = str(mf.path)
-    return TracedModel(mf, graph, make_blocks(graph), note, cached)
+    return TracedModel(mf, graph, make_blocks(graph), note, cached, key)
 
 
 def graph_summary(traced: TracedModel) -> dict[str, Any]:
@@ -239,7 +240,7 @@ def plan(
     if traced.note:
         notes.append(traced.note)
     memo = SearchMemo()
-    probe = EagerShardProbe(mf, training.dtype, traced.graph.graph.setdefault("tp_probe", {}))
+    probe = EagerShardProbe(mf, training.dtype, traced.cache_key if use_cache else None)
     variants_of = variants_for(traced.graph, cluster, pins.tp_variant, memo.variants, probe)
     result = search(
         traced.graph, traced.blocks, cluster, training, pins, variants_of, progress, memo=memo
@@ -249,13 +250,8 @@ def plan(
     # Hand-written baselines as published (Narayanan et al. 2021: no sequence parallelism).
     hand = variants_for(traced.graph, cluster, "no-sequence", memo.variants, probe)
     baselines = baseline_candidates(traced, cluster, training, pins, hand, memo)
-    first: dict[str, str] = {}
-    for reason, _ in probe.verdicts.values():
-        if reason:
-            first.setdefault(reason.split(":")[0], reason)
-    notes += [f"tensor parallelism: {r}" for _, r in sorted(first.items())]
-    if probe.probed and use_cache:
-        save_graph(trace_key(mf.sha256, mf.args, 1, training.dtype), traced.graph)
+    notes += probe.notes()
+    probe.save()
     lr = float(training_cfg.get("lr", 3e-4))
     doc = build_plan(traced, cluster, training, lr, result, baselines)
     return PlanResult(doc, traced, cluster, training, result, notes)

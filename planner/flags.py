@@ -20,34 +20,27 @@ class CommandParser(argparse.ArgumentParser):
         raise UserInputError(f"{message} (see `{self.prog} --help`)")
 
 
-def positive_int(text: str) -> int:
+def _number(text: str, parse, ok, what: str):
+    """``text`` parsed and checked, or argparse's one-line error naming what was expected."""
     try:
-        value = int(text)
+        value = parse(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if not ok(value):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
     return value
+
+
+def positive_int(text: str) -> int:
+    return _number(text, int, lambda v: v > 0, "a positive integer")
 
 
 def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
+    return _number(text, float, lambda v: 0 < v < float("inf"), "a positive number")
 
 
 def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
+    return _number(text, int, lambda v: v >= 0, "an integer >= 0")
 
 
 def add_run_flags(parser: argparse.ArgumentParser) -> None:

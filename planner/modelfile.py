@@ -313,3 +313,13 @@ def expert_modules(model: torch.nn.Module) -> dict[str, dict[str, int]]:
         if len(leading) == 1 and (e := leading.pop()) >= 2:
             found[name] = {"num_experts": int(e), "params": sum(p.numel() for p in own)}
     return found
+
+
+def parameter_names(model: torch.nn.Module) -> dict[str, list[str]]:
+    """Canonical (first) name -> every name a parameter is reachable under; more than one for
+    a tied weight (an output projection that is the token embedding). The tracer keys its
+    parameters by the canonical name; the runtime keeps the tied ones one tensor."""
+    names: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    return {group[0]: group for group in names.values()}

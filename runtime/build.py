@@ -216,8 +216,7 @@ def _build_pipeline(
     for stage_mod in stage_mods:
         adopt_eager_modules(stage_mod, model)
     untie_between(stage_mods)
-    coords = tuple(int(c) for c in mesh.get_coordinate() or ())
-    tied = tied_grads(tied_groups(model), stage_mods, coords, 0, cache.groups)
+    tied = tied_grads(tied_groups(model), stage_mods, mesh, cache.groups)
     for i, stage_mod in zip(indices, stage_mods):
         stage_mod.to(device)
         stage_experts: list = []

@@ -27,7 +27,7 @@ from torch.nn.parallel import DistributedDataParallel
 from planner.checkpoint_policy import selective_context
 from planner.errors import UserInputError
 from planner.modelfile import DTYPES
-from planner.schema import Plan
+from planner.schema import BlockPlan, Plan
 from planner.vocab import HALF_DTYPES, SEQUENCE_STYLES
 from runtime.tied import splits_tie, tied_groups
 
@@ -169,7 +169,9 @@ def is_traced(module: nn.Module) -> bool:
     return isinstance(module, (InterpreterModule, torch.fx.GraphModule))
 
 
-def apply_tensor_parallel(root: nn.Module, blocks: list[dict], tp_mesh: DeviceMesh) -> list[str]:
+def apply_tensor_parallel(
+    root: nn.Module, blocks: list[BlockPlan], tp_mesh: DeviceMesh
+) -> list[str]:
     """parallelize_module with every tp_plan entry whose module lives in ``root``; returns the
     paths whose sharded output had to be gathered because traced code consumes it."""
     if tp_mesh.size() == 1:
@@ -209,11 +211,11 @@ def apply_tensor_parallel(root: nn.Module, blocks: list[dict], tp_mesh: DeviceMe
     return gathered
 
 
-def is_sequence_parallel(block: dict) -> bool:
+def is_sequence_parallel(block: BlockPlan) -> bool:
     return "sp_block" in block.tp_plan.values()
 
 
-def apply_recompute(root: nn.Module, blocks: list[dict], before_tp: bool = False) -> None:
+def apply_recompute(root: nn.Module, blocks: list[BlockPlan], before_tp: bool = False) -> None:
     """Non-reentrant checkpointing of each module of a recomputed block ("full"), or the same
     with a policy that saves matrix-product outputs ("selective"). The composable ``checkpoint``
     works through hooks, so module paths (and checkpoint keys) do not change.
@@ -240,7 +242,7 @@ def _params_of(modules: list[nn.Module]) -> bool:
 
 def apply_data_parallel(
     root: nn.Module,
-    blocks: list[dict],
+    blocks: list[BlockPlan],
     plan: Plan,
     dp_mesh: DeviceMesh,
     device: torch.device,

@@ -22,14 +22,14 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from planner.modelfile import parameter_names
 
 
 def tied_groups(model: nn.Module) -> dict[str, list[str]]:
-    """Canonical (first) name -> every name of a parameter reachable under several paths."""
-    names: dict[int, list[str]] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        names.setdefault(id(p), []).append(name)
-    return {group[0]: group for group in names.values() if len(group) > 1}
+    """Canonical name -> every name, of the parameters reachable under several paths."""
+    return {k: names for k, names in parameter_names(model).items() if len(names) > 1}
 
 
 def splits_tie(fqn: str, groups: dict[str, list[str]]) -> bool:
@@ -73,34 +73,18 @@ class TiedGrads:
         by_part = [_parameters(p) for p in parts]
         for key in sorted(self.names):
             params = [by_part[i][name] for i, name in self.names[key]]
-            grads = [_local(p.grad) if p.grad is not None else None for p in params]
-            like = next((g for g in grads if g is not None), None)
-            if like is None:
-                like = torch.zeros_like(_local(params[0].data))
-            total = torch.zeros_like(like)
-            for g in grads:
-                if g is not None:
-                    total += g
+            # every copy is read in its stage's forward, so each has a gradient by now
+            grads = [_local(p.grad) for p in params]
+            total = torch.stack(grads).sum(0) if len(grads) > 1 else grads[0].clone()
             group = self.groups.get(key)
             if group is not None:
                 dist.all_reduce(total, group=group)
-            for p, g in zip(params, grads):
-                if g is None:
-                    p.grad = _like_param(p, total.clone())
-                else:
-                    g.copy_(total)
+            for g in grads:
+                g.copy_(total)
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, torch.distributed.tensor.DTensor) else t
-
-
-def _like_param(p: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
-    if isinstance(p, torch.distributed.tensor.DTensor):
-        return torch.distributed.tensor.DTensor.from_local(
-            local, p.device_mesh, p.placements, run_check=False
-        )
-    return local
 
 
 def _parameters(part: nn.Module) -> dict[str, torch.Tensor]:
@@ -112,29 +96,26 @@ def _parameters(part: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def tied_grads(
-    model_groups: dict[str, list[str]],
-    parts: list[nn.Module],
-    rank_coords: tuple[int, ...],
-    pp_dim: int,
-    groups_cache: dict,
+    model_groups: dict[str, list[str]], parts: list[nn.Module], mesh: DeviceMesh, groups_cache: dict
 ) -> TiedGrads:
-    """Which tied parameters this rank's ``parts`` (pipeline stages, not yet wrapped) hold, and
-    a process group per parameter over the ranks holding a copy that agree on every mesh
-    coordinate but the pipeline's. Collective: every rank calls it."""
+    """Which trainable tied parameters this rank's ``parts`` (pipeline stages, not yet wrapped)
+    hold, and a process group per parameter over the ranks holding a copy that agree on every
+    mesh coordinate but the pipeline's. Collective: every rank calls it."""
     canonical = {name: key for key, names in model_groups.items() for name in names}
     held: dict[str, list[tuple[int, str]]] = {}
     for i, part in enumerate(parts):
-        for name, _ in part.named_parameters(remove_duplicate=False):
+        for name, p in part.named_parameters(remove_duplicate=False):
             key = canonical.get(name)
-            if key is not None and all(j != i for j, _ in held.get(key, [])):
+            if key is not None and p.requires_grad and all(j != i for j, _ in held.get(key, [])):
                 held.setdefault(key, []).append((i, name))  # one name per part and tensor
-    rest = rank_coords[:pp_dim] + rank_coords[pp_dim + 1 :]
+    coords = list(mesh.get_coordinate() or ())
+    del coords[(mesh.mesh_dim_names or ()).index("pp")]
     everyone: list = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, (dist.get_rank(), rest, sorted(held)))
+    dist.all_gather_object(everyone, (dist.get_rank(), tuple(coords), sorted(held)))
     result = TiedGrads(names=held)
     for key in sorted({k for _, _, keys in everyone for k in keys}):
-        for coords in sorted({c for _, c, _ in everyone}):
-            members = sorted(r for r, c, keys in everyone if c == coords and key in keys)
+        for rest in sorted({c for _, c, _ in everyone}):
+            members = sorted(r for r, c, keys in everyone if c == rest and key in keys)
             if len(members) < 2:
                 continue
             group_key = ("tied", tuple(members))

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from planner.modelfile import load_model_file
+from planner.modelfile import load_model_file, parameter_names
 from runtime.batching import micro_batches
 from runtime.optim import make_optimizer
 
@@ -69,9 +69,8 @@ def reference_run(
     model = mf.build()
     model.train()
     initial = _snapshot(model)
-    aliases: dict[int, list[str]] = {}
-    for n, p in model.named_parameters(remove_duplicate=False):
-        aliases.setdefault(id(p), []).append(n)
+    params = dict(model.named_parameters())
+    aliases = {id(params[first]): names for first, names in parameter_names(model).items()}
     opt = make_optimizer(model.parameters(), optimizer, lr)
     losses, trained = [], set()
     for step in range(1, steps + 1):

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from test_bad_input import FORWARD_RAISES
+from test_bad_input import FORWARD_RAISES, SHAPE_MISMATCH
 
 from planner.cli import main
 
@@ -74,19 +74,7 @@ def test_a_failing_forward_prints_no_torch_log_lines(tmp_path):
     import os
 
     model = tmp_path / "m.py"
-    model.write_text(
-        "import torch\n"
-        "class M(torch.nn.Module):\n"
-        "    def __init__(self):\n"
-        "        super().__init__()\n"
-        "        self.l = torch.nn.Linear(8, 8)\n"
-        "    def forward(self, x):\n"
-        "        return self.l(x) @ torch.ones(7, 3)\n"
-        "def build_model():\n"
-        "    return M()\n"
-        "def make_batch(b, step=0):\n"
-        "    return torch.randn(b, 8), torch.zeros(b, dtype=torch.long)\n"
-    )
+    model.write_text(SHAPE_MISMATCH)
     proc = subprocess.run(
         [sys.executable, "-m", "planner.cli", str(model), "--gpus", "2", "--out", str(tmp_path)],
         capture_output=True,

@@ -11,7 +11,7 @@ So before a sharded variant is priced, the block's first module is run on the me
 twice with the inputs it gets in the model's forward: as is, and with the weights the plan
 shards cut to their local shape (what the runtime's ParallelStyles leave each rank). Every
 reshape of the local run must move the split dimension where the ILP's own rule
-(``_reshape_dim``) moves it; a reshape that does otherwise, or a local run that fails,
+(``reshape_dim``) moves it; a reshape that does otherwise, or a local run that fails,
 rejects the variant with a one-line reason. Meta tensors allocate nothing: one probe of a
 transformer layer takes milliseconds.
 """
@@ -19,13 +19,18 @@ transformer layer takes milliseconds.
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
+from pathlib import Path
 
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from planner.modelfile import DTYPES, ModelFile
+from planner.atomic import write_text_atomic
+from planner.cost import sharding
+from planner.modelfile import ModelFile
+from planner.trace.cache import cache_dir
 from planner.trace.export import build_meta_model, meta_inputs
 
 RESHAPE_OPS = {"aten.view.default", "aten._unsafe_view.default", "aten.reshape.default"}
@@ -34,7 +39,7 @@ RESHAPE_OPS = {"aten.view.default", "aten._unsafe_view.default", "aten.reshape.d
 class _Reshapes(TorchDispatchMode):
     """Records every reshape (op, input shape, output shape, the column-parallel modules its
     input derives from). Provenance flows through every op: an output derives from whatever
-    its inputs derive from; ``sources`` seeds it with the outputs of the sharded modules."""
+    its inputs derive from; ``mark`` seeds it with a column-parallel module's output."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -66,16 +71,36 @@ class _Reshapes(TorchDispatchMode):
 
 class EagerShardProbe:
     """One per planning run: the meta model and each block module's captured inputs are built
-    on first use (importing a transformers model file costs seconds), verdicts are memoised."""
+    on first use (importing a transformers model file costs seconds). Verdicts are kept in the
+    trace cache's folder under the trace's key and a hash of the code that decides them, so a
+    re-plan runs no probe and an edited probe never reads an older one's verdicts."""
 
-    def __init__(self, mf: ModelFile, dtype: str, verdicts: dict[str, list]) -> None:
-        """``verdicts``: kept with the cached trace, so a re-plan runs no probe; each is
-        [reason ("" = runs as priced), the column-parallel modules to blame]."""
+    def __init__(self, mf: ModelFile, dtype: str, trace_key: str | None = None) -> None:
+        """``trace_key``: the cached trace's key (None: keep verdicts for this run only)."""
         self.mf, self.dtype = mf, dtype
-        self.verdicts = verdicts
-        self.probed = 0  # probes run (the trace cache is rewritten when any ran)
+        self._path = _verdicts_path(trace_key) if trace_key else None
+        # [reason ("" = runs as priced), the column-parallel modules to blame] per probe
+        self.verdicts: dict[str, list] = _read_json(self._path) if self._path else {}
+        self._probed = 0
         self._model: nn.Module | None = None
         self._inputs: dict[str, tuple[tuple, dict]] = {}
+
+    def save(self) -> None:
+        """Keep this run's new verdicts for the next plan of the same trace."""
+        if self._path is not None and self._probed:
+            try:
+                self._path.parent.mkdir(parents=True, exist_ok=True)
+                write_text_atomic(self._path, json.dumps(self.verdicts, sort_keys=True))
+            except OSError:
+                pass  # a cache that cannot be written only costs time
+
+    def notes(self) -> list[str]:
+        """One line per block module whose code misreads some local shard (its first reason)."""
+        first: dict[str, str] = {}
+        for key, (reason, _) in sorted(self.verdicts.items()):
+            if reason:
+                first.setdefault(json.loads(key)[0], reason)
+        return [f"tensor parallelism: {r}" for _, r in sorted(first.items())]
 
     def _load(self) -> nn.Module:
         if self._model is None:
@@ -87,13 +112,9 @@ class EagerShardProbe:
 
             names = {m: n for n, m in model.named_modules()}
             handles = [m.register_forward_pre_hook(grab, with_kwargs=True) for m in names]
-            dtype = DTYPES[self.dtype]
-            inputs = tuple(
-                t.to(dtype) if t.is_floating_point() else t for t in meta_inputs(self.mf, 1)
-            )
             try:
                 with torch.no_grad():
-                    model(*inputs)
+                    model(*meta_inputs(self.mf, 1, self.dtype))
             except Exception:  # noqa: BLE001 (data-dependent code, e.g. .item(), runs only
                 # under torch.export's fake tensors): modules not reached stay unprobed
                 pass
@@ -124,7 +145,7 @@ class EagerShardProbe:
         if key not in self.verdicts:
             reason, blame = self._probe(module, plan, t)
             self.verdicts[key] = [reason, sorted(blame)]
-            self.probed += 1
+            self._probed += 1
         return self.verdicts[key]
 
     def _probe(self, module: str, plan: dict[str, str], t: int) -> tuple[str, set[str]]:
@@ -189,9 +210,22 @@ def _cut(m: nn.Module, style: str, t: int) -> None:
         m.bias = nn.Parameter(torch.empty(shape[0], dtype=bias.dtype, device="meta"))
 
 
-def _first_misplaced(module: str, whole: list, local: list, t: int) -> tuple[str, set[str]]:
-    from planner.cost.sharding import _reshape_dim
+def _verdicts_path(trace_key: str) -> Path:
+    digest = hashlib.sha256()
+    for module in (__file__, sharding.__file__):  # the probe and the reshape rule it applies
+        digest.update(Path(module).read_bytes())
+    return cache_dir() / "probes" / f"{trace_key}-{digest.hexdigest()[:16]}.json"
 
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _first_misplaced(module: str, whole: list, local: list, t: int) -> tuple[str, set[str]]:
     if len(whole) != len(local):
         return f"{module}: its code takes another path on local shards", set()
     for (_, g_in, g_out, _), (_, l_in, l_out, came) in zip(whole, local):
@@ -204,7 +238,7 @@ def _first_misplaced(module: str, whole: list, local: list, t: int) -> tuple[str
             )
         want = list(g_out)
         if split:
-            e = _reshape_dim(g_in, g_out, split[0], t)
+            e = sharding.reshape_dim(g_in, g_out, split[0], t)
             if e is None:
                 return f"{module}: a reshape of {list(g_in)} cannot keep dim {split[0]} split", set(
                     came

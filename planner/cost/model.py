@@ -19,6 +19,7 @@ What overlaps with what (stated once, used everywhere):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from planner.hardware.cluster import Cluster
 from planner.hardware.collectives import collective_time, p2p_time
@@ -573,6 +574,11 @@ class CostInputs:
         transformer cuts are all equal; elsewhere this is the conservative choice)."""
         return float(max((b.boundary_bytes for b in self.blocks[:-1]), default=0))
 
+    @cached_property
+    def tied(self) -> list[TiedCopy]:
+        """Weights a block owns that a later block reads too (``tied_copies``)."""
+        return tied_copies(self.blocks)
+
     @property
     def loss_bytes(self) -> float:
         """The loss's fp32 logits and their gradient on the last stage, per traced sample-set."""
@@ -838,7 +844,7 @@ def tied_memory(inp: CostInputs, config: Config, last: bool) -> float:
     ``tied_sync_time``'s all-reduce. A tie between the first and the last block puts that copy
     on the last rank; for any other tie the copy is counted on every rank (an upper bound:
     where it lands depends on the split)."""
-    copies = tied_copies(inp.blocks)
+    copies = inp.tied
     if not copies:
         return 0.0
     tr, mesh = inp.training, config.mesh
@@ -866,7 +872,7 @@ def tied_sync_time(inp: CostInputs, config: Config) -> float:
     zero, n = config.zero_stage, mesh.replicas
     pair = [mesh.rank(0, 0, 0), mesh.rank(mesh.pp - 1, 0, 0)]
     total = 0.0
-    for c in tied_copies(inp.blocks):
+    for c in inp.tied:
         nbytes = c.numel * gb
         if n > 1:
             kind = "reduce_scatter" if zero >= 2 else "all_reduce"

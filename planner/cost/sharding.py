@@ -467,11 +467,11 @@ def _map_view_dim(base: str, src: tuple, dst: tuple, d: int, args: list, t: int)
         e = d + len(dst) - rank
         return e if dst[e] == src[d] else None
     if base in RESHAPES:
-        return _reshape_dim(src, dst, d, t)
+        return reshape_dim(src, dst, d, t)
     return None
 
 
-def _reshape_dim(src: Sequence[int], dst: Sequence[int], d: int, t: int) -> int | None:
+def reshape_dim(src: Sequence[int], dst: Sequence[int], d: int, t: int) -> int | None:
     """Where a split dim lands through a reshape: dims are grouped into runs of equal product;
     contiguous chunks of a group's leading (non-1) dim are contiguous chunks of the other side's
     leading dim, provided t divides it. A split inner dim of a group has no image."""
@@ -527,9 +527,9 @@ def build_problem(
     param_numel: dict[str, int] = {}
     pshapes = graph.graph.get("param_shapes", {})
     pdtype = graph.graph.get("param_dtype_bytes", {})
-    tied = tied_parameters(graph)
-    # a weight-sharding strategy needs a module the runtime's ParallelStyles can shard
-    shardable = set(graph.graph.get("tp_modules", []))
+    allowed = _Runnable(
+        tied_parameters(graph), frozenset(graph.graph.get("tp_modules", [])), whole_outputs
+    )
     for n in nodes:
         d = graph.nodes[n]
         operands = _operands(graph, d)
@@ -553,15 +553,7 @@ def build_problem(
                 strategies=tuple(
                     st
                     for st in strategies_for(d["op"], d, operands, tp)
-                    if not _shards_tied(st, operands, tied)
-                    and (not st.plan or d["module"] in shardable)
-                    and (
-                        n in whole_outputs
-                        or not any(
-                            o.kind == "node" and o.name in whole_outputs and req != R
-                            for o, req in zip(operands, st.req)
-                        )
-                    )
+                    if allowed(n, d["module"], st, operands)
                 ),
                 seconds=seconds,
                 flops=int(d["fwd_flops"] + d["bwd_flops"]),
@@ -610,14 +602,30 @@ def tied_parameters(graph: nx.DiGraph) -> frozenset[str]:
     return frozenset(p for p, n in seen.items() if n > 1)
 
 
-def _shards_tied(st: Strategy, operands: Sequence[Operand], tied: frozenset[str]) -> bool:
-    """A tied weight stays replicated under TP: its uses live in different blocks, each
-    sharded by its own ILP, and the runtime can keep one tensor only if every use holds it
-    alike (a consistent vocabulary-parallel embedding and head is not built yet)."""
-    return any(
-        o.kind == "param" and o.name in tied and req not in (R, None)
-        for o, req in zip(operands, st.req)
-    )
+@dataclass(frozen=True)
+class _Runnable:
+    """Which strategies the runtime can run as priced:
+
+    - a tied weight stays replicated: its uses live in different blocks, each sharded by its
+      own ILP, and the runtime keeps one tensor only if every use holds it alike (a consistent
+      vocabulary-parallel embedding and head is not built yet);
+    - a weight is sharded only in a module torch's ParallelStyles can shard (``tp_modules``);
+    - ops outside ``whole_outputs`` read those nodes whole (see ``build_problem``)."""
+
+    tied: frozenset[str]
+    shardable: frozenset[str]
+    whole_outputs: set[str]
+
+    def __call__(self, node: str, module: str, st: Strategy, operands: Sequence[Operand]) -> bool:
+        if st.plan and module not in self.shardable:
+            return False
+        for o, req in zip(operands, st.req):
+            if o.kind == "param" and o.name in self.tied and req not in (R, None):
+                return False
+            if o.kind == "node" and o.name in self.whole_outputs and req != R:
+                if node not in self.whole_outputs:
+                    return False
+        return True
 
 
 def _has_tensor(graph: nx.DiGraph, n: str) -> bool:

@@ -29,7 +29,7 @@ import torch
 import torch.fx
 
 from planner.errors import UserInputError
-from planner.modelfile import DTYPES, ModelFile, expert_modules
+from planner.modelfile import DTYPES, ModelFile, expert_modules, parameter_names
 from planner.trace.graph import OpGraph
 from planner.trace.opcost import (
     MATMUL_OPS,
@@ -74,9 +74,12 @@ def build_meta_model(mf: ModelFile, dtype: str) -> torch.nn.Module:
     return model
 
 
-def meta_inputs(mf: ModelFile, micro_batch_size: int) -> tuple[torch.Tensor, ...]:
+def meta_inputs(mf: ModelFile, micro_batch_size: int, dtype: str) -> tuple[torch.Tensor, ...]:
+    """``make_batch``'s inputs on the meta device, floating ones in the training dtype."""
     inputs, _ = mf.batch(micro_batch_size, step=0)
-    return tuple(t.to("meta") for t in inputs)
+    return tuple(
+        t.to("meta", DTYPES[dtype]) if t.is_floating_point() else t.to("meta") for t in inputs
+    )
 
 
 @contextlib.contextmanager
@@ -108,10 +111,7 @@ def trace_model(mf: ModelFile, micro_batch_size: int = 1, dtype: str = "bf16") -
 
 def _trace_model(mf: ModelFile, micro_batch_size: int, dtype: str) -> TraceResult:
     model = build_meta_model(mf, dtype)
-    inputs = tuple(
-        t.to(DTYPES[dtype]) if t.is_floating_point() else t
-        for t in meta_inputs(mf, micro_batch_size)
-    )
+    inputs = meta_inputs(mf, micro_batch_size, dtype)
     try:
         exported = torch.export.export(model, inputs, strict=False)
     except Exception as export_exc:  # export fails on data-dependent control flow and more
@@ -286,11 +286,7 @@ def tp_shardable_modules(model: torch.nn.Module) -> list[str]:
 
 def _param_aliases(model: torch.nn.Module) -> dict[str, str]:
     """Every name a parameter is reachable under -> its canonical (first) name."""
-    canonical: dict[int, str] = {}
-    aliases: dict[str, str] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        aliases[name] = canonical.setdefault(id(p), name)
-    return aliases
+    return {n: first for first, names in parameter_names(model).items() for n in names}
 
 
 # --------------------------------------------------------------------------- export path
