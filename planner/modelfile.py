@@ -323,3 +323,18 @@ def parameter_names(model: torch.nn.Module) -> dict[str, list[str]]:
     for name, p in model.named_parameters(remove_duplicate=False):
         names.setdefault(id(p), []).append(name)
     return {group[0]: group for group in names.values()}
+
+
+def forward_takes_one_argument(module: torch.nn.Module) -> bool:
+    """Whether ``module.forward`` has exactly one parameter, positional. One required argument
+    is not enough: a module called with keywords (transformers' OPT positional embedding takes
+    ``position_ids=``) would get a ParallelStyle's conversion, or a traced call's one input,
+    on the wrong argument."""
+    try:
+        params = list(inspect.signature(module.forward).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    return len(params) == 1 and params[0].kind in (
+        inspect.Parameter.POSITIONAL_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    )

@@ -44,6 +44,19 @@ class TPStyle(Word):
     SEQUENCE = "sequence"  # a norm under SequenceParallel
     SP_GATHER = "sp_gather"  # all-gathers the sequence for the column-parallel weights inside
     SP_BLOCK = "sp_block"  # the block entered and left replicated
+    # the same for a weight stored [in, out] and applied as x @ W + b (transformers' Conv1D),
+    # through meshplan's own styles (runtime.parallelize): its dim 1 split, or its dim 0
+    COLWISE_IN_OUT = "colwise_in_out"
+    COLWISE_GATHER_IN_OUT = "colwise_gather_in_out"
+    ROWWISE_IN_OUT = "rowwise_in_out"
+
+
+IN_OUT = "_in_out"
+
+
+def base_style(style: str) -> str:
+    """The style with the weight's layout left out: colwise, colwise_gather or rowwise."""
+    return style.removesuffix(IN_OUT)
 
 
 class DType(Word):
@@ -59,7 +72,13 @@ class Optimizer(Word):
     SGD = "sgd"  # SGD with momentum 0.9
 
 
+class BatchNormStats(Word):
+    SYNCHRONIZED = "synchronized"  # over the data-parallel replicas together, as one process
+    PER_REPLICA = "per_replica"  # each replica's own micro-batch (plain DDP)
+
+
 SCHEDULES = tuple(s.value for s in Schedule)
+BATCHNORM_STATS = tuple(b.value for b in BatchNormStats)
 RECOMPUTE = tuple(r.value for r in Recompute)
 OFFLOAD = tuple(o.value for o in Offload)
 TP_STYLES = tuple(s.value for s in TPStyle)

@@ -15,9 +15,11 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from planner.modelfile import ModelFile
+from planner.modelfile import ModelFile, parameter_names
 from planner.schema import Mesh, Plan
+from planner.vocab import BatchNormStats
 from runtime.batching import dp_slice, micro_batches
+from runtime.batchnorm import synchronize_batchnorm
 from runtime.capability import check_runnable
 from runtime.expert_parallel import apply_expert_parallel, sync_expert_grads
 from runtime.parallelize import (
@@ -27,7 +29,7 @@ from runtime.parallelize import (
     make_optimizers,
     shard_experts,
 )
-from runtime.tied import TiedGrads, tied_grads, tied_groups, untie_between
+from runtime.tied import TiedGrads, tied_grads, untie_between
 
 
 @dataclass
@@ -96,6 +98,9 @@ class Built:
     expert_params: list = field(default_factory=list)  # sharded over ep: own gradient sync
     edp_group: Any = None
     tied: TiedGrads = field(default_factory=TiedGrads)  # copies of tied weights on stages
+    # canonical parameter name -> its other names (RoBERTa's lm_head.bias is lm_head.decoder's):
+    # a pipeline stage's traced module registers one, a checkpoint writes them all
+    aliases: dict[str, list[str]] = field(default_factory=dict)
 
     def sync_gradients(self) -> None:
         """What the data-parallel wrappers leave to do before the optimizer step."""
@@ -160,6 +165,7 @@ def build(
             emesh = expert_mesh(device, 1, mesh_cfg.dp, ep, mesh_cfg.tp, cache)
             experts = apply_expert_parallel(model, emesh["ep"])
             edp_group = emesh["edp"].get_group()
+        _batchnorm(model, plan, mesh, device)
         apply_recompute(model, blocks, before_tp=True)
         apply_tensor_parallel(model, blocks, mesh["tp"])
         apply_recompute(model, blocks)
@@ -195,7 +201,7 @@ def _build_pipeline(
     )
     from torch.distributed.pipelining._IR import _modify_graph_op_device
 
-    from runtime.stages import adopt_eager_modules, stage_module_name, traced_pipe
+    from runtime.stages import adopt_eager_modules, split_points, stage_module_name, traced_pipe
 
     inputs, _ = mf.batch(plan.global_batch_size, step=0)
     example = micro_batches(
@@ -214,9 +220,9 @@ def _build_pipeline(
     edp_group = None
     stage_mods = [pipe.get_stage_module(i) for i in indices]
     for stage_mod in stage_mods:
-        adopt_eager_modules(stage_mod, model)
+        adopt_eager_modules(stage_mod, model, split_points(plan))
     untie_between(stage_mods)
-    tied = tied_grads(tied_groups(model), stage_mods, mesh, cache.groups)
+    tied = tied_grads(parameter_names(model), stage_mods, mesh, cache.groups)
     for i, stage_mod in zip(indices, stage_mods):
         stage_mod.to(device)
         stage_experts: list = []
@@ -226,6 +232,7 @@ def _build_pipeline(
             edp_group = emesh["edp"].get_group()
         if device.type != "cpu":
             _modify_graph_op_device(stage_mod, device)
+        _batchnorm(stage_mod, plan, mesh, device)
         apply_recompute(stage_mod, blocks, before_tp=True)
         gathered = apply_tensor_parallel(stage_mod, blocks, mesh["tp"])
         if gathered:
@@ -248,7 +255,17 @@ def _build_pipeline(
         cls = ScheduleGPipe if plan.schedule == "gpipe" else Schedule1F1B
         schedule = cls(stages[0], n_microbatches=m, loss_fn=loss)
     optimizers = make_optimizers(parts, plan, mesh["dp"], experts)
-    return Built(plan, mesh, parts, optimizers, schedule, indices, notes, experts, edp_group, tied)
+    aliases = {first: names[1:] for first, names in parameter_names(model).items() if names[1:]}
+    return Built(
+        plan, mesh, parts, optimizers, schedule, indices, notes, experts, edp_group, tied, aliases
+    )
+
+
+def _batchnorm(root: nn.Module, plan: Plan, mesh: DeviceMesh, device: torch.device) -> None:
+    """Synchronized BatchNorm statistics over the replicas, where the plan asks for them."""
+    replicas = replica_mesh(mesh)
+    if plan.batchnorm == BatchNormStats.SYNCHRONIZED and replicas.size() > 1:
+        synchronize_batchnorm(root, replicas.get_group(), device)
 
 
 def _loss_fn(mf: ModelFile):

@@ -7,13 +7,15 @@ order is torchtitan's: tensor parallel, then activation checkpointing, then data
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from torch import nn
 from torch.distributed._composable import checkpoint as composable_checkpoint
 from torch.distributed._composable.replicate_with_fsdp import ReplicateModule, replicate
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module, distribute_tensor
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
@@ -28,7 +30,7 @@ from planner.checkpoint_policy import selective_context
 from planner.errors import UserInputError
 from planner.modelfile import DTYPES
 from planner.schema import BlockPlan, Plan
-from planner.vocab import HALF_DTYPES, SEQUENCE_STYLES
+from planner.vocab import HALF_DTYPES, IN_OUT, SEQUENCE_STYLES, base_style
 from runtime.tied import splits_tie, tied_groups
 
 HALF = {name: DTYPES[name] for name in HALF_DTYPES}
@@ -75,6 +77,8 @@ def tp_style(module: nn.Module, style: str, fqn: str, traced_parent: bool = Fals
         return ColwiseParallel(input_layouts=Shard(1))
     if style == "rowwise_sp":
         return RowwiseParallel(output_layouts=Shard(1))
+    if style.endswith(IN_OUT):
+        return _in_out_style(base_style(style), traced_parent)
     if not isinstance(module, (nn.Linear, nn.Embedding)):
         raise UserInputError(
             f"plan shards {fqn} ({type(module).__name__}) with tensor parallelism, but only "
@@ -88,6 +92,57 @@ def tp_style(module: nn.Module, style: str, fqn: str, traced_parent: bool = Fals
         # rowwise: an embedding's vocabulary split (ids arrive replicated), or see above
         return RowwiseParallel(input_layouts=Replicate())
     return RowwiseParallel()
+
+
+class _InOutColwise(ColwiseParallel):
+    """ColwiseParallel for a weight stored [in, out] and applied as x @ W + b (transformers'
+    Conv1D), which torch's styles do not take: W split along dim 1 and b along dim 0. The
+    module's own forward then runs on DTensors."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        return distribute_module(
+            module,
+            device_mesh,
+            partial(_distribute_own, lambda p: Shard(p.dim() - 1), self.src_data_rank),
+            partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts),
+            partial(self._prepare_output_fn, self.output_layouts, self.use_local_output),
+        )
+
+
+class _InOutRowwise(RowwiseParallel):
+    """RowwiseParallel for a weight stored [in, out]: W split along dim 0, b replicated."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        self.desired_input_layouts = (Shard(-1),)  # x's last dim split, as W's dim 0
+        return distribute_module(
+            module,
+            device_mesh,
+            partial(
+                _distribute_own,
+                lambda p: Shard(0) if p.dim() == 2 else Replicate(),
+                self.src_data_rank,
+            ),
+            partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts),
+            partial(self._prepare_output_fn, self.output_layouts, self.use_local_output),
+        )
+
+
+def _distribute_own(placement, src_data_rank, _name: str, module: nn.Module, mesh) -> None:  # noqa: ANN001
+    """Each parameter of ``module`` itself (not its children) as a DTensor placed by
+    ``placement(param)``."""
+    for name, param in list(module.named_parameters(recurse=False)):
+        dist = distribute_tensor(param, mesh, [placement(param)], src_data_rank=src_data_rank)
+        module.register_parameter(name, nn.Parameter(dist, requires_grad=param.requires_grad))
+
+
+def _in_out_style(base: str, traced_parent: bool) -> ParallelStyle:
+    if base == "colwise" and not traced_parent:
+        return _InOutColwise()
+    if base in ("colwise", "colwise_gather"):
+        return _InOutColwise(output_layouts=Replicate())
+    if traced_parent:
+        return _InOutRowwise(input_layouts=Replicate())
+    return _InOutRowwise()
 
 
 def gather_sequence(module: nn.Module, regather_in_backward: bool = False) -> None:
@@ -169,6 +224,41 @@ def is_traced(module: nn.Module) -> bool:
     return isinstance(module, (InterpreterModule, torch.fx.GraphModule))
 
 
+def _traced_scope(root: nn.Module, fqn: str) -> str | None:
+    """The outermost eager module around ``fqn`` (``fqn`` itself included) whose parent is
+    traced code, or None where no ancestor is traced (an eager model or stage)."""
+    scope = fqn
+    while scope:
+        parent_path = scope.rpartition(".")[0]
+        parent = find_module(root, parent_path) if parent_path else root
+        if parent is None:
+            return None
+        if is_traced(parent):
+            return scope
+        scope = parent_path
+    return None
+
+
+def _meets_traced_code(root: nn.Module, fqn: str, tp_plan: dict[str, str]) -> bool:
+    """Whether the local shard of a column- or row-parallel module would cross traced code.
+
+    A pipeline stage runs traced code with its eager submodules swapped back where exact
+    (``runtime.stages``): a column-parallel module whose row-parallel partner sits in the same
+    eager subtree hands its shard over in eager code; one whose output leaves that subtree
+    (BERT's intermediate projection, read by a traced output module) must gather, and a
+    row-parallel module with no column-parallel partner in its subtree gets whole inputs."""
+    scope = _traced_scope(root, fqn)
+    if scope is None:
+        return False
+    if scope == fqn:
+        return True
+    partner = "rowwise" if tp_plan.get(fqn, "").startswith("colwise") else "colwise"
+    return not any(
+        other.startswith(scope + ".") and base_style(style) == partner
+        for other, style in tp_plan.items()
+    )
+
+
 def apply_tensor_parallel(
     root: nn.Module, blocks: list[BlockPlan], tp_mesh: DeviceMesh
 ) -> list[str]:
@@ -183,9 +273,9 @@ def apply_tensor_parallel(
             module = find_module(root, fqn)
             if module is None:
                 continue
-            parent_path = fqn.rpartition(".")[0]
-            parent = find_module(root, parent_path) if parent_path else root
-            traced = parent is not None and is_traced(parent) and style != "colwise_gather"
+            traced = base_style(style) != "colwise_gather" and _meets_traced_code(
+                root, fqn, block.tp_plan
+            )
             if style == "sp_block":  # entered and left with full tensors: any caller will do
                 traced = is_traced(module)
             if style == "sp_gather":

@@ -20,9 +20,9 @@ does not reach are copied from the freshly built model by path.
 from __future__ import annotations
 
 import copy
-import inspect
 import json
 import operator
+import re
 from functools import partial
 from typing import Any
 
@@ -31,6 +31,7 @@ from torch import nn
 from torch.distributed.pipelining import SplitPoint, pipeline
 from torch.distributed.pipelining._IR import annotate_split_points
 
+from planner.modelfile import forward_takes_one_argument
 from planner.schema import Plan
 
 
@@ -302,31 +303,29 @@ def _single_tensor_io(traced: nn.Module) -> bool:
     )
 
 
-def _takes_one_argument(module: nn.Module) -> bool:
-    """Whether ``forward`` has exactly one parameter. One required argument is not enough: a
-    module called with keywords (transformers' OPT positional embedding takes
-    ``position_ids=``) is traced with the keyword's value as its one input, which the eager
-    module would read as its first positional argument."""
-    try:
-        params = list(inspect.signature(module.forward).parameters.values())
-    except (TypeError, ValueError):
-        return False
-    return len(params) == 1 and params[0].kind in (
-        inspect.Parameter.POSITIONAL_ONLY,
-        inspect.Parameter.POSITIONAL_OR_KEYWORD,
-    )
+def adopt_eager_modules(stage: nn.Module, model: nn.Module, cuts: list[str]) -> list[str]:
+    """Swap traced submodules for the model's eager ones where exact (see the module docstring)
+    and make every other parameter and buffer the model's own tensor, found by path. Returns
+    the swapped paths.
 
-
-def adopt_eager_modules(stage: nn.Module, model: nn.Module) -> list[str]:
-    """Swap traced submodules for the model's eager ones where exact (see the module docstring);
-    copy every other parameter and buffer from ``model`` by path. Returns the swapped paths."""
+    ``cuts``: the split points. A module with a cut inside runs only part of its forward in
+    this stage (a ResNet's ``nn.Sequential`` of blocks cut at a shortcut), so the eager module,
+    which would run all of it, is never swapped in. A module called twice is traced twice
+    (``embed`` and ``embed@1``: one table for source and target tokens); both call sites are
+    the model's one module and share its tensors, as in one process."""
     eager = dict(model.named_modules())
     swapped: list[str] = []
     for fqn, traced in list(stage.named_modules()):
         if not fqn or any(fqn.startswith(s + ".") for s in swapped):
             continue
-        original = eager.get(fqn)
-        if original is None or not _single_tensor_io(traced) or not _takes_one_argument(original):
+        if any(cut.startswith(fqn + ".") for cut in cuts):
+            continue
+        original = eager.get(_one_call_site(fqn))
+        if (
+            original is None
+            or not _single_tensor_io(traced)
+            or not forward_takes_one_argument(original)
+        ):
             continue
         parent_path, _, name = fqn.rpartition(".")
         parent = stage.get_submodule(parent_path) if parent_path else stage
@@ -334,12 +333,25 @@ def adopt_eager_modules(stage: nn.Module, model: nn.Module) -> list[str]:
         swapped.append(fqn)
     sources = dict(model.named_parameters(remove_duplicate=False))
     sources.update(dict(model.named_buffers(remove_duplicate=False)))
-    with torch.no_grad():
-        for name, tensor in [*stage.named_parameters(), *stage.named_buffers()]:
-            src = sources.get(name)
-            if src is not None and src is not tensor and src.shape == tensor.shape:
-                tensor.copy_(src)
+    held = [
+        *stage.named_parameters(remove_duplicate=False),
+        *stage.named_buffers(remove_duplicate=False),
+    ]
+    for name, tensor in held:
+        src = sources.get(_one_call_site(name))
+        if src is None or src is tensor or src.shape != tensor.shape:
+            continue
+        parent_path, _, attr = name.rpartition(".")
+        owner = stage.get_submodule(parent_path) if parent_path else stage
+        table = owner._parameters if attr in owner._parameters else owner._buffers
+        table[attr] = src
     return swapped
+
+
+def _one_call_site(path: str) -> str:
+    """The model's path of a traced module or tensor path: ``embed@1.weight`` -> ``embed.weight``
+    (torch's unflatten numbers the second and later calls of one module)."""
+    return re.sub(r"@\d+", "", path)
 
 
 def stage_module_name(index: int) -> str:

@@ -6,10 +6,13 @@ token embedding) in a parallel run, so that it trains as one tensor, as in one p
   weight is then gathered from its first use in forward to its last in backward, which the
   cost model prices (``tied_memory``).
 * A pipeline: each stage that reads the weight holds its own copy (Megatron's embedding
-  group). Before the optimizer step the copies' gradients are summed, over the ranks that
-  hold a copy and share every coordinate but the pipeline's, so every copy takes the same
-  update from the same value (``TiedGrads``). Two stages of one rank (interleaved schedules)
-  get separate copies too, summed locally first: FSDP cannot wrap one tensor in two stages.
+  group), and so does each stage that calls one module (a caller of ``torch.nn.Transformer``
+  embedding source and target tokens with one table): torch's pipeline split gives each stage
+  a copy under the same name. Before the optimizer step the copies' gradients are summed, over
+  the ranks that hold a copy and share every coordinate but the pipeline's, so every copy takes
+  the same update from the same value (``TiedGrads``). Two stages of one rank (interleaved
+  schedules) get separate copies too, summed locally first: FSDP cannot wrap one tensor in two
+  stages.
 
 Tensor parallelism keeps tied weights replicated (the planner never shards them), so every
 copy has the same layout and its local gradient is the whole, or the same shard of it.
@@ -96,12 +99,14 @@ def _parameters(part: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def tied_grads(
-    model_groups: dict[str, list[str]], parts: list[nn.Module], mesh: DeviceMesh, groups_cache: dict
+    model_names: dict[str, list[str]], parts: list[nn.Module], mesh: DeviceMesh, groups_cache: dict
 ) -> TiedGrads:
-    """Which trainable tied parameters this rank's ``parts`` (pipeline stages, not yet wrapped)
-    hold, and a process group per parameter over the ranks holding a copy that agree on every
-    mesh coordinate but the pipeline's. Collective: every rank calls it."""
-    canonical = {name: key for key, names in model_groups.items() for name in names}
+    """Which trainable parameters this rank's ``parts`` (pipeline stages, not yet wrapped)
+    hold copies of, and a process group per parameter over the ranks holding a copy that agree
+    on every mesh coordinate but the pipeline's. ``model_names``: every parameter's names
+    (``parameter_names``); a parameter is a copy where two parts, here or on other pipeline
+    ranks, hold it. Collective: every rank calls it."""
+    canonical = {name: key for key, names in model_names.items() for name in names}
     held: dict[str, list[tuple[int, str]]] = {}
     for i, part in enumerate(parts):
         for name, p in part.named_parameters(remove_duplicate=False):
@@ -112,10 +117,10 @@ def tied_grads(
     del coords[(mesh.mesh_dim_names or ()).index("pp")]
     everyone: list = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, (dist.get_rank(), tuple(coords), sorted(held)))
-    result = TiedGrads(names=held)
+    result = TiedGrads(names={k: v for k, v in held.items() if len(v) > 1})
     for key in sorted({k for _, _, keys in everyone for k in keys}):
         for rest in sorted({c for _, c, _ in everyone}):
-            members = sorted(r for r, c, keys in everyone if c == rest and key in keys)
+            members = sorted({r for r, c, keys in everyone if c == rest and key in keys})
             if len(members) < 2:
                 continue
             group_key = ("tied", tuple(members))
@@ -123,4 +128,5 @@ def tied_grads(
                 groups_cache[group_key] = dist.new_group(members)
             if dist.get_rank() in members:
                 result.groups[key] = groups_cache[group_key]
+                result.names[key] = held[key]
     return result

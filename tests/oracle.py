@@ -15,12 +15,15 @@ far beyond that tolerance (``unmoved_parameters``).
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch.nn.modules.batchnorm import _BatchNorm
+from torch.utils._pytree import tree_map
 
 from planner.modelfile import load_model_file, parameter_names
 from runtime.batching import micro_batches
@@ -62,20 +65,29 @@ def reference_run(
     optimizer: str = "adamw",
     lr: float = 3e-4,
     seed: int = 0,
+    synchronized_replicas: int = 1,
 ) -> Reference:
-    """One-process training, steps 1..``steps``: losses, and the state before and after."""
+    """One-process training, steps 1..``steps``: losses, and the state before and after.
+
+    ``synchronized_replicas``: a model with BatchNorm whose statistics a plan synchronizes
+    over that many replicas normalises each of their micro-batch rounds together: here the
+    rounds' rows, gathered from every replica's slice, form one micro-batch."""
     mf = load_model_file(model_path, model_args)
     torch.manual_seed(seed)
     model = mf.build()
     model.train()
+    rounds = 1
+    if any(isinstance(m, _BatchNorm) for m in model.modules()):
+        rounds = synchronized_replicas
     initial = _snapshot(model)
     params = dict(model.named_parameters())
     aliases = {id(params[first]): names for first, names in parameter_names(model).items()}
     opt = make_optimizer(model.parameters(), optimizer, lr)
     losses, trained = [], set()
     for step in range(1, steps + 1):
-        batch = mf.batch(global_batch_size, step=step)
-        chunks = micro_batches(batch, global_batch_size, micro_batch_size)
+        batch = _by_rounds(mf.batch(global_batch_size, step=step), global_batch_size, rounds,
+                           micro_batch_size)  # fmt: skip
+        chunks = micro_batches(batch, global_batch_size, micro_batch_size * rounds)
         total = 0.0
         for inputs, targets in chunks:
             loss = mf.loss(model(*inputs), targets)
@@ -90,6 +102,38 @@ def reference_run(
     return Reference(losses, initial, _snapshot(model), trained, noise, names)
 
 
+def _by_rounds(batch: Any, global_batch_size: int, replicas: int, micro_batch_size: int) -> Any:
+    """The batch's rows reordered so that micro-batch round j of every replica (contiguous
+    slices, ``runtime.batching``) sits together, replica by replica."""
+    if replicas == 1:
+        return batch
+    per = global_batch_size // replicas
+    order = torch.tensor([
+        r * per + j + i
+        for j in range(0, per, micro_batch_size)
+        for r in range(replicas)
+        for i in range(micro_batch_size)
+    ])  # fmt: skip
+    return tree_map(lambda t: t[order] if isinstance(t, torch.Tensor) and t.dim() > 0 else t, batch)
+
+
+def _synchronized_replicas(plan: dict[str, Any]) -> int:
+    mesh = plan["mesh"]
+    if plan.get("batchnorm", "synchronized") != "synchronized":
+        return 1
+    return mesh["dp"] * mesh.get("cp", 1)
+
+
+def reference_key(plan: dict[str, Any]) -> str:
+    """Plans with one key share one reference: same model, arguments, batch sizes, optimizer,
+    learning rate and BatchNorm rounds."""
+    fields = ("global_batch_size", "micro_batch_size", "optimizer", "lr")
+    return json.dumps(
+        [plan["model"]["file"], plan["model"].get("args", {}), _synchronized_replicas(plan)]
+        + [plan.get(f) for f in fields]
+    )
+
+
 def reference_for_plan(plan: dict[str, Any], steps: int, seed: int = 0) -> Reference:
     """The oracle for a plan's model, batch sizes, optimizer and learning rate."""
     return reference_run(
@@ -101,6 +145,7 @@ def reference_for_plan(plan: dict[str, Any], steps: int, seed: int = 0) -> Refer
         optimizer=plan["optimizer"],
         lr=float(plan.get("lr", 3e-4)),
         seed=seed,
+        synchronized_replicas=_synchronized_replicas(plan),
     )
 
 
@@ -180,3 +225,14 @@ def checkpoint_model_state(checkpoint: Path) -> dict[str, torch.Tensor]:
         no_dist=True,
     )
     return {k: v for k, v in state["model"].items() if isinstance(v, torch.Tensor)}
+
+
+def references_for(plan_paths: list[Path], steps: int) -> dict[str, Reference]:
+    """One reference per ``reference_key`` among the plans (plans that share it share one)."""
+    refs: dict[str, Reference] = {}
+    for path in plan_paths:
+        plan = json.loads(Path(path).read_text())
+        key = reference_key(plan)
+        if key not in refs:
+            refs[key] = reference_for_plan(plan, steps)
+    return refs

@@ -22,23 +22,25 @@ def model_path(model: str) -> Path:
 
 
 def forced_plan(
-    model: str,
+    model: str | Path,
     world: int,
     out: Path,
     layers: int | None = None,
     optimizer: str | None = None,
     lr: float | None = None,
+    model_args: dict | None = None,
     **pins,
 ) -> Path:
     """A plan.json with the mesh, schedule, ZeRO stage and recompute pinned (fp32, batch 8), of
-    the tiny model (with ``layers`` layers when given)."""
+    the tiny model (with ``layers`` layers when given; ``model`` a name or a model file's path,
+    ``model_args`` more arguments for its build_model)."""
     pins.setdefault("offload", "none")
     if pins.get("tp", 1) > 1:
         pins.setdefault("tp_variant", "sharded")
     result = make_plan(
-        model_path(model),
+        model if isinstance(model, Path) else model_path(model),
         world,
-        model_args={"size": "tiny", **({"layers": layers} if layers else {})},
+        model_args={"size": "tiny", **(model_args or {}), **({"layers": layers} if layers else {})},
         profile="cpu",
         global_batch_size=8,
         dtype="fp32",
@@ -50,7 +52,12 @@ def forced_plan(
 
 
 def launch(
-    plans: list[Path], run_dirs: list[Path], world: int, *extra: str, steps: int = 5
+    plans: list[Path],
+    run_dirs: list[Path],
+    world: int,
+    *extra: str,
+    steps: int = 5,
+    timeout: int = 400,
 ) -> tuple[int, str]:
     """One torchrun launch training each plan in turn; (exit status, everything printed)."""
     args = ["--plans", *map(str, plans), "--run-dirs", *map(str, run_dirs), "--steps", str(steps)]
@@ -61,7 +68,7 @@ def launch(
         env=env,
         capture_output=True,
         text=True,
-        timeout=400,
+        timeout=timeout,
     )
     return proc.returncode, proc.stdout + proc.stderr
 

@@ -28,7 +28,8 @@ from oracle import (
     Reference,
     checkpoint_model_state,
     parameter_mismatches,
-    reference_for_plan,
+    reference_key,
+    references_for,
     unmoved_parameters,
 )
 from runs import forced_plan, launch, losses_of
@@ -233,14 +234,6 @@ def _cases(full: bool) -> list[Case]:
 CASES = _cases(os.environ.get("MESHPLAN_RUNTIME_QUICK") != "1")
 
 
-def ref_key(plan: dict) -> str:
-    """Plans of one model, arguments, batch sizes and optimizer share one reference."""
-    fields = ("global_batch_size", "micro_batch_size", "optimizer", "lr")
-    return json.dumps(
-        [plan["model"]["file"], plan["model"].get("args", {})] + [plan[f] for f in fields]
-    )
-
-
 @dataclass
 class OracleRuns:
     base: Path
@@ -277,13 +270,7 @@ def runs(request, tmp_path_factory) -> OracleRuns:
         for cid, _, _ in items:
             logs[cid] = (rc, log)
     print(f"\nruntime oracle launches (world: seconds): {walls}", file=sys.stderr)
-    refs: dict[str, Reference] = {}
-    for items in by_world.values():
-        for _, path, _ in items:
-            plan = json.loads(path.read_text())
-            key = ref_key(plan)
-            if key not in refs:
-                refs[key] = reference_for_plan(plan, STEPS)
+    refs = references_for([path for items in by_world.values() for _, path, _ in items], STEPS)
     return OracleRuns(base, logs, refs)
 
 
@@ -298,7 +285,7 @@ def test_plan_trains_like_one_process(runs, case):
     assert (plan["optimizer"], plan["lr"]) == (case.optimizer, case.lr)
     if pins.get("tp_variant") == "sequence" and case.model in ("gpt", "llama"):
         assert any("sp_block" in b["tp_plan"].values() for b in plan["blocks"])
-    ref = runs.refs[ref_key(plan)]
+    ref = runs.refs[reference_key(plan)]
     assert not unmoved_parameters(ref), "the reference does not move these far enough"
     got = losses_of(run_dir)
     rc, log = runs.logs[cid]

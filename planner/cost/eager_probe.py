@@ -32,6 +32,7 @@ from planner.cost import sharding
 from planner.modelfile import ModelFile
 from planner.trace.cache import cache_dir
 from planner.trace.export import build_meta_model, meta_inputs
+from planner.vocab import IN_OUT, base_style
 
 RESHAPE_OPS = {"aten.view.default", "aten._unsafe_view.default", "aten.reshape.default"}
 
@@ -138,7 +139,11 @@ class EagerShardProbe:
         return set(self._verdict(cls, module, tp_plan, t)[1])
 
     def _verdict(self, cls: str, module: str, tp_plan: dict[str, str], t: int) -> list:
-        if not tp_plan or set(tp_plan.values()) - {"colwise", "rowwise"}:
+        if not tp_plan or {base_style(s) for s in tp_plan.values()} - {
+            "colwise",
+            "colwise_gather",
+            "rowwise",
+        }:
             return ["", []]
         plan = _relative(tp_plan, module)
         key = json.dumps([cls, t, sorted(plan.items())])
@@ -165,12 +170,21 @@ class EagerShardProbe:
                     lambda _m, _a, out, rel=rel, rec=rec: rec.mark(out, rel)
                 )
                 for rel, style in plan.items()
-                if style == "colwise" and rel
+                if base_style(style) == "colwise" and rel
             ]
             try:
                 with torch.no_grad(), rec:
                     m(*args, **kwargs)
             except Exception as exc:  # the user's code on local shards: any failure counts
+                # a misread reshape before the failure (OPT's eager attention scores, keyed
+                # by half the sequence, then fail to broadcast with the mask) is to blame
+                found = (
+                    _first_misplaced(module, ran[0][: len(rec.seen)], rec.seen, t)
+                    if ran
+                    else ("", set())
+                )
+                if found[1]:
+                    return found
                 return (
                     f"{module}: its code fails on local shards "
                     f"({type(exc).__name__}: {' '.join(str(exc).split())[:120]})",
@@ -196,18 +210,32 @@ def _join(module: str, rel: str) -> str:
 
 
 def _cut(m: nn.Module, style: str, t: int) -> None:
-    """Give ``m`` the local weight shape torch's ColwiseParallel / RowwiseParallel leave."""
+    """Give ``m`` the local weight shape torch's ColwiseParallel / RowwiseParallel leave (a
+    gathered column-parallel module gives the code around it its whole output: left whole)."""
     w = getattr(m, "weight", None)
+    base = base_style(style)
+    if base == "colwise_gather":
+        return
+    if style.endswith(IN_OUT):
+        # meshplan's own styles run the module's forward on DTensors (global shapes inside,
+        # ``runtime.parallelize``): it takes the local input shard and gives the local output
+        if base == "colwise":
+            m.register_forward_hook(lambda _m, _a, out: out.narrow(-1, 0, out.shape[-1] // t))
+        else:
+            m.register_forward_pre_hook(
+                lambda _m, args: (torch.cat([args[0]] * t, dim=-1), *args[1:])
+            )
+        return
     if not isinstance(w, torch.Tensor) or w.dim() != 2:
         return
-    linear = isinstance(m, nn.Linear)
-    dim = (0 if style == "colwise" else 1) if linear else (1 if style == "colwise" else 0)
+    out_dim = 1 if style.endswith(IN_OUT) or isinstance(m, nn.Embedding) else 0
+    dim = out_dim if base == "colwise" else 1 - out_dim
     shape = list(w.shape)
     shape[dim] //= t
     m.weight = nn.Parameter(torch.empty(shape, dtype=w.dtype, device="meta"))
     bias = getattr(m, "bias", None)
-    if linear and style == "colwise" and isinstance(bias, torch.Tensor):
-        m.bias = nn.Parameter(torch.empty(shape[0], dtype=bias.dtype, device="meta"))
+    if base == "colwise" and isinstance(bias, torch.Tensor) and not isinstance(m, nn.Embedding):
+        m.bias = nn.Parameter(torch.empty(shape[out_dim], dtype=bias.dtype, device="meta"))
 
 
 def _verdicts_path(trace_key: str) -> Path:

@@ -26,7 +26,7 @@ from planner.hardware.collectives import collective_time, p2p_time
 from planner.schema.mesh import Mesh
 from planner.trace.blocks import Block
 from planner.trace.graph import param_bytes_of
-from planner.vocab import HALF_DTYPES, OFFLOAD, RECOMPUTE, Offload
+from planner.vocab import HALF_DTYPES, OFFLOAD, RECOMPUTE, Offload, base_style
 
 # Bytes per parameter: (weights, gradients, optimizer states). Mixed precision keeps fp32
 # master weights in the optimizer states (ZeRO paper's K = 12 for Adam); SGD keeps momentum.
@@ -301,7 +301,7 @@ def overhead_times(counts: OpCounts, tp_plan: dict, tp: int, cluster: Cluster):
     fwd = counts.fwd * p.op_overhead
     bwd = counts.bwd * p.backward_op_overhead
     if tp > 1 and tp_plan:
-        gathered = sum(1 for style in tp_plan.values() if style == "colwise_gather")
+        gathered = sum(1 for style in tp_plan.values() if base_style(style) == "colwise_gather")
         per_step = (len(tp_plan) - gathered) * p.tp_module_overhead + gathered * (
             p.tp_gather_overhead
         )

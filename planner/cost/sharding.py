@@ -46,7 +46,7 @@ from planner.hardware.collectives import ring_factors
 from planner.trace.blocks import Block, cached_core_nodes
 from planner.trace.graph import arg_refs
 from planner.trace.opcost import ATTENTION_OPS, is_view
-from planner.vocab import ELEMENT_BYTES
+from planner.vocab import ELEMENT_BYTES, IN_OUT, base_style
 
 R, P = "R", "P"
 DTYPE_BYTES = ELEMENT_BYTES
@@ -119,7 +119,7 @@ class Strategy:
 
     out: str
     req: tuple[str | None, ...]
-    plan: str = ""  # "colwise" | "rowwise" for a sharded Linear/Embedding weight
+    plan: str = ""  # the TPStyle of a sharded weight: "colwise" | "rowwise" (+ IN_OUT)
 
 
 @dataclass
@@ -219,6 +219,8 @@ def strategies_for(op: str, attrs: dict, operands: Sequence[Operand], t: int) ->
     found: list[Strategy] = [rep]
     if base == "linear" and len(operands) >= 2 and operands[1].kind == "param" and nodes:
         found += _linear(shape, operands, t)
+    elif base in ("addmm", "mm") and _weight_in_out(base, operands):
+        found += _linear_in_out(base, shape, operands, t)
     elif base == "embedding" and operands and operands[0].kind == "param" and nodes:
         found += _embedding(shape, operands, t)
     elif base in ("matmul", "mm", "bmm") and len(operands) == 2 and len(nodes) == 2:
@@ -257,6 +259,34 @@ def _linear(shape: tuple, ops: Sequence[Operand], t: int) -> list[Strategy]:
         out.append(Strategy(P, (_s(len(x.shape) - 1), "S1", *_rest(rest)), "rowwise"))
     for d in _splittable(shape[:-1], t):
         out.append(Strategy(_s(d), (_s(d), R, *_rest(rest))))
+    return out
+
+
+def _weight_in_out(base: str, ops: Sequence[Operand]) -> bool:
+    """x @ W (+ b) with W a 2-D parameter stored [in, out]: ``mm(x, W)`` or ``addmm(b, x, W)``
+    with b a 1-D parameter (transformers' Conv1D)."""
+    want = 2 if base == "mm" else 3
+    if len(ops) != want or ops[-2].kind != "node" or ops[-1].kind != "param":
+        return False
+    w = ops[-1].shape
+    if w is None or len(w) != 2:
+        return False
+    return base == "mm" or (ops[0].kind == "param" and ops[0].shape == (w[1],))
+
+
+def _linear_in_out(base: str, shape: tuple, ops: Sequence[Operand], t: int) -> list[Strategy]:
+    """The column/row split of ``_linear`` for a weight stored [in, out]: colwise splits W's
+    dim 1 (and b), rowwise its dim 0 on a last-dim-split x, giving partial sums."""
+    w = ops[-1].shape
+    bias = (R,) if base == "addmm" else ()
+    out: list[Strategy] = []
+    if w[1] % t == 0:
+        col_bias = ("S0",) if base == "addmm" else ()
+        out.append(Strategy(_s(len(shape) - 1), (*col_bias, R, "S1"), "colwise" + IN_OUT))
+    if w[0] % t == 0:
+        out.append(Strategy(P, (*bias, _s(len(ops[-2].shape) - 1), "S0"), "rowwise" + IN_OUT))
+    for d in _splittable(shape[:-1], t):
+        out.append(Strategy(_s(d), (*bias, _s(d), R)))
     return out
 
 
@@ -1123,10 +1153,12 @@ def tp_variants(
         prob = build_problem(graph, block, tp, flops_per_second, bytes_per_second, gathered)
         memo[key] = _templates(prob, comm_seconds_per_byte, max_variants)
     # A sequence-parallel block is entered and left as one module (one block, one module).
+    nodes = [n for n in block.nodes if _has_tensor(graph, n)]
     return [
         _bind(graph, block, tpl, tp)
         for tpl in memo[key]
-        if not tpl.sequence_parallel or len(block.modules) == 1
+        if (not tpl.sequence_parallel or len(block.modules) == 1)
+        and realizable(graph, block, dict(zip(nodes, tpl.states)), list(tpl.plans))
     ]
 
 
@@ -1252,6 +1284,8 @@ def _sequence_parallel(
     gathers: dict[tuple[str, str], int] = {}
     regathered: set[str] = set()  # column-parallel ops whose gathered input is kept as the shard
     for pos, (op, s) in enumerate(zip(prob.ops, strat)):
+        if s.plan.endswith(IN_OUT):
+            return None  # torch's sequence-parallel styles take Linear weights only
         if s.plan == "rowwise":
             plans.append((pos, _weight_slot(op), "rowwise_sp"))
         elif s.plan == "colwise":
@@ -1362,24 +1396,48 @@ def _gathered(graph: nx.DiGraph, block: Block, start: str, states: dict[str, str
     row-parallel op: its sharded region (ops downstream that keep an S state) meets a consumer
     that needs it replicated, or leaves the block. The runtime then gathers right at the module
     output (``colwise_gather``), which is the same value, since the ops between are shard-local."""
+    return _sharded_region(graph, block, start, states)[0]
+
+
+def _sharded_region(
+    graph: nx.DiGraph, block: Block, start: str, states: dict[str, str]
+) -> tuple[bool, bool]:
+    """(is the region gathered, does it also reach a row-parallel consumer) for the sharded
+    region downstream of a column-parallel op (see ``_gathered``)."""
     inside = set(block.nodes)
     leaves = set(graph.graph.get("outputs", []))
     seen, todo = {start}, [start]
+    gathered = partial = False
     while todo:
         u = todo.pop()
         succ = list(graph.successors(u))
         if u in leaves or any(v not in inside for v in succ):
-            return True
+            gathered = True
         for v in succ:
             sv = states.get(v)
             if sv is None or v in seen:
                 continue
             if sv == R:
-                return True
-            if sv != P:
+                gathered = True
+            elif sv == P:
+                partial = True
+            else:
                 seen.add(v)
                 todo.append(v)
-    return False
+    return gathered, partial
+
+
+def realizable(graph: nx.DiGraph, block: Block, states: dict[str, str], plans: list) -> bool:
+    """Can torch's styles run this layout? A column-parallel output is handed on either as the
+    shard or gathered, once, at the module's output: a region that needs both (T5's relative
+    position bias feeds this layer's head-sharded scores and, whole, the next layers) cannot."""
+    nodes = [n for n in block.nodes if _has_tensor(graph, n)]
+    for pos, _w, label in plans:
+        if base_style(label) == "colwise":
+            gathered, partial = _sharded_region(graph, block, nodes[pos], states)
+            if gathered and partial:
+                return False
+    return True
 
 
 def _bind(graph: nx.DiGraph, block: Block, tpl: _Template, tp: int) -> TPVariant:
@@ -1388,8 +1446,8 @@ def _bind(graph: nx.DiGraph, block: Block, tpl: _Template, tp: int) -> TPVariant
     states = dict(zip(nodes, tpl.states))
     for pos, w, label in tpl.plans:
         weight = _operands(graph, graph.nodes[nodes[pos]])[w].name
-        if label == "colwise" and _gathered(graph, block, nodes[pos], states):
-            label = "colwise_gather"
+        if base_style(label) == "colwise" and _gathered(graph, block, nodes[pos], states):
+            label = label.replace("colwise", "colwise_gather", 1)
         plan[weight.rpartition(".")[0]] = label
     if tpl.sequence_parallel:
         plan[block.modules[0]] = "sp_block"  # replicated in and out, sequence-sharded inside

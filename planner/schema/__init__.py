@@ -28,7 +28,15 @@ from planner.schema.plan import (
     SolverRecord,
     StagePlan,
 )
-from planner.vocab import DTYPES, OFFLOAD, OPTIMIZERS, RECOMPUTE, SCHEDULES, TP_STYLES
+from planner.vocab import (
+    BATCHNORM_STATS,
+    DTYPES,
+    OFFLOAD,
+    OPTIMIZERS,
+    RECOMPUTE,
+    SCHEDULES,
+    TP_STYLES,
+)
 
 __all__ = [
     "SCHEMA",
@@ -177,6 +185,8 @@ def _check_header(plan: dict, where: str) -> None:
         raise UserInputError(f"plan {where}: zero_stage must be 0-3")
     if plan["dtype"] not in DTYPES or plan["optimizer"] not in OPTIMIZERS:
         raise UserInputError(f"plan {where}: unknown dtype or optimizer")
+    if plan.get("batchnorm", BATCHNORM_STATS[0]) not in BATCHNORM_STATS:
+        raise UserInputError(f"plan {where}: batchnorm must be one of {', '.join(BATCHNORM_STATS)}")
 
 
 def _check_blocks(plan: dict, where: str) -> None:

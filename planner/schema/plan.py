@@ -169,6 +169,9 @@ class Plan:
     solver: SolverRecord
     lr: float = 3e-4
     mesh_order: list[str] = field(default_factory=lambda: ["pp", "dp", "cp", "tp"])
+    # BatchNorm statistics over the replicas' micro-batches together, or each replica's own
+    # (vocab.BatchNormStats; runtime.batchnorm says what each trains)
+    batchnorm: str = "synchronized"
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Plan:

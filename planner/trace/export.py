@@ -29,7 +29,13 @@ import torch
 import torch.fx
 
 from planner.errors import UserInputError
-from planner.modelfile import DTYPES, ModelFile, expert_modules, parameter_names
+from planner.modelfile import (
+    DTYPES,
+    ModelFile,
+    expert_modules,
+    forward_takes_one_argument,
+    parameter_names,
+)
 from planner.trace.graph import OpGraph
 from planner.trace.opcost import (
     MATMUL_OPS,
@@ -269,10 +275,14 @@ def _annotate_model(
 
 
 def tp_shardable_modules(model: torch.nn.Module) -> list[str]:
-    """Paths of the modules torch's ParallelStyles can shard: an ``nn.Linear`` or
-    ``nn.Embedding`` running the stock ``forward``. A subclass with its own ``forward``
-    (transformers' OPT positional embedding takes an attention mask and keywords) would get
-    its styles' input conversion on the wrong argument."""
+    """Paths of the modules tensor parallelism can shard through a ParallelStyle: an
+    ``nn.Linear`` or ``nn.Embedding`` running the stock ``forward``, or any module whose own
+    parameters are a 2-D ``weight`` and at most a 1-D ``bias`` and whose ``forward`` takes
+    one argument (transformers' ``Conv1D``, a Linear subclass computing ``x @ W.T``): the
+    styles convert that one argument. Which of them the sharding ILP styles depends on the
+    ops their weight feeds (``planner.cost.sharding``). A module whose ``forward`` takes more
+    (transformers' OPT positional embedding: a mask and keywords) would get the conversion on
+    the wrong argument."""
     stock = {
         torch.nn.Linear: torch.nn.Linear.forward,
         torch.nn.Embedding: torch.nn.Embedding.forward,
@@ -281,7 +291,16 @@ def tp_shardable_modules(model: torch.nn.Module) -> list[str]:
         name
         for name, m in model.named_modules()
         if any(isinstance(m, cls) and type(m).forward is fwd for cls, fwd in stock.items())
+        or _weight_module(m)
     )
+
+
+def _weight_module(m: torch.nn.Module) -> bool:
+    params = dict(m.named_parameters(recurse=False))
+    weight, bias = params.pop("weight", None), params.pop("bias", None)
+    if params or weight is None or weight.dim() != 2 or (bias is not None and bias.dim() != 1):
+        return False
+    return forward_takes_one_argument(m)
 
 
 def _param_aliases(model: torch.nn.Module) -> dict[str, str]:

@@ -1,0 +1,101 @@
+"""BatchNorm statistics under data parallelism.
+
+Each replica sees a share of the batch, so a plain ``BatchNorm`` normalises with statistics of
+that share and each replica moves its running statistics its own way: a different model than
+one process trains. A plan's ``batchnorm`` field says which the run does:
+
+* ``synchronized`` (the default): mean and variance over the replicas' micro-batches together,
+  as one process would compute them over their union. On GPUs that is torch's
+  ``nn.SyncBatchNorm``; torch's refuses CPU tensors, so there the same arithmetic runs through
+  ``torch.distributed.nn``'s differentiable all-reduce (two collectives of 2C + 1 numbers per
+  layer and micro-batch in forward, one in backward).
+* ``per_replica``: every replica keeps its own statistics, as plain DDP does; cheaper, and a
+  different model (rank 0's running statistics are the ones checkpointed).
+
+A pipeline normalises each micro-batch by itself under either, as every pipeline does: a
+stage never sees the whole batch.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.nn.functional import all_reduce
+from torch.nn.modules.batchnorm import _BatchNorm
+
+
+class GroupBatchNorm(_BatchNorm):
+    """A BatchNorm whose training statistics are summed over ``group`` (CPU-capable)."""
+
+    def __init__(self, source: _BatchNorm, group: dist.ProcessGroup) -> None:
+        super().__init__(
+            source.num_features,
+            source.eps,
+            source.momentum,
+            source.affine,
+            source.track_running_stats,
+            device="meta",
+        )
+        # the source's own tensors, so parameter identity (optimizers, ties) is kept
+        self.weight, self.bias = source.weight, source.bias
+        self.running_mean = source.running_mean
+        self.running_var = source.running_var
+        self.num_batches_tracked = source.num_batches_tracked
+        self.training = source.training
+        self.group = group
+
+    def _check_input_dim(self, x: torch.Tensor) -> None:
+        if x.dim() < 2:
+            raise ValueError(f"expected at least 2D input (got {x.dim()}D input)")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training:
+            return super().forward(x)
+        c = x.size(1)
+        dims = [0, *range(2, x.dim())]
+        shape = [1, c] + [1] * (x.dim() - 2)
+        # two passes (sum, then squared deviations) for one process's rounding, not E[x^2]-E[x]^2
+        first = all_reduce(
+            torch.cat([x.sum(dims), x.new_tensor([x.numel() // c])]), group=self.group
+        )
+        count = first[c]
+        mean = first[:c] / count
+        centred = x - mean.view(shape)
+        var = all_reduce(centred.pow(2).sum(dims), group=self.group) / count
+        y = centred * torch.rsqrt(var.view(shape) + self.eps)
+        if self.affine:
+            y = y * self.weight.view(shape) + self.bias.view(shape)
+        if self.track_running_stats and self.running_mean is not None:
+            with torch.no_grad():
+                self.num_batches_tracked.add_(1)
+                momentum = (
+                    self.momentum
+                    if self.momentum is not None
+                    else 1.0 / float(self.num_batches_tracked)
+                )
+                unbiased = var * (count / (count - 1))
+                self.running_mean.lerp_(mean, momentum)
+                self.running_var.lerp_(unbiased, momentum)
+        return y
+
+
+def synchronize_batchnorm(root: nn.Module, group: dist.ProcessGroup, device: torch.device) -> int:
+    """Replace every BatchNorm under ``root`` by one that sums its statistics over ``group``;
+    returns how many. ``root`` keeps its module paths and tensors."""
+    found = [
+        (name, m)
+        for name, m in root.named_modules()
+        if isinstance(m, _BatchNorm) and not isinstance(m, (nn.SyncBatchNorm, GroupBatchNorm))
+    ]
+    for name, m in found:
+        if device.type == "cpu":
+            new: nn.Module = GroupBatchNorm(m, group)
+        else:
+            new = nn.SyncBatchNorm.convert_sync_batchnorm(m, process_group=group)
+        parent_path, _, attr = name.rpartition(".")
+        parent = root.get_submodule(parent_path) if parent_path else root
+        if not name:
+            raise ValueError("the model itself is a BatchNorm: nothing to synchronize around it")
+        setattr(parent, attr, new)
+    return len(found)
