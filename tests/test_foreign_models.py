@@ -15,6 +15,7 @@ from planner.modelfile import load_model_file
 from planner.search import Pins
 
 MODELS = Path(__file__).resolve().parent / "models"
+ROOT = MODELS.parent.parent
 
 
 @pytest.fixture(scope="module", params=["gpt2", "opt"])
@@ -80,9 +81,9 @@ def test_the_eager_probe_rejects_a_view_that_fixes_the_head_count():
     )
 
 
-def test_opt_attention_is_planned_gathered_not_misread():
-    """With the probe, OPT's pinned TP plan gathers its attention projections (or keeps them
-    replicated) instead of handing the code a shard it misreads."""
+def test_opt_attention_is_planned_on_dtensors_not_misread():
+    """With the probe, OPT's pinned TP plan keeps its column-parallel outputs DTensors (the
+    code then reads global shapes) instead of handing the code a shard it misreads."""
     mf = load_model_file(MODELS / "opt.py", {"size": "tiny"})
     result = plan(
         mf, 2, profile="cpu", dtype="fp32", use_cache=False,
@@ -91,7 +92,7 @@ def test_opt_attention_is_planned_gathered_not_misread():
     for b in result.plan.blocks:
         for fqn, style in b.tp_plan.items():
             if fqn.endswith(("q_proj", "k_proj", "v_proj")):
-                assert style != "colwise", (fqn, style)
+                assert style == "colwise_dtensor", (fqn, style)
 
 
 def test_a_module_with_its_own_forward_is_never_styled():
@@ -104,3 +105,38 @@ def test_a_module_with_its_own_forward_is_never_styled():
     positions = "model.decoder.embed_positions"
     assert isinstance(model.get_submodule(positions), torch.nn.Embedding)
     assert positions not in shardable and "model.decoder.layers.0.fc1" in shardable
+
+
+def test_conv1d_projections_are_sharded_with_their_weight_layout():
+    """GPT-2's projections are transformers' Conv1D (weight [in, out], addmm): the tracer
+    lists them as shardable and a pinned TP plan splits the MLP's first weight along dim 1
+    and its second along dim 0 (the in_out styles), not as replicas."""
+    mf = load_model_file(MODELS / "gpt2.py", {"size": "tiny"})
+    result = plan(
+        mf, 2, profile="cpu", dtype="fp32", use_cache=False,
+        pins=Pins(tp=2, dp=1, pp=1, tp_variant="sharded"),
+    )  # fmt: skip
+    layer = next(b for b in result.plan.blocks if b.name == "transformer.h.0")
+    assert layer.tp_plan["transformer.h.0.mlp.c_fc"] == "colwise_in_out"
+    assert layer.tp_plan["transformer.h.0.mlp.c_proj"] == "rowwise_in_out"
+    assert "transformer.h.0.attn.c_attn" in set(result.traced.graph.graph["tp_modules"])
+
+
+def test_a_cast_check_does_not_make_attention_scores_a_block_output():
+    """torch.export follows a dtype cast with a tensorless _assert_tensor_metadata node. OPT's
+    eager attention upcasts its softmax: that check must not make the [b, heads, s, s] scores
+    a block output, which the sharding ILP would all-gather (priced 1 GiB per micro-batch at
+    Megatron's 22B shape)."""
+    from planner.cost.sharding import build_problem
+
+    mf = load_model_file(
+        ROOT / "benchmarks" / "models" / "hf_shapes.py",
+        {"kind": "opt", "attn": "eager", "layers": 2, "hidden": 64, "heads": 4},
+    )
+    traced = trace(mf, dtype="bf16", use_cache=False)
+    layer = next(b for b in traced.blocks if b.name.endswith("layers.1"))
+    graph = traced.graph
+    asserts = [n for n in layer.nodes if "assert_tensor_metadata" in graph.nodes[n]["op"]]
+    assert asserts, "the trace has no cast check: this test no longer tests anything"
+    prob = build_problem(graph, layer, 2)
+    assert [tuple(prob.ops[prob.index[n]].shape) for n in prob.outputs] == [(1, 2048, 64)]
