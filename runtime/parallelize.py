@@ -77,7 +77,7 @@ def tp_style(module: nn.Module, style: str, fqn: str, traced_parent: bool = Fals
     if style == "colwise_sp":
         return ColwiseParallel(input_layouts=Shard(1))
     if style == "rowwise_sp":
-        return RowwiseParallel(output_layouts=Shard(1))
+        return _Rowwise(output_layouts=Shard(1))
     if style.endswith(IN_OUT):
         return _in_out_style(base_style(style), traced_parent)
     if not isinstance(module, (nn.Linear, nn.Embedding)):
@@ -95,8 +95,22 @@ def tp_style(module: nn.Module, style: str, fqn: str, traced_parent: bool = Fals
         return ColwiseParallel(output_layouts=Replicate())
     if isinstance(module, nn.Embedding) or traced_parent:
         # rowwise: an embedding's vocabulary split (ids arrive replicated), or see above
-        return RowwiseParallel(input_layouts=Replicate())
-    return RowwiseParallel()
+        return _Rowwise(input_layouts=Replicate())
+    return _Rowwise()
+
+
+class _Rowwise(RowwiseParallel):
+    """RowwiseParallel whose local output is its own tensor, not a view DTensor's to_local
+    made inside an autograd Function: model code adds to it in place (Falcon's
+    ``mlp_output += attention_output``), which autograd forbids on such a view. One copy of
+    the block's output per row-parallel module."""
+
+    @staticmethod
+    def _prepare_output_fn(output_layouts, use_local_output, mod, outputs, device_mesh):  # noqa: ANN001, ANN205
+        out = RowwiseParallel._prepare_output_fn(
+            output_layouts, use_local_output, mod, outputs, device_mesh
+        )
+        return out.clone() if use_local_output else out
 
 
 class _InOutColwise(ColwiseParallel):
@@ -114,7 +128,7 @@ class _InOutColwise(ColwiseParallel):
         )
 
 
-class _InOutRowwise(RowwiseParallel):
+class _InOutRowwise(_Rowwise):
     """RowwiseParallel for a weight stored [in, out]: W split along dim 0, b replicated."""
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:

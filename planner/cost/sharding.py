@@ -71,6 +71,7 @@ NORMS = {"layer_norm", "native_layer_norm", "rms_norm", "_fused_rms_norm"}
 DIM_REDUCTIONS = {"mean", "sum", "amax", "amin", "var", "std", "logsumexp", "prod"}
 RESHAPES = {"view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "flatten", "unflatten"}
 SPLITS = {"split", "split_with_sizes", "chunk", "unbind"}
+TRANSPOSES = {"t", "numpy_T", "transpose"}  # of a 2-D tensor, each swaps its two dims
 # Only layouts the runtime can execute with torch's ColwiseParallel / RowwiseParallel: sharded
 # activations start at a sharded weight and end at a row-parallel weight (partial sums, then an
 # all-reduce) or an all-gather. Slicing a replicated tensor, reduce-scatter and all-to-all are
@@ -136,6 +137,9 @@ class Op:
     nbytes: int  # logical bytes of its output: the buffer a collective on it moves
     grad: bool
     saved: tuple[tuple[str | None, int], ...]
+    # W.T of a weight (``_transposed_weight``): its consumer takes it as produced, since the
+    # runtime's style splits the weight for the product that reads it, never for a collective
+    pinned: bool = False
 
 
 @dataclass
@@ -221,6 +225,8 @@ def strategies_for(op: str, attrs: dict, operands: Sequence[Operand], t: int) ->
         found += _linear(shape, operands, t)
     elif base in ("addmm", "mm") and _weight_in_out(base, operands):
         found += _linear_in_out(base, shape, operands, t)
+    elif base in TRANSPOSES and _weight_2d(operands):
+        found += _transposed_weight(operands, t)
     elif base == "embedding" and operands and operands[0].kind == "param" and nodes:
         found += _embedding(shape, operands, t)
     elif base in ("matmul", "mm", "bmm") and len(operands) == 2 and len(nodes) == 2:
@@ -287,6 +293,25 @@ def _linear_in_out(base: str, shape: tuple, ops: Sequence[Operand], t: int) -> l
         out.append(Strategy(P, (*bias, _s(len(ops[-2].shape) - 1), "S0"), "rowwise" + IN_OUT))
     for d in _splittable(shape[:-1], t):
         out.append(Strategy(_s(d), (*bias, _s(d), R)))
+    return out
+
+
+def _weight_2d(ops: Sequence[Operand]) -> bool:
+    return (
+        bool(ops) and ops[0].kind == "param" and ops[0].shape is not None and len(ops[0].shape) == 2
+    )
+
+
+def _transposed_weight(ops: Sequence[Operand], t: int) -> list[Strategy]:
+    """W.T of a weight W[out, in] that a matrix product then reads (a Linear subclass with its
+    own forward, x @ W.T: Falcon's): W's dim 0 split gives W.T's dim 1 (column-parallel, the
+    product splits its output), W's dim 1 its dim 0 (row-parallel, partial sums)."""
+    w = ops[0].shape
+    out: list[Strategy] = []
+    if w[0] % t == 0:
+        out.append(Strategy("S1", ("S0", *_rest(ops[1:])), "colwise"))
+    if w[1] % t == 0:
+        out.append(Strategy("S0", ("S1", *_rest(ops[1:])), "rowwise"))
     return out
 
 
@@ -581,6 +606,7 @@ def build_problem(
                 nbytes=_nbytes(d["shapes"][0], d["dtypes"][0]),
                 grad=bool(d.get("requires_grad", False)),
                 saved=tuple((p, int(b)) for p, b in d["saved"]),
+                pinned=_base(d["op"]) in TRANSPOSES and _weight_2d(operands),
             )
         )
     index = {op.name: i for i, op in enumerate(ops)}
@@ -770,7 +796,8 @@ def evaluate(prob: BlockProblem, choice: Sequence[int], comm_seconds_per_byte: f
                 continue
             src = state.get(o.name, R)
             moves = reshard(src, r)
-            if moves is None:
+            pinned = o.name in prob.index and prob.ops[prob.index[o.name]].pinned
+            if moves is None or (pinned and src != r):
                 return Evaluation(feasible=False)
             nbytes = _out_bytes(prob, o.name)
             if moves[0]:
@@ -962,7 +989,12 @@ def sharding_milp(
             u = prob.index[o.name]
             producer = prob.ops[u]
             outs = sorted({s.out for s in producer.strategies})
-            pairs = [(s_out, r) for s_out in outs for r in reqs if reshard(s_out, r) is not None]
+            pairs = [
+                (s_out, r)
+                for s_out in outs
+                for r in reqs
+                if reshard(s_out, r) is not None and (s_out == r or not producer.pinned)
+            ]
             evars = edge_vars.setdefault((v, i), {})
             for s_out, r in pairs:
                 fwd, bwd = reshard(s_out, r)
