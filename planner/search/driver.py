@@ -150,7 +150,14 @@ def _candidates(graph, blocks, cluster, training, pins, variants_of) -> list[Can
         )
     cands = enumerate_candidates(gpus, len(blocks), training, pins, tp_degrees, blocks, sequence)
     if not cands:
-        raise UserInputError(no_candidate_message(gpus, training, pins, tp_degrees))
+        message = no_candidate_message(gpus, training, pins, tp_degrees)
+        if graph.graph.get("method") == "hooks" and tp_degrees == [1]:
+            message += (
+                "; torch.export could not trace the model (its note says why; a transformers"
+                " model that returns its KV cache is the usual case: build it with"
+                " use_cache=False), and the module-level trace it fell back to shards no weight"
+            )
+        raise UserInputError(message)
     return cands
 
 
