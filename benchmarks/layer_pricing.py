@@ -2,10 +2,11 @@
 
 GPT-2 (transformers' Conv1D: weight stored [in, out], fused QKV) and OPT (nn.Linear) layers of
 the same shape should cost the same at every TP degree; an OPT layer with eager attention
-(matmul-softmax-matmul with masks) should cost the SDPA layer plus the bytes its explicit score
-tensors move, sharded by heads like the rest. Each configuration is planned with the layer
-count, TP degree and recompute pinned on A100-80GB (one TP group, no pipeline, no data
-parallelism), and the first layer's priced time per micro-batch is read from plan.json.
+(matmul-softmax-matmul with masks) should cost the SDPA layer plus the time its explicit score
+tensors take: on every rank where the plan runs attention replicated, else split by heads.
+Each configuration is planned with the layer count, TP degree and recompute pinned on
+A100-80GB (one TP group, no pipeline, no data parallelism), and the first layer's priced time
+per micro-batch is read from plan.json.
 
     python benchmarks/layer_pricing.py        # writes reports/benchmarks/layer_pricing.json
 """
@@ -56,13 +57,20 @@ def main() -> None:
         )
     extra1 = rows[0]["opt_eager_ms"] - rows[0]["opt_sdpa_ms"]
     for row in rows:
-        # the eager path's extra bytes, sharded by heads like the rest of the layer
-        want = row["opt_sdpa_ms"] + extra1 / row["tp"]
-        row["eager_vs_sdpa_plus_extra"] = round(row["opt_eager_ms"] / want - 1, 4)
+        # the eager path's extra time at TP 1, on every rank (attention run replicated, as
+        # where the planner gathers OPT's projections) or split by heads
+        for how, share in (("replicated", 1), ("sharded", row["tp"])):
+            want = row["opt_sdpa_ms"] + extra1 / share
+            row[f"eager_vs_sdpa_plus_extra_{how}"] = round(row["opt_eager_ms"] / want - 1, 4)
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(rows, indent=1) + "\n")
     for row in rows:
-        print(f"tp {row['tp']}: eager vs sdpa + extra/tp: {row['eager_vs_sdpa_plus_extra']:+.1%}")
+        rep = row["eager_vs_sdpa_plus_extra_replicated"]
+        shard = row["eager_vs_sdpa_plus_extra_sharded"]
+        print(
+            f"tp {row['tp']}: eager vs sdpa + extra on every rank {rep:+.1%}, "
+            f"+ extra/tp {shard:+.1%}"
+        )
     print(f"wrote {OUT.relative_to(ROOT)}")
 
 
