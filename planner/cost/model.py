@@ -53,6 +53,9 @@ class Training:
     # expert parallelism (the busiest rank's routed rows over the mean; 1.0 = balanced).
     moe_capacity_factor: float = 1.0
     moe_imbalance: float = 1.0
+    # FP8 linears (Transformer Engine, torchao Float8Linear): products with a weight run at the
+    # profile's FP8 rate; attention, norms and the optimizer stay in ``dtype``.
+    fp8_linears: bool = False
 
     @property
     def mixed(self) -> bool:
