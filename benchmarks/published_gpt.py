@@ -3,7 +3,9 @@
 
 Pre-LayerNorm, fused Q/K/V projection, GeLU MLP of width ``ffn`` (4h unless the row says
 otherwise), learned positions, token embedding tied to the output projection (MPT and BLOOM tie
-them). ``attention`` picks the kernel the source ran: ``"flash"`` is one fused causal
+them; ``tied=False`` for Megatron's layouts: its vocabulary-parallel head is sharded by TP,
+which meshplan does only for an untied head, and with a pipeline the last stage keeps its own
+copy of the embedding, as an untied model does). ``attention`` picks the kernel the source ran: ``"flash"`` is one fused causal
 ``scaled_dot_product_attention`` (FlashAttention: llm-foundry's MPT, Megatron-Core), ``"fused"``
 materialises the scores through one softmax kernel (Megatron-DeepSpeed's FusedScaleMaskSoftmax,
 which BLOOM's 2022 runs used: the full s x s product, no causal skipping). Follows meshplan's
@@ -67,7 +69,15 @@ class Layer(nn.Module):
 
 class GPT(nn.Module):
     def __init__(
-        self, layers: int, hidden: int, heads: int, ffn: int, seq_len: int, vocab: int, attention
+        self,
+        layers: int,
+        hidden: int,
+        heads: int,
+        ffn: int,
+        seq_len: int,
+        vocab: int,
+        attention: str,
+        tied: bool,
     ) -> None:
         super().__init__()
         if hidden % heads:
@@ -77,7 +87,8 @@ class GPT(nn.Module):
         self.layers = nn.ModuleList(Layer(hidden, heads, ffn, attention) for _ in range(layers))
         self.ln_f = nn.LayerNorm(hidden)
         self.head = nn.Linear(hidden, vocab, bias=False)
-        self.head.weight = self.wte.weight
+        if tied:
+            self.head.weight = self.wte.weight
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         pos = torch.arange(idx.shape[1], device=idx.device)
@@ -95,11 +106,12 @@ def build_model(
     seq_len: int = 32,
     vocab: int = 128,
     attention: str = "flash",
+    tied: bool = True,
 ) -> nn.Module:
     if attention not in ("flash", "fused"):
         raise ValueError(f"attention must be 'flash' or 'fused', got {attention!r}")
     _current["seq_len"], _current["vocab"] = seq_len, vocab
-    return GPT(layers, hidden, heads, ffn or 4 * hidden, seq_len, vocab, attention)
+    return GPT(layers, hidden, heads, ffn or 4 * hidden, seq_len, vocab, attention, tied)
 
 
 def make_batch(batch_size: int, step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -30,7 +30,10 @@ FIELDS: tuple[tuple[str, str, str, str, str], ...] = (
     ("compute", "peak_flops_tf32", "peak_flops.tf32", "pos", "FLOP/s"),
     ("compute", "peak_flops_bf16", "peak_flops.bf16", "pos", "FLOP/s"),
     ("compute", "peak_flops_fp16", "peak_flops.fp16", "pos", "FLOP/s"),
+    ("compute", "peak_flops_fp8", "peak_flops.fp8", "nonneg", "FLOP/s"),
     ("compute", "matmul_efficiency", "matmul_efficiency", "eff", "share of peak"),
+    ("compute", "fp8_matmul_efficiency", "fp8_matmul_efficiency", "eff", "share of FP8 peak"),
+    ("compute", "attention_efficiency", "attention_efficiency", "unit", "share of peak"),
     ("compute", "elementwise_efficiency", "elementwise_efficiency", "eff", "share of bandwidth"),
     ("compute", "matmul_half_inner_dim", "matmul_half_inner_dim", "nonneg", "elements"),
     ("compute", "op_overhead_s", "op_overhead", "nonneg", "seconds per op"),
@@ -62,6 +65,12 @@ SECTIONS = ("compute", "memory", "node", "network")
 # asynchronous launches overlap the running kernel (so the shipped GPU profiles leave them 0).
 OPTIONAL: dict[str, float] = {
     "reserved_bytes": 0.0,
+    # FP8 tensor-core rate (0: the device has none) and the share of it FP8 GEMMs reach.
+    "peak_flops_fp8": 0.0,
+    "fp8_matmul_efficiency": 1.0,
+    # A fused attention kernel's achieved share of the 16-bit peak on the work it does
+    # (cost.model.op_rate); 0: priced as any matrix product (no separate measurement).
+    "attention_efficiency": 0.0,
     # A GEMM reducing over K runs at K / (K + this) of matmul_efficiency's asymptotic rate.
     "matmul_half_inner_dim": 0.0,
     "op_overhead_s": 0.0,
@@ -98,7 +107,7 @@ _NEED = {
 class DeviceProfile:
     """One device kind and the node and network it sits in; all figures in bytes and seconds.
 
-    ``peak_flops`` is dense FLOP/s keyed "fp32", "tf32", "bf16", "fp16". ``source`` is where the
+    ``peak_flops`` is dense FLOP/s keyed "fp32", "tf32", "bf16", "fp16" and "fp8" (0: none). ``source`` is where the
     profile was loaded from; it is not part of equality, so a profile written elsewhere and read
     back compares equal.
     """
@@ -131,6 +140,10 @@ class DeviceProfile:
     collective_efficiency: float
     collective_sync: float
     comm_overlap: float
+    # FP8 GEMMs' share of the FP8 peak; a fused attention kernel's share of the 16-bit peak
+    # (0: priced as a matrix product). Defaults keep profiles built in code as before.
+    fp8_matmul_efficiency: float = 1.0
+    attention_efficiency: float = 0.0
     source: str = field(default="", compare=False)
 
 
@@ -242,7 +255,7 @@ def profile_to_dict(p: DeviceProfile) -> dict[str, Any]:
     out: dict[str, Any] = {"name": p.name, "description": p.description, "source": p.source}
     for section, key, attr, kind, _ in FIELDS:
         if attr.startswith("peak_flops."):
-            value = p.peak_flops[attr.split(".", 1)[1]]
+            value = p.peak_flops.get(attr.split(".", 1)[1], 0.0)
         else:
             value = getattr(p, attr)
         out.setdefault(section, {})[key] = int(value) if kind == "int" else float(value)
