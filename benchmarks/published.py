@@ -90,6 +90,7 @@ class Setup:
     gbs: int
     dtype: str  # bf16 | fp16 (weights and activations)
     fp8: bool  # linears in fp8 (attention stays in 16 bits)
+    tp_overlap: bool  # TP collectives overlapped with the GEMMs (async TP, --tp-comm-overlap)
     recompute: str  # none | selective | full
     profile: str
     inter_node_bytes_per_s: float | None  # per GPU, from the row's interconnect text
@@ -176,6 +177,21 @@ def parse_recompute(text: str, assumed: list[str]) -> str:
         assumed.append("no recompute: framework default")
         return "none"
     raise Skip(f"recompute {text!r} not understood")
+
+
+def parse_tp_overlap(row: dict, assumed: list[str]) -> bool:
+    """Whether TP collectives overlap the GEMMs: stated ("async TP", "--tp-comm-overlap"), or
+    the default of NVIDIA's H100 performance recipes (NeMo, Megatron-Bridge: tp_comm_overlap
+    on), or off ("vanilla TP", DeepSpeed, torchtitan without async TP)."""
+    text = " ".join(str(row.get(k, "")) for k in ("notes", "source", "model")).lower()
+    if "vanilla tp" in text:
+        return False
+    if re.search(r"async[- ]?tp|tp-comm-overlap", text):
+        return True
+    if any(k in str(row.get("source", "")).lower() for k in ("nemo", "megatron-bridge")):
+        assumed.append("TP communication overlap: NVIDIA recipe default")
+        return True
+    return False
 
 
 def parse_profile(gpu: str) -> tuple[str, str]:
@@ -275,6 +291,7 @@ def parse_row(row: dict) -> Setup:
         assumed.append("sequence parallel with TP (framework default)")
     dtype, fp8 = parse_dtype(row.get("dtype", "not stated"))
     recompute = parse_recompute(row.get("recompute", "not stated"), assumed)
+    tp_overlap = tp > 1 and parse_tp_overlap(row, assumed)
     profile, hardware = parse_profile(str(row.get("gpu", "")))
     if _stated(row.get("gpus_per_node")):
         gpn = _int(row, "gpus_per_node")
@@ -317,6 +334,7 @@ def parse_row(row: dict) -> Setup:
         dtype=dtype,
         fp8=fp8,
         recompute=recompute,
+        tp_overlap=tp_overlap,
         profile=profile,
         inter_node_bytes_per_s=parse_fabric(row.get("interconnect", ""), gpn),
         measured_step_s=measured,
@@ -329,6 +347,7 @@ def parse_row(row: dict) -> Setup:
 # --------------------------------------------------------------------------- pricing
 
 
+_VARIANTS: dict = {}  # the sharding ILP's solutions, per (block class, TP degree, rates)
 TRACED_LAYERS = 2  # repeated layers share one priced class: two traced, the rest copied
 
 
@@ -347,7 +366,7 @@ def model_args(s: Setup) -> tuple[Path, dict[str, Any]]:
     return GPT_FILE, args
 
 
-@lru_cache(maxsize=8)
+@lru_cache(maxsize=128)
 def _traced(path: str, args_json: str, dtype: str):
     from planner.api import trace
 
@@ -379,17 +398,21 @@ def stage_split(layers: int, stages: int) -> list[int]:
     return out + [stages - 1]
 
 
-def cluster_for(s: Setup):
+def cluster_for(s: Setup, **overrides: float):
+    """The row's cluster: its profile, the fabric the row states, and (when fitting) other
+    values of profile fields."""
     from planner.hardware.cluster import Cluster
     from planner.hardware.profiles import load_profile
 
     prof = load_profile(s.profile)
     if s.inter_node_bytes_per_s is not None:
         prof = replace(prof, inter_node_bandwidth=s.inter_node_bytes_per_s)
+    if overrides:
+        prof = replace(prof, **overrides)
     return Cluster(prof, max(1, s.gpus // s.gpus_per_node), s.gpus_per_node)
 
 
-def price(s: Setup):
+def price(s: Setup, **overrides: float):
     """The cost model's StepCost of the row's configuration."""
     from planner.api import variants_for
     from planner.cost.model import Config, CostInputs, Training, evaluate
@@ -400,11 +423,11 @@ def price(s: Setup):
     path, args = model_args(s)
     traced = _traced(str(path), json.dumps(args, sort_keys=True), s.dtype)
     blocks = full_blocks(traced.blocks, s.layers)
-    cluster = cluster_for(s)
-    training = Training(s.gbs, s.dtype, "adamw", fp8_linears=s.fp8)
+    cluster = cluster_for(s, **overrides)
+    training = Training(s.gbs, s.dtype, "adamw", fp8_linears=s.fp8, tp_overlap=s.tp_overlap)
     variant = "sequence" if s.sp else "no-sequence"
     pins = Pins(tp=s.tp, recompute=s.recompute, offload="none", tp_variant=variant)
-    variants_of = variants_for(traced.graph, cluster, variant)
+    variants_of = variants_for(traced.graph, cluster, variant, _VARIANTS)
     opts = price_options(
         traced.graph, blocks, s.tp, s.mbs, cluster, training, pins, variants_of, s.ep, s.cp
     )
@@ -439,10 +462,14 @@ def evaluate_row(row: dict) -> dict[str, Any]:
         cost = price(s)
     except Skip as why:
         return {**base, "status": "skipped", "reason": str(why)}
+    return {**base, **record(s, cost)}
+
+
+def record(s: Setup, cost) -> dict[str, Any]:
     step = cost.step_time_s
     tokens = s.gbs * s.seq
-    out = {
-        **base,
+    mem = cost.peak_memory_bytes / GIB
+    return {
         "status": "evaluated",
         "hardware": s.hardware,
         "profile": s.profile,
@@ -453,13 +480,9 @@ def evaluate_row(row: dict) -> dict[str, Any]:
         "predicted_tokens_per_s_per_gpu": tokens / (step * s.gpus),
         "measured_tokens_per_s_per_gpu": tokens / (s.measured_step_s * s.gpus),
         "step_error": rel_error(step, s.measured_step_s),
-        "predicted_peak_gib": cost.peak_memory_bytes / GIB,
+        "predicted_peak_gib": mem,
         "measured_peak_gib": s.measured_mem_gib,
-        "memory_error": (
-            rel_error(cost.peak_memory_bytes / GIB, s.measured_mem_gib)
-            if s.measured_mem_gib
-            else None
-        ),
+        "memory_error": rel_error(mem, s.measured_mem_gib) if s.measured_mem_gib else None,
         "breakdown": {
             "pipeline_s": cost.pipeline_s,
             "bubble_s": cost.bubble_s,
@@ -469,7 +492,69 @@ def evaluate_row(row: dict) -> dict[str, Any]:
             "compute_s_per_microbatch": sum(st.compute_s for st in cost.stages),
         },
     }
+
+
+# --------------------------------------------------------------------------- the fitted factor
+
+# The one fitted constant: each chip's GEMM efficiency in training (the share of the dense peak
+# a step's products reach, below the best-shape MAMF figure). Profiles of one chip share it.
+CHIPS = {
+    "a100-40g": "A100",
+    "a100-80g": "A100",
+    "h100-sxm": "H100",
+    "h200": "H100",
+    "h100-hbm2e": "H100 500 W",
+}
+
+
+def shipped_efficiencies() -> dict[str, float]:
+    """Each chip's GEMM efficiency as its shipped profiles give it (the first profile named)."""
+    from planner.hardware.profiles import load_profile
+
+    out: dict[str, float] = {}
+    for name, chip in CHIPS.items():
+        out.setdefault(chip, load_profile(name).matmul_efficiency)
     return out
+
+
+def fit_efficiencies(setups: list[Setup], start: dict[str, float], rounds: int = 3):
+    """Each chip's GEMM efficiency that puts the median of predicted/measured step time at 1
+    over ``setups``: a fixed-point iteration (a step's time is close to inversely
+    proportional to the GEMM rate, so scaling the efficiency by the median ratio converges in a
+    few rounds). Chips without rows keep ``start``."""
+    eff = dict(start)
+    for _ in range(rounds):
+        ratios: dict[str, list[float]] = {}
+        for s in setups:
+            chip = CHIPS[s.profile]
+            t = price(s, eff[chip]).step_time_s
+            ratios.setdefault(chip, []).append(t / s.measured_step_s)
+        for chip, r in ratios.items():
+            eff[chip] = min(1.0, eff[chip] * statistics.median(r))
+    return eff
+
+
+def held_out_errors(fit_on: list[Setup], test_on: list[Setup], start: dict[str, float]):
+    """Step-time errors on ``test_on`` with the efficiencies fitted on ``fit_on``."""
+    eff = fit_efficiencies(fit_on, start)
+    errs = [rel_error(price(s, eff[CHIPS[s.profile]]).step_time_s, s.measured_step_s) for s in test_on]
+    return eff, errs
+
+
+def cross_validate(setups: list[Setup]) -> dict[str, Any]:
+    """Half-split cross-validation of the fitted factor: fit on one half of the evaluated rows
+    (alternate rows in id order), report the median |error| on the other, both ways."""
+    a, b = half_split(setups)
+    start = shipped_efficiencies()
+    eff_a, err_b = held_out_errors(a, b, start)
+    eff_b, err_a = held_out_errors(b, a, start)
+    return {
+        "fit_on_first_half": {k: round(v, 4) for k, v in eff_a.items()},
+        "median_abs_error_second_half": median_abs(err_b),
+        "fit_on_second_half": {k: round(v, 4) for k, v in eff_b.items()},
+        "median_abs_error_first_half": median_abs(err_a),
+        "median_abs_error_held_out": median_abs(err_a + err_b),
+    }
 
 
 def config_label(s: Setup) -> str:
@@ -495,10 +580,14 @@ def worst_abs(values: list[float]) -> float:
     return max((abs(v) for v in values), default=math.nan)
 
 
-def half_split(records: list[dict]) -> tuple[list[dict], list[dict]]:
-    """A deterministic split of the evaluated rows into two halves (alternate rows in id
-    order), so each half holds every source in proportion."""
-    ordered = sorted(records, key=lambda r: str(r["id"]))
+def half_split(items: list) -> tuple[list, list]:
+    """A deterministic split of evaluated rows (records or Setups) into two halves: alternate
+    rows in id order, so each half holds every source in proportion."""
+
+    def key(x):
+        return str(x["id"] if isinstance(x, dict) else x.id)
+
+    ordered = sorted(items, key=key)
     return ordered[0::2], ordered[1::2]
 
 
@@ -509,7 +598,6 @@ def summarize(records: list[dict]) -> dict[str, Any]:
     for r in done:
         by_kind.setdefault(r["hardware"], []).append(r["step_error"])
     mem = [r["memory_error"] for r in done if r["memory_error"] is not None]
-    fit, held = half_split(done)
     return {
         "rows": len(records),
         "evaluated": len(done),
@@ -520,12 +608,6 @@ def summarize(records: list[dict]) -> dict[str, Any]:
         "per_hardware": {
             k: {"rows": len(v), "median_abs": median_abs(v), "worst_abs": worst_abs(v)}
             for k, v in sorted(by_kind.items())
-        },
-        # Nothing is fitted to these rows (every constant comes from a published
-        # microbenchmark or spec), so the held-out half's error is the model's error there.
-        "cv_median_abs_step_error": {
-            "first_half": median_abs([r["step_error"] for r in fit]),
-            "second_half": median_abs([r["step_error"] for r in held]),
         },
         "memory_rows": len(mem),
         "median_abs_memory_error": median_abs(mem),
@@ -549,9 +631,15 @@ def write_markdown(records: list[dict], summary: dict, path: Path, measurements:
         f"- step time: median |error| {summary['median_abs_step_error']:.1%}, worst "
         f"{summary['worst_abs_step_error']:.1%} (signed median "
         f"{summary['median_step_error_signed']:+.1%}; positive = predicted slower)",
-        "- half split (alternate rows): median |error| "
-        f"{summary['cv_median_abs_step_error']['first_half']:.1%} / "
-        f"{summary['cv_median_abs_step_error']['second_half']:.1%}",
+    ]
+    cv = summary.get("cv")
+    if cv:
+        lines.append(
+            "- half-split cross-validation (GEMM efficiency per chip fitted on one half, error "
+            f"on the other): median |error| {cv['median_abs_error_held_out']:.1%} "
+            f"(fits {cv['fit_on_first_half']} / {cv['fit_on_second_half']})"
+        )
+    lines += [
         f"- peak memory ({summary['memory_rows']} rows): median |error| "
         f"{summary['median_abs_memory_error']:.1%}, worst {summary['worst_abs_memory_error']:.1%}",
         "",
@@ -628,6 +716,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--measurements", default=str(DEFAULT_MEASUREMENTS))
     ap.add_argument("--only", default="", help="comma-separated row ids")
     ap.add_argument("--out", default=str(OUT))
+    ap.add_argument("--no-cv", action="store_true", help="skip the cross-validation refits")
+    ap.add_argument(
+        "--fit", action="store_true", help="print each chip's GEMM efficiency fitted on all rows"
+    )
     args = ap.parse_args(argv)
     rows = json.loads(Path(args.measurements).read_text())
     if isinstance(rows, dict):
@@ -637,6 +729,11 @@ def main(argv: list[str] | None = None) -> int:
         rows = [r for r in rows if r.get("id") in wanted]
     records = [evaluate_row(r) for r in rows]
     summary = summarize(records)
+    setups = [parse_row(r) for r, rec in zip(rows, records) if rec["status"] == "evaluated"]
+    if not args.no_cv and len(setups) >= 2:
+        summary["cv"] = cross_validate(setups)
+    if args.fit:
+        summary["fit_all_rows"] = fit_efficiencies(setups, shipped_efficiencies())
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     shown = Path(args.measurements).name

@@ -56,6 +56,9 @@ class Training:
     # FP8 linears (Transformer Engine, torchao Float8Linear): products with a weight run at the
     # profile's FP8 rate; attention, norms and the optimizer stay in ``dtype``.
     fp8_linears: bool = False
+    # TP collectives overlapped with the GEMMs next to them (``tp_exposed``); off by default:
+    # the runtime's DTensor TP runs them between the products.
+    tp_overlap: bool = False
 
     @property
     def mixed(self) -> bool:
@@ -413,6 +416,8 @@ def block_options(
         bwd = bwd_full * cf + times.bwd_memory * mbf + ovh_b + a2a_b
         comm_f = sum(collective_time(k, b * scale, cluster, tp_ranks) for k, b in v.comm_fwd)
         comm_b = sum(collective_time(k, b * scale, cluster, tp_ranks) for k, b in v.comm_bwd)
+        if training.tp_overlap:
+            comm_f, comm_b = tp_exposed(comm_f, comm_b, fwd_full * cf, bwd_full * cf, cluster)
         # Experts are not split by TP (a grouped product has no sharding rule), but by EP.
         params = block.params * v.param_fraction - expert_total * (1 - 1 / ep)
         for rc in RECOMPUTE:
@@ -453,6 +458,19 @@ def block_options(
                     )
                 )
     return options
+
+
+def tp_exposed(
+    comm_f: float, comm_b: float, gemm_f: float, gemm_b: float, cluster: Cluster
+) -> tuple[float, float]:
+    """The TP collectives' time left on the critical path when they overlap the block's own
+    products (``Training.tp_overlap``: Megatron-Core's --tp-comm-overlap, torch's async TP):
+    each all-gather or reduce-scatter is split into chunks that run beside the GEMM consuming
+    or producing them (Wang et al. 2023, "Overlap communication with dependent computation via
+    decomposition"), so up to the profile's ``comm_overlap`` share of the block's compute-bound
+    time hides it; the excess stays exposed."""
+    hide = cluster.profile.comm_overlap
+    return max(0.0, comm_f - hide * gemm_f), max(0.0, comm_b - hide * gemm_b)
 
 
 def ring_attention_times(
