@@ -161,8 +161,12 @@ def test_async_tp_is_read_from_the_notes():
 
 
 def test_stage_split_spreads_layers_and_pins_the_ends():
-    # 10 layers on 4 stages: 3, 3, 2, 2; embedding on the first stage, head on the last
-    assert P.stage_split(10, 4) == [0, 0, 0, 0, 1, 1, 1, 2, 2, 3, 3, 3]
+    # 9 layers on 4 stages: 3, 2, 2, 2; embedding on the first stage, head on the last
+    assert P.stage_split(9, 4) == [0, 0, 0, 0, 1, 1, 2, 2, 3, 3, 3]
+    # 10 layers + embedding + head fill 4 stages of 3: the ends stand in for a layer each
+    assert P.stage_split(10, 4) == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
+    split = P.stage_split(126, 64)  # Llama 3.1 405B on pp 8 x vpp 8
+    assert split.count(0) == 2 and split.count(63) == 2 and split.count(30) == 2
     with pytest.raises(P.Skip):
         P.stage_split(3, 4)
 
