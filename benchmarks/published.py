@@ -517,7 +517,7 @@ CHIPS = {
     "a100-80g": "A100",
     "h100-sxm": "H100",
     "h200": "H100",
-    "h100-hbm2e": "H100 500 W",
+    "h100-hbm2e": "H100",  # the same GH100 die; its 500 W cap is left to the shared fit
 }
 # The fit's search grid (shares of peak) and the profile a chip's starting values come from.
 GRID = [round(0.10 + 0.01 * i, 2) for i in range(86)]  # 0.10 .. 0.95
