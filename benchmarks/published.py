@@ -37,7 +37,7 @@ import math
 import re
 import statistics
 import sys
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -559,7 +559,9 @@ def decompose(s: Setup, start: dict[str, dict[str, float]]) -> Decomposition:
     t2 = price(s, matmul_efficiency=g / 2, attention_efficiency=a).step_time_s
     t3 = price(s, matmul_efficiency=g, attention_efficiency=a / 2).step_time_s
     gemm, attention = (t2 - t1) * g, (t3 - t1) * a
-    return Decomposition(CHIPS[s.profile], s.measured_step_s, gemm, attention, t1 - gemm / g - attention / a)
+    return Decomposition(
+        CHIPS[s.profile], s.measured_step_s, gemm, attention, t1 - gemm / g - attention / a
+    )
 
 
 def fit_efficiencies(parts: list[Decomposition], start: dict[str, dict[str, float]]):
@@ -583,8 +585,7 @@ def fit_efficiencies(parts: list[Decomposition], start: dict[str, dict[str, floa
 
 def priced_errors(setups: list[Setup], eff: dict[str, dict[str, float]]) -> list[float]:
     return [
-        rel_error(price(s, **eff[CHIPS[s.profile]]).step_time_s, s.measured_step_s)
-        for s in setups
+        rel_error(price(s, **eff[CHIPS[s.profile]]).step_time_s, s.measured_step_s) for s in setups
     ]
 
 

@@ -146,7 +146,14 @@ def test_framework_defaults_are_named_not_silent():
     row |= {"gpu": "H100 (DGX-H100)", "vpp": 4, "vocab": 128256, "model": "LLAMA3-X"}
     row |= {"kv_heads": 8, "ffn": 28672}
     s = P.parse_row(row)
-    assert (s.zero, s.sp, s.recompute, s.fp8, s.tp_overlap, s.vpp) == (1, True, "none", True, True, 4)
+    assert (s.zero, s.sp, s.recompute, s.fp8, s.tp_overlap, s.vpp) == (
+        1,
+        True,
+        "none",
+        True,
+        True,
+        4,
+    )
     assert s.family == "llama" and s.profile == "h100-sxm"
     assert len(s.assumed) == 4  # ZeRO-1, no recompute, sequence parallel, TP overlap
 

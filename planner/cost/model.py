@@ -382,9 +382,7 @@ def block_options(
     traced_mbs = graph.graph["micro_batch_size"]
     cp = len(cp_ranks) if cp_ranks else 1
     scale = micro_batch_size / traced_mbs / cp
-    times = block_node_times(
-        graph, block, scale, cluster, training.dtype, fp8=training.fp8_linears
-    )
+    times = block_node_times(graph, block, scale, cluster, training.dtype, fp8=training.fp8_linears)
     fwd_full, bwd_full, core_fwd = times.fwd_compute, times.bwd_compute, times.core_fwd
     ring_f, ring_b = ring_attention_times(graph, block, scale, cluster, training, cp_ranks)
     fwd_full += ring_f

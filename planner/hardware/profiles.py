@@ -107,9 +107,9 @@ _NEED = {
 class DeviceProfile:
     """One device kind and the node and network it sits in; all figures in bytes and seconds.
 
-    ``peak_flops`` is dense FLOP/s keyed "fp32", "tf32", "bf16", "fp16" and "fp8" (0: none). ``source`` is where the
-    profile was loaded from; it is not part of equality, so a profile written elsewhere and read
-    back compares equal.
+    ``peak_flops`` is dense FLOP/s keyed "fp32", "tf32", "bf16", "fp16" and "fp8" (0: none).
+    ``source`` is where the profile was loaded from; it is not part of equality, so a profile
+    written elsewhere and read back compares equal.
     """
 
     name: str
