@@ -39,7 +39,9 @@ class Attention(nn.Module):
         if self.attention == "flash":
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
-            scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))
+            # the scale rides on q (FusedScaleMaskSoftmax applies it inside its one kernel):
+            # the s x s scores are written once by the product and once by the softmax
+            scores = (q * (1.0 / math.sqrt(self.head_dim))) @ k.transpose(-2, -1)
             y = F.softmax(scores, dim=-1) @ v
         return self.proj(y.transpose(1, 2).reshape(b, s, -1))
 

@@ -245,7 +245,8 @@ def test_causal_flash_attention_runs_half_the_work_at_its_own_rate():
     p = c.profile
     node = {"op": "aten.scaled_dot_product_attention.default", "args": [{"is_causal": True}]}
     rate, work_f, work_b = op_rate(node, c, "bf16")
-    assert rate == pytest.approx(989e12 * 0.35)
+    assert 0 < p.attention_efficiency < p.matmul_efficiency
+    assert rate == pytest.approx(989e12 * p.attention_efficiency)
     assert (work_f, work_b) == (0.5, 0.5 * 2.5 / 2)
     assert FLASH_BACKWARD == 1.25
     full = op_rate({**node, "args": [{"is_causal": False}]}, c, "bf16")
@@ -277,3 +278,15 @@ def test_overlapped_tp_collectives_leave_only_the_excess():
     assert tp_exposed(0.3, 0.5, 1.0, 0.4, c) == pytest.approx((0.0, 0.1))
     half = Cluster(replace(c.profile, comm_overlap=0.5), 1, 8)
     assert tp_exposed(0.3, 0.5, 0.4, 2.0, half) == pytest.approx((0.1, 0.0))
+
+
+def test_the_fit_recovers_each_chips_efficiencies_from_decomposed_rows():
+    """T(g, a) = gemm / g + attention / a + rest: a GEMM-only row pins g, an attention row a;
+    a chip without rows keeps its starting values."""
+    d = P.Decomposition
+    rows = [d("A100", 2.0, 1.0, 0.0, 0.0), d("A100", 2.0, 0.0, 0.3, 1.0)]
+    start = {"A100": {"matmul_efficiency": 0.9, "attention_efficiency": 0.9}, "H100": {"x": 1}}
+    fit = P.fit_efficiencies(rows, start)
+    assert fit["A100"] == {"matmul_efficiency": 0.5, "attention_efficiency": 0.3}
+    assert fit["H100"] == {"x": 1}
+    assert rows[1].time(0.5, 0.3) == pytest.approx(2.0)
