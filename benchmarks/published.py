@@ -702,11 +702,12 @@ def write_markdown(records: list[dict], summary: dict, path: Path, measurements:
     ]
     for k, v in summary["per_hardware"].items():
         lines.append(f"| {k} | {v['rows']} | {v['median_abs']:.1%} | {v['worst_abs']:.1%} |")
+    lines += ["", *source_table(records)]
     lines += [
         "",
         "| id | model | config | hardware | measured s | predicted s | error | mem GiB "
-        "meas/pred | mem error |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "meas/pred | mem error | assumed (framework defaults) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in records:
         if r["status"] != "evaluated":
@@ -719,13 +720,30 @@ def write_markdown(records: list[dict], summary: dict, path: Path, measurements:
         lines.append(
             f"| {r['id']} | {r['model'][:28]} | {r['config']} | {r['hardware']} | "
             f"{r['measured_step_s']:.3g} | {r['predicted_step_s']:.3g} | "
-            f"{pct(r['step_error'])} | {mem} | {pct(r['memory_error'])} |"
+            f"{pct(r['step_error'])} | {mem} | {pct(r['memory_error'])} | "
+            f"{'; '.join(r['assumed'])} |"
         )
     lines += ["", "## Skipped", "", "| id | model | reason |", "|---|---|---|"]
     for r in records:
         if r["status"] == "skipped":
             lines.append(f"| {r['id']} | {str(r['model'])[:40]} | {r['reason']} |")
     path.write_text("\n".join(lines) + "\n")
+
+
+def source_table(records: list[dict]) -> list[str]:
+    """Signed median and range of the step-time error per source: where the residual sits
+    (one source off in one direction points at a term that source's stack does differently)."""
+    by: dict[str, list[float]] = {}
+    for r in records:
+        if r["status"] == "evaluated":
+            by.setdefault(str(r["source"]), []).append(r["step_error"])
+    out = ["| source | rows | signed median | min | max |", "|---|---|---|---|---|"]
+    for src, errs in sorted(by.items()):
+        out.append(
+            f"| {src} | {len(errs)} | {statistics.median(errs):+.1%} | {min(errs):+.1%} | "
+            f"{max(errs):+.1%} |"
+        )
+    return out
 
 
 def write_figure(records: list[dict], path: Path) -> None:
