@@ -90,6 +90,13 @@ OPTIONAL: dict[str, float] = {
     # no measurement of it and keep 0.
     "collective_sync_s": 0.0,
 }
+# What a written profile says of the keys no measurement fills (plan calibrate times neither
+# FP8 products nor fused attention kernels): their defaults and what those mean.
+UNMEASURED_NOTES = {
+    "peak_flops_fp8": "not measured: 0 = FP8 linears run at the 16-bit rate",
+    "fp8_matmul_efficiency": "not measured: unused without an FP8 peak",
+    "attention_efficiency": "not measured: 0 = fused attention priced as a matrix product",
+}
 # A key a profile may lack -> the key of the same section whose value stands in for it: a
 # profile measured before the key existed prices as it did (a gathered column-parallel module
 # as any TP module), not at the optional default.
@@ -107,7 +114,7 @@ _NEED = {
 class DeviceProfile:
     """One device kind and the node and network it sits in; all figures in bytes and seconds.
 
-    ``peak_flops`` is dense FLOP/s keyed "fp32", "tf32", "bf16", "fp16" and "fp8" (0: none).
+    ``peak_flops`` is dense FLOP/s keyed "fp32", "tf32", "bf16", "fp16" and "fp8" (absent: none).
     ``source`` is where the profile was loaded from; it is not part of equality, so a profile
     written elsewhere and read back compares equal.
     """
@@ -244,7 +251,8 @@ def profile_from_dict(data: dict[str, Any], source: str) -> DeviceProfile:
                 f"profile {source}: [{section}] {key} = {raw} must be {_NEED[kind]} ({unit})"
             )
         if attr.startswith("peak_flops."):
-            values["peak_flops"][attr.split(".", 1)[1]] = value
+            if value > 0:  # an optional rate left at 0 (no FP8 units) is no entry
+                values["peak_flops"][attr.split(".", 1)[1]] = value
         else:
             values[attr] = int(value) if kind == "int" else value
     return DeviceProfile(**strings, **values, source=source)
@@ -276,7 +284,7 @@ def profile_to_toml(
     for section in SECTIONS:
         lines += ["", f"[{section}]"]
         for key, value in data[section].items():
-            note = comments.get(key)
+            note = comments.get(key) or UNMEASURED_NOTES.get(key)
             lines.append(f"{key} = {value!r}" + (f"  # {note}" if note else ""))
     return "\n".join(lines) + "\n"
 
