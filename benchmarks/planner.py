@@ -90,6 +90,7 @@ def row_from_plan(doc: dict[str, Any]) -> dict[str, Any]:
         "peak_memory_bytes": pred["peak_memory_bytes"],
         "capacity_bytes": pred["capacity_bytes"],
         "offload": bool(offload),
+        "terms": step_terms(pred),
     }
 
 
@@ -119,7 +120,34 @@ def row_from_candidate(c: Candidate | None, res=None, note: str = "") -> dict[st
         "mfu": cost.mfu,
         "peak_memory_bytes": cost.peak_memory_bytes,
         "capacity_bytes": cost.capacity_bytes,
+        "terms": step_terms(vars(cost)),
     }
+
+
+# The step's terms, as evaluate() splits them: what a slower strategy spends more time on.
+TERMS = {
+    "compute (with recompute) and TP communication": lambda t: t["pipeline_s"] - t["bubble_s"],
+    "pipeline bubble": lambda t: t["bubble_s"],
+    "exposed data-parallel communication": lambda t: t["dp_exposed_s"],
+    "optimizer step": lambda t: t["optimizer_s"],
+    "offload traffic": lambda t: t["offload_s"],
+}
+
+
+def step_terms(values: dict[str, Any]) -> dict[str, float]:
+    return {name: float(f(values)) for name, f in TERMS.items()}
+
+
+def versus(row: dict[str, Any], best: dict[str, Any]) -> str:
+    """How much slower than meshplan's plan a strategy is, and the term that differs most."""
+    if not row.get("fits") or not best.get("fits") or "terms" not in row or "terms" not in best:
+        return "-"
+    ratio = row["step_time_s"] / best["step_time_s"]
+    if abs(ratio - 1) < 1e-3:
+        return "same step time"
+    gaps = {k: row["terms"][k] - best["terms"].get(k, 0.0) for k in row["terms"]}
+    term = max(gaps, key=lambda k: gaps[k] if ratio > 1 else -gaps[k])
+    return f"{ratio:.2f}x meshplan's step; most of the difference: {term}"
 
 
 def best_of(res) -> Candidate | None:
@@ -229,6 +257,8 @@ def run_case(label: str, path: str, args: dict, gpus: int, gbs: int) -> dict[str
         result, variants_for(result.traced.graph, result.cluster, "sharded")
     )
     log(f"{label}: Megatron rule scored in {time.perf_counter() - t:.1f} s")
+    for name in ("pure DP", "FSDP (ZeRO-3)", "Megatron rule"):
+        rows[name]["vs_meshplan"] = versus(rows[name], rows["meshplan"])
     if not rows["meshplan"]["offload"]:
         rows["best without offload"] = {**rows["meshplan"], "config": "same as meshplan's plan"}
     else:
@@ -262,8 +292,8 @@ def fmt_time(s: float | None) -> str:
 
 def markdown(cases: list[dict[str, Any]]) -> str:
     lines = [
-        "| case | strategy | configuration | step time | MFU | peak memory / GPU |",
-        "|---|---|---|---:|---:|---:|",
+        "| case | strategy | configuration | step time | MFU | peak memory / GPU | vs meshplan |",
+        "|---|---|---|---:|---:|---:|---|",
     ]
     for case in cases:
         cap = case["capacity_bytes"] / GIB
@@ -280,7 +310,8 @@ def markdown(cases: list[dict[str, Any]]) -> str:
                 if mem is not None:
                     bound = "≥ " if r["step_time_s"] is None else ""
                     mem_text = f"{bound}{mem / GIB:.1f} GiB (> {cap:.0f})"
-            cells = (case["case"], name, r["config"], time_text, mfu_text, mem_text)
+            vs = r.get("vs_meshplan", "-") if name != "meshplan" else "-"
+            cells = (case["case"], name, r["config"], time_text, mfu_text, mem_text, vs)
             lines.append("| " + " | ".join(cells) + " |")
     notes = [
         "",

@@ -53,6 +53,12 @@ class Training:
     # expert parallelism (the busiest rank's routed rows over the mean; 1.0 = balanced).
     moe_capacity_factor: float = 1.0
     moe_imbalance: float = 1.0
+    # FP8 linears (Transformer Engine, torchao Float8Linear): products with a weight run at the
+    # profile's FP8 rate; attention, norms and the optimizer stay in ``dtype``.
+    fp8_linears: bool = False
+    # TP collectives overlapped with the GEMMs next to them (``tp_exposed``); off by default:
+    # the runtime's DTensor TP runs them between the products.
+    tp_overlap: bool = False
 
     @property
     def mixed(self) -> bool:
@@ -170,14 +176,47 @@ class StepCost:
 
 
 def compute_time(
-    flops: float, nbytes: float, cluster: Cluster, dtype: str, slowdown: float = 1.0
+    flops: float,
+    nbytes: float,
+    cluster: Cluster,
+    dtype: str,
+    slowdown: float = 1.0,
+    rate: float | None = None,
 ) -> float:
     """Roofline: the larger of FLOPs over achievable peak (``slowdown`` times slower for a GEMM
-    with a short inner dimension) and bytes over achievable bandwidth."""
+    with a short inner dimension) and bytes over achievable bandwidth. ``rate``: the op class's
+    achievable FLOP/s when it is not the dtype's GEMM rate (``op_rate``)."""
     p = cluster.profile
-    peak = p.peak_flops[dtype] * p.matmul_efficiency
+    peak = p.peak_flops[dtype] * p.matmul_efficiency if rate is None else rate
     bw = p.memory_bandwidth * p.elementwise_efficiency
     return max(flops * slowdown / peak, nbytes / bw)
+
+
+# FlashAttention's backward recomputes the scores (S = QK^T) before dS, dQ, dK, dV: five
+# products to the forward's two, 2.5x the forward's FLOPs where the trace counts the model's 2x
+# (Dao 2023, FlashAttention-2 Sec. 3.1.2 / its benchmark's FLOP count).
+FLASH_BACKWARD = 2.5 / 2.0
+
+
+def op_rate(node: dict, cluster: Cluster, dtype: str, fp8: bool = False):
+    """(achievable FLOP/s, forward FLOP factor, backward FLOP factor) of one op's products.
+
+    - A fused attention kernel (scaled_dot_product_attention) runs at the profile's
+      ``attention_efficiency`` of the 16-bit peak, quoted, as FlashAttention's benchmarks quote
+      it, on the work it does: a causal kernel skips the masked half of the score tiles, and
+      backward recomputes the scores (``FLASH_BACKWARD``). A profile without the figure prices
+      attention as any product of the dtype (the CPU's, whose kernels are measured as such).
+    - With FP8 linears, a product with a weight runs at the profile's FP8 rate.
+    - Every other product at the dtype's peak times ``matmul_efficiency``."""
+    from planner.trace.opcost import ATTENTION_OPS
+
+    p = cluster.profile
+    if node["op"] in ATTENTION_OPS and p.attention_efficiency > 0:
+        work = 0.5 if _causal(node) else 1.0
+        return p.peak_flops[dtype] * p.attention_efficiency, work, work * FLASH_BACKWARD
+    if fp8 and node.get("params") and p.peak_flops.get("fp8", 0.0) > 0:
+        return p.peak_flops["fp8"] * p.fp8_matmul_efficiency, 1.0, 1.0
+    return p.peak_flops[dtype] * p.matmul_efficiency, 1.0, 1.0
 
 
 def inner_dim_slowdowns(inner: list | None, scale: float, half: float) -> tuple[float, float]:
@@ -217,23 +256,30 @@ class NodeTimes:
 
 
 def _roofline_parts(
-    flops: float, nbytes: float, cluster: Cluster, dtype: str, slowdown: float
+    flops: float,
+    nbytes: float,
+    cluster: Cluster,
+    dtype: str,
+    slowdown: float,
+    rate: float | None = None,
 ) -> tuple[float, float]:
     """(compute-bound, memory-bound) time of one op: the roofline time in its bound's slot."""
-    t = compute_time(flops, nbytes, cluster, dtype, slowdown)
+    t = compute_time(flops, nbytes, cluster, dtype, slowdown, rate)
     p = cluster.profile
-    compute_bound = flops * slowdown / (p.peak_flops[dtype] * p.matmul_efficiency) >= t
+    peak = p.peak_flops[dtype] * p.matmul_efficiency if rate is None else rate
+    compute_bound = flops * slowdown / peak >= t
     return (t, 0.0) if compute_bound and flops > 0 else (0.0, t)
 
 
 def block_node_times(
-    graph, block: Block, scale: float, cluster: Cluster, dtype: str, nodes=None
+    graph, block: Block, scale: float, cluster: Cluster, dtype: str, nodes=None, fp8=False
 ) -> NodeTimes:
     """Per-op roofline of a block's ops (or of ``nodes``), for ``scale`` traced micro-batches.
 
     An op's traced bytes include the weights it reads; those do not grow with the micro-batch
     (only activations do), so they are kept out of the scaling. Backward reads the weights and
-    writes their gradients: twice the weight bytes, also fixed."""
+    writes their gradients: twice the weight bytes, also fixed. Each op's products run at
+    its class's rate (``op_rate``: GEMMs, fused attention, FP8 linears when ``fp8``)."""
     from planner.trace.blocks import cached_core_nodes
 
     core = cached_core_nodes(graph)
@@ -245,13 +291,14 @@ def block_node_times(
         weights = min(sum(pbytes.get(p, 0) for p in d.get("params", ())), d["fwd_bytes"])
         act_f = d["fwd_bytes"] - weights
         slow_f, slow_b = inner_dim_slowdowns(d.get("mm_inner"), scale, half)
+        rate, work_f, work_b = op_rate(d, cluster, dtype, fp8)
         fc, fm = _roofline_parts(
-            d["fwd_flops"] * scale, act_f * scale + weights, cluster, dtype, slow_f
+            d["fwd_flops"] * work_f * scale, act_f * scale + weights, cluster, dtype, slow_f, rate
         )
         bw_w = min(2 * weights, d["bwd_bytes"])
         act_b = d["bwd_bytes"] - bw_w
         bc, bm = _roofline_parts(
-            d["bwd_flops"] * scale, act_b * scale + bw_w, cluster, dtype, slow_b
+            d["bwd_flops"] * work_b * scale, act_b * scale + bw_w, cluster, dtype, slow_b, rate
         )
         out.fwd_compute += fc
         out.fwd_memory += fm
@@ -262,9 +309,11 @@ def block_node_times(
     return out
 
 
-def node_times(graph, block: Block, scale: float, cluster: Cluster, dtype: str, nodes=None):
+def node_times(
+    graph, block: Block, scale: float, cluster: Cluster, dtype: str, nodes=None, fp8=False
+):
     """(forward, backward, forward of the selective core): ``block_node_times`` summed."""
-    t = block_node_times(graph, block, scale, cluster, dtype, nodes)
+    t = block_node_times(graph, block, scale, cluster, dtype, nodes, fp8)
     return t.fwd, t.bwd, t.core_fwd
 
 
@@ -333,7 +382,7 @@ def block_options(
     traced_mbs = graph.graph["micro_batch_size"]
     cp = len(cp_ranks) if cp_ranks else 1
     scale = micro_batch_size / traced_mbs / cp
-    times = block_node_times(graph, block, scale, cluster, training.dtype)
+    times = block_node_times(graph, block, scale, cluster, training.dtype, fp8=training.fp8_linears)
     fwd_full, bwd_full, core_fwd = times.fwd_compute, times.bwd_compute, times.core_fwd
     ring_f, ring_b = ring_attention_times(graph, block, scale, cluster, training, cp_ranks)
     fwd_full += ring_f
@@ -347,8 +396,9 @@ def block_options(
         # The busiest expert rank computes ``factor`` times the mean routed rows.
         factor = training.moe_capacity_factor * (training.moe_imbalance if ep > 1 else 1.0)
         e_fwd, e_bwd, _ = node_times(
-            graph, block, scale, cluster, training.dtype, expert_nodes(graph, block)
-        )
+            graph, block, scale, cluster, training.dtype, expert_nodes(graph, block),
+            training.fp8_linears,
+        )  # fmt: skip
         fwd_full += e_fwd * (factor - 1)
         bwd_full += e_bwd * (factor - 1)
         # dispatch + combine in forward, their gradients in backward
@@ -364,6 +414,8 @@ def block_options(
         bwd = bwd_full * cf + times.bwd_memory * mbf + ovh_b + a2a_b
         comm_f = sum(collective_time(k, b * scale, cluster, tp_ranks) for k, b in v.comm_fwd)
         comm_b = sum(collective_time(k, b * scale, cluster, tp_ranks) for k, b in v.comm_bwd)
+        if training.tp_overlap:
+            comm_f, comm_b = tp_exposed(comm_f, comm_b, fwd_full * cf, bwd_full * cf, cluster)
         # Experts are not split by TP (a grouped product has no sharding rule), but by EP.
         params = block.params * v.param_fraction - expert_total * (1 - 1 / ep)
         for rc in RECOMPUTE:
@@ -404,6 +456,19 @@ def block_options(
                     )
                 )
     return options
+
+
+def tp_exposed(
+    comm_f: float, comm_b: float, gemm_f: float, gemm_b: float, cluster: Cluster
+) -> tuple[float, float]:
+    """The TP collectives' time left on the critical path when they overlap the block's own
+    products (``Training.tp_overlap``: Megatron-Core's --tp-comm-overlap, torch's async TP):
+    each all-gather or reduce-scatter is split into chunks that run beside the GEMM consuming
+    or producing them (Wang et al. 2023, "Overlap communication with dependent computation via
+    decomposition"), so up to the profile's ``comm_overlap`` share of the block's compute-bound
+    time hides it; the excess stays exposed."""
+    hide = cluster.profile.comm_overlap
+    return max(0.0, comm_f - hide * gemm_f), max(0.0, comm_b - hide * gemm_b)
 
 
 def ring_attention_times(

@@ -42,15 +42,32 @@ class Cluster:
         return len({self.node_of(r) for r in ranks}) > 1
 
     def link(self, ranks: Sequence[int]) -> tuple[float, float]:
-        """(bandwidth in B/s, latency in s) of the slowest link a collective over ``ranks`` uses.
+        """(bus bandwidth in B/s, latency in s) a collective over ``ranks`` runs at.
 
-        A ring that crosses nodes runs at the per-GPU NIC rate (nccl-tests: B is the bottleneck
-        link), otherwise at the per-GPU NVLink rate; either is scaled by the achievable share of
-        link bandwidth that ring collectives reach (hardware.md measured_collective_bandwidth).
+        Inside a node: the per-GPU NVLink rate. Across k nodes: every GPU has its own NIC
+        (DGX/HGX: one per GPU), and NCCL runs one ring per NIC, so each node's g ranks of the
+        group move a collective's inter-node share over g NICs at once. A ring all-gather of
+        S bytes over n ranks must bring (k - 1)/k S into every node: it takes
+        (k - 1)/k S / (g B_nic), which is the ring formula (n - 1)/n S / busbw with
+        busbw = B_nic g k (n - 1) / (n (k - 1)) = B_nic (n - 1)/(k - 1) for n = g k
+        (nccl-tests PERFORMANCE.md; hardware.md nccl_bus_bandwidth_factors note: "per-GPU NIC
+        rate ~= busbw (k - 1)/(n - 1)", which 4 x 8 B200 reproduce: 36.5 GB/s NIC -> 377 GB/s
+        busbw). One rank per node (g = 1) gives B_nic; the result is capped by NVLink, which
+        the ring also crosses. The node with the fewest of the group's ranks sets g. Either
+        rate is scaled by the share of link bandwidth ring collectives reach (hardware.md
+        measured_collective_bandwidth).
         """
         p = self.profile
-        if self.spans_nodes(ranks):
-            return p.inter_node_bandwidth * p.collective_efficiency, p.inter_node_latency
+        per_node: dict[int, int] = {}
+        for r in ranks:
+            node = self.node_of(r)
+            per_node[node] = per_node.get(node, 0) + 1
+        k = len(per_node)
+        if k > 1:
+            n, g = len(ranks), min(per_node.values())
+            bus = p.inter_node_bandwidth * g * k * (n - 1) / (n * (k - 1))
+            bus = min(bus, p.intra_node_bandwidth)
+            return bus * p.collective_efficiency, p.inter_node_latency
         return p.intra_node_bandwidth * p.collective_efficiency, p.intra_node_latency
 
 

@@ -30,7 +30,10 @@ FIELDS: tuple[tuple[str, str, str, str, str], ...] = (
     ("compute", "peak_flops_tf32", "peak_flops.tf32", "pos", "FLOP/s"),
     ("compute", "peak_flops_bf16", "peak_flops.bf16", "pos", "FLOP/s"),
     ("compute", "peak_flops_fp16", "peak_flops.fp16", "pos", "FLOP/s"),
+    ("compute", "peak_flops_fp8", "peak_flops.fp8", "nonneg", "FLOP/s"),
     ("compute", "matmul_efficiency", "matmul_efficiency", "eff", "share of peak"),
+    ("compute", "fp8_matmul_efficiency", "fp8_matmul_efficiency", "eff", "share of FP8 peak"),
+    ("compute", "attention_efficiency", "attention_efficiency", "unit", "share of peak"),
     ("compute", "elementwise_efficiency", "elementwise_efficiency", "eff", "share of bandwidth"),
     ("compute", "matmul_half_inner_dim", "matmul_half_inner_dim", "nonneg", "elements"),
     ("compute", "op_overhead_s", "op_overhead", "nonneg", "seconds per op"),
@@ -62,6 +65,12 @@ SECTIONS = ("compute", "memory", "node", "network")
 # asynchronous launches overlap the running kernel (so the shipped GPU profiles leave them 0).
 OPTIONAL: dict[str, float] = {
     "reserved_bytes": 0.0,
+    # FP8 tensor-core rate (0: the device has none) and the share of it FP8 GEMMs reach.
+    "peak_flops_fp8": 0.0,
+    "fp8_matmul_efficiency": 1.0,
+    # A fused attention kernel's achieved share of the 16-bit peak on the work it does
+    # (cost.model.op_rate); 0: priced as any matrix product (no separate measurement).
+    "attention_efficiency": 0.0,
     # A GEMM reducing over K runs at K / (K + this) of matmul_efficiency's asymptotic rate.
     "matmul_half_inner_dim": 0.0,
     "op_overhead_s": 0.0,
@@ -81,6 +90,13 @@ OPTIONAL: dict[str, float] = {
     # no measurement of it and keep 0.
     "collective_sync_s": 0.0,
 }
+# What a written profile says of the keys no measurement fills (plan calibrate times neither
+# FP8 products nor fused attention kernels): their defaults and what those mean.
+UNMEASURED_NOTES = {
+    "peak_flops_fp8": "not measured: 0 = FP8 linears run at the 16-bit rate",
+    "fp8_matmul_efficiency": "not measured: unused without an FP8 peak",
+    "attention_efficiency": "not measured: 0 = fused attention priced as a matrix product",
+}
 # A key a profile may lack -> the key of the same section whose value stands in for it: a
 # profile measured before the key existed prices as it did (a gathered column-parallel module
 # as any TP module), not at the optional default.
@@ -98,9 +114,9 @@ _NEED = {
 class DeviceProfile:
     """One device kind and the node and network it sits in; all figures in bytes and seconds.
 
-    ``peak_flops`` is dense FLOP/s keyed "fp32", "tf32", "bf16", "fp16". ``source`` is where the
-    profile was loaded from; it is not part of equality, so a profile written elsewhere and read
-    back compares equal.
+    ``peak_flops`` is dense FLOP/s keyed "fp32", "tf32", "bf16", "fp16" and "fp8" (absent: none).
+    ``source`` is where the profile was loaded from; it is not part of equality, so a profile
+    written elsewhere and read back compares equal.
     """
 
     name: str
@@ -131,6 +147,10 @@ class DeviceProfile:
     collective_efficiency: float
     collective_sync: float
     comm_overlap: float
+    # FP8 GEMMs' share of the FP8 peak; a fused attention kernel's share of the 16-bit peak
+    # (0: priced as a matrix product). Defaults keep profiles built in code as before.
+    fp8_matmul_efficiency: float = 1.0
+    attention_efficiency: float = 0.0
     source: str = field(default="", compare=False)
 
 
@@ -231,7 +251,8 @@ def profile_from_dict(data: dict[str, Any], source: str) -> DeviceProfile:
                 f"profile {source}: [{section}] {key} = {raw} must be {_NEED[kind]} ({unit})"
             )
         if attr.startswith("peak_flops."):
-            values["peak_flops"][attr.split(".", 1)[1]] = value
+            if value > 0:  # an optional rate left at 0 (no FP8 units) is no entry
+                values["peak_flops"][attr.split(".", 1)[1]] = value
         else:
             values[attr] = int(value) if kind == "int" else value
     return DeviceProfile(**strings, **values, source=source)
@@ -242,7 +263,7 @@ def profile_to_dict(p: DeviceProfile) -> dict[str, Any]:
     out: dict[str, Any] = {"name": p.name, "description": p.description, "source": p.source}
     for section, key, attr, kind, _ in FIELDS:
         if attr.startswith("peak_flops."):
-            value = p.peak_flops[attr.split(".", 1)[1]]
+            value = p.peak_flops.get(attr.split(".", 1)[1], 0.0)
         else:
             value = getattr(p, attr)
         out.setdefault(section, {})[key] = int(value) if kind == "int" else float(value)
@@ -263,7 +284,7 @@ def profile_to_toml(
     for section in SECTIONS:
         lines += ["", f"[{section}]"]
         for key, value in data[section].items():
-            note = comments.get(key)
+            note = comments.get(key) or UNMEASURED_NOTES.get(key)
             lines.append(f"{key} = {value!r}" + (f"  # {note}" if note else ""))
     return "\n".join(lines) + "\n"
 

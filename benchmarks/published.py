@@ -1,0 +1,818 @@
+"""The cost model against published GPU training measurements.
+
+    python benchmarks/published.py [--measurements FILE] [--only ID,ID]
+
+For every row of a measurements file (format: ../shared/reference/measurements.md), rebuild the
+model at the stated shape on the meta device, pin the stated configuration, price it with
+meshplan's cost model on the matching hardware profile and compare the predicted step time (and
+peak memory, where the row gives it) with the measurement. Writes
+``reports/published/published.{json,md,png}``.
+
+Nothing here is fitted per row or per source: a row is read into a ``Setup`` (shape, layout,
+precision, recompute, hardware), priced by ``planner.cost.model.evaluate`` on a ``Config`` built
+from it, and compared. A row whose shape or parallel layout is not stated is skipped with the
+reason. Where a row leaves a setting unstated that its framework fixes by default, the default
+is used and named in the row's ``assumed`` list (it is printed with the table):
+
+- vpp not stated: 1 (no interleaving; DeepSpeed's pipeline has none, Megatron's needs a flag);
+- sequence parallelism not stated with TP > 1: on (Megatron-Core and NeMo recipes set it;
+  torchtitan's TP plan always shards norms over the sequence);
+- ZeRO not stated / "no FSDP" in a Megatron-family table: the distributed optimizer (ZeRO-1),
+  NeMo's and Megatron-Bridge's default;
+- recompute not stated: none (Megatron-LM's and NeMo's default without --recompute-*);
+- ffn not stated for a GPT-architecture model: 4h (the architecture's definition); kv heads not
+  stated: the head count (multi-head attention);
+- gpus per node not stated: 8 (every system in the set is an 8-GPU HGX/DGX node).
+
+Errors are predicted/measured - 1 of the step time (equivalently measured/predicted - 1 of
+tokens/s/GPU inverted); memory errors compare the predicted peak with the published one, both
+in GiB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import statistics
+import sys
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+sys.path.insert(0, str(_HERE.parent))
+
+ROOT = _HERE.parent
+DEFAULT_MEASUREMENTS = ROOT.parent / "shared" / "reference" / "measurements.json"
+OUT = ROOT / "reports" / "published"
+GIB = 2**30
+LLAMA_FILE = ROOT / "examples" / "llama.py"
+GPT_FILE = _HERE / "published_gpt.py"
+# Per-link rates a row's interconnect text names (bits per second): Intel Omni-Path 100 Gb/s
+# per port (Intel OPA 100 series product brief); InfiniBand/RoCE rates as stated in the row.
+OPA_LINK_BPS = 100e9
+
+
+class Skip(Exception):
+    """A row that cannot be rebuilt without guessing; the message says what is missing."""
+
+
+@dataclass(frozen=True)
+class Setup:
+    """Everything a row states that the cost model needs, read from the row."""
+
+    id: str
+    source: str
+    family: str  # "llama" (examples/llama.py) or "gpt" (benchmarks/published_gpt.py)
+    attention: str  # "flash" (fused causal kernel) or "fused" (materialised scores)
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    vocab: int
+    seq: int
+    gpus: int
+    gpus_per_node: int
+    tp: int
+    pp: int
+    dp: int
+    cp: int
+    ep: int
+    vpp: int
+    zero: int
+    sp: bool
+    mbs: int
+    gbs: int
+    dtype: str  # bf16 | fp16 (weights and activations)
+    fp8: bool  # linears in fp8 (attention stays in 16 bits)
+    tp_overlap: bool  # TP collectives overlapped with the GEMMs (async TP, --tp-comm-overlap)
+    recompute: str  # none | selective | full
+    profile: str
+    inter_node_bytes_per_s: float | None  # per GPU, from the row's interconnect text
+    measured_step_s: float
+    measured_mem_gib: float | None
+    hardware: str  # the hardware kind the summary groups by
+    assumed: tuple[str, ...] = field(default=())
+
+
+# --------------------------------------------------------------------------- reading a row
+
+
+def _stated(value: Any) -> bool:
+    return not (isinstance(value, str) and value.strip().lower().startswith("not stated"))
+
+
+def _int(row: dict, key: str, what: str | None = None) -> int:
+    value = row.get(key)
+    if isinstance(value, bool):
+        raise Skip(f"{what or key} not stated")
+    if isinstance(value, (int, float)) and float(value).is_integer() and value > 0:
+        return int(value)
+    if isinstance(value, str) and re.fullmatch(r"\s*\d+\s*", value):
+        return int(value)
+    raise Skip(f"{what or key} not stated" if not _stated(value) else f"{key} = {value!r}")
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)) and value > 0:
+        return float(value)
+    return None
+
+
+def parse_vocab(value: Any, model: str) -> int:
+    """The vocabulary: a number, or BLOOM's "~250k", which is BLOOM's tokenizer padded to
+    250,880 rows (bigscience/bloom config.json vocab_size)."""
+    if isinstance(value, int) and value > 0:
+        return value
+    if isinstance(value, str) and "250k" in value and "bloom" in model.lower():
+        return 250880
+    raise Skip("vocabulary not stated")
+
+
+def parse_zero(text: str, source: str, assumed: list[str]) -> int:
+    t = text.lower()
+    if "shard_grad_op" in t:
+        return 2
+    if "full_shard" in t or "fsdp2" in t or "zero-3" in t:
+        return 3
+    m = re.search(r"zero[- ]?(?:stage\s*)?(\d)", t)
+    if m:
+        return int(m.group(1))
+    if not _stated(text) or "no fsdp" in t:
+        if any(k in source.lower() for k in ("megatron", "nemo")):
+            assumed.append("distributed optimizer (ZeRO-1): Megatron-family default")
+            return 1
+    raise Skip(f"ZeRO/FSDP level not stated ({text!r})")
+
+
+def parse_dtype(text: str) -> tuple[str, bool]:
+    """(16-bit dtype, fp8 linears)."""
+    t = str(text).lower()
+    if not _stated(text) and "fp8" not in t:
+        raise Skip("precision not stated")
+    fp8 = "fp8" in t or "float8" in t
+    if t.startswith("fp16"):
+        return "fp16", fp8
+    if "bf16" in t or fp8:
+        return "bf16", fp8
+    raise Skip(f"precision {text!r} not understood")
+
+
+def parse_recompute(text: str, assumed: list[str]) -> str:
+    t = str(text).lower()
+    if t.startswith("none"):
+        return "none"
+    if t.startswith("full") or "full activation checkpointing" in t:
+        return "full"
+    if t.startswith("selective"):
+        return "selective"
+    if not _stated(text):
+        assumed.append("no recompute: framework default")
+        return "none"
+    raise Skip(f"recompute {text!r} not understood")
+
+
+def parse_tp_overlap(row: dict, assumed: list[str]) -> bool:
+    """Whether TP collectives overlap the GEMMs: stated ("async TP", "--tp-comm-overlap"), or
+    the default of NVIDIA's H100 performance recipes (NeMo, Megatron-Bridge: tp_comm_overlap
+    on), or off ("vanilla TP", DeepSpeed, torchtitan without async TP)."""
+    text = " ".join(str(row.get(k, "")) for k in ("notes", "source", "model")).lower()
+    if "vanilla tp" in text:
+        return False
+    if re.search(r"async[- ]?tp|tp-comm-overlap", text):
+        return True
+    if any(k in str(row.get("source", "")).lower() for k in ("nemo", "megatron-bridge")):
+        assumed.append("TP communication overlap: NVIDIA recipe default")
+        return True
+    return False
+
+
+def parse_profile(gpu: str) -> tuple[str, str]:
+    """(profile name, hardware kind) for a row's GPU text."""
+    g = gpu.upper()
+    if "H200" in g:
+        return "h200", "H200"
+    if "H100" in g and "HBM2E" in g:
+        return "h100-hbm2e", "H100 HBM2e (power-capped)"
+    if "H100" in g:
+        return "h100-sxm", "H100 SXM"
+    if "A100" in g and "40GB" in g.replace(" ", ""):
+        return "a100-40g", "A100 40GB"
+    if "A100" in g and "80GB" in g.replace(" ", ""):
+        return "a100-80g", "A100 80GB"
+    raise Skip(f"no profile for GPU {gpu!r}")
+
+
+def parse_fabric(text: str, gpus_per_node: int) -> float | None:
+    """Per-GPU inter-node bytes/s the row's interconnect text states, or None (the profile's
+    own fabric): "4 OPA links/node" (Omni-Path), "1600 Gbps node-node", "400 Gb/s per GPU"."""
+    t = str(text)
+    m = re.search(r"(\d+)\s*OPA links/node", t)
+    if m:
+        return int(m.group(1)) * OPA_LINK_BPS / 8 / gpus_per_node
+    m = re.search(r"(\d+)\s*Gb(?:ps|/s) per GPU", t)
+    if m:
+        return int(m.group(1)) * 1e9 / 8
+    m = re.search(r"(\d+)\s*Gbps node-node", t)
+    if m:
+        return int(m.group(1)) * 1e9 / 8 / gpus_per_node
+    return None
+
+
+def parse_row(row: dict) -> Setup:
+    """The row's Setup, or ``Skip`` with the reason."""
+    assumed: list[str] = []
+    model = str(row.get("model", ""))
+    name = model.lower()
+    for key, what in (("layers", "layer count"), ("hidden", "hidden size"), ("heads", "heads")):
+        _int(row, key, what)
+    layers, hidden, heads = _int(row, "layers"), _int(row, "hidden"), _int(row, "heads")
+    seq = _int(row, "seq", "sequence length")
+    vocab = parse_vocab(row.get("vocab"), model)
+    if "llama" in name:
+        family, attention = "llama", "flash"
+        kv_heads = _int(row, "kv_heads", "kv heads")
+        ffn = _int(row, "ffn", "ffn width")
+    elif any(k in name for k in ("gpt", "mpt", "bloom")):
+        family = "gpt"
+        # BLOOM's 2022 Megatron-DeepSpeed runs had no FlashAttention (fused softmax kernel)
+        attention = "fused" if "bloom" in name else "flash"
+        if _stated(row.get("kv_heads")):
+            kv_heads = _int(row, "kv_heads")
+            if kv_heads != heads:
+                raise Skip("grouped-query attention in a GPT-family row")
+        else:
+            kv_heads = heads
+        if _stated(row.get("ffn")):
+            ffn = _int(row, "ffn")
+        else:
+            ffn = 4 * hidden
+            assumed.append("ffn = 4h (GPT architecture)")
+    else:
+        raise Skip(f"no model family for {model!r} (shape not rebuildable)")
+    tp, pp, dp = _int(row, "tp"), _int(row, "pp"), _int(row, "dp")
+    cp = _int(row, "cp") if _stated(row.get("cp")) else 1
+    ep = _int(row, "ep") if _stated(row.get("ep")) else 1
+    if ep > 1:
+        raise Skip("expert parallelism (mixture-of-experts shape not stated)")
+    gpus = _int(row, "gpus")
+    if tp * pp * dp * cp != gpus:
+        raise Skip(f"tp*pp*dp*cp = {tp * pp * dp * cp} != {gpus} GPUs")
+    if pp > 1:
+        vpp_raw = row.get("vpp")
+        if _stated(vpp_raw) and str(vpp_raw).strip().lower() != "n/a":
+            vpp = _int(row, "vpp")
+        else:
+            vpp = 1
+            assumed.append("no interleaving (vpp not stated)")
+    else:
+        vpp = 1
+    mbs = _int(row, "mbs", "micro-batch size")
+    gbs = _int(row, "gbs", "global batch size")
+    if gbs % (mbs * dp):
+        raise Skip(f"global batch {gbs} is not a multiple of mbs x dp = {mbs * dp}")
+    zero = parse_zero(str(row.get("zero_or_fsdp", "not stated")), row.get("source", ""), assumed)
+    sp_text = str(row.get("sp", "not stated")).lower()
+    if tp == 1:
+        sp = False
+    elif sp_text in ("off", "no", "false"):
+        sp = False
+    elif sp_text in ("on", "yes", "true"):
+        sp = True
+    else:
+        sp = True
+        assumed.append("sequence parallel with TP (framework default)")
+    dtype, fp8 = parse_dtype(row.get("dtype", "not stated"))
+    recompute = parse_recompute(row.get("recompute", "not stated"), assumed)
+    tp_overlap = tp > 1 and parse_tp_overlap(row, assumed)
+    profile, hardware = parse_profile(str(row.get("gpu", "")))
+    if _stated(row.get("gpus_per_node")):
+        gpn = _int(row, "gpus_per_node")
+    else:
+        gpn = 8
+        assumed.append("8 GPUs per node")
+    gpn = min(gpn, gpus)
+    iter_s = _number(row.get("iter_s"))
+    tps = _number(row.get("tokens_per_s_per_gpu"))
+    if iter_s is not None:
+        measured = iter_s
+    elif tps is not None:
+        measured = gbs * seq / (tps * gpus)
+    else:
+        raise Skip("no step time or throughput published")
+    return Setup(
+        id=str(row["id"]),
+        source=str(row.get("source", "")),
+        family=family,
+        attention=attention,
+        layers=layers,
+        hidden=hidden,
+        heads=heads,
+        kv_heads=kv_heads,
+        ffn=ffn,
+        vocab=vocab,
+        seq=seq,
+        gpus=gpus,
+        gpus_per_node=gpn,
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        cp=cp,
+        ep=ep,
+        vpp=vpp,
+        zero=zero,
+        sp=sp,
+        mbs=mbs,
+        gbs=gbs,
+        dtype=dtype,
+        fp8=fp8,
+        recompute=recompute,
+        tp_overlap=tp_overlap,
+        profile=profile,
+        inter_node_bytes_per_s=parse_fabric(row.get("interconnect", ""), gpn),
+        measured_step_s=measured,
+        measured_mem_gib=_number(row.get("peak_mem_gb")),
+        hardware=hardware,
+        assumed=tuple(assumed),
+    )
+
+
+# --------------------------------------------------------------------------- pricing
+
+
+_VARIANTS: dict = {}  # the sharding ILP's solutions, per (block class, TP degree, rates)
+TRACED_LAYERS = 2  # repeated layers share one priced class: two traced, the rest copied
+
+
+def model_args(s: Setup) -> tuple[Path, dict[str, Any]]:
+    layers = min(s.layers, TRACED_LAYERS)
+    if s.family == "llama":
+        args = dict(
+            size="tiny", layers=layers, hidden=s.hidden, heads=s.heads, kv_heads=s.kv_heads,
+            ffn=s.ffn, seq_len=s.seq, vocab=s.vocab,
+        )  # fmt: skip
+        return LLAMA_FILE, args
+    args = dict(
+        layers=layers, hidden=s.hidden, heads=s.heads, ffn=s.ffn, seq_len=s.seq,
+        vocab=s.vocab, attention=s.attention, tied=s.tp == 1 and s.pp == 1,
+    )  # fmt: skip
+    return GPT_FILE, args
+
+
+@lru_cache(maxsize=128)
+def _traced(path: str, args_json: str, dtype: str):
+    from planner.api import trace
+
+    return trace(path, json.loads(args_json), micro_batch_size=1, dtype=dtype)
+
+
+def full_blocks(traced_blocks: list, layers: int) -> list:
+    """The model's blocks at its full depth from a trace of fewer layers: the first block
+    (embedding), ``layers`` copies of the repeated layer (one class, so priced once, exactly as
+    a full trace prices it) and the last block (norm and head)."""
+    first, *middle, last = traced_blocks
+    if not middle or len({b.cls for b in middle}) != 1:
+        raise RuntimeError("the traced model's layers are not one repeated class")
+    out = [replace(first, index=0)]
+    out += [replace(middle[0], index=i + 1, name=f"layers.{i}") for i in range(layers)]
+    out.append(replace(last, index=layers + 1))
+    return out
+
+
+def stage_split(layers: int, stages: int) -> list[int]:
+    """Virtual stage of every block (embedding, layers, head), as the frameworks cut them.
+
+    When the layers plus two fill the stages evenly, the embedding and the head (with the
+    loss) each stand in for one layer: Megatron's account_for_embedding_in_pipeline_split /
+    account_for_loss_in_pipeline_split (Llama 3.1 405B's 126 layers on 64 virtual stages:
+    1 + 2 x 62 + 1) and Megatron-DeepSpeed's partition method 'type:transformer|embedding'
+    (BLOOM's 70 layers on 12 stages). Otherwise the layers split as evenly as they go (the
+    first ``layers % stages`` stages one more), the embedding on the first stage, the head on
+    the last."""
+    if stages > layers:
+        raise Skip(f"{stages} pipeline stages for {layers} layers")
+    if stages > 1 and (layers + 2) % stages == 0:
+        per = (layers + 2) // stages
+        units = [0] + [u // per for u in range(1, layers + 1)] + [stages - 1]
+        return units
+    base, extra = divmod(layers, stages)
+    out = [0]
+    for s in range(stages):
+        out += [s] * (base + (1 if s < extra else 0))
+    return out + [stages - 1]
+
+
+def cluster_for(s: Setup, **overrides: float):
+    """The row's cluster: its profile, the fabric the row states, and (when fitting) other
+    values of profile fields."""
+    from planner.hardware.cluster import Cluster
+    from planner.hardware.profiles import load_profile
+
+    prof = load_profile(s.profile)
+    if s.inter_node_bytes_per_s is not None:
+        prof = replace(prof, inter_node_bandwidth=s.inter_node_bytes_per_s)
+    if overrides:
+        prof = replace(prof, **overrides)
+    return Cluster(prof, max(1, s.gpus // s.gpus_per_node), s.gpus_per_node)
+
+
+def price(s: Setup, **overrides: float):
+    """The cost model's StepCost of the row's configuration."""
+    from planner.api import variants_for
+    from planner.cost.model import Config, CostInputs, Training, evaluate
+    from planner.schema.mesh import Mesh
+    from planner.search.candidates import Pins
+    from planner.search.options import price_options
+
+    path, args = model_args(s)
+    traced = _traced(str(path), json.dumps(args, sort_keys=True), s.dtype)
+    blocks = full_blocks(traced.blocks, s.layers)
+    cluster = cluster_for(s, **overrides)
+    training = Training(s.gbs, s.dtype, "adamw", fp8_linears=s.fp8, tp_overlap=s.tp_overlap)
+    variant = "sequence" if s.sp else "no-sequence"
+    pins = Pins(tp=s.tp, recompute=s.recompute, offload="none", tp_variant=variant)
+    variants_of = variants_for(traced.graph, cluster, variant, _VARIANTS)
+    opts = price_options(
+        traced.graph, blocks, s.tp, s.mbs, cluster, training, pins, variants_of, s.ep, s.cp
+    )
+    choice = [min(range(len(o)), key=lambda k, o=o: o[k].time_s) for o in opts]
+    schedule = "interleaved_1f1b" if s.vpp > 1 else "1f1b"
+    config = Config(
+        Mesh(s.pp, s.dp, s.tp, s.ep, s.cp),
+        s.mbs,
+        schedule,
+        s.vpp,
+        s.zero,
+        stage_split(s.layers, s.pp * s.vpp),
+        choice,
+    )
+    inputs = CostInputs(blocks, opts, traced.micro_batch_size, cluster, training)
+    return evaluate(inputs, config)
+
+
+# --------------------------------------------------------------------------- comparing
+
+
+def rel_error(predicted: float, measured: float) -> float:
+    """predicted / measured - 1 (positive: the model is slower / uses more)."""
+    return predicted / measured - 1.0
+
+
+def evaluate_row(row: dict) -> dict[str, Any]:
+    """One row's record: evaluated (prediction, measurement, errors) or skipped (reason)."""
+    base = {"id": row.get("id"), "source": row.get("source"), "model": row.get("model")}
+    try:
+        s = parse_row(row)
+        cost = price(s)
+    except Skip as why:
+        return {**base, "status": "skipped", "reason": str(why)}
+    return {**base, **record(s, cost)}
+
+
+def record(s: Setup, cost) -> dict[str, Any]:
+    step = cost.step_time_s
+    tokens = s.gbs * s.seq
+    mem = cost.peak_memory_bytes / GIB
+    return {
+        "status": "evaluated",
+        "hardware": s.hardware,
+        "profile": s.profile,
+        "config": config_label(s),
+        "assumed": list(s.assumed),
+        "predicted_step_s": step,
+        "measured_step_s": s.measured_step_s,
+        "predicted_tokens_per_s_per_gpu": tokens / (step * s.gpus),
+        "measured_tokens_per_s_per_gpu": tokens / (s.measured_step_s * s.gpus),
+        "step_error": rel_error(step, s.measured_step_s),
+        "predicted_peak_gib": mem,
+        "measured_peak_gib": s.measured_mem_gib,
+        "memory_error": rel_error(mem, s.measured_mem_gib) if s.measured_mem_gib else None,
+        "breakdown": {
+            "pipeline_s": cost.pipeline_s,
+            "bubble_s": cost.bubble_s,
+            "dp_exposed_s": cost.dp_exposed_s,
+            "optimizer_s": cost.optimizer_s,
+            "tp_comm_s_per_microbatch": sum(st.tp_comm_s for st in cost.stages),
+            "compute_s_per_microbatch": sum(st.compute_s for st in cost.stages),
+        },
+    }
+
+
+# --------------------------------------------------------------------------- fitted factors
+
+# What is fitted: per chip, the share of the dense peak a training step reaches in each of two
+# op classes, GEMMs (``matmul_efficiency``) and fused attention kernels
+# (``attention_efficiency``); the best-shape microbenchmarks (MAMF, FlashAttention's own
+# benchmarks) are ceilings that real steps do not reach. Profiles of one chip share them.
+FITTED = ("matmul_efficiency", "attention_efficiency")
+CHIPS = {
+    "a100-40g": "A100",
+    "a100-80g": "A100",
+    "h100-sxm": "H100",
+    "h200": "H100",
+    "h100-hbm2e": "H100",  # the same GH100 die; its 500 W cap is left to the shared fit
+}
+# The fit's search grid (shares of peak) and the profile a chip's starting values come from.
+GRID = [round(0.10 + 0.01 * i, 2) for i in range(86)]  # 0.10 .. 0.95
+
+
+@dataclass(frozen=True)
+class Decomposition:
+    """A row's predicted step time as a function of the two fitted efficiencies:
+    T(g, a) = gemm / g + attention / a + rest, read off three pricings (each efficiency
+    halved in turn). Exact where the two classes' times add; the max() terms of overlap and
+    of the slowest pipeline stage make it an approximation, which the held-out errors and the
+    final table (both priced in full) check."""
+
+    chip: str
+    measured: float
+    gemm: float  # seconds x efficiency
+    attention: float
+    rest: float
+
+    def time(self, g: float, a: float) -> float:
+        return self.gemm / g + self.attention / a + self.rest
+
+
+def shipped_efficiencies() -> dict[str, dict[str, float]]:
+    """Each chip's fitted fields as its first shipped profile gives them."""
+    from planner.hardware.profiles import load_profile
+
+    out: dict[str, dict[str, float]] = {}
+    for name, chip in CHIPS.items():
+        p = load_profile(name)
+        out.setdefault(chip, {f: getattr(p, f) for f in FITTED})
+    return out
+
+
+def decompose(s: Setup, start: dict[str, dict[str, float]]) -> Decomposition:
+    eff = start[CHIPS[s.profile]]
+    g, a = eff["matmul_efficiency"], eff["attention_efficiency"]
+    t1 = price(s, matmul_efficiency=g, attention_efficiency=a).step_time_s
+    t2 = price(s, matmul_efficiency=g / 2, attention_efficiency=a).step_time_s
+    t3 = price(s, matmul_efficiency=g, attention_efficiency=a / 2).step_time_s
+    gemm, attention = (t2 - t1) * g, (t3 - t1) * a
+    return Decomposition(
+        CHIPS[s.profile], s.measured_step_s, gemm, attention, t1 - gemm / g - attention / a
+    )
+
+
+def fit_efficiencies(parts: list[Decomposition], start: dict[str, dict[str, float]]):
+    """Per chip, the (GEMM, attention) efficiencies on ``GRID`` with the least mean
+    |log(predicted / measured)| over ``parts``; chips without rows keep ``start``."""
+    out = {chip: dict(v) for chip, v in start.items()}
+    for chip in out:
+        rows = [d for d in parts if d.chip == chip]
+        if not rows:
+            continue
+        uses_attention = any(d.attention > 0 for d in rows)
+        best = None
+        for g in GRID:
+            for a in GRID if uses_attention else [out[chip]["attention_efficiency"]]:
+                loss = sum(abs(math.log(d.time(g, a) / d.measured)) for d in rows)
+                if best is None or loss < best[0]:
+                    best = (loss, g, a)
+        out[chip] = {"matmul_efficiency": best[1], "attention_efficiency": best[2]}
+    return out
+
+
+def priced_errors(setups: list[Setup], eff: dict[str, dict[str, float]]) -> list[float]:
+    return [
+        rel_error(price(s, **eff[CHIPS[s.profile]]).step_time_s, s.measured_step_s) for s in setups
+    ]
+
+
+def cross_validate(setups: list[Setup]) -> dict[str, Any]:
+    """Half-split cross-validation of the fitted factors: fit on one half of the evaluated rows
+    (alternate rows in id order), price the other half in full with them, both ways."""
+    start = shipped_efficiencies()
+    parts = {s.id: decompose(s, start) for s in setups}
+    a, b = half_split(setups)
+    eff_a = fit_efficiencies([parts[s.id] for s in a], start)
+    eff_b = fit_efficiencies([parts[s.id] for s in b], start)
+    err_b, err_a = priced_errors(b, eff_a), priced_errors(a, eff_b)
+    return {
+        "fit_on_first_half": eff_a,
+        "median_abs_error_second_half": median_abs(err_b),
+        "fit_on_second_half": eff_b,
+        "median_abs_error_first_half": median_abs(err_a),
+        "median_abs_error_held_out": median_abs(err_a + err_b),
+        "worst_abs_error_held_out": worst_abs(err_a + err_b),
+        "fit_all_rows": fit_efficiencies(list(parts.values()), start),
+    }
+
+
+def config_label(s: Setup) -> str:
+    parts = [f"tp{s.tp} pp{s.pp} dp{s.dp}"]
+    if s.cp > 1:
+        parts.append(f"cp{s.cp}")
+    if s.vpp > 1:
+        parts.append(f"vpp{s.vpp}")
+    parts.append(f"ZeRO-{s.zero}")
+    if s.sp:
+        parts.append("sp")
+    parts.append(f"mbs{s.mbs} gbs{s.gbs}")
+    parts.append(("fp8 " if s.fp8 else "") + s.dtype)
+    parts.append(f"rc {s.recompute}")
+    return " ".join(parts)
+
+
+def median_abs(values: list[float]) -> float:
+    return statistics.median(abs(v) for v in values) if values else math.nan
+
+
+def worst_abs(values: list[float]) -> float:
+    return max((abs(v) for v in values), default=math.nan)
+
+
+def half_split(items: list) -> tuple[list, list]:
+    """A deterministic split of evaluated rows (records or Setups) into two halves: alternate
+    rows in id order, so each half holds every source in proportion."""
+
+    def key(x):
+        return str(x["id"] if isinstance(x, dict) else x.id)
+
+    ordered = sorted(items, key=key)
+    return ordered[0::2], ordered[1::2]
+
+
+def summarize(records: list[dict]) -> dict[str, Any]:
+    done = [r for r in records if r["status"] == "evaluated"]
+    errs = [r["step_error"] for r in done]
+    by_kind: dict[str, list[float]] = {}
+    for r in done:
+        by_kind.setdefault(r["hardware"], []).append(r["step_error"])
+    mem = [r["memory_error"] for r in done if r["memory_error"] is not None]
+    return {
+        "rows": len(records),
+        "evaluated": len(done),
+        "skipped": len(records) - len(done),
+        "median_abs_step_error": median_abs(errs),
+        "worst_abs_step_error": worst_abs(errs),
+        "median_step_error_signed": statistics.median(errs) if errs else math.nan,
+        "per_hardware": {
+            k: {"rows": len(v), "median_abs": median_abs(v), "worst_abs": worst_abs(v)}
+            for k, v in sorted(by_kind.items())
+        },
+        "memory_rows": len(mem),
+        "median_abs_memory_error": median_abs(mem),
+        "worst_abs_memory_error": worst_abs(mem),
+    }
+
+
+# --------------------------------------------------------------------------- output
+
+
+def write_markdown(records: list[dict], summary: dict, path: Path, measurements: str) -> None:
+    pct = lambda x: "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:+.1%}"  # noqa: E731
+    lines = [
+        "# meshplan against published GPU measurements",
+        "",
+        f"`python benchmarks/published.py --measurements {measurements}`",
+        "",
+        f"{summary['evaluated']} of {summary['rows']} rows evaluated, "
+        f"{summary['skipped']} skipped (reasons below).",
+        "",
+        f"- step time: median |error| {summary['median_abs_step_error']:.1%}, worst "
+        f"{summary['worst_abs_step_error']:.1%} (signed median "
+        f"{summary['median_step_error_signed']:+.1%}; positive = predicted slower)",
+    ]
+    cv = summary.get("cv")
+    if cv:
+        lines.append(
+            "- half-split cross-validation (GEMM and attention efficiency per chip fitted on one "
+            "half, the other half priced with them): median |error| "
+            f"{cv['median_abs_error_held_out']:.1%}, worst {cv['worst_abs_error_held_out']:.1%}; "
+            f"fits {cv['fit_on_first_half']} / {cv['fit_on_second_half']}; on all rows "
+            f"{cv['fit_all_rows']} (the shipped profiles' values)"
+        )
+    lines += [
+        f"- peak memory ({summary['memory_rows']} rows): median |error| "
+        f"{summary['median_abs_memory_error']:.1%}, worst {summary['worst_abs_memory_error']:.1%}",
+        "",
+        "| hardware | rows | median abs error | worst abs error |",
+        "|---|---|---|---|",
+    ]
+    for k, v in summary["per_hardware"].items():
+        lines.append(f"| {k} | {v['rows']} | {v['median_abs']:.1%} | {v['worst_abs']:.1%} |")
+    lines += ["", *source_table(records)]
+    lines += [
+        "",
+        "| id | model | config | hardware | measured s | predicted s | error | mem GiB "
+        "meas/pred | mem error | assumed (framework defaults) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in records:
+        if r["status"] != "evaluated":
+            continue
+        mem = (
+            f"{r['measured_peak_gib']:.1f} / {r['predicted_peak_gib']:.1f}"
+            if r["measured_peak_gib"]
+            else f"- / {r['predicted_peak_gib']:.1f}"
+        )
+        lines.append(
+            f"| {r['id']} | {r['model'][:28]} | {r['config']} | {r['hardware']} | "
+            f"{r['measured_step_s']:.3g} | {r['predicted_step_s']:.3g} | "
+            f"{pct(r['step_error'])} | {mem} | {pct(r['memory_error'])} | "
+            f"{'; '.join(r['assumed'])} |"
+        )
+    lines += ["", "## Skipped", "", "| id | model | reason |", "|---|---|---|"]
+    for r in records:
+        if r["status"] == "skipped":
+            lines.append(f"| {r['id']} | {str(r['model'])[:40]} | {r['reason']} |")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def source_table(records: list[dict]) -> list[str]:
+    """Signed median and range of the step-time error per source: where the residual sits
+    (one source off in one direction points at a term that source's stack does differently)."""
+    by: dict[str, list[float]] = {}
+    for r in records:
+        if r["status"] == "evaluated":
+            by.setdefault(str(r["source"]), []).append(r["step_error"])
+    out = ["| source | rows | signed median | min | max |", "|---|---|---|---|---|"]
+    for src, errs in sorted(by.items()):
+        out.append(
+            f"| {src} | {len(errs)} | {statistics.median(errs):+.1%} | {min(errs):+.1%} | "
+            f"{max(errs):+.1%} |"
+        )
+    return out
+
+
+def write_figure(records: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    done = [r for r in records if r["status"] == "evaluated"]
+    fig, ax = plt.subplots(figsize=(7, 6))
+    sources = sorted({r["source"] for r in done})
+    cmap = plt.get_cmap("tab20")
+    for i, src in enumerate(sources):
+        pts = [r for r in done if r["source"] == src]
+        ax.scatter(
+            [r["measured_step_s"] for r in pts],
+            [r["predicted_step_s"] for r in pts],
+            s=14,
+            color=cmap(i % 20),
+            label=src[:60],
+        )
+    lo = min(min(r["measured_step_s"], r["predicted_step_s"]) for r in done) / 1.5
+    hi = max(max(r["measured_step_s"], r["predicted_step_s"]) for r in done) * 1.5
+    xs = [lo, hi]
+    ax.plot(xs, xs, color="black", lw=1, label="y = x")
+    for band, style in ((0.10, "--"), (0.25, ":")):
+        ax.plot(xs, [x * (1 + band) for x in xs], "grey", ls=style, lw=0.8)
+        ax.plot(xs, [x * (1 - band) for x in xs], "grey", ls=style, lw=0.8)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("measured step time (s)")
+    ax.set_ylabel("predicted step time (s)")
+    ax.set_title("meshplan vs published measurements (bands: +-10%, +-25%)")
+    ax.legend(fontsize=5, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--measurements", default=str(DEFAULT_MEASUREMENTS))
+    ap.add_argument("--only", default="", help="comma-separated row ids")
+    ap.add_argument("--out", default=str(OUT))
+    ap.add_argument("--no-cv", action="store_true", help="skip the cross-validation refits")
+    args = ap.parse_args(argv)
+    rows = json.loads(Path(args.measurements).read_text())
+    if isinstance(rows, dict):
+        rows = rows.get("rows", [])
+    if args.only:
+        wanted = set(args.only.split(","))
+        rows = [r for r in rows if r.get("id") in wanted]
+    records = [evaluate_row(r) for r in rows]
+    summary = summarize(records)
+    setups = [parse_row(r) for r, rec in zip(rows, records) if rec["status"] == "evaluated"]
+    if not args.no_cv and len(setups) >= 2:
+        summary["cv"] = cross_validate(setups)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    shown = Path(args.measurements).name
+    (out / "published.json").write_text(
+        json.dumps({"measurements": shown, "summary": summary, "rows": records}, indent=1) + "\n"
+    )
+    write_markdown(records, summary, out / "published.md", shown)
+    if summary["evaluated"]:
+        write_figure(records, out / "published.png")
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,292 @@
+"""benchmarks/published.py: reading a published row into a configuration (and refusing to
+guess), the error arithmetic, and the cost terms the published rows brought in (multi-node
+collective bandwidth, fused attention and FP8 rates, overlapped TP collectives). No tracing,
+no GPU: every number here is worked out by hand."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from planner.cost.model import FLASH_BACKWARD, op_rate, tp_exposed
+from planner.hardware.cluster import Cluster
+from planner.hardware.profiles import load_profile
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("published", ROOT / "benchmarks/published.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["published"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+P = _load()
+
+BLOOM = {
+    "id": "x-1",
+    "source": "BLOOM prequel benchmarks (Jean Zay A100, Feb 2022)",
+    "model": "BLOOM-arch 181B (h=14336, L=72)",
+    "layers": 72,
+    "hidden": 14336,
+    "heads": 64,
+    "kv_heads": 64,
+    "ffn": "not stated",
+    "vocab": "~250k",
+    "seq": 2048,
+    "gpu": "A100 80GB (Jean Zay)",
+    "gpus": 384,
+    "gpus_per_node": 8,
+    "interconnect": "NVLink intra-node (8 GPUs/node); Omni-Path (4 OPA links/node) inter-node",
+    "tp": 8,
+    "pp": 12,
+    "dp": 4,
+    "cp": 1,
+    "ep": 1,
+    "vpp": "not stated",
+    "zero_or_fsdp": "ZeRO-1 (DeepSpeed; stated in prequel notes)",
+    "sp": "off",
+    "mbs": 2,
+    "gbs": 2048,
+    "dtype": "fp16 (implied)",
+    "recompute": "not stated (production config: full activation checkpointing)",
+    "tokens_per_s_per_gpu": 81.5,
+    "iter_s": 134.02,
+    "peak_mem_gb": 37.0,
+    "notes": "",
+}
+
+MPT = {
+    "id": "x-2",
+    "source": "llm-foundry MPT benchmarks: A100 40GB with 1600 Gbps node-node interconnect (RoCE)",
+    "model": "MPT-7b",
+    "layers": 32,
+    "hidden": 4096,
+    "heads": 32,
+    "kv_heads": 32,
+    "ffn": 16384,
+    "vocab": 50368,
+    "seq": 2048,
+    "gpu": "A100 40GB",
+    "gpus": 16,
+    "gpus_per_node": "not stated",
+    "interconnect": "1600 Gbps node-node RoCE",
+    "tp": 1,
+    "pp": 1,
+    "dp": 16,
+    "cp": 1,
+    "ep": 1,
+    "vpp": "not stated",
+    "zero_or_fsdp": "PyTorch FSDP FULL_SHARD (~ZeRO-3)",
+    "sp": "n/a",
+    "mbs": 16,
+    "gbs": 256,
+    "dtype": "bf16 (pure)",
+    "recompute": "full (FSDP activation_checkpointing=True)",
+    "tokens_per_s_per_gpu": 3645,
+    "iter_s": "not stated",
+    "peak_mem_gb": "not stated",
+    "notes": "",
+}
+
+
+# --------------------------------------------------------------------------- reading rows
+
+
+def test_a_bloom_row_reads_as_megatron_deepspeed_ran_it():
+    s = P.parse_row(BLOOM)
+    assert (s.family, s.attention) == ("gpt", "fused")  # no FlashAttention in 2022
+    assert (s.tp, s.pp, s.dp, s.vpp, s.zero, s.sp) == (8, 12, 4, 1, 1, False)
+    assert (s.ffn, s.kv_heads, s.vocab) == (4 * 14336, 64, 250880)
+    assert (s.dtype, s.fp8, s.recompute) == ("fp16", False, "full")
+    assert s.profile == "a100-80g" and s.measured_step_s == 134.02
+    assert s.measured_mem_gib == 37.0
+    # 4 Omni-Path links of 100 Gb/s per 8-GPU node: 6.25 GB/s per GPU
+    assert s.inter_node_bytes_per_s == pytest.approx(4 * 100e9 / 8 / 8)
+    assert any("ffn = 4h" in a for a in s.assumed)
+    assert any("interleaving" in a for a in s.assumed)
+
+
+def test_throughput_becomes_the_step_time_and_fabric_per_gpu():
+    s = P.parse_row(MPT)
+    # 256 sequences x 2048 tokens at 3645 tokens/s on each of 16 GPUs
+    assert s.measured_step_s == pytest.approx(256 * 2048 / (3645 * 16))
+    assert (s.zero, s.recompute, s.gpus_per_node, s.profile) == (3, "full", 8, "a100-40g")
+    assert s.inter_node_bytes_per_s == pytest.approx(1600e9 / 8 / 8)  # 25 GB/s per GPU
+    assert s.measured_mem_gib is None
+
+
+@pytest.mark.parametrize(
+    "change, reason",
+    [
+        ({"layers": "not stated"}, "layer count not stated"),
+        ({"mbs": "local batch 8 per DP rank"}, "mbs = 'local batch 8 per DP rank'"),
+        ({"dtype": "not stated (no precision column)"}, "precision not stated"),
+        ({"vocab": "not stated"}, "vocabulary not stated"),
+        ({"tokens_per_s_per_gpu": "not stated", "iter_s": "not stated"}, "no step time"),
+        ({"dp": 3}, "tp*pp*dp*cp = 288 != 384 GPUs"),
+        ({"gbs": 2049}, "not a multiple of mbs x dp"),
+        ({"model": "Qwen3_30B_a3B", "vocab": 151936}, "no model family"),
+    ],
+)
+def test_rows_that_need_a_guess_are_skipped_with_the_reason(change, reason):
+    with pytest.raises(P.Skip, match=reason.replace("*", r"\*")):
+        P.parse_row({**BLOOM, **change})
+
+
+def test_framework_defaults_are_named_not_silent():
+    row = {**BLOOM, "source": "NVIDIA Megatron-Bridge performance summary", "sp": "not stated"}
+    row |= {"zero_or_fsdp": "no FSDP (FSDP=0)", "recompute": "not stated", "dtype": "FP8"}
+    row |= {"gpu": "H100 (DGX-H100)", "vpp": 4, "vocab": 128256, "model": "LLAMA3-X"}
+    row |= {"kv_heads": 8, "ffn": 28672}
+    s = P.parse_row(row)
+    assert (s.zero, s.sp, s.recompute, s.fp8, s.tp_overlap, s.vpp) == (
+        1,
+        True,
+        "none",
+        True,
+        True,
+        4,
+    )
+    assert s.family == "llama" and s.profile == "h100-sxm"
+    assert len(s.assumed) == 4  # ZeRO-1, no recompute, sequence parallel, TP overlap
+
+
+def test_async_tp_is_read_from_the_notes():
+    row = {**BLOOM, "source": "torchtitan", "notes": "FSDP 32 x TP 8 + AsyncTP"}
+    assert P.parse_row(row).tp_overlap
+    assert not P.parse_row({**row, "notes": "vanilla TP; torch.compile"}).tp_overlap
+
+
+# --------------------------------------------------------------------------- model and split
+
+
+def test_stage_split_spreads_layers_and_pins_the_ends():
+    # 9 layers on 4 stages: 3, 2, 2, 2; embedding on the first stage, head on the last
+    assert P.stage_split(9, 4) == [0, 0, 0, 0, 1, 1, 2, 2, 3, 3, 3]
+    # 10 layers + embedding + head fill 4 stages of 3: the ends stand in for a layer each
+    assert P.stage_split(10, 4) == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
+    split = P.stage_split(126, 64)  # Llama 3.1 405B on pp 8 x vpp 8
+    assert split.count(0) == 2 and split.count(63) == 2 and split.count(30) == 2
+    with pytest.raises(P.Skip):
+        P.stage_split(3, 4)
+
+
+def test_full_blocks_repeat_the_traced_layer_class():
+    from planner.trace.blocks import Block
+
+    def blk(i, cls):
+        return Block(i, f"b{i}", [], cls, cls, [], 1, [], 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+
+    out = P.full_blocks([blk(0, "e"), blk(1, "L"), blk(2, "L"), blk(3, "h")], 5)
+    assert [b.cls for b in out] == ["e"] + ["L"] * 5 + ["h"]
+    assert [b.index for b in out] == list(range(7))
+    with pytest.raises(RuntimeError):
+        P.full_blocks([blk(0, "e"), blk(1, "L"), blk(2, "M"), blk(3, "h")], 5)
+
+
+# --------------------------------------------------------------------------- arithmetic
+
+
+def test_error_arithmetic():
+    assert P.rel_error(1.2, 1.0) == pytest.approx(0.2)
+    assert P.rel_error(0.75, 1.0) == pytest.approx(-0.25)
+    assert P.median_abs([0.3, -0.1, 0.2, -0.5]) == pytest.approx(0.25)
+    assert P.worst_abs([0.3, -0.1, 0.2, -0.5]) == pytest.approx(0.5)
+    a, b = P.half_split([{"id": f"r{i}"} for i in (3, 1, 2, 0)])
+    assert [r["id"] for r in a] == ["r0", "r2"] and [r["id"] for r in b] == ["r1", "r3"]
+
+
+def test_summary_counts_and_groups():
+    recs = [
+        {"status": "evaluated", "hardware": "A", "step_error": 0.1, "memory_error": None},
+        {"status": "evaluated", "hardware": "A", "step_error": -0.3, "memory_error": 0.02},
+        {"status": "evaluated", "hardware": "B", "step_error": 0.05, "memory_error": -0.04},
+        {"status": "skipped", "reason": "x"},
+    ]
+    s = P.summarize(recs)
+    assert (s["rows"], s["evaluated"], s["skipped"], s["memory_rows"]) == (4, 3, 1, 2)
+    assert s["median_abs_step_error"] == pytest.approx(0.1)
+    assert s["worst_abs_step_error"] == pytest.approx(0.3)
+    assert s["per_hardware"]["A"]["median_abs"] == pytest.approx(0.2)
+    assert s["median_abs_memory_error"] == pytest.approx(0.03)
+
+
+# --------------------------------------------------------------------------- cost terms
+
+
+def test_collectives_across_nodes_use_every_nic_of_the_group():
+    h100 = load_profile("h100-sxm")
+    c = Cluster(h100, nodes=4, gpus_per_node=8)
+    eff, nic, nvl = h100.collective_efficiency, h100.inter_node_bandwidth, h100.intra_node_bandwidth
+    # one rank per node: the NIC rate
+    assert c.link([0, 8, 16, 24])[0] == pytest.approx(nic * eff)
+    # 2 ranks on each of 2 nodes: busbw = B (n-1)/(k-1) = 3 B
+    assert c.link([0, 1, 8, 9])[0] == pytest.approx(3 * nic * eff)
+    # 32 ranks on 4 nodes: 50 GB/s x 31/3 = 517 GB/s, capped by NVLink's 450
+    assert c.link(list(range(32)))[0] == pytest.approx(nvl * eff)
+    # uneven: the node holding fewest of the group's ranks (1 of 3) sets g
+    n, k, g = 3, 2, 1
+    assert c.link([0, 1, 8])[0] == pytest.approx(nic * g * k * (n - 1) / (n * (k - 1)) * eff)
+
+
+def _cluster(profile):
+    return Cluster(load_profile(profile), nodes=1, gpus_per_node=8)
+
+
+def test_causal_flash_attention_runs_half_the_work_at_its_own_rate():
+    c = _cluster("h100-sxm")
+    p = c.profile
+    node = {"op": "aten.scaled_dot_product_attention.default", "args": [{"is_causal": True}]}
+    rate, work_f, work_b = op_rate(node, c, "bf16")
+    assert 0 < p.attention_efficiency < p.matmul_efficiency
+    assert rate == pytest.approx(989e12 * p.attention_efficiency)
+    assert (work_f, work_b) == (0.5, 0.5 * 2.5 / 2)
+    assert FLASH_BACKWARD == 1.25
+    full = op_rate({**node, "args": [{"is_causal": False}]}, c, "bf16")
+    assert full[1:] == (1.0, 1.25)
+    # a profile without an attention figure prices it as any product of the dtype
+    plain = Cluster(replace(p, attention_efficiency=0.0), 1, 8)
+    assert op_rate(node, plain, "bf16") == (989e12 * p.matmul_efficiency, 1.0, 1.0)
+
+
+def test_fp8_linears_run_at_the_fp8_rate_only_with_a_weight():
+    c = _cluster("h100-sxm")
+    linear = {"op": "aten.linear.default", "params": ["w"]}
+    assert op_rate(linear, c, "bf16", fp8=True)[0] == pytest.approx(1979e12 * 0.709)
+    assert op_rate(linear, c, "bf16", fp8=False)[0] == pytest.approx(
+        989e12 * c.profile.matmul_efficiency
+    )
+    bmm = {"op": "aten.bmm.default"}
+    assert op_rate(bmm, c, "bf16", fp8=True)[0] == pytest.approx(
+        989e12 * c.profile.matmul_efficiency
+    )
+    a100 = _cluster("a100-80g")  # no FP8 tensor cores: the 16-bit rate
+    assert op_rate(linear, a100, "bf16", fp8=True)[0] == pytest.approx(
+        312e12 * a100.profile.matmul_efficiency
+    )
+
+
+def test_overlapped_tp_collectives_leave_only_the_excess():
+    c = _cluster("h100-sxm")  # comm_overlap 1.0
+    assert tp_exposed(0.3, 0.5, 1.0, 0.4, c) == pytest.approx((0.0, 0.1))
+    half = Cluster(replace(c.profile, comm_overlap=0.5), 1, 8)
+    assert tp_exposed(0.3, 0.5, 0.4, 2.0, half) == pytest.approx((0.1, 0.0))
+
+
+def test_the_fit_recovers_each_chips_efficiencies_from_decomposed_rows():
+    """T(g, a) = gemm / g + attention / a + rest: a GEMM-only row pins g, an attention row a;
+    a chip without rows keeps its starting values."""
+    d = P.Decomposition
+    rows = [d("A100", 2.0, 1.0, 0.0, 0.0), d("A100", 2.0, 0.0, 0.3, 1.0)]
+    start = {"A100": {"matmul_efficiency": 0.9, "attention_efficiency": 0.9}, "H100": {"x": 1}}
+    fit = P.fit_efficiencies(rows, start)
+    assert fit["A100"] == {"matmul_efficiency": 0.5, "attention_efficiency": 0.3}
+    assert fit["H100"] == {"x": 1}
+    assert rows[1].time(0.5, 0.3) == pytest.approx(2.0)
