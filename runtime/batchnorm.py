@@ -80,13 +80,15 @@ class GroupBatchNorm(_BatchNorm):
         return y
 
 
-def synchronize_batchnorm(root: nn.Module, group: dist.ProcessGroup, device: torch.device) -> int:
-    """Replace every BatchNorm under ``root`` by one that sums its statistics over ``group``;
-    returns how many. ``root`` keeps its module paths and tensors."""
+def synchronize_batchnorm(root: nn.Module, group: dist.ProcessGroup, device: torch.device) -> None:
+    """Replace every BatchNorm below ``root`` by one that sums its statistics over ``group``;
+    module paths and tensors stay."""
     found = [
         (name, m)
         for name, m in root.named_modules()
-        if isinstance(m, _BatchNorm) and not isinstance(m, (nn.SyncBatchNorm, GroupBatchNorm))
+        if name
+        and isinstance(m, _BatchNorm)
+        and not isinstance(m, (nn.SyncBatchNorm, GroupBatchNorm))
     ]
     for name, m in found:
         if device.type == "cpu":
@@ -94,8 +96,4 @@ def synchronize_batchnorm(root: nn.Module, group: dist.ProcessGroup, device: tor
         else:
             new = nn.SyncBatchNorm.convert_sync_batchnorm(m, process_group=group)
         parent_path, _, attr = name.rpartition(".")
-        parent = root.get_submodule(parent_path) if parent_path else root
-        if not name:
-            raise ValueError("the model itself is a BatchNorm: nothing to synchronize around it")
-        setattr(parent, attr, new)
-    return len(found)
+        setattr(root.get_submodule(parent_path) if parent_path else root, attr, new)

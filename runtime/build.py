@@ -222,7 +222,8 @@ def _build_pipeline(
     for stage_mod in stage_mods:
         adopt_eager_modules(stage_mod, model, split_points(plan))
     untie_between(stage_mods)
-    tied = tied_grads(parameter_names(model), stage_mods, mesh, cache.groups)
+    names = parameter_names(model)
+    tied = tied_grads(names, stage_mods, mesh, cache.groups)
     for i, stage_mod in zip(indices, stage_mods):
         stage_mod.to(device)
         stage_experts: list = []
@@ -255,7 +256,7 @@ def _build_pipeline(
         cls = ScheduleGPipe if plan.schedule == "gpipe" else Schedule1F1B
         schedule = cls(stages[0], n_microbatches=m, loss_fn=loss)
     optimizers = make_optimizers(parts, plan, mesh["dp"], experts)
-    aliases = {first: names[1:] for first, names in parameter_names(model).items() if names[1:]}
+    aliases = {first: others[1:] for first, others in names.items() if others[1:]}
     return Built(
         plan, mesh, parts, optimizers, schedule, indices, notes, experts, edp_group, tied, aliases
     )

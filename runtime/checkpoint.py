@@ -94,9 +94,11 @@ def _state(built: Built, step: int) -> dict[str, Any]:
     for part in built.parts:
         model.update(get_model_state_dict(part))
     for first, others in built.aliases.items():  # every name the user's model has for it
-        held = next((n for n in (first, *others) if n in model), None)
-        for name in (first, *others) if held is not None else ():
-            model.setdefault(name, model[held])
+        names = (first, *others)
+        held = next((n for n in names if n in model), None)
+        if held is not None:
+            for name in names:
+                model.setdefault(name, model[held])
     for i, part, opt in _pairs(built):
         if _zero1(opt):
             optim[_zero1_key(built, i)] = opt.optim.state_dict()

@@ -114,13 +114,7 @@ class _InOutColwise(ColwiseParallel):
     module's own forward then runs on DTensors."""
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        return distribute_module(
-            module,
-            device_mesh,
-            partial(_distribute_own, lambda p: Shard(p.dim() - 1), self.src_data_rank),
-            partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts),
-            partial(self._prepare_output_fn, self.output_layouts, self.use_local_output),
-        )
+        return _apply_own(self, module, device_mesh, lambda p: Shard(p.dim() - 1))
 
 
 class _InOutRowwise(_Rowwise):
@@ -128,25 +122,29 @@ class _InOutRowwise(_Rowwise):
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         self.desired_input_layouts = (Shard(-1),)  # x's last dim split, as W's dim 0
-        return distribute_module(
-            module,
-            device_mesh,
-            partial(
-                _distribute_own,
-                lambda p: Shard(0) if p.dim() == 2 else Replicate(),
-                self.src_data_rank,
-            ),
-            partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts),
-            partial(self._prepare_output_fn, self.output_layouts, self.use_local_output),
+        return _apply_own(
+            self, module, device_mesh, lambda p: Shard(0) if p.dim() == 2 else Replicate()
         )
 
 
-def _distribute_own(placement, src_data_rank, _name: str, module: nn.Module, mesh) -> None:  # noqa: ANN001
-    """Each parameter of ``module`` itself (not its children) as a DTensor placed by
-    ``placement(param)``."""
-    for name, param in list(module.named_parameters(recurse=False)):
-        dist = distribute_tensor(param, mesh, [placement(param)], src_data_rank=src_data_rank)
-        module.register_parameter(name, nn.Parameter(dist, requires_grad=param.requires_grad))
+def _apply_own(style, module: nn.Module, mesh: DeviceMesh, placement) -> nn.Module:  # noqa: ANN001
+    """``style``'s input and output conversions around ``module``, whose own parameters
+    become DTensors placed by ``placement(param)``."""
+
+    def partition(_name: str, mod: nn.Module, _mesh: DeviceMesh) -> None:
+        for name, param in list(mod.named_parameters(recurse=False)):
+            shard = distribute_tensor(
+                param, mesh, [placement(param)], src_data_rank=style.src_data_rank
+            )
+            mod.register_parameter(name, nn.Parameter(shard, requires_grad=param.requires_grad))
+
+    return distribute_module(
+        module,
+        mesh,
+        partition,
+        partial(style._prepare_input_fn, style.input_layouts, style.desired_input_layouts),
+        partial(style._prepare_output_fn, style.output_layouts, style.use_local_output),
+    )
 
 
 def _in_out_style(base: str, traced_parent: bool) -> ParallelStyle:

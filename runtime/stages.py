@@ -13,8 +13,8 @@ paths), but tensor parallelism needs real ``nn.Linear``/``nn.Embedding`` modules
 exactly one input and returns one tensor, where the original module's ``forward`` takes exactly
 one required argument, is swapped back for the original eager module: its call site passes that
 one value, so the swap is exact. A GPT block runs fully eager; in HF Llama the decoder layer stays
-traced (it takes several inputs) and its linears, norms and MLP are swapped. Parameters the swap
-does not reach are copied from the freshly built model by path.
+traced (it takes several inputs) and its linears, norms and MLP are swapped. Parameters and
+buffers the swap does not reach become the model's own tensors, found by path.
 """
 
 from __future__ import annotations

@@ -78,3 +78,13 @@ def losses_of(run_dir: Path) -> list[float]:
     if not path.exists():
         return []
     return [json.loads(line)["loss"] for line in path.read_text().splitlines()]
+
+
+def selected(request, name: str, kind: type) -> set[str]:
+    """The ids of the ``kind`` parameters (named ``name``) of the tests this session runs, so
+    that a session fixture launches only the plans ``-k`` selects."""
+    return {
+        item.callspec.params[name].id
+        for item in request.session.items
+        if getattr(item, "callspec", None) and isinstance(item.callspec.params.get(name), kind)
+    }

@@ -32,7 +32,7 @@ from oracle import (
     references_for,
     unmoved_parameters,
 )
-from runs import forced_plan, launch, losses_of
+from runs import forced_plan, launch, losses_of, selected
 
 pytestmark = pytest.mark.distributed
 
@@ -245,11 +245,7 @@ class OracleRuns:
 def runs(request, tmp_path_factory) -> OracleRuns:
     """The selected cases planned, then one torchrun launch per world size, each plan
     checkpointed after its last step; and the one-process reference of each."""
-    chosen = {
-        item.callspec.params["case"].id
-        for item in request.session.items
-        if getattr(item, "callspec", None) and isinstance(item.callspec.params.get("case"), Case)
-    }
+    chosen = selected(request, "case", Case)
     base = tmp_path_factory.mktemp("oracle")
     by_world: dict[int, list[tuple[str, Path, Path]]] = {}
     for case in CASES:

@@ -228,7 +228,7 @@ def _cut(m: nn.Module, style: str, t: int) -> None:
         return
     if not isinstance(w, torch.Tensor) or w.dim() != 2:
         return
-    out_dim = 1 if style.endswith(IN_OUT) or isinstance(m, nn.Embedding) else 0
+    out_dim = 1 if isinstance(m, nn.Embedding) else 0
     dim = out_dim if base == "colwise" else 1 - out_dim
     shape = list(w.shape)
     shape[dim] //= t

@@ -225,7 +225,7 @@ def strategies_for(op: str, attrs: dict, operands: Sequence[Operand], t: int) ->
         found += _linear(shape, operands, t)
     elif base in ("addmm", "mm") and _weight_in_out(base, operands):
         found += _linear_in_out(base, shape, operands, t)
-    elif base in TRANSPOSES and _weight_2d(operands):
+    elif _is_transposed_weight(base, operands):
         found += _transposed_weight(operands, t)
     elif base == "embedding" and operands and operands[0].kind == "param" and nodes:
         found += _embedding(shape, operands, t)
@@ -296,10 +296,10 @@ def _linear_in_out(base: str, shape: tuple, ops: Sequence[Operand], t: int) -> l
     return out
 
 
-def _weight_2d(ops: Sequence[Operand]) -> bool:
-    return (
-        bool(ops) and ops[0].kind == "param" and ops[0].shape is not None and len(ops[0].shape) == 2
-    )
+def _is_transposed_weight(base: str, ops: Sequence[Operand]) -> bool:
+    """W.T (or W.transpose) of a 2-D parameter."""
+    w = ops[0] if ops else None
+    return base in TRANSPOSES and w is not None and w.kind == "param" and len(w.shape or ()) == 2
 
 
 def _transposed_weight(ops: Sequence[Operand], t: int) -> list[Strategy]:
@@ -616,7 +616,7 @@ def build_problem(
                 nbytes=_nbytes(d["shapes"][0], d["dtypes"][0]),
                 grad=bool(d.get("requires_grad", False)),
                 saved=tuple((p, int(b)) for p, b in d["saved"]),
-                pinned=_base(d["op"]) in TRANSPOSES and _weight_2d(operands),
+                pinned=_is_transposed_weight(_base(d["op"]), operands),
             )
         )
     index = {op.name: i for i, op in enumerate(ops)}

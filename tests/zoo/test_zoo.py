@@ -36,7 +36,7 @@ from oracle import (  # noqa: E402
     references_for,
     unmoved_parameters,
 )
-from runs import ROOT, forced_plan, launch, losses_of  # noqa: E402
+from runs import ROOT, forced_plan, launch, losses_of, selected  # noqa: E402
 
 from planner.api import plan, trace  # noqa: E402
 from planner.errors import UserInputError  # noqa: E402
@@ -92,11 +92,7 @@ class ZooRuns:
 
 @pytest.fixture(scope="session")
 def zoo_runs(request, tmp_path_factory) -> ZooRuns:
-    chosen = {
-        item.callspec.params["cell"].id
-        for item in request.session.items
-        if getattr(item, "callspec", None) and isinstance(item.callspec.params.get("cell"), Cell)
-    }
+    chosen = selected(request, "cell", Cell)
     base = tmp_path_factory.mktemp("zoo")
     by_world: dict[int, list[tuple[str, Path, Path]]] = {}
     plan_errors: dict[str, str] = {}
