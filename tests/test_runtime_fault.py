@@ -87,6 +87,7 @@ def assert_same(a, b, where: str = "") -> None:
         assert a == b, where
 
 
+@pytest.mark.long  # two torchrun launches and a restart: with the long matrix in CI
 def test_sigkill_of_one_rank_restarts_and_ends_identical(tmp_path):
     # paced_gpt makes each step's batch in 0.4 s, so that the kill lands mid-run
     plan = forced_plan(

@@ -186,6 +186,7 @@ CHECKPOINT_CASES = [
 
 
 @pytest.mark.distributed
+@pytest.mark.long  # four launches (ZeRO 3, PP, ZeRO 1, TP): with the long matrix in CI
 def test_resume_from_checkpoint_continues_the_same_run(tmp_path):
     """Steps 1-3 with a checkpoint at 3, then a new launch resumes and trains steps 4-5: the
     losses equal the uninterrupted one-process run's, step for step."""

@@ -17,7 +17,6 @@ suite within CI's budget; only the cases ``pytest -k`` selects are launched.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -47,10 +46,8 @@ SGD_LR_DEFAULT = 0.5
 ADAMW_LR = 3e-3
 
 # (id, world, pins, models): every model runs every configuration with and without recompute
-# (full or selective, alternating over configurations). MESHPLAN_RUNTIME_QUICK=1 runs only the
-# models listed (the MLP where its structure adds something; the 8-rank 3-D mesh, the slowest
-# launch on two cores, with our GPT: every rank of a Llama plan imports transformers) and the
-# recompute twin for one of them: a third less time, for local iteration.
+# (full or selective, alternating over configurations); the default suite runs one of the
+# models listed per configuration (see CORE_EXTRA).
 ALL = MODELS
 NO_MLP = ("gpt", "llama")
 THREE_D = dict(tp=2, dp=2, pp=2, zero=0, schedule="1f1b", micro_batch_size=2)
@@ -200,38 +197,64 @@ class Case:
     world: int
     pins: dict = field(hash=False)
     optimizer: str = "sgd"
+    core: bool = False  # in the default suite; the rest is marked ``long``
 
     @property
     def lr(self) -> float:
         return SGD_LR.get(self.model, SGD_LR_DEFAULT) if self.optimizer == "sgd" else ADAMW_LR
 
 
-def _cases(full: bool) -> list[Case]:
+# The default suite runs the core of the matrix: each configuration with one of its models
+# (rotating) under SGD, every fourth configuration's AdamW + recompute twin, and the extra
+# cases named here (one per structure: offload, EP with ZeRO and with PP, a transformers MoE,
+# CP alone and with TP, tied weights under PP, TP and DPxTP). The rest is marked ``long``:
+# `.ci/run` and the README run it after the default suite (``-m "long or zoo"``).
+CORE_EXTRA = (
+    "gpt-zero3-offload-dp4",
+    "moe-ep2xdp2-zero3",
+    "moe-pp2xep2",
+    "mixtral-ep2",
+    "llama-cp2",
+    "llama-cp2xtp2",
+    "gpt2-tied-pp2-1f1b",
+    "opt-tied-tp2",
+    "opt-tied-dp2xtp2-zero3",
+)
+
+
+def _cases() -> list[Case]:
     """Every configuration for every model, with SGD and no recompute and with AdamW and
-    recompute (``full``); otherwise each configuration's listed models with SGD, and one of
-    them (rotating) with AdamW and recompute."""
+    recompute, and the extra cases (SGD and AdamW alternating)."""
     cases = []
     for i, (cid, world, pins, models) in enumerate(CONFIGS + MOE_CONFIGS):
-        if full and i < len(CONFIGS):  # the 8-rank mesh: the MLP adds nothing but minutes
+        listed = models
+        if i < len(CONFIGS):  # the 8-rank mesh: the MLP adds nothing but minutes
             models = NO_MLP if world == 8 else MODELS
-        for j, model in enumerate(models):
-            cases.append(Case(f"{model}-{cid}", model, world, {**pins, "recompute": "none"}))
+        for model in models:
+            core = model == listed[i % len(listed)]
+            cases.append(Case(f"{model}-{cid}", model, world, {**pins, "recompute": "none"},
+                              core=core))  # fmt: skip
             # Selective recompute only differs from none where attention materialises its
             # scores (our GPT); the planner pins Llama (SDPA) and the MLP to "none" for it.
             rc = "selective" if i % 2 == 1 and model == "gpt" else "full"
-            # (the MLP's AdamW twin only where the rotation picks it: it adds minutes to CI
-            # and no structure the other twins lack)
-            if (full and model != "mlp") or j == i % len(models):
-                cases.append(
-                    Case(f"{model}-{cid}-{rc}", model, world, {**pins, "recompute": rc}, "adamw")
-                )
+            # (the MLP's AdamW twin only where the rotation picks it: it adds minutes and no
+            # structure the other twins lack)
+            if model != "mlp" or core:
+                twin = {**pins, "recompute": rc}
+                core_twin = core and i % 4 == 0
+                cases.append(Case(f"{model}-{cid}-{rc}", model, world, twin, "adamw", core_twin))
     for k, (cid, model, world, pins) in enumerate(EXTRA):
         opt = "sgd" if k % 2 == 0 else "adamw"
-        cases.append(Case(f"{model}-{cid}", model, world, {"recompute": "none", **pins}, opt))
+        case_id = f"{model}-{cid}"
+        pins = {"recompute": "none", **pins}
+        cases.append(Case(case_id, model, world, pins, opt, case_id in CORE_EXTRA))
     return cases
 
 
-CASES = _cases(os.environ.get("MESHPLAN_RUNTIME_QUICK") != "1")
+CASES = _cases()
+PARAMS = [
+    pytest.param(c, id=c.id, marks=() if c.core else pytest.mark.long) for c in CASES
+]  # fmt: skip
 
 
 @dataclass
@@ -270,7 +293,7 @@ def runs(request, tmp_path_factory) -> OracleRuns:
     return OracleRuns(base, logs, refs)
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+@pytest.mark.parametrize("case", PARAMS)
 def test_plan_trains_like_one_process(runs, case):
     cid, pins, world = case.id, case.pins, case.world
     run_dir = runs.base / cid
