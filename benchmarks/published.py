@@ -92,6 +92,9 @@ class Setup:
     fp8: bool  # linears in fp8 (attention stays in 16 bits)
     tp_overlap: bool  # TP collectives overlapped with the GEMMs (async TP, --tp-comm-overlap)
     recompute: str  # none | selective | full
+    selective_policy: str  # what selective recompute keeps (cost.model.Training)
+    vocab_parallel_loss: bool  # logits stay sharded over TP ranks for the loss
+    fp32_grad_accumulation: bool  # DeepSpeed BF16_Optimizer's whole fp32 gradient buffer
     profile: str
     inter_node_bytes_per_s: float | None  # per GPU, from the row's interconnect text
     measured_step_s: float
@@ -165,7 +168,12 @@ def parse_dtype(text: str) -> tuple[str, bool]:
     raise Skip(f"precision {text!r} not understood")
 
 
-def parse_recompute(text: str, assumed: list[str]) -> str:
+def parse_recompute(text: str, assumed: list[str], source: str = "") -> str:
+    """The recompute mode. Unstated: none (Megatron-LM's and NeMo's default), but full for
+    BigScience's BLOOM runs: Megatron-DeepSpeed's throughput log, which these rows quote,
+    says "for 200B model, activation check-pointing will always be on" (megatron/training.py,
+    training_log) and the tr11 launch script passes --checkpoint-activations
+    (bigscience train/tr11-176B-ml/tr11-176B-ml.slurm)."""
     t = str(text).lower()
     if t.startswith("none"):
         return "none"
@@ -174,9 +182,36 @@ def parse_recompute(text: str, assumed: list[str]) -> str:
     if t.startswith("selective"):
         return "selective"
     if not _stated(text):
+        if "bloom" in source.lower():
+            assumed.append("full recompute: BLOOM's Megatron-DeepSpeed runs")
+            return "full"
         assumed.append("no recompute: framework default")
         return "none"
     raise Skip(f"recompute {text!r} not understood")
+
+
+def parse_framework_memory(row: dict, tp: int, dtype: str, assumed: list[str]):
+    """(selective policy, vocab-parallel loss, fp32 gradient accumulation): what the row's
+    framework keeps in memory where meshplan's runtime keeps something else.
+
+    - torchtitan's "selective" is its per-op policy (``selective_ac_option = "op"``, the
+      default of its train configs): ``cost.model.selective_kept``'s "torchtitan-op".
+    - Megatron's vocab-parallel cross-entropy (Megatron-LM, NeMo, Megatron-DeepSpeed) and
+      torchtitan's loss_parallel (on unless disabled) keep the logits sharded over TP.
+    - BLOOM's bf16 runs use DeepSpeed's BF16_Optimizer ("bf16 must use z0! it implements its
+      own zero stage 1 equivalent", tr11-176B-ml.slurm; the rows' "fp32 grad accumulation"),
+      which accumulates every gradient into a whole fp32 buffer."""
+    source = str(row.get("source", "")).lower()
+    titan = "torchtitan" in source
+    policy = "torchtitan-op" if titan else "core"
+    megatron = any(k in source for k in ("megatron", "nemo", "bloom"))
+    vocab_parallel = tp > 1 and (titan or megatron)
+    if vocab_parallel:
+        assumed.append("vocab-parallel loss (framework default)")
+    bf16_opt = "bloom" in source and dtype == "bf16"
+    if bf16_opt:
+        assumed.append("DeepSpeed BF16_Optimizer: fp32 gradient accumulation")
+    return policy, vocab_parallel, bf16_opt
 
 
 def parse_tp_overlap(row: dict, assumed: list[str]) -> bool:
@@ -290,7 +325,8 @@ def parse_row(row: dict) -> Setup:
         sp = True
         assumed.append("sequence parallel with TP (framework default)")
     dtype, fp8 = parse_dtype(row.get("dtype", "not stated"))
-    recompute = parse_recompute(row.get("recompute", "not stated"), assumed)
+    recompute = parse_recompute(row.get("recompute", "not stated"), assumed, row.get("source", ""))
+    policy, vocab_parallel, bf16_opt = parse_framework_memory(row, tp, dtype, assumed)
     tp_overlap = tp > 1 and parse_tp_overlap(row, assumed)
     profile, hardware = parse_profile(str(row.get("gpu", "")))
     if _stated(row.get("gpus_per_node")):
@@ -334,6 +370,9 @@ def parse_row(row: dict) -> Setup:
         dtype=dtype,
         fp8=fp8,
         recompute=recompute,
+        selective_policy=policy,
+        vocab_parallel_loss=vocab_parallel,
+        fp32_grad_accumulation=bf16_opt,
         tp_overlap=tp_overlap,
         profile=profile,
         inter_node_bytes_per_s=parse_fabric(row.get("interconnect", ""), gpn),
@@ -435,7 +474,16 @@ def price(s: Setup, **overrides: float):
     traced = _traced(str(path), json.dumps(args, sort_keys=True), s.dtype)
     blocks = full_blocks(traced.blocks, s.layers)
     cluster = cluster_for(s, **overrides)
-    training = Training(s.gbs, s.dtype, "adamw", fp8_linears=s.fp8, tp_overlap=s.tp_overlap)
+    training = Training(
+        s.gbs,
+        s.dtype,
+        "adamw",
+        fp8_linears=s.fp8,
+        tp_overlap=s.tp_overlap,
+        vocab_parallel_loss=s.vocab_parallel_loss,
+        fp32_grad_accumulation=s.fp32_grad_accumulation,
+        selective_policy=s.selective_policy,
+    )
     variant = "sequence" if s.sp else "no-sequence"
     pins = Pins(tp=s.tp, recompute=s.recompute, offload="none", tp_variant=variant)
     variants_of = variants_for(traced.graph, cluster, variant, _VARIANTS)

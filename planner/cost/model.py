@@ -18,6 +18,7 @@ What overlaps with what (stated once, used everywhere):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -40,6 +41,7 @@ STATE_BYTES = {
 # decay, two moment updates, square root, bias-corrected denominator and update; SGD's momentum
 # update and parameter update (plus the in-place decay both apply).
 OPTIMIZER_OPS = {"adamw": 8, "sgd": 3}
+FP32_BYTES = 4
 LOSS_OPS = 4  # upcast, log-softmax, gather, mean
 
 
@@ -59,6 +61,20 @@ class Training:
     # TP collectives overlapped with the GEMMs next to them (``tp_exposed``); off by default:
     # the runtime's DTensor TP runs them between the products.
     tp_overlap: bool = False
+    # The loss over logits left sharded over the TP ranks' vocabulary (Megatron's
+    # vocab-parallel cross-entropy, torchtitan's loss_parallel): each rank holds 1/tp of the
+    # logits (``loss_shards``). Off by default: meshplan's runtime gathers the head's output
+    # (``colwise_gather``) and every TP rank computes the loss over all of it.
+    vocab_parallel_loss: bool = False
+    # DeepSpeed's BF16_Optimizer (BLOOM's bf16 runs): besides the 16-bit gradients backward
+    # writes, every gradient is accumulated into an fp32 buffer of the rank's whole (not
+    # ZeRO-sharded) parameters (``state_memory``). Off for torch's optimizers (the runtime's).
+    fp32_grad_accumulation: bool = False
+    # What selective recompute keeps (``selective_kept``): "core" drops the attention core
+    # between two activation products (Korthikanti et al.'s selective recompute, the planner's
+    # option); "torchtitan-op" keeps the block's input and the outputs of its attention kernels
+    # and of every other weight product (torchtitan's op-level SAC), recomputing the rest.
+    selective_policy: str = "core"
 
     @property
     def mixed(self) -> bool:
@@ -405,6 +421,12 @@ def block_options(
         buffer = dispatch_bytes(moe, scale, training) if ep > 1 else 0.0
         one = collective_time("all_to_all", buffer, cluster, ep_ranks or [0])
         a2a_f = a2a_b = 2 * one
+    policy = selective_kept(graph, block, training)
+    if policy is not None:
+        kept_bytes, recomputed = policy
+        re_fwd, _, _ = node_times(
+            graph, block, scale, cluster, training.dtype, recomputed, training.fp8_linears
+        )
     options: list[BlockOption] = []
     for v in variants:
         cf = v.compute_fraction
@@ -418,21 +440,23 @@ def block_options(
             comm_f, comm_b = tp_exposed(comm_f, comm_b, fwd_full * cf, bwd_full * cf, cluster)
         # Experts are not split by TP (a grouped product has no sharding rule), but by EP.
         params = block.params * v.param_fraction - expert_total * (1 - 1 / ep)
+        sel_bytes, sel_fwd = v.saved_selective_bytes, core_fwd * cf
+        if policy is not None:
+            # The traced block's kept share, applied to the variant's saved bytes (exact
+            # without TP; with TP it assumes the kept tensors shard as the saved ones do).
+            share = kept_bytes / block.saved_bytes if block.saved_bytes else 0.0
+            sel_bytes, sel_fwd = v.saved_bytes * min(share, 1.0), re_fwd * cf
         for rc in RECOMPUTE:
-            if rc == "selective" and v.saved_selective_bytes >= v.saved_bytes:
+            if rc == "selective" and sel_bytes >= v.saved_bytes:
                 continue  # nothing to drop: identical to "none"
             if rc == "full" and v.input_bytes >= v.saved_bytes:
                 continue
-            extra = {"none": 0.0, "selective": core_fwd * cf + ovh_sel, "full": fwd + comm_f}[rc]
+            extra = {"none": 0.0, "selective": sel_fwd + ovh_sel, "full": fwd + comm_f}[rc]
             ep_comm = a2a_f + a2a_b + (a2a_f if rc == "full" else 0.0)
-            act = {
-                "none": v.saved_bytes,
-                "selective": v.saved_selective_bytes,
-                "full": v.input_bytes,
-            }[rc]
+            act = {"none": v.saved_bytes, "selective": sel_bytes, "full": v.input_bytes}[rc]
             recompute_peak = {
                 "none": 0.0,
-                "selective": v.saved_bytes - v.saved_selective_bytes,
+                "selective": v.saved_bytes - sel_bytes,
                 "full": v.saved_bytes,
             }[rc]
             for off in OFFLOAD if (offload_allowed and block.params > 0) else ("none",):
@@ -456,6 +480,45 @@ def block_options(
                     )
                 )
     return options
+
+
+def selective_kept(graph, block: Block, training: Training) -> tuple[float, list[str]] | None:
+    """(bytes kept for backward per traced micro-batch, ops recomputed) under
+    ``Training.selective_policy``, or None for the planner's own "core" policy (the traced
+    ``saved_selective_bytes`` and the core's forward).
+
+    "torchtitan-op" is torchtitan's per-op selective activation checkpointing
+    (torchtitan/models/llama3/parallelize_llama.py, ``_apply_ac_to_transformer_block`` at
+    commit b5bcd76, the version of its published benchmarks): a torch selective-checkpoint
+    policy that must-saves the outputs of the ops in its save list (``aten.mm``, the flash and
+    memory-efficient attention kernels, reduce-scatter, ``aten.max``) except every second
+    ``aten.mm`` of the block, and recomputes everything else; the checkpoint keeps the block's
+    input to re-run it. A flash attention kernel's outputs are its result and its fp32
+    log-sum-exp per head and query. FP8 linears call ``aten._scaled_mm``, which the list does
+    not name, so with them no product is saved."""
+    from planner.trace.opcost import ATTENTION_OPS, MATMUL_OPS
+
+    if training.selective_policy == "core":
+        return None
+    if training.selective_policy != "torchtitan-op":
+        raise ValueError(f"unknown selective recompute policy {training.selective_policy!r}")
+    kept = float(block.input_bytes)
+    recomputed: list[str] = []
+    products = 0
+    for n in block.nodes:
+        d = graph.nodes[n]
+        if d["op"] in ATTENTION_OPS:
+            shape = d["shapes"][0] or []
+            lse = math.prod(shape[:-1]) * FP32_BYTES if len(shape) >= 2 else 0
+            kept += d["out_bytes"] + lse
+            continue
+        if d["op"] in MATMUL_OPS and d.get("params") and not training.fp8_linears:
+            products += 1
+            if products % 2 == 1:
+                kept += d["out_bytes"]
+                continue
+        recomputed.append(n)
+    return kept, recomputed
 
 
 def tp_exposed(
@@ -582,6 +645,8 @@ def state_memory(
     z = params if sharded is None else sharded
     w = z * wb / dp if zero >= 3 else params * wb
     g = z * gb / dp if zero >= 2 else params * gb
+    if training.fp32_grad_accumulation:
+        g += params * FP32_BYTES  # BF16_Optimizer's whole fp32 gradient buffer
     o = z * ob / dp if zero >= 1 else params * ob
     host = 0.0
     if offload in (Offload.OPTIMIZER, Offload.PARAMS):
@@ -646,10 +711,15 @@ class CostInputs:
 
     @property
     def loss_bytes(self) -> float:
-        """The loss's fp32 logits and their gradient on the last stage, per traced sample-set."""
+        """The loss's peak memory on the last stage, per traced sample-set, unsharded: three
+        fp32 copies of the logits. Cross-entropy over the upcast logits saves log-softmax's
+        output for backward; backward then holds that output, the dense gradient
+        nll_loss's backward hands it, and the gradient log-softmax's backward writes, all at
+        once (torch's tools/autograd/derivatives.yaml: ``_log_softmax`` backward is
+        ``_log_softmax_backward_data(grad, result, ...)``, a new tensor)."""
         last = self.blocks[-1]
         dtype_bytes = 2 if self.training.mixed else 4
-        return 2 * 4 * last.output_bytes / dtype_bytes
+        return 3 * 4 * last.output_bytes / dtype_bytes
 
 
 def sample_share(config: Config) -> float:
@@ -681,8 +751,8 @@ def stage_time_parts(
 def loss_time(inp: CostInputs, config: Config) -> float:
     """The loss on the last stage, per micro-batch: cross-entropy over fp32 logits is
     memory-bound, log-softmax and its gradient reading and writing the logits about three times
-    each way (``loss_bytes`` already counts logits and their gradient)."""
-    nbytes = 1.5 * inp.loss_bytes * sample_share(config) / inp.traced_mbs
+    each way (``loss_bytes`` is three fp32 copies of the logits)."""
+    nbytes = inp.loss_bytes * sample_share(config) / inp.traced_mbs
     p = inp.cluster.profile
     ops = LOSS_OPS * (p.op_overhead + p.backward_op_overhead)
     return 2 * nbytes / (p.memory_bandwidth * p.elementwise_efficiency) + ops
@@ -966,8 +1036,14 @@ def other_memory(
         (gathered_weight_bytes(o, config.zero_stage, inp.training) for o in opts), default=0
     )
     if last:
-        total += inp.loss_bytes * scale
+        total += inp.loss_bytes * scale / loss_shards(inp.training, config)
     return total + tied_memory(inp, config, last)
+
+
+def loss_shards(training: Training, config: Config) -> int:
+    """How many ranks the loss's logits are split over: the TP degree under a vocab-parallel
+    loss (``Training.vocab_parallel_loss``), else one (every rank holds them all)."""
+    return config.mesh.tp if training.vocab_parallel_loss else 1
 
 
 def evaluate(inp: CostInputs, config: Config) -> StepCost:
