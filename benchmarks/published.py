@@ -95,6 +95,9 @@ class Setup:
     selective_policy: str  # what selective recompute keeps (cost.model.Training)
     vocab_parallel_loss: bool  # logits stay sharded over TP ranks for the loss
     fp32_grad_accumulation: bool  # DeepSpeed BF16_Optimizer's whole fp32 gradient buffer
+    native_attention: bool  # the chip's own fused attention kernel (Transformer Engine)
+    pipeline_sends_shards: bool  # Megatron sends each TP rank's sequence shard between stages
+    p2p_overlap: bool  # Megatron's interleaved schedule overlaps its sends with compute
     profile: str
     inter_node_bytes_per_s: float | None  # per GPU, from the row's interconnect text
     measured_step_s: float
@@ -229,6 +232,26 @@ def parse_tp_overlap(row: dict, assumed: list[str]) -> bool:
     return False
 
 
+def is_megatron_core(row: dict) -> bool:
+    """NVIDIA's Megatron-Core stacks (NeMo, Megatron-Bridge, Megatron-LM): their pipeline
+    sends sequence shards under sequence parallelism (get_tensor_shapes) and their interleaved
+    schedule overlaps its sends with compute (overlap_p2p_comm, on unless
+    --no-overlap-p2p-communication); BLOOM's 2022 Megatron-DeepSpeed predates both."""
+    source = str(row.get("source", "")).lower()
+    return any(k in source for k in ("nemo", "megatron-bridge", "megatron-lm", "megatron-core"))
+
+
+def parse_native_attention(row: dict, profile: str, assumed: list[str]) -> bool:
+    """Whether attention runs the chip's own fused kernel: NVIDIA's recipes (NeMo,
+    Megatron-Bridge, Megatron-LM) build their layers from Transformer Engine, whose attention
+    on Hopper is cuDNN's fused kernel (Megatron-Core's --attention-backend auto); torchtitan and
+    llm-foundry call FlashAttention-2-class kernels (torch SDPA, flash-attn)."""
+    if is_megatron_core(row) and profile in ("h100-sxm", "h100-hbm2e", "h200"):
+        assumed.append("Transformer Engine attention (NVIDIA recipe default)")
+        return True
+    return False
+
+
 def parse_profile(gpu: str) -> tuple[str, str]:
     """(profile name, hardware kind) for a row's GPU text."""
     g = gpu.upper()
@@ -329,6 +352,7 @@ def parse_row(row: dict) -> Setup:
     policy, vocab_parallel, bf16_opt = parse_framework_memory(row, tp, dtype, assumed)
     tp_overlap = tp > 1 and parse_tp_overlap(row, assumed)
     profile, hardware = parse_profile(str(row.get("gpu", "")))
+    megatron_core = is_megatron_core(row)
     if _stated(row.get("gpus_per_node")):
         gpn = _int(row, "gpus_per_node")
     else:
@@ -373,6 +397,9 @@ def parse_row(row: dict) -> Setup:
         selective_policy=policy,
         vocab_parallel_loss=vocab_parallel,
         fp32_grad_accumulation=bf16_opt,
+        native_attention=parse_native_attention(row, profile, assumed),
+        pipeline_sends_shards=megatron_core and pp > 1 and sp,
+        p2p_overlap=megatron_core and vpp > 1,
         tp_overlap=tp_overlap,
         profile=profile,
         inter_node_bytes_per_s=parse_fabric(row.get("interconnect", ""), gpn),
@@ -458,7 +485,7 @@ def cluster_for(s: Setup, **overrides: float):
     if s.inter_node_bytes_per_s is not None:
         prof = replace(prof, inter_node_bandwidth=s.inter_node_bytes_per_s)
     if overrides:
-        prof = replace(prof, **overrides)
+        prof = replace(prof, **tied_overrides(prof, overrides))
     return Cluster(prof, max(1, s.gpus // s.gpus_per_node), s.gpus_per_node)
 
 
@@ -483,6 +510,9 @@ def price(s: Setup, **overrides: float):
         vocab_parallel_loss=s.vocab_parallel_loss,
         fp32_grad_accumulation=s.fp32_grad_accumulation,
         selective_policy=s.selective_policy,
+        native_attention=s.native_attention,
+        pipeline_sends_shards=s.pipeline_sends_shards,
+        p2p_overlap=s.p2p_overlap,
     )
     variant = "sequence" if s.sp else "no-sequence"
     pins = Pins(tp=s.tp, recompute=s.recompute, offload="none", tp_variant=variant)
@@ -560,6 +590,26 @@ def record(s: Setup, cost) -> dict[str, Any]:
 # (``attention_efficiency``); the best-shape microbenchmarks (MAMF, FlashAttention's own
 # benchmarks) are ceilings that real steps do not reach. Profiles of one chip share them.
 FITTED = ("matmul_efficiency", "attention_efficiency")
+# Other kernels of the same op class reach the same share of their own best-shape ceiling, so
+# they follow the fitted factor in a fixed ratio (the shipped profile's: FP8 GEMMs at
+# MAMF-fp8 / MAMF-bf16 of the bf16 GEMMs' share; the chip's own attention kernel at the
+# FlashAttention-3 / FlashAttention-2 ceiling ratio); they are not fitted themselves.
+TIED = {
+    "matmul_efficiency": "fp8_matmul_efficiency",
+    "attention_efficiency": "native_attention_efficiency",
+}
+
+
+def tied_overrides(prof, overrides: dict[str, float]) -> dict[str, float]:
+    """``overrides`` with each tied field moved in proportion to the fitted one it follows."""
+    out = dict(overrides)
+    for fitted, tied in TIED.items():
+        base = getattr(prof, fitted)
+        if fitted in out and tied not in out and base > 0 and getattr(prof, tied) > 0:
+            out[tied] = min(1.0, getattr(prof, tied) * out[fitted] / base)
+    return out
+
+
 CHIPS = {
     "a100-40g": "A100",
     "a100-80g": "A100",

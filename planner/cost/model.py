@@ -75,6 +75,18 @@ class Training:
     # option); "torchtitan-op" keeps the block's input and the outputs of its attention kernels
     # and of every other weight product (torchtitan's op-level SAC), recomputing the rest.
     selective_policy: str = "core"
+    # Attention runs the chip's own fused kernel (Transformer Engine's cuDNN attention on
+    # Hopper, as NVIDIA's Megatron recipes do) at the profile's native_attention_efficiency;
+    # off: the FlashAttention-2-class kernel torch's SDPA runs (attention_efficiency).
+    native_attention: bool = False
+    # Pipeline sends of a sequence-parallel model carry each TP rank's sequence shard, 1/tp of
+    # the activation (Megatron-Core's get_tensor_shapes: seq_length // tp under
+    # sequence_parallel); off: the whole activation (what the planner assumes of its runtime).
+    pipeline_sends_shards: bool = False
+    # Pipeline sends and receives overlap the neighbouring chunks' compute (Megatron's
+    # overlap_p2p_comm, on by default for its interleaved schedule: megatron/training/
+    # arguments.py, --no-overlap-p2p-communication); off: they sit between the chunks.
+    p2p_overlap: bool = False
 
     @property
     def mixed(self) -> bool:
@@ -214,7 +226,7 @@ def compute_time(
 FLASH_BACKWARD = 2.5 / 2.0
 
 
-def op_rate(node: dict, cluster: Cluster, dtype: str, fp8: bool = False):
+def op_rate(node: dict, cluster: Cluster, dtype: str, fp8: bool = False, native: bool = False):
     """(achievable FLOP/s, forward FLOP factor, backward FLOP factor) of one op's products.
 
     - A fused attention kernel (scaled_dot_product_attention) runs at the profile's
@@ -222,6 +234,8 @@ def op_rate(node: dict, cluster: Cluster, dtype: str, fp8: bool = False):
       it, on the work it does: a causal kernel skips the masked half of the score tiles, and
       backward recomputes the scores (``FLASH_BACKWARD``). A profile without the figure prices
       attention as any product of the dtype (the CPU's, whose kernels are measured as such).
+      ``native``: the chip's own fused attention kernel (``Training.native_attention``) at the
+      profile's ``native_attention_efficiency`` where it gives one.
     - With FP8 linears, a product with a weight runs at the profile's FP8 rate.
     - Every other product at the dtype's peak times ``matmul_efficiency``."""
     from planner.trace.opcost import ATTENTION_OPS
@@ -229,7 +243,10 @@ def op_rate(node: dict, cluster: Cluster, dtype: str, fp8: bool = False):
     p = cluster.profile
     if node["op"] in ATTENTION_OPS and p.attention_efficiency > 0:
         work = 0.5 if _causal(node) else 1.0
-        return p.peak_flops[dtype] * p.attention_efficiency, work, work * FLASH_BACKWARD
+        eff = p.attention_efficiency
+        if native and p.native_attention_efficiency > 0:
+            eff = p.native_attention_efficiency
+        return p.peak_flops[dtype] * eff, work, work * FLASH_BACKWARD
     if fp8 and node.get("params") and p.peak_flops.get("fp8", 0.0) > 0:
         return p.peak_flops["fp8"] * p.fp8_matmul_efficiency, 1.0, 1.0
     return p.peak_flops[dtype] * p.matmul_efficiency, 1.0, 1.0
@@ -288,14 +305,22 @@ def _roofline_parts(
 
 
 def block_node_times(
-    graph, block: Block, scale: float, cluster: Cluster, dtype: str, nodes=None, fp8=False
+    graph,
+    block: Block,
+    scale: float,
+    cluster: Cluster,
+    dtype: str,
+    nodes=None,
+    fp8=False,
+    native=False,
 ) -> NodeTimes:
     """Per-op roofline of a block's ops (or of ``nodes``), for ``scale`` traced micro-batches.
 
     An op's traced bytes include the weights it reads; those do not grow with the micro-batch
     (only activations do), so they are kept out of the scaling. Backward reads the weights and
     writes their gradients: twice the weight bytes, also fixed. Each op's products run at
-    its class's rate (``op_rate``: GEMMs, fused attention, FP8 linears when ``fp8``)."""
+    its class's rate (``op_rate``: GEMMs, fused attention, the chip's own attention kernel when
+    ``native``, FP8 linears when ``fp8``)."""
     from planner.trace.blocks import cached_core_nodes
 
     core = cached_core_nodes(graph)
@@ -307,7 +332,7 @@ def block_node_times(
         weights = min(sum(pbytes.get(p, 0) for p in d.get("params", ())), d["fwd_bytes"])
         act_f = d["fwd_bytes"] - weights
         slow_f, slow_b = inner_dim_slowdowns(d.get("mm_inner"), scale, half)
-        rate, work_f, work_b = op_rate(d, cluster, dtype, fp8)
+        rate, work_f, work_b = op_rate(d, cluster, dtype, fp8, native)
         fc, fm = _roofline_parts(
             d["fwd_flops"] * work_f * scale, act_f * scale + weights, cluster, dtype, slow_f, rate
         )
@@ -326,10 +351,17 @@ def block_node_times(
 
 
 def node_times(
-    graph, block: Block, scale: float, cluster: Cluster, dtype: str, nodes=None, fp8=False
+    graph,
+    block: Block,
+    scale: float,
+    cluster: Cluster,
+    dtype: str,
+    nodes=None,
+    fp8=False,
+    native=False,
 ):
     """(forward, backward, forward of the selective core): ``block_node_times`` summed."""
-    t = block_node_times(graph, block, scale, cluster, dtype, nodes, fp8)
+    t = block_node_times(graph, block, scale, cluster, dtype, nodes, fp8, native)
     return t.fwd, t.bwd, t.core_fwd
 
 
@@ -398,7 +430,10 @@ def block_options(
     traced_mbs = graph.graph["micro_batch_size"]
     cp = len(cp_ranks) if cp_ranks else 1
     scale = micro_batch_size / traced_mbs / cp
-    times = block_node_times(graph, block, scale, cluster, training.dtype, fp8=training.fp8_linears)
+    native = training.native_attention
+    times = block_node_times(
+        graph, block, scale, cluster, training.dtype, fp8=training.fp8_linears, native=native
+    )
     fwd_full, bwd_full, core_fwd = times.fwd_compute, times.bwd_compute, times.core_fwd
     ring_f, ring_b = ring_attention_times(graph, block, scale, cluster, training, cp_ranks)
     fwd_full += ring_f
@@ -413,7 +448,7 @@ def block_options(
         factor = training.moe_capacity_factor * (training.moe_imbalance if ep > 1 else 1.0)
         e_fwd, e_bwd, _ = node_times(
             graph, block, scale, cluster, training.dtype, expert_nodes(graph, block),
-            training.fp8_linears,
+            training.fp8_linears, native,
         )  # fmt: skip
         fwd_full += e_fwd * (factor - 1)
         bwd_full += e_bwd * (factor - 1)
@@ -425,7 +460,7 @@ def block_options(
     if policy is not None:
         kept_bytes, recomputed = policy
         re_fwd, _, _ = node_times(
-            graph, block, scale, cluster, training.dtype, recomputed, training.fp8_linears
+            graph, block, scale, cluster, training.dtype, recomputed, training.fp8_linears, native
         )
     options: list[BlockOption] = []
     for v in variants:
@@ -563,7 +598,9 @@ def ring_attention_times(
         kv = sum(graph.edges[r, n]["bytes"] for r in refs) * scale
         ring_f = (cp - 1) * p2p_time(kv, bw, lat)
         ring_b = (cp - 1) * p2p_time(2 * kv, bw, lat)
-        attn_f, attn_b, _ = node_times(graph, block, scale, cluster, training.dtype, [n])
+        attn_f, attn_b, _ = node_times(
+            graph, block, scale, cluster, training.dtype, [n], native=training.native_attention
+        )
         fwd += max(0.0, ring_f - hide * attn_f)
         bwd += max(0.0, ring_b - hide * attn_b)
         if _causal(d):
@@ -731,7 +768,11 @@ def sample_share(config: Config) -> float:
 def stage_time_parts(
     inp: CostInputs, opts: list[BlockOption], config: Config, s: int
 ) -> tuple[float, float, float]:
-    """(compute, TP communication, point-to-point) per micro-batch for virtual stage s."""
+    """(compute, TP communication, point-to-point) per micro-batch for virtual stage s.
+
+    Point-to-point: the activation to the next stage and its gradient back; overlapped with
+    compute (``Training.p2p_overlap``), only the part longer than the profile's
+    ``comm_overlap`` share of the stage's compute stays exposed."""
     mesh = config.mesh
     n_stages = config.num_stages
     compute = sum(o.time_s - o.tp_comm_s for o in opts)
@@ -742,9 +783,13 @@ def stage_time_parts(
     if n_stages > 1:
         r, p = s % mesh.pp, mesh.pp
         nbytes = inp.boundary_bytes * sample_share(config) / inp.traced_mbs
+        if inp.training.pipeline_sends_shards:
+            nbytes /= mesh.tp
         if s < n_stages - 1:  # activations to the next stage, gradients back from it
             bw, lat = inp.cluster.link([mesh.rank(r, 0, 0), mesh.rank((s + 1) % p, 0, 0)])
             p2p += 2 * p2p_time(nbytes, bw, lat)
+        if inp.training.p2p_overlap:
+            p2p = max(0.0, p2p - inp.cluster.profile.comm_overlap * compute)
     return compute, tp_comm, p2p
 
 
