@@ -96,6 +96,7 @@ class Setup:
     vocab_parallel_loss: bool  # logits stay sharded over TP ranks for the loss
     fp32_grad_accumulation: bool  # DeepSpeed BF16_Optimizer's whole fp32 gradient buffer
     native_attention: bool  # the chip's own fused attention kernel (Transformer Engine)
+    fused_elementwise: bool  # element-wise chains fused (Megatron-Core/TE, torch.compile)
     pipeline_sends_shards: bool  # Megatron sends each TP rank's sequence shard between stages
     p2p_overlap: bool  # Megatron's interleaved schedule overlaps its sends with compute
     profile: str
@@ -239,6 +240,20 @@ def is_megatron_core(row: dict) -> bool:
     --no-overlap-p2p-communication); BLOOM's 2022 Megatron-DeepSpeed predates both."""
     source = str(row.get("source", "")).lower()
     return any(k in source for k in ("nemo", "megatron-bridge", "megatron-lm", "megatron-core"))
+
+
+def parse_fusion(row: dict, megatron_core: bool, assumed: list[str]) -> bool:
+    """Whether element-wise chains run fused: stated (torch.compile in the row), or the
+    default of NVIDIA's Megatron-Core recipes (Transformer Engine's fused normalization and
+    linear, fused SwiGLU and rotary embedding: Megatron-Core's --bias-swiglu-fusion and
+    --apply-rope-fusion families)."""
+    text = " ".join(str(row.get(k, "")) for k in ("notes", "dtype", "source")).lower()
+    if "torch.compile" in text:
+        return True
+    if megatron_core:
+        assumed.append("fused element-wise kernels (Megatron-Core / Transformer Engine)")
+        return True
+    return False
 
 
 def parse_native_attention(row: dict, profile: str, assumed: list[str]) -> bool:
@@ -398,6 +413,7 @@ def parse_row(row: dict) -> Setup:
         vocab_parallel_loss=vocab_parallel,
         fp32_grad_accumulation=bf16_opt,
         native_attention=parse_native_attention(row, profile, assumed),
+        fused_elementwise=parse_fusion(row, megatron_core, assumed),
         pipeline_sends_shards=megatron_core and pp > 1 and sp,
         p2p_overlap=megatron_core and vpp > 1,
         tp_overlap=tp_overlap,
@@ -511,6 +527,7 @@ def price(s: Setup, **overrides: float):
         fp32_grad_accumulation=s.fp32_grad_accumulation,
         selective_policy=s.selective_policy,
         native_attention=s.native_attention,
+        fused_elementwise=s.fused_elementwise,
         pipeline_sends_shards=s.pipeline_sends_shards,
         p2p_overlap=s.p2p_overlap,
     )

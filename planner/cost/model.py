@@ -79,6 +79,10 @@ class Training:
     # Hopper, as NVIDIA's Megatron recipes do) at the profile's native_attention_efficiency;
     # off: the FlashAttention-2-class kernel torch's SDPA runs (attention_efficiency).
     native_attention: bool = False
+    # Element-wise chains between products run as one fused kernel each (Transformer Engine /
+    # Megatron-Core fusions, torch.compile): ``fusion_shares``. Off: eager torch, one kernel
+    # per op (meshplan's runtime).
+    fused_elementwise: bool = False
     # Pipeline sends of a sequence-parallel model carry each TP rank's sequence shard, 1/tp of
     # the activation (Megatron-Core's get_tensor_shapes: seq_length // tp under
     # sequence_parallel); off: the whole activation (what the planner assumes of its runtime).
@@ -313,6 +317,7 @@ def block_node_times(
     nodes=None,
     fp8=False,
     native=False,
+    fused=False,
 ) -> NodeTimes:
     """Per-op roofline of a block's ops (or of ``nodes``), for ``scale`` traced micro-batches.
 
@@ -320,24 +325,26 @@ def block_node_times(
     (only activations do), so they are kept out of the scaling. Backward reads the weights and
     writes their gradients: twice the weight bytes, also fixed. Each op's products run at
     its class's rate (``op_rate``: GEMMs, fused attention, the chip's own attention kernel when
-    ``native``, FP8 linears when ``fp8``)."""
+    ``native``, FP8 linears when ``fp8``). ``fused``: element-wise chains run as one kernel
+    each (``fusion_shares``)."""
     from planner.trace.blocks import cached_core_nodes
 
     core = cached_core_nodes(graph)
     pbytes = param_bytes_of(graph)
     half = cluster.profile.matmul_half_inner_dim
+    shares = fusion_shares(graph, block) if fused else {}
     out = NodeTimes()
     for n in block.nodes if nodes is None else nodes:
         d = graph.nodes[n]
         weights = min(sum(pbytes.get(p, 0) for p in d.get("params", ())), d["fwd_bytes"])
-        act_f = d["fwd_bytes"] - weights
+        act_f = (d["fwd_bytes"] - weights) * shares.get(n, 1.0)
         slow_f, slow_b = inner_dim_slowdowns(d.get("mm_inner"), scale, half)
         rate, work_f, work_b = op_rate(d, cluster, dtype, fp8, native)
         fc, fm = _roofline_parts(
             d["fwd_flops"] * work_f * scale, act_f * scale + weights, cluster, dtype, slow_f, rate
         )
         bw_w = min(2 * weights, d["bwd_bytes"])
-        act_b = d["bwd_bytes"] - bw_w
+        act_b = (d["bwd_bytes"] - bw_w) * shares.get(n, 1.0)
         bc, bm = _roofline_parts(
             d["bwd_flops"] * work_b * scale, act_b * scale + bw_w, cluster, dtype, slow_b, rate
         )
@@ -350,6 +357,52 @@ def block_node_times(
     return out
 
 
+def fusion_shares(graph, block: Block) -> dict[str, float]:
+    """Per element-wise op of ``block``, the share of its traced activation traffic left when
+    every chain of element-wise ops between two products runs as one kernel, as Transformer
+    Engine's and Megatron-Core's fused kernels (normalization with the next linear, SwiGLU,
+    rotary embedding, bias-dropout-add) and torch.compile's Inductor (which fuses point-wise
+    ops and reductions into generated kernels) run them.
+
+    A chain is a connected group of the block's ops that are neither products nor attention
+    kernels (views included: they move nothing). Fused, it reads each tensor entering it
+    from outside once and writes each tensor that leaves it (read outside it, or the block's
+    output) once; unfused, every op reads its inputs and writes its output. Each op of the
+    chain keeps the chain's ratio of the two; backward traffic shrinks in the same ratio."""
+    from planner.trace.opcost import ATTENTION_OPS, MATMUL_OPS
+
+    members = {
+        n for n in block.nodes if graph.nodes[n]["op"] not in MATMUL_OPS | ATTENTION_OPS | {"input"}
+    }
+    shares: dict[str, float] = {}
+    seen: set[str] = set()
+    for start in sorted(members, key=lambda n: graph.nodes[n]["order"]):
+        if start in seen:
+            continue
+        group, stack = {start}, [start]
+        while stack:
+            u = stack.pop()
+            for v in list(graph.predecessors(u)) + list(graph.successors(u)):
+                if v in members and v not in group:
+                    group.add(v)
+                    stack.append(v)
+        seen |= group
+        unfused = sum(graph.nodes[n]["fwd_bytes"] for n in group)
+        if unfused <= 0:
+            continue
+        reads = {u: graph.edges[u, v]["bytes"] for v in group for u in graph.predecessors(v)}
+        fused_bytes = sum(b for u, b in reads.items() if u not in group)
+        for u in group:
+            outside = [graph.edges[u, v]["bytes"] for v in graph.successors(u) if v not in group]
+            if outside:  # a view's edge carries the bytes of the tensor it shows
+                fused_bytes += max(outside)
+            elif not any(True for _ in graph.successors(u)):
+                fused_bytes += graph.nodes[u]["out_bytes"]
+        ratio = min(1.0, fused_bytes / unfused)
+        shares.update({n: ratio for n in group})
+    return shares
+
+
 def node_times(
     graph,
     block: Block,
@@ -359,9 +412,10 @@ def node_times(
     nodes=None,
     fp8=False,
     native=False,
+    fused=False,
 ):
     """(forward, backward, forward of the selective core): ``block_node_times`` summed."""
-    t = block_node_times(graph, block, scale, cluster, dtype, nodes, fp8, native)
+    t = block_node_times(graph, block, scale, cluster, dtype, nodes, fp8, native, fused)
     return t.fwd, t.bwd, t.core_fwd
 
 
@@ -430,9 +484,9 @@ def block_options(
     traced_mbs = graph.graph["micro_batch_size"]
     cp = len(cp_ranks) if cp_ranks else 1
     scale = micro_batch_size / traced_mbs / cp
-    native = training.native_attention
+    native, fused = training.native_attention, training.fused_elementwise
     times = block_node_times(
-        graph, block, scale, cluster, training.dtype, fp8=training.fp8_linears, native=native
+        graph, block, scale, cluster, training.dtype, None, training.fp8_linears, native, fused
     )
     fwd_full, bwd_full, core_fwd = times.fwd_compute, times.bwd_compute, times.core_fwd
     ring_f, ring_b = ring_attention_times(graph, block, scale, cluster, training, cp_ranks)
@@ -448,7 +502,7 @@ def block_options(
         factor = training.moe_capacity_factor * (training.moe_imbalance if ep > 1 else 1.0)
         e_fwd, e_bwd, _ = node_times(
             graph, block, scale, cluster, training.dtype, expert_nodes(graph, block),
-            training.fp8_linears, native,
+            training.fp8_linears, native, fused,
         )  # fmt: skip
         fwd_full += e_fwd * (factor - 1)
         bwd_full += e_bwd * (factor - 1)
@@ -460,8 +514,9 @@ def block_options(
     if policy is not None:
         kept_bytes, recomputed = policy
         re_fwd, _, _ = node_times(
-            graph, block, scale, cluster, training.dtype, recomputed, training.fp8_linears, native
-        )
+            graph, block, scale, cluster, training.dtype, recomputed, training.fp8_linears,
+            native, fused,
+        )  # fmt: skip
     options: list[BlockOption] = []
     for v in variants:
         cf = v.compute_fraction
