@@ -22,6 +22,7 @@ from planner.cost.model import (
     Training,
     compute_time,
     evaluate,
+    fusion_shares,
     node_times,
     optimizer_time,
 )
@@ -144,6 +145,33 @@ def test_weight_bytes_do_not_grow_with_the_micro_batch(scale):
     assert fwd == pytest.approx(max(scale * 1e9 / PEAK32, (scale * act + 4 * w) / BW))
     assert bwd == pytest.approx(max(scale * 2e9 / PEAK32, (2 * scale * act + 8 * w) / BW))
     assert fwd == pytest.approx((scale * act + 4 * w) / BW)  # memory-bound indeed
+
+
+def test_a_fused_element_wise_chain_reads_its_input_once_and_writes_its_output_once():
+    """x -> mm -> a = add(mm, 1) -> b = mul(a, a) -> c = exp(b) -> mm2: unfused, add reads 4e6
+    and writes 4e6 bytes, mul reads 4e6 and writes 4e6, exp reads 4e6 and writes 4e6 (24e6);
+    fused, the chain reads mm's output once and writes c once (8e6): each op keeps 1/3 of its
+    traffic, and the chain runs in 8e6 / BW."""
+    g = nx.DiGraph()
+    base = dict(module="m", shapes=[[1]], dtypes=["bfloat16"], fwd_flops=0, bwd_flops=0)
+    base |= dict(params=[], args=[], requires_grad=True, saved=[])
+    for i, (name, op) in enumerate(
+        [("mm", "aten.mm.default"), ("a", "aten.add.Tensor"), ("b", "aten.mul.Tensor"),
+         ("c", "aten.exp.default"), ("mm2", "aten.mm.default")]
+    ):  # fmt: skip
+        g.add_node(name, op=op, order=i, out_bytes=4e6, fwd_bytes=8e6, bwd_bytes=16e6, **base)
+    for u, v in [("mm", "a"), ("a", "b"), ("b", "c"), ("c", "mm2")]:
+        g.add_edge(u, v, bytes=4e6)
+    g.graph.update(param_shapes={}, param_dtype_bytes={}, param_owner={})
+    blk = make_block(0, "L")
+    blk.nodes = ["mm", "a", "b", "c", "mm2"]
+    assert fusion_shares(g, blk) == {n: pytest.approx(1 / 3) for n in "abc"}
+    chain = replace(blk, nodes=["a", "b", "c"])
+    fwd, bwd, _ = node_times(g, chain, 1.0, cluster(), "bf16", fused=True)
+    assert fwd == pytest.approx(8e6 / BW)
+    assert bwd == pytest.approx(3 * 16e6 / 3 / BW)
+    fwd_eager, _, _ = node_times(g, chain, 1.0, cluster(), "bf16")
+    assert fwd_eager == pytest.approx(24e6 / BW)
 
 
 # --------------------------------------------------------------------------- pipelines

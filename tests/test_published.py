@@ -155,8 +155,11 @@ def test_framework_defaults_are_named_not_silent():
         4,
     )
     assert s.family == "llama" and s.profile == "h100-sxm"
-    # ZeRO-1, no recompute, sequence parallel, TP overlap, vocab-parallel loss, TE attention
-    assert len(s.assumed) == 6
+    # ZeRO-1, no recompute, sequence parallel, TP overlap, vocab-parallel loss, TE attention,
+    # fused element-wise kernels
+    assert len(s.assumed) == 7
+    assert s.fused_elementwise and not P.parse_row(BLOOM).fused_elementwise
+    assert P.parse_row({**BLOOM, "notes": "FSDP + torch.compile"}).fused_elementwise
     assert (s.vocab_parallel_loss, s.fp32_grad_accumulation, s.selective_policy) == (
         True,
         False,
