@@ -311,10 +311,12 @@ def test_the_chips_own_attention_kernel_runs_at_its_own_rate():
 
 
 def test_tied_kernels_follow_the_fitted_factor_in_a_fixed_ratio():
-    """Fitting the GEMM share to 0.27 (half the shipped 0.54) halves the FP8 GEMM share;
-    the attention share to 0.34 (twice 0.17) doubles the native kernel's."""
+    """Fitting the GEMM share to half the shipped one halves the FP8 GEMM share; the
+    attention share to twice the shipped one doubles the native kernel's."""
     p = load_profile("h100-sxm")
-    out = P.tied_overrides(p, {"matmul_efficiency": 0.27, "attention_efficiency": 0.34})
+    fit = {"matmul_efficiency": p.matmul_efficiency / 2}
+    fit["attention_efficiency"] = p.attention_efficiency * 2
+    out = P.tied_overrides(p, fit)
     assert out["fp8_matmul_efficiency"] == pytest.approx(p.fp8_matmul_efficiency / 2)
     assert out["native_attention_efficiency"] == pytest.approx(p.native_attention_efficiency * 2)
     a100 = load_profile("a100-80g")  # no native kernel figure: nothing to tie
