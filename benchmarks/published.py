@@ -22,7 +22,13 @@ is used and named in the row's ``assumed`` list (it is printed with the table):
 - recompute not stated: none (Megatron-LM's and NeMo's default without --recompute-*);
 - ffn not stated for a GPT-architecture model: 4h (the architecture's definition); kv heads not
   stated: the head count (multi-head attention);
-- gpus per node not stated: 8 (every system in the set is an 8-GPU HGX/DGX node).
+- gpus per node not stated: 8 (every system in the set is an 8-GPU HGX/DGX node);
+- recompute not stated in BLOOM's Megatron-DeepSpeed runs: full (``parse_recompute``);
+- what a framework keeps or runs differently from meshplan's eager runtime, read from the row's
+  source and notes (``parse_framework_memory``, ``parse_native_attention``, ``parse_fusion``,
+  ``is_megatron_core``): torchtitan's per-op selective checkpointing, vocab-parallel losses,
+  DeepSpeed's BF16_Optimizer, Transformer Engine's attention and fused element-wise kernels,
+  Megatron-Core's sequence-shard pipeline sends and their overlap in its interleaved schedule.
 
 Errors are predicted/measured - 1 of the step time (equivalently measured/predicted - 1 of
 tokens/s/GPU inverted); memory errors compare the predicted peak with the published one, both

@@ -9,7 +9,8 @@ FLOPs, bytes and activations scale linearly with the micro-batch size.
 
 What overlaps with what (stated once, used everywhere):
 - tensor-parallel collectives sit on the critical path of every micro-batch (not overlapped);
-- pipeline point-to-point sends are counted per micro-batch on the sending stage;
+- pipeline point-to-point sends are counted per micro-batch on the sending stage (hidden behind
+  the stage's compute only where the framework overlaps them: ``Training.p2p_overlap``);
 - the data-parallel gradient reduction overlaps with the backward of the last micro-batch; only
   the part longer than that backward is exposed. ZeRO-3's parameter all-gathers overlap with the
   micro-batch's forward and backward compute (prefetch); the excess is exposed;
