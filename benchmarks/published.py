@@ -22,7 +22,13 @@ is used and named in the row's ``assumed`` list (it is printed with the table):
 - recompute not stated: none (Megatron-LM's and NeMo's default without --recompute-*);
 - ffn not stated for a GPT-architecture model: 4h (the architecture's definition); kv heads not
   stated: the head count (multi-head attention);
-- gpus per node not stated: 8 (every system in the set is an 8-GPU HGX/DGX node).
+- gpus per node not stated: 8 (every system in the set is an 8-GPU HGX/DGX node);
+- recompute not stated in BLOOM's Megatron-DeepSpeed runs: full (``parse_recompute``);
+- what a framework keeps or runs differently from meshplan's eager runtime, read from the row's
+  source and notes (``parse_framework_memory``, ``parse_native_attention``, ``parse_fusion``,
+  ``is_megatron_core``): torchtitan's per-op selective checkpointing, vocab-parallel losses,
+  DeepSpeed's BF16_Optimizer, Transformer Engine's attention and fused element-wise kernels,
+  Megatron-Core's sequence-shard pipeline sends and their overlap in its interleaved schedule.
 
 Errors are predicted/measured - 1 of the step time (equivalently measured/predicted - 1 of
 tokens/s/GPU inverted); memory errors compare the predicted peak with the published one, both
@@ -92,6 +98,13 @@ class Setup:
     fp8: bool  # linears in fp8 (attention stays in 16 bits)
     tp_overlap: bool  # TP collectives overlapped with the GEMMs (async TP, --tp-comm-overlap)
     recompute: str  # none | selective | full
+    selective_policy: str  # what selective recompute keeps (cost.model.Training)
+    vocab_parallel_loss: bool  # logits stay sharded over TP ranks for the loss
+    fp32_grad_accumulation: bool  # DeepSpeed BF16_Optimizer's whole fp32 gradient buffer
+    native_attention: bool  # the chip's own fused attention kernel (Transformer Engine)
+    fused_elementwise: bool  # element-wise chains fused (Megatron-Core/TE, torch.compile)
+    pipeline_sends_shards: bool  # Megatron sends each TP rank's sequence shard between stages
+    p2p_overlap: bool  # Megatron's interleaved schedule overlaps its sends with compute
     profile: str
     inter_node_bytes_per_s: float | None  # per GPU, from the row's interconnect text
     measured_step_s: float
@@ -165,7 +178,12 @@ def parse_dtype(text: str) -> tuple[str, bool]:
     raise Skip(f"precision {text!r} not understood")
 
 
-def parse_recompute(text: str, assumed: list[str]) -> str:
+def parse_recompute(text: str, assumed: list[str], source: str = "") -> str:
+    """The recompute mode. Unstated: none (Megatron-LM's and NeMo's default), but full for
+    BigScience's BLOOM runs: Megatron-DeepSpeed's throughput log, which these rows quote,
+    says "for 200B model, activation check-pointing will always be on" (megatron/training.py,
+    training_log) and the tr11 launch script passes --checkpoint-activations
+    (bigscience train/tr11-176B-ml/tr11-176B-ml.slurm)."""
     t = str(text).lower()
     if t.startswith("none"):
         return "none"
@@ -174,9 +192,36 @@ def parse_recompute(text: str, assumed: list[str]) -> str:
     if t.startswith("selective"):
         return "selective"
     if not _stated(text):
+        if "bloom" in source.lower():
+            assumed.append("full recompute: BLOOM's Megatron-DeepSpeed runs")
+            return "full"
         assumed.append("no recompute: framework default")
         return "none"
     raise Skip(f"recompute {text!r} not understood")
+
+
+def parse_framework_memory(row: dict, tp: int, dtype: str, assumed: list[str]):
+    """(selective policy, vocab-parallel loss, fp32 gradient accumulation): what the row's
+    framework keeps in memory where meshplan's runtime keeps something else.
+
+    - torchtitan's "selective" is its per-op policy (``selective_ac_option = "op"``, the
+      default of its train configs): ``cost.model.selective_kept``'s "torchtitan-op".
+    - Megatron's vocab-parallel cross-entropy (Megatron-LM, NeMo, Megatron-DeepSpeed) and
+      torchtitan's loss_parallel (on unless disabled) keep the logits sharded over TP.
+    - BLOOM's bf16 runs use DeepSpeed's BF16_Optimizer ("bf16 must use z0! it implements its
+      own zero stage 1 equivalent", tr11-176B-ml.slurm; the rows' "fp32 grad accumulation"),
+      which accumulates every gradient into a whole fp32 buffer."""
+    source = str(row.get("source", "")).lower()
+    titan = "torchtitan" in source
+    policy = "torchtitan-op" if titan else "core"
+    megatron = any(k in source for k in ("megatron", "nemo", "bloom"))
+    vocab_parallel = tp > 1 and (titan or megatron)
+    if vocab_parallel:
+        assumed.append("vocab-parallel loss (framework default)")
+    bf16_opt = "bloom" in source and dtype == "bf16"
+    if bf16_opt:
+        assumed.append("DeepSpeed BF16_Optimizer: fp32 gradient accumulation")
+    return policy, vocab_parallel, bf16_opt
 
 
 def parse_tp_overlap(row: dict, assumed: list[str]) -> bool:
@@ -190,6 +235,40 @@ def parse_tp_overlap(row: dict, assumed: list[str]) -> bool:
         return True
     if any(k in str(row.get("source", "")).lower() for k in ("nemo", "megatron-bridge")):
         assumed.append("TP communication overlap: NVIDIA recipe default")
+        return True
+    return False
+
+
+def is_megatron_core(row: dict) -> bool:
+    """NVIDIA's Megatron-Core stacks (NeMo, Megatron-Bridge, Megatron-LM): their pipeline
+    sends sequence shards under sequence parallelism (get_tensor_shapes) and their interleaved
+    schedule overlaps its sends with compute (overlap_p2p_comm, on unless
+    --no-overlap-p2p-communication); BLOOM's 2022 Megatron-DeepSpeed predates both."""
+    source = str(row.get("source", "")).lower()
+    return any(k in source for k in ("nemo", "megatron-bridge", "megatron-lm", "megatron-core"))
+
+
+def parse_fusion(row: dict, megatron_core: bool, assumed: list[str]) -> bool:
+    """Whether element-wise chains run fused: stated (torch.compile in the row), or the
+    default of NVIDIA's Megatron-Core recipes (Transformer Engine's fused normalization and
+    linear, fused SwiGLU and rotary embedding: Megatron-Core's --bias-swiglu-fusion and
+    --apply-rope-fusion families)."""
+    text = " ".join(str(row.get(k, "")) for k in ("notes", "dtype", "source")).lower()
+    if "torch.compile" in text:
+        return True
+    if megatron_core:
+        assumed.append("fused element-wise kernels (Megatron-Core / Transformer Engine)")
+        return True
+    return False
+
+
+def parse_native_attention(row: dict, profile: str, assumed: list[str]) -> bool:
+    """Whether attention runs the chip's own fused kernel: NVIDIA's recipes (NeMo,
+    Megatron-Bridge, Megatron-LM) build their layers from Transformer Engine, whose attention
+    on Hopper is cuDNN's fused kernel (Megatron-Core's --attention-backend auto); torchtitan and
+    llm-foundry call FlashAttention-2-class kernels (torch SDPA, flash-attn)."""
+    if is_megatron_core(row) and profile in ("h100-sxm", "h100-hbm2e", "h200"):
+        assumed.append("Transformer Engine attention (NVIDIA recipe default)")
         return True
     return False
 
@@ -290,9 +369,11 @@ def parse_row(row: dict) -> Setup:
         sp = True
         assumed.append("sequence parallel with TP (framework default)")
     dtype, fp8 = parse_dtype(row.get("dtype", "not stated"))
-    recompute = parse_recompute(row.get("recompute", "not stated"), assumed)
+    recompute = parse_recompute(row.get("recompute", "not stated"), assumed, row.get("source", ""))
+    policy, vocab_parallel, bf16_opt = parse_framework_memory(row, tp, dtype, assumed)
     tp_overlap = tp > 1 and parse_tp_overlap(row, assumed)
     profile, hardware = parse_profile(str(row.get("gpu", "")))
+    megatron_core = is_megatron_core(row)
     if _stated(row.get("gpus_per_node")):
         gpn = _int(row, "gpus_per_node")
     else:
@@ -334,6 +415,13 @@ def parse_row(row: dict) -> Setup:
         dtype=dtype,
         fp8=fp8,
         recompute=recompute,
+        selective_policy=policy,
+        vocab_parallel_loss=vocab_parallel,
+        fp32_grad_accumulation=bf16_opt,
+        native_attention=parse_native_attention(row, profile, assumed),
+        fused_elementwise=parse_fusion(row, megatron_core, assumed),
+        pipeline_sends_shards=megatron_core and pp > 1 and sp,
+        p2p_overlap=megatron_core and vpp > 1,
         tp_overlap=tp_overlap,
         profile=profile,
         inter_node_bytes_per_s=parse_fabric(row.get("interconnect", ""), gpn),
@@ -419,7 +507,7 @@ def cluster_for(s: Setup, **overrides: float):
     if s.inter_node_bytes_per_s is not None:
         prof = replace(prof, inter_node_bandwidth=s.inter_node_bytes_per_s)
     if overrides:
-        prof = replace(prof, **overrides)
+        prof = replace(prof, **tied_overrides(prof, overrides))
     return Cluster(prof, max(1, s.gpus // s.gpus_per_node), s.gpus_per_node)
 
 
@@ -435,7 +523,20 @@ def price(s: Setup, **overrides: float):
     traced = _traced(str(path), json.dumps(args, sort_keys=True), s.dtype)
     blocks = full_blocks(traced.blocks, s.layers)
     cluster = cluster_for(s, **overrides)
-    training = Training(s.gbs, s.dtype, "adamw", fp8_linears=s.fp8, tp_overlap=s.tp_overlap)
+    training = Training(
+        s.gbs,
+        s.dtype,
+        "adamw",
+        fp8_linears=s.fp8,
+        tp_overlap=s.tp_overlap,
+        vocab_parallel_loss=s.vocab_parallel_loss,
+        fp32_grad_accumulation=s.fp32_grad_accumulation,
+        selective_policy=s.selective_policy,
+        native_attention=s.native_attention,
+        fused_elementwise=s.fused_elementwise,
+        pipeline_sends_shards=s.pipeline_sends_shards,
+        p2p_overlap=s.p2p_overlap,
+    )
     variant = "sequence" if s.sp else "no-sequence"
     pins = Pins(tp=s.tp, recompute=s.recompute, offload="none", tp_variant=variant)
     variants_of = variants_for(traced.graph, cluster, variant, _VARIANTS)
@@ -512,6 +613,26 @@ def record(s: Setup, cost) -> dict[str, Any]:
 # (``attention_efficiency``); the best-shape microbenchmarks (MAMF, FlashAttention's own
 # benchmarks) are ceilings that real steps do not reach. Profiles of one chip share them.
 FITTED = ("matmul_efficiency", "attention_efficiency")
+# Other kernels of the same op class reach the same share of their own best-shape ceiling, so
+# they follow the fitted factor in a fixed ratio (the shipped profile's: FP8 GEMMs at
+# MAMF-fp8 / MAMF-bf16 of the bf16 GEMMs' share; the chip's own attention kernel at the
+# FlashAttention-3 / FlashAttention-2 ceiling ratio); they are not fitted themselves.
+TIED = {
+    "matmul_efficiency": "fp8_matmul_efficiency",
+    "attention_efficiency": "native_attention_efficiency",
+}
+
+
+def tied_overrides(prof, overrides: dict[str, float]) -> dict[str, float]:
+    """``overrides`` with each tied field moved in proportion to the fitted one it follows."""
+    out = dict(overrides)
+    for fitted, tied in TIED.items():
+        base = getattr(prof, fitted)
+        if fitted in out and tied not in out and base > 0 and getattr(prof, tied) > 0:
+            out[tied] = min(1.0, getattr(prof, tied) * out[fitted] / base)
+    return out
+
+
 CHIPS = {
     "a100-40g": "A100",
     "a100-80g": "A100",

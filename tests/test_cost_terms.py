@@ -22,6 +22,7 @@ from planner.cost.model import (
     Training,
     compute_time,
     evaluate,
+    fusion_shares,
     node_times,
     optimizer_time,
 )
@@ -146,6 +147,33 @@ def test_weight_bytes_do_not_grow_with_the_micro_batch(scale):
     assert fwd == pytest.approx((scale * act + 4 * w) / BW)  # memory-bound indeed
 
 
+def test_a_fused_element_wise_chain_reads_its_input_once_and_writes_its_output_once():
+    """x -> mm -> a = add(mm, 1) -> b = mul(a, a) -> c = exp(b) -> mm2: unfused, add reads 4e6
+    and writes 4e6 bytes, mul reads 4e6 and writes 4e6, exp reads 4e6 and writes 4e6 (24e6);
+    fused, the chain reads mm's output once and writes c once (8e6): each op keeps 1/3 of its
+    traffic, and the chain runs in 8e6 / BW."""
+    g = nx.DiGraph()
+    base = dict(module="m", shapes=[[1]], dtypes=["bfloat16"], fwd_flops=0, bwd_flops=0)
+    base |= dict(params=[], args=[], requires_grad=True, saved=[])
+    for i, (name, op) in enumerate(
+        [("mm", "aten.mm.default"), ("a", "aten.add.Tensor"), ("b", "aten.mul.Tensor"),
+         ("c", "aten.exp.default"), ("mm2", "aten.mm.default")]
+    ):  # fmt: skip
+        g.add_node(name, op=op, order=i, out_bytes=4e6, fwd_bytes=8e6, bwd_bytes=16e6, **base)
+    for u, v in [("mm", "a"), ("a", "b"), ("b", "c"), ("c", "mm2")]:
+        g.add_edge(u, v, bytes=4e6)
+    g.graph.update(param_shapes={}, param_dtype_bytes={}, param_owner={})
+    blk = make_block(0, "L")
+    blk.nodes = ["mm", "a", "b", "c", "mm2"]
+    assert fusion_shares(g, blk) == {n: pytest.approx(1 / 3) for n in "abc"}
+    chain = replace(blk, nodes=["a", "b", "c"])
+    fwd, bwd, _ = node_times(g, chain, 1.0, cluster(), "bf16", fused=True)
+    assert fwd == pytest.approx(8e6 / BW)
+    assert bwd == pytest.approx(3 * 16e6 / 3 / BW)
+    fwd_eager, _, _ = node_times(g, chain, 1.0, cluster(), "bf16")
+    assert fwd_eager == pytest.approx(24e6 / BW)
+
+
 # --------------------------------------------------------------------------- pipelines
 
 
@@ -212,19 +240,65 @@ def test_point_to_point_sends_and_their_buffers(per_node):
 
 
 def test_the_loss_and_its_logits_live_on_the_last_stage():
-    """Last block's bf16 output of 5e6 bytes per sample: fp32 logits and their gradient,
-    2 x 4 / 2 x 5e6 bytes per sample, on the last stage only; the loss reads and writes them
-    three times in forward and in backward, at the element-wise rate."""
+    """Last block's bf16 output of 5e6 bytes per sample: fp32 logits 4 / 2 x 5e6 bytes per
+    sample, three copies at the loss's backward peak (log-softmax's saved output, the
+    gradient it receives, the gradient it writes), on the last stage only; the loss reads and
+    writes the logits three times in forward and in backward (3 + 3 passes over one fp32
+    copy), at the element-wise rate."""
     blocks = [make_block(0, "L", params=0, boundary=0, out=0)]
     blocks.append(make_block(1, "L", params=0, boundary=0, out=5 * 10**6))
     opts = [make_option(1e-3, 0.0, 0.0) for _ in blocks]
     mbs = 2
     cost = run(blocks, opts, Mesh(2, 1, 1), [0, 1], mbs=mbs, training=Training(mbs))
-    logits = 2 * 4 / 2 * 5e6 * mbs
-    assert cost.rank_memory[1]["other"] - cost.rank_memory[0]["other"] == pytest.approx(logits)
-    loss = 2 * 1.5 * logits / BW
+    fp32_logits = 4 / 2 * 5e6 * mbs
+    extra = cost.rank_memory[1]["other"] - cost.rank_memory[0]["other"]
+    assert extra == pytest.approx(3 * fp32_logits)
+    loss = 6 * fp32_logits / BW
     assert cost.stages[1].compute_s == pytest.approx(1e-3 + loss)
     assert cost.stages[0].compute_s == pytest.approx(1e-3)
+
+
+@pytest.mark.parametrize("vocab_parallel", [False, True])
+def test_a_vocab_parallel_loss_keeps_a_tp_share_of_the_logits(vocab_parallel):
+    """One stage, TP 4: gathered logits (meshplan's runtime) put all three fp32 copies on
+    every rank, 3 x 4 / 2 x 5e6 bytes per sample; a vocab-parallel loss (Megatron, torchtitan's
+    loss_parallel) a quarter of them."""
+    blocks = [make_block(0, "L", params=0, boundary=0, out=0)]
+    blocks.append(make_block(1, "L", params=0, boundary=0, out=5 * 10**6))
+    opts = [make_option(1e-3, 0.0, 0.0) for _ in blocks]
+    tr = Training(1, vocab_parallel_loss=vocab_parallel)
+    cost = run(blocks, opts, Mesh(1, 1, 4), [0, 0], training=tr)
+    logits = 3 * 4 / 2 * 5e6 / (4 if vocab_parallel else 1)
+    assert cost.rank_memory[0]["other"] == pytest.approx(RESERVED + logits)
+
+
+def test_bf16_optimizer_keeps_whole_fp32_gradients_beside_the_16_bit_ones():
+    """DeepSpeed's BF16_Optimizer under its ZeRO-1: 1e8 parameters on 4 DP ranks hold bf16
+    weights 2e8 bytes, bf16 gradients 2e8 plus fp32 gradients 4e8 (whole, not sharded), and
+    the fp32 master weights and Adam moments 12e8 / 4."""
+    tr = Training(4, fp32_grad_accumulation=True)
+    blocks = [make_block(0, "L", params=10**8, boundary=0, out=0)]
+    cost = run(blocks, [make_option(1e-3, 1e8, 0.0)], Mesh(1, 4, 1), [0], zero=1, training=tr)
+    mem = cost.rank_memory[0]
+    assert mem["params"] == pytest.approx(2e8)
+    assert mem["grads"] == pytest.approx(2e8 + 4e8)
+    assert mem["optimizer"] == pytest.approx(12e8 / 4)
+
+
+@pytest.mark.parametrize("shards, overlap", [(False, False), (True, False), (True, True)])
+def test_pipeline_sends_of_sequence_shards_and_their_overlap(shards, overlap):
+    """Two stages on one node, TP 2, a boundary of 4e6 bytes per sample, 3 ms of compute per
+    micro-batch per stage. Whole activations: one hop each way, 2 x (4e6 / NVLINK + latency).
+    Sequence shards (Megatron-Core under sequence parallel): 2e6 bytes a hop. Overlapped with
+    the stage's compute (comm_overlap 0.5 of 3 ms): the hops' 0.4 ms hide entirely."""
+    blocks = [make_block(i, "L", params=0, boundary=4 * 10**6, out=0) for i in range(2)]
+    opts = [make_option(3e-3, 0.0, 0.0) for _ in blocks]
+    tr = Training(2, pipeline_sends_shards=shards, p2p_overlap=overlap)
+    cost = run(blocks, opts, Mesh(2, 1, 2), [0, 1], training=tr, cl=cluster(4, 4))
+    hop = (2e6 if shards else 4e6) / NVLINK + NVLINK_LAT
+    expected = 0.0 if overlap else 2 * hop
+    assert cost.stages[0].p2p_s == pytest.approx(expected)
+    assert cost.stages[1].p2p_s == 0.0
 
 
 # --------------------------------------------------------------------------- data parallel

@@ -196,6 +196,36 @@ def test_full_and_selective_recompute_options_from_a_traced_gpt(tmp_path, monkey
     assert by["none"].time_s < by["selective"].time_s < by["full"].time_s
 
 
+@pytest.mark.parametrize("fp8", [False, True])
+def test_torchtitan_op_sac_keeps_inputs_attention_and_every_other_product(
+    tmp_path, monkeypatch, fp8
+):
+    """torchtitan's op-level SAC on a Llama layer (h 256, 8 heads, 2 kv heads of 32, ffn
+    512, 64 tokens, bf16): the layer input (h), the outputs of the 1st, 3rd, 5th and 7th weight
+    products (wq h, wv 64, w1 ffn, w2 h) and the attention kernel's output (h) with its fp32
+    log-sum-exp per head, 2 x (256 + 256 + 64 + 512 + 256 + 256) + 4 x 8 = 3232 bytes per
+    token. FP8 linears call aten._scaled_mm, which the policy does not save: 2 x 512 + 32."""
+    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path))
+    from planner.api import trace
+    from planner.cost.model import block_options, selective_kept
+    from planner.cost.sharding import tp_variants
+
+    args = dict(size="tiny", layers=2, hidden=256, heads=8, kv_heads=2, ffn=512, seq_len=64)
+    traced = trace("examples/llama.py", {**args, "vocab": 1000}, micro_batch_size=1, dtype="bf16")
+    layer = traced.blocks[1]
+    tr = Training(8, "bf16", "adamw", fp8_linears=fp8, selective_policy="torchtitan-op")
+    kept, recomputed = selective_kept(traced.graph, layer, tr)
+    per_token = 2 * 512 + 32 if fp8 else 3232
+    assert kept == 64 * per_token
+    assert len(recomputed) < len(layer.nodes)
+    opts = block_options(
+        traced.graph, layer, tp_variants(traced.graph, layer, 1), 2, cluster_of(8), [0], tr
+    )
+    by = {o.recompute: o for o in opts if o.offload == "none"}
+    assert by["selective"].act_bytes == pytest.approx(2 * 64 * per_token)
+    assert by["none"].time_s < by["selective"].time_s < by["full"].time_s
+
+
 def test_short_inner_dimensions_slow_a_gemm_down():
     """rate = R * K / (K + half): a K=96 linear forward at half=32 takes 4/3 of its K->inf time;
     backward averages its two GEMMs (over N, and over the M tokens, which scale with the

@@ -155,7 +155,47 @@ def test_framework_defaults_are_named_not_silent():
         4,
     )
     assert s.family == "llama" and s.profile == "h100-sxm"
-    assert len(s.assumed) == 4  # ZeRO-1, no recompute, sequence parallel, TP overlap
+    # ZeRO-1, no recompute, sequence parallel, TP overlap, vocab-parallel loss, TE attention,
+    # fused element-wise kernels
+    assert len(s.assumed) == 7
+    assert s.fused_elementwise and not P.parse_row(BLOOM).fused_elementwise
+    assert P.parse_row({**BLOOM, "notes": "FSDP + torch.compile"}).fused_elementwise
+    assert (s.vocab_parallel_loss, s.fp32_grad_accumulation, s.selective_policy) == (
+        True,
+        False,
+        "core",
+    )
+    # Megatron-Core: sequence shards between stages, sends overlapped in the interleaved
+    # schedule, Transformer Engine's attention on Hopper
+    assert (s.pipeline_sends_shards, s.p2p_overlap, s.native_attention) == (True, True, True)
+    bloom = P.parse_row(BLOOM)
+    assert (bloom.pipeline_sends_shards, bloom.p2p_overlap, bloom.native_attention) == (
+        False,
+        False,
+        False,
+    )
+
+
+def test_bloom_runs_recompute_fully_and_bf16_runs_keep_fp32_gradients():
+    """BLOOM's prequel rows without a recompute column ran Megatron-DeepSpeed with
+    --checkpoint-activations; its bf16 rows ran DeepSpeed's BF16_Optimizer."""
+    s = P.parse_row({**BLOOM, "recompute": "not stated", "dtype": "bf16"})
+    assert (s.recompute, s.fp32_grad_accumulation, s.vocab_parallel_loss) == ("full", True, True)
+    assert any("BLOOM's Megatron-DeepSpeed" in a for a in s.assumed)
+    assert not P.parse_row(BLOOM).fp32_grad_accumulation  # fp16: DeepSpeed's ZeRO-1
+
+
+def test_torchtitan_selective_is_its_op_policy_and_its_loss_parallel():
+    row = {**BLOOM, "source": "torchtitan (Dec 2024 Llama 3.1 H100 benchmark)"}
+    row |= {"model": "Llama 3.1 70B", "kv_heads": 8, "ffn": 28672, "vocab": 128256}
+    row |= {"recompute": "selective (config default 'op')", "dtype": "bf16"}
+    s = P.parse_row(row)
+    assert (s.recompute, s.selective_policy, s.vocab_parallel_loss) == (
+        "selective",
+        "torchtitan-op",
+        True,
+    )
+    assert not P.parse_row({**row, "tp": 1, "dp": 384 // 12}).vocab_parallel_loss
 
 
 def test_async_tp_is_read_from_the_notes():
@@ -256,10 +296,45 @@ def test_causal_flash_attention_runs_half_the_work_at_its_own_rate():
     assert op_rate(node, plain, "bf16") == (989e12 * p.matmul_efficiency, 1.0, 1.0)
 
 
+def test_the_chips_own_attention_kernel_runs_at_its_own_rate():
+    """Transformer Engine's attention on Hopper: the fitted FlashAttention-2-class share
+    times the cuDNN / FlashAttention-2 ratio measured on one H100 shape (631.3 / 329.5)."""
+    c = _cluster("h100-sxm")
+    p = c.profile
+    node = {"op": "aten.scaled_dot_product_attention.default", "args": [{"is_causal": True}]}
+    assert p.native_attention_efficiency == pytest.approx(0.17 * 631.3 / 329.5, abs=5e-4)
+    rate, work_f, _ = op_rate(node, c, "bf16", native=True)
+    assert (rate, work_f) == (pytest.approx(989e12 * p.native_attention_efficiency), 0.5)
+    # a chip without its own kernel figure (A100) keeps the FlashAttention-2 rate
+    a100 = _cluster("a100-80g")
+    assert op_rate(node, a100, "bf16", native=True) == op_rate(node, a100, "bf16")
+
+
+def test_tied_kernels_follow_the_fitted_factor_in_a_fixed_ratio():
+    """Fitting the GEMM share to half the shipped one halves the FP8 GEMM share; the
+    attention share to twice the shipped one doubles the native kernel's."""
+    p = load_profile("h100-sxm")
+    fit = {"matmul_efficiency": p.matmul_efficiency / 2}
+    fit["attention_efficiency"] = p.attention_efficiency * 2
+    out = P.tied_overrides(p, fit)
+    assert out["fp8_matmul_efficiency"] == pytest.approx(p.fp8_matmul_efficiency / 2)
+    assert out["native_attention_efficiency"] == pytest.approx(p.native_attention_efficiency * 2)
+    a100 = load_profile("a100-80g")  # no native kernel figure: nothing to tie
+    assert "native_attention_efficiency" not in P.tied_overrides(
+        a100, {"attention_efficiency": 0.5}
+    )
+
+
 def test_fp8_linears_run_at_the_fp8_rate_only_with_a_weight():
+    """FP8 GEMMs at the fitted bf16 GEMM share scaled by MAMF's fp8 / bf16 shares
+    (70.9% / 80.3% on the H100 SXM)."""
     c = _cluster("h100-sxm")
     linear = {"op": "aten.linear.default", "params": ["w"]}
-    assert op_rate(linear, c, "bf16", fp8=True)[0] == pytest.approx(1979e12 * 0.709)
+    fp8 = c.profile.matmul_efficiency * 0.709 / 0.803
+    assert c.profile.fp8_matmul_efficiency == pytest.approx(fp8, abs=5e-4)
+    assert op_rate(linear, c, "bf16", fp8=True)[0] == pytest.approx(
+        1979e12 * c.profile.fp8_matmul_efficiency
+    )
     assert op_rate(linear, c, "bf16", fp8=False)[0] == pytest.approx(
         989e12 * c.profile.matmul_efficiency
     )

@@ -9,7 +9,8 @@ FLOPs, bytes and activations scale linearly with the micro-batch size.
 
 What overlaps with what (stated once, used everywhere):
 - tensor-parallel collectives sit on the critical path of every micro-batch (not overlapped);
-- pipeline point-to-point sends are counted per micro-batch on the sending stage;
+- pipeline point-to-point sends are counted per micro-batch on the sending stage (hidden behind
+  the stage's compute only where the framework overlaps them: ``Training.p2p_overlap``);
 - the data-parallel gradient reduction overlaps with the backward of the last micro-batch; only
   the part longer than that backward is exposed. ZeRO-3's parameter all-gathers overlap with the
   micro-batch's forward and backward compute (prefetch); the excess is exposed;
@@ -18,6 +19,7 @@ What overlaps with what (stated once, used everywhere):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -40,6 +42,7 @@ STATE_BYTES = {
 # decay, two moment updates, square root, bias-corrected denominator and update; SGD's momentum
 # update and parameter update (plus the in-place decay both apply).
 OPTIMIZER_OPS = {"adamw": 8, "sgd": 3}
+FP32_BYTES = 4
 LOSS_OPS = 4  # upcast, log-softmax, gather, mean
 
 
@@ -59,6 +62,36 @@ class Training:
     # TP collectives overlapped with the GEMMs next to them (``tp_exposed``); off by default:
     # the runtime's DTensor TP runs them between the products.
     tp_overlap: bool = False
+    # The loss over logits left sharded over the TP ranks' vocabulary (Megatron's
+    # vocab-parallel cross-entropy, torchtitan's loss_parallel): each rank holds 1/tp of the
+    # logits (``loss_shards``). Off by default: meshplan's runtime gathers the head's output
+    # (``colwise_gather``) and every TP rank computes the loss over all of it.
+    vocab_parallel_loss: bool = False
+    # DeepSpeed's BF16_Optimizer (BLOOM's bf16 runs): besides the 16-bit gradients backward
+    # writes, every gradient is accumulated into an fp32 buffer of the rank's whole (not
+    # ZeRO-sharded) parameters (``state_memory``). Off for torch's optimizers (the runtime's).
+    fp32_grad_accumulation: bool = False
+    # What selective recompute keeps (``selective_kept``): "core" drops the attention core
+    # between two activation products (Korthikanti et al.'s selective recompute, the planner's
+    # option); "torchtitan-op" keeps the block's input and the outputs of its attention kernels
+    # and of every other weight product (torchtitan's op-level SAC), recomputing the rest.
+    selective_policy: str = "core"
+    # Attention runs the chip's own fused kernel (Transformer Engine's cuDNN attention on
+    # Hopper, as NVIDIA's Megatron recipes do) at the profile's native_attention_efficiency;
+    # off: the FlashAttention-2-class kernel torch's SDPA runs (attention_efficiency).
+    native_attention: bool = False
+    # Element-wise chains between products run as one fused kernel each (Transformer Engine /
+    # Megatron-Core fusions, torch.compile): ``fusion_shares``. Off: eager torch, one kernel
+    # per op (meshplan's runtime).
+    fused_elementwise: bool = False
+    # Pipeline sends of a sequence-parallel model carry each TP rank's sequence shard, 1/tp of
+    # the activation (Megatron-Core's get_tensor_shapes: seq_length // tp under
+    # sequence_parallel); off: the whole activation (what the planner assumes of its runtime).
+    pipeline_sends_shards: bool = False
+    # Pipeline sends and receives overlap the neighbouring chunks' compute (Megatron's
+    # overlap_p2p_comm, on by default for its interleaved schedule: megatron/training/
+    # arguments.py, --no-overlap-p2p-communication); off: they sit between the chunks.
+    p2p_overlap: bool = False
 
     @property
     def mixed(self) -> bool:
@@ -198,7 +231,7 @@ def compute_time(
 FLASH_BACKWARD = 2.5 / 2.0
 
 
-def op_rate(node: dict, cluster: Cluster, dtype: str, fp8: bool = False):
+def op_rate(node: dict, cluster: Cluster, dtype: str, fp8: bool = False, native: bool = False):
     """(achievable FLOP/s, forward FLOP factor, backward FLOP factor) of one op's products.
 
     - A fused attention kernel (scaled_dot_product_attention) runs at the profile's
@@ -206,6 +239,8 @@ def op_rate(node: dict, cluster: Cluster, dtype: str, fp8: bool = False):
       it, on the work it does: a causal kernel skips the masked half of the score tiles, and
       backward recomputes the scores (``FLASH_BACKWARD``). A profile without the figure prices
       attention as any product of the dtype (the CPU's, whose kernels are measured as such).
+      ``native``: the chip's own fused attention kernel (``Training.native_attention``) at the
+      profile's ``native_attention_efficiency`` where it gives one.
     - With FP8 linears, a product with a weight runs at the profile's FP8 rate.
     - Every other product at the dtype's peak times ``matmul_efficiency``."""
     from planner.trace.opcost import ATTENTION_OPS
@@ -213,7 +248,10 @@ def op_rate(node: dict, cluster: Cluster, dtype: str, fp8: bool = False):
     p = cluster.profile
     if node["op"] in ATTENTION_OPS and p.attention_efficiency > 0:
         work = 0.5 if _causal(node) else 1.0
-        return p.peak_flops[dtype] * p.attention_efficiency, work, work * FLASH_BACKWARD
+        eff = p.attention_efficiency
+        if native and p.native_attention_efficiency > 0:
+            eff = p.native_attention_efficiency
+        return p.peak_flops[dtype] * eff, work, work * FLASH_BACKWARD
     if fp8 and node.get("params") and p.peak_flops.get("fp8", 0.0) > 0:
         return p.peak_flops["fp8"] * p.fp8_matmul_efficiency, 1.0, 1.0
     return p.peak_flops[dtype] * p.matmul_efficiency, 1.0, 1.0
@@ -272,31 +310,42 @@ def _roofline_parts(
 
 
 def block_node_times(
-    graph, block: Block, scale: float, cluster: Cluster, dtype: str, nodes=None, fp8=False
+    graph,
+    block: Block,
+    scale: float,
+    cluster: Cluster,
+    dtype: str,
+    nodes=None,
+    fp8=False,
+    native=False,
+    fused=False,
 ) -> NodeTimes:
     """Per-op roofline of a block's ops (or of ``nodes``), for ``scale`` traced micro-batches.
 
     An op's traced bytes include the weights it reads; those do not grow with the micro-batch
     (only activations do), so they are kept out of the scaling. Backward reads the weights and
     writes their gradients: twice the weight bytes, also fixed. Each op's products run at
-    its class's rate (``op_rate``: GEMMs, fused attention, FP8 linears when ``fp8``)."""
+    its class's rate (``op_rate``: GEMMs, fused attention, the chip's own attention kernel when
+    ``native``, FP8 linears when ``fp8``). ``fused``: element-wise chains run as one kernel
+    each (``fusion_shares``)."""
     from planner.trace.blocks import cached_core_nodes
 
     core = cached_core_nodes(graph)
     pbytes = param_bytes_of(graph)
     half = cluster.profile.matmul_half_inner_dim
+    shares = fusion_shares(graph, block) if fused else {}
     out = NodeTimes()
     for n in block.nodes if nodes is None else nodes:
         d = graph.nodes[n]
         weights = min(sum(pbytes.get(p, 0) for p in d.get("params", ())), d["fwd_bytes"])
-        act_f = d["fwd_bytes"] - weights
+        act_f = (d["fwd_bytes"] - weights) * shares.get(n, 1.0)
         slow_f, slow_b = inner_dim_slowdowns(d.get("mm_inner"), scale, half)
-        rate, work_f, work_b = op_rate(d, cluster, dtype, fp8)
+        rate, work_f, work_b = op_rate(d, cluster, dtype, fp8, native)
         fc, fm = _roofline_parts(
             d["fwd_flops"] * work_f * scale, act_f * scale + weights, cluster, dtype, slow_f, rate
         )
         bw_w = min(2 * weights, d["bwd_bytes"])
-        act_b = d["bwd_bytes"] - bw_w
+        act_b = (d["bwd_bytes"] - bw_w) * shares.get(n, 1.0)
         bc, bm = _roofline_parts(
             d["bwd_flops"] * work_b * scale, act_b * scale + bw_w, cluster, dtype, slow_b, rate
         )
@@ -309,11 +358,65 @@ def block_node_times(
     return out
 
 
+def fusion_shares(graph, block: Block) -> dict[str, float]:
+    """Per element-wise op of ``block``, the share of its traced activation traffic left when
+    every chain of element-wise ops between two products runs as one kernel, as Transformer
+    Engine's and Megatron-Core's fused kernels (normalization with the next linear, SwiGLU,
+    rotary embedding, bias-dropout-add) and torch.compile's Inductor (which fuses point-wise
+    ops and reductions into generated kernels) run them.
+
+    A chain is a connected group of the block's ops that are neither products nor attention
+    kernels (views included: they move nothing). Fused, it reads each tensor entering it
+    from outside once and writes each tensor that leaves it (read outside it, or the block's
+    output) once; unfused, every op reads its inputs and writes its output. Each op of the
+    chain keeps the chain's ratio of the two; backward traffic shrinks in the same ratio."""
+    from planner.trace.opcost import ATTENTION_OPS, MATMUL_OPS
+
+    members = {
+        n for n in block.nodes if graph.nodes[n]["op"] not in MATMUL_OPS | ATTENTION_OPS | {"input"}
+    }
+    shares: dict[str, float] = {}
+    seen: set[str] = set()
+    for start in sorted(members, key=lambda n: graph.nodes[n]["order"]):
+        if start in seen:
+            continue
+        group, stack = {start}, [start]
+        while stack:
+            u = stack.pop()
+            for v in list(graph.predecessors(u)) + list(graph.successors(u)):
+                if v in members and v not in group:
+                    group.add(v)
+                    stack.append(v)
+        seen |= group
+        unfused = sum(graph.nodes[n]["fwd_bytes"] for n in group)
+        if unfused <= 0:
+            continue
+        reads = {u: graph.edges[u, v]["bytes"] for v in group for u in graph.predecessors(v)}
+        fused_bytes = sum(b for u, b in reads.items() if u not in group)
+        for u in group:
+            outside = [graph.edges[u, v]["bytes"] for v in graph.successors(u) if v not in group]
+            if outside:  # a view's edge carries the bytes of the tensor it shows
+                fused_bytes += max(outside)
+            elif not any(True for _ in graph.successors(u)):
+                fused_bytes += graph.nodes[u]["out_bytes"]
+        ratio = min(1.0, fused_bytes / unfused)
+        shares.update({n: ratio for n in group})
+    return shares
+
+
 def node_times(
-    graph, block: Block, scale: float, cluster: Cluster, dtype: str, nodes=None, fp8=False
+    graph,
+    block: Block,
+    scale: float,
+    cluster: Cluster,
+    dtype: str,
+    nodes=None,
+    fp8=False,
+    native=False,
+    fused=False,
 ):
     """(forward, backward, forward of the selective core): ``block_node_times`` summed."""
-    t = block_node_times(graph, block, scale, cluster, dtype, nodes, fp8)
+    t = block_node_times(graph, block, scale, cluster, dtype, nodes, fp8, native, fused)
     return t.fwd, t.bwd, t.core_fwd
 
 
@@ -382,7 +485,10 @@ def block_options(
     traced_mbs = graph.graph["micro_batch_size"]
     cp = len(cp_ranks) if cp_ranks else 1
     scale = micro_batch_size / traced_mbs / cp
-    times = block_node_times(graph, block, scale, cluster, training.dtype, fp8=training.fp8_linears)
+    native, fused = training.native_attention, training.fused_elementwise
+    times = block_node_times(
+        graph, block, scale, cluster, training.dtype, None, training.fp8_linears, native, fused
+    )
     fwd_full, bwd_full, core_fwd = times.fwd_compute, times.bwd_compute, times.core_fwd
     ring_f, ring_b = ring_attention_times(graph, block, scale, cluster, training, cp_ranks)
     fwd_full += ring_f
@@ -397,7 +503,7 @@ def block_options(
         factor = training.moe_capacity_factor * (training.moe_imbalance if ep > 1 else 1.0)
         e_fwd, e_bwd, _ = node_times(
             graph, block, scale, cluster, training.dtype, expert_nodes(graph, block),
-            training.fp8_linears,
+            training.fp8_linears, native, fused,
         )  # fmt: skip
         fwd_full += e_fwd * (factor - 1)
         bwd_full += e_bwd * (factor - 1)
@@ -405,6 +511,13 @@ def block_options(
         buffer = dispatch_bytes(moe, scale, training) if ep > 1 else 0.0
         one = collective_time("all_to_all", buffer, cluster, ep_ranks or [0])
         a2a_f = a2a_b = 2 * one
+    policy = selective_kept(graph, block, training)
+    if policy is not None:
+        kept_bytes, recomputed = policy
+        re_fwd, _, _ = node_times(
+            graph, block, scale, cluster, training.dtype, recomputed, training.fp8_linears,
+            native, fused,
+        )  # fmt: skip
     options: list[BlockOption] = []
     for v in variants:
         cf = v.compute_fraction
@@ -418,21 +531,23 @@ def block_options(
             comm_f, comm_b = tp_exposed(comm_f, comm_b, fwd_full * cf, bwd_full * cf, cluster)
         # Experts are not split by TP (a grouped product has no sharding rule), but by EP.
         params = block.params * v.param_fraction - expert_total * (1 - 1 / ep)
+        sel_bytes, sel_fwd = v.saved_selective_bytes, core_fwd * cf
+        if policy is not None:
+            # The traced block's kept share, applied to the variant's saved bytes (exact
+            # without TP; with TP it assumes the kept tensors shard as the saved ones do).
+            share = kept_bytes / block.saved_bytes if block.saved_bytes else 0.0
+            sel_bytes, sel_fwd = v.saved_bytes * min(share, 1.0), re_fwd * cf
         for rc in RECOMPUTE:
-            if rc == "selective" and v.saved_selective_bytes >= v.saved_bytes:
+            if rc == "selective" and sel_bytes >= v.saved_bytes:
                 continue  # nothing to drop: identical to "none"
             if rc == "full" and v.input_bytes >= v.saved_bytes:
                 continue
-            extra = {"none": 0.0, "selective": core_fwd * cf + ovh_sel, "full": fwd + comm_f}[rc]
+            extra = {"none": 0.0, "selective": sel_fwd + ovh_sel, "full": fwd + comm_f}[rc]
             ep_comm = a2a_f + a2a_b + (a2a_f if rc == "full" else 0.0)
-            act = {
-                "none": v.saved_bytes,
-                "selective": v.saved_selective_bytes,
-                "full": v.input_bytes,
-            }[rc]
+            act = {"none": v.saved_bytes, "selective": sel_bytes, "full": v.input_bytes}[rc]
             recompute_peak = {
                 "none": 0.0,
-                "selective": v.saved_bytes - v.saved_selective_bytes,
+                "selective": v.saved_bytes - sel_bytes,
                 "full": v.saved_bytes,
             }[rc]
             for off in OFFLOAD if (offload_allowed and block.params > 0) else ("none",):
@@ -456,6 +571,45 @@ def block_options(
                     )
                 )
     return options
+
+
+def selective_kept(graph, block: Block, training: Training) -> tuple[float, list[str]] | None:
+    """(bytes kept for backward per traced micro-batch, ops recomputed) under
+    ``Training.selective_policy``, or None for the planner's own "core" policy (the traced
+    ``saved_selective_bytes`` and the core's forward).
+
+    "torchtitan-op" is torchtitan's per-op selective activation checkpointing
+    (torchtitan/models/llama3/parallelize_llama.py, ``_apply_ac_to_transformer_block`` at
+    commit b5bcd76, the version of its published benchmarks): a torch selective-checkpoint
+    policy that must-saves the outputs of the ops in its save list (``aten.mm``, the flash and
+    memory-efficient attention kernels, reduce-scatter, ``aten.max``) except every second
+    ``aten.mm`` of the block, and recomputes everything else; the checkpoint keeps the block's
+    input to re-run it. A flash attention kernel's outputs are its result and its fp32
+    log-sum-exp per head and query. FP8 linears call ``aten._scaled_mm``, which the list does
+    not name, so with them no product is saved."""
+    from planner.trace.opcost import ATTENTION_OPS, MATMUL_OPS
+
+    if training.selective_policy == "core":
+        return None
+    if training.selective_policy != "torchtitan-op":
+        raise ValueError(f"unknown selective recompute policy {training.selective_policy!r}")
+    kept = float(block.input_bytes)
+    recomputed: list[str] = []
+    products = 0
+    for n in block.nodes:
+        d = graph.nodes[n]
+        if d["op"] in ATTENTION_OPS:
+            shape = d["shapes"][0] or []
+            lse = math.prod(shape[:-1]) * FP32_BYTES if len(shape) >= 2 else 0
+            kept += d["out_bytes"] + lse
+            continue
+        if d["op"] in MATMUL_OPS and d.get("params") and not training.fp8_linears:
+            products += 1
+            if products % 2 == 1:
+                kept += d["out_bytes"]
+                continue
+        recomputed.append(n)
+    return kept, recomputed
 
 
 def tp_exposed(
@@ -500,7 +654,9 @@ def ring_attention_times(
         kv = sum(graph.edges[r, n]["bytes"] for r in refs) * scale
         ring_f = (cp - 1) * p2p_time(kv, bw, lat)
         ring_b = (cp - 1) * p2p_time(2 * kv, bw, lat)
-        attn_f, attn_b, _ = node_times(graph, block, scale, cluster, training.dtype, [n])
+        attn_f, attn_b, _ = node_times(
+            graph, block, scale, cluster, training.dtype, [n], native=training.native_attention
+        )
         fwd += max(0.0, ring_f - hide * attn_f)
         bwd += max(0.0, ring_b - hide * attn_b)
         if _causal(d):
@@ -582,6 +738,8 @@ def state_memory(
     z = params if sharded is None else sharded
     w = z * wb / dp if zero >= 3 else params * wb
     g = z * gb / dp if zero >= 2 else params * gb
+    if training.fp32_grad_accumulation:
+        g += params * FP32_BYTES  # BF16_Optimizer's whole fp32 gradient buffer
     o = z * ob / dp if zero >= 1 else params * ob
     host = 0.0
     if offload in (Offload.OPTIMIZER, Offload.PARAMS):
@@ -646,10 +804,15 @@ class CostInputs:
 
     @property
     def loss_bytes(self) -> float:
-        """The loss's fp32 logits and their gradient on the last stage, per traced sample-set."""
+        """The loss's peak memory on the last stage, per traced sample-set, unsharded: three
+        fp32 copies of the logits. Cross-entropy over the upcast logits saves log-softmax's
+        output for backward; backward then holds that output, the dense gradient
+        nll_loss's backward hands it, and the gradient log-softmax's backward writes, all at
+        once (torch's tools/autograd/derivatives.yaml: ``_log_softmax`` backward is
+        ``_log_softmax_backward_data(grad, result, ...)``, a new tensor)."""
         last = self.blocks[-1]
         dtype_bytes = 2 if self.training.mixed else 4
-        return 2 * 4 * last.output_bytes / dtype_bytes
+        return 3 * 4 * last.output_bytes / dtype_bytes
 
 
 def sample_share(config: Config) -> float:
@@ -661,7 +824,11 @@ def sample_share(config: Config) -> float:
 def stage_time_parts(
     inp: CostInputs, opts: list[BlockOption], config: Config, s: int
 ) -> tuple[float, float, float]:
-    """(compute, TP communication, point-to-point) per micro-batch for virtual stage s."""
+    """(compute, TP communication, point-to-point) per micro-batch for virtual stage s.
+
+    Point-to-point: the activation to the next stage and its gradient back; overlapped with
+    compute (``Training.p2p_overlap``), only the part longer than the profile's
+    ``comm_overlap`` share of the stage's compute stays exposed."""
     mesh = config.mesh
     n_stages = config.num_stages
     compute = sum(o.time_s - o.tp_comm_s for o in opts)
@@ -672,17 +839,21 @@ def stage_time_parts(
     if n_stages > 1:
         r, p = s % mesh.pp, mesh.pp
         nbytes = inp.boundary_bytes * sample_share(config) / inp.traced_mbs
+        if inp.training.pipeline_sends_shards:
+            nbytes /= mesh.tp
         if s < n_stages - 1:  # activations to the next stage, gradients back from it
             bw, lat = inp.cluster.link([mesh.rank(r, 0, 0), mesh.rank((s + 1) % p, 0, 0)])
             p2p += 2 * p2p_time(nbytes, bw, lat)
+        if inp.training.p2p_overlap:
+            p2p = max(0.0, p2p - inp.cluster.profile.comm_overlap * compute)
     return compute, tp_comm, p2p
 
 
 def loss_time(inp: CostInputs, config: Config) -> float:
     """The loss on the last stage, per micro-batch: cross-entropy over fp32 logits is
     memory-bound, log-softmax and its gradient reading and writing the logits about three times
-    each way (``loss_bytes`` already counts logits and their gradient)."""
-    nbytes = 1.5 * inp.loss_bytes * sample_share(config) / inp.traced_mbs
+    each way (``loss_bytes`` is three fp32 copies of the logits)."""
+    nbytes = inp.loss_bytes * sample_share(config) / inp.traced_mbs
     p = inp.cluster.profile
     ops = LOSS_OPS * (p.op_overhead + p.backward_op_overhead)
     return 2 * nbytes / (p.memory_bandwidth * p.elementwise_efficiency) + ops
@@ -966,8 +1137,14 @@ def other_memory(
         (gathered_weight_bytes(o, config.zero_stage, inp.training) for o in opts), default=0
     )
     if last:
-        total += inp.loss_bytes * scale
+        total += inp.loss_bytes * scale / loss_shards(inp.training, config)
     return total + tied_memory(inp, config, last)
+
+
+def loss_shards(training: Training, config: Config) -> int:
+    """How many ranks the loss's logits are split over: the TP degree under a vocab-parallel
+    loss (``Training.vocab_parallel_loss``), else one (every rank holds them all)."""
+    return config.mesh.tp if training.vocab_parallel_loss else 1
 
 
 def evaluate(inp: CostInputs, config: Config) -> StepCost:

@@ -34,6 +34,13 @@ FIELDS: tuple[tuple[str, str, str, str, str], ...] = (
     ("compute", "matmul_efficiency", "matmul_efficiency", "eff", "share of peak"),
     ("compute", "fp8_matmul_efficiency", "fp8_matmul_efficiency", "eff", "share of FP8 peak"),
     ("compute", "attention_efficiency", "attention_efficiency", "unit", "share of peak"),
+    (
+        "compute",
+        "native_attention_efficiency",
+        "native_attention_efficiency",
+        "unit",
+        "share of peak",
+    ),
     ("compute", "elementwise_efficiency", "elementwise_efficiency", "eff", "share of bandwidth"),
     ("compute", "matmul_half_inner_dim", "matmul_half_inner_dim", "nonneg", "elements"),
     ("compute", "op_overhead_s", "op_overhead", "nonneg", "seconds per op"),
@@ -71,6 +78,9 @@ OPTIONAL: dict[str, float] = {
     # A fused attention kernel's achieved share of the 16-bit peak on the work it does
     # (cost.model.op_rate); 0: priced as any matrix product (no separate measurement).
     "attention_efficiency": 0.0,
+    # The same for the chip's own fused attention kernel (cuDNN/FlashAttention-3 on Hopper),
+    # where a framework runs it (Training.native_attention); 0: none beyond attention_efficiency.
+    "native_attention_efficiency": 0.0,
     # A GEMM reducing over K runs at K / (K + this) of matmul_efficiency's asymptotic rate.
     "matmul_half_inner_dim": 0.0,
     "op_overhead_s": 0.0,
@@ -96,6 +106,7 @@ UNMEASURED_NOTES = {
     "peak_flops_fp8": "not measured: 0 = FP8 linears run at the 16-bit rate",
     "fp8_matmul_efficiency": "not measured: unused without an FP8 peak",
     "attention_efficiency": "not measured: 0 = fused attention priced as a matrix product",
+    "native_attention_efficiency": "not measured: 0 = as attention_efficiency",
 }
 # A key a profile may lack -> the key of the same section whose value stands in for it: a
 # profile measured before the key existed prices as it did (a gathered column-parallel module
@@ -151,6 +162,7 @@ class DeviceProfile:
     # (0: priced as a matrix product). Defaults keep profiles built in code as before.
     fp8_matmul_efficiency: float = 1.0
     attention_efficiency: float = 0.0
+    native_attention_efficiency: float = 0.0
     source: str = field(default="", compare=False)
 
 
