@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -130,11 +131,12 @@ def variants_for(
     solutions for other calls of one planning run. ``probe`` (an ``EagerShardProbe``) drops
     the sharded variants the model's own code would run wrongly on local shards."""
     from planner.cost.sharding import tp_variants
+    from planner.vocab import SEQUENCE_STYLES, on_dtensors
 
     p = cluster.profile
     bw, _ = cluster.link(list(range(min(cluster.gpus_per_node, cluster.gpus))))
 
-    def solve(block: Block, tp: int, gathered: frozenset[str] = frozenset()) -> list:
+    def solve(block: Block, tp: int) -> list:
         return tp_variants(
             graph,
             block,
@@ -143,7 +145,6 @@ def variants_for(
             flops_per_second=p.peak_flops["bf16"] * p.matmul_efficiency,
             bytes_per_second=p.memory_bandwidth * p.elementwise_efficiency,
             memo=memo,
-            gathered=gathered,
         )
 
     def variants_of(block: Block, tp: int) -> list:
@@ -159,27 +160,21 @@ def variants_for(
         return sharded if tp_variant in ("sharded", "sequence") and sharded else found
 
     def _runnable(block: Block, tp: int, found: list) -> list:
-        """The variants the model's eager code runs as priced. A rejected variant's
-        column-parallel modules whose outputs the code mishandles are gathered, and the ILP
-        solved again, until every sharded variant passes (each round gathers one more
-        module at least, so this ends)."""
+        """The variants the model's eager code runs as priced. Where it misreads a local
+        shard (a view that fixes the head count), the block's column-parallel outputs stay
+        DTensors (``colwise_dtensor``): the code then reads global shapes and DTensor runs
+        each op sharded as priced. A variant whose code fails on local shards for another
+        reason, or a sequence-parallel one, is dropped."""
         module = block.modules[0]
-        gathered: frozenset[str] = frozenset()
-        while True:
-            bad = [
-                v
-                for v in found
-                if v.name != "replicated" and probe.reject(block.cls, module, v.tp_plan, tp)
-            ]
-            if not bad:
-                return found
-            more = set().union(
-                *(probe.unsafe_outputs(block.cls, module, v.tp_plan, tp) for v in bad)
-            )
-            if not more - gathered:
-                return [v for v in found if v not in bad]
-            gathered = gathered | frozenset(more)
-            found = solve(block, tp, gathered)
+        kept = []
+        for v in found:
+            if v.name == "replicated" or not probe.reject(block.cls, module, v.tp_plan, tp):
+                kept.append(v)
+            elif probe.unsafe_outputs(block.cls, module, v.tp_plan, tp) and not any(
+                s in SEQUENCE_STYLES for s in v.tp_plan.values()
+            ):
+                kept.append(dataclasses.replace(v, tp_plan=on_dtensors(v.tp_plan)))
+        return kept
 
     return variants_of
 

@@ -47,6 +47,10 @@ class TPStyle(Word):
     # the same for a weight stored [in, out] and applied as x @ W + b (transformers' Conv1D),
     # through meshplan's own styles (runtime.parallelize): its dim 1 split, or its dim 0
     COLWISE_IN_OUT = "colwise_in_out"
+    # ColwiseParallel whose output stays a DTensor: the code after it reads global shapes
+    # (runtime.dtensor_blocks); every column-parallel module of its block is one
+    COLWISE_DTENSOR = "colwise_dtensor"
+    COLWISE_DTENSOR_IN_OUT = "colwise_dtensor_in_out"
     COLWISE_GATHER_IN_OUT = "colwise_gather_in_out"
     ROWWISE_IN_OUT = "rowwise_in_out"
 
@@ -55,8 +59,19 @@ IN_OUT = "_in_out"
 
 
 def base_style(style: str) -> str:
-    """The style with the weight's layout left out: colwise, colwise_gather or rowwise."""
+    """The style with the weight's layout left out: colwise, colwise_gather, colwise_dtensor
+    or rowwise."""
     return style.removesuffix(IN_OUT)
+
+
+def on_dtensors(tp_plan: dict[str, str]) -> dict[str, str]:
+    """``tp_plan`` with every column-parallel output kept a DTensor (see COLWISE_DTENSOR)."""
+    return {
+        fqn: style.replace("colwise", "colwise_dtensor", 1)
+        if base_style(style) == "colwise"
+        else style
+        for fqn, style in tp_plan.items()
+    }
 
 
 class DType(Word):

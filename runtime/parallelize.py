@@ -31,6 +31,7 @@ from planner.errors import UserInputError
 from planner.modelfile import DTYPES
 from planner.schema import BlockPlan, Plan
 from planner.vocab import HALF_DTYPES, IN_OUT, SEQUENCE_STYLES, base_style
+from runtime.dtensor_blocks import register_cpu_attention_sharding, run_with_implicit_replication
 from runtime.tied import splits_tie, tied_groups
 
 HALF = {name: DTYPES[name] for name in HALF_DTYPES}
@@ -84,6 +85,10 @@ def tp_style(module: nn.Module, style: str, fqn: str, traced_parent: bool = Fals
             f"plan shards {fqn} ({type(module).__name__}) with tensor parallelism, but only "
             "nn.Linear and nn.Embedding can be sharded: plan again with --tp 1"
         )
+    if style == "colwise_dtensor":
+        if traced_parent:
+            return ColwiseParallel(output_layouts=Replicate())
+        return ColwiseParallel(use_local_output=False)
     if style == "colwise" and not traced_parent:
         return ColwiseParallel()
     if style in ("colwise", "colwise_gather"):
@@ -148,9 +153,11 @@ def _apply_own(style, module: nn.Module, mesh: DeviceMesh, placement) -> nn.Modu
 
 
 def _in_out_style(base: str, traced_parent: bool) -> ParallelStyle:
+    if base == "colwise_dtensor" and not traced_parent:
+        return _InOutColwise(use_local_output=False)
     if base == "colwise" and not traced_parent:
         return _InOutColwise()
-    if base in ("colwise", "colwise_gather"):
+    if base.startswith("colwise"):
         return _InOutColwise(output_layouts=Replicate())
     if traced_parent:
         return _InOutRowwise(input_layouts=Replicate())
@@ -236,6 +243,10 @@ def is_traced(module: nn.Module) -> bool:
     return isinstance(module, (InterpreterModule, torch.fx.GraphModule))
 
 
+def in_module(fqn: str, module: str) -> bool:
+    return not module or fqn == module or fqn.startswith(module + ".")
+
+
 def _traced_scope(root: nn.Module, fqn: str) -> str | None:
     """The outermost eager module around ``fqn`` (``fqn`` itself included) whose parent is
     traced code, or None where no ancestor is traced (an eager model or stage)."""
@@ -266,7 +277,7 @@ def _meets_traced_code(root: nn.Module, fqn: str, tp_plan: dict[str, str]) -> bo
         return True
     partner = "rowwise" if tp_plan.get(fqn, "").startswith("colwise") else "colwise"
     return not any(
-        other.startswith(scope + ".") and base_style(style) == partner
+        other.startswith(scope + ".") and base_style(style).startswith(partner)
         for other, style in tp_plan.items()
     )
 
@@ -280,6 +291,7 @@ def apply_tensor_parallel(
         return []
     styles: dict[str, ParallelStyle] = {}
     gathered: list[str] = []
+    scopes: set[str] = set()  # modules running on DTensors (runtime.dtensor_blocks)
     for block in blocks:
         for fqn, style in block.tp_plan.items():
             module = find_module(root, fqn)
@@ -300,9 +312,16 @@ def apply_tensor_parallel(
             styles[fqn] = tp_style(module, style, fqn, traced)
             if traced:
                 gathered.append(fqn)
+            elif base_style(style) == "colwise_dtensor":
+                scope = _traced_scope(root, fqn)
+                scopes.add(scope or next((m for m in block.modules if in_module(fqn, m)), ""))
     if styles:
         ties = tied_groups(root)
         parallelize_module(root, tp_mesh, styles)
+        if scopes:
+            register_cpu_attention_sharding()
+        for scope in sorted(scopes):
+            run_with_implicit_replication(find_module(root, scope) if scope else root)
         broken = sorted(set(ties) - set(tied_groups(root)))
         if broken:
             raise UserInputError(

@@ -81,9 +81,9 @@ def test_the_eager_probe_rejects_a_view_that_fixes_the_head_count():
     )
 
 
-def test_opt_attention_is_planned_gathered_not_misread():
-    """With the probe, OPT's pinned TP plan gathers its attention projections (or keeps them
-    replicated) instead of handing the code a shard it misreads."""
+def test_opt_attention_is_planned_on_dtensors_not_misread():
+    """With the probe, OPT's pinned TP plan keeps its column-parallel outputs DTensors (the
+    code then reads global shapes) instead of handing the code a shard it misreads."""
     mf = load_model_file(MODELS / "opt.py", {"size": "tiny"})
     result = plan(
         mf, 2, profile="cpu", dtype="fp32", use_cache=False,
@@ -92,7 +92,7 @@ def test_opt_attention_is_planned_gathered_not_misread():
     for b in result.plan.blocks:
         for fqn, style in b.tp_plan.items():
             if fqn.endswith(("q_proj", "k_proj", "v_proj")):
-                assert style != "colwise", (fqn, style)
+                assert style == "colwise_dtensor", (fqn, style)
 
 
 def test_a_module_with_its_own_forward_is_never_styled():

@@ -276,7 +276,7 @@ def _first_misplaced(module: str, whole: list, local: list, t: int) -> tuple[str
             return (
                 f"{module}: its code reshapes a local shard {list(l_in)} to {list(l_out)}, not "
                 f"{want} (a view that fixes the head count and infers another dim, such as "
-                "view(batch, -1, heads, head_dim)); those outputs are gathered",
+                "view(batch, -1, heads, head_dim)); its column-parallel outputs stay DTensors",
                 set(came),
             )
     return "", set()

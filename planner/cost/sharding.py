@@ -564,17 +564,9 @@ def build_problem(
     tp: int,
     flops_per_second: float = 400e12,
     bytes_per_second: float = 2e12,
-    gathered: frozenset[str] = frozenset(),
 ) -> BlockProblem:
-    """The block's tensor-valued ops with their strategies, costs and saved tensors.
-    ``gathered``: module paths, relative to the block's module, whose outputs every op outside
-    them must read whole (the model's code cannot take their local shards; see
-    ``planner.cost.eager_probe``)."""
+    """The block's tensor-valued ops with their strategies, costs and saved tensors."""
     nodes = [n for n in block.nodes if _has_tensor(graph, n)]
-    prefix = block.modules[0] + "." if len(block.modules) == 1 else ""
-    whole_outputs = {
-        n for n in nodes if gathered and graph.nodes[n]["module"].removeprefix(prefix) in gathered
-    }
     inside = set(nodes)
     ops: list[Op] = []
     external: dict[str, tuple[int, bool]] = {}
@@ -582,9 +574,7 @@ def build_problem(
     param_numel: dict[str, int] = {}
     pshapes = graph.graph.get("param_shapes", {})
     pdtype = graph.graph.get("param_dtype_bytes", {})
-    allowed = _Runnable(
-        tied_parameters(graph), frozenset(graph.graph.get("tp_modules", [])), whole_outputs
-    )
+    allowed = _Runnable(tied_parameters(graph), frozenset(graph.graph.get("tp_modules", [])))
     for n in nodes:
         d = graph.nodes[n]
         operands = _operands(graph, d)
@@ -608,7 +598,7 @@ def build_problem(
                 strategies=tuple(
                     st
                     for st in strategies_for(d["op"], d, operands, tp)
-                    if allowed(n, d["module"], st, operands)
+                    if allowed(d["module"], st, operands)
                 ),
                 seconds=seconds,
                 flops=int(d["fwd_flops"] + d["bwd_flops"]),
@@ -670,22 +660,17 @@ class _Runnable:
     - a tied weight stays replicated: its uses live in different blocks, each sharded by its
       own ILP, and the runtime keeps one tensor only if every use holds it alike (a consistent
       vocabulary-parallel embedding and head is not built yet);
-    - a weight is sharded only in a module a ParallelStyle can shard (``tp_modules``);
-    - ops outside ``whole_outputs`` read those nodes whole (see ``build_problem``)."""
+    - a weight is sharded only in a module a ParallelStyle can shard (``tp_modules``)."""
 
     tied: frozenset[str]
     shardable: frozenset[str]
-    whole_outputs: set[str]
 
-    def __call__(self, node: str, module: str, st: Strategy, operands: Sequence[Operand]) -> bool:
+    def __call__(self, module: str, st: Strategy, operands: Sequence[Operand]) -> bool:
         if st.plan and module not in self.shardable:
             return False
         for o, req in zip(operands, st.req):
             if o.kind == "param" and o.name in self.tied and req not in (R, None):
                 return False
-            if o.kind == "node" and o.name in self.whole_outputs and req != R:
-                if node not in self.whole_outputs:
-                    return False
         return True
 
 
@@ -1174,7 +1159,6 @@ def tp_variants(
     bytes_per_second: float = 2e12,
     max_variants: int = 3,
     memo: dict | None = None,
-    gathered: frozenset[str] = frozenset(),
 ) -> list[TPVariant]:
     """The Pareto-best ways (time vs per-device memory) to run ``block`` over ``tp`` devices.
 
@@ -1184,10 +1168,9 @@ def tp_variants(
     per (block class, tp, cost rates) when given a ``memo`` to keep the solutions in (blocks of a
     class differ only in names), and re-bound to this block's names."""
     key = (block.cls, tp, comm_seconds_per_byte, flops_per_second, bytes_per_second, max_variants)
-    key += (gathered,) if gathered else ()
     memo = {} if memo is None else memo
     if key not in memo:
-        prob = build_problem(graph, block, tp, flops_per_second, bytes_per_second, gathered)
+        prob = build_problem(graph, block, tp, flops_per_second, bytes_per_second)
         memo[key] = _templates(prob, comm_seconds_per_byte, max_variants)
     # A sequence-parallel block is entered and left as one module (one block, one module).
     nodes = [n for n in block.nodes if _has_tensor(graph, n)]

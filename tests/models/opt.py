@@ -12,7 +12,8 @@ TRAINING = {"global_batch_size": 8, "optimizer": "adamw", "dtype": "bf16", "lr":
 SEQ, VOCAB = 32, 128
 
 
-def build_model(size: str = "tiny", layers: int = 2) -> nn.Module:
+def build_model(size: str = "tiny", layers: int = 2, dtype: str = "float32") -> nn.Module:
+    """``dtype``: the parameters' torch dtype (the oracle trains AdamW cases in float64)."""
     if size != "tiny":
         raise ValueError(f"unknown size {size!r}; this test model has only 'tiny'")
     config = OPTConfig(
@@ -31,7 +32,7 @@ def build_model(size: str = "tiny", layers: int = 2) -> nn.Module:
         use_cache=False,
         attn_implementation="sdpa",
     )
-    return OPTForCausalLM(config)
+    return OPTForCausalLM(config).to(getattr(torch, dtype))
 
 
 def make_batch(batch_size: int, step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
