@@ -131,7 +131,8 @@ def search_space(
     state = _Incumbent(inputs, memo.structures)
     order = _order(cands, training, pins, cluster)
     state.first_pass(cands, order, pins, progress)
-    state.second_pass(cands)
+    spent = state.second_pass(cands)
+    state.close_band(spent)
     best = state.best
     if best is not None:
         prefer_simpler(inputs[best.key], best)
@@ -220,18 +221,18 @@ class _Incumbent:
         self.inputs = inputs
         self.structures = structures
         self.best: Candidate | None = None
-        self.band: list[float] = []
+        self.band: list[Candidate] = []  # pruned by a bound within the tolerance of the best
         self.done = 0
         self.problems: dict[int, tuple] = {}  # id(candidate) -> (StageProblem, SplitBound)
 
-    def solve(self, c: Candidate, nodes: int) -> None:
+    def solve(self, c: Candidate, nodes: int, tol: float = SEARCH_REL_TOL) -> None:
         """The candidate's MILP under the best plan's cutoff less the tolerance."""
         best = self.best
-        cutoff = best.cost.step_time_s * (1 - SEARCH_REL_TOL) if best is not None else None
+        cutoff = best.cost.step_time_s * (1 - tol) if best is not None else None
         sp, split = self.problems.get(id(c), (None, None))
         solve_candidate(self.inputs[c.key], c, cutoff, nodes, self.structures, sp=sp, split=split)
         if c.status == "pruned-bound":  # no placement under the cutoff; one within it may be
-            self.band.append(max(c.bound, cutoff))
+            self.band.append(c)
 
     def beaten(self, c: Candidate) -> bool:
         return self.best is not None and _beaten(c, self.best, self.band)
@@ -278,7 +279,7 @@ class _Incumbent:
                 c.reason = f"TP degree {c.tp} shards no block: {c.tp} devices repeat the same work"
             self.offer(c)
 
-    def second_pass(self, cands) -> None:
+    def second_pass(self, cands) -> int:
         """The MILPs the first pass stopped, again with the second-pass node limit, most
         promising first, until the pass's node budget is spent; what stays open is in the
         gap. Work, not time, decides where it stops."""
@@ -297,6 +298,22 @@ class _Incumbent:
             self.solve(c, SECOND_PASS_NODES)
             spent += c.nodes - before
             self.offer(c)
+        return spent
+
+    def close_band(self, spent: int) -> None:
+        """The candidates the tolerance pruned (their bound within SEARCH_REL_TOL of the best
+        plan), solved with the best plan's own step time as cutoff, lowest bound first, while
+        the second pass's node budget lasts: each one either beats the best plan, or is
+        proven no better, or stays open in the gap. Usually a handful, proven at the root."""
+        for c in sorted(self.band, key=lambda c: c.bound):
+            if spent >= SECOND_PASS_BUDGET or self.best is None:
+                break
+            if c.status != "pruned-bound" or c.bound >= self.best.cost.step_time_s:
+                continue
+            before = c.nodes
+            self.solve(c, SECOND_PASS_NODES, tol=0.0)
+            spent += c.nodes - before
+            self.offer(c)
 
     def gap(self, cands: list[Candidate]) -> float:
         """How far the best plan may be from the optimum: 0 when nothing is left unproven."""
@@ -312,7 +329,8 @@ class _Incumbent:
         if self.best is None:
             return 0.0
         t = self.best.cost.step_time_s
-        open_bounds = self.band + [c.bound for c in cands if _open(c)]
+        band = [c.bound for c in self.band if c.status == "pruned-bound"]
+        open_bounds = band + [c.bound for c in cands if _open(c)]
         return min([t, *open_bounds])
 
 
@@ -385,14 +403,14 @@ def _tp_useful(graph, blocks: list[Block], tp: int, variants_of) -> bool:
     return False
 
 
-def _beaten(c: Candidate, best: Candidate, band: list[float]) -> bool:
+def _beaten(c: Candidate, best: Candidate, band: list[Candidate]) -> bool:
     """Whether ``c``'s lower bound leaves it no room to beat ``best`` by more than the search
     tolerance; a bound inside the tolerance goes to ``band`` (the reported gap)."""
     t = best.cost.step_time_s
     if c.bound >= t:
         return True
     if c.bound >= t * (1 - SEARCH_REL_TOL):
-        band.append(c.bound)
+        band.append(c)
         return True
     return False
 
