@@ -52,7 +52,10 @@ def lower_bounds(inp: CostInputs, cand: Candidate) -> tuple[float, float]:
     """(step-time bound, peak-memory bound) without building a MILP."""
     m = num_microbatches(inp.training, cand.dp, cand.micro_batch_size)
     p, v = cand.pp, cand.virtual_stages
-    total = sum(min(o.time_s for o in opts) for opts in inp.options)
+    memo = inp.memo
+    if "least_time" not in memo:  # the same for every candidate sharing these options
+        memo["least_time"] = sum(min(o.time_s for o in opts) for opts in inp.options)
+    total = memo["least_time"]
     if v == 1:
         time_bound = total * (1 + (m - 1) / p)
     else:

@@ -47,8 +47,8 @@ from planner.trace.blocks import Block
 # pass has spent SECOND_PASS_BUDGET nodes in all. With split_bound's cuts, deep-pipeline MILPs
 # are mostly pruned before they are built, and the ones solved finish in tens of nodes.
 FIRST_PASS_NODES = 300
-SECOND_PASS_NODES = 3_000
-SECOND_PASS_BUDGET = 9_000
+SECOND_PASS_NODES = 2_000
+SECOND_PASS_BUDGET = 4_000
 WORK_LIMITS = {
     "first_pass_nodes": FIRST_PASS_NODES,
     "second_pass_nodes": SECOND_PASS_NODES,
@@ -280,15 +280,16 @@ class _Incumbent:
             self.offer(c)
 
     def second_pass(self, cands) -> int:
-        """The MILPs the first pass stopped, again with the second-pass node limit, most
-        promising first, until the pass's node budget is spent; what stays open is in the
-        gap. Work, not time, decides where it stops."""
+        """The MILPs the first pass stopped, again with the second-pass node limit: the best
+        plan's own first (to prove it), then the others most promising first, until the pass's
+        node budget is spent; what stays open is in the gap. Work, not time, decides where
+        it stops. Returns the nodes spent."""
+        spent = self.prove_best()
         stopped = sorted((c for c in cands if _open(c)), key=lambda c: c.bound)
-        spent = 0
         for c in stopped:
             if spent >= SECOND_PASS_BUDGET:
                 break
-            if c is self.best:  # the incumbent keeps its placement; its bound is in the gap
+            if c is self.best:
                 continue
             if self.beaten(c):
                 if c.status == "unresolved":
@@ -299,6 +300,31 @@ class _Incumbent:
             spent += c.nodes - before
             self.offer(c)
         return spent
+
+    def prove_best(self) -> int:
+        """The best plan's MILP again, when its node limit stopped it, on a copy with the
+        best step time as cutoff: "cutoff" proves no placement of that candidate is faster
+        (its bound becomes its step time); a faster placement replaces the best plan's; a
+        node limit again keeps the higher of the two bounds. Returns the nodes spent."""
+        c = self.best
+        if c is None or c.proven:
+            return 0
+        trial = replace(c, nodes=0, solve_time_s=0.0)
+        t = c.cost.step_time_s
+        sp, split = self.problems.get(id(c), (None, None))
+        inp = self.inputs[c.key]
+        solve_candidate(inp, trial, t, SECOND_PASS_NODES, self.structures, sp=sp, split=split)
+        c.nodes += trial.nodes
+        c.solve_time_s += trial.solve_time_s
+        if trial.status == "pruned-bound":
+            c.bound, c.gap, c.proven = t, 0.0, True
+        elif trial.status == "solved" and trial.cost.feasible and _better(trial, c):
+            c.config, c.cost, c.milp_objective = trial.config, trial.cost, trial.milp_objective
+            c.bound, c.gap, c.proven = trial.bound, trial.gap, trial.proven
+        else:
+            c.bound = min(max(c.bound, trial.bound), t)
+            c.gap = (t - c.bound) / t if t > 0 else 0.0
+        return trial.nodes
 
     def close_band(self, spent: int) -> None:
         """The candidates the tolerance pruned (their bound within SEARCH_REL_TOL of the best
