@@ -3,9 +3,17 @@ bounds, each survivor solved exactly by the stage MILP.
 
 Candidates are solved in order of their lower bound; once the best solved step time is no
 larger than a candidate's bound, that candidate (and every later one) cannot win and is pruned
-without building a MILP. The bound is valid because the pipeline time is at least
+without building a MILP. The first bound is valid because the pipeline time is at least
 sum_j T_j (1 + (m-1)/p) for 1F1B (max_j T_j >= mean) and m sum T / p + (p-1) sum T / (p v) for the
-interleaved schedule, and sum_j T_j is at least the sum over blocks of their fastest option.
+interleaved schedule, and sum_j T_j is at least the sum over blocks of their fastest option;
+then come the LP relaxation (bounds.relaxed_bound) and, for pipelines, the exact dynamic program
+over integer splits (split_bound), each only when the cheaper one did not prune.
+
+Every candidate ends with a certificate: solved (its step time and its MILP's proven bound),
+pruned by a bound at or above the best plan's time (or within SEARCH_REL_TOL of it, then
+counted in the reported gap, and solved again at the end while the node budget lasts),
+pruned because even the relaxations do not fit in memory, infeasible, dominated, or
+unresolved (its node limit found no placement; its bound is in the gap).
 """
 
 from __future__ import annotations
