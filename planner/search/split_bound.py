@@ -29,11 +29,24 @@ Then the least achievable max_j T_j and sum_j T_j over splits:
     S_0(b) = tau_0(0, b),      S_j(b) = min_{j <= a < b} S_{j-1}(a) + tau_j(a, b),
     T* = F_{J-1}(N),           S* = S_{J-1}(N).
 
-Every MILP placement is such a split with T_j >= tau_j, so T_max >= T* and sum_j T_j >= S*:
-cuts the MILP carries (its relaxation then starts at the integer split's level), and with
-v = 1 the bound S* + (m - 1) T* + const_step on the step time.
+Every MILP placement is such a split with T_j >= tau_j, so T_max >= T* and sum_j T_j >= S*.
 
-Cost: per stage, one (breakpoints x N x N) array: milliseconds for 80 layers on 16 stages.
+With v = 1 (rank r = stage j), the same LP with each option costing (m - 1) t_so + optim_so +
+offl_so instead of t_so gives psi_j(a, b), the least (m - 1) T_j + Opt_j + Off_j stage j can
+have, and P* = min over splits of max_j psi_j (the F recurrence on psi). Since Opt and Off are
+maxima over ranks, (m - 1) T_max + Opt + Off >= (m - 1) T_j + Opt_j + Off_j for every j, so
+(m - 1) T_max + Opt + Off >= P*, and the step time
+    sum_j T_j + (m - 1) T_max + E + Opt + Off + K >= S* + P* + K      (E >= 0).
+This is what prunes deep 1F1B pipelines: the stage that must recompute or offload to hold its
+in-flight micro-batches is priced as it must run, not averaged over all stages.
+
+All three are cuts the MILP carries (tmax >= T*, sum T >= S*, (m - 1) tmax + Opt + Off >= P*):
+every placement satisfies them, and its relaxation starts at the integer split's level. With
+one stage there is one range, which the MILP's own relaxation already prices: no cut.
+
+Cost: a range's price depends only on its count vector (c_s), a few hundred distinct ones for a
+transformer against N^2 ranges, each priced at the envelopes' breakpoints; then J steps of the
+recurrence over an (N+1) x (N+1) array: tens of milliseconds for 80 layers on 16 stages.
 """
 
 from __future__ import annotations
