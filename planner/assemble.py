@@ -5,6 +5,8 @@ significant digits) except the solve time, which lives under ``solver``.
 
 from __future__ import annotations
 
+import math
+
 from planner.cost.model import (
     Config,
     CostInputs,
@@ -29,7 +31,8 @@ from planner.schema import (
     SolverRecord,
     StagePlan,
 )
-from planner.search.driver import Candidate, SearchResult
+from planner.schema.plan import Certificate
+from planner.search.driver import WORK_LIMITS, Candidate, SearchResult
 
 
 def _r(x: float) -> float:
@@ -243,6 +246,10 @@ def solver_record(result: SearchResult, baselines: list[tuple[str, Candidate]]) 
         candidates_solved=result.solved,
         candidates_pruned=sum(1 for c in result.candidates if c.status.startswith("pruned")),
         alternatives=alternatives(result, baselines),
+        bound=_r(result.bound),
+        nodes=result.nodes,
+        work_limits=dict(WORK_LIMITS),
+        certificates=[certificate(c, c is best) for c in result.candidates],
         candidates=[
             CandidatePoint(
                 label=c.label(),
@@ -254,6 +261,24 @@ def solver_record(result: SearchResult, baselines: list[tuple[str, Candidate]]) 
             for c in result.candidates
             if c.status == "solved" and c.cost is not None
         ],
+    )
+
+
+def certificate(c: Candidate, chosen: bool) -> Certificate:
+    """One candidate's status, step time and proven bound (None where it has none)."""
+    solved = c.status == "solved" and c.cost is not None
+    t = c.cost.step_time_s if solved else None
+    bound = c.bound if math.isfinite(c.bound) and c.status != "dominated" else None
+    if t is not None and bound is not None:
+        bound = min(bound, t)
+    gap = max(0.0, (t - bound) / t) if t and bound is not None else None
+    return Certificate(
+        label=c.label(),
+        status="chosen" if chosen else c.status,
+        objective=_r(t) if t is not None else None,
+        bound=_r(bound) if bound is not None else None,
+        gap=_r(gap) if gap is not None else None,
+        nodes=c.nodes,
     )
 
 

@@ -207,11 +207,14 @@ def test_dominance_keeps_an_option_that_needs_a_smaller_gather_buffer():
 def test_milp_objective_is_the_cost_models_step_time_on_random_configurations(situation):
     """Pin the MILP's block counts to a random placement and option choice: its objective is
     exactly the step time ``evaluate`` gives that configuration, for every ZeRO stage and
-    schedule the instances cover (the MILP reads the cost model's own per-block terms)."""
+    schedule the instances cover (the MILP reads the cost model's own per-block terms). The
+    MILP carries split_bound's cuts, so this also checks that no runnable placement violates
+    them."""
     import cvxpy as cvx
     import numpy as np
 
     from planner.search.problem import segments, stage_problem
+    from planner.search.split_bound import split_bound
     from planner.search.stage_milp import _Structure
 
     rng = random.Random(7)
@@ -224,7 +227,7 @@ def test_milp_objective_is_the_cost_models_step_time_on_random_configurations(si
         n_opts = [len(t) for t in sp.time]
         J = cand.pp * cand.virtual_stages
         st = _Structure(J, cand.pp, sp.seg_len, n_opts, sp.has_params)
-        st.load(sp, [list(range(k)) for k in n_opts])
+        st.load(sp, [list(range(k)) for k in n_opts], split_bound(sp))
         segs = segments(free.blocks)
         cols = np.cumsum([0, *n_opts])
         for cfg, cost in rng.sample(every, min(3, len(every))):

@@ -137,6 +137,21 @@ class CandidatePoint:
 
 
 @dataclass
+class Certificate:
+    """Why one outer candidate is or is not the plan: its status, its step time when its MILP
+    placed it (``objective``), and the proven lower bound of its step time (``bound``: the
+    MILP's dual bound, the split or LP bound that pruned it, or the incumbent a cutoff proved
+    it cannot beat; None when it cannot fit or another candidate dominates it)."""
+
+    label: str
+    status: str  # solved | pruned-bound | pruned-memory | infeasible | dominated | unresolved
+    objective: float | None = None
+    bound: float | None = None
+    gap: float | None = None  # (objective - bound) / objective, solved candidates
+    nodes: int = 0  # branch-and-bound nodes its MILP solves explored
+
+
+@dataclass
 class SolverRecord:
     status: str  # "optimal", or "feasible" with the gap it may be from optimal
     objective: float = 0.0
@@ -147,6 +162,13 @@ class SolverRecord:
     candidates_pruned: int = 0
     alternatives: list[Alternative] = field(default_factory=list)
     candidates: list[CandidatePoint] = field(default_factory=list)
+    # Added with certificates (plans without them still load): the proven lower bound of the
+    # optimum step time, the search's work in branch-and-bound nodes and its limits, and one
+    # certificate per candidate, the chosen one included.
+    bound: float | None = None
+    nodes: int = 0
+    work_limits: dict[str, int] = field(default_factory=dict)
+    certificates: list[Certificate] = field(default_factory=list)
 
 
 @dataclass

@@ -17,7 +17,8 @@ from planner.cost.model import (
     option_states,
 )
 from planner.search.candidates import Candidate
-from planner.search.stage_milp import GIB, StageProblem
+from planner.search.split_bound import SplitBound
+from planner.search.stage_data import GIB, StageProblem
 
 
 def _min_device_bytes(inp: CostInputs, zero: int, dp: int) -> float:
@@ -51,7 +52,10 @@ def lower_bounds(inp: CostInputs, cand: Candidate) -> tuple[float, float]:
     """(step-time bound, peak-memory bound) without building a MILP."""
     m = num_microbatches(inp.training, cand.dp, cand.micro_batch_size)
     p, v = cand.pp, cand.virtual_stages
-    total = sum(min(o.time_s for o in opts) for opts in inp.options)
+    memo = inp.memo
+    if "least_time" not in memo:  # the same for every candidate sharing these options
+        memo["least_time"] = sum(min(o.time_s for o in opts) for opts in inp.options)
+    total = memo["least_time"]
     if v == 1:
         time_bound = total * (1 + (m - 1) / p)
     else:
@@ -61,14 +65,16 @@ def lower_bounds(inp: CostInputs, cand: Candidate) -> tuple[float, float]:
     return time_bound, mem_bound
 
 
-def relaxed_bound(sp: StageProblem, bound: float) -> float:
+def relaxed_bound(sp: StageProblem, bound: float, split: SplitBound | None = None) -> float:
     """A stronger step-time bound, or inf when no placement can fit at all: the LP relaxation
     of the stage MILP (fractional block counts per stage and option, per-rank memory with each
     stage's in-flight micro-batches, the pipeline objective) without the ordering constraints,
     the working-set terms and the DP exposure, which are all >= 0. Granularity cuts add what
     integrality forces: a segment of L blocks over J stages (p ranks) puts ceil(L / J)
     (ceil(L / p)) of them on one stage (rank). Every MILP solution is feasible here, so the LP
-    optimum is a valid lower bound, and costs milliseconds.
+    optimum is a valid lower bound, and costs milliseconds. With ``split`` (split_bound's
+    exact dynamic program over integer splits), T_max starts at T* and the result is at least
+    S* + P*.
 
     Long because the LP's rows are assembled in one place, block by block, where their indices can
     be checked against each other.
@@ -148,7 +154,10 @@ def relaxed_bound(sp: StageProblem, bound: float) -> float:
     lower = np.zeros(nx)
     upper = np.full(nx, np.inf)
     upper[:nv] = np.where(np.tile(allowed, J), np.inf, 0.0)
-    lower[itmax] = _granular(sp, sp.time, J) + hop
+    split = SplitBound(0.0, 0.0, 0.0) if split is None else split
+    if not split.feasible:
+        return math.inf
+    lower[itmax] = max(_granular(sp, sp.time, J) + hop, split.max_stage)
     lower[irmax] = _granular(sp, sp.time, p) + v * hop
     lower[iopt] = _granular(sp, sp.optim, p)
     lower[ioff] = _granular(sp, sp.offl, p)
@@ -157,7 +166,7 @@ def relaxed_bound(sp: StageProblem, bound: float) -> float:
         return math.inf
     if status != "optimal":
         return bound
-    return max(bound, value + sp.const_step)
+    return max(bound, value + sp.const_step, split.step_bound(sp))
 
 
 def quiet_highs():

@@ -57,7 +57,9 @@ class Candidate:
     milp_objective: float = math.inf
     solve_time_s: float = 0.0
     min_memory: float = 0.0  # lower bound of peak memory (for infeasibility messages)
-    gap: float = 0.0  # relative MILP gap when a time limit stopped the solve
+    gap: float = 0.0  # (step time - bound) / step time of its solved placement
+    nodes: int = 0  # branch-and-bound nodes its MILP solves explored
+    proven: bool = False  # its MILP finished (optimal within stage_milp.MIP_REL_GAP)
 
     @property
     def mesh_key(self) -> tuple[int, int, int]:

@@ -3,9 +3,17 @@ bounds, each survivor solved exactly by the stage MILP.
 
 Candidates are solved in order of their lower bound; once the best solved step time is no
 larger than a candidate's bound, that candidate (and every later one) cannot win and is pruned
-without building a MILP. The bound is valid because the pipeline time is at least
+without building a MILP. The first bound is valid because the pipeline time is at least
 sum_j T_j (1 + (m-1)/p) for 1F1B (max_j T_j >= mean) and m sum T / p + (p-1) sum T / (p v) for the
-interleaved schedule, and sum_j T_j is at least the sum over blocks of their fastest option.
+interleaved schedule, and sum_j T_j is at least the sum over blocks of their fastest option;
+then come the LP relaxation (bounds.relaxed_bound) and, for pipelines, the exact dynamic program
+over integer splits (split_bound), each only when the cheaper one did not prune.
+
+Every candidate ends with a certificate: solved (its step time and its MILP's proven bound),
+pruned by a bound at or above the best plan's time (or within SEARCH_REL_TOL of it, then
+counted in the reported gap, and solved again at the end while the node budget lasts),
+pruned because even the relaxations do not fit in memory, infeasible, dominated, or
+unresolved (its node limit found no placement; its bound is in the gap).
 """
 
 from __future__ import annotations
@@ -38,13 +46,22 @@ from planner.search.candidates import (
 from planner.search.memo import SearchMemo
 from planner.search.options import price_options
 from planner.search.problem import solve_candidate, stage_problem
+from planner.search.split_bound import split_bound
 from planner.trace.blocks import Block
 
-MILP_TIME_LIMIT_S = 2.0
-# First pass: each MILP gets this long; those it stops are solved again with the full limit
-# afterwards, best bound first, while the whole search has spent less than SECOND_PASS_UNTIL_S.
-FIRST_PASS_LIMIT_S = 0.4
-SECOND_PASS_UNTIL_S = 4.0
+# Work limits (branch-and-bound nodes), never the clock, so the same inputs give the same plan
+# and certificates on any machine, idle or loaded. First pass: each MILP gets FIRST_PASS_NODES;
+# those it stops are solved again with SECOND_PASS_NODES, best bound first, until the second
+# pass has spent SECOND_PASS_BUDGET nodes in all. With split_bound's cuts, deep-pipeline MILPs
+# are mostly pruned before they are built, and the ones solved finish in tens of nodes.
+FIRST_PASS_NODES = 300
+SECOND_PASS_NODES = 2_000
+SECOND_PASS_BUDGET = 4_000
+WORK_LIMITS = {
+    "first_pass_nodes": FIRST_PASS_NODES,
+    "second_pass_nodes": SECOND_PASS_NODES,
+    "second_pass_budget_nodes": SECOND_PASS_BUDGET,
+}
 # The search stops proving improvements smaller than this share of the best step time: a
 # candidate whose lower bound is within it of the best plan is not solved, and MILPs run with
 # the best time less this share as their cutoff. The plan's solver.gap then says at most this
@@ -66,6 +83,8 @@ class SearchResult:
     solved: int = 0
     notes: list[str] = field(default_factory=list)
     gap: float = 0.0  # how far the best plan may be from the optimum (0: proven optimal)
+    bound: float = 0.0  # proven lower bound of the optimum step time over every candidate
+    nodes: int = 0  # branch-and-bound nodes spent: the search's work, the same on any machine
 
 
 # --------------------------------------------------------------------------- enumeration
@@ -79,7 +98,6 @@ def search(
     pins: Pins,
     variants_of: Callable[[Block, int], list],
     progress: Callable[..., None] | None = None,
-    time_limit_s: float = MILP_TIME_LIMIT_S,
     memo: SearchMemo | None = None,
 ) -> SearchResult:
     """``search_space`` without context parallelism first, then, when nothing fits, with it
@@ -93,10 +111,10 @@ def search(
     memo = SearchMemo() if memo is None else memo
     args = (graph, blocks, cluster, training)
     if pins.cp is None and attention_sequence(graph):
-        first = search_space(*args, replace(pins, cp=1), variants_of, progress, time_limit_s, memo)
+        first = search_space(*args, replace(pins, cp=1), variants_of, progress, memo)
         if first.best is not None:
             return first
-    return search_space(*args, pins, variants_of, progress, time_limit_s, memo)
+    return search_space(*args, pins, variants_of, progress, memo)
 
 
 def search_space(
@@ -107,21 +125,22 @@ def search_space(
     pins: Pins,
     variants_of: Callable[[Block, int], list],
     progress: Callable[..., None] | None = None,
-    time_limit_s: float = MILP_TIME_LIMIT_S,
     memo: SearchMemo | None = None,
 ) -> SearchResult:
     """Every candidate, cheapest bound first; each is pruned by its bounds or solved exactly.
-    A MILP that hits ``time_limit_s`` keeps its best placement and its proven bound, and the
-    result's ``gap`` says how far from optimal the returned plan can be (0 = proven optimal)."""
+    A MILP stopped by its node limit keeps its best placement and its proven bound, and the
+    result's ``gap`` says how far from optimal the returned plan can be (0 = proven optimal);
+    every candidate keeps its certificate (status, bound, and its step time when solved)."""
     start = time.perf_counter()
     quiet_highs()  # before cvxpy builds its first HiGHS instance
     cands = _candidates(graph, blocks, cluster, training, pins, variants_of)
     memo = SearchMemo() if memo is None else memo
     inputs = _price(graph, blocks, cluster, training, pins, variants_of, cands, progress, memo)
-    state = _Incumbent(inputs, time_limit_s, memo.structures)
+    state = _Incumbent(inputs, memo.structures)
     order = _order(cands, training, pins, cluster)
     state.first_pass(cands, order, pins, progress)
-    state.second_pass(cands, start)
+    spent = state.second_pass(cands)
+    state.close_band(spent)
     best = state.best
     if best is not None:
         prefer_simpler(inputs[best.key], best)
@@ -133,6 +152,8 @@ def search_space(
         total=len(cands),
         solved=state.done,
         gap=state.gap(cands),
+        bound=state.lower_bound(cands),
+        nodes=sum(c.nodes for c in cands),
     )
 
 
@@ -202,25 +223,24 @@ def _order(cands: list[Candidate], training, pins: Pins, cluster) -> list[Candid
 
 class _Incumbent:
     """The best plan so far and what the search left unproven: the bounds of candidates the
-    tolerance pruned (``band``) and of MILPs stopped by their time limit."""
+    tolerance pruned (``band``) and of MILPs stopped by their node limit."""
 
-    def __init__(self, inputs: dict, time_limit_s: float, structures: dict) -> None:
+    def __init__(self, inputs: dict, structures: dict) -> None:
         self.inputs = inputs
-        self.time_limit_s = time_limit_s
         self.structures = structures
         self.best: Candidate | None = None
-        self.band: list[float] = []
+        self.band: list[Candidate] = []  # pruned by a bound within the tolerance of the best
         self.done = 0
+        self.problems: dict[int, tuple] = {}  # id(candidate) -> (StageProblem, SplitBound)
 
-    def solve(self, c: Candidate, limit: float) -> None:
+    def solve(self, c: Candidate, nodes: int, tol: float = SEARCH_REL_TOL) -> None:
         """The candidate's MILP under the best plan's cutoff less the tolerance."""
         best = self.best
-        cutoff = best.cost.step_time_s * (1 - SEARCH_REL_TOL) if best is not None else None
-        solve_candidate(
-            self.inputs[c.key], c, cutoff=cutoff, time_limit_s=limit, structures=self.structures
-        )
+        cutoff = best.cost.step_time_s * (1 - tol) if best is not None else None
+        sp, split = self.problems.get(id(c), (None, None))
+        solve_candidate(self.inputs[c.key], c, cutoff, nodes, self.structures, sp=sp, split=split)
         if c.status == "pruned-bound":  # no placement under the cutoff; one within it may be
-            self.band.append(max(c.bound, cutoff))
+            self.band.append(c)
 
     def beaten(self, c: Candidate) -> bool:
         return self.best is not None and _beaten(c, self.best, self.band)
@@ -234,7 +254,8 @@ class _Incumbent:
             self.best = c
 
     def first_pass(self, cands, order, pins: Pins, progress) -> None:
-        """Each candidate once, with the short MILP limit, unless a bound prunes it."""
+        """Each candidate once, with the first-pass node limit, unless a bound prunes it: the
+        LP relaxation first (milliseconds), then, for pipelines, the exact split bound."""
         for i, c in enumerate(order):
             if progress:
                 pruned = len(cands) - len(order) + i - self.done
@@ -242,38 +263,90 @@ class _Incumbent:
             if self.beaten(c):
                 _prune_by_bound(c, self.best)
                 continue
-            c.bound = relaxed_bound(stage_problem(self.inputs[c.key], c), c.bound)
+            sp = stage_problem(self.inputs[c.key], c)
+            c.bound = relaxed_bound(sp, c.bound)
             if c.bound == math.inf:
-                c.status = "pruned-memory"
-                c.reason = (
-                    "even split fractionally over the ranks, the model does not fit in memory"
-                )
+                _prune_by_memory(c)
                 continue
             if self.beaten(c):
                 _prune_by_bound(c, self.best)
                 continue
-            self.solve(c, min(self.time_limit_s, FIRST_PASS_LIMIT_S))
+            split = split_bound(sp)
+            if not split.feasible:
+                _prune_by_memory(c)
+                continue
+            c.bound = max(c.bound, split.step_bound(sp))
+            if self.beaten(c):
+                _prune_by_bound(c, self.best)
+                continue
+            self.problems[id(c)] = (sp, split)
+            self.solve(c, FIRST_PASS_NODES)
             self.done += 1
             if c.status == "solved" and c.tp > 1 and not pins.tp and _tp_unused(self.inputs, c):
                 c.status = "dominated"
                 c.reason = f"TP degree {c.tp} shards no block: {c.tp} devices repeat the same work"
             self.offer(c)
 
-    def second_pass(self, cands, start: float) -> None:
-        """The MILPs the first pass stopped, again with the full limit, most promising first,
-        while time allows; what stays open is in the gap."""
+    def second_pass(self, cands) -> int:
+        """The MILPs the first pass stopped, again with the second-pass node limit: the best
+        plan's own first (to prove it), then the others most promising first, until the pass's
+        node budget is spent; what stays open is in the gap. Work, not time, decides where
+        it stops. Returns the nodes spent."""
+        spent = self.prove_best()
         stopped = sorted((c for c in cands if _open(c)), key=lambda c: c.bound)
         for c in stopped:
-            elapsed = time.perf_counter() - start
-            if elapsed > SECOND_PASS_UNTIL_S or self.time_limit_s <= FIRST_PASS_LIMIT_S:
+            if spent >= SECOND_PASS_BUDGET:
                 break
-            if c is self.best:  # the incumbent keeps its placement; its bound is in the gap
+            if c is self.best:
                 continue
             if self.beaten(c):
                 if c.status == "unresolved":
                     _prune_by_bound(c, self.best)
                 continue
-            self.solve(c, self.time_limit_s)
+            before = c.nodes
+            self.solve(c, SECOND_PASS_NODES)
+            spent += c.nodes - before
+            self.offer(c)
+        return spent
+
+    def prove_best(self) -> int:
+        """The best plan's MILP again, when its node limit stopped it, on a copy with the
+        best step time as cutoff: "cutoff" proves no placement of that candidate is faster
+        (its bound becomes its step time); a faster placement replaces the best plan's; a
+        node limit again keeps the higher of the two bounds. Returns the nodes spent."""
+        c = self.best
+        if c is None or c.proven:
+            return 0
+        trial = replace(c, nodes=0, solve_time_s=0.0)
+        t = c.cost.step_time_s
+        sp, split = self.problems.get(id(c), (None, None))
+        inp = self.inputs[c.key]
+        solve_candidate(inp, trial, t, SECOND_PASS_NODES, self.structures, sp=sp, split=split)
+        c.nodes += trial.nodes
+        c.solve_time_s += trial.solve_time_s
+        if trial.status == "pruned-bound":
+            c.bound, c.gap, c.proven = t, 0.0, True
+        elif trial.status == "solved" and trial.cost.feasible and _better(trial, c):
+            c.config, c.cost, c.milp_objective = trial.config, trial.cost, trial.milp_objective
+            c.bound, c.gap, c.proven = trial.bound, trial.gap, trial.proven
+        else:
+            c.bound = min(max(c.bound, trial.bound), t)
+            c.gap = (t - c.bound) / t if t > 0 else 0.0
+        return trial.nodes
+
+    def close_band(self, spent: int) -> None:
+        """The candidates the tolerance pruned (their bound within SEARCH_REL_TOL of the best
+        plan), solved with the best plan's own step time as cutoff, lowest bound first, while
+        the second pass's node budget lasts: each one either beats the best plan, or is
+        proven no better, or stays open in the gap. Usually a handful, proven at the root."""
+        for c in sorted(self.band, key=lambda c: c.bound):
+            if spent >= SECOND_PASS_BUDGET or self.best is None:
+                break
+            if c.status != "pruned-bound" or c.bound >= self.best.cost.step_time_s:
+                continue
+            before = c.nodes
+            self.solve(c, SECOND_PASS_NODES, tol=0.0)
+            spent += c.nodes - before
             self.offer(c)
 
     def gap(self, cands: list[Candidate]) -> float:
@@ -281,15 +354,23 @@ class _Incumbent:
         if self.best is None:
             return 0.0
         t = self.best.cost.step_time_s
-        open_bounds = self.band + [c.bound for c in cands if _open(c)]
-        if open_bounds and min(open_bounds) < t:
-            return (t - min(open_bounds)) / t
-        return 0.0
+        lowest = self.lower_bound(cands)
+        return (t - lowest) / t if lowest < t else 0.0
+
+    def lower_bound(self, cands: list[Candidate]) -> float:
+        """The least step time any candidate may still reach: the best plan's own time when
+        everything else is proven no better, else the lowest open bound."""
+        if self.best is None:
+            return 0.0
+        t = self.best.cost.step_time_s
+        band = [c.bound for c in self.band if c.status == "pruned-bound"]
+        open_bounds = band + [c.bound for c in cands if _open(c)]
+        return min([t, *open_bounds])
 
 
 def _open(c: Candidate) -> bool:
-    """A MILP its time limit stopped: unresolved, or solved without a proof."""
-    return c.status == "unresolved" or (c.status == "solved" and c.gap > 0)
+    """A MILP its node limit stopped: unresolved, or solved without a proof."""
+    return c.status == "unresolved" or (c.status == "solved" and not c.proven)
 
 
 def prefer_simpler(inp: CostInputs, cand: Candidate) -> None:
@@ -356,16 +437,21 @@ def _tp_useful(graph, blocks: list[Block], tp: int, variants_of) -> bool:
     return False
 
 
-def _beaten(c: Candidate, best: Candidate, band: list[float]) -> bool:
+def _beaten(c: Candidate, best: Candidate, band: list[Candidate]) -> bool:
     """Whether ``c``'s lower bound leaves it no room to beat ``best`` by more than the search
     tolerance; a bound inside the tolerance goes to ``band`` (the reported gap)."""
     t = best.cost.step_time_s
     if c.bound >= t:
         return True
     if c.bound >= t * (1 - SEARCH_REL_TOL):
-        band.append(c.bound)
+        band.append(c)
         return True
     return False
+
+
+def _prune_by_memory(c: Candidate) -> None:
+    c.status, c.bound = "pruned-memory", math.inf
+    c.reason = "even split fractionally over the ranks, the model does not fit in memory"
 
 
 def _prune_by_bound(c: Candidate, best: Candidate) -> None:

@@ -29,7 +29,8 @@ from planner.cost.model import (
     tied_sync_time,
 )
 from planner.search.candidates import Candidate
-from planner.search.stage_milp import StageProblem, solve_stage_milp
+from planner.search.split_bound import SplitBound
+from planner.search.stage_milp import DEFAULT_NODE_LIMIT, StageProblem, solve_stage_milp
 from planner.trace.blocks import Block
 
 
@@ -129,38 +130,41 @@ def solve_candidate(
     inp: CostInputs,
     cand: Candidate,
     cutoff: float | None = None,
-    time_limit_s: float = 60.0,
+    node_limit: int = DEFAULT_NODE_LIMIT,
     structures: dict | None = None,
+    sp: StageProblem | None = None,
+    split: SplitBound | None = None,
 ) -> None:
-    """Solve the candidate's stage MILP and record its placement, cost and status on it."""
-    sp = stage_problem(inp, cand)
+    """Solve the candidate's stage MILP and record its placement, cost, status and certificate
+    (``bound``: proven lower bound of its step time; ``gap``; ``nodes``) on it."""
+    sp = stage_problem(inp, cand) if sp is None else sp
     start = time.perf_counter()
-    sol = solve_stage_milp(sp, time_limit_s=time_limit_s, cutoff=cutoff, structures=structures)
-    cand.solve_time_s = time.perf_counter() - start
+    sol = solve_stage_milp(sp, node_limit, cutoff, structures, split)
+    cand.solve_time_s += time.perf_counter() - start
+    cand.nodes += sol.nodes
+    if math.isfinite(sol.dual_bound):
+        cand.bound = max(cand.bound, sol.dual_bound)
     if sol.status == "cutoff":
         cand.status = "pruned-bound"
+        cand.bound = max(cand.bound, cutoff)
         cand.reason = f"its MILP proves no placement beats the best plan's {cutoff:.4g} s"
         return
     if sol.status == "no_solution":
         cand.status = "unresolved"
-        if math.isfinite(sol.dual_bound):
-            cand.bound = max(cand.bound, sol.dual_bound)
-        cand.reason = f"no placement found within the {time_limit_s:g} s MILP time limit"
+        cand.reason = f"no placement found within the MILP's {node_limit} node limit"
         return
-    if sol.status not in ("optimal", "time_limit"):
+    if sol.status not in ("optimal", "node_limit"):
         cand.status = "infeasible"
+        cand.bound = math.inf
         cand.reason = "does not fit in memory with any placement and options"
         return
     cand.config = config_from_counts(inp, cand, sol.counts)
     cand.cost = evaluate(inp, cand.config)
     cand.milp_objective = sol.objective
     cand.status = "solved"
-    if sol.status == "time_limit" and math.isfinite(sol.dual_bound):
-        # The incumbent's auxiliary variables (max terms) may be loose at a time limit: the
-        # cost model's own evaluation of its placement is the true step time.
-        t = cand.cost.step_time_s
-        cand.gap = max(0.0, (t - sol.dual_bound) / t) if t > 0 else 0.0
-        cand.bound = max(cand.bound, sol.dual_bound)
-
-
-# --------------------------------------------------------------------------- the search
+    cand.proven = sol.status == "optimal"
+    # The incumbent's auxiliary variables (max terms) may be loose when the node limit stops
+    # it: the cost model's own evaluation of its placement is the true step time.
+    t = cand.cost.step_time_s
+    cand.bound = min(cand.bound, t)
+    cand.gap = max(0.0, (t - cand.bound) / t) if t > 0 else 0.0

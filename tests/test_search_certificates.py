@@ -1,0 +1,120 @@
+"""The search's certificates and its work limits.
+
+- A MILP stopped by its node limit returns the same placement, objective, bound and node count
+  every time, with a core of the machine burned by another process or not: the limits are work,
+  not wall-clock time.
+- plan.json records one certificate per candidate; they agree with each other (the chosen
+  plan's gap is (objective - bound) / objective, every pruned candidate's bound is at least the
+  chosen step time less the search tolerance, no solved candidate is faster than the chosen
+  one), and a plan written before certificates existed still loads.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import cluster_of, make_block, make_option
+
+from planner.api import plan
+from planner.cost.model import CostInputs, Training
+from planner.schema import plan_from_dict
+from planner.search import Candidate
+from planner.search.driver import SEARCH_REL_TOL
+from planner.search.problem import stage_problem
+from planner.search.stage_milp import solve_stage_milp
+
+ROOT = Path(__file__).resolve().parent.parent
+GPT = ROOT / "examples" / "gpt.py"
+
+
+def _pipeline(memory_gib: float):
+    """30 layers with six recompute/offload options, an embedding and a two-option head, on
+    8 stages under 1F1B and ZeRO-3: a MILP that needs branching, not its root alone."""
+    variants = [
+        (1.0, 1, "none", "none"),
+        (1.25, 3, "selective", "none"),
+        (1.4, 12, "full", "none"),
+        (1.02, 1, "none", "optimizer+params"),
+        (1.3, 3, "selective", "optimizer+params"),
+        (1.45, 12, "full", "optimizer+params"),
+    ]
+    layer = [make_option(1e-3 * f, 1e9, 3e9 / s, recompute=r, offload=o) for f, s, r, o in variants]
+    head = [make_option(2.1e-3, 5e8, 4e9), make_option(2.6e-3, 5e8, 1e9, recompute="full")]
+    blocks = [make_block(0, "E", params=int(5e8))]
+    blocks += [make_block(i, "L", params=int(1e9)) for i in range(1, 31)]
+    blocks += [make_block(31, "H", params=int(5e8))]
+    options = [[make_option(0.3e-3, 5e8, 1e8)]] + [layer] * 30 + [head]
+    cl = cluster_of(
+        16, memory_bytes=memory_gib * 2**30, reserved_bytes=2**30, host_memory_bytes=1600 * 2**30
+    )
+    inp = CostInputs(blocks, options, 1, cl, Training(64))
+    return stage_problem(inp, Candidate(8, 2, 1, 1, "1f1b", 1, 3))
+
+
+def _record(sol):
+    return (sol.status, sol.objective, sol.dual_bound, sol.nodes, sol.counts)
+
+
+@pytest.mark.parametrize("memory_gib,nodes", [(60.0, 5), (45.0, 50)])
+def test_a_node_limited_milp_gives_the_same_answer_with_a_core_burned(memory_gib, nodes):
+    sp = _pipeline(memory_gib)
+    first = solve_stage_milp(sp, node_limit=nodes)
+    assert first.status == "node_limit"  # the limit binds: this is what must not vary
+    assert first.dual_bound < first.objective
+    again = solve_stage_milp(sp, node_limit=nodes, structures={})
+    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        loaded = solve_stage_milp(sp, node_limit=nodes, structures={})
+    finally:
+        burner.kill()
+        burner.wait()
+    assert _record(again) == _record(first)
+    assert _record(loaded) == _record(first)
+    full = solve_stage_milp(sp)
+    assert full.status == "optimal"
+    assert first.dual_bound <= full.objective * (1 + 1e-9) <= first.objective * (1 + 1e-9)
+
+
+@pytest.fixture(scope="module")
+def gpt_plan():
+    return plan(GPT, 8, model_args={"size": "tiny"}, profile="h100-sxm").plan.to_dict()
+
+
+def test_every_candidate_has_a_consistent_certificate(gpt_plan):
+    sol = gpt_plan["solver"]
+    certs = sol["certificates"]
+    assert len(certs) == sol["candidates_total"]
+    (chosen,) = [c for c in certs if c["status"] == "chosen"]
+    t = gpt_plan["predicted"]["step_time_s"]
+    assert chosen["objective"] == pytest.approx(t, rel=1e-12)
+    assert chosen["gap"] == pytest.approx((t - chosen["bound"]) / t, rel=1e-9, abs=1e-15)
+    assert sol["bound"] <= t * (1 + 1e-12)
+    assert sol["gap"] == pytest.approx((t - sol["bound"]) / t, rel=1e-9, abs=1e-15)
+    assert (sol["status"] == "optimal") == (sol["gap"] == 0)
+    pruned = [c for c in certs if c["status"] == "pruned-bound"]
+    assert pruned, "the tiny GPT's search prunes by bound"
+    for c in pruned:
+        assert c["bound"] >= t * (1 - SEARCH_REL_TOL) * (1 - 1e-12), c["label"]
+    for c in certs:
+        if c["status"] == "solved":
+            assert c["objective"] >= t * (1 - 1e-12), c["label"]
+            assert c["bound"] <= c["objective"] * (1 + 1e-12), c["label"]
+        if c["status"] in ("pruned-memory", "infeasible"):
+            assert c["bound"] is None and c["objective"] is None, c["label"]
+    assert sol["work_limits"]["first_pass_nodes"] > 0
+    assert sol["nodes"] == sum(c["nodes"] for c in certs)
+
+
+def test_a_plan_without_certificates_still_loads(gpt_plan):
+    old = {**gpt_plan, "solver": dict(gpt_plan["solver"])}
+    for key in ("bound", "nodes", "work_limits", "certificates"):
+        del old["solver"][key]
+    loaded = plan_from_dict(old)
+    assert loaded.solver.certificates == [] and loaded.solver.bound is None
+    assert (
+        plan_from_dict(gpt_plan).solver.certificates[0].label
+        == gpt_plan["solver"]["certificates"][0]["label"]
+    )
