@@ -31,11 +31,11 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 # One table: (rows, width, mean ids per sample, Zipf exponent of its ids).
 Table = tuple[int, int, float, float]
 
-TRAINING = {"global_batch_size": 16, "optimizer": "sgd", "dtype": "fp32", "lr": 0.05}
+TRAINING = {"global_batch_size": 256, "optimizer": "sgd", "dtype": "fp32", "lr": 0.5}
 
 
 def _tiny() -> list[Table]:
-    return [(100, 8, 2.0, 1.1), (50, 8, 3.0, 0.8), (200, 16, 1.0, 1.2), (30, 4, 4.0, 0.0)]
+    return [(100, 8, 2.0, 1.1), (50, 8, 3.0, 0.8), (20_000, 16, 1.0, 1.2), (30, 4, 4.0, 0.0)]
 
 
 def _small() -> list[Table]:
