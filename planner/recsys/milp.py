@@ -30,7 +30,11 @@ carries HiGHS's status and the certified gap between the incumbent and the best 
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 import time
+import warnings
 from dataclasses import dataclass
 
 import cvxpy as cp
@@ -103,11 +107,13 @@ def _solve_model(costed: Costed, aggregate: bool, time_limit_s: float, rel_gap: 
     variables, ranks or None for the aggregate), or None when infeasible."""
     n, g = costed.ranks, costed.gpus_per_node
     nodes = n // g if n % g == 0 else 1
-    flat = [(t.name, o) for t in costed.tables for o in costed.options[t.name]]
+    flat = [(t.name, o) for t in costed.tables for o in usable(costed, t.name)]
     placed = [i for i, (_, o) in enumerate(flat) if o.placement == "rank"]
     on_node = [i for i, (_, o) in enumerate(flat) if o.placement == "node"]
     everywhere = [i for i, (_, o) in enumerate(flat) if o.placement == "all"]
     opts = [o for _, o in flat]
+    if {name for name, _ in flat} != {t.name for t in costed.tables}:
+        return None  # a table none of whose options fits one rank
 
     y = cp.Variable(len(flat), boolean=True)
     x = cp.Variable((len(placed), n), boolean=True) if placed and not aggregate else None
@@ -133,33 +139,35 @@ def _solve_model(costed: Costed, aggregate: bool, time_limit_s: float, rel_gap: 
     limits = (("time_s", MS, None), ("device_bytes", 1 / GIB, costed.device_capacity / GIB),
               ("host_bytes", 1 / GIB, costed.host_capacity / GIB))  # fmt: skip
 
-    def common(attr: str, unit: float) -> cp.Expression:
-        """What every rank carries: the options placed on all ranks."""
-        return coef(everywhere, attr, unit) @ y[everywhere] if everywhere else cp.Constant(0.0)
+    # What every rank carries (options on all ranks): one variable per resource, so the
+    # constraints below each hold it once instead of every data-parallel/row-wise y.
+    base = cp.Variable(3)
+    for k, (attr, unit, _) in enumerate(limits):
+        rhs = coef(everywhere, attr, unit) @ y[everywhere] if everywhere else 0.0
+        cons.append(base[k] == rhs)
 
     if aggregate:
         # Shards divisible over ranks: the average rank, and no rank below its largest shard.
-        for attr, unit, cap in limits:
-            base = common(attr, unit)
-            total = base
+        single = placed + on_node
+        for k, (attr, unit, cap) in enumerate(limits):
+            total = base[k]
             if placed:
                 total = total + (coef(placed, attr, unit) * _counts(opts, placed)) @ y[placed] / n
             if on_node:
                 total = total + (coef(on_node, attr, unit) * g) @ y[on_node] / n
-            single = [i for i in placed + on_node]
+            largest = base[k] + cp.multiply(coef(single, attr, unit), y[single]) if single else None
             if cap is None:
                 cons.append(t_max >= fixed + e + total)
-                if single:
-                    cons.append(t_max >= fixed + e + base + cp.multiply(
-                        coef(single, attr, unit), y[single]))  # fmt: skip
+                if largest is not None:
+                    cons.append(t_max >= fixed + e + largest)
             else:
                 cons.append(total <= cap)
-                if single:
-                    cons.append(base + cp.multiply(coef(single, attr, unit), y[single]) <= cap)
+                if largest is not None:
+                    cons.append(largest <= cap)
     else:
         spread = np.kron(np.eye(nodes), np.ones((1, g)))  # node -> its ranks
-        for attr, unit, cap in limits:
-            expr = cp.Constant(np.zeros(n)) + common(attr, unit)
+        for k, (attr, unit, cap) in enumerate(limits):
+            expr = base[k] * np.ones(n)
             if x is not None:
                 expr = expr + coef(placed, attr, unit) @ x
             if z is not None:
@@ -168,16 +176,17 @@ def _solve_model(costed: Costed, aggregate: bool, time_limit_s: float, rel_gap: 
         if x is not None:
             cons.append(cp.sum(x, axis=1) == cp.multiply(_counts(opts, placed), y[placed]))
             placed_time = coef(placed, "time_s", MS) @ x
-            for k in range(nodes):
-                for r in range(k * g, (k + 1) * g - 1):
-                    cons.append(placed_time[r] >= placed_time[r + 1])
+            first = [r for k in range(nodes) for r in range(k * g, (k + 1) * g - 1)]
+            if first:
+                cons.append(placed_time[first] >= placed_time[[r + 1 for r in first]])
         if z is not None:
             cons.append(cp.sum(z, axis=1) == y[on_node])
     dev = coef(list(range(len(flat))), "device_bytes", 1 / GIB) * _spread_counts(opts, n, g)
     problem = cp.Problem(cp.Minimize(t_max + TIE_WEIGHT * (dev @ y) / n), cons)
     try:
-        problem.solve(solver=cp.HIGHS, time_limit=time_limit_s, mip_rel_gap=rel_gap / 10,
-                      random_seed=0, threads=1, output_flag=False)  # fmt: skip
+        with warnings.catch_warnings(), _quiet_stdout():
+            warnings.simplefilter("ignore")  # time-limited solves warn; the gap is reported
+            problem.solve(solver=cp.HIGHS, time_limit=time_limit_s, mip_rel_gap=rel_gap / 10)
     except cp.error.SolverError:
         return None
     if problem.status in ("infeasible", "infeasible_inaccurate"):
@@ -205,6 +214,31 @@ def _solve_model(costed: Costed, aggregate: bool, time_limit_s: float, rel_gap: 
                     k = int(np.flatnonzero(zv[row])[0])
                     ranks[flat[i][0]] = list(range(k * g, (k + 1) * g))
     return choice, bound, _count(y, x, z), ranks
+
+
+@contextlib.contextmanager
+def _quiet_stdout():
+    """HiGHS prints its banner from C++ on the first solve of a process, whatever the
+    options: hide file descriptor 1 while it solves, so ``plan`` prints only its summary."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def usable(costed: Costed, name: str) -> list[TableOption]:
+    """The table's options whose one shard fits a rank's memory (the others can never be
+    chosen, so leaving them out changes no optimum)."""
+    return [
+        o
+        for o in costed.options[name]
+        if o.device_bytes <= costed.device_capacity and o.host_bytes <= costed.host_capacity
+    ]
 
 
 def _counts(opts: list[TableOption], rows: list[int]) -> np.ndarray:
@@ -249,12 +283,28 @@ def place(costed: Costed, choice: dict[str, TableOption]) -> dict[str, list[int]
         host[span] += o.host_bytes
         ranks[name] = list(range(k * g, (k + 1) * g))
     shards = [it for it in items if it[1].placement == "rank"]
-    shards.sort(key=lambda it: (-it[1].time_s, -it[1].device_bytes, it[0]))
+    by_time = sorted(shards, key=lambda it: (-it[1].time_s, -it[1].device_bytes, it[0]))
+    by_memory = sorted(shards, key=lambda it: (-it[1].device_bytes, -it[1].host_bytes, it[0]))
+    for order in (by_time, by_memory):  # longest first; when memory blocks it, largest first
+        state = _greedy(order, {k: list(v) for k, v in ranks.items()}, load.copy(), dev.copy(),
+                        host.copy(), cap, hcap)  # fmt: skip
+        if state is not None:
+            break
+    else:
+        return None
+    where, ranks, load, dev, host = state
+    _improve(where, ranks, load, dev, host, cap, hcap)
+    return {name: sorted(rs) for name, rs in ranks.items()}
+
+
+def _greedy(order, ranks, load, dev, host, cap, hcap):
+    """Each shard in ``order`` onto the least loaded rank where it fits and its table has no
+    shard yet: (shard placements, ranks, load, device, host), or None when one fits nowhere."""
     where: list[tuple[str, TableOption, int]] = []
-    for name, o in shards:
+    for name, o in order:
         taken = ranks.get(name, [])
         fits = [
-            r for r in range(n)
+            r for r in range(len(load))
             if r not in taken and dev[r] + o.device_bytes <= cap and host[r] + o.host_bytes <= hcap
         ]  # fmt: skip
         if not fits:
@@ -265,47 +315,72 @@ def place(costed: Costed, choice: dict[str, TableOption]) -> dict[str, list[int]
         host[r] += o.host_bytes
         ranks.setdefault(name, []).append(r)
         where.append((name, o, r))
-    _improve(where, ranks, load, dev, host, cap, hcap)
-    return {name: sorted(rs) for name, rs in ranks.items()}
+    return where, ranks, load, dev, host
 
 
-def _improve(where, ranks, load, dev, host, cap, hcap, rounds: int = 2000) -> None:
-    """Local search on the slowest rank: move one of its shards to another rank, or swap it
-    with a shorter shard there, whenever that lowers the larger of the two ranks' times."""
+def _combos(idx: list[int], with_empty: bool) -> list[tuple[int, ...]]:
+    """The groups of one or two shards (and the empty group) a move may take from a rank."""
+    out: list[tuple[int, ...]] = [()] if with_empty else []
+    out += [(i,) for i in idx]
+    out += [(i, j) for k, i in enumerate(idx) for j in idx[k + 1 :]]
+    return out
 
-    def fits(r: int, add: TableOption, sub: TableOption | None) -> bool:
-        dd = add.device_bytes - (sub.device_bytes if sub else 0.0)
-        hh = add.host_bytes - (sub.host_bytes if sub else 0.0)
-        return dev[r] + dd <= cap and host[r] + hh <= hcap
 
+def _improve(where, ranks, load, dev, host, cap, hcap, rounds: int = 3000) -> None:
+    """Local search on the slowest rank: exchange a group of one or two of its shards with a
+    group of none, one or two shards of another rank, choosing the exchange that lowers the
+    larger of the two ranks' times the most, until none lowers it (or ``rounds`` ends).
+    Memory stays within both capacities, and a table's shards stay on distinct ranks."""
+    n = len(load)
     for _ in range(rounds):
         top = int(np.argmax(load))
-        mine = [k for k, (_, _, r) in enumerate(where) if r == top]
-        best = None  # (new max of the pair, shard index, other rank, swapped shard index)
-        for k in mine:
-            name, o, _ = where[k]
-            for r in range(len(load)):
-                if r == top or r in ranks[name]:
-                    continue
-                if fits(r, o, None):
-                    pair = max(load[top] - o.time_s, load[r] + o.time_s)
-                    if pair < load[top] - 1e-15 and (best is None or pair < best[0]):
-                        best = (pair, k, r, None)
-                for k2, (name2, o2, r2) in enumerate(where):
-                    if r2 != r or o2.time_s >= o.time_s or top in ranks[name2] and name2 != name:
-                        continue
-                    if name2 == name or not fits(r, o, o2) or not fits(top, o2, o):
-                        continue
-                    delta = o.time_s - o2.time_s
-                    pair = max(load[top] - delta, load[r] + delta)
-                    if pair < load[top] - 1e-15 and (best is None or pair < best[0]):
-                        best = (pair, k, r, k2)
-        if best is None:
+        by_rank: list[list[int]] = [[] for _ in range(n)]
+        for k, (_, _, r) in enumerate(where):
+            by_rank[r].append(k)
+        give = _combos(by_rank[top], with_empty=False)
+        if not give:
             return
-        _, k, r, k2 = best
-        _move(where, ranks, load, dev, host, k, r)
-        if k2 is not None:
-            _move(where, ranks, load, dev, host, k2, top)
+        g_t = np.array([sum(where[k][1].time_s for k in c) for c in give])
+        g_d = np.array([sum(where[k][1].device_bytes for k in c) for c in give])
+        g_h = np.array([sum(where[k][1].host_bytes for k in c) for c in give])
+        best = (load[top], None, None, None)
+        for r in range(n):
+            if r == top or load[r] >= load[top]:
+                continue
+            take = _combos(by_rank[r], with_empty=True)
+            t_t = np.array([sum(where[k][1].time_s for k in c) for c in take])
+            t_d = np.array([sum(where[k][1].device_bytes for k in c) for c in take])
+            t_h = np.array([sum(where[k][1].host_bytes for k in c) for c in take])
+            delta = g_t[:, None] - t_t[None, :]  # time moved from top to r
+            pair = np.maximum(load[top] - delta, load[r] + delta)
+            ok = (delta > 0) & (pair < best[0] - 1e-15)
+            dd = g_d[:, None] - t_d[None, :]
+            hh = g_h[:, None] - t_h[None, :]
+            ok &= (dev[r] + dd <= cap) & (dev[top] - dd <= cap)
+            ok &= (host[r] + hh <= hcap) & (host[top] - hh <= hcap)
+            while ok.any():
+                i, j = np.unravel_index(np.argmin(np.where(ok, pair, np.inf)), pair.shape)
+                if _distinct(where, ranks, give[i], take[j], top, r):
+                    best = (pair[i, j], r, give[i], take[j])
+                    break
+                ok[i, j] = False
+        _, r, out, back = best
+        if r is None:
+            return
+        for k in out:
+            _move(where, ranks, load, dev, host, k, r)
+        for k in back:
+            _move(where, ranks, load, dev, host, k, top)
+
+
+def _distinct(where, ranks, out, back, top: int, r: int) -> bool:
+    """Whether exchanging the groups keeps every table's shards on distinct ranks."""
+    moving = [where[k][0] for k in out] + [where[k][0] for k in back]
+    if len(set(moving)) < len(moving):
+        return False
+    return not any(r in ranks[where[k][0]] for k in out) and not any(
+        top in ranks[where[k][0]] for k in back
+    )
 
 
 def _move(where, ranks, load, dev, host, k: int, to: int) -> None:
