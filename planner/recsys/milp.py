@@ -1,8 +1,10 @@
-"""One MILP places every embedding table: its option and the ranks (or node) of its shards.
+"""Place every embedding table: its option and the ranks (or node) of its shards.
 
 Notation (planner.recsys.cost): tables t, their options o with per-shard time a_o, device
 bytes m_o and host bytes h_o; options placed on ranks (table-wise, column-wise, host), on a
 node (table-row-wise) or on every rank (data-parallel, row-wise). Ranks r = 0..N-1, node(r).
+
+**The joint MILP** (exact):
 
     y[t,o]     in {0,1}   table t runs as option o                 sum_o y[t,o] = 1
     x[t,o,r]   in {0,1}   a shard of a rank-placed o on rank r      sum_r x[t,o,r] = count_o y[t,o]
@@ -19,13 +21,26 @@ node (table-row-wise) or on every rank (data-parallel, row-wise). Ranks r = 0..N
 C is the dense part every rank runs (products, optimizer, all-to-all latencies). The column
 shards of one table go on distinct ranks (x is binary), as TorchRec's column_wise(ranks=...)
 expects. Ranks of one node are interchangeable, so each node's ranks are ordered by their
-placed time (time of ranks r and r+1 of a node non-increasing): every solution has an ordered
-twin, and the solver does not explore the N! copies of each placement. Ties between equally
-fast plans break toward fewer bytes: a tiny weight on the total device bytes (1e-6 of the
-time scale) is added to the objective and reported separately.
+placed time (time_r >= time_{r+1} inside a node): every solution has an ordered twin, and the
+solver does not explore the N! copies of each placement. Ties between equally fast plans break
+toward fewer bytes (a weight of 1e-6 ms per GiB of device memory).
 
-Solved with cvxpy + HiGHS within a time limit and a relative gap (default 1e-3); the result
-carries HiGHS's status and the certified gap between the incumbent and the best bound.
+**The aggregate MILP** (what makes 500 tables on 64 ranks take seconds): ranks are identical,
+so drop x and z and keep only y, as if shards could be split over ranks at will:
+
+    T >= C + E + common(y) + (1/N) sum_{t,o} count_o a_o y[t,o]      the average rank
+    T >= C + E + common(y) + a_o y[t,o]        for every placed o     its largest shard
+    (the same two forms <= capacity for device and host memory)
+
+Every real placement satisfies these, so its optimum is a lower bound on the joint optimum.
+``place`` then puts the chosen shards on ranks (longest first on the least loaded rank that
+has room, then exchanges of one or two shards off the slowest rank). If the placement is
+within ``rel_gap`` (0.1%) of the bound it is returned with that certified gap; otherwise the
+joint MILP solves the instance when it is small enough (at most ``joint_limit`` placement
+variables), and else the placement is returned as ``feasible`` with its gap.
+
+Solved with cvxpy + HiGHS, in milliseconds and GiB so the coefficients stay within a few
+orders of magnitude.
 """
 
 from __future__ import annotations
