@@ -4,6 +4,8 @@ one-line errors (exit 3 for a table no cluster of this size holds)."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -120,3 +122,29 @@ def test_run_refuses_a_changed_model_file(tmp_path, capsys):
     rc = main(["run", str(tmp_path / "plan.json"), "--device", "cpu"])
     err = capsys.readouterr().err
     assert rc == 2 and "changed" in err
+
+
+def test_the_recsys_runtime_reads_a_plan_without_the_solver():
+    code = (
+        "import runtime.recsys, sys; "
+        "sys.exit(bool({'cvxpy', 'highspy', 'planner.recsys.milp'} & set(sys.modules)))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_the_recsys_plan_schema_loads_without_torch():
+    code = "import planner.recsys.plan, sys; sys.exit('torch' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_a_plan_needing_a_gpu_is_refused_on_cpu(tmp_path, capsys):
+    assert main([str(DLRM), "--gpus", "2", "--device", "cpu", "--out", str(tmp_path)]) == 0
+    path = tmp_path / "plan.json"
+    plan = json.loads(path.read_text())
+    plan["tables"][0].update(sharding="row_wise", kernel="fused", ranks=[0, 1])
+    path.write_text(json.dumps(plan))
+    rc = main(["run", str(path), "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "needs a GPU" in err
