@@ -72,7 +72,7 @@ def build(plan: dict[str, Any], mf: ModelFile, device: torch.device, seed: int):
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.sharding_plan import construct_module_sharding_plan
-    from torchrec.distributed.types import ShardingPlan
+    from torchrec.distributed.types import CacheParams, ShardingPlan
     from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
     from torchrec.optim.optimizers import in_backward_optimizer_filter
 
@@ -81,9 +81,6 @@ def build(plan: dict[str, Any], mf: ModelFile, device: torch.device, seed: int):
     initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
     lr = float(plan["lr"])
     fused: dict[str, Any] = {"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": lr}
-    ratios = {t["cache_ratio"] for t in plan["tables"] if t.get("cache_ratio")}
-    if ratios:  # one sharder per EBC: TorchRec takes one cache ratio for all its UVM tables
-        fused["cache_load_factor"] = max(ratios)
     sharder = EmbeddingBagCollectionSharder(fused_params=fused)
     world = dist.get_world_size()
     local = int(plan["cluster"]["gpus_per_node"])
@@ -101,6 +98,11 @@ def build(plan: dict[str, Any], mf: ModelFile, device: torch.device, seed: int):
             for path, gens in sharding_generators(plan).items()
         }
     )
+    for t in plan["tables"]:  # host tables: each its own device cache share (UVM caching)
+        if t.get("cache_ratio"):
+            sharding.plan[t["module"]][t["name"]].cache_params = CacheParams(
+                load_factor=float(t["cache_ratio"])
+            )
     dmp = DistributedModelParallel(model, device=device, plan=sharding, sharders=[sharder])
     load_full_state(dmp, initial)
     dense = dict(in_backward_optimizer_filter(dmp.named_parameters()))

@@ -90,7 +90,10 @@ def solve(
     if agg is None:
         return None
     choice, bound, agg_vars, _ = agg
-    ranks = place(costed, choice)
+    d = costed.dense
+    fixed = d.compute_s + d.optimizer_s + d.latency_s + exposed_allreduce(costed, choice)
+    # Placed time at which the step is within half the gap of the bound: stop improving there.
+    ranks = place(costed, choice, stop_at=bound * (1 + rel_gap / 2) - fixed)
     variables = agg_vars
     best = step_time(costed, choice, ranks) if ranks is not None else float("inf")
     if best > bound * (1 + rel_gap) and _joint_size(costed) <= joint_limit:
@@ -266,11 +269,13 @@ def _spread_counts(opts: list[TableOption], n: int, g: int) -> np.ndarray:
                            else o.count) for o in opts])  # fmt: skip
 
 
-def place(costed: Costed, choice: dict[str, TableOption]) -> dict[str, list[int]] | None:
+def place(
+    costed: Costed, choice: dict[str, TableOption], stop_at: float = 0.0
+) -> dict[str, list[int]] | None:
     """Shards of the chosen options onto ranks: node-placed tables to the least loaded node,
     then rank shards longest first onto the least loaded rank where they fit (a table's column
-    shards on distinct ranks), then moves and swaps off the slowest rank while they lower it.
-    None when some shard fits nowhere."""
+    shards on distinct ranks), then exchanges off the slowest rank while they lower it
+    (``_improve``, until the slowest is down to ``stop_at``). None when a shard fits nowhere."""
     n, g = costed.ranks, costed.gpus_per_node
     nodes = n // g if n % g == 0 else 1
     load = np.zeros(n)
@@ -308,7 +313,7 @@ def place(costed: Costed, choice: dict[str, TableOption]) -> dict[str, list[int]
     else:
         return None
     where, ranks, load, dev, host = state
-    _improve(where, ranks, load, dev, host, cap, hcap)
+    _improve(where, ranks, load, dev, host, cap, hcap, stop_at)
     return {name: sorted(rs) for name, rs in ranks.items()}
 
 
@@ -341,31 +346,42 @@ def _combos(idx: list[int], with_empty: bool) -> list[tuple[int, ...]]:
     return out
 
 
-def _improve(where, ranks, load, dev, host, cap, hcap, rounds: int = 3000) -> None:
+def _improve(
+    where, ranks, load, dev, host, cap, hcap, stop_at: float = 0.0, rounds: int = 3000
+) -> None:
     """Local search on the slowest rank: exchange a group of one or two of its shards with a
     group of none, one or two shards of another rank, choosing the exchange that lowers the
-    larger of the two ranks' times the most, until none lowers it (or ``rounds`` ends).
-    Memory stays within both capacities, and a table's shards stay on distinct ranks."""
+    larger of the two ranks' times the most, until none lowers it, the slowest rank is down
+    to ``stop_at`` (good enough to certify the gap), or ``rounds`` ends. Memory stays within
+    both capacities, and a table's shards stay on distinct ranks."""
     n = len(load)
+    by_rank: list[list[int]] = [[] for _ in range(n)]
+    for k, (_, _, r) in enumerate(where):
+        by_rank[r].append(k)
+    groups: dict[tuple[int, bool], tuple] = {}  # (rank, with_empty) -> combos and their sums
+
+    def combos_of(r: int, with_empty: bool) -> tuple:
+        if (r, with_empty) not in groups:
+            cs = _combos(by_rank[r], with_empty)
+            sums = [
+                np.array([sum(getattr(where[k][1], a) for k in c) for c in cs])
+                for a in ("time_s", "device_bytes", "host_bytes")
+            ]
+            groups[(r, with_empty)] = (cs, *sums)
+        return groups[(r, with_empty)]
+
     for _ in range(rounds):
         top = int(np.argmax(load))
-        by_rank: list[list[int]] = [[] for _ in range(n)]
-        for k, (_, _, r) in enumerate(where):
-            by_rank[r].append(k)
-        give = _combos(by_rank[top], with_empty=False)
+        if load[top] <= stop_at:
+            return
+        give, g_t, g_d, g_h = combos_of(top, False)
         if not give:
             return
-        g_t = np.array([sum(where[k][1].time_s for k in c) for c in give])
-        g_d = np.array([sum(where[k][1].device_bytes for k in c) for c in give])
-        g_h = np.array([sum(where[k][1].host_bytes for k in c) for c in give])
         best = (load[top], None, None, None)
         for r in range(n):
             if r == top or load[r] >= load[top]:
                 continue
-            take = _combos(by_rank[r], with_empty=True)
-            t_t = np.array([sum(where[k][1].time_s for k in c) for c in take])
-            t_d = np.array([sum(where[k][1].device_bytes for k in c) for c in take])
-            t_h = np.array([sum(where[k][1].host_bytes for k in c) for c in take])
+            take, t_t, t_d, t_h = combos_of(r, True)
             delta = g_t[:, None] - t_t[None, :]  # time moved from top to r
             pair = np.maximum(load[top] - delta, load[r] + delta)
             ok = (delta > 0) & (pair < best[0] - 1e-15)
@@ -384,8 +400,14 @@ def _improve(where, ranks, load, dev, host, cap, hcap, rounds: int = 3000) -> No
             return
         for k in out:
             _move(where, ranks, load, dev, host, k, r)
+            by_rank[top].remove(k)
+            by_rank[r].append(k)
         for k in back:
             _move(where, ranks, load, dev, host, k, top)
+            by_rank[r].remove(k)
+            by_rank[top].append(k)
+        for key in [(top, False), (top, True), (r, False), (r, True)]:
+            groups.pop(key, None)
 
 
 def _distinct(where, ranks, out, back, top: int, r: int) -> bool:

@@ -13,6 +13,7 @@ TorchRec is imported only after the model file has shown it uses it (``uses_torc
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from dataclasses import dataclass, field
 
@@ -62,10 +63,33 @@ def uses_torchrec(mf: ModelFile) -> bool:
     transformer's file is never executed (nor TorchRec imported) to find out."""
     if "torchrec" not in mf.source:
         return False
-    _ = mf.module  # import the file (and TorchRec) outside the meta device: imports make tensors
-    with torch.device("meta"):
-        model = mf.build()
-    return bool(embedding_bag_collections(model))
+    return bool(embedding_bag_collections(meta_model(mf)))
+
+
+def meta_model(mf: ModelFile) -> torch.nn.Module:
+    """``build_model()`` on the meta device, built once per loaded model file. Initializers
+    are skipped: on meta tensors they compute nothing, yet each ``normal_`` goes through
+    torch's reference implementation (about 10 ms a table, 5 s for 500 tables)."""
+    cached = mf.__dict__.get("_meta_model")
+    if cached is None:
+        _ = mf.module  # import the file (and TorchRec) outside the meta device
+        with torch.device("meta"), _skip_init():
+            cached = mf.__dict__["_meta_model"] = mf.build()
+    return cached
+
+
+@contextlib.contextmanager
+def _skip_init():
+    """torch.nn.init's in-place initializers as no-ops while a meta model is built."""
+    names = [n for n in dir(torch.nn.init) if n.endswith("_") and not n.startswith("_")]
+    saved = {n: getattr(torch.nn.init, n) for n in names}
+    try:
+        for n in names:
+            setattr(torch.nn.init, n, lambda tensor, *args, **kwargs: tensor)
+        yield
+    finally:
+        for n, fn in saved.items():
+            setattr(torch.nn.init, n, fn)
 
 
 def embedding_bag_collections(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
@@ -79,9 +103,7 @@ def embedding_bag_collections(model: torch.nn.Module) -> dict[str, torch.nn.Modu
 
 def read_model(mf: ModelFile) -> RecModel:
     """Table blocks and the dense part of a TorchRec model file, built on the meta device."""
-    _ = mf.module
-    with torch.device("meta"):
-        model = mf.build()
+    model = meta_model(mf)
     ebcs = embedding_bag_collections(model)
     if not ebcs:
         raise UserInputError(f"{mf.path.name}: the model holds no TorchRec EmbeddingBagCollection")
