@@ -253,6 +253,15 @@ def run_recplan(plan_path: Path, opts: argparse.Namespace) -> int:
     from runtime.launch import choose_device, worker_env
 
     plan = load_recplan(plan_path)
+    for flag, value in (("--checkpoint-every", getattr(opts, "checkpoint_every", 0)),
+                        ("--resume", getattr(opts, "resume", False)),
+                        ("--max-restarts", getattr(opts, "max_restarts", 0)),
+                        ("--nnodes", (getattr(opts, "nnodes", 1) or 1) > 1)):  # fmt: skip
+        if value:
+            raise UserInputError(
+                f"{flag} is not supported for recommendation plans yet (no checkpoints or "
+                "multi-node launch in runtime/recsys.py): run without it"
+            )
     model = Path(plan["model"]["file"])
     if not model.is_file() or file_sha256(model) != plan["model"]["sha256"]:
         raise UserInputError(
