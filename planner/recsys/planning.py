@@ -80,12 +80,16 @@ def _fits_somewhere(costed: Costed, name: str) -> bool:
 
 def _total_fits(costed: Costed) -> bool:
     """A necessary condition: the least memory each table can take, summed, fits the ranks."""
-    need = sum(min(_spread(o) * o.device_bytes for o in opts) for opts in costed.options.values())
+    need = sum(
+        min(_ranks_used(costed, o) * o.device_bytes for o in opts)
+        for opts in costed.options.values()
+    )
     return need <= costed.ranks * costed.device_capacity
 
 
-def _spread(o: TableOption) -> int:
-    return o.count
+def _ranks_used(costed: Costed, o: TableOption) -> int:
+    """How many ranks hold a shard of ``o`` (a table-row-wise table: every rank of a node)."""
+    return costed.gpus_per_node if o.placement == "node" else o.count
 
 
 def check_fits(model: RecModel, costed: Costed, cluster: Cluster, costed_for) -> None:
