@@ -46,6 +46,12 @@ def cmd_run(argv: list[str]) -> int:
     parser.add_argument("plan", help="a plan.json written by `plan MODEL.py`")
     add_run_flags(parser)
     opts = parser.parse_args(argv)
+    from planner.recsys.plan import is_recplan
+
+    if is_recplan(Path(opts.plan)):  # a recommendation plan runs on TorchRec
+        from runtime.recsys import run_recplan
+
+        return run_recplan(Path(opts.plan), opts)
     from runtime.launch import run_plan
 
     return run_plan(Path(opts.plan), opts)
@@ -159,6 +165,12 @@ def cmd_plan(argv: list[str]) -> int:
 
     mf = load_model_file(args.model, parse_model_args(args.model_arg))
     training = resolve_training(mf, args)
+    from planner.recsys.tables import uses_torchrec
+
+    if uses_torchrec(mf):  # embedding tables: the recommendation planner (planner/recsys)
+        from planner.recsys.command import run as run_recsys
+
+        return run_recsys(args, mf, training)
     if args.graph:
         traced = trace(
             mf,

@@ -1,0 +1,249 @@
+"""Price every way to run every embedding table, and the dense part, for one training step.
+
+Per table the options are TorchRec's sharding types (Mudigere et al. 2022, "Software-hardware
+co-design for fast and scalable training of DLRM models"; TorchRec's planner enumerates the
+same ones):
+
+    data_parallel      a replica on every rank, dense kernel; its full gradient joins the
+                       dense part's all-reduce, and the optimizer steps the whole table
+    table_wise         the whole table on one rank (fused kernel: the optimizer runs inside
+                       the backward, no gradient buffer)
+    column_wise k      k shards of dim/k columns on k ranks (each shard sees every id)
+    row_wise           rows split over all ranks; pooled partial sums reduce-scattered
+                       (GPU only: TorchRec's row-wise input distribution needs CUDA)
+    table_row_wise     rows split over the ranks of one node (GPU, several nodes)
+    host c             table-wise in host memory with a device cache of a share c of the rows
+                       (TorchRec's UVM caching kernel; GPU only: on a CPU there is no host
+                       memory apart from the device's)
+
+Each option is a set of identical *shards* that go either on ranks chosen by the solver
+(table-wise, column-wise, host), on one node (table-row-wise), or on every rank at once
+(data-parallel, row-wise), and per shard it costs, per step of global batch B over N ranks:
+
+    lookups   3 B L w e / HBM         forward reads B L rows of w columns (e bytes each); the
+                                      fused backward reads the pooled gradient and
+                                      read-modify-writes every looked-up row (2x)
+              host c: misses (1 - h) of the bytes at the host link instead, where
+              h = F(c R) is the Zipf law's share of lookups that hit the c R hottest rows
+    all-to-all  c_a2a (ids + lengths + 2 B w e) / bw   the shard's rank receives the ids of
+                                      the whole batch and sends B pooled rows forward and
+                                      receives their gradients backward (TorchRec's estimator
+                                      counts the same transfers on the shard's rank)
+    memory    R w e (1 + s) + 2 B w e on device (s: optimizer state per element; the pooled
+              output and its gradient); host c: c R w e on device, R w e (1 + s) on the host
+
+The collective factors c come from ``planner.hardware.collectives.ring_factors`` and the link
+from ``Cluster.link``; rates from the profile (HBM x elementwise efficiency, the host link).
+
+The dense part (bottom/top MLPs, interaction) runs as DDP on every rank: its products at the
+profile's matmul rate, its optimizer step, and its all-reduce, which data-parallel tables join,
+exposed past ``comm_overlap`` of the dense backward. Latencies of the step's three all-to-alls
+and the all-reduce are one constant per rank.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from planner.hardware.cluster import Cluster
+from planner.hardware.collectives import ring_factors
+from planner.recsys.tables import RecModel, TableBlock
+
+EMB_BYTES = 4  # TorchRec's tables are fp32 (EmbeddingBagConfig.data_type default)
+ID_BYTES = 8  # int64 ids
+LENGTH_BYTES = 8  # int64 lengths, one per sample and feature
+CW_SHARDS = (2, 4, 8)
+CACHE_RATIOS = (0.05, 0.2)
+# Optimizer state elements per weight element: TorchRec's fused EXACT_SGD keeps none; Adam two.
+STATE_ELEMENTS = {"sgd": 0, "adamw": 2}
+
+
+@dataclass(frozen=True)
+class TableOption:
+    """One way to run one table: ``count`` identical shards placed per ``placement``."""
+
+    table: str
+    label: str  # "dp", "tw", "cw4", "rw", "twrw", "host0.2"
+    sharding: str  # TorchRec ShardingType value
+    kernel: str  # TorchRec EmbeddingComputeKernel value
+    placement: str  # "rank" (solver picks ranks), "node" (solver picks a node), "all"
+    count: int  # shards to place (rank: distinct ranks; node: 1; all: every rank)
+    lookup_s: float  # per shard's rank, per step
+    comm_s: float  # all-to-all / reduce-scatter share on the shard's rank, per step
+    device_bytes: float  # per shard's rank
+    host_bytes: float  # per shard's rank
+    allreduce_bytes: float = 0.0  # data-parallel: gradient bytes joining the dense all-reduce
+    optimizer_s: float = 0.0  # data-parallel: the dense optimizer stepping the whole table
+    cache_ratio: float | None = None
+
+    @property
+    def time_s(self) -> float:
+        """What the option adds to the step of each rank holding one of its shards."""
+        return self.lookup_s + self.comm_s + self.optimizer_s
+
+
+@dataclass(frozen=True)
+class DenseCost:
+    """The dense part and the constants every rank pays."""
+
+    compute_s: float  # forward + backward of the local batch
+    backward_s: float  # the share of compute_s the all-reduce can hide behind
+    optimizer_s: float
+    allreduce_fixed_s: float  # all-reduce of the dense gradients alone, latency included
+    allreduce_s_per_byte: float  # what each more byte (a data-parallel table's) adds
+    comm_overlap: float
+    latency_s: float  # the sparse all-to-alls' latency terms
+    device_bytes: float
+    params: int
+
+
+@dataclass(frozen=True)
+class Costed:
+    """Everything the solver needs: options per table, the dense part, capacities."""
+
+    tables: list[TableBlock]
+    options: dict[str, list[TableOption]]
+    dense: DenseCost
+    ranks: int
+    gpus_per_node: int
+    device_capacity: float  # per rank, after the profile's reserve
+    host_capacity: float  # per rank: the node's host memory over its ranks
+    device: str  # "cuda" or "cpu": which options TorchRec can run
+    global_batch_size: int
+
+
+def zipf_hit_rate(rows: int, zipf: float, cache_rows: float) -> float:
+    """Share of lookups landing in the ``cache_rows`` hottest rows when the k-th hottest row
+    is drawn with probability ~ k^-s: the continuous Zipf law's CDF at the cache size (the
+    law examples/dlrm.py samples from)."""
+    if rows <= 0:
+        return 1.0
+    k = min(max(cache_rows, 0.0), float(rows))
+    if zipf == 0:
+        return k / rows
+    if abs(zipf - 1.0) < 1e-9:
+        return math.log1p(k) / math.log1p(rows)
+    a = 1.0 - zipf
+    return ((1 + k) ** a - 1) / ((1 + rows) ** a - 1)
+
+
+def price(
+    model: RecModel,
+    cluster: Cluster,
+    global_batch_size: int,
+    optimizer: str = "sgd",
+    dtype: str = "fp32",
+    device: str = "cuda",
+    memory_fraction: float = 1.0,
+) -> Costed:
+    """Every option of every table and the dense part, on ``cluster`` (see module docstring)."""
+    p = cluster.profile
+    n, g, b = cluster.gpus, cluster.gpus_per_node, global_batch_size
+    s = STATE_ELEMENTS[optimizer]
+    hbm = p.memory_bandwidth * p.elementwise_efficiency
+    bw, alpha = cluster.link(list(range(n)))
+    a2a = ring_factors("all_to_all", n)[0] if n > 1 else 0.0
+    rs = ring_factors("reduce_scatter", n)[0] if n > 1 else 0.0
+    options = {}
+    for t in model.tables:
+        opts = []
+        ids = b * t.pooling_factor * ID_BYTES + b * len(t.features) * LENGTH_BYTES
+
+        def sharded(label, sharding, width, count, kernel="fused", ratio=None, t=t, ids=ids):
+            """A rank-placed option whose shards are ``width`` columns wide (``t`` and ``ids``
+            bound now: the function is called within this iteration only)."""
+            hit = 1.0 if ratio is None else zipf_hit_rate(t.rows, t.zipf, ratio * t.rows)
+            read = b * t.pooling_factor * width * EMB_BYTES
+            lookup = 3 * read * (hit / hbm + (1 - hit) / p.host_bandwidth)
+            comm = a2a * (ids + 2 * b * width * EMB_BYTES) / bw
+            weights = t.rows * width * EMB_BYTES
+            buffers = 2 * b * width * EMB_BYTES
+            if ratio is None:
+                dev, host = weights * (1 + s) + buffers, 0.0
+            else:
+                dev, host = ratio * weights + buffers, weights * (1 + s)
+            return TableOption(
+                t.name, label, sharding, kernel, "rank", count, lookup, comm, dev, host,
+                cache_ratio=ratio,
+            )  # fmt: skip
+
+        opts.append(sharded("tw", "table_wise", t.dim, 1))
+        for k in CW_SHARDS:
+            if k <= n and t.dim % k == 0 and (t.dim // k) % 4 == 0:
+                opts.append(sharded(f"cw{k}", "column_wise", t.dim // k, k))
+        weights = t.elements * EMB_BYTES
+        local = b / n
+        opts.append(
+            TableOption(
+                t.name, "dp", "data_parallel", "dense", "all", n,
+                lookup_s=3 * local * t.pooling_factor * t.dim * EMB_BYTES / hbm,
+                comm_s=0.0,
+                device_bytes=weights * (2 + s) + 2 * local * t.dim * EMB_BYTES,
+                host_bytes=0.0,
+                allreduce_bytes=weights,
+                optimizer_s=(3 + 2 * s) * weights / hbm,
+            )
+        )  # fmt: skip
+        if device == "cuda":
+            for ratio in CACHE_RATIOS:
+                opts.append(sharded(f"host{ratio:g}", "table_wise", t.dim, 1,
+                                    "fused_uvm_caching", ratio))  # fmt: skip
+            if n > 1:
+                read = b * t.pooling_factor * t.dim * EMB_BYTES
+                opts.append(
+                    TableOption(
+                        t.name, "rw", "row_wise", "fused", "all", n,
+                        lookup_s=3 * read / n / hbm,
+                        comm_s=(a2a * ids / n + 2 * rs * b * t.dim * EMB_BYTES) / bw,
+                        device_bytes=weights * (1 + s) / n + 2 * b * t.dim * EMB_BYTES,
+                        host_bytes=0.0,
+                    )
+                )  # fmt: skip
+            if cluster.nodes > 1 and g > 1:
+                read = b * t.pooling_factor * t.dim * EMB_BYTES
+                node_bw, _ = cluster.link(list(range(g)))
+                rs_g = ring_factors("reduce_scatter", g)[0]
+                comm = a2a * (ids + 2 * b * t.dim * EMB_BYTES) / g / bw
+                comm += 2 * rs_g * b * t.dim * EMB_BYTES / node_bw
+                opts.append(
+                    TableOption(
+                        t.name, "twrw", "table_row_wise", "fused", "node", 1,
+                        lookup_s=3 * read / g / hbm,
+                        comm_s=comm,
+                        device_bytes=weights * (1 + s) / g + 2 * b * t.dim * EMB_BYTES,
+                        host_bytes=0.0,
+                    )
+                )  # fmt: skip
+        options[t.name] = opts
+    dense = _dense(model, cluster, global_batch_size, s, dtype, hbm, bw, alpha)
+    cap = p.memory_bytes * memory_fraction - p.reserved_bytes - dense.device_bytes
+    host = p.host_memory_bytes / g
+    return Costed(model.tables, options, dense, n, g, cap, host, device, global_batch_size)
+
+
+def _dense(model, cluster, b, s, dtype, hbm, bw, alpha) -> DenseCost:
+    p = cluster.profile
+    n = cluster.gpus
+    local = b / n
+    rate = p.peak_flops[dtype] * p.matmul_efficiency
+    fwd = model.dense_flops_per_sample * local / rate
+    e = 4 if dtype == "fp32" else 2
+    grad_bytes = model.dense_params * e
+    ar_c, ar_d = ring_factors("all_reduce", n) if n > 1 else (0.0, 0.0)
+    a2a_d = ring_factors("all_to_all", n)[1] if n > 1 else 0.0
+    sync = p.collective_sync if n > 1 else 0.0
+    states = model.dense_params * (4 + e + 4 * s)  # fp32 master weights, gradients, states
+    acts = model.dense_activations_per_sample * local * e
+    pooled = 2 * local * sum(t.dim for t in model.tables) * EMB_BYTES
+    return DenseCost(
+        compute_s=3 * fwd,
+        backward_s=2 * fwd,
+        optimizer_s=(3 + 2 * s) * model.dense_params * 4 / hbm,
+        allreduce_fixed_s=(ar_c * grad_bytes / bw + ar_d * alpha + sync) if n > 1 else 0.0,
+        allreduce_s_per_byte=ar_c / bw,
+        comm_overlap=p.comm_overlap,
+        latency_s=3 * (a2a_d * alpha + sync),
+        device_bytes=states + acts + pooled,
+        params=model.dense_params,
+    )

@@ -1,0 +1,150 @@
+"""``plan`` on recommendation models: dispatch to the table planner, the plan file, and the
+one-line errors (exit 3 for a table no cluster of this size holds)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torchrec", reason="pip install '.[recsys]' (see README)")
+
+from planner.cli import main  # noqa: E402
+from planner.recsys.plan import load_recplan  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+DLRM = ROOT / "examples" / "dlrm.py"
+
+HUGE = """
+import torch
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+TRAINING = {"global_batch_size": 64, "optimizer": "sgd", "dtype": "fp32", "lr": 0.1}
+
+class M(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ebc = EmbeddingBagCollection(tables=[
+            EmbeddingBagConfig(name="small", embedding_dim=16, num_embeddings=1000,
+                               feature_names=["a"]),
+            EmbeddingBagConfig(name="users", embedding_dim=128, num_embeddings=2_000_000_000,
+                               feature_names=["u"]),
+        ])
+        self.head = torch.nn.Linear(144, 1)
+
+    def forward(self, sparse):
+        return self.head(self.ebc(sparse).values()).squeeze(1)
+
+def build_model():
+    return M()
+
+def embedding_stats():
+    return {"small": {"pooling_factor": 1.0, "zipf": 0.0},
+            "users": {"pooling_factor": 1.0, "zipf": 1.0}}
+
+def make_batch(batch_size, step=0):
+    raise NotImplementedError
+
+def loss_fn(out, y):
+    return torch.nn.functional.binary_cross_entropy_with_logits(out, y)
+"""
+
+
+def test_table_that_fits_no_rank_exits_3_naming_it_and_the_smallest_cluster(tmp_path, capsys):
+    """2e9 rows x 128 fp32 = 1.02 TB: on 8 H100s (78 GiB free each) even row-wise leaves
+    128 GB per rank; 16 GPUs (two nodes) hold 64 GB shards."""
+    model = tmp_path / "huge.py"
+    model.write_text(HUGE)
+    rc = main([str(model), "--gpus", "8", "--profile", "h100-sxm", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 3, err
+    line = [x for x in err.splitlines() if x.startswith("plan: error:")]
+    assert len(line) == 1
+    assert "'users'" in line[0] and "--gpus 16" in line[0]
+    assert "Traceback" not in err
+
+
+def test_on_cpu_no_cluster_holds_it(tmp_path, capsys):
+    """Without row-wise sharding (CPU), 128 columns split at most 32 ways: no count of CPU
+    ranks holds the table, and the message says a bigger device is needed."""
+    model = tmp_path / "huge.py"
+    model.write_text(HUGE)
+    rc = main([str(model), "--gpus", "2", "--device", "cpu", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 3, err
+    assert "'users'" in err and "more memory per device" in err
+
+
+def test_dlrm_plan_file(tmp_path, capsys):
+    rc = main([str(DLRM), "--gpus", "4", "--device", "cpu", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "recommendation plan: 4 tables on 4 x cpu" in out
+    plan = load_recplan(tmp_path / "plan.json")
+    assert [t["name"] for t in plan["tables"]] == ["t0", "t1", "t2", "t3"]
+    for t in plan["tables"]:
+        assert t["sharding"] in ("table_wise", "column_wise", "data_parallel")
+        n = {"table_wise": 1, "data_parallel": 4}.get(t["sharding"]) or int(t["option"][2:])
+        assert len(t["ranks"]) == len(set(t["ranks"])) == n
+    slowest = max(r["step_s"] for r in plan["ranks"])
+    assert plan["predicted"]["step_time_s"] == pytest.approx(slowest)
+    assert plan["solver"]["status"] == "optimal"
+
+
+def test_production_plans_on_gpus(tmp_path, capsys):
+    rc = main([str(DLRM), "--model-arg", "size=production", "--gpus", "64",
+               "--profile", "h100-sxm", "--global-batch-size", "65536",
+               "--out", str(tmp_path)])  # fmt: skip
+    assert rc == 0, capsys.readouterr().err
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert len(plan["tables"]) == 120
+    assert plan["model"]["embedding_params"] > 1e9
+    cap = plan["predicted"]["device_capacity_bytes"]
+    assert all(r["device_bytes"] <= cap for r in plan["ranks"])
+
+
+def test_recsys_refuses_adamw(capsys):
+    rc = main([str(DLRM), "--gpus", "2", "--device", "cpu", "--optimizer", "adamw"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "sgd" in err
+
+
+def test_run_refuses_a_changed_model_file(tmp_path, capsys):
+    model = tmp_path / "dlrm.py"
+    model.write_text(DLRM.read_text())
+    assert main([str(model), "--gpus", "2", "--device", "cpu", "--out", str(tmp_path)]) == 0
+    model.write_text(DLRM.read_text() + "\n# edited\n")
+    rc = main(["run", str(tmp_path / "plan.json"), "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "changed" in err
+
+
+def test_the_recsys_runtime_reads_a_plan_without_the_solver():
+    code = (
+        "import runtime.recsys, sys; "
+        "sys.exit(bool({'cvxpy', 'highspy', 'planner.recsys.milp'} & set(sys.modules)))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_the_recsys_plan_schema_loads_without_torch():
+    code = "import planner.recsys.plan, sys; sys.exit('torch' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_a_plan_needing_a_gpu_is_refused_on_cpu(tmp_path, capsys):
+    assert main([str(DLRM), "--gpus", "2", "--device", "cpu", "--out", str(tmp_path)]) == 0
+    path = tmp_path / "plan.json"
+    plan = json.loads(path.read_text())
+    plan["tables"][0].update(sharding="row_wise", kernel="fused", ranks=[0, 1])
+    path.write_text(json.dumps(plan))
+    rc = main(["run", str(path), "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "needs a GPU" in err

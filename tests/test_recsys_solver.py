@@ -1,0 +1,201 @@
+"""The table-placement MILP against brute force, and the cost model's terms by hand.
+
+Brute force enumerates every table's every option and every placement of its shards (each
+rank for a table-wise shard, each set of distinct ranks for column shards, each node for a
+table-row-wise table), evaluates the slowest rank's step and the memory of every rank with
+its own loops, and keeps the best that fits. Instances are random, a third with memory that
+does not bind, a third where device memory binds and a third where host memory binds.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+import pytest
+
+from planner.recsys.cost import Costed, DenseCost, TableOption, price, zipf_hit_rate
+from planner.recsys.milp import solve
+from planner.recsys.tables import RecModel, TableBlock
+from tests.conftest import cluster_of
+
+
+def _instance(seed: int, binds: str) -> Costed:
+    rng = random.Random(seed)
+    ranks = rng.choice((2, 3, 4))
+    per_node = 2 if ranks == 4 and rng.random() < 0.5 else ranks
+    tables, options = [], {}
+    for k in range(rng.choice((2, 3, 4))):
+        name = f"t{k}"
+        tables.append(TableBlock(name, "ebc", (f"f{k}",), 100, 8, 1.0, 0.0))
+        opts = []
+        for label, placement, count in (("tw", "rank", 1), ("cw2", "rank", 2), ("dp", "all", 0),
+                                        ("host", "rank", 1), ("twrw", "node", 1)):  # fmt: skip
+            if placement == "node" and per_node == ranks or count > ranks:
+                continue
+            if rng.random() < 0.25 and label != "tw":
+                continue
+            opts.append(
+                TableOption(
+                    name, label, "table_wise", "fused", placement,
+                    ranks if placement == "all" else count,
+                    lookup_s=rng.uniform(1, 10) * 1e-3,
+                    comm_s=rng.uniform(0, 5) * 1e-3,
+                    device_bytes=rng.uniform(1, 10) * 2**30,
+                    host_bytes=rng.uniform(1, 10) * 2**30 if label == "host" else 0.0,
+                    allreduce_bytes=rng.uniform(0, 4) * 2**20 if label == "dp" else 0.0,
+                    optimizer_s=rng.uniform(0, 2) * 1e-3 if label == "dp" else 0.0,
+                )
+            )  # fmt: skip
+        options[name] = opts
+    total = sum(min(o.device_bytes for o in v) for v in options.values())
+    device_cap = 1e15 if binds == "none" else total / ranks * rng.uniform(1.2, 2.0)
+    host_cap = 1e15 if binds != "host" else 2**30 * rng.uniform(6, 12)
+    dense = DenseCost(
+        compute_s=2e-3, backward_s=1.3e-3, optimizer_s=1e-4, allreduce_fixed_s=1e-3,
+        allreduce_s_per_byte=rng.uniform(0.2, 2) * 1e-9, comm_overlap=rng.choice((0.0, 0.5, 1)),
+        latency_s=5e-5, device_bytes=0.0, params=10,
+    )  # fmt: skip
+    return Costed(tables, options, dense, ranks, per_node, device_cap, host_cap, "cuda", 64)
+
+
+def brute_force(c: Costed) -> float | None:
+    """The slowest rank's best step over every assignment that fits, or None."""
+    per_table = []
+    for t in c.tables:
+        choices = []
+        for o in c.options[t.name]:
+            if o.placement == "all":
+                choices.append((o, tuple(range(c.ranks))))
+            elif o.placement == "node":
+                for k in range(c.ranks // c.gpus_per_node):
+                    span = range(k * c.gpus_per_node, (k + 1) * c.gpus_per_node)
+                    choices.append((o, tuple(span)))
+            else:
+                choices += [(o, rs) for rs in itertools.combinations(range(c.ranks), o.count)]
+        per_table.append(choices)
+    best = None
+    d = c.dense
+    for combo in itertools.product(*per_table):
+        time = [0.0] * c.ranks
+        dev = [0.0] * c.ranks
+        host = [0.0] * c.ranks
+        extra = 0.0
+        for o, rs in combo:
+            extra += o.allreduce_bytes
+            for r in rs:
+                time[r] += o.lookup_s + o.comm_s + o.optimizer_s
+                dev[r] += o.device_bytes
+                host[r] += o.host_bytes
+        if max(dev) > c.device_capacity or max(host) > c.host_capacity:
+            continue
+        exposed = max(0.0, d.allreduce_fixed_s + d.allreduce_s_per_byte * extra
+                      - d.comm_overlap * d.backward_s)  # fmt: skip
+        step = d.compute_s + d.optimizer_s + d.latency_s + exposed + max(time)
+        best = step if best is None else min(best, step)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(36))
+def test_milp_equals_brute_force(seed):
+    binds = ("none", "device", "host")[seed % 3]
+    c = _instance(seed, binds)
+    want = brute_force(c)
+    got = solve(c, time_limit_s=30, rel_gap=1e-9)
+    if want is None:
+        assert got is None
+        return
+    assert got is not None
+    assert got.step_time_s == pytest.approx(want, rel=1e-6)
+    # the assignment it returns is what it claims: every rank within memory
+    for cap, attr in ((c.device_capacity, "device_bytes"), (c.host_capacity, "host_bytes")):
+        per_rank = [0.0] * c.ranks
+        for name, o in got.choice.items():
+            for r in got.ranks[name]:
+                per_rank[r] += getattr(o, attr)
+        assert max(per_rank) <= cap * (1 + 1e-9)
+    for name in got.choice:
+        assert len(set(got.ranks[name])) == len(got.ranks[name])
+
+
+def test_some_instances_bind_memory():
+    """The memory-binding instances do bind: brute force without the caps is faster."""
+    bound = 0
+    for seed in range(36):
+        binds = ("none", "device", "host")[seed % 3]
+        if binds == "none":
+            continue
+        c = _instance(seed, binds)
+        free = Costed(c.tables, c.options, c.dense, c.ranks, c.gpus_per_node, 1e18, 1e18,
+                      "cuda", 64)  # fmt: skip
+        got, loose = brute_force(c), brute_force(free)
+        if got is None or got > loose * (1 + 1e-9):
+            bound += 1
+    assert bound >= 8
+
+
+# --------------------------------------------------------------------------- cost terms
+
+
+def _model(rows=1000, dim=16, pooling=2.0, zipf=0.0) -> RecModel:
+    t = TableBlock("t", "ebc", ("f",), rows, dim, pooling, zipf)
+    return RecModel([t], dense_params=100, dense_tensors=2, dense_flops_per_sample=200.0,
+                    dense_activations_per_sample=20.0)  # fmt: skip
+
+
+def test_table_wise_terms_by_hand():
+    c = cluster_of(4, "h100-sxm")
+    p = c.profile
+    costed = price(_model(), c, 512, "sgd", "fp32", "cuda")
+    tw = next(o for o in costed.options["t"] if o.label == "tw")
+    hbm = p.memory_bandwidth * p.elementwise_efficiency
+    bw = p.intra_node_bandwidth * p.collective_efficiency
+    assert tw.lookup_s == pytest.approx(3 * 512 * 2.0 * 16 * 4 / hbm)
+    ids = 512 * 2.0 * 8 + 512 * 8
+    assert tw.comm_s == pytest.approx(0.75 * (ids + 2 * 512 * 16 * 4) / bw)
+    assert tw.device_bytes == pytest.approx(1000 * 16 * 4 + 2 * 512 * 16 * 4)
+    cw4 = next(o for o in costed.options["t"] if o.label == "cw4")
+    assert cw4.count == 4
+    assert cw4.device_bytes == pytest.approx(1000 * 4 * 4 + 2 * 512 * 4 * 4)
+    assert cw4.comm_s == pytest.approx(0.75 * (ids + 2 * 512 * 4 * 4) / bw)
+    dp = next(o for o in costed.options["t"] if o.label == "dp")
+    assert dp.allreduce_bytes == 1000 * 16 * 4
+    assert dp.device_bytes == pytest.approx(1000 * 16 * 4 * 2 + 2 * 128 * 16 * 4)
+
+
+def test_cpu_offers_only_what_torchrec_runs_there():
+    costed = price(_model(), cluster_of(4, "cpu"), 512, "sgd", "fp32", "cpu")
+    assert {o.sharding for o in costed.options["t"]} == {
+        "table_wise", "column_wise", "data_parallel"
+    }  # fmt: skip
+    assert all(o.kernel != "fused_uvm_caching" for o in costed.options["t"])
+    gpu = price(_model(), cluster_of(16, "h100-sxm"), 512, "sgd", "fp32", "cuda")
+    assert {o.sharding for o in gpu.options["t"]} >= {"row_wise", "table_row_wise"}
+
+
+def test_host_option_pays_misses_at_the_host_link():
+    c = cluster_of(2, "h100-sxm")
+    p = c.profile
+    costed = price(_model(rows=10**6, zipf=1.0), c, 512, "sgd", "fp32", "cuda")
+    host = next(o for o in costed.options["t"] if o.label == "host0.2")
+    h = math.log1p(0.2 * 10**6) / math.log1p(10**6)
+    read = 512 * 2.0 * 16 * 4
+    hbm = p.memory_bandwidth * p.elementwise_efficiency
+    assert host.lookup_s == pytest.approx(3 * read * (h / hbm + (1 - h) / p.host_bandwidth))
+    assert host.host_bytes == pytest.approx(10**6 * 16 * 4)
+    assert host.device_bytes == pytest.approx(0.2 * 10**6 * 16 * 4 + 2 * 512 * 16 * 4)
+
+
+def test_zipf_hit_rate_matches_the_generator():
+    """The cache hit rate equals the share of examples/dlrm.py's sampled ids (before hashing)
+    that fall in the hottest rows."""
+    import torch
+
+    rows, s, cache = 10_000, 1.05, 500
+    u = torch.rand(200_000, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    a = 1 - s
+    k = ((1 + u * ((rows + 1) ** a - 1)) ** (1 / a) - 1).long()
+    measured = (k < cache).double().mean().item()
+    assert zipf_hit_rate(rows, s, cache) == pytest.approx(measured, abs=0.01)
+    assert zipf_hit_rate(rows, 0.0, cache) == pytest.approx(cache / rows)
