@@ -267,3 +267,16 @@ def test_cli_chooses_and_a_missed_deadline_exits_3(tmp_path, capsys, monkeypatch
     err = capsys.readouterr().err
     assert code == 3
     assert "no option of the pool meets the 1e-09 h deadline: the nearest is" in err
+
+
+def test_why_chosen_names_the_runner_up_and_every_other_kind():
+    from planner.resources.choose import why_chosen
+
+    options = evaluate(POOL, mock_planner, tokens=10**9)
+    chosen = choose(options, "cost")
+    text = why_chosen(chosen, options, "cost", 9)
+    assert text.startswith(f"{chosen.label} has the least cost (${chosen.run.cost_usd:,.0f})")
+    for kind in ("slow", "mid", "fast"):
+        if kind != chosen.node.name:
+            assert f"; {kind} x" in text
+    assert "%)" in text and "-" not in text.split("(+")[1][:2]  # others cost more

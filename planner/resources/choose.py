@@ -7,6 +7,7 @@ Options: every power of two of nodes up to the number available, plus the number
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -161,7 +162,8 @@ def infeasible_message(
     wants = []
     if deadline_h is not None and best.run.wall_h > deadline_h:
         wants.append(
-            f"{best.run.wall_h - deadline_h:,.1f} h more time (--deadline {best.run.wall_h:,.1f})"
+            f"{best.run.wall_h - deadline_h:,.1f} h more time "
+            f"(--deadline {math.ceil(best.run.wall_h * 10) / 10:.1f})"
         )
         if best.nodes == best.node.nodes:
             need = -(-best.nodes * best.run.wall_h // deadline_h)
@@ -171,7 +173,8 @@ def infeasible_message(
             )
     if budget_usd is not None and best.run.cost_usd > budget_usd:
         wants.append(
-            f"${best.run.cost_usd - budget_usd:,.0f} more money (--budget {best.run.cost_usd:,.0f})"
+            f"${best.run.cost_usd - budget_usd:,.0f} more money "
+            f"(--budget {math.ceil(best.run.cost_usd)})"
         )
     limits = " and ".join(
         s
@@ -207,24 +210,36 @@ def pareto(options: Sequence[Option]) -> list[Option]:
 
 
 def why_chosen(chosen: Option, options: Sequence[Option], objective: str, ok: int) -> str:
-    """One sentence: the chosen option's objective against the runner-up's and the fastest."""
+    """One sentence: the chosen option's objective against the runner-up and the best option of
+    every other kind, so a near-tie within one kind does not hide how far the other kinds are."""
     assert chosen.run is not None
-    unit = {"time": "h", "cost": "$", "energy": "kWh", "carbon": "kg CO2"}[objective]
-    scale = 3600.0 if objective == "time" else 1.0
-    mine = objective_value(chosen.run, objective) / scale
-    others = sorted(
+
+    def show(o: Option) -> str:
+        assert o.run is not None
+        v = objective_value(o.run, objective)
+        return {
+            "time": f"{v / 3600:,.1f} h",
+            "cost": f"${v:,.0f}",
+            "energy": f"{v:,.0f} kWh",
+            "carbon": f"{v / 1000:,.2f} tCO2",
+        }[objective]
+
+    mine = objective_value(chosen.run, objective)
+    ranked = sorted(
         (o for o in options if o.run is not None and o is not chosen),
         key=lambda o: _key(o, objective),
     )
-    text = f"{chosen.label} has the least {objective} ({mine:,.1f} {unit}) of the {ok} options "
+    text = f"{chosen.label} has the least {objective} ({show(chosen)}) of the {ok} options "
     text += "that meet the deadline and budget"
-    if others:
-        nxt = others[0]
-        assert nxt.run is not None
-        theirs = objective_value(nxt.run, objective) / scale
-        text += f"; the next, {nxt.label}, needs {theirs:,.1f} {unit}"
-        if mine > 0:
-            text += f" ({theirs / mine - 1:+.0%})"
+    shown = ranked[:1] + [
+        next(o for o in ranked if o.node.name == k)
+        for k in dict.fromkeys(o.node.name for o in ranked)
+        if k != chosen.node.name
+    ]
+    for o in dict.fromkeys(shown):
+        assert o.run is not None
+        rel = objective_value(o.run, objective) / mine - 1 if mine > 0 else 0.0
+        text += f"; {o.label}: {show(o)} ({rel:+.1%})"
     return text
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from planner.resources.choose import Option, meets
+from planner.resources.choose import Option
 
 
 def table_rows(
@@ -44,8 +44,10 @@ def table_rows(
             marks.append("CHOSEN")
         if o in front:
             marks.append("pareto")
-        if not meets(o, deadline_h, budget_usd):
-            marks.append("misses deadline/budget")
+        if deadline_h is not None and o.run.wall_h > deadline_h:
+            marks.append("misses deadline")
+        if budget_usd is not None and o.run.cost_usd > budget_usd:
+            marks.append("over budget")
         rows.append(
             [
                 o.node.name,
