@@ -144,8 +144,8 @@ def draw_front(
             )
         ax.set_xlabel(names[x])
         ax.set_ylabel(names[y])
-        if all(val(o, x) > 0 for o in priced):
-            ax.set_xscale("log")
+        if x == "time" and all(val(o, x) > 0 for o in priced):
+            ax.set_xscale("log")  # counts in powers of two spread time by factors of two
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     fig.tight_layout()
