@@ -231,6 +231,11 @@ def test_bad_pool_file_on_the_command_line_exits_2(tmp_path, capsys):
     assert err.count("\n") == 1 and "missing field(s) price_per_gpu_hour" in err
     assert main(["examples/mlp.py", "--gpus", "2", "--tokens", "1000"]) == 2
     assert "--tokens needs --resources" in capsys.readouterr().err
+    both = ["examples/mlp.py", "--resources", "profiles/pools/cloud.toml", "--tokens", "9"]
+    assert main([*both, "--gpus", "8"]) == 2
+    assert "--gpus and --resources exclude each other" in capsys.readouterr().err
+    assert main(["examples/mlp.py", "--resources", "profiles/pools/cloud.toml"]) == 2
+    assert "--tokens N or --steps N" in capsys.readouterr().err
 
 
 def test_shipped_pools_load():
@@ -257,13 +262,15 @@ def test_cli_chooses_and_a_missed_deadline_exits_3(tmp_path, capsys, monkeypatch
         )
     pool = tmp_path / "pool.toml"
     pool.write_text("\n".join(rows))
-    base = ["examples/mlp.py", "--resources", str(pool), "--tokens", "100000000000"]
-    code = main([*base, "--objective", "cost", "--out", str(tmp_path / "out")])
+    base = ["examples/mlp.py", "--resources", str(pool)]
+    tokens = ["--tokens", "100000000000"]
+    code = main([*base, *tokens, "--objective", "cost", "--out", str(tmp_path / "out")])
     out = capsys.readouterr().out
     assert code == 0
     assert "chosen: a x1 has the least cost" in out
     assert (tmp_path / "out" / "resources.png").stat().st_size > 10_000
-    code = main([*base, "--deadline", "1e-9", "--out", str(tmp_path / "out"), "--quiet"])
+    steps = ["--steps", "1000"]  # a step budget instead of tokens
+    code = main([*base, *steps, "--deadline", "1e-9", "--out", str(tmp_path / "out"), "--quiet"])
     err = capsys.readouterr().err
     assert code == 3
     assert "no option of the pool meets the 1e-09 h deadline: the nearest is" in err
