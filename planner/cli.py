@@ -128,6 +128,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--memory-fraction", type=float, default=1.0, help="usable share of device memory"
     )
+    r = p.add_argument_group("resource pool (instead of --gpus/--profile)")
+    r.add_argument(
+        "--resources", metavar="POOL.toml", help="choose node kind and count from a pool"
+    )
+    r.add_argument("--tokens", type=positive_int, help="with --resources: tokens to train")
+    r.add_argument("--deadline", type=float, help="with --resources: hours the run may take")
+    r.add_argument("--budget", type=float, help="with --resources: dollars the run may cost")
+    r.add_argument(
+        "--objective",
+        default="cost",
+        choices=("time", "cost", "energy", "carbon"),
+        help="with --resources: what to minimize (default cost); --steps N instead of --tokens",
+    )
     p.add_argument("--out", help="output directory (default: reports/<model file stem>/)")
     p.add_argument("--run", action="store_true", help="after planning, run the plan")
     add_run_flags(p)
@@ -186,6 +199,14 @@ def cmd_plan(argv: list[str]) -> int:
 
             print_graph(summary, traced.note, quiet=args.quiet)
         return 0
+    if args.resources:
+        from planner.resources.command import run_resources
+
+        explicit = any(a == "--steps" or a.startswith("--steps=") for a in argv)
+        return run_resources(args, mf, args.steps if explicit else None)
+    for flag in ("tokens", "deadline", "budget"):
+        if getattr(args, flag) is not None:
+            raise UserInputError(f"--{flag} needs --resources POOL.toml")
     return run_planning(args, mf, shlex.join(["plan", *argv]))
 
 

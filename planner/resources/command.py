@@ -1,0 +1,59 @@
+"""``plan MODEL.py --resources POOL.toml --tokens N [--objective ...]``: the CLI's resource path.
+
+Plans every option of the pool with the model's own planning flags, prints the table, draws the
+Pareto figure beside the model's reports, and says why the chosen option wins; exit 3 when no
+option meets the deadline and budget.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from planner.errors import InfeasibleError, UserInputError
+from planner.resources.choose import choose, evaluate, meets, pareto, plan_option, why_chosen
+from planner.resources.figure import draw_front, print_table, table_rows
+from planner.resources.pool import load_pool
+
+
+def run_resources(args: argparse.Namespace, mf: Any, steps: int | None) -> int:
+    """Choose among the pool's options for ``mf``; ``steps`` is an explicit --steps budget."""
+    for flag in ("gpus", "nodes", "profile", "gpus_per_node"):
+        if getattr(args, flag, None) is not None:
+            raise UserInputError(
+                f"--{flag.replace('_', '-')} and --resources exclude each other: the pool file "
+                "says which devices and how many"
+            )
+    for flag in ("deadline", "budget"):
+        value = getattr(args, flag)
+        if value is not None and value <= 0:
+            raise UserInputError(f"--{flag} must be positive, got {value}")
+    pool = load_pool(args.resources)
+    kwargs = dict(
+        global_batch_size=args.global_batch_size,
+        dtype=args.dtype,
+        optimizer=args.optimizer,
+        lr=args.lr,
+        use_cache=not args.no_cache,
+    )
+    say = (lambda s: None) if args.quiet else (lambda s: print(f"planning {s}", file=sys.stderr))
+    options = evaluate(pool, plan_option(mf, kwargs), args.tokens, steps, say)
+    front = pareto(options)
+    out_dir = Path(args.out) if args.out else Path("reports") / mf.path.stem
+    try:
+        chosen = choose(options, args.objective, args.deadline, args.budget)
+    except InfeasibleError:
+        if not args.quiet:
+            rows = table_rows(options, None, front, args.deadline, args.budget)
+            print_table(rows, f"{pool.path}: no option meets the limits")
+        raise
+    fig = draw_front(options, chosen, front, out_dir / "resources.png")
+    if not args.quiet:
+        rows = table_rows(options, chosen, front, args.deadline, args.budget)
+        print_table(rows, f"{pool.path}: objective {args.objective}")
+        ok = sum(1 for o in options if meets(o, args.deadline, args.budget))
+        print(f"chosen: {why_chosen(chosen, options, args.objective, ok)}")
+        print(f"figure: {fig}")
+    return 0

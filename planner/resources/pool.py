@@ -1,0 +1,157 @@
+"""``--resources POOL.toml``: the node types a run may use, read into validated dataclasses.
+
+Every field a price or an energy figure comes from is named in the file, so a wrong number is
+visible where it was typed; anything missing or out of range is a one-line UserInputError (exit
+2) naming the node type and the field, never a silently wrong choice.
+
+    effective_time_fraction = 0.90      # optional, default below
+    [[node]]
+    name = "dgx-h100"
+    profile = "h100-sxm"                # a device profile (profiles/*.toml)
+    nodes = 4                           # how many nodes are available
+    gpus_per_node = 8                   # optional: the profile's
+    price_per_gpu_hour = 2.49           # $ per GPU-hour (0 for owned hardware)
+    gpu_busy_watts = 700                # per GPU at full utilization
+    gpu_idle_watts = 100                # optional: per GPU at zero utilization (default: busy)
+    node_watts = 4600                   # per node, outside the GPUs (CPUs, NICs, fans...)
+    carbon_g_per_kwh = 390              # grid intensity
+    pue = 1.58                          # facility power usage effectiveness
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import tomllib
+
+from planner.errors import UserInputError
+
+# Meta's Llama 3 report (Dubey et al. 2024, "The Llama 3 Herd of Models", Sec. 3.3.4) states
+# higher than 90% effective training time through 466 interruptions in 54 days: the share of
+# wall-clock time spent training, the rest going to checkpoints, restarts and lost work.
+DEFAULT_EFFECTIVE_TIME_FRACTION = 0.90
+
+
+@dataclass(frozen=True)
+class NodeType:
+    """One kind of node on offer: what it is, how many there are, what an hour of it costs."""
+
+    name: str
+    profile: str
+    nodes: int
+    gpus_per_node: int
+    price_per_gpu_hour: float
+    gpu_busy_watts: float
+    gpu_idle_watts: float
+    node_watts: float
+    carbon_g_per_kwh: float
+    pue: float
+
+
+@dataclass(frozen=True)
+class Pool:
+    """The node types of one pool file, and the share of wall time that trains."""
+
+    path: str
+    node_types: tuple[NodeType, ...]
+    effective_time_fraction: float = DEFAULT_EFFECTIVE_TIME_FRACTION
+
+
+_NUMBERS = {
+    # field: (lowest allowed, whether the lowest is allowed itself)
+    "price_per_gpu_hour": (0.0, True),
+    "gpu_busy_watts": (0.0, False),
+    "gpu_idle_watts": (0.0, True),
+    "node_watts": (0.0, True),
+    "carbon_g_per_kwh": (0.0, True),
+    "pue": (1.0, True),
+}
+_REQUIRED = ("name", "profile", "nodes", *(k for k in _NUMBERS if k != "gpu_idle_watts"))
+_KNOWN = {*_REQUIRED, "gpu_idle_watts", "gpus_per_node"}
+
+
+def load_pool(path: str | Path) -> Pool:
+    """Read and validate a pool file; UserInputError (one line) for anything wrong."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserInputError(f"--resources {p}: no such file; give a pool .toml (profiles/pools/)")
+    try:
+        with open(p, "rb") as f:
+            data = tomllib.load(f)
+    except tomllib.TOMLDecodeError as exc:
+        raise UserInputError(f"pool {p} is not valid TOML: {exc}") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserInputError(f"pool {p} cannot be read: {exc}") from exc
+    return pool_from_dict(data, str(p))
+
+
+def pool_from_dict(data: dict[str, Any], source: str) -> Pool:
+    """Validate a parsed pool document (split from ``load_pool`` so tests need no files)."""
+    from planner.hardware.profiles import list_profiles
+
+    unknown = set(data) - {"node", "effective_time_fraction"}
+    if unknown:
+        raise UserInputError(
+            f"pool {source}: unknown top-level key(s) {', '.join(sorted(unknown))}"
+        )
+    frac = data.get("effective_time_fraction", DEFAULT_EFFECTIVE_TIME_FRACTION)
+    if not _is_number(frac) or not 0 < frac <= 1:
+        raise UserInputError(
+            f"pool {source}: effective_time_fraction must be in (0, 1], got {frac!r}"
+        )
+    rows = data.get("node")
+    if not isinstance(rows, list) or not rows:
+        raise UserInputError(f"pool {source}: no [[node]] tables; list at least one node type")
+    types: list[NodeType] = []
+    for i, row in enumerate(rows):
+        where = f"pool {source}: node {row.get('name', i + 1)!r}" if isinstance(row, dict) else ""
+        if not isinstance(row, dict):
+            raise UserInputError(f"pool {source}: node {i + 1} is not a table")
+        missing = [k for k in _REQUIRED if k not in row]
+        if missing:
+            raise UserInputError(f"{where}: missing field(s) {', '.join(missing)}")
+        extra = set(row) - _KNOWN
+        if extra:
+            raise UserInputError(f"{where}: unknown field(s) {', '.join(sorted(extra))}")
+        profile = row["profile"]
+        if not isinstance(profile, str) or profile not in list_profiles():
+            raise UserInputError(
+                f"{where}: unknown profile {profile!r}; choose one of {', '.join(list_profiles())}"
+            )
+        for key in ("nodes", "gpus_per_node"):
+            value = row.get(key, 1)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise UserInputError(f"{where}: {key} must be a positive integer, got {value!r}")
+        numbers = {}
+        for key, (low, inclusive) in _NUMBERS.items():
+            value = row.get(key, row["gpu_busy_watts"] if key == "gpu_idle_watts" else None)
+            ok = _is_number(value) and (value >= low if inclusive else value > low)
+            if not ok:
+                bound = f">= {low:g}" if inclusive else f"> {low:g}"
+                raise UserInputError(f"{where}: {key} must be a number {bound}, got {value!r}")
+            numbers[key] = float(value)
+        if numbers["gpu_idle_watts"] > numbers["gpu_busy_watts"]:
+            raise UserInputError(f"{where}: gpu_idle_watts exceeds gpu_busy_watts")
+        name = row["name"]
+        if not isinstance(name, str) or not name or any(t.name == name for t in types):
+            raise UserInputError(f"{where}: name must be a non-empty string, unique in the pool")
+        per_node = row.get("gpus_per_node") or _profile_gpus_per_node(profile)
+        types.append(NodeType(name, profile, row["nodes"], per_node, **numbers))
+    return Pool(source, tuple(types), float(frac))
+
+
+def _profile_gpus_per_node(profile: str) -> int:
+    from planner.hardware.profiles import load_profile
+
+    return load_profile(profile).gpus_per_node
+
+
+def _is_number(value: object) -> bool:
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(float(value))
+    )
