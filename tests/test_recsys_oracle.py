@@ -84,7 +84,12 @@ def reference():
     return _reference(STEPS)
 
 
-@pytest.fixture(scope="module", params=[2, 4], ids=lambda w: f"world{w}")
+# 4 ranks run with the long matrix (``-m "long or zoo"``, CI's second command)
+@pytest.fixture(
+    scope="module",
+    params=[2, pytest.param(4, marks=pytest.mark.long)],
+    ids=lambda w: f"world{w}",
+)
 def runs(request, tmp_path_factory):
     world = request.param
     out = tmp_path_factory.mktemp(f"recsys{world}")

@@ -152,6 +152,7 @@ def test_resume_without_checkpoint_is_refused(mlp_plan, tmp_path):
 
 
 @pytest.mark.distributed
+@pytest.mark.long  # two torchrun "nodes": with the long matrix in CI
 def test_two_nodes_on_localhost_match_one_process(mlp_plan, tmp_path):
     """Two torchrun launches (--nnodes 2, node ranks 0 and 1, c10d on 127.0.0.1)."""
     endpoint = f"127.0.0.1:{free_port()}"
