@@ -220,9 +220,15 @@ def compute_time(
     with a short inner dimension) and bytes over achievable bandwidth. ``rate``: the op class's
     achievable FLOP/s when it is not the dtype's GEMM rate (``op_rate``)."""
     p = cluster.profile
-    peak = p.peak_flops[dtype] * p.matmul_efficiency if rate is None else rate
     bw = p.memory_bandwidth * p.elementwise_efficiency
-    return max(flops * slowdown / peak, nbytes / bw)
+    return max(flops * slowdown / achievable_peak(cluster, dtype, rate), nbytes / bw)
+
+
+def achievable_peak(cluster: Cluster, dtype: str, rate: float | None = None) -> float:
+    """FLOP/s a product reaches: ``rate`` when its op class has its own (``op_rate``), else the
+    dtype's peak times the profile's GEMM efficiency."""
+    p = cluster.profile
+    return p.peak_flops[dtype] * p.matmul_efficiency if rate is None else rate
 
 
 # FlashAttention's backward recomputes the scores (S = QK^T) before dS, dQ, dK, dV: five
@@ -303,9 +309,7 @@ def _roofline_parts(
 ) -> tuple[float, float]:
     """(compute-bound, memory-bound) time of one op: the roofline time in its bound's slot."""
     t = compute_time(flops, nbytes, cluster, dtype, slowdown, rate)
-    p = cluster.profile
-    peak = p.peak_flops[dtype] * p.matmul_efficiency if rate is None else rate
-    compute_bound = flops * slowdown / peak >= t
+    compute_bound = flops * slowdown / achievable_peak(cluster, dtype, rate) >= t
     return (t, 0.0) if compute_bound and flops > 0 else (0.0, t)
 
 

@@ -200,14 +200,19 @@ def load_profile(name_or_path: str) -> DeviceProfile:
             f"unknown profile {text!r}: choose one of {', '.join(list_profiles())}, "
             "or give the path to a .toml file"
         )
+    return profile_from_dict(read_toml(path, "profile", "; fix the file"), str(path))
+
+
+def read_toml(path: Path, what: str, hint: str = "") -> dict[str, Any]:
+    """A TOML file's contents; a one-line UserInputError naming ``what`` it is when it cannot
+    be read or parsed (``hint`` follows the parser's message)."""
     try:
         with open(path, "rb") as f:
-            data = tomllib.load(f)
+            return tomllib.load(f)
     except tomllib.TOMLDecodeError as exc:
-        raise UserInputError(f"profile {path} is not valid TOML: {exc}; fix the file") from exc
+        raise UserInputError(f"{what} {path} is not valid TOML: {exc}{hint}") from exc
     except (OSError, UnicodeDecodeError) as exc:
-        raise UserInputError(f"profile {path} cannot be read: {exc}") from exc
-    return profile_from_dict(data, str(path))
+        raise UserInputError(f"{what} {path} cannot be read: {exc}") from exc
 
 
 def profile_from_dict(data: dict[str, Any], source: str) -> DeviceProfile:

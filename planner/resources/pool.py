@@ -25,8 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import tomllib
-
 from planner.errors import UserInputError
 
 # Meta's Llama 3 report (Dubey et al. 2024, "The Llama 3 Herd of Models", Sec. 3.3.4) states
@@ -78,14 +76,9 @@ def load_pool(path: str | Path) -> Pool:
     p = Path(path)
     if not p.is_file():
         raise UserInputError(f"--resources {p}: no such file; give a pool .toml (profiles/pools/)")
-    try:
-        with open(p, "rb") as f:
-            data = tomllib.load(f)
-    except tomllib.TOMLDecodeError as exc:
-        raise UserInputError(f"pool {p} is not valid TOML: {exc}") from exc
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserInputError(f"pool {p} cannot be read: {exc}") from exc
-    return pool_from_dict(data, str(p))
+    from planner.hardware.profiles import read_toml
+
+    return pool_from_dict(read_toml(p, "pool"), str(p))
 
 
 def pool_from_dict(data: dict[str, Any], source: str) -> Pool:
