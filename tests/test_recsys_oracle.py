@@ -20,14 +20,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+import torchrec  # noqa: F401  (no skip: the README's test command installs the recsys extra)
 
-pytest.importorskip("torchrec", reason="pip install '.[recsys]' (see README)")
-
-import torch  # noqa: E402
-
-from planner.modelfile import load_model_file  # noqa: E402
-from planner.recsys.planning import plan_recsys  # noqa: E402
-from runtime.launch import worker_env  # noqa: E402
+from planner.modelfile import load_model_file
+from planner.recsys.planning import plan_recsys
+from runtime.launch import worker_env
 
 ROOT = Path(__file__).resolve().parent.parent
 DLRM = ROOT / "examples" / "dlrm.py"
