@@ -187,7 +187,8 @@ def test_dominance_keeps_an_option_that_needs_a_smaller_gather_buffer():
     only one that fits, so dominance must keep both; and identical options keep the first."""
     import numpy as np
 
-    from planner.search.stage_milp import StageProblem, undominated
+    from planner.search.stage_data import StageProblem
+    from planner.search.stage_milp import undominated
 
     def rows(*values):
         return [np.array(values, dtype=float)]

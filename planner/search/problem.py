@@ -30,7 +30,8 @@ from planner.cost.model import (
 )
 from planner.search.candidates import Candidate
 from planner.search.split_bound import SplitBound
-from planner.search.stage_milp import DEFAULT_NODE_LIMIT, StageProblem, solve_stage_milp
+from planner.search.stage_data import StageProblem
+from planner.search.stage_milp import DEFAULT_NODE_LIMIT, solve_stage_milp
 from planner.trace.blocks import Block
 
 

@@ -48,7 +48,7 @@ import numpy as np
 from planner.search.split_bound import SplitBound, split_bound
 from planner.search.stage_data import GIB, StageProblem
 
-__all__ = ["GIB", "StageProblem", "StageSolution", "solve_stage_milp", "undominated"]
+__all__ = ["StageSolution", "solve_stage_milp", "undominated"]
 
 MIP_REL_GAP = 1e-4
 
