@@ -409,18 +409,11 @@ def fusion_shares(graph, block: Block) -> dict[str, float]:
 
 
 def node_times(
-    graph,
-    block: Block,
-    scale: float,
-    cluster: Cluster,
-    dtype: str,
-    nodes=None,
-    fp8=False,
-    native=False,
-    fused=False,
+    graph, block: Block, scale: float, cluster: Cluster, dtype: str, nodes=None, **kernels: bool
 ):
-    """(forward, backward, forward of the selective core): ``block_node_times`` summed."""
-    t = block_node_times(graph, block, scale, cluster, dtype, nodes, fp8, native, fused)
+    """(forward, backward, forward of the selective core): ``block_node_times`` summed
+    (``kernels``: its ``fp8``, ``native`` and ``fused`` flags)."""
+    t = block_node_times(graph, block, scale, cluster, dtype, nodes, **kernels)
     return t.fwd, t.bwd, t.core_fwd
 
 
@@ -489,10 +482,12 @@ def block_options(
     traced_mbs = graph.graph["micro_batch_size"]
     cp = len(cp_ranks) if cp_ranks else 1
     scale = micro_batch_size / traced_mbs / cp
-    native, fused = training.native_attention, training.fused_elementwise
-    times = block_node_times(
-        graph, block, scale, cluster, training.dtype, None, training.fp8_linears, native, fused
-    )
+    kernels = {
+        "fp8": training.fp8_linears,
+        "native": training.native_attention,
+        "fused": training.fused_elementwise,
+    }
+    times = block_node_times(graph, block, scale, cluster, training.dtype, None, **kernels)
     fwd_full, bwd_full, core_fwd = times.fwd_compute, times.bwd_compute, times.core_fwd
     ring_f, ring_b = ring_attention_times(graph, block, scale, cluster, training, cp_ranks)
     fwd_full += ring_f
@@ -505,10 +500,10 @@ def block_options(
     if moe:
         # The busiest expert rank computes ``factor`` times the mean routed rows.
         factor = training.moe_capacity_factor * (training.moe_imbalance if ep > 1 else 1.0)
+        experts = expert_nodes(graph, block)
         e_fwd, e_bwd, _ = node_times(
-            graph, block, scale, cluster, training.dtype, expert_nodes(graph, block),
-            training.fp8_linears, native, fused,
-        )  # fmt: skip
+            graph, block, scale, cluster, training.dtype, experts, **kernels
+        )
         fwd_full += e_fwd * (factor - 1)
         bwd_full += e_bwd * (factor - 1)
         # dispatch + combine in forward, their gradients in backward
@@ -519,9 +514,8 @@ def block_options(
     if policy is not None:
         kept_bytes, recomputed = policy
         re_fwd, _, _ = node_times(
-            graph, block, scale, cluster, training.dtype, recomputed, training.fp8_linears,
-            native, fused,
-        )  # fmt: skip
+            graph, block, scale, cluster, training.dtype, recomputed, **kernels
+        )
     options: list[BlockOption] = []
     for v in variants:
         cf = v.compute_fraction
