@@ -56,12 +56,44 @@ class TPStyle(Word):
 
 
 IN_OUT = "_in_out"
+# A column-parallel weight whose output is k equal blocks split apart by the code after it
+# (GPT-2's fused c_attn: q | k | v, read by ``split(hidden)``; Phi-3's gate | up, by
+# ``chunk(2)``) is sharded by blocks, not by contiguous columns: each rank holds its slice of
+# every block (DTensor's ``_StridedShard``), so the split hands each rank its own heads. The
+# style then carries k: "colwise_dtensor_in_out:3".
+BLOCKS = ":"
+
+
+def by_blocks(style: str, k: int) -> str:
+    """``style`` for a weight whose output is ``k`` blocks sharded alike (see BLOCKS)."""
+    return f"{style}{BLOCKS}{k}"
+
+
+def split_factor(style: str) -> int:
+    """The number of blocks the output of a column-parallel style is sharded by (1: none)."""
+    _, _, k = style.partition(BLOCKS)
+    return int(k) if k else 1
+
+
+def is_tp_style(style: object) -> bool:
+    """A TPStyle, or a column-parallel DTensor style by k >= 2 blocks ("..._in_out:3")."""
+    if not isinstance(style, str):
+        return False
+    name, sep, k = style.partition(BLOCKS)
+    if not sep:
+        return name in {s.value for s in TPStyle}
+    return base_style(name) == "colwise_dtensor" and k.isdigit() and int(k) >= 2
+
+
+def weight_in_out(style: str) -> bool:
+    """Whether the style is for a weight stored [in, out] (transformers' Conv1D)."""
+    return style.partition(BLOCKS)[0].endswith(IN_OUT)
 
 
 def base_style(style: str) -> str:
-    """The style with the weight's layout left out: colwise, colwise_gather, colwise_dtensor
-    or rowwise."""
-    return style.removesuffix(IN_OUT)
+    """The style with the weight's layout and block count left out: colwise, colwise_gather,
+    colwise_dtensor or rowwise."""
+    return style.partition(BLOCKS)[0].removesuffix(IN_OUT)
 
 
 def on_dtensors(tp_plan: dict[str, str]) -> dict[str, str]:

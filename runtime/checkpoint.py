@@ -27,6 +27,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from runtime.build import Built
+from runtime.dtensor_blocks import contiguous_copies, restore_blocks
 
 _DIR = re.compile(r"^step_(\d{6,})$")
 _OPTS = StateDictOptions(flatten_optimizer_state_dict=True)
@@ -115,7 +116,10 @@ def save_checkpoint(built: Built, run_dir: Path, step: int) -> Path:
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
     dist.barrier()
-    dcp.save(_state(built, step), checkpoint_id=str(tmp))
+    state = _state(built, step)
+    for part in ("model", "optim"):
+        contiguous_copies(state[part])
+    dcp.save(state, checkpoint_id=str(tmp))
     dist.barrier()
     if dist.get_rank() == 0:
         shutil.rmtree(final, ignore_errors=True)
@@ -128,7 +132,10 @@ def load_checkpoint(built: Built, path: Path) -> int:
     """Load model and optimizer states in place; returns the step the checkpoint was taken at."""
     _init_zero1_state(built)
     state = _state(built, 0)
+    blocks = {part: contiguous_copies(state[part]) for part in ("model", "optim")}
     dcp.load(state, checkpoint_id=str(path))
+    for part, placements in blocks.items():
+        restore_blocks(state[part], placements)
     for part in built.parts:
         names = set(get_model_state_dict(part))
         set_model_state_dict(part, {k: v for k, v in state["model"].items() if k in names})

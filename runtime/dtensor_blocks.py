@@ -10,6 +10,14 @@ replicated tensor. Inside the block plain tensors (masks, rotary tables) meet DT
 block runs under DTensor's implicit replication; it is safe there because every sharded
 activation of the block is a DTensor, so a plain tensor is a whole one.
 
+A fused projection whose output the code splits into k equal blocks (GPT-2's
+``c_attn(x).split(hidden)`` into q, k, v) is sharded by blocks (``_StridedShard``): each rank
+holds its slice of every block. DTensor's own split gathers such a tensor (its strategy
+unshards a split dimension), so inside these blocks a split or chunk into exactly those k
+blocks is done on the local tensor, each part handed on as ``Shard(d)``: each rank keeps its
+heads, as the plan priced. Autograd runs through ``to_local`` and ``from_local``, so the
+gradient is the local parts concatenated, in the same block layout, with no collective.
+
 torch has no DTensor strategy for the CPU flash-attention kernel that SDPA runs on CPU; one is
 registered here (heads or batch sharded, as torch's CUDA kernels have).
 """
@@ -18,8 +26,10 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.experimental import implicit_replication, register_sharding
+from torch.distributed.tensor.placement_types import _StridedShard
+from torch.overrides import TorchFunctionMode
 
 aten = torch.ops.aten
 _registered: list[bool] = []
@@ -65,19 +75,188 @@ def register_cpu_attention_sharding() -> None:
         return found
 
 
-def run_with_implicit_replication(module: nn.Module) -> None:
-    """Enter DTensor's implicit replication for every call of ``module`` (nested calls
-    included) and leave it when the call returns."""
+_SPLITS = {torch.Tensor.split, torch.split, torch.Tensor.chunk, torch.chunk}
+
+
+def _split_args(func: object, args: tuple, kwargs: dict) -> tuple[object, int]:
+    """(split size, sections or chunks; dim) of a split or chunk call."""
+    how = args[1] if len(args) > 1 else kwargs.get("split_size_or_sections", kwargs.get("chunks"))
+    if how is None:
+        how = kwargs.get("split_size", kwargs.get("sections"))
+    dim = args[2] if len(args) > 2 else kwargs.get("dim", 0)
+    return how, dim
+
+
+def split_blocks_locally(func: object, args: tuple, kwargs: dict) -> tuple | None:
+    """The parts of a split or chunk of a block-sharded DTensor into exactly its k blocks, each
+    ``Shard(d)`` of the local tensor's block; None for any other call (DTensor runs it)."""
+    x = args[0] if args else None
+    if func not in _SPLITS or not isinstance(x, DTensor) or x.device_mesh.ndim != 1:
+        return None
+    (placement,) = x.placements
+    how, dim = _split_args(func, args, kwargs)
+    if not isinstance(placement, _StridedShard) or not isinstance(dim, int):
+        return None
+    d, k, n = placement.dim, placement.split_factor, x.shape[placement.dim]
+    if dim % x.dim() != d or n % k:
+        return None
+    chunks = func in (torch.Tensor.chunk, torch.chunk)
+    if (chunks and how != k) or (not chunks and how not in (n // k, [n // k] * k)):
+        return None
+    local = x.to_local()
+    parts = local.split(local.shape[d] // k, dim=d)
+    return tuple(DTensor.from_local(p, x.device_mesh, [Shard(d)], run_check=False) for p in parts)
+
+
+class _SplitBlocksLocally(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        kwargs = kwargs or {}
+        parts = split_blocks_locally(func, args, kwargs)
+        return parts if parts is not None else func(*args, **kwargs)
+
+
+def run_on_dtensors(module: nn.Module) -> None:
+    """For every call of ``module`` (nested calls included), enter DTensor's implicit
+    replication and the local split of block-sharded tensors, and leave both when the call
+    returns."""
     depth: list = []
 
     def enter(_m: nn.Module, _args: tuple, _kwargs: dict) -> None:
-        ctx = implicit_replication()
-        ctx.__enter__()
-        depth.append(ctx)
+        contexts = (implicit_replication(), _SplitBlocksLocally())
+        for ctx in contexts:
+            ctx.__enter__()
+        depth.append(contexts)
 
     def leave(_m: nn.Module, _args: tuple, _kwargs: dict, _out: object) -> None:
         if depth:
-            depth.pop().__exit__(None, None, None)
+            for ctx in reversed(depth.pop()):
+                ctx.__exit__(None, None, None)
 
     module.register_forward_pre_hook(enter, with_kwargs=True)
     module.register_forward_hook(leave, with_kwargs=True, always_call=True)
+
+
+def _blocks_dim(placements: tuple) -> int | None:
+    """The mesh dim that holds a tensor dim by blocks: a ``_StridedShard`` that no later mesh
+    dim shards further (FSDP2's own strided placement over a TP shard is followed by it)."""
+    for i, p in enumerate(placements):
+        if isinstance(p, _StridedShard) and not any(
+            isinstance(q, (Shard, _StridedShard)) and q.dim == p.dim for q in placements[i + 1 :]
+        ):
+            return i
+    return None
+
+
+def _submesh(mesh: object, i: int) -> object:
+    return mesh[mesh.mesh_dim_names[i]] if mesh.ndim > 1 else mesh
+
+
+def _fsdp_dim(placements: tuple, i: int) -> int | None:
+    """The earlier mesh dim (FSDP's) that shards the same tensor dim as blocks dim ``i``."""
+    d = placements[i].dim
+    found = [
+        j
+        for j in range(i)
+        if isinstance(placements[j], (Shard, _StridedShard)) and placements[j].dim == d
+    ]
+    return found[0] if found else None
+
+
+def _blocks_to_full(tp_local: torch.Tensor, tp_mesh: object, d: int, k: int) -> torch.Tensor:
+    """The whole tensor from each TP rank's slice of its k blocks (a gather over TP, then the
+    slices put back in block order)."""
+    tp = tp_mesh.size()
+    g = DTensor.from_local(tp_local, tp_mesh, [Shard(d)], run_check=False).full_tensor()
+    x = g.movedim(d, 0)
+    rest = x.shape[1:]
+    x = x.reshape(tp, k, -1, *rest).transpose(0, 1).reshape(-1, *rest)
+    return x.movedim(0, d)
+
+
+def _full_to_blocks(full: torch.Tensor, rank: int, tp: int, d: int, k: int) -> torch.Tensor:
+    """TP rank ``rank``'s slice of each of the k blocks of ``full``, in block order."""
+    x = full.movedim(d, 0)
+    rest = x.shape[1:]
+    x = x.reshape(k, tp, -1, *rest)[:, rank].reshape(-1, *rest)
+    return x.movedim(0, d)
+
+
+def _tp_shape(v: DTensor, d: int, tp: int) -> tuple[torch.Size, tuple]:
+    shape = list(v.shape)
+    shape[d] //= tp
+    return torch.Size(shape), torch.empty(shape, device="meta").stride()
+
+
+def contiguous_copy(v: DTensor) -> DTensor:
+    """``v`` (sharded by blocks) as the same tensor sharded contiguously, as
+    torch.distributed.checkpoint takes it (one chunk per rank).
+
+    TP alone: a redistribution. Where FSDP2 shards the same dim (a bias), the rank holds a
+    contiguous piece of its TP slice, a layout DTensor's placements cannot name (FSDP2 labels
+    it, but ``full_tensor`` of the label is wrong): the tensor is gathered whole (small: FSDP
+    shards weights along another dim, ``fsdp_placement``) and the rank keeps its chunk of it
+    sharded over FSDP's dim, then TP's."""
+    mesh, pl = v.device_mesh, v.placements
+    i = _blocks_dim(pl)
+    d, k = pl[i].dim, pl[i].split_factor
+    j = _fsdp_dim(pl, i)
+    if j is None:
+        return v.redistribute(placements=[Shard(d) if m == i else p for m, p in enumerate(pl)])
+    tp_mesh, dp_mesh = _submesh(mesh, i), _submesh(mesh, j)
+    shape, stride = _tp_shape(v, d, tp_mesh.size())
+    tp_local = DTensor.from_local(
+        v.to_local(), dp_mesh, [Shard(d)], run_check=False, shape=shape, stride=stride
+    ).full_tensor()
+    full = _blocks_to_full(tp_local, tp_mesh, d, k)
+    piece = torch.chunk(full, dp_mesh.size(), dim=d)[dp_mesh.get_local_rank()]
+    piece = torch.chunk(piece, tp_mesh.size(), dim=d)[tp_mesh.get_local_rank()]
+    want = list(pl)
+    want[j] = want[i] = Shard(d)
+    return DTensor.from_local(
+        piece.contiguous(), mesh, want, run_check=False, shape=v.shape, stride=v.stride()
+    )
+
+
+def blocks_copy(v: DTensor, placements: tuple) -> DTensor:
+    """The inverse of ``contiguous_copy``: ``v`` back in ``placements`` (by blocks)."""
+    mesh = v.device_mesh
+    i = _blocks_dim(placements)
+    d, k = placements[i].dim, placements[i].split_factor
+    j = _fsdp_dim(placements, i)
+    if j is None:
+        return v.redistribute(placements=placements)
+    tp_mesh, dp_mesh = _submesh(mesh, i), _submesh(mesh, j)
+    full = v.full_tensor()
+    tp_local = _full_to_blocks(full, tp_mesh.get_local_rank(), tp_mesh.size(), d, k)
+    piece = torch.chunk(tp_local, dp_mesh.size(), dim=d)[dp_mesh.get_local_rank()]
+    return DTensor.from_local(
+        piece.contiguous(), mesh, placements, run_check=False, shape=v.shape, stride=v.stride()
+    )
+
+
+def fsdp_placement(param: torch.Tensor) -> Shard | None:
+    """FSDP2's shard dim for a parameter: a weight sharded by blocks along one dim is sharded
+    along another, so its checkpoint copy needs no gather (None: FSDP2's default, dim 0)."""
+    if not isinstance(param, DTensor) or param.dim() < 2:
+        return None
+    i = _blocks_dim(param.placements)
+    if i is None or param.placements[i].dim != 0:
+        return None
+    return Shard(1)
+
+
+def contiguous_copies(state: dict) -> dict:
+    """Replace, in ``state``, each DTensor sharded by blocks with a ``contiguous_copy``;
+    returns {key: the placements to give it back with ``restore_blocks``}."""
+    found = {}
+    for key, value in state.items():
+        if isinstance(value, DTensor) and _blocks_dim(value.placements) is not None:
+            found[key] = value.placements
+            state[key] = contiguous_copy(value)
+    return found
+
+
+def restore_blocks(state: dict, placements: dict) -> None:
+    """Undo ``contiguous_copies`` on the loaded copies."""
+    for key, want in placements.items():
+        state[key] = blocks_copy(state[key], want)

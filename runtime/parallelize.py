@@ -24,14 +24,15 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
     parallelize_module,
 )
+from torch.distributed.tensor.placement_types import _StridedShard
 from torch.nn.parallel import DistributedDataParallel
 
 from planner.checkpoint_policy import selective_context
 from planner.errors import UserInputError
 from planner.modelfile import DTYPES
 from planner.schema import BlockPlan, Plan
-from planner.vocab import HALF_DTYPES, IN_OUT, SEQUENCE_STYLES, base_style
-from runtime.dtensor_blocks import register_cpu_attention_sharding, run_with_implicit_replication
+from planner.vocab import HALF_DTYPES, SEQUENCE_STYLES, base_style, split_factor, weight_in_out
+from runtime.dtensor_blocks import fsdp_placement, register_cpu_attention_sharding, run_on_dtensors
 from runtime.tied import splits_tie, tied_groups
 
 HALF = {name: DTYPES[name] for name in HALF_DTYPES}
@@ -78,14 +79,19 @@ def tp_style(module: nn.Module, style: str, fqn: str, traced_parent: bool = Fals
         return ColwiseParallel(input_layouts=Shard(1))
     if style == "rowwise_sp":
         return _Rowwise(output_layouts=Shard(1))
-    if style.endswith(IN_OUT):
-        return _in_out_style(base_style(style), traced_parent)
+    if weight_in_out(style):
+        return _in_out_style(base_style(style), traced_parent, split_factor(style))
     if not isinstance(module, (nn.Linear, nn.Embedding)):
         raise UserInputError(
             f"plan shards {fqn} ({type(module).__name__}) with tensor parallelism, but only "
             "nn.Linear and nn.Embedding can be sharded: plan again with --tp 1"
         )
-    if style == "colwise_dtensor":
+    if base_style(style) == "colwise_dtensor":
+        k = split_factor(style)
+        if k > 1:
+            if traced_parent:
+                return _BlocksColwise(k, output_layouts=Replicate())
+            return _BlocksColwise(k, use_local_output=False)
         if traced_parent:
             return ColwiseParallel(output_layouts=Replicate())
         return ColwiseParallel(use_local_output=False)
@@ -113,13 +119,55 @@ class _Rowwise(RowwiseParallel):
         return out.clone() if use_local_output else out
 
 
-class _InOutColwise(ColwiseParallel):
-    """ColwiseParallel for a weight stored [in, out] and applied as x @ W + b (transformers'
-    Conv1D), which torch's styles do not take: W split along dim 1 and b along dim 0. The
-    module's own forward then runs on DTensors."""
+def _output_split(dim: int, blocks: int) -> Shard:
+    """The placement of a column-parallel weight's output dim: contiguous, or by blocks (each
+    rank holds its slice of each of the ``blocks`` equal blocks: ``runtime.dtensor_blocks``)."""
+    return _StridedShard(dim, split_factor=blocks) if blocks > 1 else Shard(dim)
+
+
+def _blocks_output(output_layouts, use_local_output, mod, outputs, device_mesh):  # noqa: ANN001, ANN201
+    """ColwiseParallel's output conversion, except that an output sharded by blocks stays so
+    (the code after it splits the blocks apart) unless a replicated one is asked for."""
+    if (
+        isinstance(outputs, DTensor)
+        and isinstance(outputs.placements[0], _StridedShard)
+        and not isinstance(output_layouts[0], Replicate)
+    ):
+        return outputs.to_local() if use_local_output else outputs
+    return ColwiseParallel._prepare_output_fn(
+        output_layouts, use_local_output, mod, outputs, device_mesh
+    )
+
+
+class _BlocksColwise(ColwiseParallel):
+    """ColwiseParallel for an nn.Linear whose output is ``blocks`` equal blocks sharded alike:
+    the weight's rows and the bias split by blocks; its output a DTensor in that layout."""
+
+    def __init__(self, blocks: int, **kwargs: object) -> None:
+        super().__init__(**kwargs)
+        self.blocks = blocks
+
+    _prepare_output_fn = staticmethod(_blocks_output)
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        return _apply_own(self, module, device_mesh, lambda p: Shard(p.dim() - 1))
+        return _apply_own(self, module, device_mesh, lambda p: _output_split(0, self.blocks))
+
+
+class _InOutColwise(ColwiseParallel):
+    """ColwiseParallel for a weight stored [in, out] and applied as x @ W + b (transformers'
+    Conv1D), which torch's styles do not take: W split along dim 1 and b along dim 0
+    (contiguously, or by ``blocks``). The module's own forward then runs on DTensors."""
+
+    def __init__(self, blocks: int = 1, **kwargs: object) -> None:
+        super().__init__(**kwargs)
+        self.blocks = blocks
+
+    _prepare_output_fn = staticmethod(_blocks_output)
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        return _apply_own(
+            self, module, device_mesh, lambda p: _output_split(p.dim() - 1, self.blocks)
+        )
 
 
 class _InOutRowwise(_Rowwise):
@@ -152,13 +200,13 @@ def _apply_own(style, module: nn.Module, mesh: DeviceMesh, placement) -> nn.Modu
     )
 
 
-def _in_out_style(base: str, traced_parent: bool) -> ParallelStyle:
+def _in_out_style(base: str, traced_parent: bool, blocks: int = 1) -> ParallelStyle:
     if base == "colwise_dtensor" and not traced_parent:
-        return _InOutColwise(use_local_output=False)
+        return _InOutColwise(blocks, use_local_output=False)
     if base == "colwise" and not traced_parent:
         return _InOutColwise()
     if base.startswith("colwise"):
-        return _InOutColwise(output_layouts=Replicate())
+        return _InOutColwise(blocks, output_layouts=Replicate())
     if traced_parent:
         return _InOutRowwise(input_layouts=Replicate())
     return _InOutRowwise()
@@ -321,7 +369,7 @@ def apply_tensor_parallel(
         if scopes:
             register_cpu_attention_sharding()
         for scope in sorted(scopes):
-            run_with_implicit_replication(find_module(root, scope) if scope else root)
+            run_on_dtensors(find_module(root, scope) if scope else root)
         broken = sorted(set(ties) - set(tied_groups(root)))
         if broken:
             raise UserInputError(
@@ -429,6 +477,7 @@ def apply_data_parallel(
             reshard_after_forward=reshard,
             mp_policy=mp,
             ignored_params=ignored or None,
+            shard_placement_fn=fsdp_placement,
             **({"offload_policy": policy} if policy else {}),
         )
     root_offload = bool(offloaded) and all(offloaded)
@@ -438,6 +487,7 @@ def apply_data_parallel(
         reshard_after_forward=reshard,
         mp_policy=mp,
         ignored_params=ignored or None,
+        shard_placement_fn=fsdp_placement,
         **({"offload_policy": CPUOffloadPolicy(pin_memory=on_gpu)} if root_offload else {}),
     )
     return root

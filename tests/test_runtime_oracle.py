@@ -33,6 +33,8 @@ from oracle import (
 )
 from runs import forced_plan, launch, losses_of, selected
 
+from planner.vocab import split_factor
+
 pytestmark = pytest.mark.distributed
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -194,6 +196,11 @@ EXTRA: list[tuple[str, str, int, dict]] = [
     # tolerance on layer norms that barely move; with SGD it matches to the tolerance.)
     ("tied-dp2xtp2-zero3", "opt", 4, dict(tp=2, dp=2, pp=1, zero=3, micro_batch_size=2)),
     ("tied-tp2", "opt", 2, dict(tp=2, dp=1, pp=1, zero=0, micro_batch_size=4)),
+    # GPT-2's fused c_attn sharded by heads (q | k | v by blocks, ``colwise_dtensor_in_out:3``):
+    # alone, and under ZeRO-3, whose FSDP2 shards the blocks-sharded bias along the same dim
+    # (the checkpoint converts it to a layout torch.distributed.checkpoint can save).
+    ("heads-tp2", "gpt2", 2, dict(tp=2, dp=1, pp=1, zero=0, micro_batch_size=4)),
+    ("heads-dp2xtp2-zero3", "gpt2", 4, dict(tp=2, dp=2, pp=1, zero=3, micro_batch_size=2)),
 ]
 
 
@@ -227,6 +234,7 @@ CORE_EXTRA = (
     "gpt2-tied-pp2-1f1b",
     "opt-tied-tp2",
     "opt-tied-dp2xtp2-zero3",
+    "gpt2-heads-dp2xtp2-zero3",
 )
 
 
@@ -319,6 +327,8 @@ def test_plan_trains_like_one_process(runs, case):
     assert (plan["optimizer"], plan["lr"]) == (case.optimizer, case.lr)
     if pins.get("tp_variant") == "sequence" and case.model in ("gpt", "llama"):
         assert any("sp_block" in b["tp_plan"].values() for b in plan["blocks"])
+    if "-heads-" in cid:  # the plan must shard the fused projection by blocks
+        assert any(split_factor(s) == 3 for b in plan["blocks"] for s in b["tp_plan"].values())
     ref = runs.refs[reference_key(plan)]
     assert not unmoved_parameters(ref), "the reference does not move these far enough"
     got = losses_of(run_dir)

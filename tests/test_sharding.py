@@ -422,3 +422,62 @@ def test_linear_and_elementwise_rules():
     assert ("P", ("P", "P"), "") in add
     eps = _strats("aten.add.Tensor", [2, 8], [_node("a", [2, 8])], [{"node": "a"}, 1e-5, {}], 2)
     assert not any(o == "P" for o, *_ in eps)  # P + eps would add eps t times
+
+
+def test_fused_projection_is_sharded_by_blocks_where_the_code_splits_it():
+    """GPT-2's c_attn gives q | k | v, which the code splits apart (``split(hidden)``): its
+    weight is sharded by the 3 blocks (each rank holds its slice of each), so the split hands
+    every rank its own heads of q, k and v; a contiguous split would cut across them."""
+    x = _node("x", [32, 64])
+    w = Operand("param", "c_attn.weight", (64, 192), True)
+    b = Operand("param", "c_attn.bias", (192,), True)
+    args = [{"param": "c_attn.bias"}, {"node": "x"}, {"param": "c_attn.weight"}, {}]
+    found = {
+        (s.out, s.req, s.plan)
+        for s in strategies_for(
+            "aten.addmm.default",
+            {"shapes": [[32, 192]], "args": args},
+            [b, x, w],
+            4,
+            frozenset({3}),
+        )
+    }
+    assert ("S1/3", ("S0/3", "R", "S1/3"), "colwise_dtensor_in_out:3") in found
+    assert ("S1", ("S0", "R", "S1"), "colwise_in_out") in found
+    # no block-sharded strategies without an equal split in the block, nor where t does not
+    # divide a block (192 / 3 = 64 elements: t = 128 cannot)
+    assert not any(
+        "/" in o for o, _, _ in _strats("aten.addmm.default", [32, 192], [b, x, w], args, 4)
+    )
+    split = [{"node": "y"}, 64, 2, {}]
+    assert sharding.block_factors([("aten.split.Tensor", (1, 32, 192), split)]) == {3}
+    uneven = [{"node": "y"}, [128, 32, 32], 2, {}]
+    assert (
+        sharding.block_factors([("aten.split_with_sizes.default", (1, 32, 192), uneven)]) == set()
+    )
+    y = _node("y", [1, 32, 192])
+
+    def blocks(op, out, src, args, t=2):
+        attrs = {"shapes": [out], "args": args}
+        return {(s.out, s.req) for s in strategies_for(op, attrs, [src], t, frozenset({3, 2}))}
+
+    assert ("S2", ("S2/3",)) in blocks("aten.split.Tensor", [1, 32, 64], y, split)
+    assert ("S2", ("S2/2",)) in blocks(
+        "aten.chunk.default", [1, 32, 96], y, [{"node": "y"}, 2, -1, {}]
+    )
+    # chunk(3) of blocks of 2: the parts straddle the blocks, no image
+    assert not any(
+        r == ("S2/2",)
+        for _, r in blocks("aten.chunk.default", [1, 32, 64], y, [{"node": "y"}, 3, -1, {}])
+    )
+    flat = _node("f", [32, 192])
+    assert ("S2/3", ("S1/3",)) in blocks(
+        "aten.view.default", [1, 32, 192], flat, [{"node": "f"}, [1, 32, 192], {}]
+    )
+    # [.., 3 * 64] -> [.., 3, 64] (nn.MultiheadAttention's unflatten): the inner dim is sharded
+    assert ("S3", ("S2/3",)) in blocks(
+        "aten.view.default", [1, 32, 3, 64], y, [{"node": "y"}, [1, 32, 3, 64], {}]
+    )
+    assert (sharding._dim("S2/3"), sharding._factor("S2/3"), sharding._factor("S2")) == (2, 3, 1)
+    # a block-sharded output gathered to R costs the all-gather of the contiguous one
+    assert reshard("S2/3", "R") == reshard("S2", "R") and reshard("S2/3", "S2") is None

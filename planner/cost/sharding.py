@@ -9,7 +9,11 @@ Sharding states of one tensor over the t devices of a TP group:
 
 * ``R``: replicated, every device holds the whole tensor;
 * ``P``: partial sum, every device holds a full-size tensor and the value is their sum;
-* ``S<d>``: sharded along dimension d (contiguous chunks of size n_d / t).
+* ``S<d>``: sharded along dimension d (contiguous chunks of size n_d / t);
+* ``S<d>/<k>``: dimension d is k equal blocks, each sharded in contiguous chunks (DTensor's
+  ``_StridedShard``): a fused projection's output (q | k | v) that the code splits into its k
+  blocks, each of which is then ``S<d>``, so heads stay local. Offered only for the k of the
+  equal splits the block makes (``block_factors``).
 
 Each op offers strategies (output state, required state of each operand); a producer whose
 state differs from what a consumer requires pays a collective (resharding). Gradients follow the
@@ -46,7 +50,7 @@ from planner.hardware.collectives import ring_factors
 from planner.trace.blocks import Block, cached_core_nodes
 from planner.trace.graph import arg_refs
 from planner.trace.opcost import ATTENTION_OPS, is_view
-from planner.vocab import ELEMENT_BYTES, IN_OUT, base_style
+from planner.vocab import ELEMENT_BYTES, IN_OUT, base_style, by_blocks, weight_in_out
 
 R, P = "R", "P"
 DTYPE_BYTES = ELEMENT_BYTES
@@ -166,8 +170,17 @@ def _s(d: int) -> str:
     return f"S{d}"
 
 
+def _blocks(d: int, k: int) -> str:
+    return f"S{d}/{k}"
+
+
 def _dim(state: str | None) -> int | None:
-    return int(state[1:]) if state and state[0] == "S" else None
+    return int(state[1:].partition("/")[0]) if state and state[0] == "S" else None
+
+
+def _factor(state: str | None) -> int:
+    """k of a block-sharded state ``S<d>/<k>``; 1 for any other."""
+    return int(state.partition("/")[2] or 1) if state and state[0] == "S" else 1
 
 
 def _base(op: str) -> str:
@@ -209,11 +222,18 @@ def _operands(graph: nx.DiGraph, attrs: dict) -> list[Operand]:
 # --------------------------------------------------------------------------- strategies
 
 
-def strategies_for(op: str, attrs: dict, operands: Sequence[Operand], t: int) -> list[Strategy]:
+def strategies_for(
+    op: str,
+    attrs: dict,
+    operands: Sequence[Operand],
+    t: int,
+    factors: frozenset[int] = frozenset(),
+) -> list[Strategy]:
     """Every strategy an op offers at degree t; the all-replicated one comes first.
 
     Derived from the op kind and shapes only (see the module docstring); a dimension is split
-    only when t divides it."""
+    only when t divides it. ``factors``: the block counts k for which block-sharded states
+    ``S<d>/<k>`` are offered (the block's equal splits, ``block_factors``)."""
     shape = tuple(attrs["shapes"][0])
     rep = Strategy(R, tuple(None if o.kind == "buffer" else R for o in operands))
     if t == 1 or op == "input":
@@ -222,9 +242,9 @@ def strategies_for(op: str, attrs: dict, operands: Sequence[Operand], t: int) ->
     nodes = [o for o in operands if o.kind == "node"]
     found: list[Strategy] = [rep]
     if base == "linear" and len(operands) >= 2 and operands[1].kind == "param" and nodes:
-        found += _linear(shape, operands, t)
+        found += _linear(shape, operands, t, factors)
     elif base in ("addmm", "mm") and _weight_in_out(base, operands):
-        found += _linear_in_out(base, shape, operands, t)
+        found += _linear_in_out(base, shape, operands, t, factors)
     elif _is_transposed_weight(base, operands):
         found += _transposed_weight(operands, t)
     elif base == "embedding" and operands and operands[0].kind == "param" and nodes:
@@ -235,12 +255,14 @@ def strategies_for(op: str, attrs: dict, operands: Sequence[Operand], t: int) ->
         found += _attention(shape, operands, t)
     elif base in ELEMENTWISE:
         found += _elementwise(shape, operands, t, _linear_in_partials(base, attrs, operands))
+        found += _unary_blocks(shape, operands, t, factors)
     elif base in SOFTMAX_LIKE | NORMS | DIM_REDUCTIONS and nodes and operands[0].kind == "node":
         found += _reduction(base, shape, operands, attrs["args"], t)
     elif base == "cat" and nodes and len(nodes) == len(operands):
         found += _cat(shape, operands, attrs["args"], t)
     elif is_view(op) and nodes and operands[0].kind == "node":
         found += _view(base, shape, operands, attrs["args"], t)
+        found += _view_blocks(base, shape, operands, attrs["args"], t, factors)
     unique: dict[tuple, Strategy] = {}
     for s in found:
         unique.setdefault((s.out, s.req, s.plan), s)
@@ -251,9 +273,17 @@ def _rest(operands: Sequence[Operand], state: str = R) -> list[str | None]:
     return [None if o.kind == "buffer" else state for o in operands]
 
 
-def _linear(shape: tuple, ops: Sequence[Operand], t: int) -> list[Strategy]:
+def _by_blocks(n: int, k: int, t: int) -> bool:
+    """Can n elements be k equal blocks, each split into t equal chunks?"""
+    return k > 1 and n % (k * t) == 0
+
+
+def _linear(
+    shape: tuple, ops: Sequence[Operand], t: int, factors: frozenset[int] = frozenset()
+) -> list[Strategy]:
     """x[..., K] @ W[N, K]^T (+ b[N]): colwise W -> S(last), rowwise W on S(last) x -> P, or a
-    leading dim of x split with W replicated (its gradient then is partial)."""
+    leading dim of x split with W replicated (its gradient then is partial). Colwise by k
+    blocks -> S(last)/k, W's rows and b sharded alike."""
     x, w, rest = ops[0], ops[1], ops[2:]
     if x.shape is None or w.shape is None or len(w.shape) != 2:
         return []
@@ -261,6 +291,12 @@ def _linear(shape: tuple, ops: Sequence[Operand], t: int) -> list[Strategy]:
     out: list[Strategy] = []
     if w.shape[0] % t == 0:
         out.append(Strategy(_s(last), (R, "S0", *_rest(rest, "S0")), "colwise"))
+    for k in sorted(factors):
+        if _by_blocks(w.shape[0], k, t):
+            b = _blocks(0, k)
+            out.append(
+                Strategy(_blocks(last, k), (R, b, *_rest(rest, b)), by_blocks("colwise_dtensor", k))
+            )
     if w.shape[1] % t == 0:
         out.append(Strategy(P, (_s(len(x.shape) - 1), "S1", *_rest(rest)), "rowwise"))
     for d in _splittable(shape[:-1], t):
@@ -280,15 +316,28 @@ def _weight_in_out(base: str, ops: Sequence[Operand]) -> bool:
     return base == "mm" or (ops[0].kind == "param" and ops[0].shape == (w[1],))
 
 
-def _linear_in_out(base: str, shape: tuple, ops: Sequence[Operand], t: int) -> list[Strategy]:
+def _linear_in_out(
+    base: str, shape: tuple, ops: Sequence[Operand], t: int, factors: frozenset[int] = frozenset()
+) -> list[Strategy]:
     """The column/row split of ``_linear`` for a weight stored [in, out]: colwise splits W's
-    dim 1 (and b), rowwise its dim 0 on a last-dim-split x, giving partial sums."""
+    dim 1 (and b), by k blocks or contiguously, rowwise its dim 0 on a last-dim-split x, giving
+    partial sums."""
     w = ops[-1].shape
     bias = (R,) if base == "addmm" else ()
     out: list[Strategy] = []
     if w[1] % t == 0:
         col_bias = ("S0",) if base == "addmm" else ()
         out.append(Strategy(_s(len(shape) - 1), (*col_bias, R, "S1"), "colwise" + IN_OUT))
+    for k in sorted(factors):
+        if _by_blocks(w[1], k, t):
+            col_bias = (_blocks(0, k),) if base == "addmm" else ()
+            out.append(
+                Strategy(
+                    _blocks(len(shape) - 1, k),
+                    (*col_bias, R, _blocks(1, k)),
+                    by_blocks("colwise_dtensor" + IN_OUT, k),
+                )
+            )
     if w[0] % t == 0:
         out.append(Strategy(P, (*bias, _s(len(ops[-2].shape) - 1), "S0"), "rowwise" + IN_OUT))
     for d in _splittable(shape[:-1], t):
@@ -526,10 +575,118 @@ def _map_view_dim(base: str, src: tuple, dst: tuple, d: int, args: list, t: int)
     return None
 
 
-def reshape_dim(src: Sequence[int], dst: Sequence[int], d: int, t: int) -> int | None:
-    """Where a split dim lands through a reshape: dims are grouped into runs of equal product;
-    contiguous chunks of a group's leading (non-1) dim are contiguous chunks of the other side's
-    leading dim, provided t divides it. A split inner dim of a group has no image."""
+def _positional(args: list) -> list:
+    """The op's positional arguments (the exported node's args end with its kwargs dict)."""
+    return args[:-1] if args and isinstance(args[-1], dict) else list(args)
+
+
+def _sections(base: str, n: int, args: list) -> list[tuple[int, int]] | None:
+    """(start, length) of each output along the split dim of a split or chunk over n
+    elements; None when the op is neither or its sizes are not plain ints."""
+    a = _positional(args)
+    if base == "split" and len(a) > 1 and isinstance(a[1], int) and a[1] > 0:
+        return [(i, min(a[1], n - i)) for i in range(0, n, a[1])]
+    if base == "split_with_sizes" and len(a) > 1 and isinstance(a[1], list):
+        starts = np.cumsum([0, *a[1]])[:-1]
+        return [(int(s0), int(m)) for s0, m in zip(starts, a[1])]
+    if base == "chunk" and len(a) > 1 and isinstance(a[1], int) and a[1] > 0:
+        m = -(-n // a[1])
+        return [(i, min(m, n - i)) for i in range(0, n, m)]
+    return None
+
+
+def _split_dim(base: str, args: list, rank: int) -> int:
+    a = _positional(args)
+    if base in ("split", "split_with_sizes", "chunk"):
+        return _norm_dim(a[2] if len(a) > 2 else 0, rank)
+    return _norm_dim(a[1] if len(a) > 1 else 0, rank)
+
+
+def block_factors(ops: Sequence[tuple[str, tuple | None, list]]) -> frozenset[int]:
+    """The block counts k of the splits into k >= 2 equal parts among (op, input shape,
+    args): the only k for which block-sharded states are worth offering."""
+    found = set()
+    for op, src, args in ops:
+        base = _base(op)
+        if base not in ("split", "split_with_sizes", "chunk") or not src:
+            continue
+        n = src[_split_dim(base, args, len(src))]
+        parts = _sections(base, n, args)
+        if parts and len(parts) > 1 and len({m for _, m in parts}) == 1:
+            found.add(len(parts))
+    return frozenset(found)
+
+
+def _unary_blocks(
+    shape: tuple, ops: Sequence[Operand], t: int, factors: frozenset[int]
+) -> list[Strategy]:
+    """A one-operand elementwise op (a cast, dropout) keeps a block-sharded state."""
+    if len(ops) != 1 or ops[0].kind != "node" or ops[0].shape != shape:
+        return []
+    return [
+        Strategy(_blocks(d, k), (_blocks(d, k),))
+        for k in sorted(factors)
+        for d, n in enumerate(shape)
+        if _by_blocks(n, k, t)
+    ]
+
+
+def _view_blocks(
+    base: str,
+    shape: tuple,
+    ops: Sequence[Operand],
+    args: list,
+    t: int,
+    factors: frozenset[int],
+) -> list[Strategy]:
+    """Block-sharded states through views: an op taking the k blocks apart (split, chunk, or a
+    slice of one whole block) hands each block on as ``S<d>``; a view that keeps the dim keeps
+    the blocks; a reshape of the dim into (k, n/k) is the inner dim sharded."""
+    src = ops[0].shape
+    if src is None:
+        return []
+    rest = _rest(ops[1:])
+    out: list[Strategy] = []
+    for k in sorted(factors):
+        for d, n in enumerate(src):
+            if _by_blocks(n, k, t):
+                image = _blocks_image(base, src, shape, d, k, args, t)
+                if image is not None:
+                    out.append(Strategy(image, (_blocks(d, k), *rest)))
+    return out
+
+
+def _blocks_image(
+    base: str, src: tuple, dst: tuple, d: int, k: int, args: list, t: int
+) -> str | None:
+    """The state of a view's output when its input is ``S<d>/<k>``, or None if it has none.
+    Only a split or chunk into exactly the k blocks hands them on sharded: those are the calls
+    the runtime does on the local tensor (``runtime.dtensor_blocks``); a slice of one block
+    (Phi-3's ``qkv[..., :q_end]``) would run gathered, so it has no image here."""
+    n, m = src[d], src[d] // k
+    if base in ("slice", "narrow", *SPLITS) and _split_dim(base, args, len(src)) == d:
+        parts = _sections(base, n, args) if base in ("split", "split_with_sizes", "chunk") else None
+        whole = parts is not None and len(parts) == k and all(length == m for _, length in parts)
+        return _s(d) if whole else None
+    if base in RESHAPES:
+        group = _reshape_group(src, dst, d)
+        if group is None:
+            return None
+        gi, gj = group
+        inner = [j for j in gj if dst[j] != 1]
+        if [i for i in gi if src[i] != 1] != [d]:
+            return None
+        if len(inner) == 1:
+            return _blocks(inner[0], k)
+        if len(inner) == 2 and dst[inner[0]] == k and dst[inner[1]] % t == 0:
+            return _s(inner[1])
+        return None
+    e = _map_view_dim(base, src, dst, d, args, 1)
+    return _blocks(e, k) if e is not None and 0 <= e < len(dst) and dst[e] == n else None
+
+
+def _reshape_group(src: Sequence[int], dst: Sequence[int], d: int) -> tuple[list, list] | None:
+    """The runs of dims of equal product on each side of a reshape that hold src's dim d."""
     i = j = 0
     while i < len(src) and j < len(dst):
         gi, gj = [i], [j]
@@ -547,12 +704,23 @@ def reshape_dim(src: Sequence[int], dst: Sequence[int], d: int, t: int) -> int |
             else:
                 return None
         if d in gi:
-            lead_i = next((k for k in gi if src[k] != 1), None)
-            lead_j = next((k for k in gj if dst[k] != 1), None)
-            if lead_i != d or lead_j is None or dst[lead_j] % t:
-                return None
-            return lead_j
+            return gi, gj
     return None
+
+
+def reshape_dim(src: Sequence[int], dst: Sequence[int], d: int, t: int) -> int | None:
+    """Where a split dim lands through a reshape: dims are grouped into runs of equal product;
+    contiguous chunks of a group's leading (non-1) dim are contiguous chunks of the other side's
+    leading dim, provided t divides it. A split inner dim of a group has no image."""
+    group = _reshape_group(src, dst, d)
+    if group is None:
+        return None
+    gi, gj = group
+    lead_i = next((k for k in gi if src[k] != 1), None)
+    lead_j = next((k for k in gj if dst[k] != 1), None)
+    if lead_i != d or lead_j is None or dst[lead_j] % t:
+        return None
+    return lead_j
 
 
 # --------------------------------------------------------------------------- the problem
@@ -575,9 +743,17 @@ def build_problem(
     pshapes = graph.graph.get("param_shapes", {})
     pdtype = graph.graph.get("param_dtype_bytes", {})
     allowed = _Runnable(tied_parameters(graph), frozenset(graph.graph.get("tp_modules", [])))
+    operands_of = {n: _operands(graph, graph.nodes[n]) for n in nodes}
+    factors = block_factors(
+        [
+            (graph.nodes[n]["op"], operands_of[n][0].shape if operands_of[n] else None,
+             graph.nodes[n]["args"])
+            for n in nodes
+        ]
+    )  # fmt: skip
     for n in nodes:
         d = graph.nodes[n]
-        operands = _operands(graph, d)
+        operands = operands_of[n]
         for o in operands:
             if o.kind == "node" and o.name not in inside and o.name not in external:
                 u = graph.nodes[o.name]
@@ -597,7 +773,7 @@ def build_problem(
                 operands=tuple(operands),
                 strategies=tuple(
                     st
-                    for st in strategies_for(d["op"], d, operands, tp)
+                    for st in strategies_for(d["op"], d, operands, tp, factors)
                     if allowed(d["module"], st, operands)
                 ),
                 seconds=seconds,
@@ -1304,7 +1480,7 @@ def _sequence_parallel(
     gathers: dict[tuple[str, str], int] = {}
     regathered: set[str] = set()  # column-parallel ops whose gathered input is kept as the shard
     for pos, (op, s) in enumerate(zip(prob.ops, strat)):
-        if s.plan.endswith(IN_OUT):
+        if weight_in_out(s.plan):
             return None  # torch's sequence-parallel styles take Linear weights only
         if s.plan == "rowwise":
             plans.append((pos, _weight_slot(op), "rowwise_sp"))

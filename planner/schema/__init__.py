@@ -36,6 +36,7 @@ from planner.vocab import (
     RECOMPUTE,
     SCHEDULES,
     TP_STYLES,
+    is_tp_style,
 )
 
 __all__ = [
@@ -207,10 +208,14 @@ def _check_blocks(plan: dict, where: str) -> None:
             raise UserInputError(f"plan {where}: block {b['name']!r} has a bad recompute")
         if b.get("offload") not in OFFLOAD:
             raise UserInputError(f"plan {where}: block {b['name']!r} has a bad offload")
-        if not isinstance(b.get("tp_plan"), dict) or not all(
-            v in TP_STYLES for v in b["tp_plan"].values()
-        ):
+        if not isinstance(b.get("tp_plan"), dict):
             raise UserInputError(f"plan {where}: block {b['name']!r} has a bad tp_plan")
+        bad = [v for v in b["tp_plan"].values() if not is_tp_style(v)]
+        if bad:
+            raise UserInputError(
+                f"plan {where}: block {b['name']!r} has an unknown tensor-parallel style "
+                f"{bad[0]!r} (known: {', '.join(TP_STYLES)}, or colwise_dtensor[_in_out]:k)"
+            )
         stage = b.get("stage")
         if not isinstance(stage, int) or isinstance(stage, bool) or not 0 <= stage < n_stages:
             raise UserInputError(f"plan {where}: block {b['name']!r} has a bad stage")
