@@ -16,7 +16,8 @@ is used and named in the row's ``assumed`` list (it is printed with the table):
 
 - vpp not stated: 1 (no interleaving; DeepSpeed's pipeline has none, Megatron's needs a flag);
 - sequence parallelism not stated with TP > 1: on (Megatron-Core and NeMo recipes set it;
-  torchtitan's TP plan always shards norms over the sequence);
+  torchtitan's TP plan always shards norms over the sequence), but off in BLOOM's 2022
+  Megatron-DeepSpeed runs (it predates sequence parallelism);
 - ZeRO not stated / "no FSDP" in a Megatron-family table: the distributed optimizer (ZeRO-1),
   NeMo's and Megatron-Bridge's default;
 - recompute not stated: none (Megatron-LM's and NeMo's default without --recompute-*);
@@ -101,10 +102,12 @@ class Setup:
     selective_policy: str  # what selective recompute keeps (cost.model.Training)
     vocab_parallel_loss: bool  # logits stay sharded over TP ranks for the loss
     fp32_grad_accumulation: bool  # DeepSpeed BF16_Optimizer's whole fp32 gradient buffer
+    fp32_grad_partition: bool  # DeepSpeed's fp16 step: its gradient shard cast to fp32
     native_attention: bool  # the chip's own fused attention kernel (Transformer Engine)
     fused_elementwise: bool  # element-wise chains fused (Megatron-Core/TE, torch.compile)
     pipeline_sends_shards: bool  # Megatron sends each TP rank's sequence shard between stages
     p2p_overlap: bool  # Megatron's interleaved schedule overlaps its sends with compute
+    dp_overlap: bool  # the DP gradient reduction overlaps the backward (not DeepSpeed's)
     profile: str
     inter_node_bytes_per_s: float | None  # per GPU, from the row's interconnect text
     measured_step_s: float
@@ -248,6 +251,18 @@ def is_megatron_core(row: dict) -> bool:
     return any(k in source for k in ("nemo", "megatron-bridge", "megatron-lm", "megatron-core"))
 
 
+def is_deepspeed(row: dict, assumed: list[str]) -> bool:
+    """Whether the row ran DeepSpeed's engine (BigScience's Megatron-DeepSpeed, or DeepSpeed
+    named in the row), whose gradient reduction does not overlap the backward: ZeRO's
+    ``overlap_comm`` defaults to false and the PipelineEngine's TrainSchedule issues
+    ReduceGrads after the last backward of the step (deepspeed/runtime/pipe/schedule.py)."""
+    text = " ".join(str(row.get(k, "")) for k in ("source", "zero_or_fsdp")).lower()
+    if "bloom" in text or "deepspeed" in text:
+        assumed.append("DeepSpeed: gradient reduction after the backward")
+        return True
+    return False
+
+
 def parse_fusion(row: dict, megatron_core: bool, assumed: list[str]) -> bool:
     """Whether element-wise chains run fused: stated (torch.compile in the row), or the
     default of NVIDIA's Megatron-Core recipes (Transformer Engine's fused normalization and
@@ -365,6 +380,11 @@ def parse_row(row: dict) -> Setup:
         sp = False
     elif sp_text in ("on", "yes", "true"):
         sp = True
+    elif "bloom" in str(row.get("source", "")).lower():
+        # BigScience's Megatron-DeepSpeed of early 2022 has no sequence parallelism (it came
+        # with Korthikanti et al., arXiv:2205.05198, May 2022, to Megatron-LM): TP only
+        sp = False
+        assumed.append("no sequence parallelism (BLOOM's 2022 Megatron-DeepSpeed)")
     else:
         sp = True
         assumed.append("sequence parallel with TP (framework default)")
@@ -418,10 +438,12 @@ def parse_row(row: dict) -> Setup:
         selective_policy=policy,
         vocab_parallel_loss=vocab_parallel,
         fp32_grad_accumulation=bf16_opt,
+        fp32_grad_partition="bloom" in row.get("source", "").lower() and dtype == "fp16",
         native_attention=parse_native_attention(row, profile, assumed),
         fused_elementwise=parse_fusion(row, megatron_core, assumed),
         pipeline_sends_shards=megatron_core and pp > 1 and sp,
         p2p_overlap=megatron_core and vpp > 1,
+        dp_overlap=not is_deepspeed(row, assumed),
         tp_overlap=tp_overlap,
         profile=profile,
         inter_node_bytes_per_s=parse_fabric(row.get("interconnect", ""), gpn),
@@ -497,6 +519,17 @@ def stage_split(layers: int, stages: int) -> list[int]:
     return out + [stages - 1]
 
 
+def recompute_per_block(mode: str, blocks: int) -> list[str]:
+    """Each block's recompute mode: the row's on the repeated transformer layers, none on the
+    embedding and the head. Every framework in the set checkpoints transformer layers only:
+    Megatron's full recompute wraps the layers of its TransformerBlock (its embedding and
+    output layer sit outside it; Megatron-DeepSpeed's pipeline checkpoints only
+    ParallelTransformerLayerPipe layers, GPTModelPipe._is_checkpointable), llm-foundry's FSDP
+    ``activation_checkpointing`` wraps what MPT's ``activation_checkpointing_fn`` selects (its
+    MPTBlocks), torchtitan's ``apply_ac`` wraps each of ``model.layers``."""
+    return ["none"] + [mode] * (blocks - 2) + ["none"]
+
+
 def cluster_for(s: Setup, **overrides: float):
     """The row's cluster: its profile, the fabric the row states, and (when fitting) other
     values of profile fields."""
@@ -531,18 +564,23 @@ def price(s: Setup, **overrides: float):
         tp_overlap=s.tp_overlap,
         vocab_parallel_loss=s.vocab_parallel_loss,
         fp32_grad_accumulation=s.fp32_grad_accumulation,
+        fp32_grad_partition=s.fp32_grad_partition,
         selective_policy=s.selective_policy,
         native_attention=s.native_attention,
         fused_elementwise=s.fused_elementwise,
         pipeline_sends_shards=s.pipeline_sends_shards,
         p2p_overlap=s.p2p_overlap,
+        dp_overlap=s.dp_overlap,
     )
     variant = "sequence" if s.sp else "no-sequence"
-    pins = Pins(tp=s.tp, recompute=s.recompute, offload="none", tp_variant=variant)
     variants_of = variants_for(traced.graph, cluster, variant, _VARIANTS)
-    opts = price_options(
-        traced.graph, blocks, s.tp, s.mbs, cluster, training, pins, variants_of, s.ep, s.cp
-    )
+    opts, memo = [], {}
+    for mode, block in zip(recompute_per_block(s.recompute, len(blocks)), blocks):
+        pins = Pins(tp=s.tp, recompute=mode, offload="none", tp_variant=variant)
+        opts += price_options(
+            traced.graph, [block], s.tp, s.mbs, cluster, training, pins, variants_of, s.ep, s.cp,
+            memo,
+        )  # fmt: skip
     choice = [min(range(len(o)), key=lambda k, o=o: o[k].time_s) for o in opts]
     schedule = "interleaved_1f1b" if s.vpp > 1 else "1f1b"
     config = Config(

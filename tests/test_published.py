@@ -185,6 +185,30 @@ def test_bloom_runs_recompute_fully_and_bf16_runs_keep_fp32_gradients():
     assert not P.parse_row(BLOOM).fp32_grad_accumulation  # fp16: DeepSpeed's ZeRO-1
 
 
+def test_deepspeed_rows_reduce_after_the_backward_and_fp16_steps_cast_to_fp32():
+    """BLOOM's Megatron-DeepSpeed runs: no overlap of the gradient reduction with backward,
+    and (fp16) the step's fp32 copy of the gradient shard; bf16 runs keep BF16_Optimizer's
+    buffer instead. Other stacks overlap and keep neither."""
+    bloom = P.parse_row(BLOOM)
+    assert (bloom.dp_overlap, bloom.fp32_grad_partition) == (False, True)
+    assert not P.parse_row({**BLOOM, "dtype": "bf16"}).fp32_grad_partition
+    mpt = P.parse_row(MPT)
+    assert (mpt.dp_overlap, mpt.fp32_grad_partition) == (True, False)
+
+
+def test_bloom_rows_without_an_sp_column_run_tp_without_sequence_parallelism():
+    """Megatron-DeepSpeed of early 2022 predates sequence parallelism; a Megatron-Core row
+    without the column takes its recipes' default (on)."""
+    assert not P.parse_row({**BLOOM, "sp": "not stated"}).sp
+    nemo = {**BLOOM, "source": "NVIDIA NeMo performance summary", "sp": "not stated"}
+    assert P.parse_row(nemo | {"dtype": "bf16"}).sp
+
+
+def test_only_the_transformer_layers_are_recomputed():
+    assert P.recompute_per_block("full", 5) == ["none", "full", "full", "full", "none"]
+    assert P.recompute_per_block("selective", 3) == ["none", "selective", "none"]
+
+
 def test_torchtitan_selective_is_its_op_policy_and_its_loss_parallel():
     row = {**BLOOM, "source": "torchtitan (Dec 2024 Llama 3.1 H100 benchmark)"}
     row |= {"model": "Llama 3.1 70B", "kv_heads": 8, "ffn": 28672, "vocab": 128256}
