@@ -646,11 +646,13 @@ def record(s: Setup, cost) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- fitted factors
 
-# What is fitted: per chip, the share of the dense peak a training step reaches in each of two
-# op classes, GEMMs (``matmul_efficiency``) and fused attention kernels
-# (``attention_efficiency``); the best-shape microbenchmarks (MAMF, FlashAttention's own
-# benchmarks) are ceilings that real steps do not reach. Profiles of one chip share them.
-FITTED = ("matmul_efficiency", "attention_efficiency")
+# What is fitted: per chip, the share of the dense peak a training step reaches in each of
+# three op classes, GEMMs (``matmul_efficiency``), fused attention kernels
+# (``attention_efficiency``) and 16-bit products off Tensor Cores' 8-element alignment
+# (``misaligned_matmul_efficiency``, cost.model.misaligned); the best-shape microbenchmarks
+# (MAMF, FlashAttention's own benchmarks) are ceilings that real steps do not reach. Profiles
+# of one chip share them. A chip whose profile has no unaligned class (0) keeps none.
+FITTED = ("matmul_efficiency", "attention_efficiency", "misaligned_matmul_efficiency")
 # Other kernels of the same op class reach the same share of their own best-shape ceiling, so
 # they follow the fitted factor in a fixed ratio (the shipped profile's: FP8 GEMMs at
 # MAMF-fp8 / MAMF-bf16 of the bf16 GEMMs' share; the chip's own attention kernel at the
@@ -680,24 +682,29 @@ CHIPS = {
 }
 # The fit's search grid (shares of peak) and the profile a chip's starting values come from.
 GRID = [round(0.10 + 0.01 * i, 2) for i in range(86)]  # 0.10 .. 0.95
+# the unaligned path's share: down to 1% (a product that falls off the Tensor Cores)
+SLOW_GRID = [round(0.01 * i, 2) for i in range(1, 96)]  # 0.01 .. 0.95
 
 
 @dataclass(frozen=True)
 class Decomposition:
-    """A row's predicted step time as a function of the two fitted efficiencies:
-    T(g, a) = gemm / g + attention / a + rest, read off three pricings (each efficiency
-    halved in turn). Exact where the two classes' times add; the max() terms of overlap and
-    of the slowest pipeline stage make it an approximation, which the held-out errors and the
-    final table (both priced in full) check."""
+    """A row's predicted step time as a function of the fitted efficiencies:
+    T(g, a, u) = gemm / g + attention / a + unaligned / u + rest, read off four pricings (each
+    efficiency halved in turn). Exact where the classes' times add; the max() terms of overlap
+    and of the slowest pipeline stage make it an approximation, which the held-out errors and
+    the final table (both priced in full) check."""
 
     chip: str
     measured: float
     gemm: float  # seconds x efficiency
     attention: float
+    unaligned: float
     rest: float
 
-    def time(self, g: float, a: float) -> float:
-        return self.gemm / g + self.attention / a + self.rest
+    def time(self, g: float, a: float, u: float) -> float:
+        return (
+            self.gemm / g + self.attention / a + (self.unaligned / u if u > 0 else 0.0) + self.rest
+        )
 
 
 def shipped_efficiencies() -> dict[str, dict[str, float]]:
@@ -713,32 +720,46 @@ def shipped_efficiencies() -> dict[str, dict[str, float]]:
 
 def decompose(s: Setup, start: dict[str, dict[str, float]]) -> Decomposition:
     eff = start[CHIPS[s.profile]]
-    g, a = eff["matmul_efficiency"], eff["attention_efficiency"]
-    t1 = price(s, matmul_efficiency=g, attention_efficiency=a).step_time_s
-    t2 = price(s, matmul_efficiency=g / 2, attention_efficiency=a).step_time_s
-    t3 = price(s, matmul_efficiency=g, attention_efficiency=a / 2).step_time_s
-    gemm, attention = (t2 - t1) * g, (t3 - t1) * a
-    return Decomposition(
-        CHIPS[s.profile], s.measured_step_s, gemm, attention, t1 - gemm / g - attention / a
+    g, a, u = (eff[f] for f in FITTED)
+
+    def at(**change: float) -> float:
+        return price(s, **{**eff, **change}).step_time_s
+
+    t1 = at()
+    gemm, attention = (
+        (at(matmul_efficiency=g / 2) - t1) * g,
+        (at(attention_efficiency=a / 2) - t1) * a,
     )
+    unaligned = (at(misaligned_matmul_efficiency=u / 2) - t1) * u if u > 0 else 0.0
+    rest = t1 - gemm / g - attention / a - (unaligned / u if u > 0 else 0.0)
+    return Decomposition(CHIPS[s.profile], s.measured_step_s, gemm, attention, unaligned, rest)
+
+
+def fit_loss(rows: list[Decomposition], g: float, a: float, u: float) -> float:
+    """Sum of |log(predicted / measured)| over ``rows`` at efficiencies (g, a, u)."""
+    return sum(abs(math.log(d.time(g, a, u) / d.measured)) for d in rows)
 
 
 def fit_efficiencies(parts: list[Decomposition], start: dict[str, dict[str, float]]):
-    """Per chip, the (GEMM, attention) efficiencies on ``GRID`` with the least mean
-    |log(predicted / measured)| over ``parts``; chips without rows keep ``start``."""
+    """Per chip, the efficiencies with the least mean |log(predicted / measured)| over
+    ``parts``: (GEMM, attention) on ``GRID`` and the unaligned class on ``SLOW_GRID``, by
+    coordinate descent (the pair with the third held, then the third, twice); a class no row
+    of the chip uses keeps its start, and chips without rows keep ``start``."""
     out = {chip: dict(v) for chip, v in start.items()}
     for chip in out:
         rows = [d for d in parts if d.chip == chip]
         if not rows:
             continue
+        e = out[chip]
         uses_attention = any(d.attention > 0 for d in rows)
-        best = None
-        for g in GRID:
-            for a in GRID if uses_attention else [out[chip]["attention_efficiency"]]:
-                loss = sum(abs(math.log(d.time(g, a) / d.measured)) for d in rows)
-                if best is None or loss < best[0]:
-                    best = (loss, g, a)
-        out[chip] = {"matmul_efficiency": best[1], "attention_efficiency": best[2]}
+        uses_unaligned = any(d.unaligned > 0 for d in rows)
+        g, a, u = (e[f] for f in FITTED)
+        for _ in range(2):
+            pairs = ((gg, aa) for gg in GRID for aa in (GRID if uses_attention else [a]))
+            g, a = min(pairs, key=lambda ga: fit_loss(rows, ga[0], ga[1], u))
+            if uses_unaligned:
+                u = min(SLOW_GRID, key=lambda uu: fit_loss(rows, g, a, uu))
+        out[chip] = dict(zip(FITTED, (g, a, u)))
     return out
 
 
@@ -846,7 +867,8 @@ def write_markdown(records: list[dict], summary: dict, path: Path, measurements:
     cv = summary.get("cv")
     if cv:
         lines.append(
-            "- half-split cross-validation (GEMM and attention efficiency per chip fitted on one "
+            "- half-split cross-validation (GEMM, attention and unaligned-product efficiency per "
+            "chip fitted on one "
             "half, the other half priced with them): median |error| "
             f"{cv['median_abs_error_held_out']:.1%}, worst {cv['worst_abs_error_held_out']:.1%}; "
             f"fits {cv['fit_on_first_half']} / {cv['fit_on_second_half']}; on all rows "

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.cost.model import FLASH_BACKWARD, op_rate, tp_exposed
+from planner.cost.model import FLASH_BACKWARD, misaligned, op_rate, tp_exposed
 from planner.hardware.cluster import Cluster
 from planner.hardware.profiles import load_profile
 
@@ -380,12 +380,51 @@ def test_overlapped_tp_collectives_leave_only_the_excess():
 
 
 def test_the_fit_recovers_each_chips_efficiencies_from_decomposed_rows():
-    """T(g, a) = gemm / g + attention / a + rest: a GEMM-only row pins g, an attention row a;
-    a chip without rows keeps its starting values."""
+    """T(g, a, u) = gemm / g + attention / a + unaligned / u + rest: a GEMM-only row pins g,
+    an attention row a, a row with unaligned products u; a chip without rows keeps its
+    starting values, a chip none of whose rows has unaligned products keeps its start u."""
     d = P.Decomposition
-    rows = [d("A100", 2.0, 1.0, 0.0, 0.0), d("A100", 2.0, 0.0, 0.3, 1.0)]
-    start = {"A100": {"matmul_efficiency": 0.9, "attention_efficiency": 0.9}, "H100": {"x": 1}}
+    rows = [
+        d("A100", 2.0, 1.0, 0.0, 0.0, 0.0),
+        d("A100", 2.0, 0.0, 0.3, 0.0, 1.0),
+        d("A100", 3.0, 1.0, 0.0, 0.05, 0.0),
+        d("H100", 2.0, 1.0, 0.0, 0.0, 0.0),
+    ]
+    start = {
+        "A100": dict(zip(P.FITTED, (0.9, 0.9, 0.5))),
+        "H100": dict(zip(P.FITTED, (0.9, 0.4, 0.0))),
+        "B200": {"x": 1},
+    }
     fit = P.fit_efficiencies(rows, start)
-    assert fit["A100"] == {"matmul_efficiency": 0.5, "attention_efficiency": 0.3}
-    assert fit["H100"] == {"x": 1}
-    assert rows[1].time(0.5, 0.3) == pytest.approx(2.0)
+    assert fit["A100"] == {
+        "matmul_efficiency": 0.5,
+        "attention_efficiency": 0.3,
+        "misaligned_matmul_efficiency": 0.05,
+    }
+    assert fit["H100"] == {
+        "matmul_efficiency": 0.5,
+        "attention_efficiency": 0.4,
+        "misaligned_matmul_efficiency": 0.0,
+    }
+    assert fit["B200"] == {"x": 1}
+    assert rows[1].time(0.5, 0.3, 0.05) == pytest.approx(2.0)
+
+
+def test_a_16_bit_product_off_the_tensor_core_alignment_runs_at_its_own_rate():
+    """NVIDIA's Tensor Core requirement: 16-bit dimensions in multiples of 8 elements. A
+    per-head product with head dim 108 (BLOOM's 13824 / 128) is off it; 128 is on it; fp32
+    products and profiles without the class (0) keep the GEMM rate."""
+    c = _cluster("a100-80g")
+    p = c.profile
+    off = {"op": "aten.matmul.default", "mm_inner": [108, 2048, 2048, False]}
+    on = {"op": "aten.matmul.default", "mm_inner": [128, 2048, 2048, False]}
+    assert 0 < p.misaligned_matmul_efficiency < p.matmul_efficiency
+    assert op_rate(off, c, "fp16") == (312e12 * p.misaligned_matmul_efficiency, 1.0, 1.0)
+    assert op_rate(on, c, "fp16") == (312e12 * p.matmul_efficiency, 1.0, 1.0)
+    assert op_rate(off, c, "fp32") == (19.5e12 * p.matmul_efficiency, 1.0, 1.0)
+    plain = Cluster(replace(p, misaligned_matmul_efficiency=0.0), 1, 8)
+    assert op_rate(off, plain, "fp16") == op_rate(on, c, "fp16")
+    assert not misaligned({"op": "aten.linear.default", "mm_inner": None})
+    # a linear layer of odd width keeps the GEMM rate (no published row prices one)
+    assert not misaligned({"op": "aten.linear.default", "mm_inner": [4096, 50257, 2048, True],
+                           "params": ["head.weight"]})  # fmt: skip

@@ -259,6 +259,9 @@ def op_rate(node: dict, cluster: Cluster, dtype: str, fp8: bool = False, native:
       ``native``: the chip's own fused attention kernel (``Training.native_attention``) at the
       profile's ``native_attention_efficiency`` where it gives one.
     - With FP8 linears, a product with a weight runs at the profile's FP8 rate.
+    - A 16-bit product of two activations with a dimension off Tensor Cores' 8-element
+      alignment (``misaligned``) at the profile's ``misaligned_matmul_efficiency`` where it
+      gives one.
     - Every other product at the dtype's peak times ``matmul_efficiency``."""
     from planner.trace.opcost import ATTENTION_OPS
 
@@ -271,7 +274,26 @@ def op_rate(node: dict, cluster: Cluster, dtype: str, fp8: bool = False, native:
         return p.peak_flops[dtype] * eff, work, work * FLASH_BACKWARD
     if fp8 and node.get("params") and p.peak_flops.get("fp8", 0.0) > 0:
         return p.peak_flops["fp8"] * p.fp8_matmul_efficiency, 1.0, 1.0
+    if p.misaligned_matmul_efficiency > 0 and dtype in HALF_DTYPES and misaligned(node):
+        return p.peak_flops[dtype] * p.misaligned_matmul_efficiency, 1.0, 1.0
     return p.peak_flops[dtype] * p.matmul_efficiency, 1.0, 1.0
+
+
+# Tensor Cores' aligned GEMM path needs every dimension of a 16-bit product to be a multiple of
+# 16 bytes, 8 elements (NVIDIA, Matrix Multiplication Background User's Guide, 2.2 "Tensor Core
+# Requirements"; cuBLAS >= 11 runs other shapes on a slower unaligned path).
+TENSOR_CORE_ALIGN = 8
+
+
+def misaligned(node: dict) -> bool:
+    """Whether a product of two activations (a per-head attention product: no weight) has a
+    dimension (its traced K, N or M) that is not a multiple of ``TENSOR_CORE_ALIGN`` elements,
+    as BLOOM's trials with head dims 108, 150 and 450 ran them. Products with a weight keep the
+    GEMM rate: the published rows hold no unaligned linear layer to price one from."""
+    inner = node.get("mm_inner")
+    if not inner or node.get("params"):
+        return False
+    return any(int(x) % TENSOR_CORE_ALIGN for x in inner[:3])
 
 
 def inner_dim_slowdowns(inner: list | None, scale: float, half: float) -> tuple[float, float]:
