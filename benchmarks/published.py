@@ -29,7 +29,11 @@ is used and named in the row's ``assumed`` list (it is printed with the table):
   source and notes (``parse_framework_memory``, ``parse_native_attention``, ``parse_fusion``,
   ``is_megatron_core``): torchtitan's per-op selective checkpointing, vocab-parallel losses,
   DeepSpeed's BF16_Optimizer, Transformer Engine's attention and fused element-wise kernels,
-  Megatron-Core's sequence-shard pipeline sends and their overlap in its interleaved schedule.
+  Megatron-Core's sequence-shard pipeline sends and their overlap in its interleaved schedule;
+- recompute applies to the repeated transformer layers only, never to the embedding or the head
+  (``recompute_per_block``: every framework in the set checkpoints its layers only);
+- DeepSpeed (BLOOM's Megatron-DeepSpeed) reduces gradients after the last backward, and its fp16
+  step casts the rank's gradient shard to fp32 (``is_deepspeed``, ``fp32_grad_partition``).
 
 Errors are predicted/measured - 1 of the step time (equivalently measured/predicted - 1 of
 tokens/s/GPU inverted); memory errors compare the predicted peak with the published one, both
