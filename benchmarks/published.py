@@ -16,7 +16,8 @@ is used and named in the row's ``assumed`` list (it is printed with the table):
 
 - vpp not stated: 1 (no interleaving; DeepSpeed's pipeline has none, Megatron's needs a flag);
 - sequence parallelism not stated with TP > 1: on (Megatron-Core and NeMo recipes set it;
-  torchtitan's TP plan always shards norms over the sequence);
+  torchtitan's TP plan always shards norms over the sequence), but off in BLOOM's 2022
+  Megatron-DeepSpeed runs (it predates sequence parallelism);
 - ZeRO not stated / "no FSDP" in a Megatron-family table: the distributed optimizer (ZeRO-1),
   NeMo's and Megatron-Bridge's default;
 - recompute not stated: none (Megatron-LM's and NeMo's default without --recompute-*);
@@ -28,7 +29,11 @@ is used and named in the row's ``assumed`` list (it is printed with the table):
   source and notes (``parse_framework_memory``, ``parse_native_attention``, ``parse_fusion``,
   ``is_megatron_core``): torchtitan's per-op selective checkpointing, vocab-parallel losses,
   DeepSpeed's BF16_Optimizer, Transformer Engine's attention and fused element-wise kernels,
-  Megatron-Core's sequence-shard pipeline sends and their overlap in its interleaved schedule.
+  Megatron-Core's sequence-shard pipeline sends and their overlap in its interleaved schedule;
+- recompute applies to the repeated transformer layers only, never to the embedding or the head
+  (``recompute_per_block``: every framework in the set checkpoints its layers only);
+- DeepSpeed (BLOOM's Megatron-DeepSpeed) reduces gradients after the last backward, and its fp16
+  step casts the rank's gradient shard to fp32 (``is_deepspeed``, ``fp32_grad_partition``).
 
 Errors are predicted/measured - 1 of the step time (equivalently measured/predicted - 1 of
 tokens/s/GPU inverted); memory errors compare the predicted peak with the published one, both
@@ -101,10 +106,12 @@ class Setup:
     selective_policy: str  # what selective recompute keeps (cost.model.Training)
     vocab_parallel_loss: bool  # logits stay sharded over TP ranks for the loss
     fp32_grad_accumulation: bool  # DeepSpeed BF16_Optimizer's whole fp32 gradient buffer
+    fp32_grad_partition: bool  # DeepSpeed's fp16 step: its gradient shard cast to fp32
     native_attention: bool  # the chip's own fused attention kernel (Transformer Engine)
     fused_elementwise: bool  # element-wise chains fused (Megatron-Core/TE, torch.compile)
     pipeline_sends_shards: bool  # Megatron sends each TP rank's sequence shard between stages
     p2p_overlap: bool  # Megatron's interleaved schedule overlaps its sends with compute
+    dp_overlap: bool  # the DP gradient reduction overlaps the backward (not DeepSpeed's)
     profile: str
     inter_node_bytes_per_s: float | None  # per GPU, from the row's interconnect text
     measured_step_s: float
@@ -248,6 +255,18 @@ def is_megatron_core(row: dict) -> bool:
     return any(k in source for k in ("nemo", "megatron-bridge", "megatron-lm", "megatron-core"))
 
 
+def is_deepspeed(row: dict, assumed: list[str]) -> bool:
+    """Whether the row ran DeepSpeed's engine (BigScience's Megatron-DeepSpeed, or DeepSpeed
+    named in the row), whose gradient reduction does not overlap the backward: ZeRO's
+    ``overlap_comm`` defaults to false and the PipelineEngine's TrainSchedule issues
+    ReduceGrads after the last backward of the step (deepspeed/runtime/pipe/schedule.py)."""
+    text = " ".join(str(row.get(k, "")) for k in ("source", "zero_or_fsdp")).lower()
+    if "bloom" in text or "deepspeed" in text:
+        assumed.append("DeepSpeed: gradient reduction after the backward")
+        return True
+    return False
+
+
 def parse_fusion(row: dict, megatron_core: bool, assumed: list[str]) -> bool:
     """Whether element-wise chains run fused: stated (torch.compile in the row), or the
     default of NVIDIA's Megatron-Core recipes (Transformer Engine's fused normalization and
@@ -365,6 +384,11 @@ def parse_row(row: dict) -> Setup:
         sp = False
     elif sp_text in ("on", "yes", "true"):
         sp = True
+    elif "bloom" in str(row.get("source", "")).lower():
+        # BigScience's Megatron-DeepSpeed of early 2022 has no sequence parallelism (it came
+        # with Korthikanti et al., arXiv:2205.05198, May 2022, to Megatron-LM): TP only
+        sp = False
+        assumed.append("no sequence parallelism (BLOOM's 2022 Megatron-DeepSpeed)")
     else:
         sp = True
         assumed.append("sequence parallel with TP (framework default)")
@@ -418,10 +442,12 @@ def parse_row(row: dict) -> Setup:
         selective_policy=policy,
         vocab_parallel_loss=vocab_parallel,
         fp32_grad_accumulation=bf16_opt,
+        fp32_grad_partition="bloom" in row.get("source", "").lower() and dtype == "fp16",
         native_attention=parse_native_attention(row, profile, assumed),
         fused_elementwise=parse_fusion(row, megatron_core, assumed),
         pipeline_sends_shards=megatron_core and pp > 1 and sp,
         p2p_overlap=megatron_core and vpp > 1,
+        dp_overlap=not is_deepspeed(row, assumed),
         tp_overlap=tp_overlap,
         profile=profile,
         inter_node_bytes_per_s=parse_fabric(row.get("interconnect", ""), gpn),
@@ -497,6 +523,17 @@ def stage_split(layers: int, stages: int) -> list[int]:
     return out + [stages - 1]
 
 
+def recompute_per_block(mode: str, blocks: int) -> list[str]:
+    """Each block's recompute mode: the row's on the repeated transformer layers, none on the
+    embedding and the head. Every framework in the set checkpoints transformer layers only:
+    Megatron's full recompute wraps the layers of its TransformerBlock (its embedding and
+    output layer sit outside it; Megatron-DeepSpeed's pipeline checkpoints only
+    ParallelTransformerLayerPipe layers, GPTModelPipe._is_checkpointable), llm-foundry's FSDP
+    ``activation_checkpointing`` wraps what MPT's ``activation_checkpointing_fn`` selects (its
+    MPTBlocks), torchtitan's ``apply_ac`` wraps each of ``model.layers``."""
+    return ["none"] + [mode] * (blocks - 2) + ["none"]
+
+
 def cluster_for(s: Setup, **overrides: float):
     """The row's cluster: its profile, the fabric the row states, and (when fitting) other
     values of profile fields."""
@@ -531,18 +568,23 @@ def price(s: Setup, **overrides: float):
         tp_overlap=s.tp_overlap,
         vocab_parallel_loss=s.vocab_parallel_loss,
         fp32_grad_accumulation=s.fp32_grad_accumulation,
+        fp32_grad_partition=s.fp32_grad_partition,
         selective_policy=s.selective_policy,
         native_attention=s.native_attention,
         fused_elementwise=s.fused_elementwise,
         pipeline_sends_shards=s.pipeline_sends_shards,
         p2p_overlap=s.p2p_overlap,
+        dp_overlap=s.dp_overlap,
     )
     variant = "sequence" if s.sp else "no-sequence"
-    pins = Pins(tp=s.tp, recompute=s.recompute, offload="none", tp_variant=variant)
     variants_of = variants_for(traced.graph, cluster, variant, _VARIANTS)
-    opts = price_options(
-        traced.graph, blocks, s.tp, s.mbs, cluster, training, pins, variants_of, s.ep, s.cp
-    )
+    opts, memo = [], {}
+    for mode, block in zip(recompute_per_block(s.recompute, len(blocks)), blocks):
+        pins = Pins(tp=s.tp, recompute=mode, offload="none", tp_variant=variant)
+        opts += price_options(
+            traced.graph, [block], s.tp, s.mbs, cluster, training, pins, variants_of, s.ep, s.cp,
+            memo,
+        )  # fmt: skip
     choice = [min(range(len(o)), key=lambda k, o=o: o[k].time_s) for o in opts]
     schedule = "interleaved_1f1b" if s.vpp > 1 else "1f1b"
     config = Config(
@@ -608,11 +650,13 @@ def record(s: Setup, cost) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- fitted factors
 
-# What is fitted: per chip, the share of the dense peak a training step reaches in each of two
-# op classes, GEMMs (``matmul_efficiency``) and fused attention kernels
-# (``attention_efficiency``); the best-shape microbenchmarks (MAMF, FlashAttention's own
-# benchmarks) are ceilings that real steps do not reach. Profiles of one chip share them.
-FITTED = ("matmul_efficiency", "attention_efficiency")
+# What is fitted: per chip, the share of the dense peak a training step reaches in each of
+# three op classes, GEMMs (``matmul_efficiency``), fused attention kernels
+# (``attention_efficiency``) and 16-bit products off Tensor Cores' 8-element alignment
+# (``misaligned_matmul_efficiency``, cost.model.misaligned); the best-shape microbenchmarks
+# (MAMF, FlashAttention's own benchmarks) are ceilings that real steps do not reach. Profiles
+# of one chip share them. A chip whose profile has no unaligned class (0) keeps none.
+FITTED = ("matmul_efficiency", "attention_efficiency", "misaligned_matmul_efficiency")
 # Other kernels of the same op class reach the same share of their own best-shape ceiling, so
 # they follow the fitted factor in a fixed ratio (the shipped profile's: FP8 GEMMs at
 # MAMF-fp8 / MAMF-bf16 of the bf16 GEMMs' share; the chip's own attention kernel at the
@@ -642,24 +686,29 @@ CHIPS = {
 }
 # The fit's search grid (shares of peak) and the profile a chip's starting values come from.
 GRID = [round(0.10 + 0.01 * i, 2) for i in range(86)]  # 0.10 .. 0.95
+# the unaligned path's share: down to 1% (a product that falls off the Tensor Cores)
+SLOW_GRID = [round(0.01 * i, 2) for i in range(1, 96)]  # 0.01 .. 0.95
 
 
 @dataclass(frozen=True)
 class Decomposition:
-    """A row's predicted step time as a function of the two fitted efficiencies:
-    T(g, a) = gemm / g + attention / a + rest, read off three pricings (each efficiency
-    halved in turn). Exact where the two classes' times add; the max() terms of overlap and
-    of the slowest pipeline stage make it an approximation, which the held-out errors and the
-    final table (both priced in full) check."""
+    """A row's predicted step time as a function of the fitted efficiencies:
+    T(g, a, u) = gemm / g + attention / a + unaligned / u + rest, read off four pricings (each
+    efficiency halved in turn). Exact where the classes' times add; the max() terms of overlap
+    and of the slowest pipeline stage make it an approximation, which the held-out errors and
+    the final table (both priced in full) check."""
 
     chip: str
     measured: float
     gemm: float  # seconds x efficiency
     attention: float
+    unaligned: float
     rest: float
 
-    def time(self, g: float, a: float) -> float:
-        return self.gemm / g + self.attention / a + self.rest
+    def time(self, g: float, a: float, u: float) -> float:
+        return (
+            self.gemm / g + self.attention / a + (self.unaligned / u if u > 0 else 0.0) + self.rest
+        )
 
 
 def shipped_efficiencies() -> dict[str, dict[str, float]]:
@@ -675,32 +724,46 @@ def shipped_efficiencies() -> dict[str, dict[str, float]]:
 
 def decompose(s: Setup, start: dict[str, dict[str, float]]) -> Decomposition:
     eff = start[CHIPS[s.profile]]
-    g, a = eff["matmul_efficiency"], eff["attention_efficiency"]
-    t1 = price(s, matmul_efficiency=g, attention_efficiency=a).step_time_s
-    t2 = price(s, matmul_efficiency=g / 2, attention_efficiency=a).step_time_s
-    t3 = price(s, matmul_efficiency=g, attention_efficiency=a / 2).step_time_s
-    gemm, attention = (t2 - t1) * g, (t3 - t1) * a
-    return Decomposition(
-        CHIPS[s.profile], s.measured_step_s, gemm, attention, t1 - gemm / g - attention / a
+    g, a, u = (eff[f] for f in FITTED)
+
+    def at(**change: float) -> float:
+        return price(s, **{**eff, **change}).step_time_s
+
+    t1 = at()
+    gemm, attention = (
+        (at(matmul_efficiency=g / 2) - t1) * g,
+        (at(attention_efficiency=a / 2) - t1) * a,
     )
+    unaligned = (at(misaligned_matmul_efficiency=u / 2) - t1) * u if u > 0 else 0.0
+    rest = t1 - gemm / g - attention / a - (unaligned / u if u > 0 else 0.0)
+    return Decomposition(CHIPS[s.profile], s.measured_step_s, gemm, attention, unaligned, rest)
+
+
+def fit_loss(rows: list[Decomposition], g: float, a: float, u: float) -> float:
+    """Sum of |log(predicted / measured)| over ``rows`` at efficiencies (g, a, u)."""
+    return sum(abs(math.log(d.time(g, a, u) / d.measured)) for d in rows)
 
 
 def fit_efficiencies(parts: list[Decomposition], start: dict[str, dict[str, float]]):
-    """Per chip, the (GEMM, attention) efficiencies on ``GRID`` with the least mean
-    |log(predicted / measured)| over ``parts``; chips without rows keep ``start``."""
+    """Per chip, the efficiencies with the least mean |log(predicted / measured)| over
+    ``parts``: (GEMM, attention) on ``GRID`` and the unaligned class on ``SLOW_GRID``, by
+    coordinate descent (the pair with the third held, then the third, twice); a class no row
+    of the chip uses keeps its start, and chips without rows keep ``start``."""
     out = {chip: dict(v) for chip, v in start.items()}
     for chip in out:
         rows = [d for d in parts if d.chip == chip]
         if not rows:
             continue
+        e = out[chip]
         uses_attention = any(d.attention > 0 for d in rows)
-        best = None
-        for g in GRID:
-            for a in GRID if uses_attention else [out[chip]["attention_efficiency"]]:
-                loss = sum(abs(math.log(d.time(g, a) / d.measured)) for d in rows)
-                if best is None or loss < best[0]:
-                    best = (loss, g, a)
-        out[chip] = {"matmul_efficiency": best[1], "attention_efficiency": best[2]}
+        uses_unaligned = any(d.unaligned > 0 for d in rows)
+        g, a, u = (e[f] for f in FITTED)
+        for _ in range(2):
+            pairs = ((gg, aa) for gg in GRID for aa in (GRID if uses_attention else [a]))
+            g, a = min(pairs, key=lambda ga: fit_loss(rows, ga[0], ga[1], u))
+            if uses_unaligned:
+                u = min(SLOW_GRID, key=lambda uu: fit_loss(rows, g, a, uu))
+        out[chip] = dict(zip(FITTED, (g, a, u)))
     return out
 
 
@@ -808,7 +871,8 @@ def write_markdown(records: list[dict], summary: dict, path: Path, measurements:
     cv = summary.get("cv")
     if cv:
         lines.append(
-            "- half-split cross-validation (GEMM and attention efficiency per chip fitted on one "
+            "- half-split cross-validation (GEMM, attention and unaligned-product efficiency per "
+            "chip fitted on one "
             "half, the other half priced with them): median |error| "
             f"{cv['median_abs_error_held_out']:.1%}, worst {cv['worst_abs_error_held_out']:.1%}; "
             f"fits {cv['fit_on_first_half']} / {cv['fit_on_second_half']}; on all rows "

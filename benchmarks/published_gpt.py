@@ -35,7 +35,13 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
-        q, k, v = self.qkv(x).view(b, s, 3, -1, self.head_dim).permute(2, 0, 3, 1, 4)
+        # Megatron's fused-QKV layout, per head [q k v]: its ParallelAttention views the
+        # projection's output as (s, b, heads, 3 * head_dim) and splits the last dimension
+        # (Megatron-LM / Megatron-DeepSpeed megatron/model/transformer.py). A column shard of
+        # the projection is then whole heads, so tensor parallelism splits the attention core
+        # by heads; a [q | k | v] layout would cut across q, k and v instead.
+        qkv = self.qkv(x).view(b, s, -1, 3, self.head_dim)
+        q, k, v = qkv.permute(3, 0, 2, 1, 4)
         if self.attention == "flash":
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:

@@ -285,6 +285,19 @@ def test_bf16_optimizer_keeps_whole_fp32_gradients_beside_the_16_bit_ones():
     assert mem["optimizer"] == pytest.approx(12e8 / 4)
 
 
+def test_deepspeed_fp16_step_casts_the_gradient_shard_to_fp32():
+    """DeepSpeed's fp16 ZeRO-1 step (stage_1_and_2.py: the rank's gradient partition cast to
+    fp32 before Adam): 1e8 parameters on 4 DP ranks hold fp16 weights 2e8 bytes, fp16
+    gradients 2e8 plus the fp32 partition 4e8 / 4; ZeRO-0 (FP16_Optimizer) the whole 4e8."""
+    blocks = [make_block(0, "L", params=10**8, boundary=0, out=0)]
+    tr = Training(4, "fp16", fp32_grad_partition=True)
+    for zero, fp32 in ((1, 4e8 / 4), (0, 4e8)):
+        cost = run(
+            blocks, [make_option(1e-3, 1e8, 0.0)], Mesh(1, 4, 1), [0], zero=zero, training=tr
+        )
+        assert cost.rank_memory[0]["grads"] == pytest.approx(2e8 + fp32)
+
+
 @pytest.mark.parametrize("shards, overlap", [(False, False), (True, False), (True, True)])
 def test_pipeline_sends_of_sequence_shards_and_their_overlap(shards, overlap):
     """Two stages on one node, TP 2, a boundary of 4e6 bytes per sample, 3 ms of compute per
@@ -340,6 +353,19 @@ def test_zero1_broadcasts_updated_shards_after_the_step(scale):
     assert cost.stages[0].dp_comm_s == pytest.approx(ar + ag)
     assert cost.dp_exposed_s == pytest.approx(max(0.0, ar - 0.5 * 4e-3) + ag)
     assert (ar < 0.5 * 4e-3) == (scale < 1)
+
+
+def test_a_reduction_after_the_backward_hides_behind_nothing():
+    """DeepSpeed reduces gradients after the last backward (``Training.dp_overlap`` off): the
+    ZeRO-1 all-reduce and the broadcast of the updated shards are both exposed."""
+    params = [10**8, 3 * 10**8]
+    blocks = [make_block(i, "L", params=p, boundary=0, out=0) for i, p in enumerate(params)]
+    opts = [make_option(3e-3, float(p), 0.0) for p in params]
+    tr = Training(8, dp_overlap=False)
+    cost = run(blocks, opts, Mesh(1, 4, 1), [0, 0], zero=1, training=tr, cl=cluster(4, 4))
+    ar = ring("all_reduce", 2 * sum(params), 4)
+    ag = ring("all_gather", 2 * sum(params), 4)
+    assert cost.dp_exposed_s == pytest.approx(ar + ag)
 
 
 @pytest.mark.parametrize("scale", [1.0, 1e-3])
@@ -594,9 +620,10 @@ def test_zero1_keeps_expert_optimizer_states_whole():
 
 
 def test_tensor_parallel_shrinks_compute_and_memory_bound_work_by_their_own_shares():
-    """Under TP a block's matrix products split over the group (compute_fraction of their
-    FLOPs per device) while replicated norms and residual adds do not (memory_bound_fraction
-    of the bytes): each op's roofline time shrinks by the share of what bounds it."""
+    """Under TP each op's roofline time shrinks by its own share: 1/t for an op computing a
+    shard of its output (a split product, an element-wise op on a shard) or a partial product,
+    whole for a replicated norm or residual add. A block's average fractions would scale the
+    norms' time by the sharded products' share (its bytes are mostly theirs)."""
     from planner.api import variants_for
     from planner.cost.model import block_options
 
@@ -607,16 +634,17 @@ def test_tensor_parallel_shrinks_compute_and_memory_bound_work_by_their_own_shar
     opt = [
         o for o in block_options(graph, layer, [v], 1, cl, [0, 1], FP32) if o.recompute == "none"
     ][0]
-    compute = memory = 0.0
+    want = sum(ring(kind, nbytes, 2) for kind, nbytes in v.comm_fwd)
+    whole = 0.0
     for n in layer.nodes:
         d = graph.nodes[n]
-        t_flops, t_bytes = d["fwd_flops"] / PEAK32, d["fwd_bytes"] / BW
-        if d["fwd_flops"] > 0 and t_flops >= t_bytes:
-            compute += t_flops
-        else:
-            memory += t_bytes
-    comm = sum(ring(kind, nbytes, 2) for kind, nbytes in v.comm_fwd)
-    want = compute * v.compute_fraction + memory * v.memory_bound_fraction + comm
+        t = max(d["fwd_flops"] / PEAK32, d["fwd_bytes"] / BW)
+        state = v.states.get(n, "R")
+        assert state or t == 0.0
+        sharded = state.startswith("S") or (state == "P" and d["fwd_flops"] > 0)
+        want += t / 2 if sharded else t
+        whole += 0.0 if sharded else t
+    assert whole > 0  # the replicated norms and adds, each at its full time
     assert opt.fwd_s == pytest.approx(want, rel=1e-9)
 
 
@@ -671,3 +699,18 @@ def test_one_stage_holds_a_tied_weight_once(zero):
     extra = 1e8 * 2 * (1 - 1 / 4) if zero == 3 else 0.0
     assert tied.rank_memory[0]["other"] - untied.rank_memory[0]["other"] == pytest.approx(extra)
     assert tied.step_time_s == pytest.approx(untied.step_time_s, rel=1e-12)
+
+
+def test_megatrons_fused_qkv_layout_lets_tp_split_the_attention_core_by_heads():
+    """benchmarks/published_gpt.py lays its fused Q/K/V projection out per head, as Megatron
+    does: a column shard of the projection is whole heads, so the sharding ILP's TP variant
+    runs the materialised scores and their softmax on 1/t of the heads (S), not replicated."""
+    from planner.api import trace, variants_for
+
+    args = {"layers": 2, "hidden": 64, "heads": 4, "seq_len": 32, "vocab": 128}
+    traced = trace("benchmarks/published_gpt.py", {**args, "attention": "fused", "tied": False},
+                   micro_batch_size=1, dtype="fp32")  # fmt: skip
+    graph, layer = traced.graph, traced.blocks[1]
+    v = variants_for(graph, cluster(4, 4), "sharded")(layer, 2)[0]
+    core = [n for n in layer.nodes if graph.nodes[n]["op"] in ("aten.softmax.int",)]
+    assert core and all(v.states[n].startswith("S") for n in core)

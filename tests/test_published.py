@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.cost.model import FLASH_BACKWARD, op_rate, tp_exposed
+from planner.cost.model import FLASH_BACKWARD, misaligned, op_rate, tp_exposed
 from planner.hardware.cluster import Cluster
 from planner.hardware.profiles import load_profile
 
@@ -183,6 +183,30 @@ def test_bloom_runs_recompute_fully_and_bf16_runs_keep_fp32_gradients():
     assert (s.recompute, s.fp32_grad_accumulation, s.vocab_parallel_loss) == ("full", True, True)
     assert any("BLOOM's Megatron-DeepSpeed" in a for a in s.assumed)
     assert not P.parse_row(BLOOM).fp32_grad_accumulation  # fp16: DeepSpeed's ZeRO-1
+
+
+def test_deepspeed_rows_reduce_after_the_backward_and_fp16_steps_cast_to_fp32():
+    """BLOOM's Megatron-DeepSpeed runs: no overlap of the gradient reduction with backward,
+    and (fp16) the step's fp32 copy of the gradient shard; bf16 runs keep BF16_Optimizer's
+    buffer instead. Other stacks overlap and keep neither."""
+    bloom = P.parse_row(BLOOM)
+    assert (bloom.dp_overlap, bloom.fp32_grad_partition) == (False, True)
+    assert not P.parse_row({**BLOOM, "dtype": "bf16"}).fp32_grad_partition
+    mpt = P.parse_row(MPT)
+    assert (mpt.dp_overlap, mpt.fp32_grad_partition) == (True, False)
+
+
+def test_bloom_rows_without_an_sp_column_run_tp_without_sequence_parallelism():
+    """Megatron-DeepSpeed of early 2022 predates sequence parallelism; a Megatron-Core row
+    without the column takes its recipes' default (on)."""
+    assert not P.parse_row({**BLOOM, "sp": "not stated"}).sp
+    nemo = {**BLOOM, "source": "NVIDIA NeMo performance summary", "sp": "not stated"}
+    assert P.parse_row(nemo | {"dtype": "bf16"}).sp
+
+
+def test_only_the_transformer_layers_are_recomputed():
+    assert P.recompute_per_block("full", 5) == ["none", "full", "full", "full", "none"]
+    assert P.recompute_per_block("selective", 3) == ["none", "selective", "none"]
 
 
 def test_torchtitan_selective_is_its_op_policy_and_its_loss_parallel():
@@ -356,12 +380,51 @@ def test_overlapped_tp_collectives_leave_only_the_excess():
 
 
 def test_the_fit_recovers_each_chips_efficiencies_from_decomposed_rows():
-    """T(g, a) = gemm / g + attention / a + rest: a GEMM-only row pins g, an attention row a;
-    a chip without rows keeps its starting values."""
+    """T(g, a, u) = gemm / g + attention / a + unaligned / u + rest: a GEMM-only row pins g,
+    an attention row a, a row with unaligned products u; a chip without rows keeps its
+    starting values, a chip none of whose rows has unaligned products keeps its start u."""
     d = P.Decomposition
-    rows = [d("A100", 2.0, 1.0, 0.0, 0.0), d("A100", 2.0, 0.0, 0.3, 1.0)]
-    start = {"A100": {"matmul_efficiency": 0.9, "attention_efficiency": 0.9}, "H100": {"x": 1}}
+    rows = [
+        d("A100", 2.0, 1.0, 0.0, 0.0, 0.0),
+        d("A100", 2.0, 0.0, 0.3, 0.0, 1.0),
+        d("A100", 3.0, 1.0, 0.0, 0.05, 0.0),
+        d("H100", 2.0, 1.0, 0.0, 0.0, 0.0),
+    ]
+    start = {
+        "A100": dict(zip(P.FITTED, (0.9, 0.9, 0.5))),
+        "H100": dict(zip(P.FITTED, (0.9, 0.4, 0.0))),
+        "B200": {"x": 1},
+    }
     fit = P.fit_efficiencies(rows, start)
-    assert fit["A100"] == {"matmul_efficiency": 0.5, "attention_efficiency": 0.3}
-    assert fit["H100"] == {"x": 1}
-    assert rows[1].time(0.5, 0.3) == pytest.approx(2.0)
+    assert fit["A100"] == {
+        "matmul_efficiency": 0.5,
+        "attention_efficiency": 0.3,
+        "misaligned_matmul_efficiency": 0.05,
+    }
+    assert fit["H100"] == {
+        "matmul_efficiency": 0.5,
+        "attention_efficiency": 0.4,
+        "misaligned_matmul_efficiency": 0.0,
+    }
+    assert fit["B200"] == {"x": 1}
+    assert rows[1].time(0.5, 0.3, 0.05) == pytest.approx(2.0)
+
+
+def test_a_16_bit_product_off_the_tensor_core_alignment_runs_at_its_own_rate():
+    """NVIDIA's Tensor Core requirement: 16-bit dimensions in multiples of 8 elements. A
+    per-head product with head dim 108 (BLOOM's 13824 / 128) is off it; 128 is on it; fp32
+    products and profiles without the class (0) keep the GEMM rate."""
+    c = _cluster("a100-80g")
+    p = c.profile
+    off = {"op": "aten.matmul.default", "mm_inner": [108, 2048, 2048, False]}
+    on = {"op": "aten.matmul.default", "mm_inner": [128, 2048, 2048, False]}
+    assert 0 < p.misaligned_matmul_efficiency < p.matmul_efficiency
+    assert op_rate(off, c, "fp16") == (312e12 * p.misaligned_matmul_efficiency, 1.0, 1.0)
+    assert op_rate(on, c, "fp16") == (312e12 * p.matmul_efficiency, 1.0, 1.0)
+    assert op_rate(off, c, "fp32") == (19.5e12 * p.matmul_efficiency, 1.0, 1.0)
+    plain = Cluster(replace(p, misaligned_matmul_efficiency=0.0), 1, 8)
+    assert op_rate(off, plain, "fp16") == op_rate(on, c, "fp16")
+    assert not misaligned({"op": "aten.linear.default", "mm_inner": None})
+    # a linear layer of odd width keeps the GEMM rate (no published row prices one)
+    assert not misaligned({"op": "aten.linear.default", "mm_inner": [4096, 50257, 2048, True],
+                           "params": ["head.weight"]})  # fmt: skip

@@ -26,7 +26,7 @@ from functools import cached_property
 from planner.hardware.cluster import Cluster
 from planner.hardware.collectives import collective_time, p2p_time
 from planner.schema.mesh import Mesh
-from planner.trace.blocks import Block
+from planner.trace.blocks import Block, cached_core_nodes
 from planner.trace.graph import param_bytes_of
 from planner.vocab import HALF_DTYPES, OFFLOAD, RECOMPUTE, Offload, base_style
 
@@ -71,6 +71,12 @@ class Training:
     # writes, every gradient is accumulated into an fp32 buffer of the rank's whole (not
     # ZeRO-sharded) parameters (``state_memory``). Off for torch's optimizers (the runtime's).
     fp32_grad_accumulation: bool = False
+    # DeepSpeed's fp16 optimizers (BLOOM's fp16 runs): the step casts the rank's gradient
+    # partition to fp32 before Adam reads it (ZeRO 1/2, deepspeed/runtime/zero/
+    # stage_1_and_2.py ``step``: ``single_grad_partition = ... .to(fp32)``; ZeRO-0's
+    # FP16_Optimizer the same for all its gradients): 4 bytes per parameter of the shard the
+    # optimizer steps (``state_memory``). Off for torch's optimizers (the runtime's).
+    fp32_grad_partition: bool = False
     # What selective recompute keeps (``selective_kept``): "core" drops the attention core
     # between two activation products (Korthikanti et al.'s selective recompute, the planner's
     # option); "torchtitan-op" keeps the block's input and the outputs of its attention kernels
@@ -92,6 +98,11 @@ class Training:
     # overlap_p2p_comm, on by default for its interleaved schedule: megatron/training/
     # arguments.py, --no-overlap-p2p-communication); off: they sit between the chunks.
     p2p_overlap: bool = False
+    # The data-parallel gradient reduction overlaps the backward (torch DDP's and FSDP's
+    # bucketed hooks, Megatron's --overlap-grad-reduce); off: it runs after the last backward,
+    # as DeepSpeed runs it (ZeRO's ``overlap_comm`` defaults to false, and its PipelineEngine's
+    # TrainSchedule issues ReduceGrads only after the pipeline's last backward).
+    dp_overlap: bool = True
 
     @property
     def mixed(self) -> bool:
@@ -248,6 +259,9 @@ def op_rate(node: dict, cluster: Cluster, dtype: str, fp8: bool = False, native:
       ``native``: the chip's own fused attention kernel (``Training.native_attention``) at the
       profile's ``native_attention_efficiency`` where it gives one.
     - With FP8 linears, a product with a weight runs at the profile's FP8 rate.
+    - A 16-bit product of two activations with a dimension off Tensor Cores' 8-element
+      alignment (``misaligned``) at the profile's ``misaligned_matmul_efficiency`` where it
+      gives one.
     - Every other product at the dtype's peak times ``matmul_efficiency``."""
     from planner.trace.opcost import ATTENTION_OPS
 
@@ -260,7 +274,26 @@ def op_rate(node: dict, cluster: Cluster, dtype: str, fp8: bool = False, native:
         return p.peak_flops[dtype] * eff, work, work * FLASH_BACKWARD
     if fp8 and node.get("params") and p.peak_flops.get("fp8", 0.0) > 0:
         return p.peak_flops["fp8"] * p.fp8_matmul_efficiency, 1.0, 1.0
+    if p.misaligned_matmul_efficiency > 0 and dtype in HALF_DTYPES and misaligned(node):
+        return p.peak_flops[dtype] * p.misaligned_matmul_efficiency, 1.0, 1.0
     return p.peak_flops[dtype] * p.matmul_efficiency, 1.0, 1.0
+
+
+# Tensor Cores' aligned GEMM path needs every dimension of a 16-bit product to be a multiple of
+# 16 bytes, 8 elements (NVIDIA, Matrix Multiplication Background User's Guide, 2.2 "Tensor Core
+# Requirements"; cuBLAS >= 11 runs other shapes on a slower unaligned path).
+TENSOR_CORE_ALIGN = 8
+
+
+def misaligned(node: dict) -> bool:
+    """Whether a product of two activations (a per-head attention product: no weight) has a
+    dimension (its traced K, N or M) that is not a multiple of ``TENSOR_CORE_ALIGN`` elements,
+    as BLOOM's trials with head dims 108, 150 and 450 ran them. Products with a weight keep the
+    GEMM rate: the published rows hold no unaligned linear layer to price one from."""
+    inner = node.get("mm_inner")
+    if not inner or node.get("params"):
+        return False
+    return any(int(x) % TENSOR_CORE_ALIGN for x in inner[:3])
 
 
 def inner_dim_slowdowns(inner: list | None, scale: float, half: float) -> tuple[float, float]:
@@ -289,6 +322,9 @@ class NodeTimes:
     bwd_compute: float = 0.0
     bwd_memory: float = 0.0
     core_fwd: float = 0.0  # forward of the selective core (what selective recompute re-runs)
+    # per op: (forward compute, forward memory, backward compute, backward memory), for
+    # ``tp_shares``: each op shrinks under TP by its own share, not the block's average
+    ops: dict[str, tuple[float, float, float, float]] = field(default_factory=dict)
 
     @property
     def fwd(self) -> float:
@@ -297,6 +333,40 @@ class NodeTimes:
     @property
     def bwd(self) -> float:
         return self.bwd_compute + self.bwd_memory
+
+    def sharded(self, shares: dict[str, float], nodes=None) -> tuple[float, float]:
+        """(forward, backward) of ``nodes`` (default: every op) with each op's time times its
+        share (``tp_shares``)."""
+        f = b = 0.0
+        for n in self.ops if nodes is None else nodes:
+            fc, fm, bc, bm = self.ops.get(n, (0.0, 0.0, 0.0, 0.0))
+            s = shares.get(n, 1.0)
+            f += (fc + fm) * s
+            b += (bc + bm) * s
+        return f, b
+
+
+def tp_shares(variant, times: NodeTimes, graph) -> dict[str, float] | None:
+    """Each op's share of its unsharded time on one device of the variant's TP group: 1/t
+    where it computes a shard of its output (``S<d>``) or a partial product of a sharded
+    contraction (``P`` with FLOPs), else the whole (a replicated norm or residual add, or an
+    element-wise op on a partial sum, runs full size on every device), as the sharding ILP
+    prices its ops (``cost.sharding._share``). None when the variant does not name its ops'
+    states (then the block's average fractions apply)."""
+    states = getattr(variant, "states", None)
+    t = getattr(variant, "tp", 1)
+    if not states or t <= 1:
+        return None
+    out: dict[str, float] = {}
+    for n, (fc, fm, bc, bm) in times.ops.items():
+        s = states.get(n)
+        if s is None:
+            if fc + fm + bc + bm > 0:
+                return None
+            continue  # an op that costs nothing (a metadata assertion)
+        product = graph.nodes[n]["fwd_flops"] > 0
+        out[n] = 1.0 / t if s.startswith("S") or (s == "P" and product) else 1.0
+    return out
 
 
 def _roofline_parts(
@@ -332,8 +402,6 @@ def block_node_times(
     its class's rate (``op_rate``: GEMMs, fused attention, the chip's own attention kernel when
     ``native``, FP8 linears when ``fp8``). ``fused``: element-wise chains run as one kernel
     each (``fusion_shares``)."""
-    from planner.trace.blocks import cached_core_nodes
-
     core = cached_core_nodes(graph)
     pbytes = param_bytes_of(graph)
     half = cluster.profile.matmul_half_inner_dim
@@ -357,6 +425,7 @@ def block_node_times(
         out.fwd_memory += fm
         out.bwd_compute += bc
         out.bwd_memory += bm
+        out.ops[n] = (fc, fm, bc, bm)
         if n in core:
             out.core_fwd += fc + fm
     return out
@@ -488,10 +557,10 @@ def block_options(
         "fused": training.fused_elementwise,
     }
     times = block_node_times(graph, block, scale, cluster, training.dtype, None, **kernels)
-    fwd_full, bwd_full, core_fwd = times.fwd_compute, times.bwd_compute, times.core_fwd
+    # compute-bound time outside the per-op sums (ring attention, the busiest expert rank's
+    # excess), shrinking with the block's compute fraction
     ring_f, ring_b = ring_attention_times(graph, block, scale, cluster, training, cp_ranks)
-    fwd_full += ring_f
-    bwd_full += ring_b
+    more_f, more_b = ring_f, ring_b
     counts = op_counts(graph, block)
     ep = len(ep_ranks) if ep_ranks else 1
     moe = block.extra.get("moe")
@@ -504,37 +573,52 @@ def block_options(
         e_fwd, e_bwd, _ = node_times(
             graph, block, scale, cluster, training.dtype, experts, **kernels
         )
-        fwd_full += e_fwd * (factor - 1)
-        bwd_full += e_bwd * (factor - 1)
+        more_f += e_fwd * (factor - 1)
+        more_b += e_bwd * (factor - 1)
         # dispatch + combine in forward, their gradients in backward
         buffer = dispatch_bytes(moe, scale, training) if ep > 1 else 0.0
         one = collective_time("all_to_all", buffer, cluster, ep_ranks or [0])
         a2a_f = a2a_b = 2 * one
     policy = selective_kept(graph, block, training)
-    if policy is not None:
-        kept_bytes, recomputed = policy
-        re_fwd, _, _ = node_times(
-            graph, block, scale, cluster, training.dtype, recomputed, **kernels
-        )
+    core = [n for n in block.nodes if n in cached_core_nodes(graph)]
+    compute_only = NodeTimes(ops={n: (fc, 0.0, bc, 0.0) for n, (fc, _, bc, _) in times.ops.items()})
     options: list[BlockOption] = []
     for v in variants:
         cf = v.compute_fraction
         ovh_f, ovh_b, ovh_sel = overhead_times(counts, v.tp_plan, len(tp_ranks), cluster)
-        mbf = v.memory_bound_fraction
-        fwd = fwd_full * cf + times.fwd_memory * mbf + ovh_f + a2a_f
-        bwd = bwd_full * cf + times.bwd_memory * mbf + ovh_b + a2a_b
+        shares = tp_shares(v, times, graph)
+        if shares is None:  # the block's average fractions
+            mbf = v.memory_bound_fraction
+            ops_f = times.fwd_compute * cf + times.fwd_memory * mbf
+            ops_b = times.bwd_compute * cf + times.bwd_memory * mbf
+            gemm_f, gemm_b = times.fwd_compute * cf, times.bwd_compute * cf
+            core_f = times.core_fwd * cf
+        else:
+            ops_f, ops_b = times.sharded(shares)
+            gemm_f, gemm_b = compute_only.sharded(shares)
+            core_f = times.sharded(shares, core)[0]
+        fwd = ops_f + more_f * cf + ovh_f + a2a_f
+        bwd = ops_b + more_b * cf + ovh_b + a2a_b
         comm_f = sum(collective_time(k, b * scale, cluster, tp_ranks) for k, b in v.comm_fwd)
         comm_b = sum(collective_time(k, b * scale, cluster, tp_ranks) for k, b in v.comm_bwd)
         if training.tp_overlap:
-            comm_f, comm_b = tp_exposed(comm_f, comm_b, fwd_full * cf, bwd_full * cf, cluster)
+            comm_f, comm_b = tp_exposed(
+                comm_f, comm_b, gemm_f + more_f * cf, gemm_b + more_b * cf, cluster
+            )
         # Experts are not split by TP (a grouped product has no sharding rule), but by EP.
         params = block.params * v.param_fraction - expert_total * (1 - 1 / ep)
-        sel_bytes, sel_fwd = v.saved_selective_bytes, core_fwd * cf
+        sel_bytes, sel_fwd = v.saved_selective_bytes, core_f
         if policy is not None:
             # The traced block's kept share, applied to the variant's saved bytes (exact
             # without TP; with TP it assumes the kept tensors shard as the saved ones do).
+            kept_bytes, recomputed = policy
             share = kept_bytes / block.saved_bytes if block.saved_bytes else 0.0
-            sel_bytes, sel_fwd = v.saved_bytes * min(share, 1.0), re_fwd * cf
+            re_f = (
+                sum(times.ops[n][0] + times.ops[n][1] for n in recomputed if n in times.ops) * cf
+                if shares is None
+                else times.sharded(shares, recomputed)[0]
+            )
+            sel_bytes, sel_fwd = v.saved_bytes * min(share, 1.0), re_f
         for rc in RECOMPUTE:
             if rc == "selective" and sel_bytes >= v.saved_bytes:
                 continue  # nothing to drop: identical to "none"
@@ -738,6 +822,8 @@ def state_memory(
     g = z * gb / dp if zero >= 2 else params * gb
     if training.fp32_grad_accumulation:
         g += params * FP32_BYTES  # BF16_Optimizer's whole fp32 gradient buffer
+    if training.fp32_grad_partition:
+        g += (z / dp if zero >= 1 else params) * FP32_BYTES  # the fp16 step's fp32 cast
     o = z * ob / dp if zero >= 1 else params * ob
     host = 0.0
     if offload in (Offload.OPTIMIZER, Offload.PARAMS):
@@ -892,7 +978,7 @@ def dp_rates(inp: CostInputs, config: Config, pp_rank: int = 0) -> DPRates:
         zero=config.zero_stage,
         m=num_microbatches(tr, mesh.dp, config.micro_batch_size),
         deferred=deferred_reduce(config, tr),
-        overlap=inp.cluster.profile.comm_overlap,
+        overlap=inp.cluster.profile.comm_overlap if tr.dp_overlap else 0.0,
         unit=inp.cluster.profile.fsdp_unit_overhead,
         all_reduce=_affine("all_reduce", inp.cluster, ranks, gb),
         reduce_scatter=_affine("reduce_scatter", inp.cluster, ranks, gb),

@@ -41,6 +41,13 @@ FIELDS: tuple[tuple[str, str, str, str, str], ...] = (
         "unit",
         "share of peak",
     ),
+    (
+        "compute",
+        "misaligned_matmul_efficiency",
+        "misaligned_matmul_efficiency",
+        "unit",
+        "share of peak",
+    ),
     ("compute", "elementwise_efficiency", "elementwise_efficiency", "eff", "share of bandwidth"),
     ("compute", "matmul_half_inner_dim", "matmul_half_inner_dim", "nonneg", "elements"),
     ("compute", "op_overhead_s", "op_overhead", "nonneg", "seconds per op"),
@@ -81,6 +88,10 @@ OPTIONAL: dict[str, float] = {
     # The same for the chip's own fused attention kernel (cuDNN/FlashAttention-3 on Hopper),
     # where a framework runs it (Training.native_attention); 0: none beyond attention_efficiency.
     "native_attention_efficiency": 0.0,
+    # A 16-bit product of two activations with a dimension that is not a multiple of 8
+    # elements (16 bytes) runs cuBLAS's unaligned path at this share of the 16-bit peak
+    # (cost.model.misaligned); 0: at matmul_efficiency like any product.
+    "misaligned_matmul_efficiency": 0.0,
     # A GEMM reducing over K runs at K / (K + this) of matmul_efficiency's asymptotic rate.
     "matmul_half_inner_dim": 0.0,
     "op_overhead_s": 0.0,
@@ -107,6 +118,7 @@ UNMEASURED_NOTES = {
     "fp8_matmul_efficiency": "not measured: unused without an FP8 peak",
     "attention_efficiency": "not measured: 0 = fused attention priced as a matrix product",
     "native_attention_efficiency": "not measured: 0 = as attention_efficiency",
+    "misaligned_matmul_efficiency": "not measured: 0 = unaligned products as any product",
 }
 # A key a profile may lack -> the key of the same section whose value stands in for it: a
 # profile measured before the key existed prices as it did (a gathered column-parallel module
@@ -163,6 +175,7 @@ class DeviceProfile:
     fp8_matmul_efficiency: float = 1.0
     attention_efficiency: float = 0.0
     native_attention_efficiency: float = 0.0
+    misaligned_matmul_efficiency: float = 0.0
     source: str = field(default="", compare=False)
 
 
