@@ -206,6 +206,11 @@ def block_records(best: Candidate, inp: CostInputs, blocks, training: Training) 
                 params=blk.params,
                 tp_variant=o.variant,
                 tp_plan=rebase_tp_plan(dict(o.tp_plan), rep_modules[blk.cls], blk.modules),
+                tp_grad_sums=sorted(
+                    rebase_tp_plan(
+                        dict.fromkeys(o.tp_grad_sums, ""), rep_modules[blk.cls], blk.modules
+                    )
+                ),
                 recompute=o.recompute,
                 offload=o.offload,
                 time_per_microbatch_s=_r(o.time_s),

@@ -76,13 +76,15 @@ def split_factor(style: str) -> int:
 
 
 def is_tp_style(style: object) -> bool:
-    """A TPStyle, or a column-parallel DTensor style by k >= 2 blocks ("..._in_out:3")."""
+    """A TPStyle, or a column-parallel style by k >= 2 blocks ("..._in_out:3"): kept a DTensor
+    for the split after it, or gathered at once."""
     if not isinstance(style, str):
         return False
     name, sep, k = style.partition(BLOCKS)
-    if not sep:
-        return name in {s.value for s in TPStyle}
-    return base_style(name) == "colwise_dtensor" and k.isdigit() and int(k) >= 2
+    if name not in {s.value for s in TPStyle}:
+        return False
+    blocks_ok = base_style(name) in ("colwise_dtensor", "colwise_gather")
+    return not sep or (blocks_ok and k.isdigit() and int(k) >= 2)
 
 
 def weight_in_out(style: str) -> bool:

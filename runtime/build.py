@@ -26,8 +26,10 @@ from runtime.parallelize import (
     apply_data_parallel,
     apply_recompute,
     apply_tensor_parallel,
+    grad_sum_modules,
     make_optimizers,
     shard_experts,
+    sum_partial_gradients,
 )
 from runtime.tied import TiedGrads, tied_grads, untie_between
 
@@ -101,9 +103,11 @@ class Built:
     # canonical parameter name -> its other names (RoBERTa's lm_head.bias is lm_head.decoder's):
     # a pipeline stage's traced module registers one, a checkpoint writes them all
     aliases: dict[str, list[str]] = field(default_factory=dict)
+    tp_grad_sums: list = field(default_factory=list)  # modules: see sum_partial_gradients
 
     def sync_gradients(self) -> None:
         """What the data-parallel wrappers leave to do before the optimizer step."""
+        sum_partial_gradients(self.tp_grad_sums, self.mesh["tp"])
         if self.expert_params:
             sync_expert_grads(self.expert_params, self.edp_group, self.plan.mesh.dp)
         self.tied.sum_gradients(self.parts)
@@ -168,6 +172,7 @@ def build(
         _batchnorm(model, plan, mesh, device)
         apply_recompute(model, blocks, before_tp=True)
         apply_tensor_parallel(model, blocks, mesh["tp"])
+        grad_sums = grad_sum_modules(model, blocks)
         apply_recompute(model, blocks)
         if cp > 1:
             from runtime.context_parallel import check_model
@@ -180,7 +185,14 @@ def build(
         parts = [model]
         optimizers = make_optimizers(parts, plan, replicas, experts)
         return Built(
-            plan, mesh, parts, optimizers, notes=notes, expert_params=experts, edp_group=edp_group
+            plan,
+            mesh,
+            parts,
+            optimizers,
+            notes=notes,
+            expert_params=experts,
+            edp_group=edp_group,
+            tp_grad_sums=grad_sums,
         )
     return _build_pipeline(plan, mf, model, mesh, device, notes, cache)
 
@@ -224,6 +236,7 @@ def _build_pipeline(
     untie_between(stage_mods)
     names = parameter_names(model)
     tied = tied_grads(names, stage_mods, mesh, cache.groups)
+    grad_sums: list[nn.Module] = []
     for i, stage_mod in zip(indices, stage_mods):
         stage_mod.to(device)
         stage_experts: list = []
@@ -236,6 +249,7 @@ def _build_pipeline(
         _batchnorm(stage_mod, plan, mesh, device)
         apply_recompute(stage_mod, blocks, before_tp=True)
         gathered = apply_tensor_parallel(stage_mod, blocks, mesh["tp"])
+        grad_sums += grad_sum_modules(stage_mod, blocks, gathered)
         if gathered:
             notes.append(
                 f"stage {i}: {', '.join(gathered)} run with replicated activations: the code "
@@ -258,7 +272,18 @@ def _build_pipeline(
     optimizers = make_optimizers(parts, plan, mesh["dp"], experts)
     aliases = {first: others[1:] for first, others in names.items() if others[1:]}
     return Built(
-        plan, mesh, parts, optimizers, schedule, indices, notes, experts, edp_group, tied, aliases
+        plan,
+        mesh,
+        parts,
+        optimizers,
+        schedule,
+        indices,
+        notes,
+        experts,
+        edp_group,
+        tied,
+        aliases,
+        grad_sums,
     )
 
 

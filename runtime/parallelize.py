@@ -95,6 +95,8 @@ def tp_style(module: nn.Module, style: str, fqn: str, traced_parent: bool = Fals
         if traced_parent:
             return ColwiseParallel(output_layouts=Replicate())
         return ColwiseParallel(use_local_output=False)
+    if base_style(style) == "colwise_gather" and split_factor(style) > 1:
+        return _BlocksColwise(split_factor(style), output_layouts=Replicate())
     if style == "colwise" and not traced_parent:
         return ColwiseParallel()
     if style in ("colwise", "colwise_gather"):
@@ -210,6 +212,46 @@ def _in_out_style(base: str, traced_parent: bool, blocks: int = 1) -> ParallelSt
     if traced_parent:
         return _InOutRowwise(input_layouts=Replicate())
     return _InOutRowwise()
+
+
+def grad_sum_modules(
+    root: nn.Module, blocks: list[BlockPlan], gathered: list[str] = ()
+) -> list[nn.Module]:
+    """The modules in ``root`` whose own parameters' gradients the plan sums over the TP group
+    (``BlockPlan.tp_grad_sums``: replicated weights of a sharded computation, such as a
+    per-head norm with the heads split, whose gradient each rank holds only its share of).
+
+    Not where traced pipeline-stage code runs the computation on whole tensors: a module whose
+    input crosses traced code (``_meets_traced_code``), or one in the same eager subtree as a
+    column-parallel module ``apply_tensor_parallel`` had to gather (``gathered``): each rank
+    then holds the whole gradient already."""
+    found = []
+    for block in blocks:
+        for fqn in block.tp_grad_sums:
+            module = find_module(root, fqn)
+            if module is None or _meets_traced_code(root, fqn, block.tp_plan):
+                continue
+            scope = _traced_scope(root, fqn)
+            if scope is not None and any(in_module(g, scope) for g in gathered):
+                continue
+            found.append(module)
+    return found
+
+
+def sum_partial_gradients(modules: list[nn.Module], tp_mesh: DeviceMesh) -> None:
+    """All-reduce (sum) over the TP group the gradients of these modules' own parameters that
+    are not TP DTensors (DTensor reduces those itself); once per step, after backward."""
+    if tp_mesh.size() == 1:
+        return
+    group = tp_mesh.get_group()
+    for module in modules:
+        for p in module.parameters(recurse=False):
+            if p.grad is None or (
+                isinstance(p, DTensor) and "tp" in (p.device_mesh.mesh_dim_names or ())
+            ):
+                continue
+            local = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+            torch.distributed.all_reduce(local, group=group)
 
 
 def gather_sequence(module: nn.Module, regather_in_backward: bool = False) -> None:

@@ -168,3 +168,22 @@ def test_gpt2_fused_qkv_is_sharded_by_heads_megatron_style(t):
     assert [best.states[n] for n in sdpa] == ["S1"]
     assert [k for k, _ in best.comm_fwd] == ["all_reduce"] * 2
     assert best.compute_fraction == pytest.approx(1 / t, rel=0.05)
+
+
+def test_per_head_norm_weights_are_summed_over_the_tp_group():
+    """Qwen3 normalises q and k per head with one weight shared by all heads: with the heads
+    split over TP, each rank computes its heads' share of that weight's gradient. The plan
+    lists the norms for the runtime to sum (the zoo's qwen3 cells train it like one process);
+    the layer's other replicated weights (the layer norms before the split) are whole on
+    every rank and not listed."""
+    mf = load_model_file(ROOT / "tests" / "zoo" / "zoo.py", {"family": "qwen3", "size": "tiny"})
+    result = plan(
+        mf, 2, profile="cpu", dtype="fp32", use_cache=False,
+        pins=Pins(tp=2, dp=1, pp=1, micro_batch_size=4, tp_variant="sharded"),
+    )  # fmt: skip
+    layer = next(b for b in result.plan.blocks if b.name == "model.layers.1")
+    assert layer.tp_plan["model.layers.1.self_attn.q_proj"] == "colwise"
+    assert layer.tp_grad_sums == [
+        "model.layers.1.self_attn.k_norm",
+        "model.layers.1.self_attn.q_norm",
+    ]

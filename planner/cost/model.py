@@ -128,6 +128,7 @@ class BlockOption:
     recompute_peak_bytes: float  # transient during backward: one block's recomputed activations
     transient_bytes: float  # working memory of the block's largest op
     tp_plan: tuple[tuple[str, str], ...] = ()
+    tp_grad_sums: tuple[str, ...] = ()  # see sharding.TPVariant.grad_sums
     param_tensors: int = 0  # parameter tensors the block owns (the optimizer steps each)
     # Expert parallelism: ``expert_params`` is the share of ``params`` that is this device's
     # experts (1/ep of them); ``ep_comm_s`` the token all-to-alls inside fwd_s + bwd_s.
@@ -647,6 +648,7 @@ def block_options(
                         recompute_peak_bytes=recompute_peak * scale,
                         transient_bytes=block.transient_bytes * scale * cf,
                         tp_plan=tuple(sorted(v.tp_plan.items())),
+                        tp_grad_sums=v.grad_sums,
                         ep=ep,
                         expert_params=expert_total / ep,
                         ep_comm_s=ep_comm,

@@ -100,6 +100,10 @@ class TPVariant:
     input_bytes: int  # per-device bytes of the block input (kept under full recompute)
     comm_fwd: tuple[tuple[str, int], ...]  # (kind, full buffer bytes) per micro-batch
     comm_bwd: tuple[tuple[str, int], ...]
+    # modules whose own replicated parameters get partial gradients (each rank's share of a
+    # sharded computation: a per-head norm's weight under heads split): the runtime sums
+    # their gradients over the TP group, as priced (the "gp" all-reduce of sharding_milp)
+    grad_sums: tuple[str, ...] = ()
 
 
 # --------------------------------------------------------------------------- the op model
@@ -951,6 +955,7 @@ class Evaluation:
     saved_selective_bytes: float = 0.0
     param_bytes: float = 0.0  # owned parameter bytes per device
     sharded_params: list[str] = field(default_factory=list)
+    partial_params: list[str] = field(default_factory=list)  # replicated, gradient partial
 
 
 def evaluate(prob: BlockProblem, choice: Sequence[int], comm_seconds_per_byte: float) -> Evaluation:
@@ -1001,6 +1006,7 @@ def evaluate(prob: BlockProblem, choice: Sequence[int], comm_seconds_per_byte: f
         ev.comm_bwd.append(("reduce_scatter" if _dim(src) is not None else "all_reduce", nbytes))
     for p in sorted(pgrad_params):
         ev.comm_bwd.append(("all_reduce", prob.param_bytes[p]))
+    ev.partial_params = sorted(pgrad_params)
     ev.sharded_params = sorted(p for p, u in uses.items() if all(u))
     ev.param_bytes = sum(
         prob.param_bytes[p] / t if p in ev.sharded_params else prob.param_bytes[p]
@@ -1313,6 +1319,7 @@ class _Template:
     choice: tuple[int, ...]
     states: tuple[str, ...]  # per tensor-valued op, in block order
     plans: tuple[tuple[int, int, str], ...]  # (op position, weight operand index, label)
+    grad_sums: tuple[tuple[int, int], ...]  # (op position, operand index) of a partial param
     compute_fraction: float
     memory_bound_fraction: float
     param_fraction: float
@@ -1530,6 +1537,7 @@ def _sequence_parallel(
         choice=choice,
         states=seq_states,
         plans=tuple(sorted(plans + norms)),
+        grad_sums=_param_uses(prob, tp.partial_params),
         compute_fraction=cf,
         memory_bound_fraction=mb,
         param_fraction=tp.param_bytes / owned_bytes if owned_bytes else 1.0,
@@ -1554,6 +1562,21 @@ def _weight_slot(op: Op) -> int:
     return next(i for i, o in enumerate(op.operands) if o.kind == "param")
 
 
+def _param_uses(prob: BlockProblem, names: Sequence[str]) -> tuple[tuple[int, int], ...]:
+    """(op position, operand index) of the first use of each parameter named."""
+    found = []
+    for name in names:
+        found.append(
+            next(
+                (pos, i)
+                for pos, op in enumerate(prob.ops)
+                for i, o in enumerate(op.operands)
+                if o.kind == "param" and o.name == name
+            )
+        )
+    return tuple(found)
+
+
 def _template(prob: BlockProblem, choice: tuple[int, ...], name: str, ev: Evaluation) -> _Template:
     t = prob.tp
     strat = [op.strategies[k] for op, k in zip(prob.ops, choice)]
@@ -1574,6 +1597,7 @@ def _template(prob: BlockProblem, choice: tuple[int, ...], name: str, ev: Evalua
         choice=choice,
         states=tuple(s.out for s in strat),
         plans=tuple(plans),
+        grad_sums=_param_uses(prob, ev.partial_params),
         compute_fraction=cf,
         memory_bound_fraction=mb,
         param_fraction=ev.param_bytes / owned_bytes if owned_bytes else 1.0,
@@ -1629,7 +1653,7 @@ def realizable(graph: nx.DiGraph, block: Block, states: dict[str, str], plans: l
     position bias feeds this layer's head-sharded scores and, whole, the next layers) cannot."""
     nodes = [n for n in block.nodes if _has_tensor(graph, n)]
     for pos, _w, label in plans:
-        if base_style(label) == "colwise":
+        if base_style(label) in ("colwise", "colwise_dtensor"):
             gathered, partial = _sharded_region(graph, block, nodes[pos], states)
             if gathered and partial:
                 return False
@@ -1642,9 +1666,15 @@ def _bind(graph: nx.DiGraph, block: Block, tpl: _Template, tp: int) -> TPVariant
     states = dict(zip(nodes, tpl.states))
     for pos, w, label in tpl.plans:
         weight = _operands(graph, graph.nodes[nodes[pos]])[w].name
-        if base_style(label) == "colwise" and _gathered(graph, block, nodes[pos], states):
-            label = label.replace("colwise", "colwise_gather", 1)
+        base = base_style(label)  # colwise_dtensor here: by blocks (see BLOCKS)
+        if base in ("colwise", "colwise_dtensor") and _gathered(graph, block, nodes[pos], states):
+            label = label.replace(base, "colwise_gather", 1)
         plan[weight.rpartition(".")[0]] = label
+    sums = set()
+    for pos, i in tpl.grad_sums:
+        module = _operands(graph, graph.nodes[nodes[pos]])[i].name.rpartition(".")[0]
+        if module not in plan:  # a styled module's parameters are DTensors: DTensor reduces
+            sums.add(module)
     if tpl.sequence_parallel:
         plan[block.modules[0]] = "sp_block"  # replicated in and out, sequence-sharded inside
         for pos, _, label in tpl.plans:
@@ -1663,4 +1693,5 @@ def _bind(graph: nx.DiGraph, block: Block, tpl: _Template, tp: int) -> TPVariant
         input_bytes=tpl.input_bytes,
         comm_fwd=tpl.comm_fwd,
         comm_bwd=tpl.comm_bwd,
+        grad_sums=tuple(sorted(sums - set(plan))),
     )

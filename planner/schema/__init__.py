@@ -210,11 +210,17 @@ def _check_blocks(plan: dict, where: str) -> None:
             raise UserInputError(f"plan {where}: block {b['name']!r} has a bad offload")
         if not isinstance(b.get("tp_plan"), dict):
             raise UserInputError(f"plan {where}: block {b['name']!r} has a bad tp_plan")
+        sums = b.get("tp_grad_sums", [])
+        if not isinstance(sums, list) or not all(isinstance(x, str) for x in sums):
+            raise UserInputError(
+                f"plan {where}: block {b['name']!r} has a bad tp_grad_sums (a list of modules)"
+            )
         bad = [v for v in b["tp_plan"].values() if not is_tp_style(v)]
         if bad:
             raise UserInputError(
                 f"plan {where}: block {b['name']!r} has an unknown tensor-parallel style "
-                f"{bad[0]!r} (known: {', '.join(TP_STYLES)}, or colwise_dtensor[_in_out]:k)"
+                f"{bad[0]!r} (known: {', '.join(TP_STYLES)}; by k blocks: "
+                "colwise_dtensor[_in_out]:k, colwise_gather[_in_out]:k)"
             )
         stage = b.get("stage")
         if not isinstance(stage, int) or isinstance(stage, bool) or not 0 <= stage < n_stages:

@@ -69,6 +69,9 @@ class BlockPlan:
     recompute: str  # vocab.Recompute
     offload: str  # vocab.Offload
     tp_plan: dict[str, str] = field(default_factory=dict)  # module FQN -> vocab.TPStyle
+    # modules whose own (replicated) parameters' gradients are summed over the TP group: each
+    # rank computed its share of them (a per-head norm's weight with the heads split)
+    tp_grad_sums: list[str] = field(default_factory=list)
     block_class: str = field(default="", metadata={JSON_KEY: "class"})  # identical blocks share it
     params: int = 0
     tp_variant: str = "replicated"

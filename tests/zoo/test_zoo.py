@@ -51,7 +51,7 @@ RTOL = 1e-4
 SGD_LR = 0.1
 FAMILIES = (
     "gpt2", "opt", "bert", "roberta", "t5", "bart", "vit", "llama", "mistral", "qwen2",
-    "gemma", "phi", "gpt_neox", "falcon", "mixtral", "nn_transformer",
+    "qwen3", "gemma", "phi", "gpt_neox", "falcon", "mixtral", "nn_transformer",
 )  # fmt: skip
 MODELS = (*FAMILIES, "resnet")
 FORMS: dict[str, tuple[int, dict]] = {

@@ -249,6 +249,23 @@ FAMILIES: dict[str, dict[str, Any]] = {
             max_position_embeddings=4096,
         ),
     ),  # fmt: skip
+    "qwen3": _causal(
+        "Qwen3Config",
+        "Qwen3ForCausalLM",
+        _llama_like(head_dim=16, tie_word_embeddings=False),
+        # Qwen3-8B: Qwen3 Technical Report (Yang et al. 2025), Table 1; per-head q/k norms
+        dict(
+            vocab_size=151936,
+            hidden_size=4096,
+            intermediate_size=12288,
+            num_hidden_layers=36,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            head_dim=128,
+            max_position_embeddings=4096,
+            tie_word_embeddings=False,
+        ),
+    ),  # fmt: skip
     "gemma": _causal(
         "GemmaConfig",
         "GemmaForCausalLM",
