@@ -64,10 +64,10 @@ def test_a_node_limited_milp_gives_the_same_answer_with_a_core_burned(memory_gib
     first = solve_stage_milp(sp, node_limit=nodes)
     assert first.status == "node_limit"  # the limit binds: this is what must not vary
     assert first.dual_bound < first.objective
-    again = solve_stage_milp(sp, node_limit=nodes, structures={})
+    again = solve_stage_milp(sp, node_limit=nodes)
     burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
-        loaded = solve_stage_milp(sp, node_limit=nodes, structures={})
+        loaded = solve_stage_milp(sp, node_limit=nodes)
     finally:
         burner.kill()
         burner.wait()

@@ -211,12 +211,13 @@ def test_milp_objective_is_the_cost_models_step_time_on_random_configurations(si
     schedule the instances cover (the MILP reads the cost model's own per-block terms). The
     MILP carries split_bound's cuts, so this also checks that no runnable placement violates
     them."""
-    import cvxpy as cvx
+    import highspy
     import numpy as np
 
+    from planner.search.highs import pass_model, quiet_highs
     from planner.search.problem import segments, stage_problem
     from planner.search.split_bound import split_bound
-    from planner.search.stage_milp import _Structure
+    from planner.search.stage_model import stage_model
 
     rng = random.Random(7)
     checked = 0
@@ -227,8 +228,7 @@ def test_milp_objective_is_the_cost_models_step_time_on_random_configurations(si
         sp = stage_problem(free, cand)
         n_opts = [len(t) for t in sp.time]
         J = cand.pp * cand.virtual_stages
-        st = _Structure(J, cand.pp, sp.seg_len, n_opts, sp.has_params)
-        st.load(sp, [list(range(k)) for k in n_opts], split_bound(sp))
+        model = stage_model(sp, [list(range(k)) for k in n_opts], split_bound(sp))
         segs = segments(free.blocks)
         cols = np.cumsum([0, *n_opts])
         for cfg, cost in rng.sample(every, min(3, len(every))):
@@ -236,9 +236,16 @@ def test_milp_objective_is_the_cost_models_step_time_on_random_configurations(si
             for s, (first, length) in enumerate(segs):
                 for i in range(first, first + length):
                     counts[cfg.stage_of[i], cols[s] + cfg.choice[i]] += 1
-            pinned = cvx.Problem(st.problem.objective, [*st.problem.constraints, st.n == counts])
-            pinned.solve(solver=cvx.HIGHS)
-            assert pinned.status == "optimal", f"seed {seed}"
-            assert pinned.value == pytest.approx(cost.step_time_s, rel=1e-9, abs=1e-12)
+            lower, upper = model.col_lower.copy(), model.col_upper.copy()
+            lower[: counts.size] = upper[: counts.size] = counts.ravel()  # pin n
+            h = quiet_highs()
+            pass_model(
+                h, model.cost, model.pattern, model.values, model.row_lower, model.row_upper,
+                lower, upper, model.integer, model.offset,
+            )  # fmt: skip
+            h.run()
+            assert h.getModelStatus() == highspy.HighsModelStatus.kOptimal, f"seed {seed}"
+            value = float(h.getInfo().objective_function_value)
+            assert value == pytest.approx(cost.step_time_s, rel=1e-9, abs=1e-12)
             checked += 1
     assert checked >= 2 * PER_SITUATION

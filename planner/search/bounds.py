@@ -5,8 +5,6 @@ the LP relaxation of the stage MILP (both provably at or below the MILP's optimu
 from __future__ import annotations
 
 import math
-import os
-import sys
 
 import numpy as np
 
@@ -16,7 +14,10 @@ from planner.cost.model import (
     offload_allowed,
     option_states,
 )
+from planner.search import relaxation
 from planner.search.candidates import Candidate
+from planner.search.dominance import LP_FIELDS, undominated
+from planner.search.highs import pass_model, quiet_highs
 from planner.search.split_bound import SplitBound
 from planner.search.stage_data import GIB, StageProblem
 
@@ -72,96 +73,56 @@ def relaxed_bound(sp: StageProblem, bound: float, split: SplitBound | None = Non
     the working-set terms and the DP exposure, which are all >= 0. Granularity cuts add what
     integrality forces: a segment of L blocks over J stages (p ranks) puts ceil(L / J)
     (ceil(L / p)) of them on one stage (rank). Every MILP solution is feasible here, so the LP
-    optimum is a valid lower bound, and costs milliseconds. With ``split`` (split_bound's
-    exact dynamic program over integer splits), T_max starts at T* and the result is at least
-    S* + P*.
-
-    Long because the LP's rows are assembled in one place, block by block, where their indices can
-    be checked against each other.
+    optimum is a valid lower bound, and costs milliseconds. It carries only the options no
+    other beats on every coefficient it reads (dominance.LP_FIELDS): exact, and a few times
+    fewer columns; its rows are relaxation's. With ``split`` (split_bound's exact dynamic
+    program over integer splits), T_max starts at T* and the result is at least S* + P*.
     """
-    from scipy.sparse import coo_matrix
-
     p, v, m = sp.pp, sp.v, sp.m
     J = p * v
-    cat = np.concatenate
-    time_k, optim_k, offl_k = cat(sp.time), cat(sp.optim), cat(sp.offl)
-    state_k, act_k, host_k = cat(sp.state) / GIB, cat(sp.act) / GIB, cat(sp.host) / GIB
-    K = len(time_k)
-    seg_of = np.repeat(np.arange(len(sp.seg_len)), [len(t) for t in sp.time])
-    allowed = np.ones(K, bool) if sp.allowed is None else cat(sp.allowed).astype(bool)
-    nv = J * K  # n[j, k] at j * K + k, then T_j, tmax, rmax, opt, off
-    iT, itmax, irmax, iopt, ioff = nv, nv + J, nv + J + 1, nv + J + 2, nv + J + 3
-    nx = nv + J + 4
-    js = np.arange(J)
-    rank_of = js % p
-    ncol = js[:, None] * K + np.arange(K)[None, :]  # (J, K) column of n[j, k]
-    hop = min(sp.const_time) if sp.const_time else 0.0
+    keep = undominated(sp, LP_FIELDS)  # the LP's optimum is the same without the others
+    if any(not ids for ids in keep):
+        return math.inf
+
+    def kept(per: list[np.ndarray]) -> np.ndarray:
+        return np.concatenate([per[s][ids] for s, ids in enumerate(keep)])
+
+    time_k, optim_k, offl_k = kept(sp.time), kept(sp.optim), kept(sp.offl)
+    state_k, act_k, host_k = kept(sp.state) / GIB, kept(sp.act) / GIB, kept(sp.host) / GIB
+    seg_of = np.repeat(np.arange(len(sp.seg_len)), [len(ids) for ids in keep])
+    sh = relaxation.shape(J, p, tuple(seg_of.tolist()))
     inflight = np.asarray(sp.inflight, dtype=float)[:, None]
-    # Row blocks: [0, J) T_j <= tmax; [J, 2J) nonempty; then per rank r: rmax, memory, host,
-    # optimizer, offload at 2J + 5r + (0..4).
-    base = 2 * J + 5 * rank_of  # (J,) first rank row of each stage's rank
-    parts = [
-        (js, iT + js, np.ones(J)),
-        (js, np.full(J, itmax), -np.ones(J)),
-        (np.repeat(J + js, K), ncol.ravel(), -np.ones(J * K)),
-        (base, iT + js, np.ones(J)),
-        (2 * J + 5 * np.arange(p), np.full(p, irmax), -np.ones(p)),
-        (np.repeat(base + 1, K), ncol.ravel(), (state_k[None, :] + inflight * act_k).ravel()),
-        (np.repeat(base + 2, K), ncol.ravel(), np.tile(host_k, J)),
-        (np.repeat(base + 3, K), ncol.ravel(), np.tile(optim_k, J)),
-        (2 * J + 5 * np.arange(p) + 3, np.full(p, iopt), -np.ones(p)),
-        (np.repeat(base + 4, K), ncol.ravel(), np.tile(offl_k, J)),
-        (2 * J + 5 * np.arange(p) + 4, np.full(p, ioff), -np.ones(p)),
-    ]
-    n_rows = 2 * J + 5 * p
-    b_ub = np.zeros(n_rows)
-    b_ub[J : 2 * J] = -1.0
+    memory = state_k[None, :] + inflight * act_k[None, :]
+    entries = relaxation.values(sh, time_k, memory, host_k, optim_k, offl_k)
+    row_upper = np.zeros(sh.n_ub)
+    row_upper[J : 2 * J] = -1.0
     ranks = np.arange(p)
-    b_ub[2 * J + 5 * ranks + 1] = (sp.capacity - np.asarray(sp.const_mem, dtype=float)) / GIB
-    b_ub[2 * J + 5 * ranks + 2] = sp.host_capacity / GIB
-    a_ub = coo_matrix(
-        (
-            np.concatenate([v_ for _, _, v_ in parts]),
-            (np.concatenate([r for r, _, _ in parts]), np.concatenate([c_ for _, c_, _ in parts])),
-        ),
-        shape=(n_rows, nx),
-    ).tocsr()
-    # Equalities: each segment placed once; T_j = n_j . time + const_j.
-    S = len(sp.seg_len)
-    eq = [
-        (np.repeat(seg_of[None, :], J, axis=0).ravel(), ncol.ravel(), np.ones(J * K)),
-        (np.repeat(S + js, K), ncol.ravel(), np.tile(-time_k, J)),
-        (S + js, iT + js, np.ones(J)),
-    ]
-    a_eq = coo_matrix(
-        (
-            np.concatenate([v_ for _, _, v_ in eq]),
-            (np.concatenate([r for r, _, _ in eq]), np.concatenate([c_ for _, c_, _ in eq])),
-        ),
-        shape=(S + J, nx),
-    ).tocsr()
+    row_upper[2 * J + 5 * ranks + 1] = (sp.capacity - np.asarray(sp.const_mem, dtype=float)) / GIB
+    row_upper[2 * J + 5 * ranks + 2] = sp.host_capacity / GIB
     b_eq = np.concatenate(
         [np.asarray(sp.seg_len, dtype=float), np.asarray(sp.const_time, dtype=float)]
     )
-    c = np.zeros(nx)
+    row_lower = np.concatenate([np.full(sh.n_ub, -np.inf), b_eq])
+    row_upper = np.concatenate([row_upper, b_eq])
+    c = np.zeros(sh.columns)
     if v == 1:
-        c[iT : iT + J] = 1.0
-        c[itmax] = m - 1.0
+        c[sh.T : sh.T + J] = 1.0
+        c[sh.tmax] = m - 1.0
     else:
-        c[irmax] = float(m)
-        c[itmax] = p - 1.0
-    c[iopt] = c[ioff] = 1.0
-    lower = np.zeros(nx)
-    upper = np.full(nx, np.inf)
-    upper[:nv] = np.where(np.tile(allowed, J), np.inf, 0.0)
+        c[sh.rmax] = float(m)
+        c[sh.tmax] = p - 1.0
+    c[sh.opt] = c[sh.off] = 1.0
+    lower = np.zeros(sh.columns)
+    upper = np.full(sh.columns, np.inf)
     split = SplitBound(0.0, 0.0, 0.0) if split is None else split
     if not split.feasible:
         return math.inf
-    lower[itmax] = max(_granular(sp, sp.time, J) + hop, split.max_stage)
-    lower[irmax] = _granular(sp, sp.time, p) + v * hop
-    lower[iopt] = _granular(sp, sp.optim, p)
-    lower[ioff] = _granular(sp, sp.offl, p)
-    status, value = _solve_lp(c, a_ub, b_ub, a_eq, b_eq, lower, upper)
+    hop = min(sp.const_time) if sp.const_time else 0.0
+    lower[sh.tmax] = max(_granular(sp, sp.time, J) + hop, split.max_stage)
+    lower[sh.rmax] = _granular(sp, sp.time, p) + v * hop
+    lower[sh.opt] = _granular(sp, sp.optim, p)
+    lower[sh.off] = _granular(sp, sp.offl, p)
+    status, value = _solve_lp(c, sh.pattern, entries, row_lower, row_upper, lower, upper)
     if status == "infeasible":
         return math.inf
     if status != "optimal":
@@ -169,56 +130,15 @@ def relaxed_bound(sp: StageProblem, bound: float, split: SplitBound | None = Non
     return max(bound, value + sp.const_step, split.step_bound(sp))
 
 
-def quiet_highs():
-    """A silent highspy.Highs. HiGHS prints its banner from C++ to the process's stdout when
-    the first instance is built, before any option can turn output off, and that line would
-    land in the middle of ``plan``'s output: the first construction runs with fd 1 muted."""
+def _solve_lp(c, pattern, entries, row_lower, row_upper, lower, upper) -> tuple[str, float]:
+    """min c.x s.t. row_lower <= A x <= row_upper, lower <= x <= upper (A: ``entries`` in
+    ``pattern``), straight through highspy: scipy's linprog wrapper costs as much as the
+    solve on these small LPs, and the search runs hundreds of them."""
     import highspy
 
-    if not _HIGHS_BANNER_DONE:
-        sys.stdout.flush()
-        saved = os.dup(1)
-        try:
-            with open(os.devnull, "w") as null:
-                os.dup2(null.fileno(), 1)
-                h = highspy.Highs()
-        finally:
-            os.dup2(saved, 1)
-            os.close(saved)
-        _HIGHS_BANNER_DONE.append(True)
-    else:
-        h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
-    return h
-
-
-_HIGHS_BANNER_DONE: list[bool] = []
-
-
-def _solve_lp(c, a_ub, b_ub, a_eq, b_eq, lower, upper) -> tuple[str, float]:
-    """min c.x s.t. a_ub x <= b_ub, a_eq x = b_eq, lower <= x <= upper, straight through
-    highspy: scipy's linprog wrapper costs as much as the solve on these small LPs, and the
-    search runs hundreds of them."""
-    import highspy
-    from scipy.sparse import vstack
-
-    a = vstack([a_ub, a_eq]).tocsc()
     h = quiet_highs()
     h.setOptionValue("presolve", "off")  # a third faster on these small LPs, same optimum
-    inf = highspy.kHighsInf
-    lp = highspy.HighsLp()
-    lp.num_col_, lp.num_row_ = a.shape[1], a.shape[0]
-    lp.col_cost_ = np.asarray(c, dtype=float)
-    lp.col_lower_ = np.asarray(lower, dtype=float)
-    lp.col_upper_ = np.where(np.isinf(upper), inf, upper).astype(float)
-    lp.row_lower_ = np.concatenate([np.full(len(b_ub), -inf), np.asarray(b_eq, dtype=float)])
-    lp.row_upper_ = np.concatenate([np.asarray(b_ub, dtype=float), np.asarray(b_eq, dtype=float)])
-    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-    lp.a_matrix_.start_ = a.indptr
-    lp.a_matrix_.index_ = a.indices
-    lp.a_matrix_.value_ = a.data
-    lp.a_matrix_.num_col_, lp.a_matrix_.num_row_ = a.shape[1], a.shape[0]
-    h.passModel(lp)
+    pass_model(h, c, pattern, entries, row_lower, row_upper, lower, upper)
     h.run()
     status = h.getModelStatus()
     if status == highspy.HighsModelStatus.kOptimal:

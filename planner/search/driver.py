@@ -33,7 +33,7 @@ from planner.cost.model import (
 )
 from planner.errors import UserInputError
 from planner.hardware.cluster import Cluster
-from planner.search.bounds import lower_bounds, quiet_highs, relaxed_bound
+from planner.search.bounds import lower_bounds, relaxed_bound
 from planner.search.candidates import (
     Candidate,
     Pins,
@@ -43,6 +43,7 @@ from planner.search.candidates import (
     enumerate_candidates,
     no_candidate_message,
 )
+from planner.search.highs import quiet_highs
 from planner.search.memo import SearchMemo
 from planner.search.options import price_options
 from planner.search.problem import solve_candidate, stage_problem
@@ -67,10 +68,10 @@ WORK_LIMITS = {
 # the best time less this share as their cutoff. The plan's solver.gap then says at most this
 # much (a cost model is not that accurate; proving the last 0.1% took most of the time).
 SEARCH_REL_TOL = 1e-3
-# What --offload auto may choose: FSDP2's CPUOffloadPolicy moves parameters, gradients and
-# optimizer states together; optimizer-only offload (ZeRO-Offload) is priced when pinned, and
-# the runtime says it cannot apply it.
-SEED_CANDIDATES = 8
+# The band is closed with a cutoff this share above the best step time, so that a placement
+# exactly as fast is found and _better's tie-break (less memory, then the simpler mesh)
+# chooses between them, rather than whichever candidate happened to be solved first.
+TIE_REL_TOL = 1e-9
 
 
 @dataclass
@@ -132,11 +133,11 @@ def search_space(
     result's ``gap`` says how far from optimal the returned plan can be (0 = proven optimal);
     every candidate keeps its certificate (status, bound, and its step time when solved)."""
     start = time.perf_counter()
-    quiet_highs()  # before cvxpy builds its first HiGHS instance
+    quiet_highs()  # before the first HiGHS instance, ours or cvxpy's (the sharding ILP)
     cands = _candidates(graph, blocks, cluster, training, pins, variants_of)
     memo = SearchMemo() if memo is None else memo
     inputs = _price(graph, blocks, cluster, training, pins, variants_of, cands, progress, memo)
-    state = _Incumbent(inputs, memo.structures)
+    state = _Incumbent(inputs)
     order = _order(cands, training, pins, cluster)
     state.first_pass(cands, order, pins, progress)
     spent = state.second_pass(cands)
@@ -203,9 +204,11 @@ def _price(graph, blocks, cluster, training, pins, variants_of, cands, progress,
 
 
 def _order(cands: list[Candidate], training, pins: Pins, cluster) -> list[Candidate]:
-    """Drop what is dominated or cannot fit, then cheapest bound first, with the one-stage
-    candidates (milliseconds each) up front to seed the incumbent: the many-stage MILPs that
-    follow then meet a tight cutoff. Order never changes the optimum."""
+    """Drop what is dominated or cannot fit, then cheapest bound first, with every one-stage
+    candidate (milliseconds each: a one-row LP and a one-stage MILP) up front to seed the
+    incumbent: the many-stage MILPs that follow then meet a tight cutoff, and a pipeline is
+    never solved only to lose to a one-stage plan whose first bound sorted it later (on
+    Llama-3-70B / 64 a 329-node 8-stage MILP did). Order never changes the optimum."""
     capacity = cluster.profile.memory_bytes * pins.memory_fraction
     for c in cands:
         m = num_microbatches(training, c.dp, c.micro_batch_size)
@@ -217,17 +220,16 @@ def _order(cands: list[Candidate], training, pins: Pins, cluster) -> list[Candid
         (c for c in cands if c.status == "pending"),
         key=lambda c: (c.bound, c.pp, c.tp, -c.micro_batch_size, c.zero, c.virtual_stages, c.ep),
     )
-    seeds = [c for c in order if c.pp * c.virtual_stages == 1][:SEED_CANDIDATES]
-    return seeds + [c for c in order if c not in seeds]
+    seeds = [c for c in order if c.pp * c.virtual_stages == 1]
+    return seeds + [c for c in order if c.pp * c.virtual_stages > 1]
 
 
 class _Incumbent:
     """The best plan so far and what the search left unproven: the bounds of candidates the
     tolerance pruned (``band``) and of MILPs stopped by their node limit."""
 
-    def __init__(self, inputs: dict, structures: dict) -> None:
+    def __init__(self, inputs: dict) -> None:
         self.inputs = inputs
-        self.structures = structures
         self.best: Candidate | None = None
         self.band: list[Candidate] = []  # pruned by a bound within the tolerance of the best
         self.done = 0
@@ -238,7 +240,7 @@ class _Incumbent:
         best = self.best
         cutoff = best.cost.step_time_s * (1 - tol) if best is not None else None
         sp, split = self.problems.get(id(c), (None, None))
-        solve_candidate(self.inputs[c.key], c, cutoff, nodes, self.structures, sp=sp, split=split)
+        solve_candidate(self.inputs[c.key], c, cutoff, nodes, sp=sp, split=split)
         if c.status == "pruned-bound":  # no placement under the cutoff; one within it may be
             self.band.append(c)
 
@@ -321,7 +323,7 @@ class _Incumbent:
         t = c.cost.step_time_s
         sp, split = self.problems.get(id(c), (None, None))
         inp = self.inputs[c.key]
-        solve_candidate(inp, trial, t, SECOND_PASS_NODES, self.structures, sp=sp, split=split)
+        solve_candidate(inp, trial, t, SECOND_PASS_NODES, sp=sp, split=split)
         c.nodes += trial.nodes
         c.solve_time_s += trial.solve_time_s
         if trial.status == "pruned-bound":
@@ -336,16 +338,17 @@ class _Incumbent:
 
     def close_band(self, spent: int) -> None:
         """The candidates the tolerance pruned (their bound within SEARCH_REL_TOL of the best
-        plan), solved with the best plan's own step time as cutoff, lowest bound first, while
-        the second pass's node budget lasts: each one either beats the best plan, or is
-        proven no better, or stays open in the gap. Usually a handful, proven at the root."""
+        plan), solved with the best plan's own step time (and TIE_REL_TOL) as cutoff, lowest
+        bound first, while the second pass's node budget lasts: each one either beats or ties
+        the best plan, or is proven no better, or stays open in the gap. Usually a handful,
+        proven at the root."""
         for c in sorted(self.band, key=lambda c: c.bound):
             if spent >= SECOND_PASS_BUDGET or self.best is None:
                 break
-            if c.status != "pruned-bound" or c.bound >= self.best.cost.step_time_s:
+            if c.status != "pruned-bound" or c.bound > self.best.cost.step_time_s:
                 continue
             before = c.nodes
-            self.solve(c, SECOND_PASS_NODES, tol=0.0)
+            self.solve(c, SECOND_PASS_NODES, tol=-TIE_REL_TOL)
             spent += c.nodes - before
             self.offer(c)
 
@@ -439,9 +442,10 @@ def _tp_useful(graph, blocks: list[Block], tp: int, variants_of) -> bool:
 
 def _beaten(c: Candidate, best: Candidate, band: list[Candidate]) -> bool:
     """Whether ``c``'s lower bound leaves it no room to beat ``best`` by more than the search
-    tolerance; a bound inside the tolerance goes to ``band`` (the reported gap)."""
+    tolerance; a bound inside the tolerance, or one that may tie, goes to ``band`` (the
+    reported gap; close_band solves them)."""
     t = best.cost.step_time_s
-    if c.bound >= t:
+    if c.bound > t * (1 + TIE_REL_TOL):
         return True
     if c.bound >= t * (1 - SEARCH_REL_TOL):
         band.append(c)

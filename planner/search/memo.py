@@ -10,7 +10,5 @@ from dataclasses import dataclass, field
 class SearchMemo:
     # (block class, tp, micro-batch, ep, cp, variants source, cluster, training) -> options
     priced: dict = field(default_factory=dict)
-    # MILP shape (stages, ranks, segment lengths, options, parameters) -> compiled problem
-    structures: dict = field(default_factory=dict)
     # (block class, tp, cost rates) -> the sharding ILP's variants of that class
     variants: dict = field(default_factory=dict)

@@ -132,7 +132,6 @@ def solve_candidate(
     cand: Candidate,
     cutoff: float | None = None,
     node_limit: int = DEFAULT_NODE_LIMIT,
-    structures: dict | None = None,
     sp: StageProblem | None = None,
     split: SplitBound | None = None,
 ) -> None:
@@ -140,7 +139,7 @@ def solve_candidate(
     (``bound``: proven lower bound of its step time; ``gap``; ``nodes``) on it."""
     sp = stage_problem(inp, cand) if sp is None else sp
     start = time.perf_counter()
-    sol = solve_stage_milp(sp, node_limit, cutoff, structures, split)
+    sol = solve_stage_milp(sp, node_limit, cutoff, split)
     cand.solve_time_s += time.perf_counter() - start
     cand.nodes += sol.nodes
     if math.isfinite(sol.dual_bound):
