@@ -33,7 +33,6 @@ import numpy as np
 from planner.cost.model import (
     Config,
     CostInputs,
-    Mesh,
     Training,
     num_microbatches,
     sample_share,
@@ -199,7 +198,9 @@ def search_mixed(
         key = (k, tp, mbs)
         if key not in inputs:
             cl = kinds[k].cluster
-            opts = price_options(graph, blocks, tp, mbs, cl, training, pins, variants[k], 1, 1, priced)
+            opts = price_options(
+                graph, blocks, tp, mbs, cl, training, pins, variants[k], 1, 1, priced
+            )
             inputs[key] = CostInputs(blocks, opts, traced_mbs, cl, training, pins.memory_fraction)
         return inputs[key]
 
@@ -221,7 +222,8 @@ def search_mixed(
     found = []
     for c in cands:
         m = num_microbatches(training, c.dp, c.micro_batch_size)
-        found.append(MixedCandidate(c, block_floor(c.tp, c.micro_batch_size) * (1 + (m - 1) / c.pp)))
+        floor = block_floor(c.tp, c.micro_batch_size)
+        found.append(MixedCandidate(c, floor * (1 + (m - 1) / c.pp)))
     found.sort(key=lambda mc: (mc.bound, mc.cand.pp * mc.cand.dp * mc.cand.tp, mc.cand.label()))
     best: MixedCandidate | None = None
     incumbent = cutoff
@@ -244,5 +246,3 @@ def search_mixed(
         else:
             mc.status = sol.status
     return MixedResult(best, found, inputs, kinds, time.perf_counter() - start)
-
-

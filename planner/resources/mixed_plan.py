@@ -152,8 +152,7 @@ def plan_mixed(
     memo = SearchMemo()
     probe = EagerShardProbe(mf, training.dtype, traced.cache_key if use_cache else None)
     variants = [
-        variants_for(traced.graph, k.cluster, pins.tp_variant, memo.variants, probe)
-        for k in built
+        variants_for(traced.graph, k.cluster, pins.tp_variant, memo.variants, probe) for k in built
     ]
     cutoff = min(single.values())
     result = search_mixed(
