@@ -85,11 +85,14 @@ def plan_mixed(
     pins: Pins | None = None,
     use_cache: bool = True,
     progress: Any = None,
+    single: dict[str, float] | None = None,
 ) -> MixedPlanResult:
     """The fastest plan over ``kinds``: a mixed pipeline when one beats every kind alone.
 
     ``links``: (kind, kind) -> (bandwidth B/s per GPU, latency s) of the fabric between them;
-    two kinds without a link never share a pipeline."""
+    two kinds without a link never share a pipeline. ``single``: each kind's best step time
+    alone when the caller planned them already (a pool's options); else each kind is planned
+    here on all its GPUs."""
     if len(kinds) < 2 or len({k.name for k in kinds}) != len(kinds):
         raise UserInputError("a mixed plan needs at least two device kinds with distinct names")
     mf = (
@@ -114,10 +117,11 @@ def plan_mixed(
         moe_factor(cfg, "moe_capacity_factor"),
         moe_factor(cfg, "moe_imbalance"),
     )
-    single: dict[str, float] = {}
     single_plans: dict[str, dict] = {}
     notes: list[str] = []
-    for k in kinds:
+    given = single is not None
+    single = dict(single or {})
+    for k in [] if given else kinds:
         try:
             res = plan(
                 mf,
