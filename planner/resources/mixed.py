@@ -41,6 +41,7 @@ from planner.cost.model import (
 )
 from planner.hardware.cluster import Cluster
 from planner.hardware.collectives import p2p_time
+from planner.resources.mixed_bound import mixed_split_bound, step_bound
 from planner.resources.mixed_milp import MixedProblem, MixedSolution, solve_mixed
 from planner.search.bounds import quiet_highs
 from planner.search.candidates import Candidate, Pins, divisors
@@ -69,7 +70,8 @@ class MixedCandidate:
 
     cand: Candidate
     bound: float
-    status: str = "pending"  # solved | pruned-bound | cutoff | infeasible | no_solution
+    # solved | pruned-bound | pruned-memory | cutoff | infeasible | no_solution
+    status: str = "pending"
     solution: MixedSolution | None = None
     problem: MixedProblem | None = None
 
@@ -138,6 +140,22 @@ def mixed_problem(
     )
 
 
+def fits_at_all(mp: MixedProblem) -> bool:
+    """A necessary condition for any placement to fit in memory: the blocks' least states and
+    activations (each at its least option and kind, activations at the fewest in-flight
+    micro-batches of any stage) within the rooms of the pp largest stages the pool can hold
+    (each kind's capacity less its least other memory, at most its stage count of them)."""
+    fewest = min(mp.per_kind[0].inflight)
+    need = 0.0
+    for s, length in enumerate(mp.seg_len):
+        need += length * min(float(np.min(sp.state[s] + fewest * sp.act[s])) for sp in mp.per_kind)
+    rooms = []
+    for sp, cap in zip(mp.per_kind, mp.stage_cap, strict=True):
+        rooms += [sp.capacity - min(sp.const_mem)] * min(cap, mp.J)
+    rooms.sort(reverse=True)
+    return len(rooms) >= mp.J and need <= sum(rooms[: mp.J]) * (1 + 1e-9)
+
+
 def outer_candidates(
     kinds: list[Kind], n_blocks: int, training: Training, tp_degrees: list[int], pins: Pins
 ) -> list[Candidate]:
@@ -163,7 +181,9 @@ def outer_candidates(
                     continue
                 for mbs in divisors(gbs // dp):
                     m = gbs // dp // mbs
-                    for schedule in ("gpipe", "1f1b") if m >= pp else ("gpipe",):
+                    # With m >= pp, 1F1B holds no more in flight than GPipe at the same time
+                    # (inflight_microbatches): GPipe is dominated, left out.
+                    for schedule in ("1f1b",) if m >= pp else ("gpipe",):
                         for zero in range(4) if dp > 1 else (0,):
                             if zero == 1:
                                 continue  # the runtime has no ZeRO-1 for pipeline stages
@@ -237,7 +257,18 @@ def search_mixed(
             progress(c.label())
         ins = [inputs_of(k, c.tp, c.micro_batch_size) for k in range(len(kinds))]
         mc.problem = mixed_problem(ins, c, kinds, links)
-        sol = solve_mixed(mc.problem, incumbent * (1 - REL_TOL), structures)
+        if not fits_at_all(mc.problem):
+            mc.status = "pruned-memory"
+            continue
+        split = mixed_split_bound(mc.problem)
+        if not split.feasible:
+            mc.status = "pruned-memory"
+            continue
+        mc.bound = max(mc.bound, step_bound(mc.problem, split))
+        if mc.bound >= incumbent * (1 - REL_TOL):
+            mc.status = "pruned-bound"
+            continue
+        sol = solve_mixed(mc.problem, incumbent * (1 - REL_TOL), structures, split=split)
         mc.solution = sol
         if sol.status in ("optimal", "node_limit"):
             mc.status = "solved"

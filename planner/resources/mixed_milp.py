@@ -54,6 +54,7 @@ from dataclasses import dataclass
 import cvxpy as cp
 import numpy as np
 
+from planner.search.split_bound import SplitBound
 from planner.search.stage_data import GIB, StageProblem
 from planner.search.stage_milp import MIP_REL_GAP, undominated
 
@@ -127,6 +128,9 @@ class _Structure:
         self.stage_cap = par(K, nonneg=True)
         self.c_t = par(nonneg=True)
         self.const_step = par(nonneg=True)
+        # mixed_bound's T*, S*, P*: cuts every placement satisfies
+        self.tmax_floor, self.sum_floor = par(nonneg=True), par(nonneg=True)
+        self.weighted_floor = par(nonneg=True)
         n = cp.Variable((J, C), integer=True)
         y = cp.Variable((J, K), boolean=True)
         a = cp.Variable((J, S), boolean=True)
@@ -166,6 +170,8 @@ class _Structure:
             hops = cp.sum(cp.multiply(w, self.hop), axis=1)
             T_expr = T_expr + cp.hstack([hops, np.zeros(1)])
         cons += [T == T_expr, tmax >= T]  # time
+        cons += [tmax >= self.tmax_floor, cp.sum(T) >= self.sum_floor]  # split
+        cons.append(self.c_t * tmax + opt + off >= self.weighted_floor)
         for s in range(S):
             if has_params[s]:
                 cons.append(h >= a[:, s : s + 1] @ np.ones((1, K)) + y - 1)
@@ -187,8 +193,11 @@ class _Structure:
         self.n, self.y = n, y
         self.problem = cp.Problem(cp.Minimize(objective), cons)
 
-    def load(self, mp: MixedProblem, keep: list[list[list[int]]]) -> None:
+    def load(self, mp: MixedProblem, keep: list[list[list[int]]], split: SplitBound) -> None:
         J, K = self.J, self.K
+        self.tmax_floor.value = split.max_stage
+        self.sum_floor.value = split.sum_stages
+        self.weighted_floor.value = split.weighted_max
         cat = np.concatenate
         ks = mp.per_kind
 
@@ -245,9 +254,11 @@ def solve_mixed(
     cutoff: float | None = None,
     structures: dict | None = None,
     node_limit: int = NODE_LIMIT,
+    split: SplitBound | None = None,
 ) -> MixedSolution:
     """Solve one candidate's mixed MILP; ``cutoff``: only placements faster than it matter
-    (the best plan so far, a single kind's included), and HiGHS prunes with it."""
+    (the best plan so far, a single kind's included), and HiGHS prunes with it. ``split``:
+    mixed_bound's cuts, when the caller computed them (else none: all zero)."""
     if any(sp.v != 1 for sp in mp.per_kind):
         raise ValueError("the mixed-kind MILP covers plain 1F1B / GPipe pipelines (v = 1)")
     keep = [undominated(sp) for sp in mp.per_kind]
@@ -258,7 +269,7 @@ def solve_mixed(
     st = structures.get(key)
     if st is None:
         st = structures[key] = _Structure(mp.J, mp.seg_len, n_opts, has_params)
-    st.load(mp, keep)
+    st.load(mp, keep, split or SplitBound(0.0, 0.0, 0.0))
     has_cutoff = cutoff is not None and np.isfinite(cutoff)
     opts = {
         "mip_max_nodes": int(node_limit),
