@@ -10,6 +10,7 @@ import math
 import numpy as np
 import pytest
 
+from planner.resources.mixed_bound import mixed_split_bound, step_bound
 from planner.resources.mixed_cost import step_time
 from planner.resources.mixed_milp import MixedProblem, solve_mixed
 from planner.search.stage_data import GIB, StageProblem
@@ -152,3 +153,33 @@ def test_cutoff_prunes():
     best = solve_mixed(mp).objective
     assert solve_mixed(mp, cutoff=best * 0.99).status == "cutoff"
     assert solve_mixed(mp, cutoff=best * 1.01).objective == pytest.approx(best, rel=2e-4)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"seed{c[0]}" for c in CASES])
+def test_split_bound_never_exceeds_the_optimum(case):
+    """mixed_bound's T*, S*, P* and step bound hold for the brute force's optimum; also when
+    the fabric is cheaper than a kind's own link (the bound must use the cheaper hop)."""
+    seed, pp, seg_len, n_opts, caps = case
+    for fabric_cheaper in (False, True):
+        mp = random_problem(seed, pp, seg_len, n_opts, caps)
+        if fabric_cheaper:
+            for k in range(len(caps)):
+                mp.hop[:, k, k] *= 10.0
+        expected = brute_force(mp)
+        split = mixed_split_bound(mp)
+        if math.isinf(expected):
+            continue
+        assert step_bound(mp, split) <= expected * (1 + 1e-9)
+        sol = solve_mixed(mp, split=split)  # the cuts keep the optimum
+        assert sol.objective == pytest.approx(expected, rel=2e-4)
+
+
+def test_split_bound_prunes_something():
+    """The bound is not vacuous: on some case it is within 20% of the optimum."""
+    ratios = []
+    for seed, pp, seg_len, n_opts, caps in CASES:
+        mp = random_problem(seed, pp, seg_len, n_opts, caps)
+        best = solve_mixed(mp).objective
+        if math.isfinite(best):
+            ratios.append(step_bound(mp, mixed_split_bound(mp)) / best)
+    assert max(ratios) > 0.8 and max(ratios) <= 1 + 1e-9
