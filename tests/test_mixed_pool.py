@@ -105,3 +105,36 @@ def test_best_single_takes_each_kinds_least_step():
 
     found = best_single([opt("a", 3.0), opt("a", 2.0), opt("h", None), opt("h", 5.0)])
     assert found == {"a": 2.0, "h": 5.0}
+
+
+def test_cli_adds_the_mixed_option_when_it_is_faster(tmp_path, capsys, monkeypatch):
+    """The real planner: GPT 1.3B on one A100 node and one H100 node joined by a fabric; the
+    pipeline across both is faster than either node alone, is chosen by time, and its plan
+    is written with its kinds."""
+    import json
+
+    from planner.cli import main
+    from planner.schema import load_plan
+
+    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path / "cache"))
+    rows = [
+        f'[[node]]\nname = "{n}"\nprofile = "{prof}"\nnodes = 1\nprice_per_gpu_hour = 1.0\n'
+        "gpu_busy_watts = 500\nnode_watts = 1000\ncarbon_g_per_kwh = 400\npue = 1.2\n"
+        for n, prof in (("a", "a100-80g"), ("h", "h100-sxm"))
+    ]
+    rows.append(
+        '[[fabric]]\nbetween = ["a", "h"]\nbandwidth_bytes_per_s = 25e9\nlatency_s = 1e-5\n'
+    )
+    pool = tmp_path / "pool.toml"
+    pool.write_text("\n".join(rows))
+    out_dir = tmp_path / "out"
+    args = ["examples/gpt.py", "--model-arg", "size=1.3b", "--global-batch-size", "64"]
+    args += ["--resources", str(pool), "--tokens", "1000000000", "--objective", "time"]
+    assert main([*args, "--out", str(out_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "chosen: a+h x2 has the least time" in out
+    plan = load_plan(out_dir / "mixed" / "plan.json")
+    assert {st.kind for st in plan.stages} == {"a", "h"}
+    assert sorted(k.name for k in plan.kinds) == ["a", "h"]
+    data = json.loads((out_dir / "mixed" / "plan.json").read_text())
+    assert len(data["rank_kinds"]) == plan.cluster.gpus == 16
