@@ -89,6 +89,19 @@ class MixedResult:
     def solved(self) -> int:
         return sum(1 for c in self.candidates if c.status == "solved")
 
+    @property
+    def proven(self) -> bool:
+        """Whether the best is optimal under the cost model (to REL_TOL): its MILP finished,
+        and no candidate's MILP stopped at the node limit without settling it."""
+        best_ok = self.best is None or (
+            self.best.solution is not None and self.best.solution.status == "optimal"
+        )
+        return best_ok and not any(
+            c.status == "no_solution"
+            or (c.solution is not None and c.solution.status == "node_limit")
+            for c in self.candidates
+        )
+
 
 def hop_times(
     inputs: list[CostInputs], config: Config, links: dict[tuple[int, int], tuple[float, float]]

@@ -92,7 +92,8 @@ def plan_mixed(
     ``links``: (kind, kind) -> (bandwidth B/s per GPU, latency s) of the fabric between them;
     two kinds without a link never share a pipeline. ``single``: each kind's best step time
     alone when the caller planned them already (a pool's options); else each kind is planned
-    here on all its GPUs."""
+    here on all its GPUs. ``pins`` default to no offload: the runtime cannot offload on CPU
+    ranks, and a mixed pipeline is for when more devices, not host memory, are the gain."""
     if len(kinds) < 2 or len({k.name for k in kinds}) != len(kinds):
         raise UserInputError("a mixed plan needs at least two device kinds with distinct names")
     mf = (
@@ -322,7 +323,7 @@ def mixed_plan_record(traced, training: Training, lr: float, result: MixedResult
             model_flops_per_step=_r(flops),
         ),
         solver=SolverRecord(
-            status="optimal" if sol.status == "optimal" else "feasible",
+            status="optimal" if result.proven else "feasible",
             objective=_r(sol.objective),
             solve_time_s=_r(result.solve_time_s),
             candidates_total=len(result.candidates),
