@@ -183,3 +183,20 @@ def test_split_bound_prunes_something():
         if math.isfinite(best):
             ratios.append(step_bound(mp, mixed_split_bound(mp)) / best)
     assert max(ratios) > 0.8 and max(ratios) <= 1 + 1e-9
+
+
+def test_kinds_without_a_fabric_never_meet():
+    """With no link between kinds 0 and 1 (inf hops), no pipeline hands over between them: the
+    MILP's optimum equals the brute force's, which prices such placements at inf."""
+    for seed, pp, seg_len, n_opts, caps in CASES:
+        mp = random_problem(seed, pp, seg_len, n_opts, caps)
+        if len(caps) < 2 or pp < 2:
+            continue
+        mp.hop[:, 0, 1] = mp.hop[:, 1, 0] = math.inf
+        expected = brute_force(mp)
+        sol = solve_mixed(mp, split=mixed_split_bound(mp))
+        if math.isinf(expected):
+            assert sol.status == "infeasible"
+            continue
+        assert sol.objective == pytest.approx(expected, rel=2e-4)
+        assert all({a, b} != {0, 1} for a, b in zip(sol.kinds, sol.kinds[1:]))

@@ -139,10 +139,7 @@ def mixed_problem(
         [[sum(stage_time_parts(inp, [], config, j)[:2]) for j in range(J)] for inp in inputs]
     )
     width = cand.dp * cand.tp
-    # Links between kinds: unusable (inf) hops still make a feasible MILP: forbid those pairs
-    # by a prohibitive time, as big as no step can be.
-    hop = hop_times(inputs, config, links)
-    hop[~np.isfinite(hop)] = 1e9
+    hop = hop_times(inputs, config, links)  # inf between kinds with no fabric: forbidden
     return MixedProblem(
         kinds=[k.name for k in kinds],
         per_kind=per_kind,

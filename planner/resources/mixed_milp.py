@@ -28,6 +28,7 @@ Constraints (names in the code):
     link:      n[j,k,s,o] <= L_s allow[k,s,o] y[j,k]
     place, nonempty, has, order_a, order_b: as stage_milp, on cnt[j,s] = sum_{k,o} n[j,k,s,o]
     pair:      w[j,k,l] >= y[j,k] + y[j+1,l] - 1;  sum_{k,l} w[j,k,l] = 1  (so w is the product)
+               w[j,k,l] <= linked[k,l]   (no hop between kinds the pool joins by no fabric)
     time:      T_j = sum n t[k,s,o] + sum_k y[j,k] c[k,j] + sum_{k,l} w[j,k,l] hop[j,k,l]
                Tmax >= T_j
     dp:        h[j,k] >= a[j,s] + y[j,k] - 1 (s with parameters);  h[j,k] <= y[j,k]
@@ -68,7 +69,8 @@ class MixedProblem:
     kinds: list[str]
     per_kind: list[StageProblem]  # same pp, m, segments; v = 1
     base_time: np.ndarray  # (K, J) per micro-batch besides blocks and the outgoing hop
-    hop: np.ndarray  # (J-1, K, K): hop j -> j+1, activations forward and gradients back
+    hop: np.ndarray  # (J-1, K, K): hop j -> j+1, activations forward and gradients back;
+    # inf where no fabric joins the two kinds (the pair is then forbidden)
     stage_cap: list[int]  # per kind: how many stages of dp*tp GPUs the pool holds
     const_step: float = 0.0
 
@@ -166,7 +168,9 @@ class _Structure:
             w = cp.Variable((J - 1, K * K), boolean=True)
             A = np.kron(np.eye(K), np.ones((1, K)))  # y[j,k] -> columns (k, *)
             B = np.kron(np.ones((1, K)), np.eye(K))  # y[j+1,l] -> columns (*, l)
+            self.linked = par((J - 1, K * K), nonneg=True)  # 1 where a fabric joins k and l
             cons += [w >= y[:-1] @ A + y[1:] @ B - 1, cp.sum(w, axis=1) == 1]  # pair
+            cons.append(w <= self.linked)  # no hop between kinds without a fabric
             hops = cp.sum(cp.multiply(w, self.hop), axis=1)
             T_expr = T_expr + cp.hstack([hops, np.zeros(1)])
         cons += [T == T_expr, tmax >= T]  # time
@@ -235,7 +239,9 @@ class _Structure:
         self.c_t.value = mp.m - 1.0
         self.const_step.value = mp.const_step
         if J > 1:
-            self.hop.value = np.asarray(mp.hop, dtype=float).reshape(J - 1, K * K)
+            hop = np.asarray(mp.hop, dtype=float).reshape(J - 1, K * K)
+            self.linked.value = np.isfinite(hop).astype(float)
+            self.hop.value = np.where(np.isfinite(hop), hop, 0.0)
 
     def read(self) -> tuple[list[int], list[list[list[int]]]]:
         y = np.rint(np.asarray(self.y.value)).astype(int)
