@@ -14,6 +14,15 @@ meshplan's choice by cost is set against
   (b) the fastest plan on everything available (the option with the least time, any kind).
 
 Every number is the cost model's prediction, not a measured training run.
+
+    python benchmarks/resources.py --mixed  # writes reports/benchmarks/resources_mixed.{json,md}
+
+Heterogeneous jobs: Llama-3-8B at 512 sequences per step over (1) the on-premises pool
+profiles/pools/onprem.toml (32 A100 + 16 H100 joined by a fabric), where one pipeline across
+both kinds is set against each kind alone, and (2) profiles/pools/mixed-3x256.toml (A100, H100
+and H200, 256 GPUs each, one fabric), the scale test: the CPU time of planning the pool (each
+kind alone on all its GPUs, then the mixed search), this process and its children, measured
+with resource.getrusage because the machine is shared.
 """
 
 from __future__ import annotations
@@ -119,5 +128,75 @@ def main() -> None:
     print("\n".join(lines))
 
 
+def cpu_seconds() -> float:
+    """User + system CPU time of this process and its finished children."""
+    import resource
+
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def mixed_main() -> None:
+    """The two heterogeneous results of the module docstring."""
+    from planner.modelfile import load_model_file
+    from planner.resources.mixed_plan import plan_mixed
+    from planner.resources.mixed_pool import pool_kinds
+
+    mf = load_model_file(ROOT / "examples/llama.py", {"size": "llama3-8b"})
+    load_plan_cpu = cpu_seconds()
+    results = {}
+    for name in ("onprem", "mixed-3x256"):
+        kinds, links = pool_kinds(load_pool(ROOT / f"profiles/pools/{name}.toml"))
+        c0, w0 = cpu_seconds(), time.perf_counter()
+        res = plan_mixed(mf, kinds, links, global_batch_size=GLOBAL_BATCH)
+        cpu, wall = cpu_seconds() - c0, time.perf_counter() - w0
+        p = res.plan
+        statuses: dict[str, int] = {}
+        for c in res.search.candidates:
+            statuses[c.status] = statuses.get(c.status, 0) + 1
+        results[name] = {
+            "gpus": {k.name: k.gpus for k in kinds},
+            "single_kind_step_s": res.single,
+            "mixed_step_s": p.predicted.step_time_s if p else None,
+            "mixed_mesh": f"pp{p.mesh.pp} dp{p.mesh.dp} tp{p.mesh.tp}" if p else None,
+            "mixed_stages": [
+                {"kind": st.kind, "blocks": len(st.blocks)} for st in (p.stages if p else [])
+            ],
+            "mixed_micro_batch": p.micro_batch_size if p else None,
+            "mixed_zero": p.zero_stage if p else None,
+            "mixed_mfu": p.predicted.mfu if p else None,
+            "candidates": statuses,
+            "planning_cpu_s": round(cpu, 1),
+            "planning_wall_s": round(wall, 1),
+        }
+        print(name, json.dumps(results[name]), flush=True)
+    out = ROOT / "reports/benchmarks"
+    out.mkdir(parents=True, exist_ok=True)
+    results["model_load_cpu_s"] = round(load_plan_cpu, 1)
+    (out / "resources_mixed.json").write_text(json.dumps(results, indent=2))
+    lines = [
+        "| pool | GPUs | best kind alone: step s | mixed plan | stages (kind: blocks) "
+        "| mixed step s | speed-up | planning CPU s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name in ("onprem", "mixed-3x256"):
+        r = results[name]
+        alone = min(r["single_kind_step_s"].items(), key=lambda kv: kv[1])
+        stages = ", ".join(f"{s['kind']}: {s['blocks']}" for s in r["mixed_stages"]) or "-"
+        mixed = r["mixed_step_s"]
+        gain = f"{alone[1] / mixed:.2f}x" if mixed else "none (no mixed plan is faster)"
+        lines.append(
+            f"| {name} | {' + '.join(f'{v} {k}' for k, v in r['gpus'].items())} "
+            f"| {alone[0]}: {alone[1]:.2f} | {r['mixed_mesh'] or '-'} | {stages} "
+            f"| {mixed if mixed is None else round(mixed, 2)} | {gain} | {r['planning_cpu_s']} |"
+        )
+    (out / "resources_mixed.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:] == ["--mixed"]:
+        mixed_main()
+    else:
+        main()

@@ -1,8 +1,10 @@
 """``plan MODEL.py --resources POOL.toml --tokens N [--objective ...]``: the CLI's resource path.
 
-Plans every option of the pool with the model's own planning flags, prints the table, draws the
-Pareto figure beside the model's reports, and says why the chosen option wins; exit 3 when no
-option meets the deadline and budget.
+Plans every option of the pool with the model's own planning flags, and, when the pool joins
+node types by a [[fabric]], the fastest pipeline across kinds (kept when it beats every kind
+alone; its plan.json written under mixed/); prints the table, draws the Pareto figure beside
+the model's reports, and says why the chosen option wins; exit 3 when no option meets the
+deadline and budget.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from typing import Any
 from planner.errors import InfeasibleError, UserInputError
 from planner.resources.choose import choose, evaluate, meets, pareto, plan_option, why_chosen
 from planner.resources.figure import draw_front, print_table, table_rows
+from planner.resources.mixed_pool import mixed_option
 from planner.resources.pool import load_pool
+from planner.schema import write_plan
 
 
 def run_resources(args: argparse.Namespace, mf: Any, steps: int | None) -> int:
@@ -40,8 +44,15 @@ def run_resources(args: argparse.Namespace, mf: Any, steps: int | None) -> int:
     )
     say = (lambda s: None) if args.quiet else (lambda s: print(f"planning {s}", file=sys.stderr))
     options = evaluate(pool, plan_option(mf, kwargs), args.tokens, steps, say)
+    mixed, mixed_res = mixed_option(pool, mf, kwargs, options, args.tokens, steps, say)
+    if mixed is not None:
+        options.append(mixed)
     front = pareto(options)
     out_dir = Path(args.out) if args.out else Path("reports") / mf.path.stem
+    if mixed_res is not None and mixed_res.plan is not None:
+        path = write_plan(mixed_res.plan, out_dir / "mixed")
+        if not args.quiet:
+            print(f"mixed plan: {path}")
     try:
         chosen = choose(options, args.objective, args.deadline, args.budget)
     except InfeasibleError:

@@ -16,6 +16,13 @@ visible where it was typed; anything missing or out of range is a one-line UserI
     node_watts = 4600                   # per node, outside the GPUs (CPUs, NICs, fans...)
     carbon_g_per_kwh = 390              # grid intensity
     pue = 1.58                          # facility power usage effectiveness
+    [[fabric]]                          # optional: the network between two node types
+    between = ["dgx-a100", "dgx-h100"]  # two node names of this pool
+    bandwidth_bytes_per_s = 2.5e10      # per GPU, one way (its NIC's share of the fabric)
+    latency_s = 1e-5                    # per message
+
+Only node types joined by a fabric may share one job (a heterogeneous pipeline sends each
+boundary's activations over it); without one, each kind is planned on its own.
 """
 
 from __future__ import annotations
@@ -50,12 +57,27 @@ class NodeType:
 
 
 @dataclass(frozen=True)
+class Fabric:
+    """The link between two node types: what a pipeline hop from one to the other runs at."""
+
+    between: tuple[str, str]
+    bandwidth_bytes_per_s: float
+    latency_s: float
+
+
+@dataclass(frozen=True)
 class Pool:
-    """The node types of one pool file, and the share of wall time that trains."""
+    """The node types of one pool file, the fabric between them, and the share of wall time
+    that trains."""
 
     path: str
     node_types: tuple[NodeType, ...]
     effective_time_fraction: float = DEFAULT_EFFECTIVE_TIME_FRACTION
+    fabric: tuple[Fabric, ...] = ()
+
+    def link(self, a: str, b: str) -> Fabric | None:
+        """The fabric between node types ``a`` and ``b`` (either order), None when absent."""
+        return next((f for f in self.fabric if set(f.between) == {a, b}), None)
 
 
 _NUMBERS = {
@@ -85,7 +107,7 @@ def pool_from_dict(data: dict[str, Any], source: str) -> Pool:
     """Validate a parsed pool document (split from ``load_pool`` so tests need no files)."""
     from planner.hardware.profiles import list_profiles
 
-    unknown = set(data) - {"node", "effective_time_fraction"}
+    unknown = set(data) - {"node", "effective_time_fraction", "fabric"}
     if unknown:
         raise UserInputError(
             f"pool {source}: unknown top-level key(s) {', '.join(sorted(unknown))}"
@@ -133,7 +155,42 @@ def pool_from_dict(data: dict[str, Any], source: str) -> Pool:
             raise UserInputError(f"{where}: name must be a non-empty string, unique in the pool")
         per_node = row.get("gpus_per_node") or _profile_gpus_per_node(profile)
         types.append(NodeType(name, profile, row["nodes"], per_node, **numbers))
-    return Pool(source, tuple(types), float(frac))
+    fabric = _fabric(data.get("fabric", []), types, source)
+    return Pool(source, tuple(types), float(frac), fabric)
+
+
+def _fabric(rows: object, types: list[NodeType], source: str) -> tuple[Fabric, ...]:
+    """Validate the [[fabric]] tables: two distinct node names each, one table per pair."""
+    if not isinstance(rows, list):
+        raise UserInputError(f"pool {source}: fabric must be a list of [[fabric]] tables")
+    names = {t.name for t in types}
+    found: list[Fabric] = []
+    for i, row in enumerate(rows):
+        where = f"pool {source}: fabric {i + 1}"
+        if not isinstance(row, dict):
+            raise UserInputError(f"{where} is not a table")
+        extra = set(row) - {"between", "bandwidth_bytes_per_s", "latency_s"}
+        if extra:
+            raise UserInputError(f"{where}: unknown field(s) {', '.join(sorted(extra))}")
+        pair = row.get("between")
+        if (
+            not isinstance(pair, list)
+            or len(pair) != 2
+            or not all(isinstance(n, str) and n in names for n in pair)
+            or pair[0] == pair[1]
+        ):
+            raise UserInputError(
+                f"{where}: between must name two different node types of the pool, got {pair!r}"
+            )
+        bw, lat = row.get("bandwidth_bytes_per_s"), row.get("latency_s")
+        if not _is_number(bw) or bw <= 0:
+            raise UserInputError(f"{where}: bandwidth_bytes_per_s must be a number > 0, got {bw!r}")
+        if not _is_number(lat) or lat < 0:
+            raise UserInputError(f"{where}: latency_s must be a number >= 0, got {lat!r}")
+        if any(set(f.between) == set(pair) for f in found):
+            raise UserInputError(f"{where}: a second fabric between {pair[0]} and {pair[1]}")
+        found.append(Fabric((pair[0], pair[1]), float(bw), float(lat)))
+    return tuple(found)
 
 
 def _profile_gpus_per_node(profile: str) -> int:

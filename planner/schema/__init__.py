@@ -150,6 +150,31 @@ def validate_plan(plan: Any, where: str) -> None:
     _check_stages(plan, where)
     _check_prediction(plan, where)
     _check_report_fields(plan, where)
+    _check_kinds(plan, where)
+
+
+def _check_kinds(plan: dict, where: str) -> None:
+    """A heterogeneous plan's kinds: a name per global rank, each one of the plan's kinds, and
+    every rank of a stage of that stage's kind (a single-kind plan has none of these)."""
+    kinds, ranks = plan.get("kinds"), plan.get("rank_kinds")
+    if kinds is None and ranks is None and all("kind" not in st for st in plan["stages"]):
+        return
+    if not isinstance(kinds, list) or not all(
+        isinstance(k, dict) and isinstance(k.get("name"), str) for k in kinds
+    ):
+        raise UserInputError(f"plan {where}: kinds must be a list of objects with a name")
+    names = {k["name"] for k in kinds}
+    gpus = plan["cluster"]["gpus"]
+    if not isinstance(ranks, list) or len(ranks) != gpus or not set(ranks) <= names:
+        raise UserInputError(
+            f"plan {where}: rank_kinds must name one of the plan's kinds for each of {gpus} ranks"
+        )
+    for st in plan["stages"]:
+        kind = st.get("kind")
+        if kind not in names or any(ranks[r] != kind for r in st["ranks"]):
+            raise UserInputError(
+                f"plan {where}: stage {st['index']} must name its kind, the kind of its ranks"
+            )
 
 
 def _check_header(plan: dict, where: str) -> None:

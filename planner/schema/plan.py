@@ -18,6 +18,9 @@ from planner.schema.mesh import Mesh
 
 # A field's JSON key when it is not the field's name (``class`` is a Python keyword).
 JSON_KEY = "json"
+# A field written only when set: the heterogeneous fields, so a single-kind plan's file stays
+# as it was before they existed.
+OMIT_NONE = "omit_none"
 
 
 @dataclass
@@ -57,6 +60,20 @@ class StagePlan:
     optimizer_s: float = 0.0  # per step, gradient accumulation included
     offload_s: float = 0.0  # per step
     inflight_microbatches: int = 1
+    # The device kind (a name of Plan.kinds) its ranks are, in a heterogeneous plan; absent
+    # in a single-kind one.
+    kind: str | None = field(default=None, metadata={OMIT_NONE: True})
+
+
+@dataclass
+class KindInfo:
+    """One device kind of a heterogeneous plan: its name, its profile and how many of its
+    GPUs the plan uses."""
+
+    name: str
+    profile: str
+    gpus_per_node: int
+    gpus: int
 
 
 @dataclass
@@ -197,6 +214,10 @@ class Plan:
     # BatchNorm statistics over the replicas' micro-batches together, or each replica's own
     # (vocab.BatchNormStats; runtime.batchnorm says what each trains)
     batchnorm: str = "synchronized"
+    # Heterogeneous plans only (absent otherwise): the device kinds, and each global rank's
+    # kind (rank_kinds[r] names a kind). The runtime needs neither: it runs the mesh.
+    kinds: list[KindInfo] | None = field(default=None, metadata={OMIT_NONE: True})
+    rank_kinds: list[str] | None = field(default=None, metadata={OMIT_NONE: True})
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Plan:
@@ -277,8 +298,8 @@ def _dump(obj: Any) -> Any:
         out = {}
         for f in dataclasses.fields(obj):
             value = getattr(obj, f.name)
-            if f.name == "baseline" and value is None:
-                continue  # only named baselines carry one
+            if value is None and (f.name == "baseline" or f.metadata.get(OMIT_NONE)):
+                continue  # only named baselines carry one; heterogeneous fields likewise
             out[_key(f)] = _dump(value)
         return out
     if isinstance(obj, list):

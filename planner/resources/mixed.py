@@ -1,0 +1,289 @@
+"""The heterogeneous search: one pipeline over several device kinds, when it beats every kind
+alone.
+
+Outer loop: (pp >= 2, dp, tp, micro-batch, schedule, ZeRO stage), the DP degree and TP degree
+the same on every stage (one ``init_device_mesh``), plain 1F1B / GPipe. Each candidate is
+priced under every kind (the cost model's own functions, through
+``planner.search.problem.stage_problem`` with that kind's cluster), and the mixed-kind MILP
+(``mixed_milp``) picks each stage's kind, blocks and options. Candidates go cheapest lower
+bound first, the bound being
+
+    step >= (1 + (m - 1) / pp) sum_s L_s min_{k, o} t[k, s, o]
+
+(1F1B / GPipe: sum_j T_j + (m - 1) max_j T_j and max >= mean; every other term is >= 0). The
+search starts from the caller's cutoff, the best single-kind step time, so a mixed plan is
+returned only when it is faster than every kind alone, and a candidate whose bound is not
+below the incumbent is never built.
+
+Pricing a kind's candidate uses one cluster per kind, as many nodes as the largest mesh needs:
+ranks fill nodes in order and a stage of g = dp * tp ranks lies inside one node or on whole
+nodes (g divides or is a multiple of the node's size, enforced below), so a stage's links are
+the same wherever in the pipeline it sits.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from planner.cost.model import (
+    Config,
+    CostInputs,
+    Training,
+    num_microbatches,
+    sample_share,
+    stage_time_parts,
+    tied_sync_time,
+)
+from planner.hardware.cluster import Cluster
+from planner.hardware.collectives import p2p_time
+from planner.resources.mixed_bound import mixed_split_bound, step_bound
+from planner.resources.mixed_milp import MixedProblem, MixedSolution, solve_mixed
+from planner.search.bounds import quiet_highs
+from planner.search.candidates import Candidate, Pins, divisors
+from planner.search.options import price_options
+from planner.search.problem import segments, stage_problem
+from planner.trace.blocks import Block
+
+# Stop proving improvements smaller than this share of the incumbent (as the homogeneous
+# search's SEARCH_REL_TOL): a candidate whose bound is within it is not solved.
+REL_TOL = 1e-3
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One device kind a mixed job may use: its cluster (profile, GPUs per node) and how many
+    of its GPUs the pool holds."""
+
+    name: str
+    cluster: Cluster
+    gpus: int
+
+
+@dataclass
+class MixedCandidate:
+    """One outer candidate of the mixed search, and its outcome."""
+
+    cand: Candidate
+    bound: float
+    # solved | pruned-bound | pruned-memory | cutoff | infeasible | no_solution
+    status: str = "pending"
+    solution: MixedSolution | None = None
+    problem: MixedProblem | None = None
+
+
+@dataclass
+class MixedResult:
+    best: MixedCandidate | None
+    candidates: list[MixedCandidate]
+    inputs: dict[tuple[int, int, int], CostInputs]  # (kind, tp, micro-batch) -> priced options
+    kinds: list[Kind]
+    solve_time_s: float
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def solved(self) -> int:
+        return sum(1 for c in self.candidates if c.status == "solved")
+
+    @property
+    def proven(self) -> bool:
+        """Whether the best is optimal under the cost model (to REL_TOL): its MILP finished,
+        and no candidate's MILP stopped at the node limit without settling it."""
+        best_ok = self.best is None or (
+            self.best.solution is not None and self.best.solution.status == "optimal"
+        )
+        return best_ok and not any(
+            c.status == "no_solution"
+            or (c.solution is not None and c.solution.status == "node_limit")
+            for c in self.candidates
+        )
+
+
+def hop_times(
+    inputs: list[CostInputs], config: Config, links: dict[tuple[int, int], tuple[float, float]]
+) -> np.ndarray:
+    """(J-1, K, K): the point-to-point hop from stage j to j+1, activations forward and their
+    gradient back, as the cost model's stage_time_parts prices it: a kind's own link inside
+    one kind, the pool's fabric (bandwidth, latency) between two kinds, and inf where the pool
+    has no fabric between them."""
+    J, K = config.num_stages, len(inputs)
+    hop = np.full((max(J - 1, 0), K, K), np.inf)
+    for j in range(J - 1):
+        for k, inp in enumerate(inputs):
+            hop[j, k, k] = stage_time_parts(inp, [], config, j)[2]
+            nbytes = inp.boundary_bytes * sample_share(config) / inp.traced_mbs
+            if inp.training.pipeline_sends_shards:
+                nbytes /= config.mesh.tp
+            for (a, b), (bw, lat) in links.items():
+                if a == k:
+                    hop[j, a, b] = 2 * p2p_time(nbytes, bw, lat)
+    return hop
+
+
+def mixed_problem(
+    inputs: list[CostInputs],
+    cand: Candidate,
+    kinds: list[Kind],
+    links: dict[tuple[int, int], tuple[float, float]],
+) -> MixedProblem:
+    """The mixed MILP's numbers for one candidate: each kind's StageProblem, the constants a
+    stage pays besides its blocks and hop, the hops, and how many stages each kind can hold."""
+    per_kind = [stage_problem(inp, cand) for inp in inputs]
+    config = Config(cand.mesh, cand.micro_batch_size, cand.schedule, 1, cand.zero, [], [])
+    J = cand.pp
+    base = np.array(
+        [[sum(stage_time_parts(inp, [], config, j)[:2]) for j in range(J)] for inp in inputs]
+    )
+    width = cand.dp * cand.tp
+    hop = hop_times(inputs, config, links)  # inf between kinds with no fabric: forbidden
+    return MixedProblem(
+        kinds=[k.name for k in kinds],
+        per_kind=per_kind,
+        base_time=base,
+        hop=hop,
+        stage_cap=[k.gpus // width for k in kinds],
+        const_step=max(tied_sync_time(inp, config) for inp in inputs),
+    )
+
+
+def fits_at_all(mp: MixedProblem) -> bool:
+    """A necessary condition for any placement to fit in memory: the blocks' least states and
+    activations (each at its least option and kind, activations at the fewest in-flight
+    micro-batches of any stage) within the rooms of the pp largest stages the pool can hold
+    (each kind's capacity less its least other memory, at most its stage count of them)."""
+    fewest = min(mp.per_kind[0].inflight)
+    need = 0.0
+    for s, length in enumerate(mp.seg_len):
+        need += length * min(float(np.min(sp.state[s] + fewest * sp.act[s])) for sp in mp.per_kind)
+    rooms = []
+    for sp, cap in zip(mp.per_kind, mp.stage_cap, strict=True):
+        rooms += [sp.capacity - min(sp.const_mem)] * min(cap, mp.J)
+    rooms.sort(reverse=True)
+    return len(rooms) >= mp.J and need <= sum(rooms[: mp.J]) * (1 + 1e-9)
+
+
+def outer_candidates(
+    kinds: list[Kind], n_blocks: int, training: Training, tp_degrees: list[int], pins: Pins
+) -> list[Candidate]:
+    """Every (pp >= 2, dp, tp, micro-batch, schedule, ZeRO) a mixed pipeline may use: at least
+    two kinds can each hold a stage, the pool holds pp stages, and a stage lies inside one node
+    or on whole nodes of every kind that can hold it."""
+    gbs = training.global_batch_size
+    out = []
+    for tp in tp_degrees:
+        for dp in divisors(gbs):
+            width = dp * tp
+            able = [
+                k
+                for k in kinds
+                if k.gpus >= width
+                and (k.cluster.gpus_per_node % width == 0 or width % k.cluster.gpus_per_node == 0)
+            ]
+            if len(able) < 2:
+                continue
+            most = sum(k.gpus // width for k in able)
+            for pp in range(2, min(n_blocks, most) + 1):
+                if pins.pp and pp != pins.pp:
+                    continue
+                for mbs in divisors(gbs // dp):
+                    m = gbs // dp // mbs
+                    # With m >= pp, 1F1B holds no more in flight than GPipe at the same time
+                    # (inflight_microbatches): GPipe is dominated, left out.
+                    for schedule in ("1f1b",) if m >= pp else ("gpipe",):
+                        for zero in range(4) if dp > 1 else (0,):
+                            if zero == 1:
+                                continue  # the runtime has no ZeRO-1 for pipeline stages
+                            out.append(Candidate(pp, dp, tp, mbs, schedule, 1, zero))
+    return out
+
+
+def search_mixed(
+    graph,
+    blocks: list[Block],
+    training: Training,
+    kinds: list[Kind],
+    links: dict[tuple[int, int], tuple[float, float]],
+    variants: list[Callable[[Block, int], list]],
+    cutoff: float = math.inf,
+    pins: Pins | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> MixedResult:
+    """The fastest mixed pipeline faster than ``cutoff`` (the best single-kind step time), or
+    ``best`` None when none is. ``links``: (kind a, kind b) -> (bandwidth B/s, latency s) of
+    the fabric, both orders. ``variants``: per kind, the intra-block sharding variants."""
+    start = time.perf_counter()
+    quiet_highs()
+    pins = pins or Pins(offload="none")
+    traced_mbs = int(graph.graph["micro_batch_size"])
+    tp_degrees = [t for t in (1, 2, 4, 8) if all(t <= k.cluster.gpus_per_node for k in kinds)]
+    cands = outer_candidates(kinds, len(blocks), training, tp_degrees, pins)
+    inputs: dict[tuple[int, int, int], CostInputs] = {}
+    priced: dict = {}
+
+    def inputs_of(k: int, tp: int, mbs: int) -> CostInputs:
+        key = (k, tp, mbs)
+        if key not in inputs:
+            cl = kinds[k].cluster
+            opts = price_options(
+                graph, blocks, tp, mbs, cl, training, pins, variants[k], 1, 1, priced
+            )
+            inputs[key] = CostInputs(blocks, opts, traced_mbs, cl, training, pins.memory_fraction)
+        return inputs[key]
+
+    segs = segments(blocks)
+    fastest: dict[tuple[int, int], float] = {}
+
+    def block_floor(tp: int, mbs: int) -> float:
+        """sum_s L_s min_{k,o} t[k,s,o]: no placement's stages add up to less."""
+        if (tp, mbs) not in fastest:
+            total = 0.0
+            for first, length in segs:
+                total += length * min(
+                    min(o.time_s for o in inputs_of(k, tp, mbs).options[first])
+                    for k in range(len(kinds))
+                )
+            fastest[tp, mbs] = total
+        return fastest[tp, mbs]
+
+    found = []
+    for c in cands:
+        m = num_microbatches(training, c.dp, c.micro_batch_size)
+        floor = block_floor(c.tp, c.micro_batch_size)
+        found.append(MixedCandidate(c, floor * (1 + (m - 1) / c.pp)))
+    found.sort(key=lambda mc: (mc.bound, mc.cand.pp * mc.cand.dp * mc.cand.tp, mc.cand.label()))
+    best: MixedCandidate | None = None
+    incumbent = cutoff
+    structures: dict = {}
+    for mc in found:
+        if mc.bound >= incumbent * (1 - REL_TOL):
+            mc.status = "pruned-bound"
+            continue
+        c = mc.cand
+        if progress:
+            progress(c.label())
+        ins = [inputs_of(k, c.tp, c.micro_batch_size) for k in range(len(kinds))]
+        mc.problem = mixed_problem(ins, c, kinds, links)
+        if not fits_at_all(mc.problem):
+            mc.status = "pruned-memory"
+            continue
+        split = mixed_split_bound(mc.problem)
+        if not split.feasible:
+            mc.status = "pruned-memory"
+            continue
+        mc.bound = max(mc.bound, step_bound(mc.problem, split))
+        if mc.bound >= incumbent * (1 - REL_TOL):
+            mc.status = "pruned-bound"
+            continue
+        sol = solve_mixed(mc.problem, incumbent * (1 - REL_TOL), structures, split=split)
+        mc.solution = sol
+        if sol.status in ("optimal", "node_limit"):
+            mc.status = "solved"
+            if sol.objective < incumbent:
+                incumbent, best = sol.objective, mc
+        else:
+            mc.status = sol.status
+    return MixedResult(best, found, inputs, kinds, time.perf_counter() - start)

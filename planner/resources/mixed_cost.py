@@ -1,0 +1,69 @@
+"""The heterogeneous step time of one placement, written directly (no solver): what the mixed
+MILP minimizes, so a brute force over placements can check the MILP's answer.
+
+A placement is a kind per stage and, per stage, how many blocks of each segment run each of
+that kind's options (blocks in model order, stage after stage). With T_j the stage's time per
+micro-batch (its blocks' times under its kind, its constant, and the hop to the next stage at
+the link between the two stages' kinds):
+
+    step = sum_j T_j + (m - 1) max_j T_j + max_j (E_j^1+ + E_j^2+) + max_j Opt_j + max_j Off_j + K
+
+and the placement fits when every stage's memory (states, in-flight activations, the largest
+working set and gathered buffer of its options, its other memory) is within its kind's
+capacity, its host bytes within its kind's host share, and no kind runs more stages than the
+pool holds.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from planner.resources.mixed_milp import MixedProblem
+
+
+def step_time(mp: MixedProblem, kinds: list[int], counts: list[list[list[int]]]) -> float:
+    """The step time of the placement, or inf when it does not fit (memory, host, pool)."""
+    J, L = mp.J, mp.seg_len
+    if len(kinds) != J or len(counts) != J:
+        raise ValueError(f"a placement of {J} stages needs {J} kinds and {J} count rows")
+    if any(kinds.count(k) > cap for k, cap in enumerate(mp.stage_cap)):
+        return math.inf
+    placed = [sum(sum(counts[j][s]) for j in range(J)) for s in range(len(L))]
+    if placed != list(L) or any(sum(map(sum, row)) < 1 for row in counts):
+        raise ValueError(f"placement puts {placed} blocks per segment, not {L}")
+    times, exposed, optim, offl = [], [], [], []
+    for j, (k, row) in enumerate(zip(kinds, counts, strict=True)):
+        sp = mp.per_kind[k]
+        t = mp.base_time[k][j] + (mp.hop[j][k][kinds[j + 1]] if j < J - 1 else 0.0)
+        mem = sp.const_mem[j]
+        host = ws = gather = e1 = e2 = opt = off = 0.0
+        params = False
+        for s, per_opt in enumerate(row):
+            for o, c in enumerate(per_opt):
+                if c == 0:
+                    continue
+                if sp.allowed is not None and not sp.allowed[s][o]:
+                    return math.inf
+                params = params or sp.has_params[s]
+                t += c * sp.time[s][o]
+                mem += c * (sp.state[s][o] + sp.inflight[j] * sp.act[s][o])
+                host += c * sp.host[s][o]
+                ws, gather = max(ws, sp.ws[s][o]), max(gather, sp.gather[s][o])
+                e1 += c * sp.dp_first[s][o]
+                e2 += c * sp.dp_second[s][o]
+                opt += c * sp.optim[s][o]
+                off += c * sp.offl[s][o]
+        if params:
+            e1, e2 = e1 + sp.dp_once[0], e2 + sp.dp_once[1]
+        if mem + ws + gather > sp.capacity * (1 + 1e-9) or host > sp.host_capacity * (1 + 1e-9):
+            return math.inf
+        times.append(t)
+        exposed.append(max(0.0, e1) + max(0.0, e2))
+        optim.append(opt)
+        offl.append(off)
+    T = np.asarray(times)
+    return float(
+        T.sum() + (mp.m - 1) * T.max() + max(exposed) + max(optim) + max(offl) + mp.const_step
+    )

@@ -1,0 +1,335 @@
+"""Plan one job over several device kinds: each kind alone through the planner's own search,
+then the mixed search with the best single kind's step time as its cutoff, and the winner
+written as an ordinary plan.json plus the kind of every stage and rank.
+
+A mixed plan is one (pp, dp, tp) mesh: torch.distributed runs it unchanged, stage j on ranks
+[j dp tp, (j+1) dp tp). Its stages' numbers are the cost model's under each stage's kind (the
+kind's own ``evaluate``), the hops between kinds priced on the pool's fabric, and the step time
+the mixed MILP's (``mixed_cost.step_time``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from planner.api import moe_factor, plan, trace, variants_for
+from planner.assemble import (
+    _r,
+    _tokens_per_sample,
+    block_memory,
+    memory_record,
+    rebase_tp_plan,
+)
+from planner.cost.eager_probe import EagerShardProbe
+from planner.cost.model import Config, CostInputs, Training, evaluate
+from planner.errors import InfeasibleError, UserInputError
+from planner.hardware.cluster import Cluster
+from planner.hardware.profiles import load_profile
+from planner.modelfile import ModelFile, load_model_file
+from planner.resources.mixed import Kind, MixedCandidate, MixedResult, search_mixed
+from planner.resources.mixed_cost import step_time
+from planner.schema import SCHEMA
+from planner.schema.mesh import Mesh
+from planner.schema.plan import (
+    BlockPlan,
+    ClusterInfo,
+    KindInfo,
+    ModelInfo,
+    Plan,
+    Prediction,
+    SolverRecord,
+    StagePlan,
+)
+from planner.search import Pins
+from planner.search.memo import SearchMemo
+from planner.search.problem import segments
+
+
+@dataclass(frozen=True)
+class KindSpec:
+    """A device kind on offer: a profile (name or .toml path) and how many GPUs."""
+
+    name: str
+    profile: str
+    gpus: int
+    gpus_per_node: int | None = None
+
+
+@dataclass
+class MixedPlanResult:
+    single: dict[str, float]  # kind -> best step time alone (inf when nothing fits)
+    single_plans: dict[str, dict]  # kind -> its plan (as planner.api.plan returns it)
+    search: MixedResult
+    plan: Plan | None  # the mixed plan, when one beats every kind alone
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def best_single(self) -> tuple[str, float]:
+        name = min(self.single, key=lambda k: (self.single[k], k))
+        return name, self.single[name]
+
+
+def plan_mixed(
+    model_file: str | Path | ModelFile,
+    kinds: list[KindSpec],
+    links: dict[tuple[str, str], tuple[float, float]],
+    *,
+    model_args: dict[str, Any] | None = None,
+    global_batch_size: int | None = None,
+    dtype: str | None = None,
+    optimizer: str | None = None,
+    lr: float | None = None,
+    pins: Pins | None = None,
+    use_cache: bool = True,
+    progress: Any = None,
+    single: dict[str, float] | None = None,
+) -> MixedPlanResult:
+    """The fastest plan over ``kinds``: a mixed pipeline when one beats every kind alone.
+
+    ``links``: (kind, kind) -> (bandwidth B/s per GPU, latency s) of the fabric between them;
+    two kinds without a link never share a pipeline. ``single``: each kind's best step time
+    alone when the caller planned them already (a pool's options); else each kind is planned
+    here on all its GPUs. ``pins`` default to no offload: the runtime cannot offload on CPU
+    ranks, and a mixed pipeline is for when more devices, not host memory, are the gain."""
+    if len(kinds) < 2 or len({k.name for k in kinds}) != len(kinds):
+        raise UserInputError("a mixed plan needs at least two device kinds with distinct names")
+    mf = (
+        model_file
+        if isinstance(model_file, ModelFile)
+        else load_model_file(model_file, model_args or {})
+    )
+    pins = pins or Pins(offload="none")
+    cfg = dict(mf.training)
+    for key, value in (
+        ("global_batch_size", global_batch_size),
+        ("dtype", dtype),
+        ("optimizer", optimizer),
+        ("lr", lr),
+    ):
+        if value is not None:
+            cfg[key] = value
+    training = Training(
+        int(cfg["global_batch_size"]),
+        str(cfg["dtype"]),
+        str(cfg["optimizer"]),
+        moe_factor(cfg, "moe_capacity_factor"),
+        moe_factor(cfg, "moe_imbalance"),
+    )
+    single_plans: dict[str, dict] = {}
+    notes: list[str] = []
+    given = single is not None
+    single = dict(single or {})
+    for k in [] if given else kinds:
+        try:
+            res = plan(
+                mf,
+                k.gpus,
+                profile=k.profile,
+                gpus_per_node=k.gpus_per_node,
+                global_batch_size=training.global_batch_size,
+                dtype=training.dtype,
+                optimizer=training.optimizer,
+                lr=lr,
+                pins=pins,
+                use_cache=use_cache,
+            )
+            single[k.name] = float(res.plan.predicted.step_time_s)
+            single_plans[k.name] = res.plan
+        except InfeasibleError as exc:
+            single[k.name] = math.inf
+            notes.append(f"{k.name} alone: {str(exc).split(';')[0]}")
+    traced = trace(mf, micro_batch_size=1, dtype=training.dtype, use_cache=use_cache)
+    total = sum(k.gpus for k in kinds)
+    built: list[Kind] = []
+    for k in kinds:
+        prof = load_profile(k.profile)
+        gpn = k.gpus_per_node or prof.gpus_per_node
+        built.append(Kind(k.name, Cluster(prof, -(-total // gpn), gpn), k.gpus))
+    index = {k.name: i for i, k in enumerate(kinds)}
+    pairs: dict[tuple[int, int], tuple[float, float]] = {}
+    for (a, b), link in links.items():
+        if a not in index or b not in index:
+            raise UserInputError(f"a fabric names {a!r} and {b!r}: not both kinds of this job")
+        pairs[index[a], index[b]] = pairs[index[b], index[a]] = link
+    memo = SearchMemo()
+    probe = EagerShardProbe(mf, training.dtype, traced.cache_key if use_cache else None)
+    variants = [
+        variants_for(traced.graph, k.cluster, pins.tp_variant, memo.variants, probe) for k in built
+    ]
+    cutoff = min(single.values())
+    result = search_mixed(
+        traced.graph, traced.blocks, training, built, pairs, variants, cutoff, pins, progress
+    )
+    doc = None
+    if result.best is not None:
+        doc = mixed_plan_record(traced, training, float(cfg.get("lr", 3e-4)), result)
+    return MixedPlanResult(single, single_plans, result, doc, notes)
+
+
+def counts_to_config(
+    cand_config: Config, blocks, counts: list[list[list[int]]], kind_of_stage: list[int], K: int
+) -> tuple[list[int], list[int], list[Config]]:
+    """Blocks in model order: (stage of each block, option of each under its stage's kind,
+    and per kind a Config whose blocks on that kind's stages carry their options; blocks on
+    other kinds' stages carry option 0 there, which only those other stages' numbers read)."""
+    segs = segments(blocks)
+    stage_of, choice = [0] * len(blocks), [0] * len(blocks)
+    nxt = [first for first, _ in segs]
+    for j, per_seg in enumerate(counts):
+        for s, per_opt in enumerate(per_seg):
+            for o, c in enumerate(per_opt):
+                for _ in range(c):
+                    stage_of[nxt[s]], choice[nxt[s]] = j, o
+                    nxt[s] += 1
+    configs = []
+    for k in range(K):
+        mine = [choice[i] if kind_of_stage[stage_of[i]] == k else 0 for i in range(len(blocks))]
+        configs.append(
+            Config(
+                cand_config.mesh,
+                cand_config.micro_batch_size,
+                cand_config.schedule,
+                1,
+                cand_config.zero_stage,
+                stage_of,
+                mine,
+            )
+        )
+    return stage_of, choice, configs
+
+
+def mixed_plan_record(traced, training: Training, lr: float, result: MixedResult) -> Plan:
+    """The mixed search's best candidate as a Plan: the usual records, each stage's from its
+    kind's evaluation, plus the kinds and the rank-to-kind map."""
+    best: MixedCandidate | None = result.best
+    assert best is not None and best.solution is not None and best.problem is not None
+    c, sol, mp = best.cand, best.solution, best.problem
+    K = len(result.kinds)
+    mesh = Mesh(c.pp, c.dp, c.tp)
+    base = Config(mesh, c.micro_batch_size, c.schedule, 1, c.zero, [], [])
+    blocks = traced.blocks
+    stage_of, choice, configs = counts_to_config(base, blocks, sol.counts, sol.kinds, K)
+    ins: list[CostInputs] = [result.inputs[k, c.tp, c.micro_batch_size] for k in range(K)]
+    costs = [evaluate(ins[k], configs[k]) for k in range(K)]
+    step = step_time(mp, sol.kinds, sol.counts)
+    rep: dict[str, list[str]] = {}
+    for b in blocks:
+        rep.setdefault(b.cls, b.modules)
+    stages, memory, times = [], [], []
+    for j, k in enumerate(sol.kinds):
+        st = costs[k].stages[j]
+        hop = float(mp.hop[j][k][sol.kinds[j + 1]]) if j < c.pp - 1 else 0.0
+        t = st.compute_s + st.tp_comm_s + hop
+        times.append(t)
+        memory.append(memory_record(costs[k].rank_memory[j]))
+        stages.append(
+            StagePlan(
+                index=j,
+                pp_rank=j,
+                blocks=[blocks[i].name for i in st.blocks],
+                ranks=mesh.stage_ranks(j),
+                compute_s=_r(st.compute_s),
+                tp_comm_s=_r(st.tp_comm_s),
+                p2p_s=_r(hop),
+                time_per_microbatch_s=_r(t),
+                forward_s=_r(st.fwd_s - st.p2p_s / 2 + hop / 2),
+                backward_s=_r(st.bwd_s - st.p2p_s / 2 + hop / 2),
+                dp_comm_s=_r(st.dp_comm_s),
+                dp_exposed_s=_r(st.dp_exposed_s),
+                optimizer_s=_r(st.optimizer_s),
+                offload_s=_r(st.offload_s),
+                inflight_microbatches=st.inflight,
+                kind=result.kinds[k].name,
+            )
+        )
+    rows = []
+    for i, blk in enumerate(blocks):
+        k = sol.kinds[stage_of[i]]
+        o = ins[k].options[i][choice[i]]
+        inflight = costs[k].stages[stage_of[i]].inflight
+        rows.append(
+            BlockPlan(
+                name=blk.name,
+                block_class=blk.label,
+                modules=blk.modules,
+                stage=stage_of[i],
+                params=blk.params,
+                tp_variant=o.variant,
+                tp_plan=rebase_tp_plan(dict(o.tp_plan), rep[blk.cls], blk.modules),
+                recompute=o.recompute,
+                offload=o.offload,
+                time_per_microbatch_s=_r(o.time_s),
+                activation_bytes_per_microbatch=_r(o.act_bytes),
+                memory_bytes=_r(block_memory(o, configs[k], training, inflight)),
+            )
+        )
+    width = c.dp * c.tp
+    used = [sol.kinds.count(k) * width for k in range(K)]
+    kinds = [
+        KindInfo(kd.name, kd.cluster.profile.name, kd.cluster.gpus_per_node, used[k])
+        for k, kd in enumerate(result.kinds)
+        if used[k]
+    ]
+    peak_flops = sum(
+        width * result.kinds[k].cluster.profile.peak_flops[training.dtype] for k in sol.kinds
+    )
+    flops = costs[0].model_flops_per_step
+    m = mp.m
+    pipeline = sum(times) + (m - 1) * max(times)
+    peaks = [mm.total for mm in memory]
+    caps = [mp.per_kind[k].capacity for k in sol.kinds]
+    worst = max(range(c.pp), key=lambda j: (peaks[j] / caps[j], j))
+    g = traced.graph.graph
+    gpn = min(kd.cluster.gpus_per_node for kd in result.kinds)
+    samples = training.global_batch_size / step
+    return Plan(
+        schema=SCHEMA,
+        model=ModelInfo(
+            file=g["file"],
+            sha256=g["sha256"],
+            args=g["args"],
+            params=traced.params,
+            blocks=len(blocks),
+            trace=g["method"],
+        ),
+        cluster=ClusterInfo(
+            "+".join(k.profile for k in kinds), -(-mesh.size // gpn), gpn, mesh.size
+        ),
+        mesh=mesh,
+        global_batch_size=training.global_batch_size,
+        micro_batch_size=c.micro_batch_size,
+        num_microbatches=m,
+        schedule=c.schedule,
+        virtual_stages=1,
+        zero_stage=c.zero,
+        dtype=training.dtype,
+        optimizer=training.optimizer,
+        lr=lr,
+        stages=stages,
+        blocks=rows,
+        predicted=Prediction(
+            step_time_s=_r(step),
+            peak_memory_bytes=_r(peaks[worst]),
+            capacity_bytes=_r(caps[worst]),
+            mfu=_r(flops / (step * peak_flops)),
+            memory_per_stage=memory,
+            pipeline_s=_r(pipeline),
+            bubble_s=_r(sum(times) - max(times)),
+            samples_per_s=_r(samples),
+            tokens_per_s=_r(samples * _tokens_per_sample(traced)),
+            model_flops_per_step=_r(flops),
+        ),
+        solver=SolverRecord(
+            status="optimal" if result.proven else "feasible",
+            objective=_r(sol.objective),
+            solve_time_s=_r(result.solve_time_s),
+            candidates_total=len(result.candidates),
+            candidates_solved=result.solved,
+            candidates_pruned=sum(1 for x in result.candidates if x.status == "pruned-bound"),
+        ),
+        kinds=kinds,
+        rank_kinds=[result.kinds[sol.kinds[r // width]].name for r in range(mesh.size)],
+    )

@@ -1,0 +1,121 @@
+"""A pool's heterogeneous option: its node types as device kinds, its [[fabric]] as the links
+between them, the mixed plan (when one beats every kind alone) priced as one more option.
+
+The run cost of a mixed plan is the sum over its kinds of ``energy.run_cost`` for the GPUs of
+that kind, all at the plan's step time and steps: GPU-hours and money add, energy adds (each
+kind at its own idle and busy power, at the plan's MFU, and its own PUE), carbon adds (each
+kind at its own grid). Its nodes are the whole nodes each kind's GPUs fill.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from planner.resources.choose import Option, PlanPoint
+from planner.resources.energy import RunCost, run_cost, steps_for
+from planner.resources.mixed_plan import KindSpec, MixedPlanResult, plan_mixed
+from planner.resources.pool import NodeType, Pool
+from planner.schema.plan import Plan
+
+
+def pool_kinds(pool: Pool) -> tuple[list[KindSpec], dict[tuple[str, str], tuple[float, float]]]:
+    """Every node type as a kind (all its GPUs), and the fabric as (bandwidth, latency)."""
+    kinds = [
+        KindSpec(t.name, t.profile, t.nodes * t.gpus_per_node, t.gpus_per_node)
+        for t in pool.node_types
+    ]
+    links = {f.between: (f.bandwidth_bytes_per_s, f.latency_s) for f in pool.fabric}
+    return kinds, links
+
+
+def best_single(options: list[Option]) -> dict[str, float]:
+    """Each node type's least step time over the options planned for it (inf: none fits)."""
+    found: dict[str, float] = {}
+    for o in options:
+        t = o.point.step_time_s if o.point else float("inf")
+        found[o.node.name] = min(found.get(o.node.name, float("inf")), t)
+    return found
+
+
+def mixed_run_cost(
+    pool: Pool, plan: Plan, steps: int, effective_time_fraction: float
+) -> tuple[RunCost, int]:
+    """The summed run cost of a mixed plan over its kinds, and the nodes it occupies."""
+    types = {t.name: t for t in pool.node_types}
+    parts, nodes = [], 0
+    step = plan.predicted.step_time_s
+    for k in plan.kinds or []:
+        t = types[k.name]
+        n = -(-k.gpus // t.gpus_per_node)
+        nodes += n
+        mfu = plan.predicted.mfu
+        parts.append(run_cost(t, n, k.gpus, steps, step, mfu, effective_time_fraction))
+    gpus = sum(k.gpus for k in plan.kinds or [])
+    total = RunCost(
+        steps=steps,
+        wall_s=parts[0].wall_s,
+        gpu_hours=sum(p.gpu_hours for p in parts),
+        cost_usd=sum(p.cost_usd for p in parts),
+        gpu_watts=sum(p.gpu_watts * k.gpus for p, k in zip(parts, plan.kinds or [])) / gpus,
+        energy_kwh=sum(p.energy_kwh for p in parts),
+        carbon_kg=sum(p.carbon_kg for p in parts),
+    )
+    return total, nodes
+
+
+def mixed_node_type(pool: Pool, plan: Plan, nodes: int) -> NodeType:
+    """A row for the table and figure: the kinds' names joined, GPU-weighted figures (the
+    option's run cost is the exact per-kind sum, not computed from these)."""
+    types = {t.name: t for t in pool.node_types}
+    used = [(types[k.name], k.gpus) for k in plan.kinds or []]
+    gpus = sum(g for _, g in used)
+
+    def avg(field: str) -> float:
+        return sum(getattr(t, field) * g for t, g in used) / gpus
+
+    first = used[0][0]
+    return replace(
+        first,
+        name="+".join(t.name for t, _ in used),
+        profile="+".join(t.profile for t, _ in used),
+        nodes=nodes,
+        gpus_per_node=max(1, gpus // nodes),
+        price_per_gpu_hour=avg("price_per_gpu_hour"),
+        gpu_busy_watts=avg("gpu_busy_watts"),
+        gpu_idle_watts=avg("gpu_idle_watts"),
+        carbon_g_per_kwh=avg("carbon_g_per_kwh"),
+        pue=avg("pue"),
+    )
+
+
+def mixed_option(
+    pool: Pool,
+    model_file: Any,
+    plan_kwargs: dict[str, Any],
+    options: list[Option],
+    tokens: int | None,
+    steps: int | None,
+    progress: Any = None,
+) -> tuple[Option | None, MixedPlanResult | None]:
+    """The pool's mixed option, planned against the single-kind options already priced; None
+    when the pool has no fabric or no mixed plan beats every kind alone."""
+    if not pool.fabric:
+        return None, None
+    kinds, links = pool_kinds(pool)
+    res = plan_mixed(
+        model_file, kinds, links, single=best_single(options), progress=progress, **plan_kwargs
+    )
+    plan = res.plan
+    if plan is None:
+        return None, res
+    p = plan.predicted
+    per_sample = p.tokens_per_s / p.samples_per_s if p.samples_per_s else 1.0
+    tokens_per_step = max(1, round(plan.global_batch_size * per_sample))
+    k = steps if steps is not None else steps_for(tokens or 0, tokens_per_step)
+    run, nodes = mixed_run_cost(pool, plan, k, pool.effective_time_fraction)
+    m = plan.mesh
+    kinds_by_stage = "/".join(st.kind or "" for st in plan.stages)
+    mesh = f"pp{m.pp} dp{m.dp} tp{m.tp} ({kinds_by_stage})"
+    point = PlanPoint(p.step_time_s, p.mfu, tokens_per_step, mesh)
+    return Option(mixed_node_type(pool, plan, nodes), nodes, point, run), res

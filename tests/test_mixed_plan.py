@@ -1,0 +1,168 @@
+"""Heterogeneous plans on a real model: two device kinds emulated on the CPU by two profiles
+(the measured ``cpu`` profile, and a copy with half its fp32 peak and half its memory), one
+rank of each. Checks: the mixed plan is predicted faster than either kind alone (and each
+stage's numbers are its kind's); the MILP over the real model's numbers agrees with a brute
+force over every kind assignment, split and option choice; one kind's placement is priced as
+the homogeneous stage MILP prices it; the plan file records the kinds and a single-kind plan
+is written as before; and torchrun runs the mixed plan unchanged, matching one process."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from pathlib import Path
+
+import pytest
+from oracle import (
+    checkpoint_model_state,
+    parameter_mismatches,
+    reference_for_plan,
+    unmoved_parameters,
+)
+from runs import launch, losses_of
+from test_mixed_milp import brute_force
+
+from planner.resources.mixed import mixed_problem
+from planner.resources.mixed_cost import step_time
+from planner.resources.mixed_milp import solve_mixed
+from planner.resources.mixed_plan import KindSpec, plan_mixed
+from planner.schema import load_plan, write_plan
+from planner.search import Pins
+from planner.search.problem import stage_problem
+from planner.search.stage_milp import solve_stage_milp
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = ROOT / "examples" / "gpt.py"
+# Wide enough that compute, not the CPU's per-op overheads, sets the stage times.
+ARGS = {"size": "tiny", "layers": 4, "hidden": 256, "seq_len": 128}
+LINK = (4.4e9, 3.1e-4)  # the cpu profile's loopback: the fabric between the two "kinds"
+
+
+def half_profile(tmp: Path) -> str:
+    """profiles/cpu.toml with half the fp32 peak and half the memory, as its own kind."""
+    text = (ROOT / "profiles" / "cpu.toml").read_text()
+    text = text.replace('name = "cpu"', 'name = "cpu-half"', 1)
+    text = text.replace("peak_flops_fp32 = 1.0e11", "peak_flops_fp32 = 5.0e10", 1)
+    text = text.replace("capacity_bytes = 8589934592", "capacity_bytes = 4294967296", 1)
+    assert "cpu-half" in text and "5.0e10" in text and "4294967296" in text
+    path = tmp / "cpu-half.toml"
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("mixed")
+    kinds = [KindSpec("fast", "cpu", 1), KindSpec("slow", half_profile(tmp), 1)]
+    return plan_mixed(
+        MODEL,
+        kinds,
+        {("fast", "slow"): LINK},
+        model_args=ARGS,
+        global_batch_size=8,
+        dtype="fp32",
+        optimizer="sgd",
+        lr=0.5,
+        pins=Pins(offload="none"),
+    ), tmp
+
+
+def test_mixed_plan_is_faster_than_either_kind_alone(mixed):
+    res, _ = mixed
+    plan = res.plan
+    assert plan is not None, f"no mixed plan beat {res.single}"
+    assert set(res.single) == {"fast", "slow"} and all(map(math.isfinite, res.single.values()))
+    assert plan.predicted.step_time_s < min(res.single.values())
+    assert plan.solver.status == "optimal"  # every MILP finished: optimal under the model
+    assert {st.kind for st in plan.stages} == {"fast", "slow"}
+    assert plan.mesh.pp == 2 and plan.mesh.dp == 1 and plan.mesh.tp == 1
+    # The slower kind gets fewer layers: the split is uneven and follows the speeds.
+    layers = {st.kind: sum(b.startswith("layers.") for b in st.blocks) for st in plan.stages}
+    assert layers["fast"] > layers["slow"]
+    # The step is the 1F1B / GPipe formula over the recorded stage times, plus the per-step
+    # terms, each a stage's own: recomputed here by hand from the plan file.
+    T = [st.time_per_microbatch_s for st in plan.stages]
+    m = plan.num_microbatches
+    per_step = (
+        max(st.dp_exposed_s for st in plan.stages)
+        + max(st.optimizer_s for st in plan.stages)
+        + max(st.offload_s for st in plan.stages)
+    )
+    assert plan.predicted.step_time_s == pytest.approx(sum(T) + (m - 1) * max(T) + per_step)
+
+
+def test_real_problem_milp_matches_brute_force(mixed):
+    """Every candidate the search solved or cut off: the MILP's optimum is the brute force's."""
+    res, _ = mixed
+    checked = 0
+    for mc in res.search.candidates:
+        if mc.problem is None:
+            continue
+        mp = mc.problem
+        expected = brute_force(mp)
+        got = solve_mixed(mp)
+        assert got.objective == pytest.approx(expected, rel=2e-4), mc.cand.label()
+        checked += 1
+    assert checked >= 2
+
+
+def test_one_kind_placement_is_priced_as_the_homogeneous_milp(mixed):
+    """With one kind the mixed MILP is the homogeneous stage MILP: same optimum."""
+    res, _ = mixed
+    mc = next(x for x in res.search.candidates if x.problem is not None)
+    c = mc.cand
+    for k in range(2):
+        inp = res.search.inputs[k, c.tp, c.micro_batch_size]
+        mp = mixed_problem([inp], c, [res.search.kinds[k]], {})
+        mp.stage_cap = [c.pp]
+        homogeneous = solve_stage_milp(stage_problem(inp, c))
+        assert solve_mixed(mp).objective == pytest.approx(homogeneous.objective, rel=2e-4)
+
+
+def test_plan_file_records_kinds_and_single_kind_plans_are_unchanged(mixed):
+    res, tmp = mixed
+    path = write_plan(res.plan, tmp / "plan")
+    data = json.loads(path.read_text())
+    assert data["rank_kinds"] == [st["kind"] for st in data["stages"]]
+    assert {k["name"] for k in data["kinds"]} == {"fast", "slow"}
+    assert load_plan(path).to_dict() == data
+    # A single-kind plan carries none of the new keys.
+    single = res.single_plans["fast"].to_dict()
+    assert "kinds" not in single and "rank_kinds" not in single
+    assert all("kind" not in st for st in single["stages"])
+    # A rank map that disagrees with a stage's kind is a one-line error.
+    bad = dict(data, rank_kinds=list(reversed(data["rank_kinds"])))
+    (tmp / "bad.json").write_text(json.dumps(bad))
+    with pytest.raises(Exception, match="stage 0 must name its kind"):
+        load_plan(tmp / "bad.json")
+
+
+def test_plan_step_is_the_milp_optimum_and_kinds_cannot_swap(mixed):
+    """The plan's predicted step is the MILP's optimum priced directly; the same split with
+    the kinds swapped or shared is no faster (or does not fit the pool)."""
+    res, _ = mixed
+    best = res.search.best
+    mp, sol = best.problem, best.solution
+    assert step_time(mp, sol.kinds, sol.counts) == pytest.approx(res.plan.predicted.step_time_s)
+    for kinds in itertools.product(range(2), repeat=2):
+        if list(kinds) != sol.kinds:
+            assert step_time(mp, list(kinds), sol.counts) >= sol.objective * (1 - 2e-4)
+
+
+@pytest.mark.distributed
+def test_runtime_runs_the_mixed_plan_like_one_process(mixed):
+    res, tmp = mixed
+    run_dir = tmp / "run"
+    path = write_plan(res.plan, run_dir)
+    steps = 5
+    rc, log = launch([path], [run_dir], 2, "--checkpoint-every", str(steps), steps=steps)
+    got = losses_of(run_dir)
+    assert len(got) == steps, f"torchrun exit {rc}\n{log[-6000:]}"
+    plan = json.loads(path.read_text())
+    ref = reference_for_plan(plan, steps)
+    assert not unmoved_parameters(ref)
+    for g, w in zip(got, ref.losses, strict=True):
+        assert abs(g - w) <= 1e-4 * abs(w)
+    state = checkpoint_model_state(run_dir / "checkpoints" / f"step_{steps:06d}")
+    assert not parameter_mismatches(state, ref)
