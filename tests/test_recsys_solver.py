@@ -15,7 +15,14 @@ import random
 
 import pytest
 
-from planner.recsys.cost import Costed, DenseCost, TableOption, price, zipf_hit_rate
+from planner.recsys.cost import (
+    Costed,
+    DenseCost,
+    TableOption,
+    a2a_seconds_per_byte,
+    price,
+    zipf_hit_rate,
+)
 from planner.recsys.milp import solve
 from planner.recsys.tables import RecModel, TableBlock
 from tests.conftest import cluster_of
@@ -151,7 +158,8 @@ def test_table_wise_terms_by_hand():
     tw = next(o for o in costed.options["t"] if o.label == "tw")
     hbm = p.memory_bandwidth * p.elementwise_efficiency
     bw = p.intra_node_bandwidth * p.collective_efficiency
-    assert tw.lookup_s == pytest.approx(3 * 512 * 2.0 * 16 * 4 / hbm)
+    io = 2 * 512 * 2.0 * 8 + 2 * 512 * 16 * 4  # ids read twice, pooled out and its gradient
+    assert tw.lookup_s == pytest.approx((3 * 512 * 2.0 * 16 * 4 + io) / hbm)
     ids = 512 * 2.0 * 8 + 512 * 8
     assert tw.comm_s == pytest.approx(0.75 * (ids + 2 * 512 * 16 * 4) / bw)
     assert tw.device_bytes == pytest.approx(1000 * 16 * 4 + 2 * 512 * 16 * 4)
@@ -182,7 +190,9 @@ def test_host_option_pays_misses_at_the_host_link():
     h = math.log1p(0.2 * 10**6) / math.log1p(10**6)
     read = 512 * 2.0 * 16 * 4
     hbm = p.memory_bandwidth * p.elementwise_efficiency
-    assert host.lookup_s == pytest.approx(3 * read * (h / hbm + (1 - h) / p.host_bandwidth))
+    io = 2 * 512 * 2.0 * 8 + 2 * 512 * 16 * 4
+    want = 3 * read * (h / hbm + (1 - h) / p.host_bandwidth) + io / hbm
+    assert host.lookup_s == pytest.approx(want)
     assert host.host_bytes == pytest.approx(10**6 * 16 * 4)
     assert host.device_bytes == pytest.approx(0.2 * 10**6 * 16 * 4 + 2 * 512 * 16 * 4)
 
@@ -199,3 +209,23 @@ def test_zipf_hit_rate_matches_the_generator():
     measured = (k < cache).double().mean().item()
     assert zipf_hit_rate(rows, s, cache) == pytest.approx(measured, abs=0.01)
     assert zipf_hit_rate(rows, 0.0, cache) == pytest.approx(cache / rows)
+
+
+def test_all_to_all_across_nodes_runs_at_the_nic():
+    """Across nodes each rank's all-to-all bytes bound for other nodes leave through its own
+    NIC: 64 H100s (8 nodes) move 56/64 of every byte at the NIC rate, about g = 8 times
+    slower than the ring bus bandwidth that Cluster.link gives all-gathers."""
+    c = cluster_of(64, "h100-sxm")
+    p = c.profile
+    per_byte = a2a_seconds_per_byte(c, 64)
+    assert per_byte == pytest.approx(56 / 64 / (p.inter_node_bandwidth * p.collective_efficiency))
+    bus, _ = c.link(list(range(64)))
+    assert per_byte > 5 * (63 / 64) / bus
+    one = cluster_of(4, "h100-sxm")
+    assert a2a_seconds_per_byte(one, 4) == pytest.approx(
+        0.75 / (p.intra_node_bandwidth * p.collective_efficiency)
+    )
+    costed = price(_model(), c, 512, "sgd", "fp32", "cuda")
+    tw = next(o for o in costed.options["t"] if o.label == "tw")
+    ids = 512 * 2.0 * 8 + 512 * 8
+    assert tw.comm_s == pytest.approx(per_byte * (ids + 2 * 512 * 16 * 4))

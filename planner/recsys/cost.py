@@ -20,15 +20,19 @@ Each option is a set of identical *shards* that go either on ranks chosen by the
 (table-wise, column-wise, host), on one node (table-row-wise), or on every rank at once
 (data-parallel, row-wise), and per shard it costs, per step of global batch B over N ranks:
 
-    lookups   3 B L w e / HBM         forward reads B L rows of w columns (e bytes each); the
-                                      fused backward reads the pooled gradient and
-                                      read-modify-writes every looked-up row (2x)
+    lookups   (3 B L w e + 2 B L i + 2 B w e) / HBM   forward reads B L rows of w columns
+                                      (e bytes each) and their ids (i bytes) and writes B
+                                      pooled rows; the fused backward reads the ids and the
+                                      pooled gradient and read-modify-writes every looked-up
+                                      row (2x)
               host c: misses (1 - h) of the bytes at the host link instead, where
               h = F(c R) is the Zipf law's share of lookups that hit the c R hottest rows
-    all-to-all  c_a2a (ids + lengths + 2 B w e) / bw   the shard's rank receives the ids of
-                                      the whole batch and sends B pooled rows forward and
-                                      receives their gradients backward (TorchRec's estimator
-                                      counts the same transfers on the shard's rank)
+    all-to-all  a (ids + lengths + 2 B w e)   the shard's rank receives the ids of the whole
+                                      batch and sends B pooled rows forward and receives their
+                                      gradients backward (TorchRec's estimator counts the same
+                                      transfers on the shard's rank); a is seconds per byte
+                                      through the rank's NIC (``a2a_seconds_per_byte``), not
+                                      the ring bus bandwidth
     memory    R w e (1 + s) + 2 B w e on device (s: optimizer state per element; the pooled
               output and its gradient); host c: c R w e on device, R w e (1 + s) on the host
 
@@ -128,6 +132,36 @@ def zipf_hit_rate(rows: int, zipf: float, cache_rows: float) -> float:
     return ((1 + k) ** a - 1) / ((1 + rows) ** a - 1)
 
 
+def kernel_io(ids: float, pooled: float) -> float:
+    """Bytes the embedding kernel moves besides the rows: it reads the ``ids`` it looks up in
+    the forward and again in the backward (which sorts them to update each row once), writes
+    the ``pooled`` output elements in the forward and reads their gradient in the backward.
+    Row-wise shards compute partial sums for every sample of the batch, so their ``pooled``
+    is the whole batch's even though they look up only their share of the ids."""
+    return 2 * ids * ID_BYTES + 2 * pooled * EMB_BYTES
+
+
+def a2a_seconds_per_byte(cluster: Cluster, n: int) -> float:
+    """Seconds per byte a rank sends (and, the exchange being symmetric, receives) in an
+    all-to-all over the cluster's first ``n`` ranks.
+
+    Not the ring formula over ``Cluster.link``'s bus bandwidth: a ring all-gather brings only
+    each node's (k - 1)/k share across the network and spreads it over the node's g NICs, but an
+    all-to-all sends every rank's (n - g)/n share that is bound for other nodes through that
+    rank's own NIC, while the (g - 1)/n share for its node's ranks goes over NVLink at the same
+    time. Across nodes the NIC is therefore the bottleneck, a factor of about g slower per byte
+    than the ring bus bandwidth (64 H100s: 50 GB/s per NIC against a 360 GB/s bus)."""
+    if n <= 1:
+        return 0.0
+    p = cluster.profile
+    g = min(cluster.gpus_per_node, n)
+    intra = (g - 1) / n / (p.intra_node_bandwidth * p.collective_efficiency)
+    if n <= g:
+        return intra
+    inter = (n - g) / n / (p.inter_node_bandwidth * p.collective_efficiency)
+    return max(intra, inter)
+
+
 def price(
     model: RecModel,
     cluster: Cluster,
@@ -143,7 +177,7 @@ def price(
     s = STATE_ELEMENTS[optimizer]
     hbm = p.memory_bandwidth * p.elementwise_efficiency
     bw, alpha = cluster.link(list(range(n)))
-    a2a = ring_factors("all_to_all", n)[0] if n > 1 else 0.0
+    a2a_s = a2a_seconds_per_byte(cluster, n)
     rs = ring_factors("reduce_scatter", n)[0] if n > 1 else 0.0
     options = {}
     for t in model.tables:
@@ -156,7 +190,8 @@ def price(
             hit = 1.0 if ratio is None else zipf_hit_rate(t.rows, t.zipf, ratio * t.rows)
             read = b * t.pooling_factor * width * EMB_BYTES
             lookup = 3 * read * (hit / hbm + (1 - hit) / p.host_bandwidth)
-            comm = a2a * (ids + 2 * b * width * EMB_BYTES) / bw
+            lookup += kernel_io(b * t.pooling_factor, b * width) / hbm
+            comm = a2a_s * (ids + 2 * b * width * EMB_BYTES)
             weights = t.rows * width * EMB_BYTES
             buffers = 2 * b * width * EMB_BYTES
             if ratio is None:
@@ -177,7 +212,8 @@ def price(
         opts.append(
             TableOption(
                 t.name, "dp", "data_parallel", "dense", "all", n,
-                lookup_s=3 * local * t.pooling_factor * t.dim * EMB_BYTES / hbm,
+                lookup_s=(3 * local * t.pooling_factor * t.dim * EMB_BYTES
+                          + kernel_io(local * t.pooling_factor, local * t.dim)) / hbm,
                 comm_s=0.0,
                 device_bytes=weights * (2 + s) + 2 * local * t.dim * EMB_BYTES,
                 host_bytes=0.0,
@@ -194,8 +230,9 @@ def price(
                 opts.append(
                     TableOption(
                         t.name, "rw", "row_wise", "fused", "all", n,
-                        lookup_s=3 * read / n / hbm,
-                        comm_s=(a2a * ids / n + 2 * rs * b * t.dim * EMB_BYTES) / bw,
+                        lookup_s=(3 * read / n + kernel_io(b * t.pooling_factor / n,
+                                                           b * t.dim)) / hbm,
+                        comm_s=a2a_s * ids / n + 2 * rs * b * t.dim * EMB_BYTES / bw,
                         device_bytes=weights * (1 + s) / n + 2 * b * t.dim * EMB_BYTES,
                         host_bytes=0.0,
                     )
@@ -204,12 +241,13 @@ def price(
                 read = b * t.pooling_factor * t.dim * EMB_BYTES
                 node_bw, _ = cluster.link(list(range(g)))
                 rs_g = ring_factors("reduce_scatter", g)[0]
-                comm = a2a * (ids + 2 * b * t.dim * EMB_BYTES) / g / bw
+                comm = a2a_s * (ids + 2 * b * t.dim * EMB_BYTES) / g
                 comm += 2 * rs_g * b * t.dim * EMB_BYTES / node_bw
                 opts.append(
                     TableOption(
                         t.name, "twrw", "table_row_wise", "fused", "node", 1,
-                        lookup_s=3 * read / g / hbm,
+                        lookup_s=(3 * read / g + kernel_io(b * t.pooling_factor / g,
+                                                           b * t.dim)) / hbm,
                         comm_s=comm,
                         device_bytes=weights * (1 + s) / g + 2 * b * t.dim * EMB_BYTES,
                         host_bytes=0.0,
