@@ -14,8 +14,9 @@ memory per GPU, HBM, host-link and NVLink/NIC bandwidths, and per-table pooling 
   ``EmbeddingPerfEstimator``), placed on each plan's ranks, summed per rank; the slowest rank,
   as TorchRec's ``NoopPerfModel`` scores a plan.
 
-It also times both planners (the model already built and imported) and writes
-``reports/benchmarks/recsys.json``.
+It also times both planners (the model already built and imported), times meshplan alone on
+``--scale-tables`` (1,000) tables on the same topology (TorchRec's planner is not run there: at
+120 tables it already takes minutes), and writes ``reports/benchmarks/recsys.json``.
 """
 
 from __future__ import annotations
@@ -161,6 +162,21 @@ def score_torchrec(found, placement: dict[str, tuple[str, str, list[int]]], worl
     return max(per_rank), missing
 
 
+def time_meshplan(tables: int, cluster, batch: int):
+    """(model file, tables, prices, meshplan's plan, seconds from reading the model to the
+    plan) for the production mix of ``tables`` tables, the file already imported."""
+    mf = load_model_file(ROOT / "examples" / "dlrm.py", {"size": "production", "tables": tables})
+    _ = mf.module
+    start = time.perf_counter()
+    model = read_model(mf)
+    costed = price(model, cluster, batch, device="cuda")
+    ours = solve(costed)
+    elapsed = time.perf_counter() - start
+    if ours is None:
+        raise SystemExit(f"meshplan found no plan for {tables} tables")
+    return mf, model, costed, ours, elapsed
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tables", type=int, default=500)
@@ -169,19 +185,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", default="h100-sxm")
     ap.add_argument("--out", default=str(ROOT / "reports" / "benchmarks" / "recsys.json"))
     ap.add_argument("--only-meshplan", action="store_true", help="time meshplan alone")
+    ap.add_argument("--scale-tables", type=int, default=1000,
+                    help="also time meshplan alone on this many tables (0: skip)")  # fmt: skip
     args = ap.parse_args(argv)
     import torch
 
-    mf = load_model_file(ROOT / "examples" / "dlrm.py", {"size": "production",
-                                                          "tables": args.tables})  # fmt: skip
-    _ = mf.module
     cluster, _ = make_cluster(args.gpus, args.profile)
-    start = time.perf_counter()
-    model = read_model(mf)
-    costed = price(model, cluster, args.batch, device="cuda")
-    ours = solve(costed)
-    ours_time = time.perf_counter() - start
-    assert ours is not None, "meshplan found no plan"
+    mf, model, costed, ours, ours_time = time_meshplan(args.tables, cluster, args.batch)
     if args.only_meshplan:
         print(json.dumps({"tables": args.tables, "gpus": args.gpus, "plan_time_s": ours_time,
                           "status": ours.status, "gap": ours.gap,
@@ -226,6 +236,14 @@ def main(argv: list[str] | None = None) -> int:
             "options": _count(o.label for o in tr_choice.values()),
         },
     }
+    if args.scale_tables:
+        *_, big, big_time = time_meshplan(args.scale_tables, cluster, args.batch)
+        result["meshplan_scale"] = {
+            "tables": args.scale_tables,
+            "plan_time_s": big_time,
+            "solver": {"status": big.status, "gap": big.gap, "solve_time_s": big.solve_time_s},
+            "our_cost_model_step_s": big.step_time_s,
+        }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")

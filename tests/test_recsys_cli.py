@@ -148,3 +148,34 @@ def test_a_plan_needing_a_gpu_is_refused_on_cpu(tmp_path, capsys):
     rc = main(["run", str(path), "--device", "cpu"])
     err = capsys.readouterr().err
     assert rc == 2 and "needs a GPU" in err
+
+
+def test_plan_show_reads_a_recommendation_plan(tmp_path, capsys):
+    """`plan show` prints each table's option and ranks, each rank's memory, and the step the
+    plan file predicts (the slowest rank's)."""
+    assert main([str(DLRM), "--gpus", "2", "--device", "cpu", "--out", str(tmp_path)]) == 0
+    capsys.readouterr()
+    plan = load_recplan(tmp_path / "plan.json")
+    rc = main(["show", str(tmp_path / "plan.json")])
+    out = capsys.readouterr().out
+    assert rc == 0
+    for t in plan["tables"]:
+        assert any(line.split("│")[1].strip() == t["name"] and t["option"] in line
+                   for line in out.splitlines() if line.count("│") > 5)  # fmt: skip
+    rank_rows = [line for line in out.splitlines() if line.strip().startswith("│    ")]
+    assert len(rank_rows) >= 2
+    step = plan["predicted"]["step_time_s"]
+    assert f"predicted step {step * 1e3:.1f} ms" in out
+
+
+def test_plan_show_refuses_a_broken_recommendation_plan_in_one_line(tmp_path, capsys):
+    assert main([str(DLRM), "--gpus", "2", "--device", "cpu", "--out", str(tmp_path)]) == 0
+    path = tmp_path / "plan.json"
+    plan = json.loads(path.read_text())
+    plan["tables"][1]["ranks"] = [7]
+    path.write_text(json.dumps(plan))
+    capsys.readouterr()
+    rc = main(["show", str(path)])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err.count("\n") == 1 and "'t1'" in err and "ranks" in err
