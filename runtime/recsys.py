@@ -14,9 +14,14 @@ same samples — as DistributedModelParallel expects each rank's own batch. Torc
 sharded tables' gradients by the world size (``comm_ops`` gradient division) and DDP averages
 the dense ones, so the step is one process's on the global batch's mean loss.
 
-The optimizer is SGD without momentum: TorchRec's fused ``EXACT_SGD`` updates the looked-up
-rows in the backward with exactly ``w -= lr * g``, which is what ``torch.optim.SGD`` does to a
-dense table (rows nobody looked up get a zero gradient and stay), so one process can check it.
+The optimizer is the plan's. ``sgd``: SGD without momentum; TorchRec's fused ``EXACT_SGD``
+updates the looked-up rows in the backward with exactly ``w -= lr * g``, which is what
+``torch.optim.SGD`` does to a dense table (rows nobody looked up get a zero gradient and stay),
+so one process can check it. ``adamw``: torch's AdamW (its defaults) for the dense part; on a GPU
+the tables' fused kernels run fbgemm's Adam with decoupled weight decay, which steps only the
+looked-up rows (rows outside the batch keep their moments and weights, unlike torch's AdamW); on
+a CPU, where fbgemm fuses no Adam, the plan puts the tables on TorchRec's dense kernel and
+torch's AdamW steps their shards, which equals one process's AdamW.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ import torch.distributed as dist
 
 from planner.errors import MeshplanError, UserInputError
 from planner.modelfile import ModelFile, file_sha256, load_model_file
-from planner.recsys.plan import is_recplan, load_recplan
+from planner.recsys.plan import ADAMW, is_recplan, load_recplan
 
 
 def sharding_generators(plan: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -68,7 +73,6 @@ def sharding_generators(plan: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def build(plan: dict[str, Any], mf: ModelFile, device: torch.device, seed: int):
     """(DistributedModelParallel, combined optimizer, the one-process initial state)."""
-    from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.sharding_plan import construct_module_sharding_plan
@@ -80,8 +84,7 @@ def build(plan: dict[str, Any], mf: ModelFile, device: torch.device, seed: int):
     model = mf.build()
     initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
     lr = float(plan["lr"])
-    fused: dict[str, Any] = {"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": lr}
-    sharder = EmbeddingBagCollectionSharder(fused_params=fused)
+    sharder = EmbeddingBagCollectionSharder(fused_params=fused_params(plan["optimizer"], lr))
     world = dist.get_world_size()
     local = int(plan["cluster"]["gpus_per_node"])
     modules = dict(model.named_modules())
@@ -107,9 +110,33 @@ def build(plan: dict[str, Any], mf: ModelFile, device: torch.device, seed: int):
     load_full_state(dmp, initial)
     dense = dict(in_backward_optimizer_filter(dmp.named_parameters()))
     opt = CombinedOptimizer(
-        [dmp.fused_optimizer, KeyedOptimizerWrapper(dense, lambda ps: torch.optim.SGD(ps, lr=lr))]
+        [dmp.fused_optimizer, KeyedOptimizerWrapper(dense, dense_optimizer(plan["optimizer"], lr))]
     )
     return dmp, opt, initial
+
+
+def fused_params(optimizer: str, lr: float) -> dict[str, Any]:
+    """fbgemm's fused optimizer for the tables on a fused kernel: EXACT_SGD (``w -= lr g``) or
+    Adam with decoupled weight decay (AdamW, torch's defaults). fbgemm's fused Adam steps only
+    the rows the batch looked up; on a CPU it does not exist, and the plan puts Adam's tables
+    on the dense kernel, which ``dense_optimizer`` steps instead."""
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import WeightDecayMode
+
+    if optimizer == "sgd":
+        return {"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": lr}
+    (beta1, beta2), eps, decay = ADAMW["betas"], ADAMW["eps"], ADAMW["weight_decay"]
+    return {"optimizer": EmbOptimType.ADAM, "learning_rate": lr, "beta1": beta1,
+            "beta2": beta2, "eps": eps, "weight_decay": decay,
+            "weight_decay_mode": WeightDecayMode.DECOUPLE}  # fmt: skip
+
+
+def dense_optimizer(optimizer: str, lr: float):
+    """What steps every parameter outside the fused kernels (dense part, data-parallel
+    tables, dense-kernel shards): plain SGD, or torch's AdamW with its defaults."""
+    if optimizer == "sgd":
+        return lambda ps: torch.optim.SGD(ps, lr=lr)
+    return lambda ps: torch.optim.AdamW(ps, lr=lr, **ADAMW)
 
 
 def _plain(name: str) -> str:

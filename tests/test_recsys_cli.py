@@ -108,10 +108,22 @@ def test_production_plans_on_gpus(tmp_path, capsys):
     assert all(r["device_bytes"] <= cap for r in plan["ranks"])
 
 
-def test_recsys_refuses_adamw(capsys):
-    rc = main([str(DLRM), "--gpus", "2", "--device", "cpu", "--optimizer", "adamw"])
+def test_adamw_on_cpu_plans_dense_kernels_and_refuses_fused_ones(tmp_path, capsys):
+    """fbgemm's CPU kernels fuse no Adam: an AdamW plan for CPU puts every table on TorchRec's
+    dense kernel, and a plan edited to a fused kernel is refused in one line before launch."""
+    rc = main([str(DLRM), "--gpus", "2", "--device", "cpu", "--optimizer", "adamw",
+               "--out", str(tmp_path)])  # fmt: skip
+    assert rc == 0, capsys.readouterr().err
+    path = tmp_path / "plan.json"
+    plan = load_recplan(path)
+    assert plan["optimizer"] == "adamw"
+    assert {t["kernel"] for t in plan["tables"]} == {"dense"}
+    plan["tables"][0].update(sharding="table_wise", kernel="fused", ranks=[0])
+    path.write_text(json.dumps(plan))
+    capsys.readouterr()
+    rc = main(["run", str(path), "--device", "cpu"])
     err = capsys.readouterr().err
-    assert rc == 2 and "sgd" in err
+    assert rc == 2 and "adamw needs a GPU" in err and err.count("\n") == 1
 
 
 def test_run_refuses_a_changed_model_file(tmp_path, capsys):

@@ -229,3 +229,28 @@ def test_all_to_all_across_nodes_runs_at_the_nic():
     tw = next(o for o in costed.options["t"] if o.label == "tw")
     ids = 512 * 2.0 * 8 + 512 * 8
     assert tw.comm_s == pytest.approx(per_byte * (ids + 2 * 512 * 16 * 4))
+
+
+def test_adam_state_is_priced_two_per_element():
+    """AdamW keeps two states per weight: on a GPU fbgemm's fused Adam holds them beside the
+    rows and its backward reads and writes row and states (7 row passes instead of SGD's 3);
+    on a CPU the table runs the dense kernel (a full gradient too) and AdamW steps all of it."""
+    c = cluster_of(4, "h100-sxm")
+    p = c.profile
+    hbm = p.memory_bandwidth * p.elementwise_efficiency
+    sgd = {o.label: o for o in price(_model(), c, 512, "sgd", "fp32", "cuda").options["t"]}
+    adam = {o.label: o for o in price(_model(), c, 512, "adamw", "fp32", "cuda").options["t"]}
+    weights, buffers = 1000 * 16 * 4, 2 * 512 * 16 * 4
+    assert adam["tw"].kernel == "fused"
+    assert adam["tw"].device_bytes == pytest.approx(3 * weights + buffers)
+    read = 512 * 2.0 * 16 * 4
+    assert adam["tw"].lookup_s - sgd["tw"].lookup_s == pytest.approx(4 * read / hbm)
+    assert adam["dp"].device_bytes == pytest.approx(4 * weights + 2 * 128 * 16 * 4)
+    cpu = cluster_of(4, "cpu")
+    tw = next(o for o in price(_model(), cpu, 512, "adamw", "fp32", "cpu").options["t"]
+              if o.label == "tw")  # fmt: skip
+    assert tw.kernel == "dense"
+    assert tw.device_bytes == pytest.approx(4 * weights + buffers)
+    assert tw.optimizer_s == pytest.approx(
+        7 * weights / (cpu.profile.memory_bandwidth * cpu.profile.elementwise_efficiency)
+    )

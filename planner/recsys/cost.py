@@ -20,11 +20,16 @@ Each option is a set of identical *shards* that go either on ranks chosen by the
 (table-wise, column-wise, host), on one node (table-row-wise), or on every rank at once
 (data-parallel, row-wise), and per shard it costs, per step of global batch B over N ranks:
 
-    lookups   (3 B L w e + 2 B L i + 2 B w e) / HBM   forward reads B L rows of w columns
-                                      (e bytes each) and their ids (i bytes) and writes B
-                                      pooled rows; the fused backward reads the ids and the
-                                      pooled gradient and read-modify-writes every looked-up
-                                      row (2x)
+    lookups   ((1 + 2(1 + s)) B L w e + 2 B L i + 2 B w e) / HBM   forward reads B L rows
+                                      of w columns (e bytes each) and their ids (i bytes) and
+                                      writes B pooled rows; the fused backward reads the ids
+                                      and the pooled gradient and read-modify-writes every
+                                      looked-up row and its s optimizer states (SGD: s = 0;
+                                      fbgemm's fused Adam: s = 2, and it steps only the rows
+                                      the batch looked up)
+              CPU with Adam: fbgemm's CPU kernels fuse no Adam, so the shard runs TorchRec's
+              dense kernel: a full gradient (memory R w e (2 + s)) and torch's AdamW stepping
+              the whole shard every step ((3 + 2 s) R w e / HBM), as a data-parallel table
               host c: misses (1 - h) of the bytes at the host link instead, where
               h = F(c R) is the Zipf law's share of lookups that hit the c R hottest rows
     all-to-all  a (ids + lengths + 2 B w e)   the shard's rank receives the ids of the whole
@@ -175,6 +180,11 @@ def price(
     p = cluster.profile
     n, g, b = cluster.gpus, cluster.gpus_per_node, global_batch_size
     s = STATE_ELEMENTS[optimizer]
+    # The fused backward reads and writes each looked-up row and its s optimizer states.
+    passes = 1 + 2 * (1 + s)
+    # fbgemm's CPU kernels fuse only SGD and Adagrad: Adam's tables on a CPU run TorchRec's
+    # dense kernel, a full gradient per shard and torch's AdamW stepping the whole shard.
+    unfused = device == "cpu" and s > 0
     hbm = p.memory_bandwidth * p.elementwise_efficiency
     bw, alpha = cluster.link(list(range(n)))
     a2a_s = a2a_seconds_per_byte(cluster, n)
@@ -189,18 +199,24 @@ def price(
             bound now: the function is called within this iteration only)."""
             hit = 1.0 if ratio is None else zipf_hit_rate(t.rows, t.zipf, ratio * t.rows)
             read = b * t.pooling_factor * width * EMB_BYTES
-            lookup = 3 * read * (hit / hbm + (1 - hit) / p.host_bandwidth)
-            lookup += kernel_io(b * t.pooling_factor, b * width) / hbm
-            comm = a2a_s * (ids + 2 * b * width * EMB_BYTES)
             weights = t.rows * width * EMB_BYTES
             buffers = 2 * b * width * EMB_BYTES
-            if ratio is None:
-                dev, host = weights * (1 + s) + buffers, 0.0
+            optimizer_s = 0.0
+            if unfused:  # rows read forward, gradient rows written backward; then AdamW
+                kernel, lookup = "dense", 2 * read / hbm
+                dev, host = weights * (2 + s) + buffers, 0.0
+                optimizer_s = (3 + 2 * s) * weights / hbm
             else:
-                dev, host = ratio * weights + buffers, weights * (1 + s)
+                lookup = passes * read * (hit / hbm + (1 - hit) / p.host_bandwidth)
+                if ratio is None:
+                    dev, host = weights * (1 + s) + buffers, 0.0
+                else:
+                    dev, host = ratio * weights + buffers, weights * (1 + s)
+            lookup += kernel_io(b * t.pooling_factor, b * width) / hbm
+            comm = a2a_s * (ids + 2 * b * width * EMB_BYTES)
             return TableOption(
                 t.name, label, sharding, kernel, "rank", count, lookup, comm, dev, host,
-                cache_ratio=ratio,
+                optimizer_s=optimizer_s, cache_ratio=ratio,
             )  # fmt: skip
 
         opts.append(sharded("tw", "table_wise", t.dim, 1))
@@ -230,7 +246,7 @@ def price(
                 opts.append(
                     TableOption(
                         t.name, "rw", "row_wise", "fused", "all", n,
-                        lookup_s=(3 * read / n + kernel_io(b * t.pooling_factor / n,
+                        lookup_s=(passes * read / n + kernel_io(b * t.pooling_factor / n,
                                                            b * t.dim)) / hbm,
                         comm_s=a2a_s * ids / n + 2 * rs * b * t.dim * EMB_BYTES / bw,
                         device_bytes=weights * (1 + s) / n + 2 * b * t.dim * EMB_BYTES,
@@ -246,7 +262,7 @@ def price(
                 opts.append(
                     TableOption(
                         t.name, "twrw", "table_row_wise", "fused", "node", 1,
-                        lookup_s=(3 * read / g + kernel_io(b * t.pooling_factor / g,
+                        lookup_s=(passes * read / g + kernel_io(b * t.pooling_factor / g,
                                                            b * t.dim)) / hbm,
                         comm_s=comm,
                         device_bytes=weights * (1 + s) / g + 2 * b * t.dim * EMB_BYTES,

@@ -15,7 +15,7 @@ from planner.hardware.cluster import Cluster, cluster_to_dict, make_cluster
 from planner.modelfile import ModelFile
 from planner.recsys.cost import Costed, TableOption, price
 from planner.recsys.milp import Assignment, exposed_allreduce, rank_loads, solve
-from planner.recsys.plan import SCHEMA
+from planner.recsys.plan import OPTIMIZERS, SCHEMA
 from planner.recsys.tables import RecModel, read_model
 
 GIB = 2.0**30
@@ -35,10 +35,10 @@ def plan_recsys(
     time_limit_s: float = 8.0,
 ) -> tuple[dict[str, Any], list[str]]:
     """(plan dict of ``planner.recsys.plan``, notes for the user)."""
-    if training["optimizer"] != "sgd":
+    if training["optimizer"] not in OPTIMIZERS:
         raise UserInputError(
-            f"{mf.path.name}: recommendation models train with --optimizer sgd (TorchRec's fused "
-            f"EXACT_SGD for the tables, SGD for the dense part), not {training['optimizer']!r}"
+            f"{mf.path.name}: recommendation models train with --optimizer one of {OPTIMIZERS} "
+            f"(TorchRec's fused EXACT_SGD or Adam for the tables), not {training['optimizer']!r}"
         )
     cluster, notes = make_cluster(gpus, profile, gpus_per_node, nodes)
     gbs = int(training["global_batch_size"])
