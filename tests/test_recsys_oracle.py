@@ -2,7 +2,8 @@
 
 On 2 and 4 CPU ranks (gloo), at a global batch of 256, four plans — every table table-wise,
 column-wise where TorchRec can split it (else table-wise), data-parallel, and the planner's own
-plan (mixed: data-parallel and column-wise tables) — train 5 steps under torchrun through
+plan (mixed: data-parallel and column-wise tables), and that plan with the dense MLPs under ZeRO-3
+(FSDP2 beside TorchRec's tables) — train 5 steps under torchrun through
 ``runtime.recsys`` (one launch per world size). Every parameter, the sharded tables gathered
 from their shards, must equal 5 steps of plain SGD in one process on the same global batches:
 |theta_plan - theta_ref| <= 1e-5 max|theta_ref| + 1e-3 max|theta_ref - theta_0|, and every
@@ -31,7 +32,7 @@ from runtime.launch import worker_env
 ROOT = Path(__file__).resolve().parent.parent
 DLRM = ROOT / "examples" / "dlrm.py"
 STEPS = 5
-KINDS = ("tw", "cw", "dp", "planner")
+KINDS = ("tw", "cw", "dp", "planner", "fsdp")
 TRAINING = {"global_batch_size": 256, "optimizer": "sgd", "dtype": "fp32", "lr": 0.5}
 ADAMW = {**TRAINING, "optimizer": "adamw", "lr": 0.01}
 
@@ -56,6 +57,8 @@ def _plans(world: int, out: Path, training: dict = TRAINING) -> dict[str, Path]:
                     t.update(sharding="column_wise", ranks=list(range(k)))
                 elif kind == "cw" and t["dim"] % 2 == 0 and (t["dim"] // 2) % 4 == 0:
                     t.update(sharding="column_wise", ranks=[i % world, (i + 1) % world])
+        if kind == "fsdp":  # the planner's tables, the MLPs under ZeRO-3 (FSDP2)
+            plan["dense"]["strategy"] = "fsdp"
         path = out / kind / "plan.json"
         path.parent.mkdir(parents=True)
         path.write_text(json.dumps(plan))
@@ -143,8 +146,10 @@ def test_plan_trains_like_one_process(runs, reference, kind):
     initial, final = reference
     assert set(got) == set(final)
     assert _mismatches(got, initial, final) == []
-    losses = [json.loads(line)["loss"] for line in (plans[kind].parent / "metrics.jsonl").open()]
-    assert len(losses) == STEPS
+    records = [json.loads(line) for line in (plans[kind].parent / "metrics.jsonl").open()]
+    assert len(records) == STEPS
+    # FSDP2 really sharded the MLPs (their parameters are DTensors), and only in that plan
+    assert (records[0]["sharded_dense_params"] > 0) == (kind == "fsdp")
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -254,3 +254,45 @@ def test_adam_state_is_priced_two_per_element():
     assert tw.optimizer_s == pytest.approx(
         7 * weights / (cpu.profile.memory_bandwidth * cpu.profile.elementwise_efficiency)
     )
+
+
+def _dense_model(params: int, unit: int) -> RecModel:
+    t = TableBlock("t", "ebc", ("f",), 1000, 16, 2.0, 0.0)
+    return RecModel([t], dense_params=params, dense_tensors=4, dense_flops_per_sample=2.0 * params,
+                    dense_activations_per_sample=20.0, dense_unit_params=unit)  # fmt: skip
+
+
+def test_zero3_dense_terms_by_hand():
+    """ZeRO-3 keeps 1/n of the states plus the largest MLP whole, moves 1.5x DDP's bytes (two
+    all-gathers and a reduce-scatter against one all-reduce) and steps 1/n of the states."""
+    c = cluster_of(8, "h100-sxm")
+    model = _dense_model(10**9, 4 * 10**8)
+    ddp = price(model, c, 512, "adamw", "fp32", "cuda").dense
+    fsdp = price(model, c, 512, "adamw", "fp32", "cuda", dense_strategy="fsdp").dense
+    assert fsdp.strategy == "fsdp" and ddp.strategy == "ddp"
+    states = 10**9 * (4 + 4 + 8)
+    assert ddp.device_bytes - fsdp.device_bytes == pytest.approx(
+        states - (states / 8 + 2 * 4 * 10**8 * 4)
+    )
+    bw, _ = c.link(list(range(8)))
+    sync = c.profile.collective_sync
+    alpha = c.link(list(range(8)))[1]
+    assert fsdp.allreduce_fixed_s == pytest.approx(3 * 7 / 8 * 4e9 / bw + 3 * 7 * alpha + 3 * sync)
+    assert ddp.allreduce_fixed_s == pytest.approx(2 * 7 / 8 * 4e9 / bw + 14 * alpha + sync)
+    assert fsdp.optimizer_s == pytest.approx(ddp.optimizer_s / 8)
+
+
+def test_the_dense_strategy_is_chosen_by_the_step_and_by_memory():
+    """A small dense part stays DDP (ZeRO-3 only adds bytes to move); one whose AdamW states
+    exceed the device (6e9 parameters: 96 GB whole, 22 GB under ZeRO-3 on 8 ranks) runs ZeRO-3."""
+    from planner.recsys.planning import solve_with_dense_choice
+
+    c = cluster_of(8, "h100-sxm")
+    for params, want in ((10**6, "ddp"), (6 * 10**9, "fsdp")):
+        model = _dense_model(params, params // 5)
+        options = [price(model, c, 512, "adamw", "fp32", "cuda", dense_strategy=st)
+                   for st in ("ddp", "fsdp")]  # fmt: skip
+        costed, found = solve_with_dense_choice(options, 5.0)
+        assert found is not None and costed.dense.strategy == want
+        others = [solve(o) for o in options if o is not costed]
+        assert all(f is None or f.step_time_s >= found.step_time_s for f in others)

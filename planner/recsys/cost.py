@@ -44,10 +44,16 @@ Each option is a set of identical *shards* that go either on ranks chosen by the
 The collective factors c come from ``planner.hardware.collectives.ring_factors`` and the link
 from ``Cluster.link``; rates from the profile (HBM x elementwise efficiency, the host link).
 
-The dense part (bottom/top MLPs, interaction) runs as DDP on every rank: its products at the
-profile's matmul rate, its optimizer step, and its all-reduce, which data-parallel tables join,
-exposed past ``comm_overlap`` of the dense backward. Latencies of the step's three all-to-alls
-and the all-reduce are one constant per rank.
+The dense part (bottom/top MLPs, interaction) runs on every rank, as DDP or as ZeRO-3 (FSDP2's
+``fully_shard`` on each MLP): its products at the profile's matmul rate, its optimizer step and
+its gradient collectives, exposed past ``comm_overlap`` of the dense backward. DDP all-reduces
+the gradients (2 (n-1)/n of their bytes), keeps parameters, gradients and optimizer states
+whole, and steps them all; ZeRO-3 all-gathers the parameters forward and backward and
+reduce-scatters the gradients (3 (n-1)/n of their bytes, 1.5x DDP), keeps 1/n of the states,
+steps 1/n of them, and holds one MLP's whole parameters and gradients while it computes
+(the largest, ``RecModel.dense_unit_params``). Data-parallel tables' gradients are
+all-reduced by DDP either way (beside FSDP, TorchRec wraps what FSDP does not hold in DDP).
+Latencies of the step's three all-to-alls and the dense collectives are one constant per rank.
 """
 
 from __future__ import annotations
@@ -105,6 +111,7 @@ class DenseCost:
     latency_s: float  # the sparse all-to-alls' latency terms
     device_bytes: float
     params: int
+    strategy: str = "ddp"  # "ddp" or "fsdp" (ZeRO-3)
 
 
 @dataclass(frozen=True)
@@ -175,6 +182,7 @@ def price(
     dtype: str = "fp32",
     device: str = "cuda",
     memory_fraction: float = 1.0,
+    dense_strategy: str = "ddp",
 ) -> Costed:
     """Every option of every table and the dense part, on ``cluster`` (see module docstring)."""
     p = cluster.profile
@@ -270,13 +278,13 @@ def price(
                     )
                 )  # fmt: skip
         options[t.name] = opts
-    dense = _dense(model, cluster, global_batch_size, s, dtype, hbm, bw, alpha)
+    dense = _dense(model, cluster, global_batch_size, s, dtype, hbm, bw, alpha, dense_strategy)
     cap = p.memory_bytes * memory_fraction - p.reserved_bytes - dense.device_bytes
     host = p.host_memory_bytes / g
     return Costed(model.tables, options, dense, n, g, cap, host, device, global_batch_size)
 
 
-def _dense(model, cluster, b, s, dtype, hbm, bw, alpha) -> DenseCost:
+def _dense(model, cluster, b, s, dtype, hbm, bw, alpha, strategy: str = "ddp") -> DenseCost:
     p = cluster.profile
     n = cluster.gpus
     local = b / n
@@ -290,14 +298,24 @@ def _dense(model, cluster, b, s, dtype, hbm, bw, alpha) -> DenseCost:
     states = model.dense_params * (4 + e + 4 * s)  # fp32 master weights, gradients, states
     acts = model.dense_activations_per_sample * local * e
     pooled = 2 * local * sum(t.dim for t in model.tables) * EMB_BYTES
+    gather_c, gather_d = ring_factors("all_gather", n) if n > 1 else (0.0, 0.0)
+    if strategy == "fsdp" and n > 1:  # 2 all-gathers + 1 reduce-scatter, 1/n of the states
+        collectives = 3 * gather_c * grad_bytes / bw + 3 * gather_d * alpha + 3 * sync
+        unit = model.dense_unit_params or model.dense_params
+        states = states / n + 2 * unit * e  # + the computing MLP's whole parameters, gradients
+        optimizer_s = (3 + 2 * s) * model.dense_params * 4 / n / hbm
+    else:
+        collectives = (ar_c * grad_bytes / bw + ar_d * alpha + sync) if n > 1 else 0.0
+        optimizer_s = (3 + 2 * s) * model.dense_params * 4 / hbm
     return DenseCost(
         compute_s=3 * fwd,
         backward_s=2 * fwd,
-        optimizer_s=(3 + 2 * s) * model.dense_params * 4 / hbm,
-        allreduce_fixed_s=(ar_c * grad_bytes / bw + ar_d * alpha + sync) if n > 1 else 0.0,
+        optimizer_s=optimizer_s,
+        allreduce_fixed_s=collectives,
         allreduce_s_per_byte=ar_c / bw,
         comm_overlap=p.comm_overlap,
         latency_s=3 * (a2a_d * alpha + sync),
         device_bytes=states + acts + pooled,
         params=model.dense_params,
+        strategy=strategy if n > 1 else "ddp",
     )

@@ -10,7 +10,7 @@ solver, so the runtime reads plans through it.
      "model": {"file", "sha256", "args", "embedding_params", "dense_params"},
      "cluster": {"profile", "nodes", "gpus_per_node", "gpus"}, "device": "cpu" | "cuda",
      "global_batch_size", "optimizer", "lr", "dtype",
-     "dense": {"strategy": "ddp", "params", "compute_s", "allreduce_exposed_s", ...},
+     "dense": {"strategy": "ddp" | "fsdp", "params", "compute_s", "allreduce_exposed_s", ...},
      "tables": [{"name", "module", "features", "rows", "dim", "pooling_factor", "zipf",
                  "option", "sharding", "kernel", "ranks", "cache_ratio",
                  "lookup_s", "comm_s", "device_bytes", "host_bytes"}],
@@ -37,6 +37,8 @@ CPU_SHARDINGS = ("data_parallel", "table_wise", "column_wise")
 # sgd: fbgemm's fused EXACT_SGD (plain SGD); adamw: fbgemm's fused Adam with decoupled weight
 # decay on a GPU, torch's AdamW over TorchRec's dense kernel on a CPU; torch's AdamW defaults.
 OPTIMIZERS = ("sgd", "adamw")
+# The dense part: DDP, or ZeRO-3 (FSDP2's fully_shard on each MLP beside TorchRec's sharding).
+DENSE_STRATEGIES = ("ddp", "fsdp")
 ADAMW = {"betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}
 
 
@@ -87,6 +89,9 @@ def check_recplan(plan: Any, where: str = "plan") -> None:
         raise bad(f"global_batch_size {gbs!r} must be a positive multiple of {world} ranks")
     if plan["optimizer"] not in OPTIMIZERS:
         raise bad(f"optimizer {plan['optimizer']!r} is not one of {OPTIMIZERS}")
+    strategy = (plan.get("dense") or {}).get("strategy", "ddp")
+    if strategy not in DENSE_STRATEGIES:
+        raise bad(f"dense strategy {strategy!r} is not one of {DENSE_STRATEGIES}")
     names = set()
     for t in plan["tables"]:
         name = t.get("name")

@@ -137,6 +137,10 @@ def print_recplan(doc: dict[str, Any], quiet: bool = False) -> None:
             human_bytes(r["host_bytes"]),
         )
     out.print(ranks)
+    dense = doc.get("dense") or {}
+    if isinstance(dense.get("strategy"), str):
+        label = {"ddp": "DDP", "fsdp": "ZeRO-3 (FSDP2)"}.get(dense["strategy"], dense["strategy"])
+        out.print(f"dense part: {label}")
     solver = doc.get("solver") or {}
     gap = solver.get("gap")
     out.print(
