@@ -277,7 +277,11 @@ def test_zero3_dense_terms_by_hand():
     bw, _ = c.link(list(range(8)))
     sync = c.profile.collective_sync
     alpha = c.link(list(range(8)))[1]
-    assert fsdp.allreduce_fixed_s == pytest.approx(3 * 7 / 8 * 4e9 / bw + 3 * 7 * alpha + 3 * sync)
+    one = 7 / 8 * 4e9 / bw + 7 * alpha + sync  # one all-gather (or reduce-scatter)
+    assert fsdp.allreduce_fixed_s == pytest.approx(2 * one)  # behind the backward
+    fwd = fsdp.compute_s / 3
+    assert fsdp.forward_exposed_s == pytest.approx(max(0.0, one - c.profile.comm_overlap * fwd))
+    assert ddp.forward_exposed_s == 0.0
     assert ddp.allreduce_fixed_s == pytest.approx(2 * 7 / 8 * 4e9 / bw + 14 * alpha + sync)
     assert fsdp.optimizer_s == pytest.approx(ddp.optimizer_s / 8)
 

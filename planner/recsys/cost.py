@@ -49,7 +49,8 @@ The dense part (bottom/top MLPs, interaction) runs on every rank, as DDP or as Z
 its gradient collectives, exposed past ``comm_overlap`` of the dense backward. DDP all-reduces
 the gradients (2 (n-1)/n of their bytes), keeps parameters, gradients and optimizer states
 whole, and steps them all; ZeRO-3 all-gathers the parameters forward and backward and
-reduce-scatters the gradients (3 (n-1)/n of their bytes, 1.5x DDP), keeps 1/n of the states,
+reduce-scatters the gradients (3 (n-1)/n of their bytes, 1.5x DDP; the forward's all-gather
+hides behind the forward, the other two behind the backward), keeps 1/n of the states,
 steps 1/n of them, and holds one MLP's whole parameters and gradients while it computes
 (the largest, ``RecModel.dense_unit_params``). Data-parallel tables' gradients are
 all-reduced by DDP either way (beside FSDP, TorchRec wraps what FSDP does not hold in DDP).
@@ -112,6 +113,14 @@ class DenseCost:
     device_bytes: float
     params: int
     strategy: str = "ddp"  # "ddp" or "fsdp" (ZeRO-3)
+    forward_exposed_s: float = 0.0  # ZeRO-3: the forward all-gather past what the forward hides
+
+    @property
+    def fixed_s(self) -> float:
+        """What every rank pays whatever the tables: products, optimizer step, the all-to-alls'
+        latencies and ZeRO-3's exposed forward all-gather (the backward's collectives and the
+        data-parallel tables' all-reduce are priced with the tables, ``exposed_allreduce``)."""
+        return self.compute_s + self.optimizer_s + self.latency_s + self.forward_exposed_s
 
 
 @dataclass(frozen=True)
@@ -299,8 +308,11 @@ def _dense(model, cluster, b, s, dtype, hbm, bw, alpha, strategy: str = "ddp") -
     acts = model.dense_activations_per_sample * local * e
     pooled = 2 * local * sum(t.dim for t in model.tables) * EMB_BYTES
     gather_c, gather_d = ring_factors("all_gather", n) if n > 1 else (0.0, 0.0)
+    forward_exposed = 0.0
     if strategy == "fsdp" and n > 1:  # 2 all-gathers + 1 reduce-scatter, 1/n of the states
-        collectives = 3 * gather_c * grad_bytes / bw + 3 * gather_d * alpha + 3 * sync
+        one = gather_c * grad_bytes / bw + gather_d * alpha + sync
+        forward_exposed = max(0.0, one - p.comm_overlap * fwd)  # hidden behind the forward
+        collectives = 2 * one  # the backward's all-gather and reduce-scatter
         unit = model.dense_unit_params or model.dense_params
         states = states / n + 2 * unit * e  # + the computing MLP's whole parameters, gradients
         optimizer_s = (3 + 2 * s) * model.dense_params * 4 / n / hbm
@@ -318,4 +330,5 @@ def _dense(model, cluster, b, s, dtype, hbm, bw, alpha, strategy: str = "ddp") -
         device_bytes=states + acts + pooled,
         params=model.dense_params,
         strategy=strategy if n > 1 else "ddp",
+        forward_exposed_s=forward_exposed,
     )

@@ -91,7 +91,7 @@ def solve(
         return None
     choice, bound, agg_vars, _ = agg
     d = costed.dense
-    fixed = d.compute_s + d.optimizer_s + d.latency_s + exposed_allreduce(costed, choice)
+    fixed = d.fixed_s + exposed_allreduce(costed, choice)
     # Placed time at which the step is within half the gap of the bound: stop improving there.
     ranks = place(costed, choice, stop_at=bound * (1 + rel_gap / 2) - fixed)
     variables = agg_vars
@@ -153,7 +153,7 @@ def _solve_model(costed: Costed, aggregate: bool, time_limit_s: float, rel_gap: 
         e >= MS * (d.allreduce_fixed_s + d.allreduce_s_per_byte * (ar_bytes @ y)
                    - d.comm_overlap * d.backward_s)
     )  # fmt: skip
-    fixed = MS * (d.compute_s + d.optimizer_s + d.latency_s)
+    fixed = MS * d.fixed_s
     limits = (("time_s", MS, None), ("device_bytes", 1 / GIB, costed.device_capacity / GIB),
               ("host_bytes", 1 / GIB, costed.host_capacity / GIB))  # fmt: skip
 
@@ -473,6 +473,6 @@ def exposed_allreduce(costed: Costed, choice: dict[str, TableOption]) -> float:
 def step_time(costed: Costed, choice: dict[str, TableOption], ranks: dict[str, list[int]]) -> float:
     """The slowest rank's step under an assignment (the MILP's objective, evaluated)."""
     d = costed.dense
-    fixed = d.compute_s + d.optimizer_s + d.latency_s + exposed_allreduce(costed, choice)
+    fixed = d.fixed_s + exposed_allreduce(costed, choice)
     loads = rank_loads(costed, choice, ranks)
     return fixed + max(v["lookup_s"] + v["comm_s"] + v["optimizer_s"] for v in loads)

@@ -90,7 +90,7 @@ def step_lower_bound(costed: Costed) -> float:
     exposed = max(0.0, d.allreduce_fixed_s - d.comm_overlap * d.backward_s)
     tables = sum(min(_ranks_used(costed, o) * o.time_s for o in opts)
                  for opts in costed.options.values())  # fmt: skip
-    return d.compute_s + d.optimizer_s + d.latency_s + exposed + tables / costed.ranks
+    return d.fixed_s + exposed + tables / costed.ranks
 
 
 def solve_with_dense_choice(
@@ -185,7 +185,7 @@ def assemble(
     """The plan dict (schema in planner.recsys.plan) from the solver's assignment."""
     d = costed.dense
     exposed = exposed_allreduce(costed, found.choice)
-    fixed = d.compute_s + d.optimizer_s + d.latency_s + exposed
+    fixed = d.fixed_s + exposed
     loads = rank_loads(costed, found.choice, found.ranks)
     base_dev = d.device_bytes + cluster.profile.reserved_bytes
     tables = []
@@ -235,6 +235,7 @@ def assemble(
             "optimizer_s": d.optimizer_s,
             "allreduce_exposed_s": exposed,
             "all_to_all_latency_s": d.latency_s,
+            "forward_exposed_s": d.forward_exposed_s,
             "device_bytes": d.device_bytes,
         },
         "tables": tables,
