@@ -7,7 +7,8 @@ same topology: TorchRec's ``Topology`` gets the profile's device memory (less it
 memory per GPU, HBM, host-link and NVLink/NIC bandwidths, and per-table pooling factors as
 ``ParameterConstraints``. Each plan is then scored twice:
 
-- under meshplan's cost model (``planner.recsys.milp.step_time``): TorchRec's per-table choice
+- under meshplan's cost model (``planner.recsys.milp.step_time``, with the dense strategy
+  meshplan chose, the same for both plans): TorchRec's per-table choice
   mapped to the same option (table-wise, column-wise k, row-wise, table-row-wise, data-parallel,
   host caching at the nearest cache ratio) on the ranks TorchRec chose;
 - under TorchRec's estimator: the shards of TorchRec's own enumerated options (perf from
@@ -169,12 +170,13 @@ def time_meshplan(tables: int, cluster, batch: int):
     _ = mf.module
     start = time.perf_counter()
     model = read_model(mf)
-    costed = price(model, cluster, batch, device="cuda")
-    ours = solve(costed)
+    ddp, fsdp = (price(model, cluster, batch, device="cuda", dense_strategy=st)
+                 for st in ("ddp", "fsdp"))  # fmt: skip
+    ours = solve(ddp.choosing_dense([fsdp]))  # as ``plan`` does: the dense part chosen too
     elapsed = time.perf_counter() - start
     if ours is None:
         raise SystemExit(f"meshplan found no plan for {tables} tables")
-    return mf, model, costed, ours, elapsed
+    return mf, model, ours.costed, ours, elapsed
 
 
 def main(argv: list[str] | None = None) -> int:

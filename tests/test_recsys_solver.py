@@ -289,14 +289,15 @@ def test_zero3_dense_terms_by_hand():
 def test_the_dense_strategy_is_chosen_by_the_step_and_by_memory():
     """A small dense part stays DDP (ZeRO-3 only adds bytes to move); one whose AdamW states
     exceed the device (6e9 parameters: 96 GB whole, 22 GB under ZeRO-3 on 8 ranks) runs ZeRO-3."""
-    from planner.recsys.planning import solve_with_dense_choice
-
     c = cluster_of(8, "h100-sxm")
     for params, want in ((10**6, "ddp"), (6 * 10**9, "fsdp")):
         model = _dense_model(params, params // 5)
-        options = [price(model, c, 512, "adamw", "fp32", "cuda", dense_strategy=st)
-                   for st in ("ddp", "fsdp")]  # fmt: skip
-        costed, found = solve_with_dense_choice(options, 5.0)
-        assert found is not None and costed.dense.strategy == want
-        others = [solve(o) for o in options if o is not costed]
-        assert all(f is None or f.step_time_s >= found.step_time_s for f in others)
+        ddp, fsdp = (price(model, c, 512, "adamw", "fp32", "cuda", dense_strategy=st)
+                     for st in ("ddp", "fsdp"))  # fmt: skip
+        found = solve(ddp.choosing_dense([fsdp]))
+        assert found is not None and found.costed.dense.strategy == want
+        alone = [solve(ddp), solve(fsdp)]  # each strategy solved on its own
+        assert found.step_time_s == pytest.approx(
+            min(f.step_time_s for f in alone if f is not None), rel=1e-3
+        )
+        assert (alone[0] is None) == (want == "fsdp")

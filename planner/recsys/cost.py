@@ -60,7 +60,7 @@ Latencies of the step's three all-to-alls and the dense collectives are one cons
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from planner.hardware.cluster import Cluster
 from planner.hardware.collectives import ring_factors
@@ -136,6 +136,22 @@ class Costed:
     host_capacity: float  # per rank: the node's host memory over its ranks
     device: str  # "cuda" or "cpu": which options TorchRec can run
     global_batch_size: int
+    # The dense part's strategies to choose among, each (its cost, the device memory it leaves
+    # the tables per rank); empty: ``dense`` is fixed. The solver picks one inside its MILPs
+    # (every term a strategy changes is a constant: fixed time, collective bytes, capacity),
+    # and then ``device_capacity`` is the largest of theirs, so no option is dropped early.
+    dense_choices: tuple[tuple[DenseCost, float], ...] = ()
+
+    def with_dense(self, k: int) -> Costed:
+        """These prices with the dense part fixed to choice ``k`` of ``dense_choices``."""
+        dense, capacity = self.dense_choices[k]
+        return replace(self, dense=dense, device_capacity=capacity, dense_choices=())
+
+    def choosing_dense(self, others: list[Costed]) -> Costed:
+        """These prices with the dense part to choose among this one's and ``others``'."""
+        choices = tuple((c.dense, c.device_capacity) for c in [self, *others])
+        return replace(self, device_capacity=max(cap for _, cap in choices),
+                       dense_choices=choices)  # fmt: skip
 
 
 def zipf_hit_rate(rows: int, zipf: float, cache_rows: float) -> float:

@@ -66,48 +66,20 @@ def plan_recsys(
                    key=lambda x: x.device_capacity)  # fmt: skip
 
     check_fits(model, costed_for(cluster), cluster, costed_for)
-    costed, found = solve_with_dense_choice(
-        [priced(cluster, st) for st in dense_strategies(cluster)], time_limit_s
-    )
+    first, *others = [priced(cluster, st) for st in dense_strategies(cluster)]
+    found = solve(first.choosing_dense(others) if others else first, time_limit_s=time_limit_s)
     if found is None:
         raise InfeasibleError(
             f"no placement of the {len(model.tables)} tables fits the memory of {cluster.gpus} "
             f"x {cluster.profile.name}; try {smallest_cluster(cluster, costed_for)}"
         )
-    doc = assemble(mf, model, costed, cluster, found, training, device, notes)
+    doc = assemble(mf, model, found.costed or first, cluster, found, training, device, notes)
     return doc, notes
 
 
 def dense_strategies(cluster: Cluster) -> tuple[str, ...]:
     """DDP, and ZeRO-3 (FSDP2) where there is more than one rank to shard over."""
     return ("ddp", "fsdp") if cluster.gpus > 1 else ("ddp",)
-
-
-def step_lower_bound(costed: Costed) -> float:
-    """No placement under ``costed`` is faster: the dense part with no data-parallel table,
-    plus the average rank's share of every table at its cheapest option (memory ignored)."""
-    d = costed.dense
-    exposed = max(0.0, d.allreduce_fixed_s - d.comm_overlap * d.backward_s)
-    tables = sum(min(_ranks_used(costed, o) * o.time_s for o in opts)
-                 for opts in costed.options.values())  # fmt: skip
-    return d.fixed_s + exposed + tables / costed.ranks
-
-
-def solve_with_dense_choice(
-    candidates: list[Costed], time_limit_s: float
-) -> tuple[Costed, Assignment | None]:
-    """The fastest plan over the dense part's strategies (each its own prices and memory):
-    every strategy is solved unless its lower bound already loses to the best plan so far, so
-    the choice is exact up to the solver's own gap. Ties keep the first (DDP: fewer
-    collectives)."""
-    best: tuple[Costed, Assignment | None] = (candidates[0], None)
-    for costed in candidates:
-        if best[1] is not None and step_lower_bound(costed) >= best[1].step_time_s:
-            continue
-        found = solve(costed, time_limit_s=time_limit_s)
-        if found is not None and (best[1] is None or found.step_time_s < best[1].step_time_s):
-            best = (costed, found)
-    return best
 
 
 def _fits_somewhere(costed: Costed, name: str) -> bool:
