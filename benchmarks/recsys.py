@@ -7,15 +7,23 @@ same topology: TorchRec's ``Topology`` gets the profile's device memory (less it
 memory per GPU, HBM, host-link and NVLink/NIC bandwidths, and per-table pooling factors as
 ``ParameterConstraints``. Each plan is then scored twice:
 
-- under meshplan's cost model (``planner.recsys.milp.step_time``): TorchRec's per-table choice
+- under meshplan's cost model (``planner.recsys.milp.step_time``, with the dense strategy
+  meshplan chose, the same for both plans): TorchRec's per-table choice
   mapped to the same option (table-wise, column-wise k, row-wise, table-row-wise, data-parallel,
   host caching at the nearest cache ratio) on the ranks TorchRec chose;
 - under TorchRec's estimator: the shards of TorchRec's own enumerated options (perf from
   ``EmbeddingPerfEstimator``), placed on each plan's ranks, summed per rank; the slowest rank,
   as TorchRec's ``NoopPerfModel`` scores a plan.
 
-It also times both planners (the model already built and imported) and writes
-``reports/benchmarks/recsys.json``.
+``--device-only`` keeps every table in device memory in both planners: TorchRec's estimator
+prices its UVM caching kernel at a tenth of the blended HBM/host bandwidth and takes the cache
+ratio for the hit rate, whatever the ids' skew, while meshplan prices a cached table's misses
+from the Zipf law of its ids, so a host table is where the two models disagree most (16 tables
+on 16 H100s: meshplan's one host table is its slowest rank under TorchRec's estimator).
+
+It also times both planners (the model already built and imported), times meshplan alone on
+``--scale-tables`` (1,000) tables on the same topology (TorchRec's planner is not run there: at
+120 tables it already takes minutes), and writes ``reports/benchmarks/recsys.json``.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,7 +47,7 @@ from planner.recsys.tables import read_model  # noqa: E402
 MS = 1e3  # TorchRec's planner counts bandwidth in bytes per millisecond and perf in ms
 
 
-def torchrec_setup(model, cluster, batch: int):
+def torchrec_setup(model, cluster, batch: int, device_only: bool = False):
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner.types import ParameterConstraints, Topology
@@ -58,7 +67,8 @@ def torchrec_setup(model, cluster, batch: int):
     )
     constraints = {
         t.name: ParameterConstraints(
-            pooling_factors=[t.pooling_factor / len(t.features)] * len(t.features)
+            pooling_factors=[t.pooling_factor / len(t.features)] * len(t.features),
+            compute_kernels=["fused", "dense"] if device_only else None,
         )  # fmt: skip
         for t in model.tables
     }
@@ -161,6 +171,26 @@ def score_torchrec(found, placement: dict[str, tuple[str, str, list[int]]], worl
     return max(per_rank), missing
 
 
+def time_meshplan(tables: int, cluster, batch: int, device_only: bool = False):
+    """(model file, tables, prices, meshplan's plan, seconds from reading the model to the
+    plan) for the production mix of ``tables`` tables, the file already imported."""
+    mf = load_model_file(ROOT / "examples" / "dlrm.py", {"size": "production", "tables": tables})
+    _ = mf.module
+    start = time.perf_counter()
+    model = read_model(mf)
+    ddp, fsdp = (price(model, cluster, batch, device="cuda", dense_strategy=st)
+                 for st in ("ddp", "fsdp"))  # fmt: skip
+    if device_only:  # no table in host memory (TorchRec's UVM caching kernel)
+        ddp, fsdp = (replace(c, options={n: [o for o in opts if o.cache_ratio is None]
+                                         for n, opts in c.options.items()})
+                     for c in (ddp, fsdp))  # fmt: skip
+    ours = solve(ddp.choosing_dense([fsdp]))  # as ``plan`` does: the dense part chosen too
+    elapsed = time.perf_counter() - start
+    if ours is None:
+        raise SystemExit(f"meshplan found no plan for {tables} tables")
+    return mf, model, ours.costed, ours, elapsed
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tables", type=int, default=500)
@@ -169,19 +199,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", default="h100-sxm")
     ap.add_argument("--out", default=str(ROOT / "reports" / "benchmarks" / "recsys.json"))
     ap.add_argument("--only-meshplan", action="store_true", help="time meshplan alone")
+    ap.add_argument("--device-only", action="store_true",
+                    help="every table stays in device memory (no UVM caching)")  # fmt: skip
+    ap.add_argument("--scale-tables", type=int, default=1000,
+                    help="also time meshplan alone on this many tables (0: skip)")  # fmt: skip
     args = ap.parse_args(argv)
     import torch
 
-    mf = load_model_file(ROOT / "examples" / "dlrm.py", {"size": "production",
-                                                          "tables": args.tables})  # fmt: skip
-    _ = mf.module
     cluster, _ = make_cluster(args.gpus, args.profile)
-    start = time.perf_counter()
-    model = read_model(mf)
-    costed = price(model, cluster, args.batch, device="cuda")
-    ours = solve(costed)
-    ours_time = time.perf_counter() - start
-    assert ours is not None, "meshplan found no plan"
+    mf, model, costed, ours, ours_time = time_meshplan(args.tables, cluster, args.batch,
+                                                       args.device_only)  # fmt: skip
     if args.only_meshplan:
         print(json.dumps({"tables": args.tables, "gpus": args.gpus, "plan_time_s": ours_time,
                           "status": ours.status, "gap": ours.gap,
@@ -190,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     with torch.device("meta"):
         module = mf.build()
     local = args.batch // args.gpus
-    topology, constraints, sharder = torchrec_setup(model, cluster, args.batch)
+    topology, constraints, sharder = torchrec_setup(model, cluster, args.batch, args.device_only)
     tr_plan, tr_time = torchrec_plan(module, topology, constraints, sharder, local)
     tr_choice, tr_ranks, unmatched = as_assignment(tr_plan, costed)
     found = torchrec_estimate(module, topology, constraints, sharder, local, model.tables)
@@ -210,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         "gpus": args.gpus,
         "global_batch": args.batch,
         "profile": args.profile,
+        "device_only": args.device_only,
         "meshplan": {
             "plan_time_s": ours_time,
             "solver": {"status": ours.status, "gap": ours.gap, "solve_time_s": ours.solve_time_s},
@@ -226,6 +254,14 @@ def main(argv: list[str] | None = None) -> int:
             "options": _count(o.label for o in tr_choice.values()),
         },
     }
+    if args.scale_tables:
+        *_, big, big_time = time_meshplan(args.scale_tables, cluster, args.batch)
+        result["meshplan_scale"] = {
+            "tables": args.scale_tables,
+            "plan_time_s": big_time,
+            "solver": {"status": big.status, "gap": big.gap, "solve_time_s": big.solve_time_s},
+            "our_cost_model_step_s": big.step_time_s,
+        }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")

@@ -14,9 +14,14 @@ same samples — as DistributedModelParallel expects each rank's own batch. Torc
 sharded tables' gradients by the world size (``comm_ops`` gradient division) and DDP averages
 the dense ones, so the step is one process's on the global batch's mean loss.
 
-The optimizer is SGD without momentum: TorchRec's fused ``EXACT_SGD`` updates the looked-up
-rows in the backward with exactly ``w -= lr * g``, which is what ``torch.optim.SGD`` does to a
-dense table (rows nobody looked up get a zero gradient and stay), so one process can check it.
+The optimizer is the plan's. ``sgd``: SGD without momentum; TorchRec's fused ``EXACT_SGD``
+updates the looked-up rows in the backward with exactly ``w -= lr * g``, which is what
+``torch.optim.SGD`` does to a dense table (rows nobody looked up get a zero gradient and stay),
+so one process can check it. ``adamw``: torch's AdamW (its defaults) for the dense part; on a GPU
+the tables' fused kernels run fbgemm's Adam with decoupled weight decay, which steps only the
+looked-up rows (rows outside the batch keep their moments and weights, unlike torch's AdamW); on
+a CPU, where fbgemm fuses no Adam, the plan puts the tables on TorchRec's dense kernel and
+torch's AdamW steps their shards, which equals one process's AdamW.
 """
 
 from __future__ import annotations
@@ -31,10 +36,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from planner.errors import MeshplanError, UserInputError
 from planner.modelfile import ModelFile, file_sha256, load_model_file
-from planner.recsys.plan import is_recplan, load_recplan
+from planner.recsys.plan import ADAMW, is_recplan, load_recplan
 
 
 def sharding_generators(plan: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -68,7 +74,6 @@ def sharding_generators(plan: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def build(plan: dict[str, Any], mf: ModelFile, device: torch.device, seed: int):
     """(DistributedModelParallel, combined optimizer, the one-process initial state)."""
-    from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.sharding_plan import construct_module_sharding_plan
@@ -80,8 +85,7 @@ def build(plan: dict[str, Any], mf: ModelFile, device: torch.device, seed: int):
     model = mf.build()
     initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
     lr = float(plan["lr"])
-    fused: dict[str, Any] = {"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": lr}
-    sharder = EmbeddingBagCollectionSharder(fused_params=fused)
+    sharder = EmbeddingBagCollectionSharder(fused_params=fused_params(plan["optimizer"], lr))
     world = dist.get_world_size()
     local = int(plan["cluster"]["gpus_per_node"])
     modules = dict(model.named_modules())
@@ -103,13 +107,73 @@ def build(plan: dict[str, Any], mf: ModelFile, device: torch.device, seed: int):
             sharding.plan[t["module"]][t["name"]].cache_params = CacheParams(
                 load_factor=float(t["cache_ratio"])
             )
-    dmp = DistributedModelParallel(model, device=device, plan=sharding, sharders=[sharder])
+    strategy = plan.get("dense", {}).get("strategy", "ddp")
+    wrapper = fully_shard_dense() if strategy == "fsdp" else None
+    dmp = DistributedModelParallel(
+        model, device=device, plan=sharding, sharders=[sharder], data_parallel_wrapper=wrapper
+    )
     load_full_state(dmp, initial)
     dense = dict(in_backward_optimizer_filter(dmp.named_parameters()))
     opt = CombinedOptimizer(
-        [dmp.fused_optimizer, KeyedOptimizerWrapper(dense, lambda ps: torch.optim.SGD(ps, lr=lr))]
+        [dmp.fused_optimizer, KeyedOptimizerWrapper(dense, dense_optimizer(plan["optimizer"], lr))]
     )
     return dmp, opt, initial
+
+
+def fully_shard_dense():
+    """ZeRO-3 for the dense part, as a TorchRec ``DataParallelWrapper`` (defined here because its
+    base class is TorchRec's, imported only when a plan runs)."""
+    from torchrec.distributed.model_parallel import (
+        DataParallelWrapper,
+        DefaultDataParallelWrapper,
+    )
+    from torchrec.distributed.types import ShardedModule
+
+    class FullyShardDense(DataParallelWrapper):
+        """FSDP2's ``fully_shard`` on every child of the model that holds parameters and is no
+        sharded table module (the MLPs), so each rank keeps 1/N of their parameters, gradients
+        and optimizer states; what is left unsharded (data-parallel tables) goes to TorchRec's
+        usual DDP, told to ignore the FSDP parameters."""
+
+        def wrap(self, dmp, env, device) -> None:
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.fsdp import fully_shard
+
+            root = dmp._dmp_wrapped_module
+            mesh = init_device_mesh(device.type, (env.world_size,))
+            taken: list[str] = []
+            for name, child in root.named_children():
+                params = [f"{name}.{n}" for n, _ in child.named_parameters()]
+                if params and not isinstance(child, ShardedModule):
+                    fully_shard(child, mesh=mesh)
+                    taken += params
+            DefaultDataParallelWrapper(params_to_ignore=taken).wrap(dmp, env, device)
+
+    return FullyShardDense()
+
+
+def fused_params(optimizer: str, lr: float) -> dict[str, Any]:
+    """fbgemm's fused optimizer for the tables on a fused kernel: EXACT_SGD (``w -= lr g``) or
+    Adam with decoupled weight decay (AdamW, torch's defaults). fbgemm's fused Adam steps only
+    the rows the batch looked up; on a CPU it does not exist, and the plan puts Adam's tables
+    on the dense kernel, which ``dense_optimizer`` steps instead."""
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import WeightDecayMode
+
+    if optimizer == "sgd":
+        return {"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": lr}
+    (beta1, beta2), eps, decay = ADAMW["betas"], ADAMW["eps"], ADAMW["weight_decay"]
+    return {"optimizer": EmbOptimType.ADAM, "learning_rate": lr, "beta1": beta1,
+            "beta2": beta2, "eps": eps, "weight_decay": decay,
+            "weight_decay_mode": WeightDecayMode.DECOUPLE}  # fmt: skip
+
+
+def dense_optimizer(optimizer: str, lr: float):
+    """What steps every parameter outside the fused kernels (dense part, data-parallel
+    tables, dense-kernel shards): plain SGD, or torch's AdamW with its defaults."""
+    if optimizer == "sgd":
+        return lambda ps: torch.optim.SGD(ps, lr=lr)
+    return lambda ps: torch.optim.AdamW(ps, lr=lr, **ADAMW)
 
 
 def _plain(name: str) -> str:
@@ -129,6 +193,9 @@ def load_full_state(dmp: torch.nn.Module, full: dict[str, torch.Tensor]) -> None
                 for shard in value.local_shards():
                     (r0, c0), (nr, nc) = shard.metadata.shard_offsets, shard.metadata.shard_sizes
                     shard.tensor.copy_(src[r0 : r0 + nr, c0 : c0 + nc])
+            elif isinstance(value, DTensor):  # FSDP2's shard of a dense parameter
+                mine = distribute_tensor(src.to(value.device), value.device_mesh, value.placements)
+                value.to_local().copy_(mine.to_local())
             else:
                 value.copy_(src)
 
@@ -142,6 +209,8 @@ def gather_full_state(dmp: torch.nn.Module) -> dict[str, torch.Tensor] | None:
             full = torch.empty(value.size()) if rank == 0 else None
             value.gather(dst=0, out=full)
             out[_plain(key)] = full
+        elif isinstance(value, DTensor):  # every rank takes part in the all-gather
+            out[_plain(key)] = value.full_tensor().detach().cpu().clone()
         else:
             out[_plain(key)] = value.detach().cpu().clone()
     return out if rank == 0 else None
@@ -183,6 +252,8 @@ def train(plan: dict[str, Any], run_dir: Path, steps: int, seed: int, device: to
     rank, world = dist.get_rank(), dist.get_world_size()
     gbs = int(plan["global_batch_size"])
     lo, hi = rank * gbs // world, (rank + 1) * gbs // world
+    # parameters FSDP2 holds as DTensor shards (0 under DDP): the run's record of its strategy
+    sharded_dense = sum(isinstance(p, DTensor) for p in dmp.parameters())
     loss_fn = getattr(mf.module, "loss_fn", None)
     if loss_fn is None:
         raise UserInputError(f"{mf.path.name}: a recommendation model file must define loss_fn")
@@ -201,7 +272,8 @@ def train(plan: dict[str, Any], run_dir: Path, steps: int, seed: int, device: to
         dist.all_reduce(mean)
         if rank == 0:
             record = {"step": step, "loss": mean.item() / world,
-                      "step_time_s": time.perf_counter() - start}  # fmt: skip
+                      "step_time_s": time.perf_counter() - start,
+                      "sharded_dense_params": sharded_dense}  # fmt: skip
             with open(run_dir / "metrics.jsonl", "a") as f:
                 f.write(json.dumps(record) + "\n")
             print(f"step {step}: loss {record['loss']:.6f} ({record['step_time_s']:.3f} s)")

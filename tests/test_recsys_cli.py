@@ -108,10 +108,22 @@ def test_production_plans_on_gpus(tmp_path, capsys):
     assert all(r["device_bytes"] <= cap for r in plan["ranks"])
 
 
-def test_recsys_refuses_adamw(capsys):
-    rc = main([str(DLRM), "--gpus", "2", "--device", "cpu", "--optimizer", "adamw"])
+def test_adamw_on_cpu_plans_dense_kernels_and_refuses_fused_ones(tmp_path, capsys):
+    """fbgemm's CPU kernels fuse no Adam: an AdamW plan for CPU puts every table on TorchRec's
+    dense kernel, and a plan edited to a fused kernel is refused in one line before launch."""
+    rc = main([str(DLRM), "--gpus", "2", "--device", "cpu", "--optimizer", "adamw",
+               "--out", str(tmp_path)])  # fmt: skip
+    assert rc == 0, capsys.readouterr().err
+    path = tmp_path / "plan.json"
+    plan = load_recplan(path)
+    assert plan["optimizer"] == "adamw"
+    assert {t["kernel"] for t in plan["tables"]} == {"dense"}
+    plan["tables"][0].update(sharding="table_wise", kernel="fused", ranks=[0])
+    path.write_text(json.dumps(plan))
+    capsys.readouterr()
+    rc = main(["run", str(path), "--device", "cpu"])
     err = capsys.readouterr().err
-    assert rc == 2 and "sgd" in err
+    assert rc == 2 and "adamw needs a GPU" in err and err.count("\n") == 1
 
 
 def test_run_refuses_a_changed_model_file(tmp_path, capsys):
@@ -148,3 +160,34 @@ def test_a_plan_needing_a_gpu_is_refused_on_cpu(tmp_path, capsys):
     rc = main(["run", str(path), "--device", "cpu"])
     err = capsys.readouterr().err
     assert rc == 2 and "needs a GPU" in err
+
+
+def test_plan_show_reads_a_recommendation_plan(tmp_path, capsys):
+    """`plan show` prints each table's option and ranks, each rank's memory, and the step the
+    plan file predicts (the slowest rank's)."""
+    assert main([str(DLRM), "--gpus", "2", "--device", "cpu", "--out", str(tmp_path)]) == 0
+    capsys.readouterr()
+    plan = load_recplan(tmp_path / "plan.json")
+    rc = main(["show", str(tmp_path / "plan.json")])
+    out = capsys.readouterr().out
+    assert rc == 0
+    for t in plan["tables"]:
+        assert any(line.split("│")[1].strip() == t["name"] and t["option"] in line
+                   for line in out.splitlines() if line.count("│") > 5)  # fmt: skip
+    rank_rows = [line for line in out.splitlines() if line.strip().startswith("│    ")]
+    assert len(rank_rows) >= 2
+    step = plan["predicted"]["step_time_s"]
+    assert f"predicted step {step * 1e3:.1f} ms" in out
+
+
+def test_plan_show_refuses_a_broken_recommendation_plan_in_one_line(tmp_path, capsys):
+    assert main([str(DLRM), "--gpus", "2", "--device", "cpu", "--out", str(tmp_path)]) == 0
+    path = tmp_path / "plan.json"
+    plan = json.loads(path.read_text())
+    plan["tables"][1]["ranks"] = [7]
+    path.write_text(json.dumps(plan))
+    capsys.readouterr()
+    rc = main(["show", str(path)])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err.count("\n") == 1 and "'t1'" in err and "ranks" in err

@@ -2,12 +2,14 @@
 
 On 2 and 4 CPU ranks (gloo), at a global batch of 256, four plans — every table table-wise,
 column-wise where TorchRec can split it (else table-wise), data-parallel, and the planner's own
-plan (mixed: data-parallel and column-wise tables) — train 5 steps under torchrun through
+plan (mixed: data-parallel and column-wise tables), and that plan with the dense MLPs under ZeRO-3
+(FSDP2 beside TorchRec's tables) — train 5 steps under torchrun through
 ``runtime.recsys`` (one launch per world size). Every parameter, the sharded tables gathered
 from their shards, must equal 5 steps of plain SGD in one process on the same global batches:
 |theta_plan - theta_ref| <= 1e-5 max|theta_ref| + 1e-3 max|theta_ref - theta_0|, and every
 tensor must have moved, so a frozen table fails; a gradient off by the world size fails too
-(``test_oracle_notices_a_wrong_table``).
+(``test_oracle_notices_a_wrong_table``). The same four plans also train with AdamW on 2 ranks
+against torch's AdamW in one process (``test_adamw_plan_trains_like_one_process``).
 """
 
 from __future__ import annotations
@@ -30,15 +32,18 @@ from runtime.launch import worker_env
 ROOT = Path(__file__).resolve().parent.parent
 DLRM = ROOT / "examples" / "dlrm.py"
 STEPS = 5
-KINDS = ("tw", "cw", "dp", "planner")
+KINDS = ("tw", "cw", "dp", "planner", "fsdp")
 TRAINING = {"global_batch_size": 256, "optimizer": "sgd", "dtype": "fp32", "lr": 0.5}
+ADAMW = {**TRAINING, "optimizer": "adamw", "lr": 0.01}
 
 pytestmark = pytest.mark.distributed
 
 
-def _plans(world: int, out: Path) -> dict[str, Path]:
+def _plans(world: int, out: Path, training: dict = TRAINING) -> dict[str, Path]:
     mf = load_model_file(DLRM, {"size": "tiny"})
-    base, _ = plan_recsys(mf, world, profile="cpu", training=TRAINING, device="cpu")
+    base, _ = plan_recsys(mf, world, profile="cpu", training=training, device="cpu")
+    # fbgemm's CPU kernels fuse no Adam: its sharded tables run TorchRec's dense kernel
+    kernel = "fused" if training["optimizer"] == "sgd" else "dense"
     paths = {}
     for kind in KINDS:
         plan = copy.deepcopy(base)
@@ -46,12 +51,14 @@ def _plans(world: int, out: Path) -> dict[str, Path]:
             if kind == "dp":
                 t.update(sharding="data_parallel", kernel="dense", ranks=list(range(world)))
             elif kind in ("tw", "cw"):
-                t.update(sharding="table_wise", kernel="fused", ranks=[i % world])
+                t.update(sharding="table_wise", kernel=kernel, ranks=[i % world])
                 k = min(world, 4)
                 if kind == "cw" and t["dim"] % k == 0 and (t["dim"] // k) % 4 == 0:
                     t.update(sharding="column_wise", ranks=list(range(k)))
                 elif kind == "cw" and t["dim"] % 2 == 0 and (t["dim"] // 2) % 4 == 0:
                     t.update(sharding="column_wise", ranks=[i % world, (i + 1) % world])
+        if kind == "fsdp":  # the planner's tables, the MLPs under ZeRO-3 (FSDP2)
+            plan["dense"]["strategy"] = "fsdp"
         path = out / kind / "plan.json"
         path.parent.mkdir(parents=True)
         path.write_text(json.dumps(plan))
@@ -59,17 +66,21 @@ def _plans(world: int, out: Path) -> dict[str, Path]:
     return paths
 
 
-def _reference(steps: int) -> tuple[dict, dict]:
-    """(initial, final) parameters of one process: SGD, the global batch's mean loss."""
+def _reference(steps: int, training: dict = TRAINING) -> tuple[dict, dict]:
+    """(initial, final) parameters of one process on the global batch's mean loss: plain
+    SGD, or torch's AdamW with its defaults (dense: every row steps, looked up or not)."""
     spec = importlib.util.spec_from_file_location("dlrm_reference", DLRM)
     m = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(m)
     torch.manual_seed(0)
     model = m.build_model("tiny")
     initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    opt = torch.optim.SGD(model.parameters(), lr=TRAINING["lr"])
+    if training["optimizer"] == "sgd":
+        opt = torch.optim.SGD(model.parameters(), lr=training["lr"])
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=training["lr"])
     for step in range(steps):
-        inputs, labels = m.make_batch(TRAINING["global_batch_size"], step=step)
+        inputs, labels = m.make_batch(training["global_batch_size"], step=step)
         loss = m.loss_fn(model(*inputs), labels)
         opt.zero_grad()
         loss.backward()
@@ -90,8 +101,17 @@ def reference():
 )
 def runs(request, tmp_path_factory):
     world = request.param
-    out = tmp_path_factory.mktemp(f"recsys{world}")
-    plans = _plans(world, out)
+    return world, _launch(world, tmp_path_factory.mktemp(f"recsys{world}"), TRAINING)
+
+
+@pytest.fixture(scope="module")
+def adamw_runs(tmp_path_factory):
+    return 2, _launch(2, tmp_path_factory.mktemp("recsys_adamw"), ADAMW)
+
+
+def _launch(world: int, out: Path, training: dict) -> dict[str, Path]:
+    """Every plan of ``KINDS`` trained STEPS steps in one torchrun launch of ``world`` ranks."""
+    plans = _plans(world, out, training)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc-per-node={world}", "-m", "runtime.recsys",
            "--plans", *map(str, plans.values()),
@@ -99,7 +119,7 @@ def runs(request, tmp_path_factory):
            "--steps", str(STEPS), "--dump-params"]  # fmt: skip
     proc = subprocess.run(cmd, env=worker_env(), capture_output=True, text=True, timeout=500)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return world, plans
+    return plans
 
 
 def _mismatches(got: dict, initial: dict, ref: dict) -> list[str]:
@@ -126,8 +146,25 @@ def test_plan_trains_like_one_process(runs, reference, kind):
     initial, final = reference
     assert set(got) == set(final)
     assert _mismatches(got, initial, final) == []
-    losses = [json.loads(line)["loss"] for line in (plans[kind].parent / "metrics.jsonl").open()]
-    assert len(losses) == STEPS
+    records = [json.loads(line) for line in (plans[kind].parent / "metrics.jsonl").open()]
+    assert len(records) == STEPS
+    # FSDP2 really sharded the MLPs (their parameters are DTensors), and only in that plan
+    assert (records[0]["sharded_dense_params"] > 0) == (kind == "fsdp")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_adamw_plan_trains_like_one_process(adamw_runs, kind):
+    """AdamW on 2 CPU ranks: the sharded tables on TorchRec's dense kernel (fbgemm's CPU
+    kernels have no fused Adam) stepped by torch's AdamW shard by shard, which is AdamW on the
+    whole table because every term of its update is elementwise."""
+    world, plans = adamw_runs
+    plan = json.loads(plans[kind].read_text())
+    assert plan["optimizer"] == "adamw"
+    assert {t["kernel"] for t in plan["tables"]} == {"dense"}
+    got = torch.load(plans[kind].parent / "params.pt")
+    initial, final = _reference(STEPS, ADAMW)
+    assert set(got) == set(final)
+    assert _mismatches(got, initial, final) == []
 
 
 def test_oracle_notices_a_wrong_table():

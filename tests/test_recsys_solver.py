@@ -15,7 +15,14 @@ import random
 
 import pytest
 
-from planner.recsys.cost import Costed, DenseCost, TableOption, price, zipf_hit_rate
+from planner.recsys.cost import (
+    Costed,
+    DenseCost,
+    TableOption,
+    a2a_seconds_per_byte,
+    price,
+    zipf_hit_rate,
+)
 from planner.recsys.milp import solve
 from planner.recsys.tables import RecModel, TableBlock
 from tests.conftest import cluster_of
@@ -151,7 +158,8 @@ def test_table_wise_terms_by_hand():
     tw = next(o for o in costed.options["t"] if o.label == "tw")
     hbm = p.memory_bandwidth * p.elementwise_efficiency
     bw = p.intra_node_bandwidth * p.collective_efficiency
-    assert tw.lookup_s == pytest.approx(3 * 512 * 2.0 * 16 * 4 / hbm)
+    io = 2 * 512 * 2.0 * 8 + 2 * 512 * 16 * 4  # ids read twice, pooled out and its gradient
+    assert tw.lookup_s == pytest.approx((3 * 512 * 2.0 * 16 * 4 + io) / hbm)
     ids = 512 * 2.0 * 8 + 512 * 8
     assert tw.comm_s == pytest.approx(0.75 * (ids + 2 * 512 * 16 * 4) / bw)
     assert tw.device_bytes == pytest.approx(1000 * 16 * 4 + 2 * 512 * 16 * 4)
@@ -182,7 +190,9 @@ def test_host_option_pays_misses_at_the_host_link():
     h = math.log1p(0.2 * 10**6) / math.log1p(10**6)
     read = 512 * 2.0 * 16 * 4
     hbm = p.memory_bandwidth * p.elementwise_efficiency
-    assert host.lookup_s == pytest.approx(3 * read * (h / hbm + (1 - h) / p.host_bandwidth))
+    io = 2 * 512 * 2.0 * 8 + 2 * 512 * 16 * 4
+    want = 3 * read * (h / hbm + (1 - h) / p.host_bandwidth) + io / hbm
+    assert host.lookup_s == pytest.approx(want)
     assert host.host_bytes == pytest.approx(10**6 * 16 * 4)
     assert host.device_bytes == pytest.approx(0.2 * 10**6 * 16 * 4 + 2 * 512 * 16 * 4)
 
@@ -199,3 +209,95 @@ def test_zipf_hit_rate_matches_the_generator():
     measured = (k < cache).double().mean().item()
     assert zipf_hit_rate(rows, s, cache) == pytest.approx(measured, abs=0.01)
     assert zipf_hit_rate(rows, 0.0, cache) == pytest.approx(cache / rows)
+
+
+def test_all_to_all_across_nodes_runs_at_the_nic():
+    """Across nodes each rank's all-to-all bytes bound for other nodes leave through its own
+    NIC: 64 H100s (8 nodes) move 56/64 of every byte at the NIC rate, about g = 8 times
+    slower than the ring bus bandwidth that Cluster.link gives all-gathers."""
+    c = cluster_of(64, "h100-sxm")
+    p = c.profile
+    per_byte = a2a_seconds_per_byte(c, 64)
+    assert per_byte == pytest.approx(56 / 64 / (p.inter_node_bandwidth * p.collective_efficiency))
+    bus, _ = c.link(list(range(64)))
+    assert per_byte > 5 * (63 / 64) / bus
+    one = cluster_of(4, "h100-sxm")
+    assert a2a_seconds_per_byte(one, 4) == pytest.approx(
+        0.75 / (p.intra_node_bandwidth * p.collective_efficiency)
+    )
+    costed = price(_model(), c, 512, "sgd", "fp32", "cuda")
+    tw = next(o for o in costed.options["t"] if o.label == "tw")
+    ids = 512 * 2.0 * 8 + 512 * 8
+    assert tw.comm_s == pytest.approx(per_byte * (ids + 2 * 512 * 16 * 4))
+
+
+def test_adam_state_is_priced_two_per_element():
+    """AdamW keeps two states per weight: on a GPU fbgemm's fused Adam holds them beside the
+    rows and its backward reads and writes row and states (7 row passes instead of SGD's 3);
+    on a CPU the table runs the dense kernel (a full gradient too) and AdamW steps all of it."""
+    c = cluster_of(4, "h100-sxm")
+    p = c.profile
+    hbm = p.memory_bandwidth * p.elementwise_efficiency
+    sgd = {o.label: o for o in price(_model(), c, 512, "sgd", "fp32", "cuda").options["t"]}
+    adam = {o.label: o for o in price(_model(), c, 512, "adamw", "fp32", "cuda").options["t"]}
+    weights, buffers = 1000 * 16 * 4, 2 * 512 * 16 * 4
+    assert adam["tw"].kernel == "fused"
+    assert adam["tw"].device_bytes == pytest.approx(3 * weights + buffers)
+    read = 512 * 2.0 * 16 * 4
+    assert adam["tw"].lookup_s - sgd["tw"].lookup_s == pytest.approx(4 * read / hbm)
+    assert adam["dp"].device_bytes == pytest.approx(4 * weights + 2 * 128 * 16 * 4)
+    cpu = cluster_of(4, "cpu")
+    tw = next(o for o in price(_model(), cpu, 512, "adamw", "fp32", "cpu").options["t"]
+              if o.label == "tw")  # fmt: skip
+    assert tw.kernel == "dense"
+    assert tw.device_bytes == pytest.approx(4 * weights + buffers)
+    assert tw.optimizer_s == pytest.approx(
+        7 * weights / (cpu.profile.memory_bandwidth * cpu.profile.elementwise_efficiency)
+    )
+
+
+def _dense_model(params: int, unit: int) -> RecModel:
+    t = TableBlock("t", "ebc", ("f",), 1000, 16, 2.0, 0.0)
+    return RecModel([t], dense_params=params, dense_tensors=4, dense_flops_per_sample=2.0 * params,
+                    dense_activations_per_sample=20.0, dense_unit_params=unit)  # fmt: skip
+
+
+def test_zero3_dense_terms_by_hand():
+    """ZeRO-3 keeps 1/n of the states plus the largest MLP whole, moves 1.5x DDP's bytes (two
+    all-gathers and a reduce-scatter against one all-reduce) and steps 1/n of the states."""
+    c = cluster_of(8, "h100-sxm")
+    model = _dense_model(10**9, 4 * 10**8)
+    ddp = price(model, c, 512, "adamw", "fp32", "cuda").dense
+    fsdp = price(model, c, 512, "adamw", "fp32", "cuda", dense_strategy="fsdp").dense
+    assert fsdp.strategy == "fsdp" and ddp.strategy == "ddp"
+    states = 10**9 * (4 + 4 + 8)
+    assert ddp.device_bytes - fsdp.device_bytes == pytest.approx(
+        states - (states / 8 + 2 * 4 * 10**8 * 4)
+    )
+    bw, _ = c.link(list(range(8)))
+    sync = c.profile.collective_sync
+    alpha = c.link(list(range(8)))[1]
+    one = 7 / 8 * 4e9 / bw + 7 * alpha + sync  # one all-gather (or reduce-scatter)
+    assert fsdp.allreduce_fixed_s == pytest.approx(2 * one)  # behind the backward
+    fwd = fsdp.compute_s / 3
+    assert fsdp.forward_exposed_s == pytest.approx(max(0.0, one - c.profile.comm_overlap * fwd))
+    assert ddp.forward_exposed_s == 0.0
+    assert ddp.allreduce_fixed_s == pytest.approx(2 * 7 / 8 * 4e9 / bw + 14 * alpha + sync)
+    assert fsdp.optimizer_s == pytest.approx(ddp.optimizer_s / 8)
+
+
+def test_the_dense_strategy_is_chosen_by_the_step_and_by_memory():
+    """A small dense part stays DDP (ZeRO-3 only adds bytes to move); one whose AdamW states
+    exceed the device (6e9 parameters: 96 GB whole, 22 GB under ZeRO-3 on 8 ranks) runs ZeRO-3."""
+    c = cluster_of(8, "h100-sxm")
+    for params, want in ((10**6, "ddp"), (6 * 10**9, "fsdp")):
+        model = _dense_model(params, params // 5)
+        ddp, fsdp = (price(model, c, 512, "adamw", "fp32", "cuda", dense_strategy=st)
+                     for st in ("ddp", "fsdp"))  # fmt: skip
+        found = solve(ddp.choosing_dense([fsdp]))
+        assert found is not None and found.costed.dense.strategy == want
+        alone = [solve(ddp), solve(fsdp)]  # each strategy solved on its own
+        assert found.step_time_s == pytest.approx(
+            min(f.step_time_s for f in alone if f is not None), rel=1e-3
+        )
+        assert (alone[0] is None) == (want == "fsdp")

@@ -14,6 +14,7 @@ from planner.modelfile import ModelFile
 from planner.recsys.plan import write_recplan
 
 GIB = 2.0**30
+DENSE_LABELS = {"ddp": "DDP", "fsdp": "ZeRO-3 (FSDP2)"}
 
 
 def plan_device(args: argparse.Namespace) -> str:
@@ -88,8 +89,9 @@ def print_summary(doc: dict[str, Any], path: Path) -> None:
     print("  tables: " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())))
     d = doc["dense"]
     print(
-        f"  dense part: DDP, {d['params']:,} params, {d['compute_s'] * 1e3:.3f} ms compute, "
-        f"{d['allreduce_exposed_s'] * 1e3:.3f} ms exposed all-reduce"
+        f"  dense part: {DENSE_LABELS.get(d['strategy'], d['strategy'])}, {d['params']:,} params, "
+        f"{d['compute_s'] * 1e3:.3f} ms compute, "
+        f"{d['allreduce_exposed_s'] * 1e3:.3f} ms exposed gradient collectives"
     )
     slow = max(doc["ranks"], key=lambda r: r["step_s"])
     print(

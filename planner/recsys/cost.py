@@ -20,31 +20,47 @@ Each option is a set of identical *shards* that go either on ranks chosen by the
 (table-wise, column-wise, host), on one node (table-row-wise), or on every rank at once
 (data-parallel, row-wise), and per shard it costs, per step of global batch B over N ranks:
 
-    lookups   3 B L w e / HBM         forward reads B L rows of w columns (e bytes each); the
-                                      fused backward reads the pooled gradient and
-                                      read-modify-writes every looked-up row (2x)
+    lookups   ((1 + 2(1 + s)) B L w e + 2 B L i + 2 B w e) / HBM   forward reads B L rows
+                                      of w columns (e bytes each) and their ids (i bytes) and
+                                      writes B pooled rows; the fused backward reads the ids
+                                      and the pooled gradient and read-modify-writes every
+                                      looked-up row and its s optimizer states (SGD: s = 0;
+                                      fbgemm's fused Adam: s = 2, and it steps only the rows
+                                      the batch looked up)
+              CPU with Adam: fbgemm's CPU kernels fuse no Adam, so the shard runs TorchRec's
+              dense kernel: a full gradient (memory R w e (2 + s)) and torch's AdamW stepping
+              the whole shard every step ((3 + 2 s) R w e / HBM), as a data-parallel table
               host c: misses (1 - h) of the bytes at the host link instead, where
               h = F(c R) is the Zipf law's share of lookups that hit the c R hottest rows
-    all-to-all  c_a2a (ids + lengths + 2 B w e) / bw   the shard's rank receives the ids of
-                                      the whole batch and sends B pooled rows forward and
-                                      receives their gradients backward (TorchRec's estimator
-                                      counts the same transfers on the shard's rank)
+    all-to-all  a (ids + lengths + 2 B w e)   the shard's rank receives the ids of the whole
+                                      batch and sends B pooled rows forward and receives their
+                                      gradients backward (TorchRec's estimator counts the same
+                                      transfers on the shard's rank); a is seconds per byte
+                                      through the rank's NIC (``a2a_seconds_per_byte``), not
+                                      the ring bus bandwidth
     memory    R w e (1 + s) + 2 B w e on device (s: optimizer state per element; the pooled
               output and its gradient); host c: c R w e on device, R w e (1 + s) on the host
 
 The collective factors c come from ``planner.hardware.collectives.ring_factors`` and the link
 from ``Cluster.link``; rates from the profile (HBM x elementwise efficiency, the host link).
 
-The dense part (bottom/top MLPs, interaction) runs as DDP on every rank: its products at the
-profile's matmul rate, its optimizer step, and its all-reduce, which data-parallel tables join,
-exposed past ``comm_overlap`` of the dense backward. Latencies of the step's three all-to-alls
-and the all-reduce are one constant per rank.
+The dense part (bottom/top MLPs, interaction) runs on every rank, as DDP or as ZeRO-3 (FSDP2's
+``fully_shard`` on each MLP): its products at the profile's matmul rate, its optimizer step and
+its gradient collectives, exposed past ``comm_overlap`` of the dense backward. DDP all-reduces
+the gradients (2 (n-1)/n of their bytes), keeps parameters, gradients and optimizer states
+whole, and steps them all; ZeRO-3 all-gathers the parameters forward and backward and
+reduce-scatters the gradients (3 (n-1)/n of their bytes, 1.5x DDP; the forward's all-gather
+hides behind the forward, the other two behind the backward), keeps 1/n of the states,
+steps 1/n of them, and holds one MLP's whole parameters and gradients while it computes
+(the largest, ``RecModel.dense_unit_params``). Data-parallel tables' gradients are
+all-reduced by DDP either way (beside FSDP, TorchRec wraps what FSDP does not hold in DDP).
+Latencies of the step's three all-to-alls and the dense collectives are one constant per rank.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from planner.hardware.cluster import Cluster
 from planner.hardware.collectives import ring_factors
@@ -96,6 +112,15 @@ class DenseCost:
     latency_s: float  # the sparse all-to-alls' latency terms
     device_bytes: float
     params: int
+    strategy: str = "ddp"  # "ddp" or "fsdp" (ZeRO-3)
+    forward_exposed_s: float = 0.0  # ZeRO-3: the forward all-gather past what the forward hides
+
+    @property
+    def fixed_s(self) -> float:
+        """What every rank pays whatever the tables: products, optimizer step, the all-to-alls'
+        latencies and ZeRO-3's exposed forward all-gather (the backward's collectives and the
+        data-parallel tables' all-reduce are priced with the tables, ``exposed_allreduce``)."""
+        return self.compute_s + self.optimizer_s + self.latency_s + self.forward_exposed_s
 
 
 @dataclass(frozen=True)
@@ -111,6 +136,22 @@ class Costed:
     host_capacity: float  # per rank: the node's host memory over its ranks
     device: str  # "cuda" or "cpu": which options TorchRec can run
     global_batch_size: int
+    # The dense part's strategies to choose among, each (its cost, the device memory it leaves
+    # the tables per rank); empty: ``dense`` is fixed. The solver picks one inside its MILPs
+    # (every term a strategy changes is a constant: fixed time, collective bytes, capacity),
+    # and then ``device_capacity`` is the largest of theirs, so no option is dropped early.
+    dense_choices: tuple[tuple[DenseCost, float], ...] = ()
+
+    def with_dense(self, k: int) -> Costed:
+        """These prices with the dense part fixed to choice ``k`` of ``dense_choices``."""
+        dense, capacity = self.dense_choices[k]
+        return replace(self, dense=dense, device_capacity=capacity, dense_choices=())
+
+    def choosing_dense(self, others: list[Costed]) -> Costed:
+        """These prices with the dense part to choose among this one's and ``others``'."""
+        choices = tuple((c.dense, c.device_capacity) for c in [self, *others])
+        return replace(self, device_capacity=max(cap for _, cap in choices),
+                       dense_choices=choices)  # fmt: skip
 
 
 def zipf_hit_rate(rows: int, zipf: float, cache_rows: float) -> float:
@@ -128,6 +169,36 @@ def zipf_hit_rate(rows: int, zipf: float, cache_rows: float) -> float:
     return ((1 + k) ** a - 1) / ((1 + rows) ** a - 1)
 
 
+def kernel_io(ids: float, pooled: float) -> float:
+    """Bytes the embedding kernel moves besides the rows: it reads the ``ids`` it looks up in
+    the forward and again in the backward (which sorts them to update each row once), writes
+    the ``pooled`` output elements in the forward and reads their gradient in the backward.
+    Row-wise shards compute partial sums for every sample of the batch, so their ``pooled``
+    is the whole batch's even though they look up only their share of the ids."""
+    return 2 * ids * ID_BYTES + 2 * pooled * EMB_BYTES
+
+
+def a2a_seconds_per_byte(cluster: Cluster, n: int) -> float:
+    """Seconds per byte a rank sends (and, the exchange being symmetric, receives) in an
+    all-to-all over the cluster's first ``n`` ranks.
+
+    Not the ring formula over ``Cluster.link``'s bus bandwidth: a ring all-gather brings only
+    each node's (k - 1)/k share across the network and spreads it over the node's g NICs, but an
+    all-to-all sends every rank's (n - g)/n share that is bound for other nodes through that
+    rank's own NIC, while the (g - 1)/n share for its node's ranks goes over NVLink at the same
+    time. Across nodes the NIC is therefore the bottleneck, a factor of about g slower per byte
+    than the ring bus bandwidth (64 H100s: 50 GB/s per NIC against a 360 GB/s bus)."""
+    if n <= 1:
+        return 0.0
+    p = cluster.profile
+    g = min(cluster.gpus_per_node, n)
+    intra = (g - 1) / n / (p.intra_node_bandwidth * p.collective_efficiency)
+    if n <= g:
+        return intra
+    inter = (n - g) / n / (p.inter_node_bandwidth * p.collective_efficiency)
+    return max(intra, inter)
+
+
 def price(
     model: RecModel,
     cluster: Cluster,
@@ -136,14 +207,20 @@ def price(
     dtype: str = "fp32",
     device: str = "cuda",
     memory_fraction: float = 1.0,
+    dense_strategy: str = "ddp",
 ) -> Costed:
     """Every option of every table and the dense part, on ``cluster`` (see module docstring)."""
     p = cluster.profile
     n, g, b = cluster.gpus, cluster.gpus_per_node, global_batch_size
     s = STATE_ELEMENTS[optimizer]
+    # The fused backward reads and writes each looked-up row and its s optimizer states.
+    passes = 1 + 2 * (1 + s)
+    # fbgemm's CPU kernels fuse only SGD and Adagrad: Adam's tables on a CPU run TorchRec's
+    # dense kernel, a full gradient per shard and torch's AdamW stepping the whole shard.
+    unfused = device == "cpu" and s > 0
     hbm = p.memory_bandwidth * p.elementwise_efficiency
     bw, alpha = cluster.link(list(range(n)))
-    a2a = ring_factors("all_to_all", n)[0] if n > 1 else 0.0
+    a2a_s = a2a_seconds_per_byte(cluster, n)
     rs = ring_factors("reduce_scatter", n)[0] if n > 1 else 0.0
     options = {}
     for t in model.tables:
@@ -155,17 +232,24 @@ def price(
             bound now: the function is called within this iteration only)."""
             hit = 1.0 if ratio is None else zipf_hit_rate(t.rows, t.zipf, ratio * t.rows)
             read = b * t.pooling_factor * width * EMB_BYTES
-            lookup = 3 * read * (hit / hbm + (1 - hit) / p.host_bandwidth)
-            comm = a2a * (ids + 2 * b * width * EMB_BYTES) / bw
             weights = t.rows * width * EMB_BYTES
             buffers = 2 * b * width * EMB_BYTES
-            if ratio is None:
-                dev, host = weights * (1 + s) + buffers, 0.0
+            optimizer_s = 0.0
+            if unfused:  # rows read forward, gradient rows written backward; then AdamW
+                kernel, lookup = "dense", 2 * read / hbm
+                dev, host = weights * (2 + s) + buffers, 0.0
+                optimizer_s = (3 + 2 * s) * weights / hbm
             else:
-                dev, host = ratio * weights + buffers, weights * (1 + s)
+                lookup = passes * read * (hit / hbm + (1 - hit) / p.host_bandwidth)
+                if ratio is None:
+                    dev, host = weights * (1 + s) + buffers, 0.0
+                else:
+                    dev, host = ratio * weights + buffers, weights * (1 + s)
+            lookup += kernel_io(b * t.pooling_factor, b * width) / hbm
+            comm = a2a_s * (ids + 2 * b * width * EMB_BYTES)
             return TableOption(
                 t.name, label, sharding, kernel, "rank", count, lookup, comm, dev, host,
-                cache_ratio=ratio,
+                optimizer_s=optimizer_s, cache_ratio=ratio,
             )  # fmt: skip
 
         opts.append(sharded("tw", "table_wise", t.dim, 1))
@@ -177,7 +261,8 @@ def price(
         opts.append(
             TableOption(
                 t.name, "dp", "data_parallel", "dense", "all", n,
-                lookup_s=3 * local * t.pooling_factor * t.dim * EMB_BYTES / hbm,
+                lookup_s=(3 * local * t.pooling_factor * t.dim * EMB_BYTES
+                          + kernel_io(local * t.pooling_factor, local * t.dim)) / hbm,
                 comm_s=0.0,
                 device_bytes=weights * (2 + s) + 2 * local * t.dim * EMB_BYTES,
                 host_bytes=0.0,
@@ -194,8 +279,9 @@ def price(
                 opts.append(
                     TableOption(
                         t.name, "rw", "row_wise", "fused", "all", n,
-                        lookup_s=3 * read / n / hbm,
-                        comm_s=(a2a * ids / n + 2 * rs * b * t.dim * EMB_BYTES) / bw,
+                        lookup_s=(passes * read / n + kernel_io(b * t.pooling_factor / n,
+                                                           b * t.dim)) / hbm,
+                        comm_s=a2a_s * ids / n + 2 * rs * b * t.dim * EMB_BYTES / bw,
                         device_bytes=weights * (1 + s) / n + 2 * b * t.dim * EMB_BYTES,
                         host_bytes=0.0,
                     )
@@ -204,25 +290,26 @@ def price(
                 read = b * t.pooling_factor * t.dim * EMB_BYTES
                 node_bw, _ = cluster.link(list(range(g)))
                 rs_g = ring_factors("reduce_scatter", g)[0]
-                comm = a2a * (ids + 2 * b * t.dim * EMB_BYTES) / g / bw
+                comm = a2a_s * (ids + 2 * b * t.dim * EMB_BYTES) / g
                 comm += 2 * rs_g * b * t.dim * EMB_BYTES / node_bw
                 opts.append(
                     TableOption(
                         t.name, "twrw", "table_row_wise", "fused", "node", 1,
-                        lookup_s=3 * read / g / hbm,
+                        lookup_s=(passes * read / g + kernel_io(b * t.pooling_factor / g,
+                                                           b * t.dim)) / hbm,
                         comm_s=comm,
                         device_bytes=weights * (1 + s) / g + 2 * b * t.dim * EMB_BYTES,
                         host_bytes=0.0,
                     )
                 )  # fmt: skip
         options[t.name] = opts
-    dense = _dense(model, cluster, global_batch_size, s, dtype, hbm, bw, alpha)
+    dense = _dense(model, cluster, global_batch_size, s, dtype, hbm, bw, alpha, dense_strategy)
     cap = p.memory_bytes * memory_fraction - p.reserved_bytes - dense.device_bytes
     host = p.host_memory_bytes / g
     return Costed(model.tables, options, dense, n, g, cap, host, device, global_batch_size)
 
 
-def _dense(model, cluster, b, s, dtype, hbm, bw, alpha) -> DenseCost:
+def _dense(model, cluster, b, s, dtype, hbm, bw, alpha, strategy: str = "ddp") -> DenseCost:
     p = cluster.profile
     n = cluster.gpus
     local = b / n
@@ -236,14 +323,28 @@ def _dense(model, cluster, b, s, dtype, hbm, bw, alpha) -> DenseCost:
     states = model.dense_params * (4 + e + 4 * s)  # fp32 master weights, gradients, states
     acts = model.dense_activations_per_sample * local * e
     pooled = 2 * local * sum(t.dim for t in model.tables) * EMB_BYTES
+    gather_c, gather_d = ring_factors("all_gather", n) if n > 1 else (0.0, 0.0)
+    forward_exposed = 0.0
+    if strategy == "fsdp" and n > 1:  # 2 all-gathers + 1 reduce-scatter, 1/n of the states
+        one = gather_c * grad_bytes / bw + gather_d * alpha + sync
+        forward_exposed = max(0.0, one - p.comm_overlap * fwd)  # hidden behind the forward
+        collectives = 2 * one  # the backward's all-gather and reduce-scatter
+        unit = model.dense_unit_params or model.dense_params
+        states = states / n + 2 * unit * e  # + the computing MLP's whole parameters, gradients
+        optimizer_s = (3 + 2 * s) * model.dense_params * 4 / n / hbm
+    else:
+        collectives = (ar_c * grad_bytes / bw + ar_d * alpha + sync) if n > 1 else 0.0
+        optimizer_s = (3 + 2 * s) * model.dense_params * 4 / hbm
     return DenseCost(
         compute_s=3 * fwd,
         backward_s=2 * fwd,
-        optimizer_s=(3 + 2 * s) * model.dense_params * 4 / hbm,
-        allreduce_fixed_s=(ar_c * grad_bytes / bw + ar_d * alpha + sync) if n > 1 else 0.0,
+        optimizer_s=optimizer_s,
+        allreduce_fixed_s=collectives,
         allreduce_s_per_byte=ar_c / bw,
         comm_overlap=p.comm_overlap,
         latency_s=3 * (a2a_d * alpha + sync),
         device_bytes=states + acts + pooled,
         params=model.dense_params,
+        strategy=strategy if n > 1 else "ddp",
+        forward_exposed_s=forward_exposed,
     )

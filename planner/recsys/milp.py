@@ -18,7 +18,10 @@ node (table-row-wise) or on every rank (data-parallel, row-wise). Ranks r = 0..N
 
     minimize T
 
-C is the dense part every rank runs (products, optimizer, all-to-all latencies). The column
+C is the dense part every rank runs (products, optimizer, all-to-all latencies). When the dense
+part may run as DDP or ZeRO-3 (``Costed.dense_choices``), a one-hot w picks it inside the same
+MILP: C, the collectives' AR_0 and the device capacity become sums over w of each strategy's
+constants, so the model stays linear and the choice is exact. The column
 shards of one table go on distinct ranks (x is binary), as TorchRec's column_wise(ranks=...)
 expects. Ranks of one node are interchangeable, so each node's ranks are ordered by their
 placed time (time_r >= time_{r+1} inside a node): every solution has an ordered twin, and the
@@ -74,6 +77,7 @@ class Assignment:
     gap: float
     solve_time_s: float
     variables: int
+    costed: Costed | None = None  # the prices with the dense strategy the solver chose
 
 
 def solve(
@@ -86,32 +90,35 @@ def solve(
     ``rel_gap`` of the bound it is returned, certified; otherwise the joint MILP, when it has
     at most ``joint_limit`` placement variables, solves the placement exactly."""
     start = time.perf_counter()
-    agg = _solve_model(costed, aggregate=True, time_limit_s=time_limit_s, rel_gap=rel_gap)
+    full = costed
+    agg = _solve_model(full, aggregate=True, time_limit_s=time_limit_s, rel_gap=rel_gap)
     if agg is None:
         return None
-    choice, bound, agg_vars, _ = agg
+    choice, bound, agg_vars, _, k = agg
+    costed = full.with_dense(k) if full.dense_choices else full
     d = costed.dense
-    fixed = d.compute_s + d.optimizer_s + d.latency_s + exposed_allreduce(costed, choice)
+    fixed = d.fixed_s + exposed_allreduce(costed, choice)
     # Placed time at which the step is within half the gap of the bound: stop improving there.
     ranks = place(costed, choice, stop_at=bound * (1 + rel_gap / 2) - fixed)
     variables = agg_vars
     best = step_time(costed, choice, ranks) if ranks is not None else float("inf")
     if best > bound * (1 + rel_gap) and _joint_size(costed) <= joint_limit:
         left = max(0.5, time_limit_s - (time.perf_counter() - start))
-        joint = _solve_model(costed, aggregate=False, time_limit_s=left, rel_gap=rel_gap)
+        joint = _solve_model(full, aggregate=False, time_limit_s=left, rel_gap=rel_gap)
         if joint is not None:
-            j_choice, j_bound, j_vars, j_ranks = joint
+            j_choice, j_bound, j_vars, j_ranks, j_k = joint
+            j_costed = full.with_dense(j_k) if full.dense_choices else full
             variables += j_vars
             bound = max(bound, j_bound)
-            if j_ranks is not None and step_time(costed, j_choice, j_ranks) < best:
-                choice, ranks = j_choice, j_ranks
+            if j_ranks is not None and step_time(j_costed, j_choice, j_ranks) < best:
+                choice, ranks, costed = j_choice, j_ranks, j_costed
                 best = step_time(costed, choice, ranks)
     if ranks is None:
         return None
     gap = max(0.0, (best - bound) / best) if best > 0 else 0.0
     status = "optimal" if gap <= rel_gap else "feasible"
     elapsed = time.perf_counter() - start
-    return Assignment(choice, ranks, best, status, gap, elapsed, variables)
+    return Assignment(choice, ranks, best, status, gap, elapsed, variables, costed)
 
 
 def _joint_size(costed: Costed) -> int:
@@ -148,13 +155,20 @@ def _solve_model(costed: Costed, aggregate: bool, time_limit_s: float, rel_gap: 
         one_hot[table_of[name], i] = 1
     cons = [one_hot @ y == 1]
     d = costed.dense
+    # The dense strategy: a one-hot w over ``dense_choices`` shifts three constants (the fixed
+    # time, the collectives' fixed time, the tables' device capacity), so the MILP stays linear.
+    choices = costed.dense_choices or ((d, costed.device_capacity),)
+    w = cp.Variable(len(choices), boolean=True)
+    cons.append(cp.sum(w) == 1)
+    fixed = MS * (np.array([c.fixed_s for c, _ in choices]) @ w)
+    collectives = np.array([c.allreduce_fixed_s for c, _ in choices]) @ w
+    device_cap = np.array([cap / GIB for _, cap in choices]) @ w
     ar_bytes = np.array([o.allreduce_bytes for o in opts])
     cons.append(
-        e >= MS * (d.allreduce_fixed_s + d.allreduce_s_per_byte * (ar_bytes @ y)
+        e >= MS * (collectives + d.allreduce_s_per_byte * (ar_bytes @ y)
                    - d.comm_overlap * d.backward_s)
     )  # fmt: skip
-    fixed = MS * (d.compute_s + d.optimizer_s + d.latency_s)
-    limits = (("time_s", MS, None), ("device_bytes", 1 / GIB, costed.device_capacity / GIB),
+    limits = (("time_s", MS, None), ("device_bytes", 1 / GIB, device_cap),
               ("host_bytes", 1 / GIB, costed.host_capacity / GIB))  # fmt: skip
 
     # What every rank carries (options on all ranks): one variable per resource, so the
@@ -212,6 +226,7 @@ def _solve_model(costed: Costed, aggregate: bool, time_limit_s: float, rel_gap: 
     if y.value is None or np.isnan(y.value).any():
         raise TimeoutError(f"HiGHS found no assignment within {time_limit_s:g} s")
     chosen = np.round(y.value).astype(int)
+    strategy = int(np.argmax(w.value))
     choice = {name: o for i, (name, o) in enumerate(flat) if chosen[i]}
     bound = _best_bound(problem.solver_stats)
     if bound is None or problem.status == "optimal":
@@ -231,7 +246,7 @@ def _solve_model(costed: Costed, aggregate: bool, time_limit_s: float, rel_gap: 
                 if chosen[i]:
                     k = int(np.flatnonzero(zv[row])[0])
                     ranks[flat[i][0]] = list(range(k * g, (k + 1) * g))
-    return choice, bound, _count(y, x, z), ranks
+    return choice, bound, _count(y, x, z, w), ranks, strategy
 
 
 @contextlib.contextmanager
@@ -473,6 +488,6 @@ def exposed_allreduce(costed: Costed, choice: dict[str, TableOption]) -> float:
 def step_time(costed: Costed, choice: dict[str, TableOption], ranks: dict[str, list[int]]) -> float:
     """The slowest rank's step under an assignment (the MILP's objective, evaluated)."""
     d = costed.dense
-    fixed = d.compute_s + d.optimizer_s + d.latency_s + exposed_allreduce(costed, choice)
+    fixed = d.fixed_s + exposed_allreduce(costed, choice)
     loads = rank_loads(costed, choice, ranks)
     return fixed + max(v["lookup_s"] + v["comm_s"] + v["optimizer_s"] for v in loads)

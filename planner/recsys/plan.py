@@ -10,7 +10,7 @@ solver, so the runtime reads plans through it.
      "model": {"file", "sha256", "args", "embedding_params", "dense_params"},
      "cluster": {"profile", "nodes", "gpus_per_node", "gpus"}, "device": "cpu" | "cuda",
      "global_batch_size", "optimizer", "lr", "dtype",
-     "dense": {"strategy": "ddp", "params", "compute_s", "allreduce_exposed_s", ...},
+     "dense": {"strategy": "ddp" | "fsdp", "params", "compute_s", "allreduce_exposed_s", ...},
      "tables": [{"name", "module", "features", "rows", "dim", "pooling_factor", "zipf",
                  "option", "sharding", "kernel", "ranks", "cache_ratio",
                  "lookup_s", "comm_s", "device_bytes", "host_bytes"}],
@@ -34,6 +34,12 @@ SHARDINGS = ("data_parallel", "table_wise", "column_wise", "row_wise", "table_ro
 KERNELS = ("dense", "fused", "fused_uvm_caching")
 # Sharding types TorchRec 1.8 runs on CPU/gloo (row-wise input distribution needs CUDA).
 CPU_SHARDINGS = ("data_parallel", "table_wise", "column_wise")
+# sgd: fbgemm's fused EXACT_SGD (plain SGD); adamw: fbgemm's fused Adam with decoupled weight
+# decay on a GPU, torch's AdamW over TorchRec's dense kernel on a CPU; torch's AdamW defaults.
+OPTIMIZERS = ("sgd", "adamw")
+# The dense part: DDP, or ZeRO-3 (FSDP2's fully_shard on each MLP beside TorchRec's sharding).
+DENSE_STRATEGIES = ("ddp", "fsdp")
+ADAMW = {"betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}
 
 
 def write_recplan(plan: dict[str, Any], out_dir: Path) -> Path:
@@ -81,8 +87,11 @@ def check_recplan(plan: Any, where: str = "plan") -> None:
     gbs = plan["global_batch_size"]
     if not isinstance(gbs, int) or gbs < 1 or gbs % world:
         raise bad(f"global_batch_size {gbs!r} must be a positive multiple of {world} ranks")
-    if plan["optimizer"] != "sgd":
-        raise bad(f"optimizer {plan['optimizer']!r}: recommendation plans train with sgd")
+    if plan["optimizer"] not in OPTIMIZERS:
+        raise bad(f"optimizer {plan['optimizer']!r} is not one of {OPTIMIZERS}")
+    strategy = (plan.get("dense") or {}).get("strategy", "ddp")
+    if strategy not in DENSE_STRATEGIES:
+        raise bad(f"dense strategy {strategy!r} is not one of {DENSE_STRATEGIES}")
     names = set()
     for t in plan["tables"]:
         name = t.get("name")
@@ -106,4 +115,9 @@ def check_recplan(plan: Any, where: str = "plan") -> None:
             raise bad(
                 f"table {name!r}: {t['sharding']} with kernel {t['kernel']} needs a GPU "
                 "(TorchRec runs table-wise, column-wise and data-parallel on CPU)"
+            )
+        if plan["device"] == "cpu" and plan["optimizer"] == "adamw" and t["kernel"] != "dense":
+            raise bad(
+                f"table {name!r}: kernel {t['kernel']} with adamw needs a GPU (fbgemm's CPU "
+                "kernels fuse SGD and Adagrad only; on CPU Adam's tables use kernel dense)"
             )

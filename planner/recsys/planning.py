@@ -15,7 +15,7 @@ from planner.hardware.cluster import Cluster, cluster_to_dict, make_cluster
 from planner.modelfile import ModelFile
 from planner.recsys.cost import Costed, TableOption, price
 from planner.recsys.milp import Assignment, exposed_allreduce, rank_loads, solve
-from planner.recsys.plan import SCHEMA
+from planner.recsys.plan import OPTIMIZERS, SCHEMA
 from planner.recsys.tables import RecModel, read_model
 
 GIB = 2.0**30
@@ -35,10 +35,10 @@ def plan_recsys(
     time_limit_s: float = 8.0,
 ) -> tuple[dict[str, Any], list[str]]:
     """(plan dict of ``planner.recsys.plan``, notes for the user)."""
-    if training["optimizer"] != "sgd":
+    if training["optimizer"] not in OPTIMIZERS:
         raise UserInputError(
-            f"{mf.path.name}: recommendation models train with --optimizer sgd (TorchRec's fused "
-            f"EXACT_SGD for the tables, SGD for the dense part), not {training['optimizer']!r}"
+            f"{mf.path.name}: recommendation models train with --optimizer one of {OPTIMIZERS} "
+            f"(TorchRec's fused EXACT_SGD or Adam for the tables), not {training['optimizer']!r}"
         )
     cluster, notes = make_cluster(gpus, profile, gpus_per_node, nodes)
     gbs = int(training["global_batch_size"])
@@ -55,20 +55,31 @@ def plan_recsys(
             "(TorchRec runs them on CUDA only)"
         )
 
-    def costed_for(c: Cluster) -> Costed:
+    def priced(c: Cluster, strategy: str) -> Costed:
         return price(model, c, gbs, training["optimizer"], training["dtype"], device,
-                     memory_fraction)  # fmt: skip
+                     memory_fraction, strategy)  # fmt: skip
 
-    costed = costed_for(cluster)
-    check_fits(model, costed, cluster, costed_for)
-    found = solve(costed, time_limit_s=time_limit_s)
+    def costed_for(c: Cluster) -> Costed:
+        """The prices under the dense strategy that leaves the tables the most memory (what
+        decides whether they fit at all)."""
+        return max((priced(c, st) for st in dense_strategies(c)),
+                   key=lambda x: x.device_capacity)  # fmt: skip
+
+    check_fits(model, costed_for(cluster), cluster, costed_for)
+    first, *others = [priced(cluster, st) for st in dense_strategies(cluster)]
+    found = solve(first.choosing_dense(others) if others else first, time_limit_s=time_limit_s)
     if found is None:
         raise InfeasibleError(
             f"no placement of the {len(model.tables)} tables fits the memory of {cluster.gpus} "
             f"x {cluster.profile.name}; try {smallest_cluster(cluster, costed_for)}"
         )
-    doc = assemble(mf, model, costed, cluster, found, training, device, notes)
+    doc = assemble(mf, model, found.costed or first, cluster, found, training, device, notes)
     return doc, notes
+
+
+def dense_strategies(cluster: Cluster) -> tuple[str, ...]:
+    """DDP, and ZeRO-3 (FSDP2) where there is more than one rank to shard over."""
+    return ("ddp", "fsdp") if cluster.gpus > 1 else ("ddp",)
 
 
 def _fits_somewhere(costed: Costed, name: str) -> bool:
@@ -146,7 +157,7 @@ def assemble(
     """The plan dict (schema in planner.recsys.plan) from the solver's assignment."""
     d = costed.dense
     exposed = exposed_allreduce(costed, found.choice)
-    fixed = d.compute_s + d.optimizer_s + d.latency_s + exposed
+    fixed = d.fixed_s + exposed
     loads = rank_loads(costed, found.choice, found.ranks)
     base_dev = d.device_bytes + cluster.profile.reserved_bytes
     tables = []
@@ -190,12 +201,13 @@ def assemble(
         "lr": float(training["lr"]),
         "dtype": training["dtype"],
         "dense": {
-            "strategy": "ddp",
+            "strategy": d.strategy,
             "params": d.params,
             "compute_s": d.compute_s,
             "optimizer_s": d.optimizer_s,
             "allreduce_exposed_s": exposed,
             "all_to_all_latency_s": d.latency_s,
+            "forward_exposed_s": d.forward_exposed_s,
             "device_bytes": d.device_bytes,
         },
         "tables": tables,

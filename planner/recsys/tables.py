@@ -52,6 +52,10 @@ class RecModel:
     dense_flops_per_sample: float  # forward; backward is twice
     dense_activations_per_sample: float  # elements of the Linear inputs autograd keeps
     notes: list[str] = field(default_factory=list)
+    # parameters of the largest child of the model outside the tables: ZeRO-3's unit (the
+    # runtime's fully_shard wraps each such child), whole on a rank while it computes; 0 when
+    # unknown, and then the whole dense part counts
+    dense_unit_params: int = 0
 
     @property
     def embedding_params(self) -> int:
@@ -130,7 +134,12 @@ def read_model(mf: ModelFile) -> RecModel:
         if isinstance(m, torch.nn.Linear) and not any(name.startswith(f"{e}.") for e in ebcs):
             flops += 2.0 * m.in_features * m.out_features
             acts += m.in_features + m.out_features
-    return RecModel(tables, sum(p.numel() for p in dense), len(dense), flops, acts, notes)
+    units = [
+        sum(p.numel() for p in child.parameters() if id(p) not in in_ebc and p.requires_grad)
+        for child in model.children()
+    ]
+    return RecModel(tables, sum(p.numel() for p in dense), len(dense), flops, acts, notes,
+                    dense_unit_params=max(units, default=0))  # fmt: skip
 
 
 def _stats(mf: ModelFile, configs: list) -> tuple[dict[str, dict[str, float]], list[str]]:

@@ -34,6 +34,12 @@ def main(argv: list[str]) -> int:
     path = Path(args.plan)
     if path.is_dir():
         raise UserInputError(f"plan {path} is a directory: give its plan.json")
+    from planner.report.recplan import print_recplan, read_recplan
+
+    rec = read_recplan(path)
+    if rec is not None:  # a recommendation plan: its tables and ranks (no stage figures)
+        print_recplan(rec, quiet=args.quiet)
+        return 0
     plan = load_plan(path)
     out_dir = Path(args.out) if args.out else path.parent
     command = shlex.join(["plan", "show", *argv])
