@@ -70,3 +70,25 @@ def test_collective_time_uses_the_group_link():
     assert collective_time("all_gather", 1e9, cluster, [5]) == 0.0
     with pytest.raises(ValueError, match="all_reduce"):
         collective_time("allreduce", 1e9, cluster, [0, 1])
+
+
+def test_all_to_all_across_nodes_goes_through_each_ranks_nic():
+    """An all-to-all of S bytes per rank over 2 nodes x 8 GPUs: each rank sends 8/16 of S to
+    the other node through its own NIC and 7/16 over NVLink at the same time, so the NIC sets
+    the time; a ring all-gather of the same bytes spreads the crossing over the node's 8 NICs,
+    which is why the ring's bus bandwidth does not apply (per-NIC: 8 times slower here)."""
+    cluster = Cluster(load_profile("h100-sxm"), nodes=2, gpus_per_node=8)
+    p = cluster.profile
+    nic = p.inter_node_bandwidth * p.collective_efficiency
+    nvl = p.intra_node_bandwidth * p.collective_efficiency
+    s = 1e9
+    want = max(s * 8 / 16 / nic, s * 7 / 16 / nvl) + 15 * p.inter_node_latency
+    got = collective_time("all_to_all", s, cluster, list(range(16)))
+    assert got == pytest.approx(want + p.collective_sync)
+    ring = all_to_all_time(s, 16, *cluster.link(list(range(16))))
+    assert got > 4 * ring
+    # inside one node the ring formula holds
+    inside = collective_time("all_to_all", s, cluster, list(range(8)))
+    assert inside == pytest.approx(
+        all_to_all_time(s, 8, nvl, p.intra_node_latency) + p.collective_sync
+    )

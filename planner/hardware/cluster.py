@@ -70,6 +70,35 @@ class Cluster:
             return bus * p.collective_efficiency, p.inter_node_latency
         return p.intra_node_bandwidth * p.collective_efficiency, p.intra_node_latency
 
+    def all_to_all_seconds_per_byte(self, ranks: Sequence[int]) -> float:
+        """Seconds per byte each rank holds (and, the exchange being symmetric, receives) in an
+        all-to-all over ``ranks``.
+
+        Not the ring formula over ``link``'s bus bandwidth: a ring all-gather brings only each
+        node's (k - 1)/k share across the network and spreads it over the node's g NICs, but
+        an all-to-all sends every rank's share bound for other nodes, (n - g)/n of its bytes,
+        through that rank's own NIC, while its (g - 1)/n share for its node's ranks crosses
+        NVLink at the same time. Across nodes the NIC is the bottleneck, about g times slower
+        per byte than the ring bus bandwidth (64 H100s: 50 GB/s per NIC against a 360 GB/s
+        bus). The rank on the node with the fewest of the group's ranks sends the most across;
+        the one on the fullest node, the most over NVLink."""
+        n = len(ranks)
+        if n <= 1:
+            return 0.0
+        p = self.profile
+        per_node: dict[int, int] = {}
+        for r in ranks:
+            per_node[self.node_of(r)] = per_node.get(self.node_of(r), 0) + 1
+        intra = (
+            (max(per_node.values()) - 1) / n / (p.intra_node_bandwidth * p.collective_efficiency)
+        )
+        if len(per_node) == 1:
+            return intra
+        inter = (
+            (n - min(per_node.values())) / n / (p.inter_node_bandwidth * p.collective_efficiency)
+        )
+        return max(intra, inter)
+
 
 def make_cluster(
     gpus: int | None,

@@ -6,7 +6,8 @@ shared/reference/hardware.md nccl_bus_bandwidth_factors) and each of a ring's st
 
     all-reduce                    2 (n-1)/n * S/B + 2 (n-1) alpha
     all-gather, reduce-scatter      (n-1)/n * S/B +   (n-1) alpha
-    all-to-all                      (n-1)/n * S/B +   (n-1) alpha
+    all-to-all                      (n-1)/n * S/B +   (n-1) alpha   (in a node; across nodes
+                                  the rank's own NIC: Cluster.all_to_all_seconds_per_byte)
     point-to-point                          S/B +         alpha
 
 Every function returns 0.0 when there is nothing to move (n <= 1 or no bytes).
@@ -90,5 +91,10 @@ def collective_time(kind: str, nbytes: float, cluster: Cluster, ranks: Sequence[
     except KeyError:
         raise ValueError(f"unknown collective {kind!r}; expected one of {sorted(KINDS)}") from None
     bandwidth, latency = cluster.link(ranks)
-    t = formula(nbytes, len(ranks), bandwidth, latency)
+    if kind == "all_to_all" and len(ranks) > 1 and nbytes > 0:
+        # each rank's own NIC, not the ring's bus bandwidth (Cluster.all_to_all_seconds_per_byte)
+        t = nbytes * cluster.all_to_all_seconds_per_byte(ranks)
+        t += ring_factors(kind, len(ranks))[1] * latency
+    else:
+        t = formula(nbytes, len(ranks), bandwidth, latency)
     return t + cluster.profile.collective_sync if t > 0 else 0.0

@@ -179,24 +179,9 @@ def kernel_io(ids: float, pooled: float) -> float:
 
 
 def a2a_seconds_per_byte(cluster: Cluster, n: int) -> float:
-    """Seconds per byte a rank sends (and, the exchange being symmetric, receives) in an
-    all-to-all over the cluster's first ``n`` ranks.
-
-    Not the ring formula over ``Cluster.link``'s bus bandwidth: a ring all-gather brings only
-    each node's (k - 1)/k share across the network and spreads it over the node's g NICs, but an
-    all-to-all sends every rank's (n - g)/n share that is bound for other nodes through that
-    rank's own NIC, while the (g - 1)/n share for its node's ranks goes over NVLink at the same
-    time. Across nodes the NIC is therefore the bottleneck, a factor of about g slower per byte
-    than the ring bus bandwidth (64 H100s: 50 GB/s per NIC against a 360 GB/s bus)."""
-    if n <= 1:
-        return 0.0
-    p = cluster.profile
-    g = min(cluster.gpus_per_node, n)
-    intra = (g - 1) / n / (p.intra_node_bandwidth * p.collective_efficiency)
-    if n <= g:
-        return intra
-    inter = (n - g) / n / (p.inter_node_bandwidth * p.collective_efficiency)
-    return max(intra, inter)
+    """Seconds per byte a rank sends (and receives) in an all-to-all over the cluster's first
+    ``n`` ranks: through its own NIC across nodes (``Cluster.all_to_all_seconds_per_byte``)."""
+    return cluster.all_to_all_seconds_per_byte(range(n))
 
 
 def price(
