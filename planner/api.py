@@ -200,7 +200,6 @@ def plan(
     Raises UserInputError for bad input and InfeasibleError when nothing fits."""
     from planner.assemble import build_plan
     from planner.cost.eager_probe import EagerShardProbe
-    from planner.cost.model import Training
     from planner.errors import InfeasibleError
     from planner.hardware.cluster import make_cluster
     from planner.search import Pins, search
@@ -212,22 +211,7 @@ def plan(
         else load_model_file(model_file, model_args or {})
     )
     cluster, notes = make_cluster(gpus, profile, gpus_per_node, nodes)
-    training_cfg = dict(mf.training)
-    for key, value in (
-        ("global_batch_size", global_batch_size),
-        ("dtype", dtype),
-        ("optimizer", optimizer),
-        ("lr", lr),
-    ):
-        if value is not None:
-            training_cfg[key] = value
-    training = Training(
-        int(training_cfg["global_batch_size"]),
-        str(training_cfg["dtype"]),
-        str(training_cfg["optimizer"]),
-        moe_factor(training_cfg, "moe_capacity_factor"),
-        moe_factor(training_cfg, "moe_imbalance"),
-    )
+    training_cfg, training = training_of(mf, global_batch_size, dtype, optimizer, lr)
     pins = pins or Pins()
     if progress:
         progress("trace", 0, 1)
@@ -250,6 +234,36 @@ def plan(
     lr = float(training_cfg.get("lr", 3e-4))
     doc = build_plan(traced, cluster, training, lr, result, baselines)
     return PlanResult(doc, traced, cluster, training, result, notes)
+
+
+def training_of(
+    mf: ModelFile,
+    global_batch_size: int | None = None,
+    dtype: str | None = None,
+    optimizer: str | None = None,
+    lr: float | None = None,
+) -> tuple[dict, Any]:
+    """The model file's TRAINING with the command line's values over it, and the cost
+    model's ``Training`` from it."""
+    from planner.cost.model import Training
+
+    cfg = dict(mf.training)
+    for key, value in (
+        ("global_batch_size", global_batch_size),
+        ("dtype", dtype),
+        ("optimizer", optimizer),
+        ("lr", lr),
+    ):
+        if value is not None:
+            cfg[key] = value
+    training = Training(
+        int(cfg["global_batch_size"]),
+        str(cfg["dtype"]),
+        str(cfg["optimizer"]),
+        moe_factor(cfg, "moe_capacity_factor"),
+        moe_factor(cfg, "moe_imbalance"),
+    )
+    return cfg, training
 
 
 def moe_factor(training_cfg: dict, key: str) -> float:

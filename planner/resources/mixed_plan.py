@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from planner.api import moe_factor, plan, trace, variants_for
+from planner.api import plan, trace, training_of, variants_for
 from planner.assemble import (
     _r,
     _tokens_per_sample,
@@ -102,22 +102,7 @@ def plan_mixed(
         else load_model_file(model_file, model_args or {})
     )
     pins = pins or Pins(offload="none")
-    cfg = dict(mf.training)
-    for key, value in (
-        ("global_batch_size", global_batch_size),
-        ("dtype", dtype),
-        ("optimizer", optimizer),
-        ("lr", lr),
-    ):
-        if value is not None:
-            cfg[key] = value
-    training = Training(
-        int(cfg["global_batch_size"]),
-        str(cfg["dtype"]),
-        str(cfg["optimizer"]),
-        moe_factor(cfg, "moe_capacity_factor"),
-        moe_factor(cfg, "moe_imbalance"),
-    )
+    cfg, training = training_of(mf, global_batch_size, dtype, optimizer, lr)
     single_plans: dict[str, dict] = {}
     notes: list[str] = []
     given = single is not None
