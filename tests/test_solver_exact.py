@@ -214,7 +214,7 @@ def test_milp_objective_is_the_cost_models_step_time_on_random_configurations(si
     import highspy
     import numpy as np
 
-    from planner.search.highs import pass_model, quiet_highs
+    from planner.highs import pass_model, quiet_highs
     from planner.search.problem import segments, stage_problem
     from planner.search.split_bound import split_bound
     from planner.search.stage_model import stage_model

@@ -41,12 +41,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import cvxpy as cp
 import networkx as nx
 import numpy as np
-import scipy.sparse as sp
 
 from planner.hardware.collectives import ring_factors
+from planner.highs import Pattern, pass_model, quiet_highs
 from planner.trace.blocks import Block, cached_core_nodes
 from planner.trace.graph import arg_refs
 from planner.trace.opcost import ATTENTION_OPS, is_view
@@ -1085,7 +1084,7 @@ def sharding_milp(
     gradient partial: Megatron's single all-reduce for fused or separate q/k/v), exact because
     the objective pushes g down; h is an AND over a parameter's uses, pushed up. T0 and M0, the
     replicated block's time and memory, make the terms commensurate, so one lambda grid suits
-    every block. The model is compiled once (lambda is a cvxpy Parameter), solved per lambda.
+    every block. The model is loaded into HiGHS once and re-solved per lambda with new costs.
 
     One function on purpose, as torch's sac_ilp: the whole formulation reads top to bottom beside
     its docstring's math.
@@ -1252,60 +1251,66 @@ def sharding_milp(
             rows["param_sharded"].append(({j: -a for j, a in H.items()}, {h: 1.0}, 0.0))
 
     nz = len(z_names)
-    x = cp.Variable(nx_, boolean=True)
-    z = cp.Variable(nz, bounds=[0, 1]) if nz else None
-    one = sp.csr_matrix(
-        (np.ones(nx_), ([v for v, _ in cols], np.arange(nx_))), shape=(len(prob.ops), nx_)
-    )
-    constraints: dict[str, cp.Constraint] = {"one_strategy": one @ x == 1}
+    n = nx_ + nz
+    # rows: one strategy per op (= 1), then each family (= rhs for the equalities, <= rhs else)
+    rr, cc, vv = [np.array([u for u, _ in cols])], [np.arange(nx_)], [np.ones(nx_)]
+    lower, upper = [np.ones(len(prob.ops))], [np.ones(len(prob.ops))]
+    offset = len(prob.ops)
     for name, family in list(eq_rows.items()) + list(rows.items()):
-        if not family:
-            continue
-        ax, az, rhs = _assemble(family, nx_, nz)
-        lhs = ax @ x + (az @ z if z is not None else 0)
-        constraints[name] = (lhs == rhs) if name in eq_rows else (lhs <= rhs)
-    lam = cp.Parameter(nonneg=True)
-    time_expr = (cx_time / time_scale) @ x
-    mem_expr = (cx_mem / memory_scale) @ x + mem_const / memory_scale
-    if z is not None:
-        time_expr = time_expr + (np.array(cz_time) / time_scale) @ z
-        mem_expr = mem_expr + (np.array(cz_mem) / memory_scale) @ z
-    # x OBJECTIVE_GAIN: HiGHS ignores reduced costs under its absolute tolerance (1e-7), which
-    # would leave small memory tie-breaks (a bias's shard at lambda = 1e-4) unresolved
-    objective = OBJECTIVE_GAIN * (time_expr + lam * mem_expr)
-    problem = cp.Problem(cp.Minimize(objective), list(constraints.values()))
+        r, c, v, rhs = _entries(family, nx_)
+        rr.append(r + offset)
+        cc.append(c)
+        vv.append(v)
+        lower.append(rhs if name in eq_rows else np.full(len(rhs), -np.inf))
+        upper.append(rhs)
+        offset += len(rhs)
+    pattern = Pattern.of(np.concatenate(rr), np.concatenate(cc), (offset, n))
+    cost_time = np.concatenate([cx_time, cz_time]) / time_scale
+    cost_mem = np.concatenate([cx_mem, cz_mem]) / memory_scale
+    h = quiet_highs()
+    h.setOptionValue("mip_rel_gap", 1e-9)
+    h.setOptionValue("presolve", "off")  # the LP is tight and small: presolve costs more
+    pass_model(
+        h, cost_time, pattern, np.concatenate(vv), np.concatenate(lower),
+        np.concatenate(upper), np.zeros(n), np.ones(n), np.arange(n) < nx_,
+    )  # fmt: skip
+    import highspy
+
+    every = np.arange(n, dtype=np.int32)
     choices: list[tuple[tuple[int, ...], float]] = []
-    for value in lambdas:
-        lam.value = float(value)
-        # presolve off: the LP is tight and small, HiGHS' presolve costs more than it saves
-        problem.solve(solver=cp.HIGHS, mip_rel_gap=1e-9, presolve="off")
-        if problem.status not in ("optimal", "optimal_inaccurate") or x.value is None:
+    for lam in lambdas:
+        # x OBJECTIVE_GAIN: HiGHS ignores reduced costs under its absolute tolerance (1e-7),
+        # which would leave small memory tie-breaks (a bias's shard at lambda = 1e-4) unresolved
+        h.changeColsCost(n, every, OBJECTIVE_GAIN * (cost_time + lam * cost_mem))
+        h.run()
+        if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
             continue
-        xv = x.value
+        xv = np.asarray(h.getSolution().col_value)
+        value = h.getInfo().objective_function_value / OBJECTIVE_GAIN
         choice = []
         for v, op in enumerate(prob.ops):
             scores = [xv[col[(v, k)]] for k in range(len(op.strategies))]
             choice.append(int(np.argmax(scores)))
-        choices.append((tuple(choice), float(problem.value) / OBJECTIVE_GAIN))
+        choices.append((tuple(choice), value + lam * mem_const / memory_scale))
     return choices
 
 
-def _assemble(family: list, nx_: int, nz: int) -> tuple[sp.csr_matrix, sp.csr_matrix, np.ndarray]:
-    rx, cx, vx, rz, cz, vz = [], [], [], [], [], []
+def _entries(family: list, nx_: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(rows, columns, values, right-hand sides) of a family of rows (x terms, z terms, rhs),
+    z's columns after x's."""
+    r, c, v = [], [], []
     rhs = np.zeros(len(family))
     for row, (xs, zs, b) in enumerate(family):
         for j, a in xs.items():
-            rx.append(row)
-            cx.append(j)
-            vx.append(a)
+            r.append(row)
+            c.append(j)
+            v.append(a)
         for j, a in zs.items():
-            rz.append(row)
-            cz.append(j)
-            vz.append(a)
+            r.append(row)
+            c.append(nx_ + j)
+            v.append(a)
         rhs[row] = b
-    ax = sp.csr_matrix((vx, (rx, cx)), shape=(len(family), nx_))
-    az = sp.csr_matrix((vz, (rz, cz)), shape=(len(family), max(nz, 1)))
-    return ax, az, rhs
+    return np.array(r, dtype=np.int64), np.array(c, dtype=np.int64), np.array(v, float), rhs
 
 
 # --------------------------------------------------------------------------- variants

@@ -14,10 +14,10 @@ from planner.cost.model import (
     offload_allowed,
     option_states,
 )
+from planner.highs import pass_model, quiet_highs
 from planner.search import relaxation
 from planner.search.candidates import Candidate
 from planner.search.dominance import LP_FIELDS, undominated
-from planner.search.highs import pass_model, quiet_highs
 from planner.search.split_bound import SplitBound
 from planner.search.stage_data import GIB, StageProblem
 

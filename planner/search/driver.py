@@ -33,6 +33,7 @@ from planner.cost.model import (
 )
 from planner.errors import UserInputError
 from planner.hardware.cluster import Cluster
+from planner.highs import quiet_highs
 from planner.search.bounds import lower_bounds, relaxed_bound
 from planner.search.candidates import (
     Candidate,
@@ -43,7 +44,6 @@ from planner.search.candidates import (
     enumerate_candidates,
     no_candidate_message,
 )
-from planner.search.highs import quiet_highs
 from planner.search.memo import SearchMemo
 from planner.search.options import price_options
 from planner.search.problem import solve_candidate, stage_problem

@@ -16,7 +16,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from planner.search.highs import Pattern
+from planner.highs import Pattern
 
 
 @dataclass(frozen=True)

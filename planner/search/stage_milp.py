@@ -43,8 +43,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from planner.highs import pass_model, quiet_highs
 from planner.search.dominance import undominated
-from planner.search.highs import pass_model, quiet_highs
 from planner.search.split_bound import SplitBound, split_bound
 from planner.search.stage_data import StageProblem
 from planner.search.stage_model import StageModel, stage_model

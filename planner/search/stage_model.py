@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.search.highs import Pattern
+from planner.highs import Pattern
 from planner.search.split_bound import SplitBound
 from planner.search.stage_data import GIB, StageProblem
 

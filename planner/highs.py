@@ -1,4 +1,5 @@
-"""HiGHS instances for the search's LPs and MILPs: silent, and loaded from numpy arrays."""
+"""HiGHS instances for the planner's LPs and MILPs (the search's stage problems and bounds, the
+sharding ILP): silent, and loaded from numpy arrays."""
 
 from __future__ import annotations
 
