@@ -32,7 +32,6 @@ def plan_recsys(
     training: dict[str, Any],
     device: str = "cuda",
     memory_fraction: float = 1.0,
-    time_limit_s: float = 8.0,
 ) -> tuple[dict[str, Any], list[str]]:
     """(plan dict of ``planner.recsys.plan``, notes for the user)."""
     if training["optimizer"] not in OPTIMIZERS:
@@ -67,7 +66,7 @@ def plan_recsys(
 
     check_fits(model, costed_for(cluster), cluster, costed_for)
     first, *others = [priced(cluster, st) for st in dense_strategies(cluster)]
-    found = solve(first.choosing_dense(others) if others else first, time_limit_s=time_limit_s)
+    found = solve(first.choosing_dense(others) if others else first)
     if found is None:
         raise InfeasibleError(
             f"no placement of the {len(model.tables)} tables fits the memory of {cluster.gpus} "
