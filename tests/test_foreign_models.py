@@ -142,20 +142,25 @@ def test_a_cast_check_does_not_make_attention_scores_a_block_output():
     assert [tuple(prob.ops[prob.index[n]].shape) for n in prob.outputs] == [(1, 2048, 64)]
 
 
+@pytest.fixture(scope="module")
+def gpt2_korthikanti_layer():
+    mf = load_model_file(
+        ROOT / "benchmarks" / "models" / "hf_shapes.py",
+        {"kind": "gpt2", "layers": 2, "hidden": 2048, "heads": 16},
+    )
+    traced = trace(mf, dtype="bf16", use_cache=False)
+    return traced, next(b for b in traced.blocks if b.name.endswith("h.1"))
+
+
 @pytest.mark.parametrize("t", [2, 4])
-def test_gpt2_fused_qkv_is_sharded_by_heads_megatron_style(t):
+def test_gpt2_fused_qkv_is_sharded_by_heads_megatron_style(gpt2_korthikanti_layer, t):
     """At Korthikanti's layer shape (hidden 2048, 16 heads, sequence 2048), GPT-2's layer is
     Megatron's: c_attn column-parallel by its q | k | v blocks, attention split by heads,
     c_proj and the MLP's second weight row-parallel, one all-reduce each way per half-layer
     (Shoeybi et al. 2019) and 1/t of the layer's matrix products on each rank."""
     from planner.cost.sharding import tp_variants
 
-    mf = load_model_file(
-        ROOT / "benchmarks" / "models" / "hf_shapes.py",
-        {"kind": "gpt2", "layers": 2, "hidden": 2048, "heads": 16},
-    )
-    traced = trace(mf, dtype="bf16", use_cache=False)
-    layer = next(b for b in traced.blocks if b.name.endswith("h.1"))
+    traced, layer = gpt2_korthikanti_layer
     best = next(v for v in tp_variants(traced.graph, layer, t) if v.name != "replicated")
     p = "transformer.h.1."
     assert best.tp_plan == {

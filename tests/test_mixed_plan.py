@@ -151,6 +151,7 @@ def test_plan_step_is_the_milp_optimum_and_kinds_cannot_swap(mixed):
 
 
 @pytest.mark.distributed
+@pytest.mark.long  # a torchrun launch of its own (about a minute): CI runs it after the suite
 def test_runtime_runs_the_mixed_plan_like_one_process(mixed):
     res, tmp = mixed
     run_dir = tmp / "run"
