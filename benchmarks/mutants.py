@@ -531,6 +531,23 @@ MUTANTS: list[Mutant] = [
         "dominance drops options that need a smaller gather buffer",
     ),
     M(
+        "runtime-tp-grad-sums-dropped",
+        "runtime/parallelize.py",
+        "            torch.distributed.all_reduce(local, group=group)",
+        "            local.mul_(1.0)",
+        "tests/zoo/test_zoo.py -m zoo -k qwen3-tp2",
+        "per-head norm weights keep each rank's share of their gradient: Qwen3 under TP trains "
+        "a different model",
+    ),
+    M(
+        "runtime-blocks-split-out-of-order",
+        "runtime/dtensor_blocks.py",
+        "parts = local.split(local.shape[d] // k, dim=d)",
+        "parts = local.split(local.shape[d] // k, dim=d)[::-1]",
+        oracle("gpt2-heads"),
+        "the local split of GPT-2's q | k | v blocks hands them on in the wrong order",
+    ),
+    M(
         "search-bound-too-high",
         "planner/search/bounds.py",
         "time_bound = total * (1 + (m - 1) / p)",
