@@ -544,7 +544,7 @@ MUTANTS: list[Mutant] = [
         "runtime/dtensor_blocks.py",
         "parts = local.split(local.shape[d] // k, dim=d)",
         "parts = local.split(local.shape[d] // k, dim=d)[::-1]",
-        oracle("gpt2-heads"),
+        "tests/test_dtensor_blocks.py " + oracle("gpt2-heads"),
         "the local split of GPT-2's q | k | v blocks hands them on in the wrong order",
     ),
     M(
