@@ -133,17 +133,9 @@ def build_plan(
     assert best is not None and best.config is not None and best.cost is not None
     config: Config = best.config
     mesh = config.mesh
-    g = traced.graph.graph
     return Plan(
         schema=SCHEMA,
-        model=ModelInfo(
-            file=g["file"],
-            sha256=g["sha256"],
-            args=g["args"],
-            params=traced.params,
-            blocks=len(traced.blocks),
-            trace=g["method"],
-        ),
+        model=model_info(traced),
         cluster=ClusterInfo(
             cluster.profile.name, cluster.nodes, cluster.gpus_per_node, cluster.gpus
         ),
@@ -161,6 +153,18 @@ def build_plan(
         blocks=block_records(best, result.inputs[best.key], traced.blocks, training),
         predicted=prediction(best.cost, traced),
         solver=solver_record(result, baselines),
+    )
+
+
+def model_info(traced) -> ModelInfo:
+    g = traced.graph.graph
+    return ModelInfo(
+        file=g["file"],
+        sha256=g["sha256"],
+        args=g["args"],
+        params=traced.params,
+        blocks=len(traced.blocks),
+        trace=g["method"],
     )
 
 
@@ -194,31 +198,36 @@ def block_records(best: Candidate, inp: CostInputs, blocks, training: Training) 
     rep_modules: dict[str, list[str]] = {}
     for blk in blocks:
         rep_modules.setdefault(blk.cls, blk.modules)
-    rows = []
-    for i, blk in enumerate(blocks):
-        o = inp.options[i][config.choice[i]]
-        rows.append(
-            BlockPlan(
-                name=blk.name,
-                block_class=blk.label,
-                modules=blk.modules,
-                stage=config.stage_of[i],
-                params=blk.params,
-                tp_variant=o.variant,
-                tp_plan=rebase_tp_plan(dict(o.tp_plan), rep_modules[blk.cls], blk.modules),
-                tp_grad_sums=sorted(
-                    rebase_tp_plan(
-                        dict.fromkeys(o.tp_grad_sums, ""), rep_modules[blk.cls], blk.modules
-                    )
-                ),
-                recompute=o.recompute,
-                offload=o.offload,
-                time_per_microbatch_s=_r(o.time_s),
-                activation_bytes_per_microbatch=_r(o.act_bytes),
-                memory_bytes=_r(block_memory(o, config, training, stage_inflight[i])),
-            )
+    return [
+        block_record(
+            blk,
+            inp.options[i][config.choice[i]],
+            config.stage_of[i],
+            rep_modules[blk.cls],
+            block_memory(inp.options[i][config.choice[i]], config, training, stage_inflight[i]),
         )
-    return rows
+        for i, blk in enumerate(blocks)
+    ]
+
+
+def block_record(blk, o, stage: int, rep: list[str], memory: float) -> BlockPlan:
+    """One block's row of the plan: its option ``o``, priced on the class's first block (whose
+    module paths ``rep`` are rewritten to this block's), on ``stage``, holding ``memory``."""
+    return BlockPlan(
+        name=blk.name,
+        block_class=blk.label,
+        modules=blk.modules,
+        stage=stage,
+        params=blk.params,
+        tp_variant=o.variant,
+        tp_plan=rebase_tp_plan(dict(o.tp_plan), rep, blk.modules),
+        tp_grad_sums=sorted(rebase_tp_plan(dict.fromkeys(o.tp_grad_sums, ""), rep, blk.modules)),
+        recompute=o.recompute,
+        offload=o.offload,
+        time_per_microbatch_s=_r(o.time_s),
+        activation_bytes_per_microbatch=_r(o.act_bytes),
+        memory_bytes=_r(memory),
+    )
 
 
 def prediction(cost: StepCost, traced) -> Prediction:

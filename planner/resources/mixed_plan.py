@@ -20,8 +20,9 @@ from planner.assemble import (
     _r,
     _tokens_per_sample,
     block_memory,
+    block_record,
     memory_record,
-    rebase_tp_plan,
+    model_info,
 )
 from planner.cost.eager_probe import EagerShardProbe
 from planner.cost.model import Config, CostInputs, Training, evaluate
@@ -34,10 +35,8 @@ from planner.resources.mixed_cost import step_time
 from planner.schema import SCHEMA
 from planner.schema.mesh import Mesh
 from planner.schema.plan import (
-    BlockPlan,
     ClusterInfo,
     KindInfo,
-    ModelInfo,
     Plan,
     Prediction,
     SolverRecord,
@@ -235,22 +234,8 @@ def mixed_plan_record(traced, training: Training, lr: float, result: MixedResult
         k = sol.kinds[stage_of[i]]
         o = ins[k].options[i][choice[i]]
         inflight = costs[k].stages[stage_of[i]].inflight
-        rows.append(
-            BlockPlan(
-                name=blk.name,
-                block_class=blk.label,
-                modules=blk.modules,
-                stage=stage_of[i],
-                params=blk.params,
-                tp_variant=o.variant,
-                tp_plan=rebase_tp_plan(dict(o.tp_plan), rep[blk.cls], blk.modules),
-                recompute=o.recompute,
-                offload=o.offload,
-                time_per_microbatch_s=_r(o.time_s),
-                activation_bytes_per_microbatch=_r(o.act_bytes),
-                memory_bytes=_r(block_memory(o, configs[k], training, inflight)),
-            )
-        )
+        memory_i = block_memory(o, configs[k], training, inflight)
+        rows.append(block_record(blk, o, stage_of[i], rep[blk.cls], memory_i))
     width = c.dp * c.tp
     used = [sol.kinds.count(k) * width for k in range(K)]
     kinds = [
@@ -267,19 +252,11 @@ def mixed_plan_record(traced, training: Training, lr: float, result: MixedResult
     peaks = [mm.total for mm in memory]
     caps = [mp.per_kind[k].capacity for k in sol.kinds]
     worst = max(range(c.pp), key=lambda j: (peaks[j] / caps[j], j))
-    g = traced.graph.graph
     gpn = min(kd.cluster.gpus_per_node for kd in result.kinds)
     samples = training.global_batch_size / step
     return Plan(
         schema=SCHEMA,
-        model=ModelInfo(
-            file=g["file"],
-            sha256=g["sha256"],
-            args=g["args"],
-            params=traced.params,
-            blocks=len(blocks),
-            trace=g["method"],
-        ),
+        model=model_info(traced),
         cluster=ClusterInfo(
             "+".join(k.profile for k in kinds), -(-mesh.size // gpn), gpn, mesh.size
         ),
