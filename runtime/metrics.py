@@ -22,6 +22,14 @@ def peak_memory_bytes(device: torch.device) -> int:
     return int(rss if sys.platform == "darwin" else rss * 1024)
 
 
+def peak_reserved_bytes(device: torch.device) -> int:
+    """CUDA's max_memory_reserved: what the caching allocator held at its peak, the allocated
+    peak plus its fragmentation, which is what runs out first; 0 on the CPU."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_reserved(device))
+    return 0
+
+
 def start_metrics(path: Path, resume_step: int) -> None:
     """A fresh metrics file, or on resume the lines up to the checkpoint's step."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -25,7 +25,13 @@ from planner.schema import Plan
 from runtime.batching import dp_slice, micro_batches, throughput_unit
 from runtime.build import Built, RuntimeCache, build, release
 from runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from runtime.metrics import append_metrics, format_step, peak_memory_bytes, start_metrics
+from runtime.metrics import (
+    append_metrics,
+    format_step,
+    peak_memory_bytes,
+    peak_reserved_bytes,
+    start_metrics,
+)
 from runtime.parallelize import gradient_sync
 
 
@@ -50,14 +56,17 @@ def _local_step(built: Built, mf: ModelFile, step: int, device: torch.device) ->
     inputs, targets = _to(dp_slice(mf.batch(gbs, step=step), dp_rank, dp, gbs), device)
     if built.schedule is None:
         chunks = micro_batches((inputs, targets), gbs // dp, mbs)
-        model, total = built.parts[0], 0.0
+        model, total = built.parts[0], None
         for j, (x, y) in enumerate(chunks):
             gradient_sync(built.parts, j == len(chunks) - 1)
             with _sequence_share(built, x, y) as (x, kwargs, y):
                 loss = mf.loss(model(*x, **kwargs), y)
                 (loss / len(chunks)).backward()
-            total += loss.item()
-        return total / len(chunks)
+            # Summed on the device: an .item() per micro-batch would make the host wait for
+            # the GPU each time, and the next micro-batch's kernels start only once it has
+            # queued them again.
+            total = loss.detach() if total is None else total + loss.detach()
+        return float(total) / len(chunks)
     losses: list[torch.Tensor] = []
     args = inputs if built.holds_first else ()
     kwargs: dict[str, Any] = {}
@@ -132,17 +141,23 @@ def train_plan(
     # every context-parallel rank holds the loss of its chunk: the mean of the dp * cp shares
     replicas = plan.mesh.dp * plan.mesh.cp
     # Tests pace a run with a pause after each step, so a fault can be injected mid-run.
+    if device.type == "cuda":
+        # one launch trains several plans in turn: each plan's peak is its own
+        torch.cuda.reset_peak_memory_stats(device)
     for step in range(start + 1, steps + 1):
         t0 = time.perf_counter()
         local = _local_step(built, mf, step, device)
         _optimizer_step(built)
         # One all-reduce carries the loss (from one TP rank of each DP replica of the last
         # stage, pre-divided by dp) and every rank's peak memory in its own slot.
-        vec = torch.zeros(1 + world, dtype=torch.float64, device=device)
+        vec = torch.zeros(1 + 2 * world, dtype=torch.float64, device=device)
         if local is not None and tp_i == 0:
             vec[0] = local / replicas
         vec[1 + rank] = peak_memory_bytes(device)
+        vec[1 + world + rank] = peak_reserved_bytes(device)
         dist.all_reduce(vec)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # the step's kernels, not only their launches
         elapsed = time.perf_counter() - t0
         loss = float(vec[0])
         if not math.isfinite(loss):
@@ -157,8 +172,10 @@ def train_plan(
             "loss": loss,
             "step_time_s": elapsed,
             f"{unit}_per_s": rate,
-            "peak_memory_bytes": [int(v) for v in vec[1:].tolist()],
+            "peak_memory_bytes": [int(v) for v in vec[1 : 1 + world].tolist()],
         }
+        if device.type == "cuda":
+            record["peak_reserved_bytes"] = [int(v) for v in vec[1 + world :].tolist()]
         if rank == 0:
             append_metrics(metrics_path, record)
             print(format_step(record, steps), flush=True)

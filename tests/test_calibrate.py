@@ -356,6 +356,7 @@ def cuda_results(nproc: int) -> list[dict]:
                 "bf16": [700e12] * shapes,
                 "fp16": [710e12] * shapes,
             },
+            "attention": [330e12] * len(s.attention_shapes),
             "stream": {"copy": 2.9e12, "add": 3.0e12, "scale": 2.9e12},
             "elementwise": {"add": 2.8e12, "gelu": 2.5e12, "layer_norm": 2.2e12, "softmax": 2.0e12},
             "host_link": {"h2d": 50e9, "d2h": 40e9},
@@ -405,6 +406,9 @@ def test_cuda_profile_keeps_datasheet_peaks_and_fits_efficiencies(nproc, monkeyp
     assert p.matmul_efficiency == pytest.approx(700e12 / 989e12)
     for dtype, rate in (("fp32", 50e12), ("tf32", 380e12), ("fp16", 710e12)):
         assert p.peak_flops[dtype] * p.matmul_efficiency == pytest.approx(rate)
+    # fused attention keeps its own measured rate: priced as a GEMM it would be 2x too fast
+    assert p.attention_efficiency == pytest.approx(330e12 / 989e12)
+    assert "330 TFLOP/s" in res.comments["attention_efficiency"]
     assert p.host_bandwidth == pytest.approx(2 / (1 / 50e9 + 1 / 40e9))
     assert p.host_memory_bandwidth == pytest.approx(200e9 / 8)
     assert p.gpus_per_node == 8 and p.memory_bytes == 85e9 and p.reserved_bytes == 6e8

@@ -37,7 +37,16 @@ NVLINK, NVLINK_LAT = 1e10, 1e-5
 NIC, NIC_LAT = 1e9, 1e-4
 HOST_LINK, HOST_BW = 2e10, 5e10 * 0.5
 RESERVED = 1e9
-BF16 = Training(8, "bf16", "adamw")  # weights 2, gradients 2, fp32 master + Adam 12 bytes
+
+
+def Training16(*args, **kwargs) -> Training:  # noqa: N802 - reads as the class it builds
+    """The hand references below count Megatron's and DeepSpeed's states: 16-bit gradients in
+    buffers kept all step (``Training.persistent_grad_buffers``); the runtime's fp32 ones have
+    their own tests at the end."""
+    return Training(*args, persistent_grad_buffers=True, **kwargs)
+
+
+BF16 = Training16(8, "bf16", "adamw")  # weights 2, gradients 2, fp32 master + Adam 12 bytes
 
 
 def round_profile(**overrides) -> DeviceProfile:
@@ -193,7 +202,7 @@ def test_unequal_stages_run_at_the_slowest_stage(schedule):
     per_block = [1e-3, 2e-3, 2.5e-3, 2.5e-3, 2e-3]  # stages: [0,1], [2,3], [4]
     blocks = silent_blocks(5)
     opts = [make_option(t, 0.0, 1e6) for t in per_block]
-    cost = run(blocks, opts, Mesh(3, 1, 1), [0, 0, 1, 1, 2], schedule, training=Training(4))
+    cost = run(blocks, opts, Mesh(3, 1, 1), [0, 0, 1, 1, 2], schedule, training=Training16(4))
     assert cost.pipeline_s == pytest.approx(10e-3 + 3 * 5e-3)
     assert cost.bubble_s == pytest.approx(10e-3 - 5e-3)
     assert cost.step_time_s == pytest.approx(25e-3)
@@ -211,7 +220,7 @@ def test_interleaved_pipeline_pays_the_busiest_rank_and_the_slowest_chunk():
     blocks = silent_blocks(4)
     opts = [make_option(t, 0.0, 1e6) for t in times]
     cost = run(
-        blocks, opts, Mesh(2, 1, 1), [0, 1, 2, 3], "interleaved_1f1b", v=2, training=Training(4)
+        blocks, opts, Mesh(2, 1, 1), [0, 1, 2, 3], "interleaved_1f1b", v=2, training=Training16(4)
     )
     assert cost.pipeline_s == pytest.approx(4 * 4e-3 + 1 * 3e-3)
     # torch's interleaved warm-up: rank r holds (v-1)p + 2(p-r-1) + 1 chunk-micro-batches
@@ -229,7 +238,7 @@ def test_point_to_point_sends_and_their_buffers(per_node):
     bw, lat = (NVLINK, NVLINK_LAT) if per_node == 2 else (NIC, NIC_LAT)
     cl = cluster(2, per_node)
     m = 3
-    cost = run(blocks, opts, Mesh(2, 1, 1), [0, 1], mbs=2, training=Training(2 * m), cl=cl)
+    cost = run(blocks, opts, Mesh(2, 1, 1), [0, 1], mbs=2, training=Training16(2 * m), cl=cl)
     hop = 2 * (6e6 / bw + lat)
     assert cost.stages[0].p2p_s == pytest.approx(hop)
     assert cost.stages[1].p2p_s == 0.0
@@ -249,7 +258,7 @@ def test_the_loss_and_its_logits_live_on_the_last_stage():
     blocks.append(make_block(1, "L", params=0, boundary=0, out=5 * 10**6))
     opts = [make_option(1e-3, 0.0, 0.0) for _ in blocks]
     mbs = 2
-    cost = run(blocks, opts, Mesh(2, 1, 1), [0, 1], mbs=mbs, training=Training(mbs))
+    cost = run(blocks, opts, Mesh(2, 1, 1), [0, 1], mbs=mbs, training=Training16(mbs))
     fp32_logits = 4 / 2 * 5e6 * mbs
     extra = cost.rank_memory[1]["other"] - cost.rank_memory[0]["other"]
     assert extra == pytest.approx(3 * fp32_logits)
@@ -266,7 +275,7 @@ def test_a_vocab_parallel_loss_keeps_a_tp_share_of_the_logits(vocab_parallel):
     blocks = [make_block(0, "L", params=0, boundary=0, out=0)]
     blocks.append(make_block(1, "L", params=0, boundary=0, out=5 * 10**6))
     opts = [make_option(1e-3, 0.0, 0.0) for _ in blocks]
-    tr = Training(1, vocab_parallel_loss=vocab_parallel)
+    tr = Training16(1, vocab_parallel_loss=vocab_parallel)
     cost = run(blocks, opts, Mesh(1, 1, 4), [0, 0], training=tr)
     logits = 3 * 4 / 2 * 5e6 / (4 if vocab_parallel else 1)
     assert cost.rank_memory[0]["other"] == pytest.approx(RESERVED + logits)
@@ -276,7 +285,7 @@ def test_bf16_optimizer_keeps_whole_fp32_gradients_beside_the_16_bit_ones():
     """DeepSpeed's BF16_Optimizer under its ZeRO-1: 1e8 parameters on 4 DP ranks hold bf16
     weights 2e8 bytes, bf16 gradients 2e8 plus fp32 gradients 4e8 (whole, not sharded), and
     the fp32 master weights and Adam moments 12e8 / 4."""
-    tr = Training(4, fp32_grad_accumulation=True)
+    tr = Training16(4, fp32_grad_accumulation=True)
     blocks = [make_block(0, "L", params=10**8, boundary=0, out=0)]
     cost = run(blocks, [make_option(1e-3, 1e8, 0.0)], Mesh(1, 4, 1), [0], zero=1, training=tr)
     mem = cost.rank_memory[0]
@@ -290,7 +299,7 @@ def test_deepspeed_fp16_step_casts_the_gradient_shard_to_fp32():
     fp32 before Adam): 1e8 parameters on 4 DP ranks hold fp16 weights 2e8 bytes, fp16
     gradients 2e8 plus the fp32 partition 4e8 / 4; ZeRO-0 (FP16_Optimizer) the whole 4e8."""
     blocks = [make_block(0, "L", params=10**8, boundary=0, out=0)]
-    tr = Training(4, "fp16", fp32_grad_partition=True)
+    tr = Training16(4, "fp16", fp32_grad_partition=True)
     for zero, fp32 in ((1, 4e8 / 4), (0, 4e8)):
         cost = run(
             blocks, [make_option(1e-3, 1e8, 0.0)], Mesh(1, 4, 1), [0], zero=zero, training=tr
@@ -306,7 +315,7 @@ def test_pipeline_sends_of_sequence_shards_and_their_overlap(shards, overlap):
     the stage's compute (comm_overlap 0.5 of 3 ms): the hops' 0.4 ms hide entirely."""
     blocks = [make_block(i, "L", params=0, boundary=4 * 10**6, out=0) for i in range(2)]
     opts = [make_option(3e-3, 0.0, 0.0) for _ in blocks]
-    tr = Training(2, pipeline_sends_shards=shards, p2p_overlap=overlap)
+    tr = Training16(2, pipeline_sends_shards=shards, p2p_overlap=overlap)
     cost = run(blocks, opts, Mesh(2, 1, 2), [0, 1], training=tr, cl=cluster(4, 4))
     hop = (2e6 if shards else 4e6) / NVLINK + NVLINK_LAT
     expected = 0.0 if overlap else 2 * hop
@@ -329,7 +338,7 @@ def dp_case(zero: int, m: int = 2, pp: int = 1, scale: float = 1.0):
         Mesh(pp, 4, 1),
         [0, pp - 1],
         zero=zero,
-        training=Training(4 * m),
+        training=Training16(4 * m),
         cl=cluster(4 * pp, 4 * pp),
     )
     return cost, params
@@ -361,7 +370,7 @@ def test_a_reduction_after_the_backward_hides_behind_nothing():
     params = [10**8, 3 * 10**8]
     blocks = [make_block(i, "L", params=p, boundary=0, out=0) for i, p in enumerate(params)]
     opts = [make_option(3e-3, float(p), 0.0) for p in params]
-    tr = Training(8, dp_overlap=False)
+    tr = Training16(8, dp_overlap=False)
     cost = run(blocks, opts, Mesh(1, 4, 1), [0, 0], zero=1, training=tr, cl=cluster(4, 4))
     ar = ring("all_reduce", 2 * sum(params), 4)
     ag = ring("all_gather", 2 * sum(params), 4)
@@ -402,7 +411,7 @@ def test_data_parallel_groups_across_nodes_use_the_network():
     params = [10**8]
     blocks = [make_block(0, "L", params=params[0], boundary=0, out=0)]
     opts = [make_option(3e-3, float(params[0]), 0.0)]
-    cost = run(blocks, opts, Mesh(1, 4, 1), [0], cl=cluster(4, 2), training=Training(4))
+    cost = run(blocks, opts, Mesh(1, 4, 1), [0], cl=cluster(4, 2), training=Training16(4))
     bus = min(3 * NIC, NVLINK)
     assert cost.stages[0].dp_comm_s == pytest.approx(ring("all_reduce", 2e8, 4, bus, NIC_LAT))
 
@@ -412,7 +421,7 @@ def test_expert_gradients_reduce_over_their_replicas_only():
     is reduced over the dp / ep = 2 ranks holding the same experts; the rest over all 4."""
     blk = [make_block(0, "L", params=3 * 10**8, boundary=0, out=0)]
     opt = replace(make_option(3e-3, 3e8, 0.0), ep=2, expert_params=1e8)
-    cost = run(blk, [opt], Mesh(1, 4, 1, ep=2), [0], training=Training(4))
+    cost = run(blk, [opt], Mesh(1, 4, 1, ep=2), [0], training=Training16(4))
     dense = 2 * 2e8 * 2 * 3 / 4 / NVLINK  # all-reduce of the dense gradients over 4 ranks
     experts = 2 * 1e8 * 2 * 1 / 2 / NVLINK  # over 2
     assert cost.stages[0].dp_comm_s == pytest.approx(dense + experts + 2 * 3 * NVLINK_LAT)
@@ -431,7 +440,7 @@ def test_optimizer_step_reads_and_writes_every_state_once(zero, tensors_stepped,
     blk = [make_block(0, "L", params=int(params), boundary=0, out=0)]
     opt = replace(make_option(3e-3, params, 0.0), param_tensors=6)
     cl = cluster(4, 4, optimizer_op_overhead=1e-5, dtensor_op_overhead=7e-5)
-    inp = inputs(blk, [opt], cl, Training(4))
+    inp = inputs(blk, [opt], cl, Training16(4))
     t = optimizer_time(inp, [opt], Config(Mesh(1, 4, 1), 1, "1f1b", 1, zero, [0], [0]))
     per_op = 7e-5 if zero >= 2 else 1e-5
     assert t == pytest.approx(params / shard * 30 / BW + tensors_stepped * 8 * per_op)
@@ -441,7 +450,7 @@ def test_offloaded_states_step_on_the_host():
     params = 4e8
     blk = [make_block(0, "L", params=int(params), boundary=0, out=0)]
     opt = make_option(3e-3, params, 0.0, offload="optimizer+params")
-    inp = inputs(blk, [opt], cluster(), Training(4))
+    inp = inputs(blk, [opt], cluster(), Training16(4))
     t = optimizer_time(inp, [opt], Config(Mesh(1, 4, 1), 1, "1f1b", 1, 3, [0], [0]))
     assert t == pytest.approx(params / 4 * 30 / HOST_BW)
 
@@ -459,7 +468,7 @@ def test_offload_traffic_per_step(m):
         ("optimizer", 1, shard * (2 + 2) / HOST_LINK),
     ):
         opt = make_option(3e-3, params, 0.0, offload=offload)
-        cost = run(blk, [opt], Mesh(1, 4, 1), [0], zero=zero, training=Training(4 * m))
+        cost = run(blk, [opt], Mesh(1, 4, 1), [0], zero=zero, training=Training16(4 * m))
         assert cost.offload_s == pytest.approx(want)
         assert cost.step_time_s == pytest.approx(
             cost.pipeline_s + cost.dp_exposed_s + cost.optimizer_s + want
@@ -473,7 +482,7 @@ def test_host_memory_per_gpu_bounds_offload():
         blk = [make_block(0, "L", params=int(params), boundary=0, out=0)]
         opt = make_option(3e-3, params, 0.0, offload="optimizer+params")
         cl = cluster(memory_bytes=1e15)
-        cost = run(blk, [opt], Mesh(1, 4, 1), [0], zero=3, training=Training(4), cl=cl)
+        cost = run(blk, [opt], Mesh(1, 4, 1), [0], zero=3, training=Training16(4), cl=cl)
         assert cost.host_bytes_per_gpu == pytest.approx(16 * params / 4)
         assert cost.feasible == fits
 
@@ -481,7 +490,7 @@ def test_host_memory_per_gpu_bounds_offload():
 def test_mfu_counts_model_flops_over_every_device():
     blocks = silent_blocks(2)
     opts = [make_option(1e-3, 0.0, 0.0) for _ in blocks]
-    cost = run(blocks, opts, Mesh(1, 4, 1), [0, 0], training=Training(8, "bf16"))
+    cost = run(blocks, opts, Mesh(1, 4, 1), [0, 0], training=Training16(8, "bf16"))
     flops = 2 * (10**9 + 2 * 10**9) * 8  # per sample, times the global batch
     assert cost.model_flops_per_step == pytest.approx(flops)
     assert cost.mfu == pytest.approx(flops / (cost.step_time_s * 4 * 4e12))
@@ -510,7 +519,7 @@ def roofline_sum(graph, nodes, key_flops: str, key_bytes: str) -> float:
     return sum(max(graph.nodes[n][key_flops] / PEAK32, nbytes(graph.nodes[n]) / BW) for n in nodes)
 
 
-FP32 = Training(8, "fp32")
+FP32 = Training16(8, "fp32")
 
 
 def options_by_recompute(graph, block, tp: int, training=FP32, **kw):
@@ -588,7 +597,7 @@ def test_capacity_factor_pads_only_the_experts_rows():
     routed rows, so the expert ops (and nothing else) cost 1.25 times as much."""
     graph, layer = traced_layer("examples/moe.py", {}, index=1)
     plain = options_by_recompute(graph, layer, 1)["none"]
-    padded = options_by_recompute(graph, layer, 1, Training(8, "fp32", moe_capacity_factor=1.25))[
+    padded = options_by_recompute(graph, layer, 1, Training16(8, "fp32", moe_capacity_factor=1.25))[
         "none"
     ]
     inside = f"{layer.modules[0]}.moe.experts"
@@ -606,7 +615,7 @@ def test_zero1_keeps_expert_optimizer_states_whole():
     parameters) keep theirs whole, and only the dense shards are broadcast after the step."""
     blk = [make_block(0, "L", params=3 * 10**8, boundary=0, out=0)]
     opt = replace(make_option(3e-3, 3e8, 0.0), ep=2, expert_params=1e8)
-    cost = run(blk, [opt], Mesh(1, 4, 1, ep=2), [0], zero=1, training=Training(4))
+    cost = run(blk, [opt], Mesh(1, 4, 1, ep=2), [0], zero=1, training=Training16(4))
     mem = cost.rank_memory[0]
     assert mem["params"] == pytest.approx(2 * 3e8) and mem["grads"] == pytest.approx(2 * 3e8)
     assert mem["optimizer"] == pytest.approx(12 * 2e8 / 4 + 12 * 1e8)
@@ -663,7 +672,7 @@ def tied_case(pp: int, dp: int, zero: int, m: int = 2, tied: bool = True):
     stage_of = [0, pp - 1, pp - 1] if pp > 1 else [0, 0, 0]
     n = pp * dp
     return run(
-        blocks, opts, Mesh(pp, dp, 1), stage_of, zero=zero, training=Training(dp * m),
+        blocks, opts, Mesh(pp, dp, 1), stage_of, zero=zero, training=Training16(dp * m),
         cl=cluster(n, n),
     )  # fmt: skip
 
@@ -714,3 +723,59 @@ def test_megatrons_fused_qkv_layout_lets_tp_split_the_attention_core_by_heads():
     v = variants_for(graph, cluster(4, 4), "sharded")(layer, 2)[0]
     core = [n for n in layer.nodes if graph.nodes[n]["op"] in ("aten.softmax.int",)]
     assert core and all(v.states[n].startswith("S") for n in core)
+
+
+# --------------------------------------------------------------------------- torch's states
+# meshplan's runtime (Training's default): .grad in the fp32 parameter's dtype, allocated by
+# backward and freed by zero_grad(set_to_none=True); foreach AdamW's temporary at the step.
+
+
+def test_the_runtime_reduces_fp32_gradients():
+    """MixedPrecisionPolicy(reduce_dtype=float32): the ZeRO-0 all-reduce moves 4 bytes per
+    parameter, twice what a 16-bit gradient buffer moves."""
+    params = [10**8, 3 * 10**8]
+    blocks = [make_block(i, "L", params=p, boundary=0, out=0) for i, p in enumerate(params)]
+    opts = [make_option(3e-3, float(p), 0.0) for p in params]
+    for tr, width in ((Training(8), 4), (Training16(8), 2)):
+        cost = run(blocks, opts, Mesh(1, 4, 1), [0, 0], training=tr, cl=cluster(4, 4))
+        assert cost.stages[0].dp_comm_s == pytest.approx(ring("all_reduce", width * 4e8, 4))
+
+
+def _one_block(act: float, ws: float, m: int, out: int = 0):
+    """1e8 parameters, bf16 AdamW, one device; ``out`` logits elements per sample."""
+    blocks = [make_block(0, "L", params=10**8, boundary=0, out=out)]
+    opt = replace(make_option(1e-3, 1e8, act), transient_bytes=ws)
+    return run(blocks, [opt], Mesh(1, 1, 1), [0], training=Training(m))
+
+
+@pytest.mark.parametrize("m", [1, 2])
+def test_activations_peak_before_backward_allocates_gradients(m):
+    """Large activations (2e10 bytes): the peak is the end of the forward, with the bf16
+    weights (2e8) and the fp32 weights and moments (12e8), and the fp32 gradients (4e8) only
+    when an earlier micro-batch accumulated into them."""
+    mem = _one_block(act=2e10, ws=0.0, m=m).rank_memory[0]
+    assert mem["params"] == pytest.approx(2e8)
+    assert mem["optimizer"] == pytest.approx(12e8)
+    assert mem["grads"] == pytest.approx(4e8 if m > 1 else 0.0)
+    assert mem["activations"] == pytest.approx(2e10)
+    assert mem["total"] == pytest.approx(RESERVED + 2e8 + 12e8 + (4e8 if m > 1 else 0) + 2e10)
+
+
+def test_the_optimizer_step_peaks_when_activations_are_small():
+    """Activations of 1e8: the step holds the fp32 weights and moments (12e8), the fp32
+    gradients (4e8) and foreach AdamW's fp32 temporary (4e8), the bf16 copies freed: 20e8,
+    above the end of the forward's 2e8 + 12e8 + 1e8."""
+    mem = _one_block(act=1e8, ws=0.0, m=1).rank_memory[0]
+    assert mem["total"] == pytest.approx(RESERVED + 20e8)
+    assert (mem["params"], mem["grads"], mem["optimizer"]) == pytest.approx((0, 4e8, 12e8))
+    assert mem["activations"] == 0 and mem["other"] == pytest.approx(RESERVED + 4e8)
+
+
+@pytest.mark.parametrize("ws", [1e8, 9e9])
+def test_the_loss_and_the_largest_op_share_one_slot(ws):
+    """The loss's three fp32 copies of 5e8 bytes of bf16 logits (3 x 4 / 2 x 5e8 = 3e9 bytes)
+    exist between the
+    loss's forward and the last block's backward, when no block op's working memory does: the
+    peak holds the larger of the two, not both."""
+    mem = _one_block(act=2e10, ws=ws, m=1, out=5 * 10**8).rank_memory[0]
+    assert mem["other"] == pytest.approx(RESERVED + max(ws, 3 * 4 / 2 * 5e8))

@@ -16,11 +16,15 @@ from planner.cost.model import (
     evaluate,
     inflight_microbatches,
     state_memory,
+    step_state_bytes,
 )
 from planner.hardware.cluster import Cluster
 from planner.hardware.collectives import collective_time
 
-ADAM_MIXED = Training(64, "bf16", "adamw")
+# The ZeRO paper counts DeepSpeed's states: 16-bit gradients in buffers kept all step.
+ADAM_MIXED = Training(64, "bf16", "adamw", persistent_grad_buffers=True)
+# meshplan's runtime: torch's .grad in the fp32 parameter's dtype, allocated by backward.
+ADAM_TORCH = Training(64, "bf16", "adamw")
 
 
 @pytest.mark.parametrize("n", [1, 4, 16, 64, 1024])
@@ -35,6 +39,26 @@ def test_zero_model_states_match_the_zero_paper(n):
     for zero, want in expected.items():
         got = state_memory(psi, zero, n, "none", ADAM_MIXED)
         assert got["params"] + got["grads"] + got["optimizer"] == pytest.approx(want, rel=1e-12)
+        assert got["step_temp"] == 0  # fused optimizers step in place
+
+
+@pytest.mark.parametrize("n", [1, 8])
+def test_torch_states_are_fp32_gradients_and_a_foreach_temporary(n):
+    """What an H200 held for a Llama-1B (1.498e9 parameters, bf16, AdamW, one GPU) between
+    the phases of a step (benchmarks/gpu_accuracy.py probe, 2026-11-26): 17.98e9 bytes between
+    steps (fp32 weights and two moments, 12 per parameter), 6.0e9 more after backward (fp32
+    gradients, 4) and 6.0e9 more again at the optimizer step's peak (one fp32 temporary)."""
+    psi = 1.498e9
+    for zero in (0, 1, 2, 3):
+        got = state_memory(psi, zero, n, "none", ADAM_TORCH)
+        shard = psi / n if zero >= 1 else psi
+        assert got["optimizer"] == pytest.approx(12 * shard)
+        assert got["grads"] == pytest.approx(4 * (psi / n if zero >= 2 else psi))
+        assert got["step_temp"] == pytest.approx(4 * shard)
+    one = state_memory(psi, 0, 1, "none", ADAM_TORCH)
+    assert one["optimizer"] == pytest.approx(17.98e9, rel=2e-3)
+    assert one["optimizer"] + one["grads"] == pytest.approx(17.98e9 + 6.0e9, rel=2e-3)
+    assert step_state_bytes(one, ADAM_TORCH) == pytest.approx(17.98e9 + 12.0e9, rel=2e-3)
 
 
 @pytest.mark.parametrize(
@@ -259,8 +283,8 @@ def test_zero_pipeline_stages_reduce_once_and_hold_whole_gradients(zero):
     wb, gb, ob = tr.state_bytes
     stage_of = [0, 0, 1, 1]
 
-    def run(pp: int, m: int):
-        training = Training(m * dp, "bf16", "adamw")
+    def run(pp: int, m: int, persistent: bool = False):
+        training = Training(m * dp, "bf16", "adamw", persistent_grad_buffers=persistent)
         inp = CostInputs(blocks, opts, 1, cl, training)
         config = Config(
             Mesh(pp, dp, 1), 1, "1f1b", 1, zero, stage_of if pp > 1 else [0] * n, [0] * n
@@ -271,7 +295,11 @@ def test_zero_pipeline_stages_reduce_once_and_hold_whole_gradients(zero):
     assert whole.rank_memory[0]["grads"] == pytest.approx(2 * psi * gb)
     assert whole.rank_memory[0]["params"] == pytest.approx(2 * psi * wb)
     assert whole.rank_memory[0]["optimizer"] == pytest.approx(2 * psi * ob / dp)
-    assert single.rank_memory[0]["grads"] == pytest.approx(2 * psi * gb / dp)
+    # one micro-batch: its activations peak before backward allocates any gradient
+    assert single.rank_memory[0]["grads"] == 0
+    persistent = run(2, 1, persistent=True)
+    gb16 = Training(dp, "bf16", "adamw", persistent_grad_buffers=True).state_bytes[1]
+    assert persistent.rank_memory[0]["grads"] == pytest.approx(2 * psi * gb16 / dp)
     assert flat.rank_memory[0]["grads"] == pytest.approx(n * psi * gb / dp)
     rs = collective_time("reduce_scatter", psi * gb, cl, list(range(dp)))
     ag = collective_time("all_gather", psi * wb, cl, list(range(dp)))

@@ -48,7 +48,9 @@ def test_tighter_memory_turns_on_recompute_or_offload():
         model_args=args,
         global_batch_size=8,
         profile="h100-sxm",
-        pins=Pins(memory_fraction=0.35),
+        # 30.4 GiB: the optimizer step's 20 bytes per parameter (fp32 states, gradients and
+        # foreach AdamW's temporary) fit, the activations of no recompute do not
+        pins=Pins(memory_fraction=0.38),
     ).plan
     changed = [b for b in tight.blocks if b.recompute != "none" or b.offload != "none"]
     assert changed

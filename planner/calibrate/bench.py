@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from planner.cost.model import FLASH_BACKWARD
+
 DTYPES = {
     "fp32": torch.float32,
     "tf32": torch.float32,  # with TF32 tensor cores allowed (CUDA only)
@@ -38,6 +40,9 @@ class Settings:
     collective_budget_bytes: int  # repetitions per size: about this many bytes moved
     trials: int  # timed repeats per collective size; the fastest counts
     host_bytes: int  # host<->device copy size (CUDA)
+    # (batch, heads, sequence, head dim) of causal fused attention, forward and backward
+    # (CUDA only: on a CPU, SDPA's math kernel is priced as the products it runs)
+    attention_shapes: tuple[tuple[int, int, int, int], ...] = ()
 
 
 def settings(device: str, quick: bool) -> Settings:
@@ -58,6 +63,7 @@ def settings(device: str, quick: bool) -> Settings:
                 collective_budget_bytes=2**26,
                 trials=2,
                 host_bytes=2**26,
+                attention_shapes=((2, 8, 1024, 64),),
             )
         return Settings(
             matmul_shapes=(
@@ -75,6 +81,8 @@ def settings(device: str, quick: bool) -> Settings:
             collective_budget_bytes=2**30,
             trials=3,
             host_bytes=2**28,
+            # the head dims language models use (64, 128) at a training sequence length
+            attention_shapes=((4, 32, 2048, 64), (4, 16, 2048, 128), (2, 32, 4096, 128)),
         )
     if quick:
         return Settings(
@@ -155,6 +163,27 @@ def _matmul_rate(device: torch.device, dtype: torch.dtype, shape, seconds: float
     b = torch.randn(k, n, device=device).to(dtype)
     c = torch.empty(m, n, device=device, dtype=dtype)
     return timed_rate(lambda: torch.mm(a, b, out=c), 2.0 * m * n * k, seconds, synchronizer(device))
+
+
+def attention_rate(device: torch.device, shape, seconds: float) -> float:
+    """FLOP/s of causal ``scaled_dot_product_attention`` forward and backward in bf16, counted
+    as the cost model prices it (``planner.cost.model.op_rate``): the forward's two products
+    over the unmasked half of the scores, 4·b·h·s²·d / 2, and a backward of
+    2 · FLASH_BACKWARD times that (it recomputes the scores)."""
+    b, h, seq, d = shape
+    q, k, v = (
+        torch.randn(b, h, seq, d, device=device, dtype=torch.bfloat16, requires_grad=True)
+        for _ in range(3)
+    )
+    grad = torch.randn(b, h, seq, d, device=device, dtype=torch.bfloat16)
+
+    def step() -> None:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out.backward(grad)
+        q.grad = k.grad = v.grad = None
+
+    forward = 4.0 * b * h * seq * seq * d / 2
+    return timed_rate(step, forward * (1 + 2 * FLASH_BACKWARD), seconds, synchronizer(device))
 
 
 def stream_rates(device: torch.device, nbytes: int, seconds: float) -> dict[str, float]:

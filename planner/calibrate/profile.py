@@ -33,6 +33,7 @@ import numpy as np
 
 from planner.calibrate.bench import OVERHEAD_CHAIN, OVERLAP_BYTES, Settings
 from planner.calibrate.fit import fit_alpha_beta, fit_each
+from planner.cost.model import FLASH_BACKWARD
 from planner.errors import MeshplanError
 from planner.hardware.profiles import DeviceProfile, load_profile
 from planner.vocab import PEAK_DTYPES
@@ -327,11 +328,35 @@ def _matmul(
     )
     summary["matmul_flops"] = achieved
     summary["matmul_efficiency"] = efficiency
-    return {
+    fields = {
         "peak_flops": {d: peaks[d] for d in PEAK_DTYPES},
         "matmul_efficiency": efficiency,
         "matmul_half_inner_dim": half,
     }
+    if s.attention_shapes and all("attention" in r for r in results):
+        fields["attention_efficiency"] = _attention(s, results, peaks["bf16"], c)
+    return fields
+
+
+def _attention(s: Settings, results: list[dict[str, Any]], peak: float, c: _Context) -> float:
+    """Fused causal attention's share of the bf16 peak, forward and backward, on the work the
+    cost model counts for it (``bench.attention_rate``): the slowest rank's time over the
+    shapes together. Without it a measured profile prices attention as a GEMM, which on an
+    H200 (torch 2.11's SDPA, 2026-11-26) runs about twice as fast as the kernel does."""
+    rates = [min(r["attention"][i] for r in results) for i in range(len(s.attention_shapes))]
+    work = [
+        4.0 * b * h * q * q * d / 2 * (1 + 2 * FLASH_BACKWARD) for b, h, q, d in s.attention_shapes
+    ]
+    rate = mix_rate(work, rates)
+    c.comments["attention_efficiency"] = (
+        f"measured {rate / 1e12:.4g} TFLOP/s bf16 ({c.share}, slowest rank; causal "
+        "scaled_dot_product_attention forward and backward at (batch, heads, sequence, head "
+        "dim) "
+        + ", ".join(f"{shape} {r / 1e12:.4g}" for shape, r in zip(s.attention_shapes, rates))
+        + "; on half the scores, backward x2.5) / bf16 peak"
+    )
+    c.summary["attention_flops"] = rate
+    return rate / peak
 
 
 def _memory(

@@ -25,6 +25,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from planner.calibrate.bench import (
     PHASES_MS,
+    attention_rate,
     comm_overlap,
     compute_phase,
     elementwise_rates,
@@ -155,6 +156,9 @@ def _worker(rank: int, nproc: int, device: str, threads: int, quick: bool, init:
     ref = "bf16" if device == "cuda" else "fp32"
     inner = [(s.inner_mn, s.inner_mn, k) for k in s.inner_dims]
     out["matmul_inner"] = matmul_rates(dev, ref, inner, s.seconds)
+    if s.attention_shapes:
+        dist.barrier()
+        out["attention"] = [attention_rate(dev, shape, s.seconds) for shape in s.attention_shapes]
 
     dist.barrier()
     out["stream"] = stream_rates(dev, s.stream_bytes, s.seconds)

@@ -103,6 +103,14 @@ class Training:
     # as DeepSpeed runs it (ZeRO's ``overlap_comm`` defaults to false, and its PipelineEngine's
     # TrainSchedule issues ReduceGrads only after the pipeline's last backward).
     dp_overlap: bool = True
+    # Gradient buffers allocated once and kept (Megatron's and DeepSpeed's contiguous grad
+    # buffers, stepped by fused in-place optimizers): gradients occupy memory all step long, at
+    # ``STATE_BYTES``' gradient width. Off: torch's eager loop, meshplan's runtime: backward
+    # allocates each .grad in its fp32 parameter's dtype (FSDP2's sharded parameter, DDP's
+    # module; MixedPrecisionPolicy reduces in fp32), ``zero_grad(set_to_none=True)`` frees them,
+    # and torch's foreach AdamW allocates a temporary per parameter during the step
+    # (``rank_memory``'s two phases; measured on an H200, benchmarks/gpu_accuracy.py).
+    persistent_grad_buffers: bool = False
 
     @property
     def mixed(self) -> bool:
@@ -110,7 +118,20 @@ class Training:
 
     @property
     def state_bytes(self) -> tuple[int, int, int]:
-        return STATE_BYTES[(self.optimizer, self.mixed)]
+        """(weights, gradients, optimizer states) bytes per parameter: torch's gradients are
+        the fp32 parameters' (4), a persistent buffer's those of ``STATE_BYTES``."""
+        wb, gb, ob = STATE_BYTES[(self.optimizer, self.mixed)]
+        return wb, gb if self.persistent_grad_buffers else FP32_BYTES, ob
+
+    @property
+    def step_temp_bytes(self) -> int:
+        """Device bytes per stepped parameter that the optimizer step allocates and frees:
+        torch's foreach AdamW one fp32 temporary per parameter (an H200 held 4.0 bytes per
+        parameter more during a Llama-1B's and a Llama-3B's step than after it, 2026-11-26);
+        torch's SGD updates in place; fused optimizers (persistent buffers) none."""
+        if self.persistent_grad_buffers or self.optimizer != "adamw":
+            return 0
+        return FP32_BYTES
 
 
 @dataclass(frozen=True)
@@ -827,14 +848,39 @@ def state_memory(
     if training.fp32_grad_partition:
         g += (z / dp if zero >= 1 else params) * FP32_BYTES  # the fp16 step's fp32 cast
     o = z * ob / dp if zero >= 1 else params * ob
+    temp = (z / dp if zero >= 1 else params) * training.step_temp_bytes
     host = 0.0
     if offload in (Offload.OPTIMIZER, Offload.PARAMS):
         host += o
-        o = 0.0
+        o = temp = 0.0  # the step runs on the host
     if offload == "optimizer+params":
         host += w + g
         w = g = 0.0
-    return {"params": w, "grads": g, "optimizer": o, "host": host}
+    return {"params": w, "grads": g, "optimizer": o, "host": host, "step_temp": temp}
+
+
+def forward_state_bytes(sm: dict[str, float], grads_held: bool) -> float:
+    """What ``state_memory``'s states occupy while activations peak (the end of the forward,
+    the loss's backward): weights and optimizer states, and gradients only where they are
+    held then (``grads_held``)."""
+    return sm["params"] + sm["optimizer"] + (sm["grads"] if grads_held else 0.0)
+
+
+def step_state_bytes(sm: dict[str, float], training: Training) -> float:
+    """What ``state_memory``'s states occupy during the optimizer step: optimizer states,
+    gradients and the step's temporaries, and the weights unless they are 16-bit compute
+    copies (FSDP2 frees those after backward; fp32 weights are the parameters themselves)."""
+    weights = 0.0 if training.mixed else sm["params"]
+    return weights + sm["optimizer"] + sm["grads"] + sm["step_temp"]
+
+
+def grads_held(config: Config, training: Training) -> bool:
+    """Whether gradients occupy memory while activations peak: always with persistent buffers;
+    with torch's lazily allocated ones only when earlier micro-batches accumulated into them
+    (the first micro-batch's loss backward, where a single micro-batch peaks, comes before any
+    gradient exists)."""
+    m = num_microbatches(training, config.mesh.dp, config.micro_batch_size)
+    return training.persistent_grad_buffers or m > 1
 
 
 def offload_allowed(offload: str, zero: int) -> bool:
@@ -1208,23 +1254,42 @@ def tied_sync_time(inp: CostInputs, config: Config) -> float:
 def other_memory(
     inp: CostInputs, opts: list[BlockOption], config: Config, pp_rank: int, last: bool
 ) -> float:
-    """Memory that is not a model state or saved activation: the profile's reserved bytes, the
-    largest op's working memory (or one block's recomputed activations during backward), the
-    pipeline send/receive buffers, ZeRO-3's gathered weights of the current and the prefetched
-    block, on the last stage the loss's fp32 logits and their gradient, and tied weights'
-    copies (``tied_memory``)."""
-    p = inp.cluster.profile
-    scale = sample_share(config) / inp.traced_mbs
-    total = p.reserved_bytes
-    total += max((o.transient_bytes + o.recompute_peak_bytes for o in opts), default=0.0)
-    if config.num_stages > 1:
-        total += 2 * inp.boundary_bytes * scale
-    total += max(
+    """Memory that is not a model state or saved activation, while activations peak:
+    ``fixed_memory``, ZeRO-3's gathered weights of the current and the prefetched block, and
+    the working set: the largest op's working memory (or one block's recomputed activations
+    during backward), or on the last stage the loss's fp32 logits and their gradients, which
+    exist only between the loss's forward and the last block's backward, when no block op runs
+    (an H200 peaked at the loss's backward with no op's working memory beside it, 2026-11-26)."""
+    working = max((o.transient_bytes + o.recompute_peak_bytes for o in opts), default=0.0)
+    gathered = max(
         (gathered_weight_bytes(o, config.zero_stage, inp.training) for o in opts), default=0
     )
-    if last:
-        total += inp.loss_bytes * scale / loss_shards(inp.training, config)
+    return fixed_memory(inp, config, last) + gathered + max(working, loss_memory(inp, config, last))
+
+
+def fixed_memory(inp: CostInputs, config: Config, last: bool) -> float:
+    """What a rank holds whatever its blocks: the profile's reserved bytes (the CUDA context),
+    the pipeline's send and receive buffers, and tied weights' copies (``tied_memory``)."""
+    total = inp.cluster.profile.reserved_bytes
+    if config.num_stages > 1:
+        total += 2 * inp.boundary_bytes * sample_share(config) / inp.traced_mbs
     return total + tied_memory(inp, config, last)
+
+
+def loss_memory(inp: CostInputs, config: Config, last: bool) -> float:
+    """The loss's peak on the last stage (``CostInputs.loss_bytes``), 0 elsewhere."""
+    if not last:
+        return 0.0
+    scale = sample_share(config) / inp.traced_mbs
+    return inp.loss_bytes * scale / loss_shards(inp.training, config)
+
+
+def reserved_peak(peak_bytes: float, profile) -> float:
+    """The caching allocator's view of a predicted peak (what nvidia-smi and torch's
+    max_memory_reserved report): the profile's reserved bytes, and the allocated rest times
+    1 + ``allocator_overhead`` (its fragmentation and cached blocks, measured)."""
+    context = profile.reserved_bytes
+    return context + max(0.0, peak_bytes - context) * (1 + profile.allocator_overhead)
 
 
 def loss_shards(training: Training, config: Config) -> int:
@@ -1335,28 +1400,50 @@ def rank_memory(
     inp: CostInputs, config: Config, stages: list[StageCost]
 ) -> tuple[list[dict[str, float]], float]:
     """Per pipeline rank, device bytes by category (states, in-flight activations, other) and
-    their total; and the most host bytes any rank keeps (offloaded states)."""
+    their total, at the larger of a step's two peaks; and the most host bytes any rank keeps
+    (offloaded states). The activation peak: weights, optimizer states, gradients where held
+    (``grads_held``), in-flight activations and ``other_memory``. The optimizer step's: states
+    and the step's temporaries (``step_state_bytes``) beside the reserved bytes and tied
+    copies, the activations freed; it is the larger where activations are small beside the
+    states (a Llama-3B with full recompute on an H200)."""
     mesh, training = config.mesh, inp.training
     p = mesh.pp
     last = (len(stages) - 1) % p
     deferred = deferred_reduce(config, training)
+    held = grads_held(config, training)
     memory: list[dict[str, float]] = []
     host = 0.0
     for r in range(p):
         mem = {"params": 0.0, "grads": 0.0, "optimizer": 0.0, "activations": 0.0}
         rank_opts: list[BlockOption] = []
-        rank_host = 0.0
+        rank_host = step = 0.0
         for st in stages[r::p]:
             for i in st.blocks:
                 o = inp.options[i][config.choice[i]]
                 rank_opts.append(o)
                 sm = option_states(o, config.zero_stage, mesh.replicas, training, deferred)
-                for k in ("params", "grads", "optimizer"):
-                    mem[k] += sm[k]
+                mem["params"] += sm["params"]
+                mem["optimizer"] += sm["optimizer"]
+                mem["grads"] += sm["grads"] if held else 0.0
+                step += step_state_bytes(sm, training)
                 rank_host += sm["host"]
                 mem["activations"] += o.act_bytes * st.inflight
         mem["other"] = other_memory(inp, rank_opts, config, r, last=(r == last))
         mem["total"] = sum(mem.values())
+        step += fixed_memory(inp, config, r == last)
+        if step > mem["total"]:
+            # the optimizer step peaks: report its parts (the temporaries under "other")
+            states = {k: 0.0 for k in mem}
+            for st in stages[r::p]:
+                for i in st.blocks:
+                    o = inp.options[i][config.choice[i]]
+                    sm = option_states(o, config.zero_stage, mesh.replicas, training, deferred)
+                    states["params"] += 0.0 if training.mixed else sm["params"]
+                    states["optimizer"] += sm["optimizer"]
+                    states["grads"] += sm["grads"]
+            states["other"] = step - states["params"] - states["optimizer"] - states["grads"]
+            states["total"] = step
+            mem = states
         memory.append(mem)
         host = max(host, rank_host)
     return memory, host

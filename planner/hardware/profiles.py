@@ -61,6 +61,7 @@ FIELDS: tuple[tuple[str, str, str, str, str], ...] = (
     ("memory", "capacity_bytes", "memory_bytes", "pos", "bytes"),
     ("memory", "bandwidth_bytes_per_s", "memory_bandwidth", "pos", "bytes/s"),
     ("memory", "reserved_bytes", "reserved_bytes", "nonneg", "bytes"),
+    ("memory", "allocator_overhead", "allocator_overhead", "nonneg", "share of the peak"),
     ("node", "gpus_per_node", "gpus_per_node", "int", "devices"),
     ("node", "host_memory_bytes", "host_memory_bytes", "pos", "bytes"),
     ("node", "host_link_bytes_per_s", "host_bandwidth", "pos", "bytes/s"),
@@ -79,6 +80,10 @@ SECTIONS = ("compute", "memory", "node", "network")
 # asynchronous launches overlap the running kernel (so the shipped GPU profiles leave them 0).
 OPTIONAL: dict[str, float] = {
     "reserved_bytes": 0.0,
+    # What torch's caching allocator holds beyond the allocated peak (fragmentation and cached
+    # blocks: max_memory_reserved / max_memory_allocated - 1), which nvidia-smi and
+    # torch's max_reserved count; 0: not known (a CPU has no caching allocator).
+    "allocator_overhead": 0.0,
     # FP8 tensor-core rate (0: the device has none) and the share of it FP8 GEMMs reach.
     "peak_flops_fp8": 0.0,
     "fp8_matmul_efficiency": 1.0,
@@ -119,6 +124,10 @@ UNMEASURED_NOTES = {
     "attention_efficiency": "not measured: 0 = fused attention priced as a matrix product",
     "native_attention_efficiency": "not measured: 0 = as attention_efficiency",
     "misaligned_matmul_efficiency": "not measured: 0 = unaligned products as any product",
+    "allocator_overhead": (
+        "not measured (a training run's, not a kernel's: benchmarks/gpu_accuracy.py reads it); "
+        "0 = the allocator holds only the allocated peak"
+    ),
 }
 # A key a profile may lack -> the key of the same section whose value stands in for it: a
 # profile measured before the key existed prices as it did (a gathered column-parallel module
@@ -176,6 +185,7 @@ class DeviceProfile:
     attention_efficiency: float = 0.0
     native_attention_efficiency: float = 0.0
     misaligned_matmul_efficiency: float = 0.0
+    allocator_overhead: float = 0.0
     source: str = field(default="", compare=False)
 
 

@@ -37,8 +37,9 @@ def step_time(mp: MixedProblem, kinds: list[int], counts: list[list[list[int]]])
     for j, (k, row) in enumerate(zip(kinds, counts, strict=True)):
         sp = mp.per_kind[k]
         t = mp.base_time[k][j] + (mp.hop[j][k][kinds[j + 1]] if j < J - 1 else 0.0)
-        mem = sp.const_mem[j]
-        host = ws = gather = e1 = e2 = opt = off = 0.0
+        mem = step = sp.const_mem[j]
+        host = e1 = e2 = opt = off = gather = 0.0
+        ws = sp.loss_mem[j]
         params = False
         for s, per_opt in enumerate(row):
             for o, c in enumerate(per_opt):
@@ -49,6 +50,7 @@ def step_time(mp: MixedProblem, kinds: list[int], counts: list[list[list[int]]])
                 params = params or sp.has_params[s]
                 t += c * sp.time[s][o]
                 mem += c * (sp.state[s][o] + sp.inflight[j] * sp.act[s][o])
+                step += c * (sp.step[s][o] if sp.step is not None else 0.0)
                 host += c * sp.host[s][o]
                 ws, gather = max(ws, sp.ws[s][o]), max(gather, sp.gather[s][o])
                 e1 += c * sp.dp_first[s][o]
@@ -57,7 +59,9 @@ def step_time(mp: MixedProblem, kinds: list[int], counts: list[list[list[int]]])
                 off += c * sp.offl[s][o]
         if params:
             e1, e2 = e1 + sp.dp_once[0], e2 + sp.dp_once[1]
-        if mem + ws + gather > sp.capacity * (1 + 1e-9) or host > sp.host_capacity * (1 + 1e-9):
+        if max(mem + ws + gather, step) > sp.capacity * (1 + 1e-9) or host > sp.host_capacity * (
+            1 + 1e-9
+        ):
             return math.inf
         times.append(t)
         exposed.append(max(0.0, e1) + max(0.0, e2))

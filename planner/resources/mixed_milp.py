@@ -123,6 +123,8 @@ class _Structure:
         self.ws, self.gather = par((J, C), nonneg=True), par((J, C), nonneg=True)
         self.limit = par((J, C), nonneg=True)  # L_s allow[k,s,o], per row
         self.memco, self.k1, self.k2 = par((J, C)), par((J, C)), par((J, C))
+        self.stepco = par((J, C), nonneg=True)  # the optimizer step's states, GiB
+        self.loss = par(J, nonneg=True)  # the loss's peak on the last stage, GiB
         self.k1h, self.k2h = par((J, K)), par((J, K))
         self.base = par((J, K))
         self.room = par((J, K))  # capacity less the rank's other memory, GiB
@@ -186,9 +188,12 @@ class _Structure:
         cons += [
             cp.multiply(u, np.tile(Lcol, (J, 1))) >= n,
             cp.reshape(X, (J, 1), order="C") @ onesC >= cp.multiply(u, self.ws),
+            X >= self.loss,  # the loss and the largest op share the working set's slot
             cp.reshape(Z, (J, 1), order="C") @ onesC >= cp.multiply(u, self.gather),
             cp.sum(cp.multiply(n, self.memco), axis=1) + X + Z
             <= cp.sum(cp.multiply(y, self.room), axis=1),  # memory
+            cp.sum(cp.multiply(n, self.stepco), axis=1)
+            <= cp.sum(cp.multiply(y, self.room), axis=1),  # memory during the optimizer step
             n @ self.host <= cp.sum(cp.multiply(y, self.hostcap), axis=1),  # host
             opt >= n @ self.optim,
             off >= n @ self.offl,
@@ -226,6 +231,11 @@ class _Structure:
         state, act = col("state"), col("act")
         inflight = np.asarray(ks[0].inflight, dtype=float)[:, None]
         self.memco.value = (state[None, :] + inflight * act[None, :]) / GIB
+        steps = [
+            cat(sp.step) if sp.step is not None else np.zeros(sum(map(len, sp.time))) for sp in ks
+        ]
+        self.stepco.value = np.tile(cat(steps) / GIB, (J, 1))
+        self.loss.value = np.asarray(ks[0].loss_mem, dtype=float) / GIB
         self.k1.value = np.tile(col("dp_first"), (J, 1))
         self.k2.value = np.tile(col("dp_second"), (J, 1))
         self.k1h.value = np.tile([sp.dp_once[0] for sp in ks], (J, 1))

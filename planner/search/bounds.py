@@ -10,9 +10,11 @@ import numpy as np
 
 from planner.cost.model import (
     CostInputs,
+    forward_state_bytes,
     num_microbatches,
     offload_allowed,
     option_states,
+    step_state_bytes,
 )
 from planner.highs import pass_model, quiet_highs
 from planner.search import relaxation
@@ -23,29 +25,32 @@ from planner.search.stage_data import GIB, StageProblem
 
 
 def _min_device_bytes(inp: CostInputs, zero: int, dp: int) -> float:
-    """Sum over blocks of the least device memory (states + one micro-batch's activations) any
-    allowed option needs; memoized on ``inp`` since hundreds of candidates share (zero, dp)."""
+    """The least device memory the blocks need: the larger of two sums over blocks, each of the
+    least any allowed option needs in one phase of a step (the activation peak's states with one
+    micro-batch's activations, gradients not yet held; the optimizer step's states). The peak
+    is at least either sum, so at least the larger. Memoized on ``inp`` since hundreds of
+    candidates share (zero, dp)."""
     memo = inp.memo.setdefault("min_device_bytes", {})
     if (zero, dp) not in memo:
-        per_list: dict[int, float] = {}
-        total = 0.0
+        per_list: dict[int, tuple[float, float]] = {}
+        forward = step = 0.0
         for opts in inp.options:
             if id(opts) not in per_list:
-                per_list[id(opts)] = min(
-                    (
-                        sum(
-                            v_
-                            for k, v_ in option_states(o, zero, dp, inp.training).items()
-                            if k != "host"
-                        )
-                        + o.act_bytes
-                        for o in opts
-                        if offload_allowed(o.offload, zero)
-                    ),
-                    default=math.inf,
+                allowed = [o for o in opts if offload_allowed(o.offload, zero)]
+                states = [option_states(o, zero, dp, inp.training) for o in allowed]
+                per_list[id(opts)] = (
+                    min(
+                        (
+                            forward_state_bytes(sm, False) + o.act_bytes
+                            for o, sm in zip(allowed, states)
+                        ),
+                        default=math.inf,
+                    ),  # fmt: skip
+                    min((step_state_bytes(sm, inp.training) for sm in states), default=math.inf),
                 )
-            total += per_list[id(opts)]
-        memo[(zero, dp)] = total
+            forward += per_list[id(opts)][0]
+            step += per_list[id(opts)][1]
+        memo[(zero, dp)] = max(forward, step)
     return memo[(zero, dp)]
 
 
@@ -97,7 +102,8 @@ def relaxed_bound(sp: StageProblem, bound: float, split: SplitBound | None = Non
     row_upper = np.zeros(sh.n_ub)
     row_upper[J : 2 * J] = -1.0
     ranks = np.arange(p)
-    row_upper[2 * J + 5 * ranks + 1] = (sp.capacity - np.asarray(sp.const_mem, dtype=float)) / GIB
+    fixed = np.asarray(sp.const_mem, dtype=float) + np.asarray(sp.loss_mem, dtype=float)
+    row_upper[2 * J + 5 * ranks + 1] = (sp.capacity - fixed) / GIB
     row_upper[2 * J + 5 * ranks + 2] = sp.host_capacity / GIB
     b_eq = np.concatenate(
         [np.asarray(sp.seg_len, dtype=float), np.asarray(sp.const_time, dtype=float)]

@@ -12,6 +12,7 @@ from planner.search.stage_data import StageProblem
 # backward time grows).
 MILP_FIELDS = (
     "time", "state", "host", "act", "ws", "gather", "optim", "offl", "dp_first", "dp_second",
+    "step",
 )  # fmt: skip
 # What bounds.relaxed_bound's LP reads (it drops the working set, the gathered buffer and the
 # DP exposure, which are >= 0).
@@ -26,7 +27,7 @@ def undominated(sp: StageProblem, fields: tuple[str, ...] = MILP_FIELDS) -> list
     the first."""
     keep = []
     for s in range(len(sp.seg_len)):
-        rows = np.stack([getattr(sp, f)[s] for f in fields], axis=1)
+        rows = np.stack([getattr(sp, f)[s] for f in fields if getattr(sp, f) is not None], axis=1)
         tol = 1e-12 * (np.abs(rows).max(axis=0) + 1e-300)
         allowed = np.ones(len(rows), bool) if sp.allowed is None else sp.allowed[s]
         rows = np.where(allowed[:, None], rows, np.inf)

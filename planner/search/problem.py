@@ -17,15 +17,19 @@ from planner.cost.model import (
     dp_rates,
     dp_stage_terms,
     evaluate,
+    fixed_memory,
+    forward_state_bytes,
     gathered_weight_bytes,
+    grads_held,
     inflight_microbatches,
+    loss_memory,
     num_microbatches,
     offload_allowed,
     offload_time,
     optimizer_time,
     option_states,
-    other_memory,
     stage_time_parts,
+    step_state_bytes,
     tied_sync_time,
 )
 from planner.search.candidates import Candidate
@@ -55,6 +59,7 @@ def stage_problem(inp: CostInputs, cand: Candidate) -> StageProblem:
     J = p * v
     config = Config(mesh, cand.micro_batch_size, cand.schedule, v, cand.zero, [], [])
     deferred = deferred_reduce(config, tr)
+    held = grads_held(config, tr)
     rates = dp_rates(inp, config)
     segs = segments(inp.blocks)
     cols: dict[str, list[np.ndarray]] = {k: [] for k in StageProblem.__annotations__}
@@ -63,7 +68,8 @@ def stage_problem(inp: CostInputs, cand: Candidate) -> StageProblem:
         sm = [option_states(o, cand.zero, mesh.replicas, tr, deferred) for o in opts]
         dp = [dp_block_terms(o, rates) for o in opts]
         cols["time"].append(np.array([o.time_s for o in opts]))
-        cols["state"].append(np.array([x["params"] + x["grads"] + x["optimizer"] for x in sm]))
+        cols["state"].append(np.array([forward_state_bytes(x, held) for x in sm]))
+        cols["step"].append(np.array([step_state_bytes(x, tr) for x in sm]))
         cols["host"].append(np.array([x["host"] for x in sm]))
         cols["act"].append(np.array([o.act_bytes for o in opts]))
         cols["ws"].append(np.array([o.transient_bytes + o.recompute_peak_bytes for o in opts]))
@@ -76,7 +82,8 @@ def stage_problem(inp: CostInputs, cand: Candidate) -> StageProblem:
     # the last stage the loss (stage_time_parts of no blocks).
     const_time = [sum(stage_time_parts(inp, [], config, j)) for j in range(J)]
     last_rank = (J - 1) % p
-    const_mem = [other_memory(inp, [], config, r, last=(r == last_rank)) for r in range(p)]
+    const_mem = [fixed_memory(inp, config, r == last_rank) for r in range(p)]
+    loss_mem = [loss_memory(inp, config, r == last_rank) for r in range(p)]
     profile = inp.cluster.profile
     once_a, once_b, _ = dp_stage_terms(rates)
     return StageProblem(
@@ -103,6 +110,9 @@ def stage_problem(inp: CostInputs, cand: Candidate) -> StageProblem:
         const_time=const_time,
         inflight=[inflight_microbatches(cand.schedule, m, p, v, j % p) for j in range(J)],
         const_mem=const_mem,
+        loss_mem=loss_mem,
+        # persistent buffers' step holds no more than the activation peak's states
+        step=None if tr.persistent_grad_buffers else cols["step"],
         const_step=tied_sync_time(inp, config),
         capacity=profile.memory_bytes * inp.memory_fraction,
         host_capacity=profile.host_memory_bytes / max(profile.gpus_per_node, 1),

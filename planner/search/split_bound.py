@@ -15,9 +15,10 @@ come from segment s. Its least time per micro-batch, options chosen fractionally
                              sum_{s,o} n_so w_jso <= W_j(a, b)
 
 with w_jso = state_so + inflight_j act_so (the MILP's memory row) and W_j(a, b) = capacity -
-const_mem_r - max_{s: c_s > 0} min_o ws_so - max_{s: c_s > 0} min_o gather_so (the working-set
-and gathered-buffer terms are at least the least one of any segment present). Its Lagrangian
-dual is exact (an LP): tau_j(a, b) = c_j + max_{l >= 0} [sum_s c_s g_s(l) - l W_j(a, b)], with
+const_mem_r - max(loss_r, max_{s: c_s > 0} min_o ws_so) - max_{s: c_s > 0} min_o gather_so
+(the working-set and gathered-buffer terms are at least the least one of any segment present,
+the working set at least the loss where the stage computes it). Its Lagrangian dual is exact
+(an LP): tau_j(a, b) = c_j + max_{l >= 0} [sum_s c_s g_s(l) - l W_j(a, b)], with
 g_s(l) = min_o (t_so + l w_jso) concave and piecewise linear, so the maximum lies at l = 0 or
 at a breakpoint of some g_s, a finite set. A range whose least memory sum_s c_s min_o w_jso
 exceeds W_j cannot run on stage j: tau = inf. (Host memory and the other chunks a rank holds
@@ -142,7 +143,8 @@ def stage_costs(
     least_ws = np.array([_least(sp.ws[s][k]) for s, k in enumerate(options)]) / GIB
     least_gather = np.array([_least(sp.gather[s][k]) for s, k in enumerate(options)]) / GIB
     room = (sp.capacity - sp.const_mem[r]) / GIB
-    room = room - np.where(present, least_ws[:, None], 0.0).max(axis=0)
+    working = np.where(present, least_ws[:, None], 0.0).max(axis=0)
+    room = room - np.maximum(working, sp.loss_mem[r] / GIB)
     room = room - np.where(present, least_gather[:, None], 0.0).max(axis=0)
     least_mem = np.array([_least(x) for x in w]) @ vectors
     lams = np.unique(np.concatenate([[0.0]] + [_breakpoints(ts, ws) for ts, ws in zip(t, w)]))

@@ -19,7 +19,7 @@ class StageProblem:
     m: int
     seg_len: list[int]  # L_s
     time: list[np.ndarray]  # per segment: per-option time per micro-batch (fwd+bwd+tp comm)
-    state: list[np.ndarray]  # device bytes of weights + grads + optimizer per block
+    state: list[np.ndarray]  # device bytes of the states per block while activations peak
     host: list[np.ndarray]
     act: list[np.ndarray]  # saved activations per in-flight micro-batch
     ws: list[np.ndarray]  # working set: transient + recompute peak
@@ -29,7 +29,7 @@ class StageProblem:
     has_params: list[bool]
     const_time: list[float]  # per stage, per micro-batch: p2p hops, and the loss on the last
     inflight: list[int]  # per stage
-    const_mem: list[float]  # per rank: reserved + p2p buffers + loss
+    const_mem: list[float]  # per rank: reserved + p2p buffers + tied copies (fixed_memory)
     capacity: float
     host_capacity: float
     # Exposed data-parallel communication of a stage, max(0, A) + max(0, B): per segment, each
@@ -40,3 +40,12 @@ class StageProblem:
     dp_once: tuple[float, float] = (0.0, 0.0)
     const_step: float = 0.0  # per step, whatever the placement: tied weights' gradient sum
     allowed: list[np.ndarray] | None = None  # per segment: options this candidate may use
+    # device bytes per block during the optimizer step (cost.model.step_state_bytes); with
+    # const_mem they must fit too. None: the step never peaks above the activations.
+    step: list[np.ndarray] | None = None
+    # per rank: the loss's peak, which shares the working set's slot (X_r >= it); None: 0
+    loss_mem: list[float] | None = None
+
+    def __post_init__(self) -> None:
+        if self.loss_mem is None:
+            self.loss_mem = [0.0] * self.pp

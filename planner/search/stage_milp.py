@@ -25,7 +25,12 @@ Constraints (names in the code):
     time:        T_j = sum n[j,s,o] t[s,o] + c_j;  Tmax >= T_j;  Rmax >= sum_{j = r mod p} T_j
     dp:          E_j >= dp_comm_j - overlap_j  (per the ZeRO stage; see costmodel.dp_comm)
     memory:      sum_{j = r} sum n (state + inflight_j act) + X_r + Z_r + const_r <= capacity
-                 X_r >= ws[s,o] u[r,s,o];  Z_r >= gather[s,o] u[r,s,o];  L_s u >= sum_{j=r} n
+                 X_r >= ws[s,o] u[r,s,o];  X_r >= loss_r;  Z_r >= gather[s,o] u[r,s,o];
+                 L_s u >= sum_{j=r} n  (the loss and the largest op never coexist: X_r is
+                 the larger of the two)
+    step:        sum_{j = r} sum n step[s,o] + const_r <= capacity  (the optimizer step's
+                 peak, where torch's lazily allocated gradients and foreach temporaries
+                 outgrow the activations' states; absent with persistent buffers)
     host:        sum_{j = r} sum n host[s,o] <= host capacity per GPU
     split:       Tmax >= T*;  sum_j T_j >= S*;  (m - 1) Tmax + Opt + Off >= P* (v = 1)
                  (split_bound's exact dynamic program over integer splits: cuts every

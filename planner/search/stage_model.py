@@ -242,6 +242,9 @@ def stage_model(sp: StageProblem, keep: list[list[int]], split: SplitBound) -> S
         (rs, lay.X + rs, 1.0),
         (rs, lay.Z + rs, 1.0),
     )
+    if sp.step is not None:
+        # the optimizer step: the rank's blocks' step states + const_r <= cap
+        rows.add(np.full(P, -inf), room, (rank_rows, ncol, cat(sp.step)[kk] / GIB))
     # host memory; Opt and Off are the largest rank's optimizer and offload time
     host = cat(sp.host) / GIB
     rows.add(np.full(P, -inf), sp.host_capacity / GIB, (rank_rows, ncol, host[kk]))
@@ -257,6 +260,8 @@ def stage_model(sp: StageProblem, keep: list[list[int]], split: SplitBound) -> S
     col_upper[lay.n : lay.a] = np.tile(Lcol * allow, J)
     col_upper[lay.a : lay.T] = 1.0
     col_lower[lay.tmax] = split.max_stage
+    # X_r, the working set, is at least the loss's peak where the rank computes the loss
+    col_lower[lay.X : lay.X + P] = np.asarray(sp.loss_mem, dtype=float) / GIB
     integer = np.zeros(lay.columns, bool)
     integer[lay.n : lay.T] = True
     # objective: v = 1: sum_j T_j + (m - 1) tmax; v > 1: m rmax + (p - 1) tmax; + E + Opt + Off
