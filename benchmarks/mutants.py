@@ -222,8 +222,8 @@ MUTANTS: list[Mutant] = [
     M(
         "cost-p2p-buffers-one",
         "planner/cost/model.py",
-        "total += 2 * inp.boundary_bytes * scale",
-        "total += inp.boundary_bytes * scale",
+        "total += 2 * inp.boundary_bytes * sample_share(config) / inp.traced_mbs",
+        "total += inp.boundary_bytes * sample_share(config) / inp.traced_mbs",
         COST,
         "one pipeline buffer instead of a send and a receive buffer",
     ),
@@ -238,8 +238,8 @@ MUTANTS: list[Mutant] = [
     M(
         "cost-no-logits-memory",
         "planner/cost/model.py",
-        "    if last:\n        total += inp.loss_bytes * scale",
-        "    if last and False:\n        total += inp.loss_bytes * scale",
+        "    if not last:\n        return 0.0",
+        "    if not last or True:\n        return 0.0",
         COST,
         "the last stage's logits are not in memory",
     ),
@@ -538,6 +538,51 @@ MUTANTS: list[Mutant] = [
         "tests/zoo/test_zoo.py -m zoo -k qwen3-tp2",
         "per-head norm weights keep each rank's share of their gradient: Qwen3 under TP trains "
         "a different model",
+    ),
+    M(
+        "cost-loss-beside-the-working-set",
+        "planner/cost/model.py",
+        "gathered + max(working, loss_memory(inp, config, last))",
+        "gathered + working + loss_memory(inp, config, last)",
+        COST,
+        "the loss's logit copies priced beside the largest op's working memory, which never "
+        "coexist: an H200's Llama-1B peak over-predicted by 8.4 GB, plans refused that fit",
+    ),
+    M(
+        "cost-grads-always-held",
+        "planner/cost/model.py",
+        "    return training.persistent_grad_buffers or m > 1",
+        "    return True",
+        COST,
+        "torch's lazily allocated gradients priced as held while one micro-batch's activations "
+        "peak: every one-micro-batch plan over-predicted by 4 bytes per parameter",
+    ),
+    M(
+        "cost-optimizer-step-peak-ignored",
+        "planner/cost/model.py",
+        "        if step > mem[\"total\"]:",
+        "        if False:",
+        COST,
+        "the optimizer step's own peak (fp32 states, gradients, foreach temporaries) ignored: a "
+        "plan with small activations is predicted to fit where its step runs out of memory",
+    ),
+    M(
+        "milp-optimizer-step-rows-dropped",
+        "planner/search/stage_model.py",
+        "    if sp.step is not None:",
+        "    if False:",
+        MILP,
+        "the stage MILP places blocks whose optimizer step does not fit: its optimum is a plan "
+        "the cost model calls infeasible",
+    ),
+    M(
+        "runtime-release-without-collection",
+        "runtime/build.py",
+        "    gc.collect()\n    if torch.cuda.is_available():",
+        "    if torch.cuda.is_available():",
+        "tests/test_runtime_release.py",
+        "a launch's plans keep the last plan's weights (FSDP2's reference cycles): every later "
+        "plan's peak carries them",
     ),
     M(
         "runtime-blocks-split-out-of-order",
