@@ -1,7 +1,8 @@
 """split_bound's dynamic program over contiguous splits against brute force: on the random
 instances of test_solver_exact (memory free, device memory binding, host memory binding), its
 T*, S* and P* lie at or below the least max stage time, sum of stage times and
-(m - 1) T_max + Opt + Off of any placement that fits, so the cuts the MILP carries and the
+(m - 1) T_max + Opt + Off (interleaved: m R_max + Opt + Off) of any placement that fits, so the
+cuts the MILP carries and the
 bounds the search prunes with never remove the optimum; and where nothing but the split
 matters (one option per class, memory free) T* is the brute-force minimum itself.
 """
@@ -32,25 +33,34 @@ def _least(inp: CostInputs, cand: Candidate) -> tuple[float, float, float]:
         times = [st.time_s for st in cost.stages]
         most = min(most, max(times))
         total = min(total, sum(times))
-        weighted = min(weighted, (m - 1) * max(times) + cost.optimizer_s + cost.offload_s)
+        if cand.virtual_stages == 1:
+            lead = (m - 1) * max(times)
+        else:  # interleaved: m times the busiest rank's chunks
+            lead = m * max(
+                sum(st.time_s for st in cost.stages if st.pp_rank == r) for r in range(cand.pp)
+            )
+        weighted = min(weighted, lead + cost.optimizer_s + cost.offload_s)
     return most, total, weighted
 
 
 @pytest.mark.parametrize("situation", SITUATIONS)
 def test_split_bound_never_exceeds_any_placement(situation):
-    strict = 0
+    strict = interleaved = wanted = 0
     for seed, inp, cand in instances(situation):
+        wanted += cand.pp > 1 and cand.virtual_stages > 1
         sp = stage_problem(inp, cand)
         b = split_bound(sp)
         most, total, weighted = _least(inp, cand)
         assert b.feasible, f"seed {seed}: a placement fits by construction"
         assert b.max_stage <= most * (1 + 1e-9), f"seed {seed}"
         assert b.sum_stages <= total * (1 + 1e-9), f"seed {seed}"
-        if cand.virtual_stages == 1 and cand.pp > 1:
+        if cand.pp > 1:
             assert b.weighted_max <= weighted * (1 + 1e-9), f"seed {seed}"
+            interleaved += cand.virtual_stages > 1 and math.isfinite(b.weighted_max)
         assert b.step_bound(sp) <= reference(inp, cand) * (1 + 1e-9), f"seed {seed}"
         strict += cand.pp > 1 and b.max_stage > 0
     assert strict >= 2  # pipelined instances are checked, not skipped
+    assert interleaved >= min(wanted, 1)  # and interleaved ones' P*, where there are some
 
 
 @pytest.mark.parametrize("n_layers,pp", [(8, 4), (11, 4), (6, 3), (9, 2)])

@@ -64,7 +64,8 @@ from planner.search.stage_data import GIB, StageProblem
 class SplitBound:
     max_stage: float  # T*: no placement's max_j T_j is lower
     sum_stages: float  # S*: no placement's sum_j T_j is lower
-    # P* (v = 1): no placement's (m - 1) T_max + Opt + Off is lower; inf when v > 1
+    # P*: no placement's (m - 1) T_max + Opt + Off (v = 1), or m R_max + Opt + Off (v > 1,
+    # interleaved), is lower; inf when not computed
     weighted_max: float = math.inf
 
     @property
@@ -72,10 +73,13 @@ class SplitBound:
         return math.isfinite(self.max_stage)
 
     def step_bound(self, sp: StageProblem) -> float:
-        """S* + P* + const_step <= the MILP's objective (v = 1); 0 when not defined."""
-        if sp.v != 1 or not math.isfinite(self.weighted_max):
+        """A lower bound on the MILP's objective from the cuts (0 when P* is not defined):
+        v = 1: S* + P* + const_step; v > 1: P* + (p - 1) T* + const_step."""
+        if not math.isfinite(self.weighted_max):
             return 0.0
-        return self.sum_stages + self.weighted_max + sp.const_step
+        if sp.v == 1:
+            return self.sum_stages + self.weighted_max + sp.const_step
+        return self.weighted_max + (sp.pp - 1) * self.max_stage + sp.const_step
 
 
 def split_bound(sp: StageProblem) -> SplitBound:
@@ -95,14 +99,74 @@ def split_bound(sp: StageProblem) -> SplitBound:
         taus.append(tau)
     max_stage, sum_stages = _min_max(taus, n), _min_sum(taus, n)
     weighted = math.inf
-    if sp.v == 1 and math.isfinite(max_stage):
+    if math.isfinite(max_stage):
+        alpha = sp.m - 1.0 if sp.v == 1 else float(sp.m)
         psis = []
         for j in range(stages):
-            psi = stage_costs(sp, j, counts, sp.m - 1.0, 1.0)
+            psi = stage_costs(sp, j, counts, alpha, 1.0)
             psi[empty] = math.inf
             psis.append(psi)
-        weighted = _min_max(psis, n)
+        weighted = _min_max(psis, n) if sp.v == 1 else _rank_max(psis, n, sp.pp)
     return SplitBound(max_stage, sum_stages, weighted)
+
+
+def _rank_max(costs: list[np.ndarray], n: int, p: int, rounds: int = 40) -> float:
+    """A lower bound on min over splits of max_r sum_{j = r mod p} costs[j][a_j, a_{j+1}]: the
+    interleaved P*, where rank r holds chunks r, r + p, ... For weights w on the simplex,
+    max_r X_r >= sum_r w_r X_r, so min over splits of the weighted sum (the S recurrence on
+    w_{j mod p} costs[j]) is a bound for every w; their best is sought by projected
+    subgradient ascent (the weighted minimum is concave in w, and the minimizing split's
+    per-rank sums are a supergradient). Any w gives a valid bound; the ascent only tightens it."""
+    w = np.full(p, 1.0 / p)
+    best = -math.inf
+    step = None
+    for _ in range(rounds):
+        with np.errstate(invalid="ignore"):  # inf * 0 where a rank's weight is 0
+            weighted = [np.where(np.isinf(c), math.inf, c * w[j % p]) for j, c in enumerate(costs)]
+        value, per_rank = _min_sum_ranks(weighted, costs, n, p)
+        if not math.isfinite(value):
+            return value  # no split fits at all: the candidate is infeasible
+        best = max(best, value)
+        spread = per_rank - per_rank.mean()
+        if np.allclose(spread, 0.0, atol=1e-12 * max(1.0, abs(value))):
+            break  # balanced: uniform w's bound is max_r X_r of this split itself
+        step = step or 1.0 / max(per_rank.max() - per_rank.min(), 1e-300)
+        w = _project_simplex(w + step * spread)
+        step *= 0.85
+    return best
+
+
+def _min_sum_ranks(
+    weighted: list[np.ndarray], costs: list[np.ndarray], n: int, p: int
+) -> tuple[float, np.ndarray]:
+    """min over splits of sum_j weighted[j][a_j, a_{j+1}], and the minimizing split's per-rank
+    sums of the unweighted costs (the supergradient _rank_max follows)."""
+    best = weighted[0][0].copy()
+    arg = []
+    for cost in weighted[1:]:
+        total = best[:, None] + cost
+        arg.append(total.argmin(axis=0))
+        best = total.min(axis=0)
+    value = float(best[n])
+    per_rank = np.zeros(p)
+    if not math.isfinite(value):
+        return value, per_rank
+    b = n
+    for j in range(len(weighted) - 1, 0, -1):
+        a = int(arg[j - 1][b])
+        per_rank[j % p] += costs[j][a, b]
+        b = a
+    per_rank[0] += costs[0][0, b]
+    return value, per_rank
+
+
+def _project_simplex(v: np.ndarray) -> np.ndarray:
+    """The Euclidean projection of v onto {w >= 0, sum w = 1} (sort-based)."""
+    u = np.sort(v)[::-1]
+    css = np.cumsum(u) - 1.0
+    k = np.arange(1, len(v) + 1)
+    rho = np.nonzero(u - css / k > 0)[0][-1]
+    return np.maximum(v - css[rho] / (rho + 1), 0.0)
 
 
 def _min_max(costs: list[np.ndarray], n: int) -> float:

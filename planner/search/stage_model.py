@@ -12,6 +12,7 @@ Z (P), Opt, Off. The rows are those of stage_milp's docstring, one numpy block e
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -198,12 +199,14 @@ def stage_model(sp: StageProblem, keep: list[list[int]], split: SplitBound) -> S
     const_time = np.asarray(sp.const_time, dtype=float)
     rows.add(const_time, const_time, (jj, ncol, -time_k[kk]), (js, lay.T + js, 1.0))
     rows.add(np.zeros(J), inf, (js, lay.tmax, 1.0), (js, lay.T + js, -1.0))
-    # split cuts: sum_j T_j >= S*;  (m - 1) tmax + Opt + Off >= P* (v = 1); tmax >= T* below
+    # split cuts: sum_j T_j >= S*;  (m - 1) tmax + Opt + Off >= P* (v = 1), m rmax + Opt + Off
+    # >= P* (v > 1);  tmax >= T* below
     rows.add([split.sum_stages], inf, (np.zeros(J, int), lay.T + js, 1.0))
     c_t = sp.m - 1.0 if sp.v == 1 else sp.pp - 1.0
-    weighted = split.weighted_max if sp.v == 1 else 0.0
+    weighted = split.weighted_max if math.isfinite(split.weighted_max) else 0.0
     zero3 = np.zeros(3, int)
-    rows.add([weighted], inf, (zero3, [lay.tmax, lay.opt, lay.off], [c_t, 1.0, 1.0]))
+    lead, c_lead = (lay.tmax, c_t) if sp.v == 1 else (lay.rmax, float(sp.m))
+    rows.add([weighted], inf, (zero3, [lead, lay.opt, lay.off], [c_lead, 1.0, 1.0]))
     # dp: e1_j >= n_j . k1 + k1h h_j, e2 likewise, E >= e1_j + e2_j
     for ecol, per_opt, once in (
         (lay.e1, sp.dp_first, sp.dp_once[0]),
