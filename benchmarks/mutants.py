@@ -560,7 +560,7 @@ MUTANTS: list[Mutant] = [
     M(
         "cost-optimizer-step-peak-ignored",
         "planner/cost/model.py",
-        "        if step > mem[\"total\"]:",
+        '        if step > mem["total"]:',
         "        if False:",
         COST,
         "the optimizer step's own peak (fp32 states, gradients, foreach temporaries) ignored: a "
