@@ -576,6 +576,15 @@ MUTANTS: list[Mutant] = [
         "the cost model calls infeasible",
     ),
     M(
+        "runtime-ddp-autocast-dropped",
+        "runtime/parallelize.py",
+        "    return HALF[plan.dtype] if isinstance(model, DistributedDataParallel) else None",
+        "    return None",
+        "tests/test_runtime_build.py",
+        "a ZeRO-1 plan on a GPU trains in fp32 (DDP casts nothing) while the cost model priced "
+        "16-bit products",
+    ),
+    M(
         "runtime-release-without-collection",
         "runtime/build.py",
         "    gc.collect()\n    if torch.cuda.is_available():",

@@ -27,6 +27,7 @@ from runtime.parallelize import (
     apply_data_parallel,
     apply_recompute,
     apply_tensor_parallel,
+    ddp_autocast_dtype,
     grad_sum_modules,
     make_optimizers,
     shard_experts,
@@ -105,6 +106,7 @@ class Built:
     # a pipeline stage's traced module registers one, a checkpoint writes them all
     aliases: dict[str, list[str]] = field(default_factory=dict)
     tp_grad_sums: list = field(default_factory=list)  # modules: see sum_partial_gradients
+    autocast: torch.dtype | None = None  # the forward's torch.autocast dtype (ddp_autocast_dtype)
 
     def sync_gradients(self) -> None:
         """What the data-parallel wrappers leave to do before the optimizer step."""
@@ -183,6 +185,7 @@ def build(
         if ep > 1:
             experts = shard_experts(model, experts, emesh["edp"], plan, device)
         model = apply_data_parallel(model, blocks, plan, replicas, device, set(experts))
+        autocast = ddp_autocast_dtype(model, plan, device)
         parts = [model]
         optimizers = make_optimizers(parts, plan, replicas, experts)
         return Built(
@@ -194,6 +197,7 @@ def build(
             expert_params=experts,
             edp_group=edp_group,
             tp_grad_sums=grad_sums,
+            autocast=autocast,
         )
     return _build_pipeline(plan, mf, model, mesh, device, notes, cache)
 
@@ -260,6 +264,12 @@ def _build_pipeline(
         if ep > 1:
             experts += shard_experts(stage_mod, stage_experts, emesh["edp"], plan, device)
         wrapped = apply_data_parallel(stage_mod, blocks, plan, mesh["dp"], device, set(experts))
+        if ddp_autocast_dtype(wrapped, plan, device) is not None:
+            notes.append(
+                f"stage {i}: ZeRO-1 holds it in DDP, which casts nothing, and the pipeline's "
+                "schedule runs backward beside forward, where torch.autocast does not belong: "
+                "it trains in fp32, not the plan's 16-bit dtype (plan with ZeRO 0, 2 or 3)"
+            )
         pipe.split_gm.register_module(stage_module_name(i), wrapped)
         stages.append(pipe.build_stage(i, device, group=mesh["pp"].get_group()))
         parts.append(wrapped)

@@ -535,6 +535,18 @@ def apply_data_parallel(
     return root
 
 
+def ddp_autocast_dtype(model: nn.Module, plan: Plan, device: torch.device) -> torch.dtype | None:
+    """The 16-bit dtype a GPU plan's forward must run under ``torch.autocast`` when DDP holds
+    the model (ZeRO-1: torch's ZeroRedundancyOptimizer cannot hold replicate's DTensors):
+    DDP casts nothing, as FSDP2's MixedPrecisionPolicy does, so the plan would train in fp32
+    while the cost model priced 16-bit products. Autocast keeps the fp32 parameters (the
+    optimizer's master weights) and caches one 16-bit copy of each weight per forward, the
+    2 bytes per parameter the cost model counts. None: nothing to do."""
+    if device.type != "cuda" or plan.dtype not in HALF:
+        return None
+    return HALF[plan.dtype] if isinstance(model, DistributedDataParallel) else None
+
+
 def shard_experts(
     root: nn.Module, experts: list, edp_mesh: DeviceMesh, plan: Plan, device: torch.device
 ) -> list:

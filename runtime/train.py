@@ -60,7 +60,8 @@ def _local_step(built: Built, mf: ModelFile, step: int, device: torch.device) ->
         for j, (x, y) in enumerate(chunks):
             gradient_sync(built.parts, j == len(chunks) - 1)
             with _sequence_share(built, x, y) as (x, kwargs, y):
-                loss = mf.loss(model(*x, **kwargs), y)
+                with _autocast(built, device):
+                    loss = mf.loss(model(*x, **kwargs), y)
                 (loss / len(chunks)).backward()
             # Summed on the device: an .item() per micro-batch would make the host wait for
             # the GPU each time, and the next micro-batch's kernels start only once it has
@@ -76,6 +77,14 @@ def _local_step(built: Built, mf: ModelFile, step: int, device: torch.device) ->
     if built.holds_last:
         return sum(float(v.detach()) for v in losses) / len(losses)
     return None
+
+
+def _autocast(built: Built, device: torch.device):
+    """The forward and the loss under torch.autocast where the model's wrapper casts nothing
+    (``runtime.parallelize.ddp_autocast_dtype``); backward follows the dtypes it recorded."""
+    if built.autocast is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=built.autocast)
 
 
 @contextlib.contextmanager

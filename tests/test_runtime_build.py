@@ -129,3 +129,32 @@ def test_rank_zero_holds_what_the_plan_says(fake_world, case_id, model, pins, tm
     # experts keep their own gradient sync only where no FSDP unit reduces them
     ep = plan.mesh.ep
     assert bool(built.expert_params) == (ep > 1 and (zero < 2 or ep == plan.mesh.dp))
+
+
+def test_ddp_runs_a_16_bit_gpu_plan_under_autocast():
+    """ZeRO-1 on a GPU is DDP, which casts nothing (FSDP2's MixedPrecisionPolicy does the rest):
+    the forward runs under torch.autocast in the plan's dtype, else it trains in fp32 while the
+    cost model priced 16-bit products. Elsewhere nothing changes."""
+    from types import SimpleNamespace
+
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    from runtime.parallelize import ddp_autocast_dtype
+    from runtime.train import _autocast
+
+    ddp = DistributedDataParallel.__new__(DistributedDataParallel)  # isinstance is all it reads
+    gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
+    bf16, fp32 = SimpleNamespace(dtype="bf16"), SimpleNamespace(dtype="fp32")
+    assert ddp_autocast_dtype(ddp, bf16, gpu) == torch.bfloat16
+    assert ddp_autocast_dtype(ddp, SimpleNamespace(dtype="fp16"), gpu) == torch.float16
+    assert ddp_autocast_dtype(torch.nn.Linear(2, 2), bf16, gpu) is None  # FSDP2 / plain casts
+    assert ddp_autocast_dtype(ddp, fp32, gpu) is None
+    assert ddp_autocast_dtype(ddp, bf16, cpu) is None  # the CPU trains in fp32 (a run note)
+    lin = torch.nn.Linear(4, 4)
+    x = torch.randn(2, 4)
+    with _autocast(SimpleNamespace(autocast=torch.bfloat16), cpu):
+        assert lin(x).dtype == torch.bfloat16
+    with _autocast(SimpleNamespace(autocast=None), cpu):
+        assert lin(x).dtype == torch.float32
+    assert lin.weight.dtype == torch.float32  # the parameters stay the fp32 master weights
