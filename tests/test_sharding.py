@@ -481,3 +481,20 @@ def test_fused_projection_is_sharded_by_blocks_where_the_code_splits_it():
     assert (sharding._dim("S2/3"), sharding._factor("S2/3"), sharding._factor("S2")) == (2, 3, 1)
     # a block-sharded output gathered to R costs the all-gather of the contiguous one
     assert reshard("S2/3", "R") == reshard("S2", "R") and reshard("S2/3", "S2") is None
+
+
+@pytest.mark.parametrize("kwargs", [False, True])
+def test_a_view_cut_along_another_dim_keeps_the_shard_with_or_without_trailing_kwargs(kwargs):
+    """split / chunk / unbind along dim 1 leave a dim-0 shard on dim 0 of every piece; the
+    dim is read from the positional arguments, whether or not the node's args end with its
+    kwargs dict (an export detail that used to decide it: without the dict the cut was taken
+    to be dim 0 and the shard gathered)."""
+    from planner.cost.sharding import _map_view_dim
+
+    tail = [{}] if kwargs else []
+    assert _map_view_dim("split", (4, 6), (4, 3), 0, [None, 3, 1, *tail], 2) == 0
+    assert _map_view_dim("chunk", (4, 6), (4, 3), 0, [None, 2, 1, *tail], 2) == 0
+    assert _map_view_dim("unbind", (4, 6), (4,), 0, [None, 1, *tail], 2) == 0
+    assert _map_view_dim("select", (4, 6), (4,), 0, [None, 1, 2, *tail], 2) == 0
+    # cutting the sharded dim itself: the pieces cannot keep the shard
+    assert _map_view_dim("split", (4, 6), (2, 6), 0, [None, 2, 0, *tail], 2) is None

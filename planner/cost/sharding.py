@@ -562,11 +562,7 @@ def _map_view_dim(base: str, src: tuple, dst: tuple, d: int, args: list, t: int)
         perm = [_norm_dim(p, rank) for p in args[1]]
         return perm.index(d) if d in perm else None
     if base in ("slice", "narrow", "select", *SPLITS):
-        dim = _norm_dim(args[1] if len(args) > 2 and not isinstance(args[1], dict) else 0, rank)
-        if base in ("split", "split_with_sizes"):
-            dim = _norm_dim(args[2] if len(args) > 3 else 0, rank)
-        if base == "chunk":
-            dim = _norm_dim(args[2] if len(args) > 3 else 0, rank)
+        dim = _split_dim(base, args, rank)
         if d == dim:
             return None
         return d - 1 if base in ("select", "unbind") and d > dim else d
@@ -599,6 +595,8 @@ def _sections(base: str, n: int, args: list) -> list[tuple[int, int]] | None:
 
 
 def _split_dim(base: str, args: list, rank: int) -> int:
+    """The dim a slice, narrow, select, unbind, split or chunk cuts, read from its positional
+    arguments whether or not the node's args end with a kwargs dict."""
     a = _positional(args)
     if base in ("split", "split_with_sizes", "chunk"):
         return _norm_dim(a[2] if len(a) > 2 else 0, rank)
