@@ -535,7 +535,7 @@ MUTANTS: list[Mutant] = [
         "runtime/parallelize.py",
         "            torch.distributed.all_reduce(local, group=group)",
         "            local.mul_(1.0)",
-        "tests/zoo/test_zoo.py -m zoo -k qwen3-tp2",
+        "tests/test_runtime_oracle.py -k qwen3-qk-norm-tp2",
         "per-head norm weights keep each rank's share of their gradient: Qwen3 under TP trains "
         "a different model",
     ),

@@ -201,6 +201,8 @@ EXTRA: list[tuple[str, str, int, dict]] = [
     # (the checkpoint converts it to a layout torch.distributed.checkpoint can save).
     ("heads-tp2", "gpt2", 2, dict(tp=2, dp=1, pp=1, zero=0, micro_batch_size=4)),
     ("heads-dp2xtp2-zero3", "gpt2", 4, dict(tp=2, dp=2, pp=1, zero=3, micro_batch_size=2)),
+    # Qwen3's per-head q/k norms: replicated weights whose gradients are summed over TP
+    ("qk-norm-tp2", "qwen3", 2, dict(tp=2, dp=1, pp=1, zero=0, micro_batch_size=4)),
 ]
 
 
@@ -235,6 +237,7 @@ CORE_EXTRA = (
     "opt-tied-tp2",
     "opt-tied-dp2xtp2-zero3",
     "gpt2-heads-dp2xtp2-zero3",
+    "qwen3-qk-norm-tp2",
 )
 
 
