@@ -362,9 +362,13 @@ def test_show_rewrites_the_report_without_tracing(which, planned, tmp_path, caps
 
     monkeypatch.setattr(planner.api, "trace", no_trace)
     target = tmp_path / "again"
+    monkeypatch.setenv("COLUMNS", "220")  # a wide terminal: no cell wraps
     assert show_main([str(out / "plan.json"), "--out", str(target)]) == 0
     printed = capsys.readouterr().out
     assert "predicted step" in printed and "report.html" in printed
+    # every alternative the terminal lists is named by its layout (the column was once empty)
+    listed = [a for a in doc.solver.alternatives if a.why_not != "chosen"][:6]
+    assert all(a.label in printed for a in listed)
     assert sorted(p.name for p in target.iterdir()) == sorted(p.name for p in report_files(target))
     assert "plan show" in (target / "report.html").read_text()
     assert show_main([str(out / "plan.json"), "--out", str(target), "--quiet"]) == 0

@@ -33,6 +33,11 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} TiB"
 
 
+def alternative_name(a) -> str:
+    """How a plan's alternative is named: its layout, after the baseline's name if it is one."""
+    return f"{a.baseline}: {a.label}" if a.baseline else a.label
+
+
 def human_time(seconds: float) -> str:
     """Seconds with a unit that keeps three significant digits readable (s, ms or µs)."""
     if seconds >= 1:
@@ -173,7 +178,7 @@ def print_plan(plan: Plan, written: list, quiet: bool = False) -> None:
         for a in alts:
             step = human_time(a.step_time_s) if a.step_time_s else "—"
             mem = human_bytes(a.peak_memory_bytes) if a.peak_memory_bytes else "—"
-            t.add_row(a.baseline, step, mem, a.why_not)
+            t.add_row(alternative_name(a), step, mem, a.why_not)
         out.print(t)
     out.print(
         f"solver: {sol.candidates_solved} of {sol.candidates_total} candidates solved "

@@ -13,7 +13,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from planner.report.console import cp_label, ep_label, human_bytes, human_count, human_time
+from planner.report.console import (
+    alternative_name,
+    cp_label,
+    ep_label,
+    human_bytes,
+    human_count,
+    human_time,
+)
 from planner.report.figures import CAPTIONS
 from planner.schema import Plan
 
@@ -193,7 +200,7 @@ def _blocks(plan: Plan) -> str:
 def _alternatives(plan: Plan) -> str:
     rows = []
     for a in plan.solver.alternatives:
-        name = f"{a.baseline}: {a.label}" if a.baseline else a.label
+        name = alternative_name(a)
         rows.append(
             [
                 name,
