@@ -540,6 +540,15 @@ MUTANTS: list[Mutant] = [
         "a different model",
     ),
     M(
+        "cost-interleaved-chunks-hold-every-chunk-micro-batch",
+        "planner/cost/model.py",
+        '    return count / v if schedule == "interleaved_1f1b" and pp > 1 else float(count)',
+        "    return float(count)",
+        COST,
+        "an interleaved rank's chunk-micro-batches counted on each of its v chunks: v times the "
+        "activations priced, interleaved plans refused or recomputed for nothing",
+    ),
+    M(
         "cost-loss-beside-the-working-set",
         "planner/cost/model.py",
         "gathered + max(working, loss_memory(inp, config, last))",

@@ -13,6 +13,8 @@ from planner.cost.model import (
     StepCost,
     Training,
     deferred_reduce,
+    forward_state_bytes,
+    grads_held,
     num_microbatches,
     option_states,
 )
@@ -113,12 +115,13 @@ def rebase_tp_plan(tp_plan: dict[str, str], rep: list[str], own: list[str]) -> d
     return dict(sorted(out.items()))
 
 
-def block_memory(o, config: Config, training: Training, inflight: int) -> float:
-    """Device bytes one block holds: its model states after ZeRO and offload, plus its saved
-    activations for the stage's in-flight micro-batches."""
+def block_memory(o, config: Config, training: Training, held: float) -> float:
+    """Device bytes one block holds where its rank's activations peak: its model states after
+    ZeRO and offload (``forward_state_bytes``), plus its saved activations for the micro-batches'
+    worth its stage holds (``chunk_held``)."""
     deferred = deferred_reduce(config, training)
     sm = option_states(o, config.zero_stage, config.mesh.replicas, training, deferred)
-    return sm["params"] + sm["grads"] + sm["optimizer"] + o.act_bytes * inflight
+    return forward_state_bytes(sm, grads_held(config, training)) + o.act_bytes * held
 
 
 def build_plan(
@@ -194,7 +197,7 @@ def stage_records(best: Candidate, blocks) -> list[StagePlan]:
 
 def block_records(best: Candidate, inp: CostInputs, blocks, training: Training) -> list[BlockPlan]:
     config = best.config
-    stage_inflight = {i: st.inflight for st in best.cost.stages for i in st.blocks}
+    stage_inflight = {i: st.held for st in best.cost.stages for i in st.blocks}
     rep_modules: dict[str, list[str]] = {}
     for blk in blocks:
         rep_modules.setdefault(blk.cls, blk.modules)

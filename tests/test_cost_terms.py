@@ -223,9 +223,10 @@ def test_interleaved_pipeline_pays_the_busiest_rank_and_the_slowest_chunk():
         blocks, opts, Mesh(2, 1, 1), [0, 1, 2, 3], "interleaved_1f1b", v=2, training=Training16(4)
     )
     assert cost.pipeline_s == pytest.approx(4 * 4e-3 + 1 * 3e-3)
-    # torch's interleaved warm-up: rank r holds (v-1)p + 2(p-r-1) + 1 chunk-micro-batches
-    assert cost.rank_memory[0]["activations"] == pytest.approx(2 * 1e6 * (2 + 2 + 1))
-    assert cost.rank_memory[1]["activations"] == pytest.approx(2 * 1e6 * (2 + 0 + 1))
+    # torch's interleaved warm-up: rank r holds (v-1)p + 2(p-r-1) + 1 chunk-micro-batches,
+    # each one chunk's activations (1e6 here), not each of its v chunks' (2 x that was priced)
+    assert cost.rank_memory[0]["activations"] == pytest.approx(1e6 * (2 + 2 + 1))
+    assert cost.rank_memory[1]["activations"] == pytest.approx(1e6 * (2 + 0 + 1))
 
 
 @pytest.mark.parametrize("per_node", [2, 1])

@@ -215,7 +215,8 @@ class StageCost:
     dp_exposed_s: float
     optimizer_s: float
     offload_s: float
-    inflight: int
+    inflight: int  # micro-batches (interleaved: chunk-micro-batches) the rank holds at its peak
+    held: float = 0.0  # micro-batches' worth of this stage's activations held (chunk_held)
     memory: dict[str, float] = field(default_factory=dict)
 
 
@@ -907,6 +908,18 @@ def inflight_microbatches(schedule: str, m: int, pp: int, v: int, pp_rank: int) 
     return min(m * v, (v - 1) * pp + 2 * (pp - pp_rank - 1) + 1)
 
 
+def chunk_held(schedule: str, m: int, pp: int, v: int, pp_rank: int) -> float:
+    """Micro-batches' worth of one stage's activations its rank holds at its peak. One chunk
+    per rank: ``inflight_microbatches``. Interleaved, that count is of chunk-micro-batches over
+    all v chunks of the rank (torch's warm-up runs each chunk for its micro-batches in turn:
+    with p = 2, v = 2, m = 4 rank 0 peaks holding chunk 0 for three micro-batches and chunk 1
+    for two), so each chunk holds count / v of them, exact for equal chunks; counting the
+    whole count on every chunk priced v times the activations, where Korthikanti et al.'s
+    first stage holds L layers' worth times 1 + (p - 1) / (p v)."""
+    count = inflight_microbatches(schedule, m, pp, v, pp_rank)
+    return count / v if schedule == "interleaved_1f1b" and pp > 1 else float(count)
+
+
 # --------------------------------------------------------------------------- the step
 
 
@@ -1378,6 +1391,7 @@ def stage_costs(inp: CostInputs, config: Config) -> list[StageCost]:
                 optimizer_s=optimizer_time(inp, opts, config),
                 offload_s=offload_time(inp, opts, config, m),
                 inflight=inflight_microbatches(config.schedule, m, p, v, r),
+                held=chunk_held(config.schedule, m, p, v, r),
             )
         )
     return stages
@@ -1427,7 +1441,7 @@ def rank_memory(
                 mem["grads"] += sm["grads"] if held else 0.0
                 step += step_state_bytes(sm, training)
                 rank_host += sm["host"]
-                mem["activations"] += o.act_bytes * st.inflight
+                mem["activations"] += o.act_bytes * st.held
         mem["other"] = other_memory(inp, rank_opts, config, r, last=(r == last))
         mem["total"] = sum(mem.values())
         step += fixed_memory(inp, config, r == last)

@@ -12,6 +12,7 @@ import numpy as np
 from planner.cost.model import (
     Config,
     CostInputs,
+    chunk_held,
     deferred_reduce,
     dp_block_terms,
     dp_rates,
@@ -21,7 +22,6 @@ from planner.cost.model import (
     forward_state_bytes,
     gathered_weight_bytes,
     grads_held,
-    inflight_microbatches,
     loss_memory,
     num_microbatches,
     offload_allowed,
@@ -108,7 +108,7 @@ def stage_problem(inp: CostInputs, cand: Candidate) -> StageProblem:
         ],
         has_params=[inp.blocks[first].params > 0 for first, _ in segs],
         const_time=const_time,
-        inflight=[inflight_microbatches(cand.schedule, m, p, v, j % p) for j in range(J)],
+        inflight=[chunk_held(cand.schedule, m, p, v, j % p) for j in range(J)],
         const_mem=const_mem,
         loss_mem=loss_mem,
         # persistent buffers' step holds no more than the activation peak's states

@@ -28,7 +28,7 @@ class StageProblem:
     offl: list[np.ndarray]  # offload transfer time per block
     has_params: list[bool]
     const_time: list[float]  # per stage, per micro-batch: p2p hops, and the loss on the last
-    inflight: list[int]  # per stage
+    inflight: list[float]  # per stage: micro-batches' worth of its activations held (chunk_held)
     const_mem: list[float]  # per rank: reserved + p2p buffers + tied copies (fixed_memory)
     capacity: float
     host_capacity: float
