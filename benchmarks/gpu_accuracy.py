@@ -66,28 +66,15 @@ TINY_SUITE: list[tuple[str, str, dict, int, dict]] = [
 def prepare(args: argparse.Namespace) -> int:
     """Plan every configuration pinned on one device; model files are written relative to the
     repository root so the plans run from any checkout of the same tree."""
-    from planner.api import plan as make_plan
     from planner.schema import write_plan
-    from planner.search import Pins
 
     suite = TINY_SUITE if args.tiny else SUITE
     out = Path(args.dir)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     for i, (name, model, margs, gbs, pins) in enumerate(suite):
-        full = dict(tp=1, pp=1, dp=1, zero=0, offload="none", schedule=None)
-        full.update(pins)
         t0 = time.perf_counter()
-        res = make_plan(
-            ROOT / model,
-            1,
-            model_args=margs,
-            profile=args.profile,
-            global_batch_size=gbs,
-            dtype=args.dtype,
-            pins=Pins(**full),
-        )
-        p = res.plan.to_dict()
+        p = _pinned_plan(model, margs, gbs, pins, args.profile, args.dtype)
         p["model"]["file"] = model
         path = write_plan(p, out / f"c{i:02d}")
         pred = p["predicted"]
@@ -173,6 +160,8 @@ def kernels(rows: list[dict], device: str) -> dict:
     TFLOP/s against what the profile's efficiencies say."""
     import torch
 
+    from planner.calibrate.bench import attention_forward_flops, attention_work
+
     dev = torch.device(device)
     dt = torch.bfloat16 if device == "cuda" else torch.float32
 
@@ -209,7 +198,7 @@ def kernels(rows: list[dict], device: str) -> dict:
         q, k, v, g = _randn(dev, dt, *[(b_, heads, seq_, d)] * 4, grad=3)
         tf = timed(partial(_causal_attention, q, k, v, None), reps)
         tfb = timed(partial(_causal_attention, q, k, v, g), reps)
-        flops_f = 4 * b_ * heads * seq_ * seq_ * d / 2  # causal: half the score matrix
+        shape = (b_, heads, seq_, d)
         out["attention"].append(
             {
                 "batch": b_,
@@ -218,10 +207,8 @@ def kernels(rows: list[dict], device: str) -> dict:
                 "head_dim": d,
                 "fwd_s": tf,
                 "fwd_bwd_s": tfb,
-                "fwd_tflops": flops_f / tf / 1e12,
-                # the backward does 2.5x the forward's products (dQ, dK, dV and the recomputed
-                # scores: FlashAttention-2 paper)
-                "fwd_bwd_tflops": 3.5 * flops_f / tfb / 1e12,
+                "fwd_tflops": attention_forward_flops(shape) / tf / 1e12,
+                "fwd_bwd_tflops": attention_work(shape) / tfb / 1e12,
             }
         )
     return out
@@ -453,23 +440,24 @@ def probe(args: argparse.Namespace) -> int:
     return 0
 
 
-def _reprice(row: dict, profile: str, dtype: str) -> dict:
-    """The same pinned configuration priced on another profile (a measured one)."""
+def _pinned_plan(model: str, margs: dict, gbs: int, pins: dict, profile: str, dtype: str) -> dict:
+    """The plan dict of one configuration on one device, everything the suite leaves open
+    pinned to no parallelism."""
     from planner.api import plan as make_plan
     from planner.search import Pins
 
     full = dict(tp=1, pp=1, dp=1, zero=0, offload="none", schedule=None)
-    full.update(row["pins"])
+    full.update(pins)
     res = make_plan(
-        ROOT / row["model"],
+        ROOT / model,
         1,
-        model_args=row["model_args"],
+        model_args=margs,
         profile=profile,
-        global_batch_size=row["global_batch_size"],
+        global_batch_size=gbs,
         dtype=dtype,
         pins=Pins(**full),
     )
-    return res.plan.to_dict()["predicted"]
+    return res.plan.to_dict()
 
 
 def report(args: argparse.Namespace) -> int:
@@ -514,7 +502,14 @@ def report(args: argparse.Namespace) -> int:
                 memory_rel_error=(pred_peak - peak) / peak,
             )
         if args.profile:
-            alt = _reprice(r, args.profile, meta["dtype"])
+            alt = _pinned_plan(
+                r["model"],
+                r["model_args"],
+                r["global_batch_size"],
+                r["pins"],
+                args.profile,
+                meta["dtype"],
+            )["predicted"]
             row["repriced"] = {
                 "profile": args.profile,
                 "predicted_s": alt["step_time_s"],

@@ -165,11 +165,23 @@ def _matmul_rate(device: torch.device, dtype: torch.dtype, shape, seconds: float
     return timed_rate(lambda: torch.mm(a, b, out=c), 2.0 * m * n * k, seconds, synchronizer(device))
 
 
+def attention_forward_flops(shape) -> float:
+    """Causal attention's forward at (batch, heads, sequence, head dim): its two products over
+    the unmasked half of the scores, 4·b·h·s²·d / 2."""
+    b, h, seq, d = shape
+    return 4.0 * b * h * seq * seq * d / 2
+
+
+def attention_work(shape) -> float:
+    """Causal attention's forward and backward as the cost model prices them
+    (``planner.cost.model.op_rate``): the forward and a backward of 2 · FLASH_BACKWARD times it
+    (it recomputes the scores)."""
+    return attention_forward_flops(shape) * (1 + 2 * FLASH_BACKWARD)
+
+
 def attention_rate(device: torch.device, shape, seconds: float) -> float:
     """FLOP/s of causal ``scaled_dot_product_attention`` forward and backward in bf16, counted
-    as the cost model prices it (``planner.cost.model.op_rate``): the forward's two products
-    over the unmasked half of the scores, 4·b·h·s²·d / 2, and a backward of
-    2 · FLASH_BACKWARD times that (it recomputes the scores)."""
+    as ``attention_work``."""
     b, h, seq, d = shape
     q, k, v = (
         torch.randn(b, h, seq, d, device=device, dtype=torch.bfloat16, requires_grad=True)
@@ -182,8 +194,7 @@ def attention_rate(device: torch.device, shape, seconds: float) -> float:
         out.backward(grad)
         q.grad = k.grad = v.grad = None
 
-    forward = 4.0 * b * h * seq * seq * d / 2
-    return timed_rate(step, forward * (1 + 2 * FLASH_BACKWARD), seconds, synchronizer(device))
+    return timed_rate(step, attention_work(shape), seconds, synchronizer(device))
 
 
 def stream_rates(device: torch.device, nbytes: int, seconds: float) -> dict[str, float]:

@@ -31,9 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from planner.calibrate.bench import OVERHEAD_CHAIN, OVERLAP_BYTES, Settings
+from planner.calibrate.bench import OVERHEAD_CHAIN, OVERLAP_BYTES, Settings, attention_work
 from planner.calibrate.fit import fit_alpha_beta, fit_each
-from planner.cost.model import FLASH_BACKWARD
 from planner.errors import MeshplanError
 from planner.hardware.profiles import DeviceProfile, load_profile
 from planner.vocab import PEAK_DTYPES
@@ -344,9 +343,7 @@ def _attention(s: Settings, results: list[dict[str, Any]], peak: float, c: _Cont
     shapes together. Without it a measured profile prices attention as a GEMM, which on an
     H200 (torch 2.11's SDPA, 2026-11-26) runs about twice as fast as the kernel does."""
     rates = [min(r["attention"][i] for r in results) for i in range(len(s.attention_shapes))]
-    work = [
-        4.0 * b * h * q * q * d / 2 * (1 + 2 * FLASH_BACKWARD) for b, h, q, d in s.attention_shapes
-    ]
+    work = [attention_work(shape) for shape in s.attention_shapes]
     rate = mix_rate(work, rates)
     c.comments["attention_efficiency"] = (
         f"measured {rate / 1e12:.4g} TFLOP/s bf16 ({c.share}, slowest rank; causal "

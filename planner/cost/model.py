@@ -867,12 +867,22 @@ def forward_state_bytes(sm: dict[str, float], grads_held: bool) -> float:
     return sm["params"] + sm["optimizer"] + (sm["grads"] if grads_held else 0.0)
 
 
+def step_state_parts(sm: dict[str, float], training: Training) -> dict[str, float]:
+    """What ``state_memory``'s states occupy during the optimizer step, by category: optimizer
+    states, gradients, the step's temporaries (as "other"), and the weights unless they are
+    16-bit compute copies (FSDP2 frees those after backward; fp32 weights are the parameters
+    themselves)."""
+    return {
+        "params": 0.0 if training.mixed else sm["params"],
+        "grads": sm["grads"],
+        "optimizer": sm["optimizer"],
+        "other": sm["step_temp"],
+    }
+
+
 def step_state_bytes(sm: dict[str, float], training: Training) -> float:
-    """What ``state_memory``'s states occupy during the optimizer step: optimizer states,
-    gradients and the step's temporaries, and the weights unless they are 16-bit compute
-    copies (FSDP2 frees those after backward; fp32 weights are the parameters themselves)."""
-    weights = 0.0 if training.mixed else sm["params"]
-    return weights + sm["optimizer"] + sm["grads"] + sm["step_temp"]
+    """``step_state_parts`` in all."""
+    return sum(step_state_parts(sm, training).values())
 
 
 def grads_held(config: Config, training: Training) -> bool:
@@ -1429,8 +1439,9 @@ def rank_memory(
     host = 0.0
     for r in range(p):
         mem = {"params": 0.0, "grads": 0.0, "optimizer": 0.0, "activations": 0.0}
+        step = {"params": 0.0, "grads": 0.0, "optimizer": 0.0, "activations": 0.0, "other": 0.0}
         rank_opts: list[BlockOption] = []
-        rank_host = step = 0.0
+        rank_host = 0.0
         for st in stages[r::p]:
             for i in st.blocks:
                 o = inp.options[i][config.choice[i]]
@@ -1439,25 +1450,15 @@ def rank_memory(
                 mem["params"] += sm["params"]
                 mem["optimizer"] += sm["optimizer"]
                 mem["grads"] += sm["grads"] if held else 0.0
-                step += step_state_bytes(sm, training)
+                for k, v in step_state_parts(sm, training).items():
+                    step[k] += v
                 rank_host += sm["host"]
                 mem["activations"] += o.act_bytes * st.held
         mem["other"] = other_memory(inp, rank_opts, config, r, last=(r == last))
         mem["total"] = sum(mem.values())
-        step += fixed_memory(inp, config, r == last)
-        if step > mem["total"]:
-            # the optimizer step peaks: report its parts (the temporaries under "other")
-            states = {k: 0.0 for k in mem}
-            for st in stages[r::p]:
-                for i in st.blocks:
-                    o = inp.options[i][config.choice[i]]
-                    sm = option_states(o, config.zero_stage, mesh.replicas, training, deferred)
-                    states["params"] += 0.0 if training.mixed else sm["params"]
-                    states["optimizer"] += sm["optimizer"]
-                    states["grads"] += sm["grads"]
-            states["other"] = step - states["params"] - states["optimizer"] - states["grads"]
-            states["total"] = step
-            mem = states
-        memory.append(mem)
+        step["other"] += fixed_memory(inp, config, r == last)
+        step["total"] = sum(step.values())
+        # the larger phase's parts: the optimizer step's put its temporaries under "other"
+        memory.append(step if step["total"] > mem["total"] else mem)
         host = max(host, rank_host)
     return memory, host

@@ -59,9 +59,8 @@ def step_time(mp: MixedProblem, kinds: list[int], counts: list[list[list[int]]])
                 off += c * sp.offl[s][o]
         if params:
             e1, e2 = e1 + sp.dp_once[0], e2 + sp.dp_once[1]
-        if max(mem + ws + gather, step) > sp.capacity * (1 + 1e-9) or host > sp.host_capacity * (
-            1 + 1e-9
-        ):
+        over_device = max(mem + ws + gather, step) > sp.capacity * (1 + 1e-9)
+        if over_device or host > sp.host_capacity * (1 + 1e-9):
             return math.inf
         times.append(t)
         exposed.append(max(0.0, e1) + max(0.0, e2))

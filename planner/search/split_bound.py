@@ -179,10 +179,7 @@ def _min_max(costs: list[np.ndarray], n: int) -> float:
 
 def _min_sum(costs: list[np.ndarray], n: int) -> float:
     """min over splits of sum_j costs[j][a_j, a_{j+1}] (the S recurrence)."""
-    best = costs[0][0].copy()
-    for cost in costs[1:]:
-        best = (best[:, None] + cost).min(axis=0)
-    return float(best[n])
+    return _min_sum_ranks(costs, costs, n, 1)[0]
 
 
 def stage_costs(

@@ -32,7 +32,8 @@ Constraints (names in the code):
                  peak, where torch's lazily allocated gradients and foreach temporaries
                  outgrow the activations' states; absent with persistent buffers)
     host:        sum_{j = r} sum n host[s,o] <= host capacity per GPU
-    split:       Tmax >= T*;  sum_j T_j >= S*;  (m - 1) Tmax + Opt + Off >= P* (v = 1)
+    split:       Tmax >= T*;  sum_j T_j >= S*;  (m - 1) Tmax + Opt + Off >= P* (v = 1),
+                 m Rmax + Opt + Off >= P* (v > 1)
                  (split_bound's exact dynamic program over integer splits: cuts every
                  placement satisfies, which lift the relaxation of deep pipelines to within
                  about 1% of their optimum, where the plain relaxation sat 5-10% below)
