@@ -569,8 +569,8 @@ MUTANTS: list[Mutant] = [
     M(
         "cost-optimizer-step-peak-ignored",
         "planner/cost/model.py",
-        '        if step > mem["total"]:',
-        "        if False:",
+        '        memory.append(step if step["total"] > mem["total"] else mem)',
+        "        memory.append(mem)",
         COST,
         "the optimizer step's own peak (fp32 states, gradients, foreach temporaries) ignored: a "
         "plan with small activations is predicted to fit where its step runs out of memory",
