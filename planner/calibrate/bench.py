@@ -289,14 +289,20 @@ def traced_op_count(module: torch.nn.Module, x: torch.Tensor) -> int:
     return sum(1 for n in nodes if n.op == "call_function" and not is_view(op_name(n.target)))
 
 
-def op_overheads(device: torch.device, seconds: float, mesh=None) -> dict[str, float]:
+def op_overheads(
+    device: torch.device, seconds: float, mesh=None, local_mesh=None
+) -> dict[str, float]:
     """Host seconds of op dispatch where the math is negligible. "forward"/"backward": per
     traced op of a transformer layer (model_op_mix) in training, forward with autograd
     recording and then its backward. "optimizer": per eager multiply in a chain on 8-element
     tensors, the kind of op a per-tensor optimizer step issues. "dtensor": that multiply on a
     replicated DTensor (FSDP2 and TP parameters' optimizer steps); "tp_module" and
     "tp_gather_module" (given a mesh of 2 or more ranks): see tp_module_overhead and
-    tp_gather_overhead."""
+    tp_gather_overhead, and fsdp_unit_overhead. Each of those three is the larger of its
+    timing on ``mesh`` and on ``local_mesh`` (this rank alone, when given): the wrapping and
+    dispatch cost the same at any mesh size, and a cost read as the small difference of
+    multi-rank timings, each carrying the other process's jitter, can come out near zero on a
+    loaded machine (it did on CI: 6 us for a module of several 15 us DTensor ops)."""
     # The runtime's own selective recompute (its checkpoint and policy), so the probe times
     # what a plan runs.
     from torch.distributed._composable import checkpoint
@@ -330,9 +336,13 @@ def op_overheads(device: torch.device, seconds: float, mesh=None) -> dict[str, f
         dchain = _multiply_chain(d)
         out["dtensor"] = 1.0 / timed_rate(dchain, 1.0, seconds, sync) / OVERHEAD_CHAIN
         if mesh.size() > 1:
-            out["tp_module"] = tp_module_overhead(device, mesh)
-            out["tp_gather_module"] = tp_gather_overhead(device, mesh)
-            out["fsdp_unit"] = fsdp_unit_overhead(device, mesh)
+            meshes = [mesh] if local_mesh is None else [mesh, local_mesh]
+            for key, probe in (
+                ("tp_module", tp_module_overhead),
+                ("tp_gather_module", tp_gather_overhead),
+                ("fsdp_unit", fsdp_unit_overhead),
+            ):
+                out[key] = max(probe(device, m) for m in meshes)
     return out
 
 
@@ -345,6 +355,22 @@ def _multiply_chain(start: torch.Tensor) -> Callable[[], None]:
             y = y * 1.0001
 
     return chain
+
+
+def all_gather_fn() -> Callable:
+    """torch's all-gather into one tensor: ``all_gather_single`` from torch 2.13, which
+    deprecates (with a warning on every call) the older releases' ``all_gather_into_tensor``."""
+    import torch.distributed as dist
+
+    return getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def reduce_scatter_fn() -> Callable:
+    """torch's reduce-scatter of one tensor: ``reduce_scatter_single`` from torch 2.13, else the
+    older ``reduce_scatter_tensor``."""
+    import torch.distributed as dist
+
+    return getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 TP_CALLS = 40
@@ -431,7 +457,7 @@ def _styled_pair_overhead(
 
     def collectives() -> None:
         for _ in range(gathers):
-            dist.all_gather_into_tensor(full, part, group=group)
+            all_gather_fn()(full, part, group=group)
         for _ in range(reduces):
             dist.all_reduce(out, group=group)
 
@@ -450,7 +476,6 @@ def fsdp_unit_overhead(device: torch.device, mesh) -> float:
     fully_shard (resharded after forward: two all-gathers and one reduce-scatter per unit),
     less the same pair unsharded and those collectives on a plain tensor; per unit. Call on
     every rank of ``mesh``."""
-    import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 
     x = torch.ones(4, 8, device=device)
@@ -465,9 +490,9 @@ def fsdp_unit_overhead(device: torch.device, mesh) -> float:
 
     def unit_collectives() -> None:  # what each of the two units issues per micro-batch
         for _ in range(2):
-            dist.all_gather_into_tensor(full, shard, group=group)
-            dist.all_gather_into_tensor(full, shard, group=group)
-            dist.reduce_scatter_tensor(shard, full, group=group)
+            all_gather_fn()(full, shard, group=group)
+            all_gather_fn()(full, shard, group=group)
+            reduce_scatter_fn()(shard, full, group=group)
 
     t_plain, t_fsdp, t_coll = _lockstep_best(
         [

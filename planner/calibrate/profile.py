@@ -429,11 +429,12 @@ def _overheads(
             f"measured: the same multiply on a replicated DTensor, per op ({where}); "
             "what FSDP2 and TP parameters' optimizer steps run"
         )
+        alone = "the larger of all ranks together and each rank on a mesh of its own"
         fsdp_ovh = overhead.get("fsdp_unit", 0.0)
         comments["fsdp_unit_overhead_s"] = (
             "measured: two 8-wide nn.Linear units under FSDP2 fully_shard (resharded after "
             "forward), forward and backward, less the pair unsharded and the units' all-gathers "
-            f"and reduce-scatter on a plain tensor, per unit (slowest rank, {share})"
+            f"and reduce-scatter on a plain tensor, per unit (slowest rank, {share}; {alone})"
             if "fsdp_unit" in overhead
             else "not measured (one rank: nothing to shard over)"
         )
@@ -442,14 +443,14 @@ def _overheads(
         comments["tp_gather_overhead_s"] = (
             "measured: a pair of 8-wide nn.Linear under ColwiseParallel with gathered output, "
             "forward and backward, less the pair unsharded, its two all-gathers and its "
-            f"all-reduce, per module (slowest rank, {share})"
+            f"all-reduce, per module (slowest rank, {share}; {alone})"
             if "tp_gather_module" in overhead
             else "not measured (one rank: no tensor-parallel mesh)"
         )
         comments["tp_module_overhead_s"] = (
             "measured: a colwise -> rowwise pair of 8-wide nn.Linear under torch's "
             "ParallelStyles, forward and backward, less the pair unsharded and its all-reduce, "
-            f"per module (slowest rank, {share})"
+            f"per module (slowest rank, {share}; {alone})"
             if "tp_module" in overhead
             else "not measured (one rank: no tensor-parallel mesh)"
         )

@@ -25,6 +25,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from planner.calibrate.bench import (
     PHASES_MS,
+    all_gather_fn,
     attention_rate,
     comm_overlap,
     compute_phase,
@@ -32,6 +33,7 @@ from planner.calibrate.bench import (
     host_link_rates,
     matmul_rates,
     op_overheads,
+    reduce_scatter_fn,
     resident_bytes,
     settings,
     stream_rates,
@@ -165,8 +167,9 @@ def _worker(rank: int, nproc: int, device: str, threads: int, quick: bool, init:
     dist.barrier()
     out["elementwise"] = elementwise_rates(dev, s.elementwise_bytes, s.seconds)
     dist.barrier()
-    mesh = init_device_mesh(dev.type, (nproc,))
-    out["op_overhead"] = op_overheads(dev, s.seconds, mesh)
+    # Every rank, and each rank alone: see op_overheads.
+    meshes = init_device_mesh(dev.type, (nproc, 1), mesh_dim_names=("ranks", "alone"))
+    out["op_overhead"] = op_overheads(dev, s.seconds, meshes["ranks"], meshes["alone"])
     report("memory", 1)
     if device == "cuda":
         dist.barrier()
@@ -214,11 +217,10 @@ def _collective_call(kind: str, dev: torch.device, nproc: int, nbytes: int):
     part = torch.ones(per_rank, device=dev)
     if kind == "all_reduce":
         return (lambda: dist.all_reduce(full)), full.numel() * 4
-    # torch 2.13 renames the tensor forms *_single; older releases only have *_tensor.
     if kind == "all_gather":
-        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        gather = all_gather_fn()
         return (lambda: gather(full, part)), full.numel() * 4
-    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    scatter = reduce_scatter_fn()
     return (lambda: scatter(part, full)), full.numel() * 4
 
 
