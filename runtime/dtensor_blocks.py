@@ -24,12 +24,16 @@ registered here (heads or batch sharded, as torch's CUDA kernels have).
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.experimental import implicit_replication, register_sharding
 from torch.distributed.tensor.placement_types import _StridedShard
 from torch.overrides import TorchFunctionMode
+
+from planner.vocab import base_style
 
 aten = torch.ops.aten
 _registered: list[bool] = []
@@ -134,6 +138,20 @@ def run_on_dtensors(module: nn.Module) -> None:
 
     module.register_forward_pre_hook(enter, with_kwargs=True)
     module.register_forward_hook(leave, with_kwargs=True, always_call=True)
+
+
+def backward_replication(plan: object):
+    """The context a step's backward runs in: DTensor's implicit replication where some block
+    runs on DTensors. Its forward ran under it (``run_on_dtensors``), so autograd saved plain
+    tensors beside DTensors (StableLM's and Qwen2-MoE's rotary tables multiply q and k); their
+    backward ops meet the DTensor gradients outside the block's call. Elsewhere no op mixes the
+    two (torch's ParallelStyles hand plain local tensors on), so nothing else changes."""
+    on_dtensors = any(
+        base_style(style).startswith("colwise_dtensor")
+        for block in plan.blocks
+        for style in block.tp_plan.values()
+    )
+    return implicit_replication() if on_dtensors else contextlib.nullcontext()
 
 
 def _blocks_dim(placements: tuple) -> int | None:

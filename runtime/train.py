@@ -25,6 +25,7 @@ from planner.schema import Plan
 from runtime.batching import dp_slice, micro_batches, throughput_unit
 from runtime.build import Built, RuntimeCache, build, release
 from runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from runtime.dtensor_blocks import backward_replication
 from runtime.metrics import (
     append_metrics,
     format_step,
@@ -62,7 +63,8 @@ def _local_step(built: Built, mf: ModelFile, step: int, device: torch.device) ->
             with _sequence_share(built, x, y) as (x, kwargs, y):
                 with _autocast(built, device):
                     loss = mf.loss(model(*x, **kwargs), y)
-                (loss / len(chunks)).backward()
+                with backward_replication(plan):
+                    (loss / len(chunks)).backward()
             # Summed on the device: an .item() per micro-batch would make the host wait for
             # the GPU each time, and the next micro-batch's kernels start only once it has
             # queued them again.
@@ -73,7 +75,8 @@ def _local_step(built: Built, mf: ModelFile, step: int, device: torch.device) ->
     kwargs: dict[str, Any] = {}
     if built.holds_last:
         kwargs = {"target": targets, "losses": losses}
-    built.schedule.step(*args, **kwargs)
+    with backward_replication(plan):  # the schedule runs the backward inside its step
+        built.schedule.step(*args, **kwargs)
     if built.holds_last:
         return sum(float(v.detach()) for v in losses) / len(losses)
     return None

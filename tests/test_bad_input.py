@@ -37,6 +37,13 @@ def build_model():
 def make_batch(b, step=0):
     raise KeyError("no such dataset")
 """
+ONE_BLOCK = """
+import torch
+def build_model():
+    return torch.nn.Linear(8, 8)
+def make_batch(b, step=0):
+    return torch.randn(b, 8), torch.randn(b, 8)
+"""
 NO_PARAMETERS = """
 import torch
 class M(torch.nn.Module):
@@ -223,6 +230,11 @@ CASES = {
         lambda t: [*TINY, "--gpus", "2", "--dp", "2", "--micro-batch-size", "3"],
         2,
         "--micro-batch-size 3",
+    ),
+    "pp_beyond_blocks": (
+        lambda t: [_model(t, "one.py", ONE_BLOCK), "--gpus", "2", "--pp", "2"],
+        2,
+        "pin --pp 1 or less",
     ),
     "memory_fraction_out_of_range": (
         lambda t: [*TINY, "--gpus", "2", "--memory-fraction", "1.5"],

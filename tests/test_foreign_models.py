@@ -81,6 +81,27 @@ def test_the_eager_probe_rejects_a_view_that_fixes_the_head_count():
     )
 
 
+def test_the_eager_probe_reaches_blocks_behind_data_checks_and_blames_the_shard():
+    """StableLM's forward makes position ids, which transformers' mask code inspects with
+    .all() (a meta tensor has no data; a fake one reads as tracing), then views q with the
+    module's own head count, which a column-parallel shard fails: the probe reaches the layer
+    under fake tensors and blames q_proj, so the planner keeps the block on DTensors."""
+    mf = load_model_file(MODELS / "stablelm.py", {"size": "tiny"})
+    probe = EagerShardProbe(mf, "fp32", {})
+    layer = "model.layers.0"
+    attn = {f"{layer}.self_attn.{p}": "colwise" for p in ("q_proj", "k_proj", "v_proj")}
+    attn[f"{layer}.self_attn.o_proj"] = "rowwise"
+    why = probe.reject("stablelm-layer", layer, attn, 2)
+    assert why is not None and "fails on local shards" in why
+    assert probe.unsafe_outputs("stablelm-layer", layer, attn, 2) == {"self_attn.q_proj"}
+    result = plan(
+        mf, 2, profile="cpu", dtype="fp32", use_cache=False,
+        pins=Pins(tp=2, dp=1, pp=1, tp_variant="sharded"),
+    )  # fmt: skip
+    styles = {f: s for b in result.plan.blocks for f, s in b.tp_plan.items() if ".self_attn." in f}
+    assert styles and all(s.startswith(("colwise_dtensor", "rowwise")) for s in styles.values())
+
+
 def test_opt_attention_is_planned_on_dtensors_not_misread():
     """With the probe, OPT's pinned TP plan keeps its column-parallel outputs DTensors (the
     code then reads global shapes) instead of handing the code a shard it misreads."""

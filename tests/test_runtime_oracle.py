@@ -203,6 +203,8 @@ EXTRA: list[tuple[str, str, int, dict]] = [
     ("heads-dp2xtp2-zero3", "gpt2", 4, dict(tp=2, dp=2, pp=1, zero=3, micro_batch_size=2)),
     # Qwen3's per-head q/k norms: replicated weights whose gradients are summed over TP
     ("qk-norm-tp2", "qwen3", 2, dict(tp=2, dp=1, pp=1, zero=0, micro_batch_size=4)),
+    # StableLM's head-count views run on DTensors, partial rotary tables meet them in backward
+    ("headcount-view-tp2", "stablelm", 2, dict(tp=2, dp=1, pp=1, zero=0, micro_batch_size=4)),
 ]
 
 
@@ -238,6 +240,7 @@ CORE_EXTRA = (
     "opt-tied-dp2xtp2-zero3",
     "gpt2-heads-dp2xtp2-zero3",
     "qwen3-qk-norm-tp2",
+    "stablelm-headcount-view-tp2",
 )
 
 

@@ -18,6 +18,7 @@ transformer layer takes milliseconds.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from planner.atomic import write_text_atomic
@@ -45,6 +47,7 @@ class _Reshapes(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.seen: list[tuple[str, tuple, tuple, frozenset[str]]] = []
+        self.failed: frozenset[str] = frozenset()  # what the op that raised derives from
         self.origin: dict[int, frozenset[str]] = {}
         self._keep: list[torch.Tensor] = []  # ids stay unique while the forward runs
 
@@ -54,13 +57,17 @@ class _Reshapes(TorchDispatchMode):
             self._keep.append(t)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
-        out = func(*args, **(kwargs or {}))
         inputs = [
             a
             for a in torch.utils._pytree.tree_leaves((args, kwargs))
             if isinstance(a, torch.Tensor)
         ]
         came = frozenset().union(*(self.origin.get(id(a), frozenset()) for a in inputs))
+        try:
+            out = func(*args, **(kwargs or {}))
+        except Exception:
+            self.failed = came  # StableLM's view(bsz, len, num_heads, head_dim) of a shard
+            raise
         for o in torch.utils._pytree.tree_leaves(out):
             if came and isinstance(o, torch.Tensor):
                 self.origin[id(o)] = self.origin.get(id(o), frozenset()) | came
@@ -85,6 +92,7 @@ class EagerShardProbe:
         self._probed = 0
         self._model: nn.Module | None = None
         self._inputs: dict[str, tuple[tuple, dict]] = {}
+        self._mode: FakeTensorMode | None = None
 
     def save(self) -> None:
         """Keep this run's new verdicts for the next plan of the same trace."""
@@ -106,24 +114,38 @@ class EagerShardProbe:
     def _load(self) -> nn.Module:
         if self._model is None:
             model = build_meta_model(self.mf, self.dtype)
-            captured = self._inputs
-
-            def grab(module: nn.Module, args: tuple, kwargs: dict) -> None:
-                captured.setdefault(names[module], (args, kwargs))
-
             names = {m: n for n, m in model.named_modules()}
-            handles = [m.register_forward_pre_hook(grab, with_kwargs=True) for m in names]
-            try:
-                with torch.no_grad():
-                    model(*meta_inputs(self.mf, 1, self.dtype))
-            except Exception:  # noqa: BLE001 (data-dependent code, e.g. .item(), runs only
-                # under torch.export's fake tensors): modules not reached stay unprobed
-                pass
-            finally:
-                for h in handles:
-                    h.remove()
+            # Meta tensors first; where the model's code asks a meta tensor for data
+            # (transformers' mask code checks packed sequences with .all() unless it sees a
+            # FakeTensor, as StableLM's forward does), again under fake tensors, which such code
+            # recognises as tracing. The probes then run under the mode that reached the blocks.
+            for mode in (None, FakeTensorMode(allow_non_fake_inputs=True)):
+                self._inputs.clear()
+                if self._capture(model, names, mode):
+                    break
+            self._mode = mode
             self._model = model
         return self._model
+
+    def _capture(self, model: nn.Module, names: dict, mode) -> bool:
+        """Each module's first inputs in one forward under ``mode`` (None: plain meta
+        tensors); whether the forward ran to the end."""
+        captured = self._inputs
+
+        def grab(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            captured.setdefault(names[module], (args, kwargs))
+
+        handles = [m.register_forward_pre_hook(grab, with_kwargs=True) for m in names]
+        try:
+            with torch.no_grad(), mode or contextlib.nullcontext():
+                model(*meta_inputs(self.mf, 1, self.dtype))
+            return True
+        except Exception:  # noqa: BLE001 (data-dependent code, e.g. .item(), runs only
+            # under torch.export's tracing): modules not reached stay unprobed
+            return False
+        finally:
+            for h in handles:
+                h.remove()
 
     def reject(self, cls: str, module: str, tp_plan: dict[str, str], t: int) -> str | None:
         """Why running ``module`` with ``tp_plan`` on ``t`` devices would not compute what the
@@ -173,7 +195,7 @@ class EagerShardProbe:
                 if base_style(style) == "colwise" and rel
             ]
             try:
-                with torch.no_grad(), rec:
+                with torch.no_grad(), self._mode or contextlib.nullcontext(), rec:
                     m(*args, **kwargs)
             except Exception as exc:  # the user's code on local shards: any failure counts
                 # a misread reshape before the failure (OPT's eager attention scores, keyed
@@ -188,7 +210,7 @@ class EagerShardProbe:
                 return (
                     f"{module}: its code fails on local shards "
                     f"({type(exc).__name__}: {' '.join(str(exc).split())[:120]})",
-                    set(),
+                    set(rec.failed),  # the column-parallel outputs the failing op reads
                 )
             finally:
                 for h in handles:

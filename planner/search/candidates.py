@@ -227,7 +227,17 @@ def check_ep_pin(blocks: list[Block], pins: Pins) -> None:
         )
 
 
-def no_candidate_message(gpus: int, training: Training, pins: Pins, tps: list[int]) -> str:
+def no_candidate_message(
+    gpus: int, training: Training, pins: Pins, tps: list[int], blocks: list[Block] | None = None
+) -> str:
+    if blocks is not None and pins.pp and pins.pp > len(blocks):
+        names = ", ".join(b.name for b in blocks[:3]) + (", ..." if len(blocks) > 3 else "")
+        return (
+            f"--pp {pins.pp} needs {pins.pp} pipeline stages, but the model traced to "
+            f"{len(blocks)} block{'s' if len(blocks) != 1 else ''} ({names}): a pipeline cuts "
+            "only between blocks, which follow the module tree (each child of a ModuleList or "
+            f"Sequential of two or more is one): pin --pp {len(blocks)} or less"
+        )
     if pins.tp and pins.tp not in tps:
         return (
             f"--tp {pins.tp} cannot shard this model on {gpus} GPUs: it must divide the GPU "

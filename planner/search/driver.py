@@ -172,7 +172,7 @@ def _candidates(graph, blocks, cluster, training, pins, variants_of) -> list[Can
         )
     cands = enumerate_candidates(gpus, len(blocks), training, pins, tp_degrees, blocks, sequence)
     if not cands:
-        message = no_candidate_message(gpus, training, pins, tp_degrees)
+        message = no_candidate_message(gpus, training, pins, tp_degrees, blocks)
         if graph.graph.get("method") == "hooks" and tp_degrees == [1]:
             message += (
                 "; torch.export could not trace the model (its note says why; a transformers"
