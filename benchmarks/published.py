@@ -579,6 +579,8 @@ def price(s: Setup, **overrides: float):
         # was fitted with (torchtitan's FSDP2 allocates fp32 gradients lazily, as meshplan's
         # runtime does; not yet told apart here)
         persistent_grad_buffers=True,
+        # Megatron-Core and DeepSpeed keep one send and one receive buffer
+        microbatch_recv_buffers=False,
     )
     variant = "sequence" if s.sp else "no-sequence"
     variants_of = variants_for(traced.graph, cluster, variant, _VARIANTS)

@@ -41,8 +41,9 @@ RESERVED = 1e9
 
 def Training16(*args, **kwargs) -> Training:  # noqa: N802 - reads as the class it builds
     """The hand references below count Megatron's and DeepSpeed's states: 16-bit gradients in
-    buffers kept all step (``Training.persistent_grad_buffers``); the runtime's fp32 ones have
-    their own tests at the end."""
+    buffers kept all step (``Training.persistent_grad_buffers``), one pipeline send and receive
+    buffer; the runtime's fp32 gradients and per-micro-batch buffers have their own tests."""
+    kwargs.setdefault("microbatch_recv_buffers", False)
     return Training(*args, persistent_grad_buffers=True, **kwargs)
 
 
@@ -247,6 +248,33 @@ def test_point_to_point_sends_and_their_buffers(per_node):
     assert cost.pipeline_s == pytest.approx(t0 + t1 + (m - 1) * max(t0, t1))
     for r in range(2):
         assert cost.rank_memory[r]["other"] == pytest.approx(RESERVED + 2 * 6e6, rel=1e-12)
+
+
+@pytest.mark.parametrize("schedule,v", [("1f1b", 1), ("gpipe", 1), ("interleaved_1f1b", 2)])
+def test_torch_pipelining_keeps_a_receive_buffer_per_micro_batch(schedule, v):
+    """meshplan's runtime (torch.distributed.pipelining) keeps, on each stage, a receive
+    buffer per micro-batch for the activation (not the first stage) and for the gradient of
+    its output (not the last), and each output until its backward. Two ranks, m = 4
+    micro-batches of 2 samples, b = 6e6 bytes per micro-batch across each cut. 1F1B: rank 0
+    holds h = 2 micro-batches, rank 1 holds 1; GPipe holds all 4 on both; interleaved (v = 2,
+    four virtual stages, rank 0 chunks 0 and 2, rank 1 chunks 1 and 3) holds 5 and 3
+    chunk-micro-batches per rank, h = 2.5 and 1.5 per chunk."""
+    n = 2 * v
+    blocks = [make_block(i, "L", params=0, boundary=3 * 10**6, out=0) for i in range(n)]
+    opts = [make_option(1e-3, 0.0, 0.0) for _ in blocks]
+    m, b = 4, 6e6
+    training = Training(2 * m, "bf16", "adamw")
+    cost = run(blocks, opts, Mesh(2, 1, 1), list(range(n)), mbs=2, training=training,
+               cl=cluster(2, 2), schedule=schedule, v=v)  # fmt: skip
+    held = {"1f1b": (2, 1), "gpipe": (4, 4), "interleaved_1f1b": (2.5, 1.5)}[schedule]
+
+    def want(stage: int, h: float) -> float:
+        first, last = stage == 0, stage == n - 1
+        return (0 if first else (m - h + 1) * b) + (0 if last else (m + h) * b)
+
+    for r in range(2):
+        buffers = sum(want(s, held[r]) for s in range(r, n, 2))
+        assert cost.rank_memory[r]["other"] == pytest.approx(RESERVED + buffers, rel=1e-12)
 
 
 def test_the_loss_and_its_logits_live_on_the_last_stage():

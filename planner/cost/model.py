@@ -111,6 +111,14 @@ class Training:
     # and torch's foreach AdamW allocates a temporary per parameter during the step
     # (``rank_memory``'s two phases; measured on an H200, benchmarks/gpu_accuracy.py).
     persistent_grad_buffers: bool = False
+    # A pipeline stage's receive buffers, one per micro-batch each way (torch.distributed.
+    # pipelining, meshplan's runtime: every stage allocates, for each of the step's m
+    # micro-batches, a buffer for the activation it receives and one for the gradient of its
+    # output, and keeps them across steps; each output stays in the stage's cache until its
+    # backward). Off: one send and one receive buffer (Megatron-Core frees each output once it
+    # is sent, deallocate_output_tensor; DeepSpeed's pipeline engine keeps only its TP
+    # partition). See ``pipeline_buffer_bytes``.
+    microbatch_recv_buffers: bool = True
 
     @property
     def mixed(self) -> bool:
@@ -1287,16 +1295,47 @@ def other_memory(
     gathered = max(
         (gathered_weight_bytes(o, config.zero_stage, inp.training) for o in opts), default=0
     )
-    return fixed_memory(inp, config, last) + gathered + max(working, loss_memory(inp, config, last))
+    return (
+        fixed_memory(inp, config, pp_rank) + gathered + max(working, loss_memory(inp, config, last))
+    )
 
 
-def fixed_memory(inp: CostInputs, config: Config, last: bool) -> float:
-    """What a rank holds whatever its blocks: the profile's reserved bytes (the CUDA context),
-    the pipeline's send and receive buffers, and tied weights' copies (``tied_memory``)."""
-    total = inp.cluster.profile.reserved_bytes
-    if config.num_stages > 1:
-        total += 2 * inp.boundary_bytes * sample_share(config) / inp.traced_mbs
+def fixed_memory(inp: CostInputs, config: Config, pp_rank: int) -> float:
+    """What pipeline rank ``pp_rank`` holds whatever its blocks: the profile's reserved bytes
+    (the CUDA context), the pipeline's buffers (``pipeline_buffer_bytes``), and tied weights'
+    copies (``tied_memory``)."""
+    last = pp_rank == (config.num_stages - 1) % config.mesh.pp
+    total = inp.cluster.profile.reserved_bytes + pipeline_buffer_bytes(inp, config, pp_rank)
     return total + tied_memory(inp, config, last)
+
+
+def pipeline_buffer_bytes(inp: CostInputs, config: Config, pp_rank: int) -> float:
+    """Bytes of pipeline buffers on ``pp_rank``, b the activation crossing a cut per
+    micro-batch. Under ``Training.microbatch_recv_buffers`` (torch's pipelining, measured on
+    gloo: after a step of m = 8, stage 0 kept 8 output-gradient buffers, stage 1 kept 8
+    activation buffers, and stage 0's cache held each output until its backward), per virtual
+    stage holding ``chunk_held`` micro-batches h: the activation buffers of the micro-batches
+    not in flight, (m - h) b (the h in flight are the first block's saved input, already
+    counted), and the input gradient being sent back, b, on every stage but the first; m
+    output-gradient buffers and h kept outputs, (m + h) b, on every stage but the last.
+    Otherwise one send and one receive buffer, 2 b."""
+    n, mesh, tr = config.num_stages, config.mesh, inp.training
+    if n == 1:
+        return 0.0
+    b = inp.boundary_bytes * sample_share(config) / inp.traced_mbs
+    if tr.pipeline_sends_shards:
+        b /= mesh.tp
+    if not tr.microbatch_recv_buffers:
+        return 2 * b
+    m = num_microbatches(tr, mesh.dp, config.micro_batch_size)
+    held = chunk_held(config.schedule, m, mesh.pp, config.virtual_stages, pp_rank)
+    total = 0.0
+    for s in range(pp_rank, n, mesh.pp):
+        if s > 0:
+            total += (m - held + 1) * b
+        if s < n - 1:
+            total += (m + held) * b
+    return total
 
 
 def loss_memory(inp: CostInputs, config: Config, last: bool) -> float:
@@ -1456,7 +1495,7 @@ def rank_memory(
                 mem["activations"] += o.act_bytes * st.held
         mem["other"] = other_memory(inp, rank_opts, config, r, last=(r == last))
         mem["total"] = sum(mem.values())
-        step["other"] += fixed_memory(inp, config, r == last)
+        step["other"] += fixed_memory(inp, config, r)
         step["total"] = sum(step.values())
         # the larger phase's parts: the optimizer step's put its temporaries under "other"
         memory.append(step if step["total"] > mem["total"] else mem)

@@ -82,7 +82,7 @@ def stage_problem(inp: CostInputs, cand: Candidate) -> StageProblem:
     # the last stage the loss (stage_time_parts of no blocks).
     const_time = [sum(stage_time_parts(inp, [], config, j)) for j in range(J)]
     last_rank = (J - 1) % p
-    const_mem = [fixed_memory(inp, config, r == last_rank) for r in range(p)]
+    const_mem = [fixed_memory(inp, config, r) for r in range(p)]
     loss_mem = [loss_memory(inp, config, r == last_rank) for r in range(p)]
     profile = inp.cluster.profile
     once_a, once_b, _ = dp_stage_terms(rates)
