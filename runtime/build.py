@@ -22,6 +22,7 @@ from planner.vocab import BatchNormStats
 from runtime.batching import dp_slice, micro_batches
 from runtime.batchnorm import synchronize_batchnorm
 from runtime.capability import check_runnable
+from runtime.dtensor_blocks import whole_gradients
 from runtime.expert_parallel import apply_expert_parallel, sync_expert_grads
 from runtime.parallelize import (
     apply_data_parallel,
@@ -111,6 +112,7 @@ class Built:
     def sync_gradients(self) -> None:
         """What the data-parallel wrappers leave to do before the optimizer step."""
         sum_partial_gradients(self.tp_grad_sums, self.mesh["tp"])
+        whole_gradients(self.parts)  # after: the sums above skip DTensor gradients
         if self.expert_params:
             sync_expert_grads(self.expert_params, self.edp_group, self.plan.mesh.dp)
         self.tied.sum_gradients(self.parts)
@@ -237,7 +239,7 @@ def _build_pipeline(
     edp_group = None
     stage_mods = [pipe.get_stage_module(i) for i in indices]
     for stage_mod in stage_mods:
-        adopt_eager_modules(stage_mod, model, split_points(plan))
+        adopt_eager_modules(stage_mod, model, split_points(plan, model))
     untie_between(stage_mods)
     names = parameter_names(model)
     tied = tied_grads(names, stage_mods, mesh, cache.groups)

@@ -154,6 +154,18 @@ def backward_replication(plan: object):
     return implicit_replication() if on_dtensors else contextlib.nullcontext()
 
 
+def whole_gradients(parts: list[nn.Module]) -> None:
+    """Plain gradients for plain parameters. A replicated weight read inside a block that runs
+    on DTensors (Qwen3-MoE's per-head q/k norms, applied to head-sharded queries) is a
+    replica there, so autograd hands it a DTensor gradient, partial over the TP ranks; its
+    full tensor is the sum the one-process gradient is (the optimizer cannot add a DTensor
+    to a plain parameter)."""
+    for part in parts:
+        for p in part.parameters():
+            if not isinstance(p, DTensor) and isinstance(p.grad, DTensor):
+                p.grad = p.grad.full_tensor()
+
+
 def _blocks_dim(placements: tuple) -> int | None:
     """The mesh dim that holds a tensor dim by blocks: a ``_StridedShard`` that no later mesh
     dim shards further (FSDP2's own strided placement over a TP shard is followed by it)."""

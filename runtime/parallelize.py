@@ -45,6 +45,18 @@ def find_module(root: nn.Module, fqn: str) -> nn.Module | None:
         return None
 
 
+def called_modules(root: nn.Module, fqn: str) -> list[nn.Module]:
+    """The modules a block's path stands for when it runs: the module itself, or for a
+    ModuleList or ModuleDict, which is never called (ConvNeXt's one-layer ``stages.1.layers``),
+    its children, whose calls FSDP's and the checkpoint's hooks must see."""
+    module = find_module(root, fqn)
+    if module is None:
+        return []
+    if isinstance(module, (nn.ModuleList, nn.ModuleDict)):
+        return [m for name, _ in module.named_children() for m in called_modules(module, name)]
+    return [module]
+
+
 def tp_style(module: nn.Module, style: str, fqn: str, traced_parent: bool = False) -> ParallelStyle:
     """The plan's style name for one nn.Linear / nn.Embedding as a torch ParallelStyle.
 
@@ -250,6 +262,8 @@ def sum_partial_gradients(modules: list[nn.Module], tp_mesh: DeviceMesh) -> None
                 isinstance(p, DTensor) and "tp" in (p.device_mesh.mesh_dim_names or ())
             ):
                 continue
+            if not isinstance(p, DTensor) and isinstance(p.grad, DTensor):
+                continue  # read inside a DTensor block: DTensor tracks the sum (whole_gradients)
             local = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
             torch.distributed.all_reduce(local, group=group)
 
@@ -437,18 +451,19 @@ def apply_recompute(root: nn.Module, blocks: list[BlockPlan], before_tp: bool = 
     for block in blocks:
         if block.recompute == "none" or is_sequence_parallel(block) != before_tp:
             continue
-        for fqn in block.modules:
-            module = find_module(root, fqn)
-            if module is None:
-                continue
+        for module in (m for fqn in block.modules for m in called_modules(root, fqn)):
             if block.recompute == "full":
                 composable_checkpoint(module)
             else:
                 composable_checkpoint(module, context_fn=selective_context)
 
 
-def _params_of(modules: list[nn.Module]) -> bool:
-    return any(True for m in modules for _ in m.parameters())
+def _trained(module: nn.Module) -> bool:
+    """Whether ``module`` holds a parameter that trains. A unit of several modules gets FSDP's
+    pre-backward hook on its last module's output only; a frozen last module (Pegasus'
+    sinusoidal positions, after its encoder's final norm) gives it no gradient to fire on, and
+    the norm's backward then found its weight resharded. Frozen modules stay with the root."""
+    return any(p.requires_grad for p in module.parameters())
 
 
 def apply_data_parallel(
@@ -506,8 +521,7 @@ def apply_data_parallel(
     for block in blocks:
         # a module holding a tied weight joins the root unit with the weight's other holders
         fqns = [f for f in block.modules if not splits_tie(f, ties)]
-        modules = [m for m in (find_module(root, f) for f in fqns) if m is not None]
-        modules = [m for m in modules if _params_of([m])]
+        modules = [m for f in fqns for m in called_modules(root, f) if _trained(m)]
         if not modules:
             continue
         offload = block.offload == "optimizer+params"

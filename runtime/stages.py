@@ -35,16 +35,26 @@ from planner.modelfile import forward_takes_one_argument
 from planner.schema import Plan
 
 
-def split_points(plan: Plan) -> list[str]:
-    """The module path where each stage after the first begins."""
+def split_points(plan: Plan, model: nn.Module) -> list[str]:
+    """The module path where each stage after the first begins: its first block's first
+    module, or where that is a ModuleList or ModuleDict (never called itself: ConvNeXt's
+    one-layer ``stages.1.layers``), its first child, the first module the cut meets."""
     first_module = {b.name: b.modules[0] for b in plan.blocks}
-    return [first_module[st.blocks[0]] for st in plan.stages[1:]]
+    return [_called(model, first_module[st.blocks[0]]) for st in plan.stages[1:]]
+
+
+def _called(model: nn.Module, path: str) -> str:
+    module = model.get_submodule(path)
+    while isinstance(module, (nn.ModuleList, nn.ModuleDict)) and len(module):
+        name, module = next(iter(module.named_children()))
+        path = f"{path}.{name}"
+    return path
 
 
 def traced_pipe(plan: Plan, model: nn.Module, example_inputs: tuple, traced: dict) -> Any:
     """A private copy of the traced, split model; ``traced`` keeps the trace (the slow part)
     for later plans of the same model, micro-batch and cut."""
-    points = split_points(plan)
+    points = split_points(plan, model)
     key = json.dumps(
         [plan.model.sha256, plan.model.args, plan.micro_batch_size, points],
         sort_keys=True,
@@ -303,6 +313,22 @@ def _single_tensor_io(traced: nn.Module) -> bool:
     )
 
 
+def _the_traced_output(module: nn.Module, _args: tuple, out: Any) -> Any:
+    """What the traced module returned in place of the eager one's output: the one tensor in
+    it. Swin's patch embedding returns (embeddings, output_dimensions); the trace folds the
+    sizes into constants, so the traced module returns the embeddings alone, and its caller in
+    the traced graph reads them as a tensor."""
+    if isinstance(out, torch.Tensor):
+        return out
+    tensors = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+    if len(tensors) != 1:
+        raise RuntimeError(
+            f"{type(module).__name__} returns {len(tensors)} tensors where its traced copy "
+            "returned one: this module cannot run eagerly inside a pipeline stage"
+        )
+    return tensors[0]
+
+
 def adopt_eager_modules(stage: nn.Module, model: nn.Module, cuts: list[str]) -> list[str]:
     """Swap traced submodules for the model's eager ones where exact (see the module docstring)
     and make every other parameter and buffer the model's own tensor, found by path. Returns
@@ -330,6 +356,9 @@ def adopt_eager_modules(stage: nn.Module, model: nn.Module, cuts: list[str]) -> 
         parent_path, _, name = fqn.rpartition(".")
         parent = stage.get_submodule(parent_path) if parent_path else stage
         setattr(parent, name, original)
+        if not getattr(original, "_meshplan_one_tensor", False):
+            original.register_forward_hook(_the_traced_output)
+            original._meshplan_one_tensor = True
         swapped.append(fqn)
     sources = dict(model.named_parameters(remove_duplicate=False))
     sources.update(dict(model.named_buffers(remove_duplicate=False)))

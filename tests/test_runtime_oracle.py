@@ -205,6 +205,25 @@ EXTRA: list[tuple[str, str, int, dict]] = [
     ("qk-norm-tp2", "qwen3", 2, dict(tp=2, dp=1, pp=1, zero=0, micro_batch_size=4)),
     # StableLM's head-count views run on DTensors, partial rotary tables meet them in backward
     ("headcount-view-tp2", "stablelm", 2, dict(tp=2, dp=1, pp=1, zero=0, micro_batch_size=4)),
+    # Qwen3-MoE's q/k norm weights are replicas inside a DTensor block: DTensor gradients
+    ("dtensor-grads-tp2", "qwen3_moe", 2, dict(tp=2, dp=1, pp=1, zero=0, micro_batch_size=4)),
+    # ConvNeXt's one-layer ModuleList is a block that is never called itself
+    ("modulelist-zero3-dp2", "convnext", 2, dict(tp=1, dp=2, pp=1, zero=3, micro_batch_size=4)),
+    (
+        "modulelist-pp2",
+        "convnext",
+        2,
+        dict(tp=1, dp=1, pp=2, zero=0, schedule="1f1b", micro_batch_size=2),
+    ),
+    # Pegasus: a frozen module last in a ZeRO-3 unit of several
+    ("frozen-last-zero3-dp2", "pegasus", 2, dict(tp=1, dp=2, pp=1, zero=3, micro_batch_size=4)),
+    # Swin's patch embedding returns a tuple its traced copy does not
+    (
+        "tuple-output-pp2",
+        "swin",
+        2,
+        dict(tp=1, dp=1, pp=2, zero=0, schedule="1f1b", micro_batch_size=2),
+    ),
 ]
 
 
@@ -241,6 +260,11 @@ CORE_EXTRA = (
     "gpt2-heads-dp2xtp2-zero3",
     "qwen3-qk-norm-tp2",
     "stablelm-headcount-view-tp2",
+    "qwen3_moe-dtensor-grads-tp2",
+    "convnext-modulelist-zero3-dp2",
+    "convnext-modulelist-pp2",
+    "pegasus-frozen-last-zero3-dp2",
+    "swin-tuple-output-pp2",
 )
 
 
