@@ -193,7 +193,11 @@ def _units(modules: dict[str, str], containers: set[str]) -> tuple[list[str], se
     if "" in is_list or holds(""):
         units = walk("")
     else:
+        # No repeated container (an LSTM language model: embedding, LSTM, head): the top-level
+        # children are the members, so a pipeline can cut between them and ZeRO-3 gathers one
+        # at a time (merged as non-members they were one block).
         units = kids.get("", []) or [""]
+        members.update(u for u in units if u)
     return units, members
 
 
