@@ -222,10 +222,18 @@ MUTANTS: list[Mutant] = [
     M(
         "cost-p2p-buffers-one",
         "planner/cost/model.py",
-        "total += 2 * inp.boundary_bytes * sample_share(config) / inp.traced_mbs",
-        "total += inp.boundary_bytes * sample_share(config) / inp.traced_mbs",
+        "        return 2 * b\n",
+        "        return b\n",
         COST,
         "one pipeline buffer instead of a send and a receive buffer",
+    ),
+    M(
+        "cost-recv-buffers-in-flight-only",
+        "planner/cost/model.py",
+        "            total += (m + held) * b",
+        "            total += 2 * held * b",
+        COST,
+        "torch's output-gradient buffers counted for the micro-batches in flight, not all m",
     ),
     M(
         "cost-gather-buffer-one",
@@ -740,6 +748,56 @@ MUTANTS: list[Mutant] = [
         "            if src not in index or index[src] >= j - 2:",
         oracle("llama-pp4"),
         "a value that skips one stage is not relayed",
+    ),
+    M(
+        "run-dtensor-grads-summed-twice",
+        "runtime/build.py",
+        '        sum_partial_gradients(self.tp_grad_sums, self.mesh["tp"])\n'
+        "        whole_gradients(self.parts)",
+        "        whole_gradients(self.parts)\n"
+        '        sum_partial_gradients(self.tp_grad_sums, self.mesh["tp"])',
+        oracle("qwen3_moe-dtensor-grads-tp2"),
+        "a replicated weight read in a DTensor block gets its gradient summed twice over TP",
+    ),
+    M(
+        "run-modulelist-block-unwrapped",
+        "runtime/parallelize.py",
+        "    if isinstance(module, (nn.ModuleList, nn.ModuleDict)):\n        return [m for",
+        "    if False:\n        return [m for",
+        oracle("convnext-modulelist"),
+        "a block that is a ModuleList is sharded as one FSDP unit, whose hooks never fire",
+    ),
+    M(
+        "run-frozen-module-in-unit",
+        "runtime/parallelize.py",
+        "    return any(p.requires_grad for p in module.parameters())",
+        "    return any(True for _ in module.parameters())",
+        oracle("pegasus-frozen-last"),
+        "a frozen module closes a ZeRO-3 unit of several and its pre-backward gather never fires",
+    ),
+    M(
+        "run-eager-swap-tuple-output",
+        "runtime/stages.py",
+        "    if isinstance(out, torch.Tensor):\n        return out",
+        "    if True:\n        return out",
+        oracle("swin-tuple-output"),
+        "an eager module swapped into a stage hands on a tuple where its traced copy gave a tensor",
+    ),
+    M(
+        "run-dtensor-backward-outside-replication",
+        "runtime/dtensor_blocks.py",
+        "    return implicit_replication() if on_dtensors else contextlib.nullcontext()",
+        "    return contextlib.nullcontext()",
+        oracle("stablelm-headcount-view"),
+        "a DTensor block's backward meets its saved plain tensors outside implicit replication",
+    ),
+    M(
+        "probe-meta-only",
+        "planner/cost/eager_probe.py",
+        "            for mode in (None, FakeTensorMode(allow_non_fake_inputs=True)):",
+        "            for mode in (None,):",
+        "tests/test_foreign_models.py",
+        "the eager probe never reaches blocks behind a data-dependent check and passes them",
     ),
 ]
 

@@ -45,6 +45,7 @@ from planner.modelfile import load_model_file  # noqa: E402
 pytestmark = [pytest.mark.zoo, pytest.mark.distributed]
 
 ZOO = Path(__file__).resolve().parent / "zoo.py"
+SWEEP = ZOO.with_name("sweep.py")
 RESNET = ROOT / "examples" / "resnet.py"
 STEPS = 5
 RTOL = 1e-4
@@ -54,6 +55,13 @@ FAMILIES = (
     "qwen3", "gemma", "phi", "gpt_neox", "falcon", "mixtral", "nn_transformer",
 )  # fmt: skip
 MODELS = (*FAMILIES, "resnet")
+# sweep.py's families (tiny size only: trained in the four forms, not planned at full size)
+SWEPT = (
+    "phi3", "bigcode_mqa", "bloom", "gptj", "gpt_neo", "gemma2", "qwen2_moe", "qwen3_moe",
+    "olmoe", "deepseek_v3", "olmo2", "stablelm", "cohere", "granite", "starcoder2", "mpt",
+    "mamba", "albert", "electra", "distilbert", "mbart", "pegasus", "swin", "convnext", "deit",
+    "lstm", "groupconv_mha",
+)  # fmt: skip
 FORMS: dict[str, tuple[int, dict]] = {
     "zero3-dp2": (2, dict(tp=1, dp=2, pp=1, zero=3, micro_batch_size=4)),
     "tp2": (2, dict(tp=2, dp=1, pp=1, zero=0, micro_batch_size=4)),
@@ -76,10 +84,12 @@ class Cell:
         return FORMS[self.form][0]
 
     def path_and_args(self) -> tuple[Path, dict]:
-        return (RESNET, {}) if self.model == "resnet" else (ZOO, {"family": self.model})
+        if self.model == "resnet":
+            return RESNET, {}
+        return (SWEEP if self.model in SWEPT else ZOO), {"family": self.model}
 
 
-CELLS = [Cell(m, f) for m in MODELS for f in FORMS]
+CELLS = [Cell(m, f) for m in (*MODELS, *SWEPT) for f in FORMS]
 
 
 @dataclass

@@ -384,7 +384,7 @@ COMMON = dict(use_cache=False, attn_implementation="sdpa")
 NO_DROPOUT = (
     "dropout", "attention_dropout", "activation_dropout", "attn_pdrop", "resid_pdrop",
     "embd_pdrop", "hidden_dropout_prob", "attention_probs_dropout_prob", "dropout_rate",
-    "hidden_dropout", "classifier_dropout", "attention_dropout_prob",
+    "hidden_dropout", "classifier_dropout", "attention_dropout_prob", "drop_path_rate",
 )  # fmt: skip
 
 _current: dict[str, Any] = {"family": "llama", "seq": SEQ, "vocab": VOCAB, "image": IMAGE}
@@ -431,6 +431,9 @@ def build_model(family: str = "llama", size: str = "tiny", layers: int | None = 
     spec = FAMILIES[family]
     dims = dict(spec[size])
     _current["family"] = family
+    if "builder" in spec:  # a plain-torch model (the sweep's)
+        _current["vocab"], _current["seq"], _current["image"] = VOCAB, SEQ, IMAGE
+        return spec["builder"]()
     if spec["config"] is None:
         if layers is not None:
             dims["layers"] = layers
@@ -438,7 +441,8 @@ def build_model(family: str = "llama", size: str = "tiny", layers: int | None = 
         return TorchTransformer(**dims)
     import transformers
 
-    config = getattr(transformers, spec["config"])(**dims, **COMMON)
+    # "common": what a family needs instead (eager attention where it has no SDPA path)
+    config = getattr(transformers, spec["config"])(**dims, **{**COMMON, **spec.get("common", {})})
     for key in NO_DROPOUT:
         if hasattr(config, key):
             setattr(config, key, 0.0)

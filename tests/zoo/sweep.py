@@ -1,0 +1,172 @@
+"""The sweep: 27 more families no one here tuned for, at tiny size only, for the zoo's four
+training forms (``test_zoo.py``). transformers models from their configs, plus two plain-torch
+models; the zoo's model file builds them (``zoo.build_model``), this one only adds their
+configs. Each family's tiny config moves its weights far enough in 5 SGD steps for the oracle
+to tell (init range 0.2). Follows meshplan's model-file contract.
+
+    plan tests/zoo/sweep.py --gpus 2 --tp 2 --model-arg family=stablelm
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+_spec = importlib.util.spec_from_file_location(
+    "meshplan_zoo_for_sweep", Path(__file__).with_name("zoo.py")
+)
+zoo = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(zoo)
+
+TRAINING = zoo.TRAINING
+VOCAB, SEQ, CLASSES = zoo.VOCAB, zoo.SEQ, zoo.CLASSES
+EAGER = {"common": {"attn_implementation": "eager"}}  # families without an SDPA path
+
+_LM = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    max_position_embeddings=SEQ,
+)
+_GQA = dict(_LM, num_key_value_heads=2)
+_S2S = dict(
+    vocab_size=VOCAB,
+    d_model=64,
+    encoder_layers=2,
+    decoder_layers=2,
+    encoder_attention_heads=4,
+    decoder_attention_heads=4,
+    encoder_ffn_dim=128,
+    decoder_ffn_dim=128,
+    max_position_embeddings=SEQ,
+    decoder_start_token_id=2,
+    pad_token_id=1,
+)
+_ENCODER = dict(
+    vocab_size=VOCAB,
+    embedding_size=32,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=128,
+    max_position_embeddings=SEQ,
+)
+
+
+def _family(config: str, model: str, tiny: dict, kind: str = "lm", **extra: Any) -> dict:
+    return {"config": config, "model": model, "tiny": {**tiny, "initializer_range": 0.2},
+            "full": {}, "kind": kind, **extra}  # fmt: skip
+
+
+class LSTMLM(nn.Module):
+    """An LSTM language model: no repeated container, a module returning a tuple."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, 64)
+        self.rnn = nn.LSTM(64, 64, num_layers=2, batch_first=True)
+        self.head = nn.Linear(64, VOCAB)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # scaled so that the embedding's sparse rows move far enough for the oracle
+        return self.head(self.rnn(self.embed(x) * 10.0)[0])
+
+
+class GroupConvNet(nn.Module):
+    """Depthwise and grouped convolutions with GroupNorm, then nn.MultiheadAttention."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 32, 3, padding=1)
+        self.blocks = nn.Sequential(
+            *[
+                nn.Sequential(
+                    nn.Conv2d(32, 32, 3, padding=1, groups=32),
+                    nn.GroupNorm(4, 32),
+                    nn.Conv2d(32, 64, 1),
+                    nn.GELU(),
+                    nn.Conv2d(64, 32, 1),
+                )
+                for _ in range(3)
+            ]
+        )
+        self.attn = nn.MultiheadAttention(32, 4, batch_first=True)
+        self.head = nn.Linear(32, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t = self.blocks(self.stem(x)).flatten(2).transpose(1, 2)
+        t = t + self.attn(t, t, t, need_weights=False)[0]
+        return self.head(t.mean(1))
+
+
+SWEEP: dict[str, dict[str, Any]] = {
+    "phi3": _family("Phi3Config", "Phi3ForCausalLM", dict(_GQA, pad_token_id=0)),
+    "bigcode_mqa": _family("GPTBigCodeConfig", "GPTBigCodeForCausalLM", dict(
+        vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=SEQ, multi_query=True)),
+    "bloom": _family("BloomConfig", "BloomForCausalLM",
+                     dict(vocab_size=VOCAB, hidden_size=64, n_layer=2, n_head=4), **EAGER),
+    "gptj": _family("GPTJConfig", "GPTJForCausalLM", dict(
+        vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=SEQ, rotary_dim=8)),
+    "gpt_neo": _family("GPTNeoConfig", "GPTNeoForCausalLM", dict(
+        vocab_size=VOCAB, hidden_size=64, num_layers=2, num_heads=4, max_position_embeddings=SEQ,
+        attention_types=[[["global", "local"], 1]], window_size=8), **EAGER),
+    "gemma2": _family("Gemma2Config", "Gemma2ForCausalLM", dict(_GQA, head_dim=16), **EAGER),
+    "qwen2_moe": _family("Qwen2MoeConfig", "Qwen2MoeForCausalLM", dict(
+        _GQA, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+        shared_expert_intermediate_size=64)),
+    "qwen3_moe": _family("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
+        _GQA, head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)),
+    "olmoe": _family("OlmoeConfig", "OlmoeForCausalLM",
+                     dict(_GQA, num_experts=4, num_experts_per_tok=2)),
+    "deepseek_v3": _family("DeepseekV3Config", "DeepseekV3ForCausalLM", dict(
+        _LM, num_key_value_heads=4, moe_intermediate_size=32, n_routed_experts=4,
+        num_experts_per_tok=2, first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=16,
+        qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, n_group=1, topk_group=1)),
+    "olmo2": _family("Olmo2Config", "Olmo2ForCausalLM", _GQA),
+    "stablelm": _family("StableLmConfig", "StableLmForCausalLM", _GQA),
+    "cohere": _family("CohereConfig", "CohereForCausalLM", _GQA),
+    "granite": _family("GraniteConfig", "GraniteForCausalLM", _GQA),
+    "starcoder2": _family("Starcoder2Config", "Starcoder2ForCausalLM", _GQA),
+    "mpt": _family("MptConfig", "MptForCausalLM", dict(
+        vocab_size=VOCAB, d_model=64, n_layers=2, n_heads=4, max_seq_len=SEQ), **EAGER),
+    "mamba": _family("MambaConfig", "MambaForCausalLM", dict(
+        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, state_size=8, expand=2), **EAGER),
+    "albert": _family("AlbertConfig", "AlbertForMaskedLM", _ENCODER),
+    "electra": _family("ElectraConfig", "ElectraForMaskedLM", _ENCODER),
+    "distilbert": _family("DistilBertConfig", "DistilBertForMaskedLM", dict(
+        vocab_size=VOCAB, dim=64, n_layers=2, n_heads=4, hidden_dim=128,
+        max_position_embeddings=SEQ)),
+    "mbart": _family("MBartConfig", "MBartForConditionalGeneration", _S2S, "seq2seq"),
+    "pegasus": _family("PegasusConfig", "PegasusForConditionalGeneration", _S2S, "seq2seq"),
+    "swin": _family("SwinConfig", "SwinForImageClassification", dict(
+        image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 4],
+        window_size=4, num_labels=CLASSES), "image"),
+    "convnext": _family("ConvNextConfig", "ConvNextForImageClassification", dict(
+        image_size=32, hidden_sizes=[16, 32], depths=[1, 1], num_stages=2,
+        num_labels=CLASSES), "image", **EAGER),
+    "deit": _family("DeiTConfig", "DeiTForImageClassification", dict(
+        image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=128, num_labels=CLASSES), "image"),
+    "lstm": {"builder": LSTMLM, "config": "torch", "tiny": {}, "full": {}, "kind": "lm"},
+    "groupconv_mha": {"builder": GroupConvNet, "config": "torch", "tiny": {}, "full": {},
+                      "kind": "image"},
+}  # fmt: skip
+zoo.FAMILIES.clear()
+zoo.FAMILIES.update(SWEEP)
+
+
+def build_model(family: str = "stablelm", size: str = "tiny") -> nn.Module:
+    """``family`` at tiny size (the sweep plans and trains nothing larger)."""
+    if size != "tiny":
+        raise ValueError(f"unknown size {size!r}; the sweep has only 'tiny'")
+    return zoo.build_model(family, "tiny")
+
+
+def make_batch(batch_size: int, step: int = 0) -> tuple[Any, torch.Tensor]:
+    return zoo.make_batch(batch_size, step)
