@@ -43,31 +43,49 @@ def split_points(plan: Plan, model: nn.Module) -> list[str]:
     return [_called(model, first_module[st.blocks[0]]) for st in plan.stages[1:]]
 
 
-def _called(model: nn.Module, path: str) -> str:
+def split_ends(plan: Plan, model: nn.Module) -> list[str]:
+    """The module path after which each stage but the last ends: its last block's last module
+    (or that container's last child). Where a stage's first module runs several times (one
+    layer applied three times), a cut at its beginning splits at every call; the end of the
+    module before it is met once."""
+    last_module = {b.name: b.modules[-1] for b in plan.blocks}
+    return [_called(model, last_module[st.blocks[-1]], last=True) for st in plan.stages[:-1]]
+
+
+def _called(model: nn.Module, path: str, last: bool = False) -> str:
     module = model.get_submodule(path)
     while isinstance(module, (nn.ModuleList, nn.ModuleDict)) and len(module):
-        name, module = next(iter(module.named_children()))
+        name, module = list(module.named_children())[-1 if last else 0]
         path = f"{path}.{name}"
     return path
 
 
 def traced_pipe(plan: Plan, model: nn.Module, example_inputs: tuple, traced: dict) -> Any:
     """A private copy of the traced, split model; ``traced`` keeps the trace (the slow part)
-    for later plans of the same model, micro-batch and cut."""
+    for later plans of the same model, micro-batch and cut. Cut at each stage's first module,
+    or, where that makes more stages than the plan has, after each stage's last one."""
     points = split_points(plan, model)
     key = json.dumps(
         [plan.model.sha256, plan.model.args, plan.micro_batch_size, points],
         sort_keys=True,
     )
     if key not in traced:
-        traced_model = copy.deepcopy(model)
-        annotate_split_points(traced_model, {fqn: SplitPoint.BEGINNING for fqn in points})
-        pipe = pipeline(traced_model, example_inputs, split_policy=inline_grad_mode_regions)
-        if pipe.num_stages != len(plan.stages):
+        tried = []
+        for spec in (
+            {fqn: SplitPoint.BEGINNING for fqn in points},
+            {fqn: SplitPoint.END for fqn in split_ends(plan, model)},
+        ):
+            traced_model = copy.deepcopy(model)
+            annotate_split_points(traced_model, spec)
+            pipe = pipeline(traced_model, example_inputs, split_policy=inline_grad_mode_regions)
+            tried.append(f"{pipe.num_stages} at {', '.join(spec)}")
+            if pipe.num_stages == len(plan.stages):
+                break
+        else:
             raise RuntimeError(
-                f"tracing cut the model into {pipe.num_stages} stages, the plan has "
-                f"{len(plan.stages)}: a split point ({', '.join(points)}) is not called in "
-                "forward order"
+                f"tracing cut the model into {' or '.join(tried)} stages, the plan has "
+                f"{len(plan.stages)}: a module where a stage begins or ends is not called once, "
+                "in forward order"
             )
         relay_skip_connections(pipe.split_gm)
         contiguous_boundaries(pipe.split_gm)

@@ -137,7 +137,7 @@ class EagerShardProbe:
 
         handles = [m.register_forward_pre_hook(grab, with_kwargs=True) for m in names]
         try:
-            with torch.no_grad(), mode or contextlib.nullcontext():
+            with torch.no_grad(), torch.device("meta"), mode or contextlib.nullcontext():
                 model(*meta_inputs(self.mf, 1, self.dtype))
             return True
         except Exception:  # noqa: BLE001 (data-dependent code, e.g. .item(), runs only
@@ -195,7 +195,12 @@ class EagerShardProbe:
                 if base_style(style) == "colwise" and rel
             ]
             try:
-                with torch.no_grad(), self._mode or contextlib.nullcontext(), rec:
+                with (
+                    torch.no_grad(),
+                    torch.device("meta"),
+                    self._mode or contextlib.nullcontext(),
+                    rec,
+                ):
                     m(*args, **kwargs)
             except Exception as exc:  # the user's code on local shards: any failure counts
                 # a misread reshape before the failure (OPT's eager attention scores, keyed

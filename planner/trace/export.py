@@ -110,8 +110,12 @@ def quiet_torch_logs() -> Iterator[None]:
 
 
 def trace_model(mf: ModelFile, micro_batch_size: int = 1, dtype: str = "bf16") -> TraceResult:
-    """Trace ``mf`` for one micro-batch; the OpGraph's numbers are for that batch size."""
-    with quiet_torch_logs():
+    """Trace ``mf`` for one micro-batch; the OpGraph's numbers are for that batch size.
+
+    The forward runs with the meta device as the default: a model that makes a tensor without
+    naming a device (an unrolled RNN's ``torch.zeros(batch, hidden)`` initial state) makes it
+    beside its meta weights, as it makes it beside its real ones when it trains."""
+    with quiet_torch_logs(), torch.device("meta"):
         return _trace_model(mf, micro_batch_size, dtype)
 
 

@@ -1,8 +1,10 @@
-"""The sweep: 27 more families no one here tuned for, at tiny size only, for the zoo's four
-training forms (``test_zoo.py``). transformers models from their configs, plus two plain-torch
-models; the zoo's model file builds them (``zoo.build_model``), this one only adds their
-configs. Each family's tiny config moves its weights far enough in 5 SGD steps for the oracle
-to tell (init range 0.2). Follows meshplan's model-file contract.
+"""The sweep: 32 more families no one here tuned for, at tiny size only, for the zoo's four
+training forms (``test_zoo.py``): transformers models from their configs, and plain-torch
+models with the shapes a planner trips on (frozen weights beside adapters, a parametrized
+weight, a cell called once per position, one layer applied three times). The zoo's model file
+builds them (``zoo.build_model``); this one only adds their configs. Each family's tiny config
+moves its weights far enough in 5 SGD steps for the oracle to tell (init range 0.2). Follows
+meshplan's model-file contract.
 
     plan tests/zoo/sweep.py --gpus 2 --tp 2 --model-arg family=stablelm
 """
@@ -105,6 +107,106 @@ class GroupConvNet(nn.Module):
         return self.head(t.mean(1))
 
 
+class LoRANet(nn.Module):
+    """Frozen embedding and base projections, trainable low-rank adapters beside them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, 64).requires_grad_(False)
+        self.layers = nn.ModuleList(
+            [nn.Sequential(nn.LayerNorm(64), LoRALinear(64), nn.GELU()) for _ in range(3)]
+        )
+        self.head = nn.Linear(64, VOCAB)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x)
+        for layer in self.layers:
+            h = h + layer(h)
+        return self.head(h)
+
+
+class LoRALinear(nn.Module):
+    def __init__(self, width: int, rank: int = 4) -> None:
+        super().__init__()
+        self.base = nn.Linear(width, width).requires_grad_(False)
+        self.a = nn.Parameter(torch.randn(rank, width) * 0.3)
+        self.b = nn.Parameter(torch.randn(width, rank) * 0.3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base(x) + (x @ self.a.t()) @ self.b.t()
+
+
+class WeightNormNet(nn.Module):
+    """Linear layers under torch's weight_norm parametrization (weight = g * v / |v|)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, 64)
+        self.layers = nn.ModuleList(
+            [nn.utils.parametrizations.weight_norm(nn.Linear(64, 64)) for _ in range(3)]
+        )
+        self.head = nn.Linear(64, VOCAB)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x)
+        for layer in self.layers:
+            h = h + torch.tanh(layer(h))
+        return self.head(h)
+
+
+class UnrolledGRU(nn.Module):
+    """A GRU cell called once per position, its state made without naming a device."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, 32)
+        self.cell = nn.GRUCell(32, 32)
+        self.head = nn.Linear(32, VOCAB)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        e = self.embed(x) * 5.0
+        h = torch.zeros(x.shape[0], 32)
+        states = []
+        for t in range(x.shape[1]):
+            h = self.cell(e[:, t], h)
+            states.append(h)
+        return self.head(torch.stack(states, 1))
+
+
+class SharedBlocks(nn.Module):
+    """One encoder layer applied three times between two others (a universal transformer)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, 64)
+        self.first, self.shared, self.last = (
+            nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True) for _ in range(3)
+        )
+        self.head = nn.Linear(64, VOCAB)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.first(self.embed(x))
+        for _ in range(3):
+            h = self.shared(h)
+        return self.head(self.last(h))
+
+
+def _llama_own_checkpointing() -> nn.Module:
+    """transformers Llama with tied embeddings and its own gradient checkpointing on."""
+    import transformers
+
+    config = transformers.LlamaConfig(
+        **_GQA, initializer_range=0.2, tie_word_embeddings=True, **zoo.COMMON
+    )
+    model = transformers.LlamaForCausalLM(config)
+    model.gradient_checkpointing_enable()
+    return model
+
+
+def _torch(builder: Any, kind: str = "lm") -> dict[str, Any]:
+    return {"builder": builder, "config": "torch", "tiny": {}, "full": {}, "kind": kind}
+
+
 SWEEP: dict[str, dict[str, Any]] = {
     "phi3": _family("Phi3Config", "Phi3ForCausalLM", dict(_GQA, pad_token_id=0)),
     "bigcode_mqa": _family("GPTBigCodeConfig", "GPTBigCodeForCausalLM", dict(
@@ -153,9 +255,13 @@ SWEEP: dict[str, dict[str, Any]] = {
     "deit": _family("DeiTConfig", "DeiTForImageClassification", dict(
         image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
         intermediate_size=128, num_labels=CLASSES), "image"),
-    "lstm": {"builder": LSTMLM, "config": "torch", "tiny": {}, "full": {}, "kind": "lm"},
-    "groupconv_mha": {"builder": GroupConvNet, "config": "torch", "tiny": {}, "full": {},
-                      "kind": "image"},
+    "lstm": _torch(LSTMLM),
+    "groupconv_mha": _torch(GroupConvNet, "image"),
+    "lora": _torch(LoRANet),
+    "weightnorm": _torch(WeightNormNet),
+    "gru_unrolled": _torch(UnrolledGRU),
+    "shared_blocks": _torch(SharedBlocks),
+    "llama_own_checkpointing": _torch(_llama_own_checkpointing),
 }  # fmt: skip
 zoo.FAMILIES.clear()
 zoo.FAMILIES.update(SWEEP)

@@ -60,7 +60,8 @@ SWEPT = (
     "phi3", "bigcode_mqa", "bloom", "gptj", "gpt_neo", "gemma2", "qwen2_moe", "qwen3_moe",
     "olmoe", "deepseek_v3", "olmo2", "stablelm", "cohere", "granite", "starcoder2", "mpt",
     "mamba", "albert", "electra", "distilbert", "mbart", "pegasus", "swin", "convnext", "deit",
-    "lstm", "groupconv_mha",
+    "lstm", "groupconv_mha", "lora", "weightnorm", "gru_unrolled", "shared_blocks",
+    "llama_own_checkpointing",
 )  # fmt: skip
 FORMS: dict[str, tuple[int, dict]] = {
     "zero3-dp2": (2, dict(tp=1, dp=2, pp=1, zero=3, micro_batch_size=4)),
