@@ -309,6 +309,10 @@ def main(argv: list[str] | None = None) -> int:
         for plan_path, run_dir in zip(opts.plans, opts.run_dirs):
             plan = load_recplan(Path(plan_path))
             train(plan, Path(run_dir), opts.steps, opts.seed, device, opts.dump_params)
+        # Every rank leaves together: a rank that tore gloo down while its peer still held the
+        # connection aborted at exit ("terminate called without an active exception", once in
+        # a CI-like run, after all steps had finished).
+        dist.barrier()
     except MeshplanError as exc:
         print(f"plan run: error: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -365,4 +369,10 @@ def run_recplan(plan_path: Path, opts: argparse.Namespace) -> int:
 __all__ = ["build", "gather_full_state", "is_recplan", "main", "run_recplan", "slice_batch"]
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Out without C++ teardown: gloo's threads can abort a process on its way out after the
+    # work is done ("terminate called without an active exception", seen in CI-like runs),
+    # which torchrun reports as a failed worker. Everything this process wrote is closed.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

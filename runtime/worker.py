@@ -132,9 +132,16 @@ def main(argv: list[str] | None = None) -> int:
             write_stop(Path(run_dir), exc)
         # A deliberate stop must not be retried: torchrun restarts any failed worker.
         return 0 if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0 else exc.exit_code
+    dist.barrier()  # leave together (see runtime.recsys.main)
     dist.destroy_process_group()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Out without C++ teardown: gloo's threads can abort a process on its way out after the
+    # work is done ("terminate called without an active exception", seen in CI-like runs),
+    # which torchrun reports as a failed worker. Everything this process wrote is closed.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
