@@ -199,7 +199,9 @@ def _llama_own_checkpointing() -> nn.Module:
         **_GQA, initializer_range=0.2, tie_word_embeddings=True, **zoo.COMMON
     )
     model = transformers.LlamaForCausalLM(config)
-    model.gradient_checkpointing_enable()
+    # transformers 5 renames gradient_checkpointing_enable (deprecated, kept until v6)
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    (enable or model.gradient_checkpointing_enable)()
     return model
 
 
