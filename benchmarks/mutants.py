@@ -792,6 +792,14 @@ MUTANTS: list[Mutant] = [
         "a DTensor block's backward meets its saved plain tensors outside implicit replication",
     ),
     M(
+        "shard-derived-param-grads-unsummed",
+        "planner/cost/sharding.py",
+        "    ev.partial_params = sorted(pgrad_params | _derived_params(prob, pgrad_nodes))",
+        "    ev.partial_params = sorted(pgrad_params)",
+        oracle("gemma3-norm-offset-tp2"),
+        "a weight used as 1 + weight under sharded heads keeps each rank's partial gradient",
+    ),
+    M(
         "probe-meta-only",
         "planner/cost/eager_probe.py",
         "            for mode in (None, FakeTensorMode(allow_non_fake_inputs=True)):",

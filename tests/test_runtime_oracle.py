@@ -207,6 +207,8 @@ EXTRA: list[tuple[str, str, int, dict]] = [
     ("headcount-view-tp2", "stablelm", 2, dict(tp=2, dp=1, pp=1, zero=0, micro_batch_size=4)),
     # Qwen3-MoE's q/k norm weights are replicas inside a DTensor block: DTensor gradients
     ("dtensor-grads-tp2", "qwen3_moe", 2, dict(tp=2, dp=1, pp=1, zero=0, micro_batch_size=4)),
+    # Gemma-3's per-head norms scale by 1 + weight: the partial gradient falls on that sum
+    ("norm-offset-tp2", "gemma3", 2, dict(tp=2, dp=1, pp=1, zero=0, micro_batch_size=4)),
     # ConvNeXt's one-layer ModuleList is a block that is never called itself
     ("modulelist-zero3-dp2", "convnext", 2, dict(tp=1, dp=2, pp=1, zero=3, micro_batch_size=4)),
     (
@@ -261,6 +263,7 @@ CORE_EXTRA = (
     "qwen3-qk-norm-tp2",
     "stablelm-headcount-view-tp2",
     "qwen3_moe-dtensor-grads-tp2",
+    "gemma3-norm-offset-tp2",
     "convnext-modulelist-zero3-dp2",
     "convnext-modulelist-pp2",
     "pegasus-frozen-last-zero3-dp2",

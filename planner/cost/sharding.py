@@ -38,7 +38,7 @@ node names and module paths, since blocks of one class differ only in those.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import networkx as nx
@@ -955,6 +955,31 @@ class Evaluation:
     partial_params: list[str] = field(default_factory=list)  # replicated, gradient partial
 
 
+def _derived_params(prob: BlockProblem, nodes: Iterable[str]) -> set[str]:
+    """The parameters each of ``nodes`` is computed from, for the nodes computed inside the
+    block from parameters (and constants) alone; nothing for a node that reads an activation."""
+    memo: dict[str, frozenset[str] | None] = {}
+
+    def sources(name: str) -> frozenset[str] | None:
+        if name not in memo:
+            memo[name] = None  # an input of the block, or a cycle guard
+            i = prob.index.get(name)
+            if i is not None:
+                found: set[str] = set()
+                for o in prob.ops[i].operands:
+                    if o.kind == "param":
+                        found.add(o.name)
+                    elif o.kind == "node":
+                        sub = sources(o.name)
+                        if sub is None:
+                            return None
+                        found |= sub
+                memo[name] = frozenset(found) or None
+        return memo[name]
+
+    return {p for n in nodes for p in (sources(n) or ())}
+
+
 def evaluate(prob: BlockProblem, choice: Sequence[int], comm_seconds_per_byte: float) -> Evaluation:
     """Time and memory of the block when op i runs strategy choice[i]; infeasible when a
     consumer needs a partial sum its producer does not make."""
@@ -1003,7 +1028,9 @@ def evaluate(prob: BlockProblem, choice: Sequence[int], comm_seconds_per_byte: f
         ev.comm_bwd.append(("reduce_scatter" if _dim(src) is not None else "all_reduce", nbytes))
     for p in sorted(pgrad_params):
         ev.comm_bwd.append(("all_reduce", prob.param_bytes[p]))
-    ev.partial_params = sorted(pgrad_params)
+    # a partial gradient of a value computed from parameters alone (Gemma's norms scale by
+    # 1 + weight) is a partial gradient of those parameters: the runtime sums theirs
+    ev.partial_params = sorted(pgrad_params | _derived_params(prob, pgrad_nodes))
     ev.sharded_params = sorted(p for p, u in uses.items() if all(u))
     ev.param_bytes = sum(
         prob.param_bytes[p] / t if p in ev.sharded_params else prob.param_bytes[p]

@@ -1,4 +1,4 @@
-"""The sweep: 32 more families no one here tuned for, at tiny size only, for the zoo's four
+"""The sweep: 44 more families no one here tuned for, at tiny size only, for the zoo's four
 training forms (``test_zoo.py``): transformers models from their configs, and plain-torch
 models with the shapes a planner trips on (frozen weights beside adapters, a parametrized
 weight, a cell called once per position, one layer applied three times). The zoo's model file
@@ -257,6 +257,36 @@ SWEEP: dict[str, dict[str, Any]] = {
     "deit": _family("DeiTConfig", "DeiTForImageClassification", dict(
         image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
         intermediate_size=128, num_labels=CLASSES), "image"),
+    "gemma3": _family("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
+        _GQA, head_dim=16, sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"]), **EAGER),
+    "jamba": _family("JambaConfig", "JambaForCausalLM", dict(
+        _GQA, num_experts=4, num_experts_per_tok=2, expert_layer_period=2,
+        expert_layer_offset=1, attn_layer_period=2, attn_layer_offset=1, mamba_d_state=8,
+        mamba_expand=2, use_mamba_kernels=False), **EAGER),
+    "falcon_new": _family("FalconConfig", "FalconForCausalLM", dict(
+        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_kv_heads=2, new_decoder_architecture=True, max_position_embeddings=SEQ)),
+    "funnel": _family("FunnelConfig", "FunnelForMaskedLM", dict(
+        vocab_size=VOCAB, block_sizes=[1, 1], d_model=64, n_head=4, d_head=16, d_inner=128,
+        max_position_embeddings=SEQ), **EAGER),
+    "umt5": _family("UMT5Config", "UMT5ForConditionalGeneration", dict(
+        vocab_size=VOCAB, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_decoder_layers=2,
+        num_heads=4, decoder_start_token_id=0, pad_token_id=0), "seq2seq", **EAGER),
+    "xlm_roberta": _family("XLMRobertaConfig", "XLMRobertaForMaskedLM", dict(
+        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=128, max_position_embeddings=SEQ + 2, pad_token_id=1)),
+    "nemotron": _family("NemotronConfig", "NemotronForCausalLM", dict(_GQA, head_dim=16)),
+    "glm4": _family("Glm4Config", "Glm4ForCausalLM", dict(_GQA, head_dim=16, pad_token_id=0)),
+    "helium": _family("HeliumConfig", "HeliumForCausalLM", dict(_GQA, head_dim=16)),
+    "smollm3": _family("SmolLM3Config", "SmolLM3ForCausalLM", dict(_GQA, pad_token_id=0)),
+    "falcon_mamba": _family("FalconMambaConfig", "FalconMambaForCausalLM", dict(
+        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, state_size=8, expand=2,
+        use_mambapy=True), **EAGER),
+    "bigbird": _family("BigBirdConfig", "BigBirdForMaskedLM", dict(
+        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=128, max_position_embeddings=SEQ, attention_type="original_full"),
+        **EAGER),
     "lstm": _torch(LSTMLM),
     "groupconv_mha": _torch(GroupConvNet, "image"),
     "lora": _torch(LoRANet),
