@@ -559,8 +559,8 @@ MUTANTS: list[Mutant] = [
     M(
         "cost-loss-beside-the-working-set",
         "planner/cost/model.py",
-        "gathered + max(working, loss_memory(inp, config, last))",
-        "gathered + working + loss_memory(inp, config, last)",
+        "gathered + max(working, loss)",
+        "gathered + working + loss",
         COST,
         "the loss's logit copies priced beside the largest op's working memory, which never "
         "coexist: an H200's Llama-1B peak over-predicted by 8.4 GB, plans refused that fit",
@@ -762,8 +762,8 @@ MUTANTS: list[Mutant] = [
     M(
         "run-modulelist-block-unwrapped",
         "runtime/parallelize.py",
-        "    if isinstance(module, (nn.ModuleList, nn.ModuleDict)):\n        return [m for",
-        "    if False:\n        return [m for",
+        "    if isinstance(module, (nn.ModuleList, nn.ModuleDict)):\n        return [\n",
+        "    if False:\n        return [\n",
         oracle("convnext-modulelist"),
         "a block that is a ModuleList is sharded as one FSDP unit, whose hooks never fire",
     ),

@@ -197,7 +197,7 @@ def stage_records(best: Candidate, blocks) -> list[StagePlan]:
 
 def block_records(best: Candidate, inp: CostInputs, blocks, training: Training) -> list[BlockPlan]:
     config = best.config
-    stage_inflight = {i: st.held for st in best.cost.stages for i in st.blocks}
+    stage_held = {i: st.held for st in best.cost.stages for i in st.blocks}
     rep_modules: dict[str, list[str]] = {}
     for blk in blocks:
         rep_modules.setdefault(blk.cls, blk.modules)
@@ -207,7 +207,7 @@ def block_records(best: Candidate, inp: CostInputs, blocks, training: Training) 
             inp.options[i][config.choice[i]],
             config.stage_of[i],
             rep_modules[blk.cls],
-            block_memory(inp.options[i][config.choice[i]], config, training, stage_inflight[i]),
+            block_memory(inp.options[i][config.choice[i]], config, training, stage_held[i]),
         )
         for i, blk in enumerate(blocks)
     ]

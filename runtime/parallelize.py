@@ -45,16 +45,24 @@ def find_module(root: nn.Module, fqn: str) -> nn.Module | None:
         return None
 
 
-def called_modules(root: nn.Module, fqn: str) -> list[nn.Module]:
-    """The modules a block's path stands for when it runs: the module itself, or for a
-    ModuleList or ModuleDict, which is never called (ConvNeXt's one-layer ``stages.1.layers``),
-    its children, whose calls FSDP's and the checkpoint's hooks must see."""
+def called_paths(root: nn.Module, fqn: str) -> list[str]:
+    """The paths of the modules a block's path stands for when it runs, in order: the module
+    itself, or for a ModuleList or ModuleDict, which is never called (ConvNeXt's one-layer
+    ``stages.1.layers``), its children's, whose calls FSDP's and the checkpoint's hooks, and a
+    pipeline's cuts, must meet."""
     module = find_module(root, fqn)
     if module is None:
         return []
     if isinstance(module, (nn.ModuleList, nn.ModuleDict)):
-        return [m for name, _ in module.named_children() for m in called_modules(module, name)]
-    return [module]
+        return [
+            p for name, _ in module.named_children() for p in called_paths(root, f"{fqn}.{name}")
+        ]
+    return [fqn]
+
+
+def called_modules(root: nn.Module, fqn: str) -> list[nn.Module]:
+    """The modules of ``called_paths``."""
+    return [root.get_submodule(p) for p in called_paths(root, fqn)]
 
 
 def tp_style(module: nn.Module, style: str, fqn: str, traced_parent: bool = False) -> ParallelStyle:

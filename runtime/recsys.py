@@ -41,6 +41,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from planner.errors import MeshplanError, UserInputError
 from planner.modelfile import ModelFile, file_sha256, load_model_file
 from planner.recsys.plan import ADAMW, is_recplan, load_recplan
+from runtime.stop import exit_worker
 
 
 def sharding_generators(plan: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -369,10 +370,4 @@ def run_recplan(plan_path: Path, opts: argparse.Namespace) -> int:
 __all__ = ["build", "gather_full_state", "is_recplan", "main", "run_recplan", "slice_batch"]
 
 if __name__ == "__main__":
-    code = main()
-    # Out without C++ teardown: gloo's threads can abort a process on its way out after the
-    # work is done ("terminate called without an active exception", seen in CI-like runs),
-    # which torchrun reports as a failed worker. Everything this process wrote is closed.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    exit_worker(main())

@@ -33,6 +33,7 @@ from torch.distributed.pipelining._IR import annotate_split_points
 
 from planner.modelfile import forward_takes_one_argument
 from planner.schema import Plan
+from runtime.parallelize import called_paths
 
 
 def split_points(plan: Plan, model: nn.Module) -> list[str]:
@@ -53,11 +54,9 @@ def split_ends(plan: Plan, model: nn.Module) -> list[str]:
 
 
 def _called(model: nn.Module, path: str, last: bool = False) -> str:
-    module = model.get_submodule(path)
-    while isinstance(module, (nn.ModuleList, nn.ModuleDict)) and len(module):
-        name, module = list(module.named_children())[-1 if last else 0]
-        path = f"{path}.{name}"
-    return path
+    """The first (or last) module ``path`` stands for when it runs (``called_paths``)."""
+    paths = called_paths(model, path)
+    return paths[-1 if last else 0] if paths else path
 
 
 def traced_pipe(plan: Plan, model: nn.Module, example_inputs: tuple, traced: dict) -> Any:

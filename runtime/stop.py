@@ -9,6 +9,8 @@ exit cleanly; the launcher reads the file and fails with that message and exit s
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 
 from planner.atomic import write_text_atomic
@@ -24,6 +26,16 @@ class RunStopped(MeshplanError):
     def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+
+
+def exit_worker(code: int) -> None:
+    """End a worker process with ``code`` and without C++ teardown: gloo's threads can abort a
+    process on its way out after the work is done ("terminate called without an active
+    exception", seen in CI-like runs), which torchrun reports as a failed worker. Everything
+    the process wrote is closed; its streams are flushed here."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def write_stop(run_dir: Path, exc: MeshplanError) -> None:

@@ -27,7 +27,7 @@ from planner.schema import load_plan
 from runtime.build import RuntimeCache
 from runtime.checkpoint import latest_checkpoint
 from runtime.stop import ENV as STOP_ENV
-from runtime.stop import write_stop
+from runtime.stop import exit_worker, write_stop
 from runtime.train import train_plan
 
 
@@ -138,10 +138,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    # Out without C++ teardown: gloo's threads can abort a process on its way out after the
-    # work is done ("terminate called without an active exception", seen in CI-like runs),
-    # which torchrun reports as a failed worker. Everything this process wrote is closed.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    exit_worker(main())

@@ -57,14 +57,20 @@ def test_tensor_parallel_plans_keep_tied_weights_replicated(tied_model):
     assert len(tied_modules) == 2 and not styled & tied_modules
 
 
+def _megatron_attention(layer: str, out: str) -> dict[str, str]:
+    """Column-parallel q, k and v projections and a row-parallel output projection."""
+    attn = {f"{layer}.self_attn.{p}": "colwise" for p in ("q_proj", "k_proj", "v_proj")}
+    attn[f"{layer}.self_attn.{out}"] = "rowwise"
+    return attn
+
+
 def test_the_eager_probe_rejects_a_view_that_fixes_the_head_count():
     """OPT writes view(bsz, -1, num_heads, head_dim): a column-parallel q_proj shard would be
     read as half the sequence. The probe says so; Llama's view(..., -1, head_dim) passes."""
     opt = load_model_file(MODELS / "opt.py", {"size": "tiny"})
     probe = EagerShardProbe(opt, "fp32", {})
     layer = "model.decoder.layers.0"
-    attn = {f"{layer}.self_attn.{p}": "colwise" for p in ("q_proj", "k_proj", "v_proj")}
-    attn[f"{layer}.self_attn.out_proj"] = "rowwise"
+    attn = _megatron_attention(layer, "out_proj")
     why = probe.reject("opt-layer", layer, attn, 2)
     assert why is not None and "view(batch, -1, heads, head_dim)" in why
     assert probe.unsafe_outputs("opt-layer", layer, attn, 2) == {"self_attn.q_proj"}
@@ -89,8 +95,7 @@ def test_the_eager_probe_reaches_blocks_behind_data_checks_and_blames_the_shard(
     mf = load_model_file(MODELS / "stablelm.py", {"size": "tiny"})
     probe = EagerShardProbe(mf, "fp32", {})
     layer = "model.layers.0"
-    attn = {f"{layer}.self_attn.{p}": "colwise" for p in ("q_proj", "k_proj", "v_proj")}
-    attn[f"{layer}.self_attn.o_proj"] = "rowwise"
+    attn = _megatron_attention(layer, "o_proj")
     why = probe.reject("stablelm-layer", layer, attn, 2)
     assert why is not None and "fails on local shards" in why
     assert probe.unsafe_outputs("stablelm-layer", layer, attn, 2) == {"self_attn.q_proj"}

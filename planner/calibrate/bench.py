@@ -454,10 +454,11 @@ def _styled_pair_overhead(
     out = torch.ones(4, 8, device=device)
     full = torch.ones(4 * mesh.size(), 8 // mesh.size() or 1, device=device)
     part = torch.ones(4, 8 // mesh.size() or 1, device=device)
+    gather = all_gather_fn()
 
     def collectives() -> None:
         for _ in range(gathers):
-            all_gather_fn()(full, part, group=group)
+            gather(full, part, group=group)
         for _ in range(reduces):
             dist.all_reduce(out, group=group)
 
@@ -487,12 +488,13 @@ def fsdp_unit_overhead(device: torch.device, mesh) -> float:
     full = torch.ones(per_unit * mesh.size(), device=device)  # one unit's parameters, gathered
     shard = torch.ones(per_unit, device=device)
     group = mesh.get_group()
+    gather, scatter = all_gather_fn(), reduce_scatter_fn()
 
     def unit_collectives() -> None:  # what each of the two units issues per micro-batch
         for _ in range(2):
-            all_gather_fn()(full, shard, group=group)
-            all_gather_fn()(full, shard, group=group)
-            reduce_scatter_fn()(shard, full, group=group)
+            gather(full, shard, group=group)
+            gather(full, shard, group=group)
+            scatter(shard, full, group=group)
 
     t_plain, t_fsdp, t_coll = _lockstep_best(
         [

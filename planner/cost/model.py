@@ -1282,9 +1282,7 @@ def tied_sync_time(inp: CostInputs, config: Config) -> float:
     return total
 
 
-def other_memory(
-    inp: CostInputs, opts: list[BlockOption], config: Config, pp_rank: int, last: bool
-) -> float:
+def other_memory(inp: CostInputs, opts: list[BlockOption], config: Config, pp_rank: int) -> float:
     """Memory that is not a model state or saved activation, while activations peak:
     ``fixed_memory``, ZeRO-3's gathered weights of the current and the prefetched block, and
     the working set: the largest op's working memory (or one block's recomputed activations
@@ -1295,18 +1293,21 @@ def other_memory(
     gathered = max(
         (gathered_weight_bytes(o, config.zero_stage, inp.training) for o in opts), default=0
     )
-    return (
-        fixed_memory(inp, config, pp_rank) + gathered + max(working, loss_memory(inp, config, last))
-    )
+    loss = loss_memory(inp, config, pp_rank == last_rank(config))
+    return fixed_memory(inp, config, pp_rank) + gathered + max(working, loss)
 
 
 def fixed_memory(inp: CostInputs, config: Config, pp_rank: int) -> float:
     """What pipeline rank ``pp_rank`` holds whatever its blocks: the profile's reserved bytes
     (the CUDA context), the pipeline's buffers (``pipeline_buffer_bytes``), and tied weights'
     copies (``tied_memory``)."""
-    last = pp_rank == (config.num_stages - 1) % config.mesh.pp
     total = inp.cluster.profile.reserved_bytes + pipeline_buffer_bytes(inp, config, pp_rank)
-    return total + tied_memory(inp, config, last)
+    return total + tied_memory(inp, config, pp_rank == last_rank(config))
+
+
+def last_rank(config: Config) -> int:
+    """The pipeline rank holding the last (virtual) stage: the loss's and the head's."""
+    return (config.num_stages - 1) % config.mesh.pp
 
 
 def pipeline_buffer_bytes(inp: CostInputs, config: Config, pp_rank: int) -> float:
@@ -1471,7 +1472,6 @@ def rank_memory(
     states (a Llama-3B with full recompute on an H200)."""
     mesh, training = config.mesh, inp.training
     p = mesh.pp
-    last = (len(stages) - 1) % p
     deferred = deferred_reduce(config, training)
     held = grads_held(config, training)
     memory: list[dict[str, float]] = []
@@ -1493,7 +1493,7 @@ def rank_memory(
                     step[k] += v
                 rank_host += sm["host"]
                 mem["activations"] += o.act_bytes * st.held
-        mem["other"] = other_memory(inp, rank_opts, config, r, last=(r == last))
+        mem["other"] = other_memory(inp, rank_opts, config, r)
         mem["total"] = sum(mem.values())
         step["other"] += fixed_memory(inp, config, r)
         step["total"] = sum(step.values())

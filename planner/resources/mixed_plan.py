@@ -233,8 +233,8 @@ def mixed_plan_record(traced, training: Training, lr: float, result: MixedResult
     for i, blk in enumerate(blocks):
         k = sol.kinds[stage_of[i]]
         o = ins[k].options[i][choice[i]]
-        inflight = costs[k].stages[stage_of[i]].inflight
-        memory_i = block_memory(o, configs[k], training, inflight)
+        held = costs[k].stages[stage_of[i]].held
+        memory_i = block_memory(o, configs[k], training, held)
         rows.append(block_record(blk, o, stage_of[i], rep[blk.cls], memory_i))
     width = c.dp * c.tp
     used = [sol.kinds.count(k) * width for k in range(K)]

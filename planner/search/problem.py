@@ -22,6 +22,7 @@ from planner.cost.model import (
     forward_state_bytes,
     gathered_weight_bytes,
     grads_held,
+    last_rank,
     loss_memory,
     num_microbatches,
     offload_allowed,
@@ -81,9 +82,8 @@ def stage_problem(inp: CostInputs, cand: Candidate) -> StageProblem:
     # What a stage costs per micro-batch besides its blocks: its point-to-point hops, and on
     # the last stage the loss (stage_time_parts of no blocks).
     const_time = [sum(stage_time_parts(inp, [], config, j)) for j in range(J)]
-    last_rank = (J - 1) % p
     const_mem = [fixed_memory(inp, config, r) for r in range(p)]
-    loss_mem = [loss_memory(inp, config, r == last_rank) for r in range(p)]
+    loss_mem = [loss_memory(inp, config, r == last_rank(config)) for r in range(p)]
     profile = inp.cluster.profile
     once_a, once_b, _ = dp_stage_terms(rates)
     return StageProblem(
