@@ -55,6 +55,23 @@ SUITE: list[tuple[str, str, dict, int, dict]] = [
     ("gpt-1.3b mb8 full", GPT, {"size": "1.3b"}, 8, dict(micro_batch_size=8, recompute="full")),
     ("gpt-350m mb16 none", GPT, {"size": "350m"}, 16, dict(micro_batch_size=16, recompute="none")),
     ("llama-3b mb4 full", LLAMA, LLAMA_3B, 4, dict(micro_batch_size=4, recompute="full")),
+    # FSDP2 on one rank, then with parameters and optimizer states on the host (CPUOffloadPolicy):
+    # the host link and the CPU's AdamW, which only a GPU machine can show against the model
+    ("llama-1b mb8 zero3", LLAMA, LLAMA_1B, 8, dict(micro_batch_size=8, recompute="none", zero=3)),
+    (
+        "llama-1b mb8 zero3 offload",
+        LLAMA,
+        LLAMA_1B,
+        8,
+        dict(micro_batch_size=8, recompute="none", zero=3, offload="optimizer+params"),
+    ),
+    (
+        "gpt-350m mb16 zero3 offload",
+        GPT,
+        {"size": "350m"},
+        16,
+        dict(micro_batch_size=16, recompute="none", zero=3, offload="optimizer+params"),
+    ),
 ]
 # A suite small enough for a CPU, to check the three phases end to end without a GPU.
 TINY_SUITE: list[tuple[str, str, dict, int, dict]] = [
@@ -222,7 +239,7 @@ def measure(args: argparse.Namespace) -> int:
 
     prepared = Path(args.dir)
     meta = json.loads((prepared / "suite.json").read_text())
-    rows = meta["rows"]
+    rows = [r for r in meta["rows"] if not args.only or r["name"] in args.only.split(",")]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     info = {"torch": torch.__version__, "device": args.device}
@@ -406,8 +423,9 @@ def probe(args: argparse.Namespace) -> int:
             kernels_: list = []
             for e in prof.key_averages():
                 # kernels only: an aten op's entry carries its kernels' time too (counted
-                # twice, the GPU's busy time came out at twice the step's wall time)
-                if e.device_type != DeviceType.CUDA:
+                # twice, the GPU's busy time came out at twice the step's wall time), and so
+                # does a record_function range seen on the GPU (FSDP's, the optimizer's)
+                if e.device_type != DeviceType.CUDA or getattr(e, "is_user_annotation", False):
                     continue
                 t = e.self_device_time_total
                 if t <= 0:
@@ -417,6 +435,8 @@ def probe(args: argparse.Namespace) -> int:
             res["kernel_s_by_class"] = classes
             res["gpu_busy_s"] = sum(classes.values())
             res["top_kernels"] = sorted(kernels_, reverse=True)[: args.top]
+            if cuda:
+                res["optimizer_step_s"] = _optimizer_timings(built, mf, device)
             release(built)
             del built
         except Exception as exc:  # noqa: BLE001 - record and go on to the next plan
@@ -438,6 +458,43 @@ def probe(args: argparse.Namespace) -> int:
     dist.destroy_process_group()
     print(f"wrote {out / 'probe.json'}")
     return 0
+
+
+def _optimizer_timings(built, mf, device) -> dict:
+    """The optimizer step alone (gradients present, median of 5 after a warm-up): the plan's
+    optimizer as the runtime builds it, and the same class with ``fused=True`` (one kernel
+    reading and writing each tensor once) over the same parameters."""
+    import torch
+
+    from runtime.optim import optimizer_class, optimizer_kwargs
+    from runtime.train import _local_step
+
+    def timed(opts) -> float:
+        times = []
+        for _ in range(6):
+            torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            for o in opts:
+                o.step()
+            torch.cuda.synchronize(device)
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times[1:])
+
+    _local_step(built, mf, 5, device)  # gradients to step with
+    plan = built.plan
+    out = {"runtime": timed(built.optimizers)}
+    on_host = any(p.device.type == "cpu" for part in built.parts for p in part.parameters())
+    if on_host:  # offloaded: the states live on the host, where the runtime's step ran
+        return out
+    try:
+        cls = optimizer_class(plan.optimizer)
+        kw = optimizer_kwargs(plan.optimizer, float(plan.lr))
+        fused = [cls(p.parameters(), fused=True, **kw) for p in built.parts]
+        out["fused"] = timed(fused)
+        del fused
+    except Exception as exc:  # noqa: BLE001 - the runtime's timing stands without it
+        out["fused_error"] = f"{type(exc).__name__}: {exc}"[:300]
+    return out
 
 
 def _pinned_plan(model: str, margs: dict, gbs: int, pins: dict, profile: str, dtype: str) -> dict:
@@ -636,6 +693,7 @@ def main() -> int:
     m.add_argument("--steps", type=int, default=8)
     m.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     m.add_argument("--timeout", type=float, default=600.0, help="seconds for the training")
+    m.add_argument("--only", help="comma-separated config names")
     q = sub.add_parser("probe", help="profile one step of each prepared plan on this machine")
     q.add_argument("--dir", default=str(PREPARED))
     q.add_argument("--out", default=os.environ.get("OUT", "gpu-measured"))

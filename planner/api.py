@@ -211,7 +211,9 @@ def plan(
         else load_model_file(model_file, model_args or {})
     )
     cluster, notes = make_cluster(gpus, profile, gpus_per_node, nodes)
-    training_cfg, training = training_of(mf, global_batch_size, dtype, optimizer, lr)
+    training_cfg, training = training_of(
+        mf, global_batch_size, dtype, optimizer, lr, cluster.profile.device == "gpu"
+    )
     pins = pins or Pins()
     if progress:
         progress("trace", 0, 1)
@@ -242,9 +244,11 @@ def training_of(
     dtype: str | None = None,
     optimizer: str | None = None,
     lr: float | None = None,
+    fused_optimizer: bool = True,
 ) -> tuple[dict, Any]:
     """The model file's TRAINING with the command line's values over it, and the cost
-    model's ``Training`` from it."""
+    model's ``Training`` from it. ``fused_optimizer``: the ranks are GPUs, where the runtime
+    steps with torch's fused kernel (``Training.fused_optimizer``)."""
     from planner.cost.model import Training
 
     cfg = dict(mf.training)
@@ -262,6 +266,7 @@ def training_of(
         str(cfg["optimizer"]),
         moe_factor(cfg, "moe_capacity_factor"),
         moe_factor(cfg, "moe_imbalance"),
+        fused_optimizer=fused_optimizer,
     )
     return cfg, training
 

@@ -599,16 +599,18 @@ def shard_experts(
 def make_optimizers(
     parts: list[nn.Module], plan: Plan, dp_mesh: DeviceMesh, experts: list | None = None
 ) -> list:
-    """One optimizer per module part; ZeRO-1 shards its states with ZeroRedundancyOptimizer.
+    """One optimizer per module part (and per device its parameters live on); ZeRO-1 shards
+    its states with ZeroRedundancyOptimizer.
     ``experts``: expert-parallel parameters (compared by identity: a pipeline stage's move to
     its device swaps DTensor parameters' contents in place, so no mark on them survives)."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
-    from runtime.optim import optimizer_class, optimizer_kwargs
+    from runtime.optim import optimizer_class, optimizer_kwargs, step_kwargs
 
     cls = optimizer_class(plan.optimizer)
     kwargs = optimizer_kwargs(plan.optimizer, float(plan.lr))
     if plan.zero_stage == 1:
+        kwargs.update(step_kwargs([q for p in parts for q in p.parameters()]))
         # Expert-parallel experts differ between dp ranks: ZeRO-1 over dp would overwrite them
         # with their owner's copy, so they keep a plain optimizer.
         own = {id(q) for q in experts or []}
@@ -625,7 +627,16 @@ def make_optimizers(
             )
             for p in parts
         ]
-    return [cls(p.parameters(), **kwargs) for p in parts]
+    # one optimizer per device a part's parameters live on: the GPU's step fused, the host's
+    # (blocks offloaded with FSDP2's CPUOffloadPolicy) torch's default, as the plan prices them
+    out = []
+    for p in parts:
+        params = list(p.parameters())
+        for on_gpu in (True, False):
+            group = [q for q in params if (q.device.type == "cuda") == on_gpu]
+            if group:
+                out.append(cls(group, **kwargs, **step_kwargs(group)))
+    return out
 
 
 def gradient_sync(parts: list[nn.Module], enabled: bool) -> None:

@@ -23,8 +23,9 @@ from planner.hardware.collectives import collective_time
 
 # The ZeRO paper counts DeepSpeed's states: 16-bit gradients in buffers kept all step.
 ADAM_MIXED = Training(64, "bf16", "adamw", persistent_grad_buffers=True)
-# meshplan's runtime: torch's .grad in the fp32 parameter's dtype, allocated by backward.
-ADAM_TORCH = Training(64, "bf16", "adamw")
+# meshplan's runtime: torch's .grad in the fp32 parameter's dtype, allocated by backward,
+# stepped by torch's foreach AdamW (its step on CPU ranks; on GPUs it was until 2026-11-26).
+ADAM_TORCH = Training(64, "bf16", "adamw", fused_optimizer=False)
 
 
 @pytest.mark.parametrize("n", [1, 4, 16, 64, 1024])
@@ -55,6 +56,8 @@ def test_torch_states_are_fp32_gradients_and_a_foreach_temporary(n):
         assert got["optimizer"] == pytest.approx(12 * shard)
         assert got["grads"] == pytest.approx(4 * (psi / n if zero >= 2 else psi))
         assert got["step_temp"] == pytest.approx(4 * shard)
+        fused = state_memory(psi, zero, n, "none", Training(64, "bf16", "adamw"))
+        assert fused["step_temp"] == 0  # torch's fused step, the runtime's on GPUs
     one = state_memory(psi, 0, 1, "none", ADAM_TORCH)
     assert one["optimizer"] == pytest.approx(17.98e9, rel=2e-3)
     assert one["optimizer"] + one["grads"] == pytest.approx(17.98e9 + 6.0e9, rel=2e-3)

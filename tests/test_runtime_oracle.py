@@ -226,6 +226,14 @@ EXTRA: list[tuple[str, str, int, dict]] = [
         2,
         dict(tp=1, dp=1, pp=2, zero=0, schedule="1f1b", micro_batch_size=2),
     ),
+    # one rank with its weights and states on the host: FSDP2 on a one-rank mesh, the only
+    # way torch offloads them (a model too big for one device)
+    (
+        "zero3-offload-dp1",
+        "llama",
+        1,
+        dict(tp=1, dp=1, pp=1, zero=3, micro_batch_size=2, offload="optimizer+params"),
+    ),
 ]
 
 
@@ -268,6 +276,7 @@ CORE_EXTRA = (
     "convnext-modulelist-pp2",
     "pegasus-frozen-last-zero3-dp2",
     "swin-tuple-output-pp2",
+    "llama-zero3-offload-dp1",
 )
 
 

@@ -235,6 +235,7 @@ def build_profile(
         name=name,
         description=f"measured by plan calibrate: {device_text}",
         host_memory_bytes=m.host_memory_bytes,
+        device="gpu" if m.device == "cuda" else "cpu",
         **fields,
     )
     coll = c.summary["samples"]["collectives"] + c.summary["samples"]["p2p"]

@@ -44,6 +44,16 @@ STATE_BYTES = {
 OPTIMIZER_OPS = {"adamw": 8, "sgd": 3}
 FP32_BYTES = 4
 LOSS_OPS = 4  # upcast, log-softmax, gather, mean
+# fp32 tensor accesses per parameter of torch's per-op optimizer steps (the foreach and the
+# tensor-by-tensor paths run the same in-place ops, each a pass over whole tensors): AdamW's
+# decoupled decay (read and write the weight: 2), first moment lerp (3), second moment scale
+# (2) and addcmul (3), square root into a temporary (2), bias correction (2), epsilon (2) and
+# the addcdiv update (4); SGD's momentum scale (2) and add (3) and the update (3). Measured on
+# one H200 (benchmarks/gpu_accuracy.py probe, 2026-11-26): the foreach AdamW step of a 1.5B
+# Llama took 34.3 ms, 80 bytes per parameter at 3.5 TB/s, and torch's fused step 15.0 ms;
+# the same model's AdamW on its 16-core host (FSDP2's CPU offload) 1.79 s, 80 bytes per
+# parameter at 67 GB/s.
+UNFUSED_STEP_ACCESSES = {"adamw": 20, "sgd": 8}
 
 
 @dataclass(frozen=True)
@@ -103,6 +113,13 @@ class Training:
     # as DeepSpeed runs it (ZeRO's ``overlap_comm`` defaults to false, and its PipelineEngine's
     # TrainSchedule issues ReduceGrads only after the pipeline's last backward).
     dp_overlap: bool = True
+    # The device's optimizer step runs as one fused kernel per group of tensors (torch's
+    # ``fused=True``, which meshplan's runtime uses for parameters on a GPU; Megatron's and
+    # DeepSpeed's fused Adam): each weight, gradient and state read once and written once, and
+    # no temporary. Off: torch's per-op step (foreach or tensor by tensor: the runtime on CPU
+    # ranks), one pass over whole tensors per op (``UNFUSED_STEP_ACCESSES``). A step on the host
+    # (offload) is always per-op: the runtime leaves CPU tensors to torch's default.
+    fused_optimizer: bool = True
     # Gradient buffers allocated once and kept (Megatron's and DeepSpeed's contiguous grad
     # buffers, stepped by fused in-place optimizers): gradients occupy memory all step long, at
     # ``STATE_BYTES``' gradient width. Off: torch's eager loop, meshplan's runtime: backward
@@ -132,12 +149,18 @@ class Training:
         return wb, gb if self.persistent_grad_buffers else FP32_BYTES, ob
 
     @property
+    def fused_step(self) -> bool:
+        """Whether the device's optimizer step is one fused kernel (persistent gradient buffers
+        are stepped by the frameworks' fused optimizers)."""
+        return self.fused_optimizer or self.persistent_grad_buffers
+
+    @property
     def step_temp_bytes(self) -> int:
         """Device bytes per stepped parameter that the optimizer step allocates and frees:
-        torch's foreach AdamW one fp32 temporary per parameter (an H200 held 4.0 bytes per
-        parameter more during a Llama-1B's and a Llama-3B's step than after it, 2026-11-26);
-        torch's SGD updates in place; fused optimizers (persistent buffers) none."""
-        if self.persistent_grad_buffers or self.optimizer != "adamw":
+        torch's per-op AdamW one fp32 temporary per parameter (its denominator; an H200 held
+        4.0 bytes per parameter more during a Llama-1B's and a Llama-3B's foreach step than
+        after it, 2026-11-26); torch's SGD updates in place; fused steps none."""
+        if self.fused_step or self.optimizer != "adamw":
             return 0
         return FP32_BYTES
 
@@ -1140,7 +1163,8 @@ def optimizer_time(inp: CostInputs, opts: list[BlockOption], config: Config) -> 
     local = [(_stepped_params(o, config.zero_stage, dp), o.offload) for o in opts]
     device = sum(n for n, off in local if off == "none")
     host = sum(n for n, off in local if off != "none")
-    per_param = 2 * wb + gb + 2 * ob
+    unfused = UNFUSED_STEP_ACCESSES[inp.training.optimizer] * FP32_BYTES
+    per_param = 2 * wb + gb + 2 * ob if inp.training.fused_step else unfused
     m = num_microbatches(inp.training, mesh.dp, config.micro_batch_size)
     acc_device = acc_host = 0.0
     if m > 1:
@@ -1155,9 +1179,7 @@ def optimizer_time(inp: CostInputs, opts: list[BlockOption], config: Config) -> 
     # The same achievable share of bandwidth applies to a memory-bound step on either side.
     memory = (device * per_param + acc_device * per_acc) / (
         p.memory_bandwidth * p.elementwise_efficiency
-    ) + (host * per_param + acc_host * per_acc) / (
-        p.host_memory_bandwidth * p.elementwise_efficiency
-    )
+    ) + (host * unfused + acc_host * per_acc) / (p.host_memory_bandwidth * p.elementwise_efficiency)
     # Per-tensor dispatch: torch's optimizers step each parameter tensor with a few eager ops
     # (the multi-tensor path is CUDA-only). ZeRO-1 steps 1/dp of the tensors; TP, FSDP2
     # (ZeRO 2/3) and pipelined ZeRO-0 (replicate) parameters are DTensors, and so are their
@@ -1187,7 +1209,9 @@ def offload_time(inp: CostInputs, opts: list[BlockOption], config: Config, m: in
     weights up once per step. "optimizer+params" (FSDP2's CPUOffloadPolicy): the weight shards
     live on the host, are copied up for every micro-batch's forward and again for its backward,
     and each micro-batch's reduce-scattered gradient shard is copied down; the optimizer
-    updates them where they live, so nothing goes up after the step."""
+    updates them where they live, so nothing goes up after the step. The weights that travel
+    are the fp32 parameters FSDP2 keeps (cast to the compute dtype on the device): an H200
+    moved 12 GB up for a 1.5B Llama's forward and backward (0.23 s at 52 GB/s), not 6."""
     wb, gb, _ = inp.training.state_bytes
     bw = inp.cluster.profile.host_bandwidth
     dp = config.mesh.replicas if config.zero_stage >= 1 else 1
@@ -1197,7 +1221,7 @@ def offload_time(inp: CostInputs, opts: list[BlockOption], config: Config, m: in
         if o.offload == "optimizer":
             t += shard * (gb + wb) / bw
         elif o.offload == "optimizer+params":
-            t += shard * m * (2 * wb + gb) / bw
+            t += shard * m * (2 * FP32_BYTES + gb) / bw
     return t
 
 

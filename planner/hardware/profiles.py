@@ -22,6 +22,8 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 
+DEVICES = ("gpu", "cpu")  # a profile's top-level ``device``
+
 # (section, key in the file, attribute, kind, unit). Kinds: "pos" finite > 0, "nonneg" finite
 # >= 0, "eff" a fraction in (0, 1], "unit" a fraction in [0, 1], "int" a positive integer. A
 # "peak_flops.<dtype>" attribute is one entry of DeviceProfile.peak_flops.
@@ -186,6 +188,9 @@ class DeviceProfile:
     native_attention_efficiency: float = 0.0
     misaligned_matmul_efficiency: float = 0.0
     allocator_overhead: float = 0.0
+    # Where the ranks compute: "gpu" (CUDA; the runtime steps the optimizer with torch's fused
+    # kernel there) or "cpu" (gloo ranks; torch's per-tensor optimizer step).
+    device: str = "gpu"
     source: str = field(default="", compare=False)
 
 
@@ -249,6 +254,13 @@ def profile_from_dict(data: dict[str, Any], source: str) -> DeviceProfile:
                 f'{"non-empty " if key == "name" else ""}string, e.g. {key} = "..."; add it'
             )
         strings[key] = value
+    device = data.get("device", "gpu")
+    if device not in DEVICES:
+        raise UserInputError(
+            f"profile {source}: top-level device = {device!r} must be one of "
+            f"{', '.join(map(repr, DEVICES))} (where the ranks compute); fix it or leave it out"
+        )
+    strings["device"] = device
     for section in SECTIONS:
         table = data.get(section, {})
         if not isinstance(table, dict):
@@ -300,7 +312,12 @@ def profile_from_dict(data: dict[str, Any], source: str) -> DeviceProfile:
 
 def profile_to_dict(p: DeviceProfile) -> dict[str, Any]:
     """The TOML-shaped mapping of the files (plus ``source``); ``profile_from_dict`` inverts it."""
-    out: dict[str, Any] = {"name": p.name, "description": p.description, "source": p.source}
+    out: dict[str, Any] = {
+        "name": p.name,
+        "description": p.description,
+        "device": p.device,
+        "source": p.source,
+    }
     for section, key, attr, kind, _ in FIELDS:
         if attr.startswith("peak_flops."):
             value = p.peak_flops.get(attr.split(".", 1)[1], 0.0)
@@ -321,6 +338,7 @@ def profile_to_toml(
     data = profile_to_dict(p)
     lines = [f"# {line}".rstrip() for line in header.splitlines()]
     lines += [f"name = {_toml_string(p.name)}", f"description = {_toml_string(p.description)}"]
+    lines += [f"device = {_toml_string(p.device)}"]
     for section in SECTIONS:
         lines += ["", f"[{section}]"]
         for key, value in data[section].items():

@@ -101,7 +101,8 @@ def plan_mixed(
         else load_model_file(model_file, model_args or {})
     )
     pins = pins or Pins(offload="none")
-    cfg, training = training_of(mf, global_batch_size, dtype, optimizer, lr)
+    gpus_only = all(load_profile(k.profile).device == "gpu" for k in kinds)
+    cfg, training = training_of(mf, global_batch_size, dtype, optimizer, lr, gpus_only)
     single_plans: dict[str, dict] = {}
     notes: list[str] = []
     given = single is not None

@@ -15,6 +15,7 @@ from planner.cost.model import (
 )
 from planner.errors import UserInputError
 from planner.trace.blocks import Block
+from planner.vocab import Offload
 
 INTERLEAVE = (2, 4)
 
@@ -161,7 +162,7 @@ def enumerate_candidates(
                 continue
             m = per_replica // mbs
             for schedule, v in _schedules(pp, m, n_blocks, pins):
-                for zero in range(4) if dp * cp > 1 else (0,):
+                for zero in _zero_stages(dp * cp, pins):
                     if pins.zero is not None and zero != pins.zero:
                         continue
                     if zero == 1 and (tp > 1 or pp > 1) and pins.zero != 1:
@@ -169,6 +170,15 @@ def enumerate_candidates(
                     for ep in ep_degrees(blocks or [], dp, pins):
                         out.append(Candidate(pp, dp, tp, mbs, schedule, v, zero, ep, cp))
     return out
+
+
+def _zero_stages(replicas: int, pins: Pins) -> tuple[int, ...]:
+    """ZeRO stages worth pricing. With one replica nothing is sharded, so only ZeRO-3 differs
+    from none: it is FSDP2 on a one-rank mesh, the only way torch keeps weights and optimizer
+    states on the host (CPUOffloadPolicy), which a model too big for one device needs."""
+    if replicas > 1:
+        return (0, 1, 2, 3)
+    return (0,) if pins.offload == Offload.NONE and pins.zero != 3 else (0, 3)
 
 
 def _schedules(pp: int, m: int, n_blocks: int, pins: Pins) -> list[tuple[str, int]]:
