@@ -68,6 +68,22 @@ MUTANTS: list[Mutant] = [
         "roofline adds compute and memory time instead of taking the larger",
     ),
     M(
+        "cost-step-always-fused",
+        "planner/cost/model.py",
+        "    per_param = 2 * wb + gb + 2 * ob if inp.training.fused_step else unfused",
+        "    per_param = 2 * wb + gb + 2 * ob",
+        "tests/test_cost_terms.py",
+        "torch's per-op AdamW (CPU ranks) priced as one fused pass: 2.5x too cheap",
+    ),
+    M(
+        "cost-offload-compute-width",
+        "planner/cost/model.py",
+        "            t += shard * m * (2 * FP32_BYTES + gb) / bw",
+        "            t += shard * m * (2 * wb + gb) / bw",
+        "tests/test_cost_terms.py",
+        "FSDP2 offload priced as moving the 16-bit weights up, half what it copies",
+    ),
+    M(
         "cost-weights-scale-with-batch",
         "planner/cost/model.py",
         'd["fwd_flops"] * work_f * scale, act_f * scale + weights,',
@@ -214,8 +230,8 @@ MUTANTS: list[Mutant] = [
     M(
         "cost-offload-once-per-step",
         "planner/cost/model.py",
-        "t += shard * m * (2 * wb + gb) / bw",
-        "t += shard * (2 * wb + gb) / bw",
+        "t += shard * m * (2 * FP32_BYTES + gb) / bw",
+        "t += shard * (2 * FP32_BYTES + gb) / bw",
         COST,
         "offloaded weights travel once per step, not per micro-batch",
     ),
@@ -766,6 +782,14 @@ MUTANTS: list[Mutant] = [
         "    if False:\n        return [\n",
         oracle("convnext-modulelist"),
         "a block that is a ModuleList is sharded as one FSDP unit, whose hooks never fire",
+    ),
+    M(
+        "run-eager-extra-outputs",
+        "runtime/stages.py",
+        "    if len(tensors) > 1 and want is not None:",
+        "    if False:",
+        "-m zoo tests/zoo/test_zoo.py -k gpt_oss-pp2",
+        "a module whose caller reads one of its outputs (gpt-oss's MLP) stops a pipeline stage",
     ),
     M(
         "run-frozen-module-in-unit",

@@ -332,18 +332,46 @@ def _single_tensor_io(traced: nn.Module) -> bool:
 
 def _the_traced_output(module: nn.Module, _args: tuple, out: Any) -> Any:
     """What the traced module returned in place of the eager one's output: the one tensor in
-    it. Swin's patch embedding returns (embeddings, output_dimensions); the trace folds the
-    sizes into constants, so the traced module returns the embeddings alone, and its caller in
-    the traced graph reads them as a tensor."""
+    it that the caller reads. Swin's patch embedding returns (embeddings, output_dimensions);
+    the trace folds the sizes into constants, so the traced module returns the embeddings
+    alone, and its caller in the traced graph reads them as a tensor. gpt-oss's MLP returns
+    (output, router scores) and its caller reads the output alone, so the trace dropped the
+    scores: the tensor kept is the one of the traced output's rank (where several are, its
+    shape, then its dtype)."""
     if isinstance(out, torch.Tensor):
         return out
     tensors = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+    want = getattr(module, "_meshplan_traced_output", None)
+    if len(tensors) > 1 and want is not None:
+        # rank first: a run's dtype (mixed precision) and local shapes (TP) can differ from
+        # the trace's; they only break ties
+        dtype, shape = want
+        for alike in (
+            lambda t: t.dim() == len(shape),
+            lambda t: tuple(t.shape) == shape,
+            lambda t: t.dtype == dtype,
+        ):
+            if len(tensors) > 1:
+                tensors = [t for t in tensors if alike(t)]
     if len(tensors) != 1:
         raise RuntimeError(
-            f"{type(module).__name__} returns {len(tensors)} tensors where its traced copy "
-            "returned one: this module cannot run eagerly inside a pipeline stage"
+            f"{type(module).__name__} returns several tensors where its traced copy returned "
+            "one, and none or several of them look like it: this module cannot run eagerly "
+            "inside a pipeline stage"
         )
     return tensors[0]
+
+
+def _traced_output(traced: nn.Module) -> tuple[torch.dtype, tuple[int, ...]] | None:
+    """(dtype, shape) of the one tensor a traced module returns, from the trace's metadata."""
+    out = next(n for n in traced.graph.nodes if n.op == "output").args[0]
+    val = out.meta.get("val")
+    if not isinstance(val, torch.Tensor):
+        return None
+    try:
+        return val.dtype, tuple(int(d) for d in val.shape)
+    except (TypeError, ValueError):  # a symbolic size: compare dtype and rank alone
+        return val.dtype, tuple(-1 for _ in val.shape)
 
 
 def adopt_eager_modules(stage: nn.Module, model: nn.Module, cuts: list[str]) -> list[str]:
@@ -373,6 +401,7 @@ def adopt_eager_modules(stage: nn.Module, model: nn.Module, cuts: list[str]) -> 
         parent_path, _, name = fqn.rpartition(".")
         parent = stage.get_submodule(parent_path) if parent_path else stage
         setattr(parent, name, original)
+        original._meshplan_traced_output = _traced_output(traced)
         if not getattr(original, "_meshplan_one_tensor", False):
             original.register_forward_hook(_the_traced_output)
             original._meshplan_one_tensor = True

@@ -1,4 +1,4 @@
-"""The sweep: 44 more families no one here tuned for, at tiny size only, for the zoo's four
+"""The sweep: 46 more families no one here tuned for, at tiny size only, for the zoo's four
 training forms (``test_zoo.py``): transformers models from their configs, and plain-torch
 models with the shapes a planner trips on (frozen weights beside adapters, a parametrized
 weight, a cell called once per position, one layer applied three times). The zoo's model file
@@ -205,6 +205,22 @@ def _llama_own_checkpointing() -> nn.Module:
     return model
 
 
+def _granitemoe_float64() -> nn.Module:
+    """GraniteMoE in float64. In fp32 its TP 2 run ends 3-4x the oracle's tolerance from one
+    process after 5 steps (embeddings and layer 0's attention most), with all four experts
+    chosen too, so no routing flip; the same plan in float64 matches: the tiny config's
+    attention (multiplier 1.0 on 16-wide heads, init range 0.2) amplifies the rounding of the
+    sharded products' other summation order. float64 takes transformers' batched_mm experts:
+    the trace of its default grouped_mm path asked for 16-bit inputs."""
+    import transformers
+
+    config = transformers.GraniteMoeConfig(
+        **_GQA, num_local_experts=4, num_experts_per_tok=2, initializer_range=0.2,
+        attention_dropout=0.0, use_cache=False, experts_implementation="batched_mm",
+    )  # fmt: skip
+    return transformers.GraniteMoeForCausalLM(config).double()
+
+
 def _torch(builder: Any, kind: str = "lm") -> dict[str, Any]:
     return {"builder": builder, "config": "torch", "tiny": {}, "full": {}, "kind": kind}
 
@@ -236,6 +252,11 @@ SWEEP: dict[str, dict[str, Any]] = {
     "stablelm": _family("StableLmConfig", "StableLmForCausalLM", _GQA),
     "cohere": _family("CohereConfig", "CohereForCausalLM", _GQA),
     "granite": _family("GraniteConfig", "GraniteForCausalLM", _GQA),
+    "granitemoe": _torch(_granitemoe_float64),
+    # gpt-oss's MLP returns (output, router scores) and its layer reads the output alone
+    "gpt_oss": _family("GptOssConfig", "GptOssForCausalLM", dict(
+        _GQA, head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"]), **EAGER),
     "starcoder2": _family("Starcoder2Config", "Starcoder2ForCausalLM", _GQA),
     "mpt": _family("MptConfig", "MptForCausalLM", dict(
         vocab_size=VOCAB, d_model=64, n_layers=2, n_heads=4, max_seq_len=SEQ), **EAGER),

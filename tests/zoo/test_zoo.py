@@ -62,7 +62,7 @@ SWEPT = (
     "mamba", "albert", "electra", "distilbert", "mbart", "pegasus", "swin", "convnext", "deit",
     "lstm", "groupconv_mha", "lora", "weightnorm", "gru_unrolled", "shared_blocks",
     "llama_own_checkpointing", "gemma3", "jamba", "falcon_new", "funnel", "umt5", "xlm_roberta",
-    "nemotron", "glm4", "helium", "smollm3", "falcon_mamba", "bigbird",
+    "nemotron", "glm4", "helium", "smollm3", "falcon_mamba", "bigbird", "granitemoe", "gpt_oss",
 )  # fmt: skip
 FORMS: dict[str, tuple[int, dict]] = {
     "zero3-dp2": (2, dict(tp=1, dp=2, pp=1, zero=3, micro_batch_size=4)),
