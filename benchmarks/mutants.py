@@ -84,6 +84,14 @@ MUTANTS: list[Mutant] = [
         "FSDP2 offload priced as moving the 16-bit weights up, half what it copies",
     ),
     M(
+        "cost-batchnorm-sync-free",
+        "planner/cost/model.py",
+        "    if mesh.replicas == 1 or not o.norm_channels:\n        return 0.0",
+        "    if True:\n        return 0.0",
+        "tests/test_cost_terms.py",
+        "synchronized BatchNorm statistics priced as free: a CNN's DP collectives unseen",
+    ),
+    M(
         "cost-weights-scale-with-batch",
         "planner/cost/model.py",
         'd["fwd_flops"] * work_f * scale, act_f * scale + weights,',

@@ -10,10 +10,12 @@ never computed by the cost model's helpers.
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import networkx as nx
 import pytest
 from conftest import make_block, make_option
+from torch import nn
 
 from planner.cost.model import (
     Config,
@@ -832,3 +834,55 @@ def test_the_loss_and_the_largest_op_share_one_slot(ws):
     peak holds the larger of the two, not both."""
     mem = _one_block(act=2e10, ws=ws, m=1, out=5 * 10**8).rank_memory[0]
     assert mem["other"] == pytest.approx(RESERVED + max(ws, 3 * 4 / 2 * 5e8))
+
+
+# --------------------------------------------------------------------------- batch statistics
+
+
+@pytest.mark.parametrize("device", ["gpu", "cpu"])
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_synchronized_batch_statistics_cost_collectives_per_micro_batch(device, recompute):
+    """Two BatchNorms of 64 and 256 channels under DP 4, 3 micro-batches. On GPUs
+    nn.SyncBatchNorm gathers each rank's mean, inverse std and count (2C + 1 fp32) in forward
+    and all-reduces two sums (2C) in backward; on CPU ranks the runtime all-reduces C + 1 and
+    C numbers in forward and both again for their gradients. Full recompute runs the forward
+    (and its collectives) twice. Nothing hides them: every micro-batch waits."""
+    m, chans = 3, (64, 256)
+    blk = [make_block(0, "L", params=0, boundary=0, out=0)]
+    opt = replace(make_option(3e-3, 0.0, 0.0, recompute=recompute), norm_channels=chans)
+    cl = cluster(4, 4, device=device)
+    want = 0.0
+    for c in chans:
+        if device == "gpu":
+            fwd, bwd = ring("all_gather", 4 * (2 * c + 1) * 4, 4), ring("all_reduce", 2 * c * 4, 4)
+        else:
+            fwd = ring("all_reduce", (c + 1) * 4, 4) + ring("all_reduce", c * 4, 4)
+            bwd = fwd
+        want += (2 if recompute == "full" else 1) * fwd + bwd
+    cost = run(blk, [opt], Mesh(1, 4, 1), [0], training=Training16(4 * m), cl=cl)
+    plain = run(blk, [replace(opt, norm_channels=())], Mesh(1, 4, 1), [0],
+                training=Training16(4 * m), cl=cl)  # fmt: skip
+    assert cost.step_time_s - plain.step_time_s == pytest.approx(m * want)
+    one = run(
+        blk, [opt], Mesh(1, 1, 1), [0], training=Training16(m), cl=cluster(1, 1, device=device)
+    )
+    none = run(blk, [replace(opt, norm_channels=())], Mesh(1, 1, 1), [0], training=Training16(m),
+               cl=cluster(1, 1, device=device))  # fmt: skip
+    assert one.step_time_s == pytest.approx(none.step_time_s)  # one replica: nothing to sync
+
+
+def test_the_trace_finds_the_batch_norms_that_use_batch_statistics():
+    """examples/resnet.py: the stem's and first bottleneck's four BatchNorms in block 0, one in
+    each shortcut; a model in eval mode normalises with running statistics (none to sync)."""
+    from planner.api import trace
+    from planner.cost.model import batch_norm_channels
+    from planner.modelfile import load_model_file
+
+    root = Path(__file__).resolve().parent.parent
+    mf = load_model_file(str(root / "examples" / "resnet.py"), {})
+    traced = trace(mf, micro_batch_size=1, dtype="fp32")
+    found = [batch_norm_channels(traced.graph, b) for b in traced.blocks]
+    assert [len(f) for f in found] == [4, 0, 1, 3, 0, 1, 0]
+    model = mf.build()
+    widths = [m.num_features for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
+    assert sorted(c for f in found for c in f) == sorted(widths)

@@ -28,7 +28,7 @@ from planner.hardware.collectives import collective_time, p2p_time
 from planner.schema.mesh import Mesh
 from planner.trace.blocks import Block, cached_core_nodes
 from planner.trace.graph import param_bytes_of
-from planner.vocab import HALF_DTYPES, OFFLOAD, RECOMPUTE, Offload, base_style
+from planner.vocab import HALF_DTYPES, OFFLOAD, RECOMPUTE, Offload, Recompute, base_style
 
 # Bytes per parameter: (weights, gradients, optimizer states). Mixed precision keeps fp32
 # master weights in the optimizer states (ZeRO paper's K = 12 for Adam); SGD keeps momentum.
@@ -187,6 +187,10 @@ class BlockOption:
     ep: int = 1
     expert_params: float = 0.0
     ep_comm_s: float = 0.0
+    # Channels of each BatchNorm the block normalises with batch statistics: synchronized
+    # over the data-parallel replicas, they cost collectives per micro-batch
+    # (``batchnorm_sync_time``).
+    norm_channels: tuple[int, ...] = ()
 
     @property
     def time_s(self) -> float:
@@ -634,6 +638,7 @@ def block_options(
         one = collective_time("all_to_all", buffer, cluster, ep_ranks or [0])
         a2a_f = a2a_b = 2 * one
     policy = selective_kept(graph, block, training)
+    norms = batch_norm_channels(graph, block)
     core = [n for n in block.nodes if n in cached_core_nodes(graph)]
     compute_only = NodeTimes(ops={n: (fc, 0.0, bc, 0.0) for n, (fc, _, bc, _) in times.ops.items()})
     options: list[BlockOption] = []
@@ -705,9 +710,64 @@ def block_options(
                         ep=ep,
                         expert_params=expert_total / ep,
                         ep_comm_s=ep_comm,
+                        norm_channels=norms,
                     )
                 )
     return options
+
+
+# Batch-statistics normalization ops; argument 5 is their ``training`` flag in each.
+BATCH_NORM_OPS = frozenset(
+    {
+        "aten.batch_norm.default",
+        "aten.native_batch_norm.default",
+        "aten._native_batch_norm_legit.default",
+        "aten._native_batch_norm_legit_functional.default",
+    }
+)
+
+
+def batch_norm_channels(graph, block: Block) -> tuple[int, ...]:
+    """Channels (dimension 1 of the input) of each BatchNorm of ``block`` that normalises with
+    the batch's statistics (training mode; eval-mode and frozen ones use running statistics
+    and synchronize nothing)."""
+    out = []
+    for n in block.nodes:
+        d = graph.nodes[n]
+        args = d.get("args") or []
+        if d["op"] in BATCH_NORM_OPS and len(args) > 5 and args[5] is True and d.get("shapes"):
+            shape = d["shapes"][0]
+            out.append(int(shape[1]) if len(shape) > 1 else 1)
+    return tuple(out)
+
+
+def batchnorm_sync_time(inp: CostInputs, o: BlockOption, config: Config, pp_rank: int = 0):
+    """Per micro-batch, the collectives that synchronize a block's batch statistics over the
+    data-parallel replicas (plan field ``batchnorm`` = synchronized, runtime.batchnorm). Small
+    and latency-bound, and nothing hides them: the forward waits for the statistics.
+
+    On GPUs torch's ``nn.SyncBatchNorm``: an all-gather of each rank's mean, inverse standard
+    deviation and count (2C + 1 fp32 numbers) in forward, an all-reduce of two sums (2C) in
+    backward. On CPU ranks the runtime's ``GroupBatchNorm``: all-reduces of the sums and count
+    (C + 1) and of the squared deviations (C) in forward, and their gradients' all-reduces in
+    backward. A fully recomputed block runs its forward, and these, twice."""
+    mesh = config.mesh
+    if mesh.replicas == 1 or not o.norm_channels:
+        return 0.0
+    ranks = mesh.dp_group(pp_rank)
+    cl, n = inp.cluster, len(ranks)
+    forwards = 2 if o.recompute == Recompute.FULL else 1
+    t = 0.0
+    for c in o.norm_channels:
+        if cl.profile.device == "gpu":
+            fwd = collective_time("all_gather", n * (2 * c + 1) * FP32_BYTES, cl, ranks)
+            bwd = collective_time("all_reduce", 2 * c * FP32_BYTES, cl, ranks)
+        else:
+            fwd = collective_time("all_reduce", (c + 1) * FP32_BYTES, cl, ranks)
+            fwd += collective_time("all_reduce", c * FP32_BYTES, cl, ranks)
+            bwd = fwd
+        t += forwards * fwd + bwd
+    return t
 
 
 def selective_kept(graph, block: Block, training: Training) -> tuple[float, list[str]] | None:
@@ -1018,6 +1078,7 @@ def stage_time_parts(
     mesh = config.mesh
     n_stages = config.num_stages
     compute = sum(o.time_s - o.tp_comm_s for o in opts)
+    compute += sum(batchnorm_sync_time(inp, o, config, s % mesh.pp) for o in opts)
     tp_comm = sum(o.tp_comm_s for o in opts)
     p2p = 0.0
     if s == n_stages - 1:
