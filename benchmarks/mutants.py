@@ -800,6 +800,14 @@ MUTANTS: list[Mutant] = [
         "a module whose caller reads one of its outputs (gpt-oss's MLP) stops a pipeline stage",
     ),
     M(
+        "run-bn-recompute-moves-statistics",
+        "runtime/batchnorm.py",
+        "        return forward, _both(recompute, _statistics_kept(module))",
+        "        return forward, recompute",
+        oracle("bn-recompute"),
+        "a recomputed BatchNorm moves its running statistics twice per batch",
+    ),
+    M(
         "run-frozen-module-in-unit",
         "runtime/parallelize.py",
         "    return any(p.requires_grad for p in module.parameters())",

@@ -18,6 +18,10 @@ stage never sees the whole batch.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager, nullcontext
+from typing import Any
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -97,3 +101,56 @@ def synchronize_batchnorm(root: nn.Module, group: dist.ProcessGroup, device: tor
             new = nn.SyncBatchNorm.convert_sync_batchnorm(m, process_group=group)
         parent_path, _, attr = name.rpartition(".")
         setattr(root.get_submodule(parent_path) if parent_path else root, attr, new)
+
+
+def _tracked(module: nn.Module) -> list[_BatchNorm]:
+    return [
+        m
+        for m in module.modules()
+        if isinstance(m, _BatchNorm) and m.training and m.running_mean is not None
+    ]
+
+
+@contextmanager
+def _statistics_kept(module: nn.Module) -> Iterator[None]:
+    """The BatchNorms' running statistics as they were before: a recompute runs the forward
+    again, and a BatchNorm in training mode would move its running mean and variance (and
+    its batch count) a second time for the same batch, unlike one process."""
+    norms = _tracked(module)
+    saved = [
+        (m.running_mean.clone(), m.running_var.clone(), m.num_batches_tracked.clone())
+        for m in norms
+    ]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for m, (mean, var, count) in zip(norms, saved):
+                m.running_mean.copy_(mean)
+                m.running_var.copy_(var)
+                m.num_batches_tracked.copy_(count)
+
+
+def recompute_context(
+    module: nn.Module, inner: Callable[[], tuple[Any, Any]] | None = None
+) -> Callable[[], tuple[Any, Any]] | None:
+    """A checkpoint ``context_fn`` for ``module``: ``inner``'s contexts (selective recompute's
+    policy), with the recompute keeping the running statistics of the BatchNorms below
+    ``module`` (looked up when it runs: synchronized ones are swapped in after the
+    checkpoint). ``inner`` itself where the module holds no BatchNorm."""
+    if not any(isinstance(m, _BatchNorm) for m in module.modules()):
+        return inner
+
+    def contexts() -> tuple[Any, Any]:
+        forward, recompute = inner() if inner else (nullcontext(), nullcontext())
+        return forward, _both(recompute, _statistics_kept(module))
+
+    return contexts
+
+
+@contextmanager
+def _both(first: Any, second: Any) -> Iterator[None]:
+    with ExitStack() as stack:
+        stack.enter_context(first)
+        stack.enter_context(second)
+        yield

@@ -32,6 +32,7 @@ from planner.errors import UserInputError
 from planner.modelfile import DTYPES
 from planner.schema import BlockPlan, Plan
 from planner.vocab import HALF_DTYPES, SEQUENCE_STYLES, base_style, split_factor, weight_in_out
+from runtime.batchnorm import recompute_context
 from runtime.dtensor_blocks import fsdp_placement, register_cpu_attention_sharding, run_on_dtensors
 from runtime.tied import splits_tie, tied_groups
 
@@ -460,10 +461,9 @@ def apply_recompute(root: nn.Module, blocks: list[BlockPlan], before_tp: bool = 
         if block.recompute == "none" or is_sequence_parallel(block) != before_tp:
             continue
         for module in (m for fqn in block.modules for m in called_modules(root, fqn)):
-            if block.recompute == "full":
-                composable_checkpoint(module)
-            else:
-                composable_checkpoint(module, context_fn=selective_context)
+            inner = None if block.recompute == "full" else selective_context
+            context = recompute_context(module, inner)
+            composable_checkpoint(module, **({"context_fn": context} if context else {}))
 
 
 def _trained(module: nn.Module) -> bool:

@@ -226,6 +226,13 @@ EXTRA: list[tuple[str, str, int, dict]] = [
         2,
         dict(tp=1, dp=1, pp=2, zero=0, schedule="1f1b", micro_batch_size=2),
     ),
+    # BatchNorm recomputed: the recompute must not move the running statistics a second time
+    (
+        "bn-recompute-dp2",
+        "resnet",
+        2,
+        dict(tp=1, dp=2, pp=1, zero=0, micro_batch_size=4, recompute="full"),
+    ),
     # one rank with its weights and states on the host: FSDP2 on a one-rank mesh, the only
     # way torch offloads them (a model too big for one device)
     (
@@ -277,6 +284,7 @@ CORE_EXTRA = (
     "pegasus-frozen-last-zero3-dp2",
     "swin-tuple-output-pp2",
     "llama-zero3-offload-dp1",
+    "resnet-bn-recompute-dp2",
 )
 
 
