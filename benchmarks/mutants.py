@@ -808,6 +808,23 @@ MUTANTS: list[Mutant] = [
         "a recomputed BatchNorm moves its running statistics twice per batch",
     ),
     M(
+        "trace-own-forward-linear-sharded",
+        "planner/trace/export.py",
+        "        if (type(m).forward is stock[base]) if base is not None else _weight_module(m):",
+        "        if (type(m).forward is stock[base] or _weight_module(m))"
+        " if base else _weight_module(m):",
+        "tests/test_foreign_models.py",
+        "an nn.Linear with its own forward (Llama 4's router) is TP-sharded and crashes the run",
+    ),
+    M(
+        "sharding-gathered-read-summed",
+        "planner/cost/sharding.py",
+        "        if module not in plan and _read_sharded(graph, block, module, states, whole):",
+        "        if module not in plan:",
+        "tests/test_foreign_models.py",
+        "a weight read after the runtime gathered the shards has its whole gradient summed",
+    ),
+    M(
         "run-frozen-module-in-unit",
         "runtime/parallelize.py",
         "    return any(p.requires_grad for p in module.parameters())",

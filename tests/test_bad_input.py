@@ -115,6 +115,26 @@ def _profile(tmp: Path, name: str, pattern: str, replacement: str) -> str:
     return str(path)
 
 
+SIZED_BY_VALUES = """
+import torch
+from torch import nn
+class Counted(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+    def forward(self, x):
+        n = int((x.sum(-1) > 0).sum().item())
+        return self.inner(x[:n]).sum() + self.inner(x).sum()
+def build_model():
+    return Counted()
+def make_batch(batch_size, step=0):
+    g = torch.Generator().manual_seed(step)
+    return (torch.randn(batch_size, 8, generator=g),), torch.zeros(())
+def loss_fn(out, target):
+    return out
+"""
+
+
 def _model(tmp: Path, name: str, source: str) -> str:
     path = tmp / name
     path.write_text(source)
@@ -230,6 +250,14 @@ CASES = {
         lambda t: [*TINY, "--gpus", "2", "--dp", "2", "--micro-batch-size", "3"],
         2,
         "--micro-batch-size 3",
+    ),
+    # JetMoE's experts split the tokens by counts read with .item(): torch.export leaves
+    # sizes it cannot count (a raw GuardOnDataDependentSymNode from the op counter, once) and
+    # the meta fallback cannot read values
+    "sized_by_values": (
+        lambda t: [_model(t, "m.py", SIZED_BY_VALUES), "--gpus", "2", "--profile", "cpu"],
+        2,
+        "sizes its work from tensor values",
     ),
     "pp_beyond_blocks": (
         lambda t: [_model(t, "one.py", ONE_BLOCK), "--gpus", "2", "--pp", "2"],

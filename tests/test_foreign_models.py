@@ -218,3 +218,43 @@ def test_per_head_norm_weights_are_summed_over_the_tp_group():
         "model.layers.1.self_attn.k_norm",
         "model.layers.1.self_attn.q_norm",
     ]
+
+
+def _sweep_plan(family: str):
+    mf = load_model_file(ROOT / "tests" / "zoo" / "sweep.py", {"family": family})
+    return plan(
+        mf, 2, profile="cpu", dtype="fp32", use_cache=False,
+        pins=Pins(tp=2, dp=1, pp=1, micro_batch_size=4, tp_variant="sharded"),
+    )  # fmt: skip
+
+
+def test_a_linear_subclass_with_its_own_forward_stays_whole():
+    """Llama 4's router is an nn.Linear whose forward goes on to top-k and scatter its scores:
+    under torch's styles that code would run on the sharded DTensor product and fail (scatter
+    has no sharding rule; the run crashed in every worker). The trace leaves it out of the
+    modules TP may shard, and the layer's shared expert still shards."""
+    result = _sweep_plan("llama4")
+    assert "model.layers.1.feed_forward.router" not in result.traced.graph.graph["tp_modules"]
+    assert (
+        "model.layers.1.feed_forward.shared_expert.up_proj"
+        in (result.traced.graph.graph["tp_modules"])
+    )
+    layer = next(b for b in result.plan.blocks if b.name == "model.layers.1")
+    assert "model.layers.1.feed_forward.router" not in layer.tp_plan
+    assert layer.tp_plan["model.layers.1.feed_forward.shared_expert.up_proj"] == "colwise"
+
+
+def test_a_parameter_read_where_the_runtime_gathered_is_not_summed():
+    """Apertus' xIELU activation scales the up projection's output by softplus(alpha): the
+    sharding ILP keeps that output sharded through the activation and sums alpha's partial
+    gradients, but the runtime gathers the projection's output (``colwise_gather``) and
+    computes the activation whole, so each rank's alpha gradient is already whole; summing
+    it trained alpha at twice the rate (1000x the oracle's tolerance, exit 0). The per-head
+    q and k norms, read on the head shards, are still summed."""
+    result = _sweep_plan("apertus")
+    layer = next(b for b in result.plan.blocks if b.name == "model.layers.1")
+    assert layer.tp_plan["model.layers.1.mlp.up_proj"] == "colwise_gather"
+    assert layer.tp_grad_sums == [
+        "model.layers.1.self_attn.k_norm",
+        "model.layers.1.self_attn.q_norm",
+    ]

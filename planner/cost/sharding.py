@@ -1649,11 +1649,42 @@ def _gathered(graph: nx.DiGraph, block: Block, start: str, states: dict[str, str
     return _sharded_region(graph, block, start, states)[0]
 
 
+def _read_sharded(
+    graph: nx.DiGraph, block: Block, module: str, states: dict[str, str], whole: set[str]
+) -> bool:
+    """Whether a parameter of ``module``, or a value computed from parameters alone (xIELU's
+    softplus(alpha)), meets a sharded activation at an op the runtime runs on the shard: the
+    ops in ``whole`` run on a gathered output (``colwise_gather``) and give whole gradients.
+    The ILP priced those ops on the shard, whose partial gradients it sums; the runtime must
+    not sum what each rank already has whole (xIELU's alpha trained twice as fast)."""
+    inside = set(block.nodes)
+    prefix = module + "."
+    derived: set[str] = set()
+    todo = [
+        n
+        for n in block.nodes
+        if any(o.kind == "param" and o.name.startswith(prefix)
+               for o in _operands(graph, graph.nodes[n]))
+    ]  # fmt: skip
+    while todo:
+        n = todo.pop()
+        if n in derived:
+            continue
+        derived.add(n)
+        operands = _operands(graph, graph.nodes[n])
+        from_params = all(o.kind != "node" or o.name in derived for o in operands)
+        if from_params and states.get(n, R) == R:  # still a value of parameters alone
+            todo.extend(v for v in graph.successors(n) if v in inside and _has_tensor(graph, v))
+        elif states.get(n, R) != R and n not in whole:
+            return True  # it meets an activation on the shard
+    return False
+
+
 def _sharded_region(
     graph: nx.DiGraph, block: Block, start: str, states: dict[str, str]
-) -> tuple[bool, bool]:
-    """(is the region gathered, does it also reach a row-parallel consumer) for the sharded
-    region downstream of a column-parallel op (see ``_gathered``)."""
+) -> tuple[bool, bool, set[str]]:
+    """(is the region gathered, does it also reach a row-parallel consumer, its ops) for the
+    sharded region downstream of a column-parallel op (see ``_gathered``)."""
     inside = set(block.nodes)
     leaves = set(graph.graph.get("outputs", []))
     seen, todo = {start}, [start]
@@ -1674,7 +1705,7 @@ def _sharded_region(
             else:
                 seen.add(v)
                 todo.append(v)
-    return gathered, partial
+    return gathered, partial, seen
 
 
 def realizable(graph: nx.DiGraph, block: Block, states: dict[str, str], plans: list) -> bool:
@@ -1684,7 +1715,7 @@ def realizable(graph: nx.DiGraph, block: Block, states: dict[str, str], plans: l
     nodes = [n for n in block.nodes if _has_tensor(graph, n)]
     for pos, _w, label in plans:
         if base_style(label) in ("colwise", "colwise_dtensor"):
-            gathered, partial = _sharded_region(graph, block, nodes[pos], states)
+            gathered, partial, _ = _sharded_region(graph, block, nodes[pos], states)
             if gathered and partial:
                 return False
     return True
@@ -1694,16 +1725,22 @@ def _bind(graph: nx.DiGraph, block: Block, tpl: _Template, tp: int) -> TPVariant
     nodes = [n for n in block.nodes if _has_tensor(graph, n)]
     plan: dict[str, str] = {}
     states = dict(zip(nodes, tpl.states))
+    whole: set[str] = set()  # ops the runtime runs on a gathered module output
     for pos, w, label in tpl.plans:
         weight = _operands(graph, graph.nodes[nodes[pos]])[w].name
         base = base_style(label)  # colwise_dtensor here: by blocks (see BLOCKS)
-        if base in ("colwise", "colwise_dtensor") and _gathered(graph, block, nodes[pos], states):
-            label = label.replace(base, "colwise_gather", 1)
+        if base in ("colwise", "colwise_dtensor"):
+            gathered, _, region = _sharded_region(graph, block, nodes[pos], states)
+            if gathered:
+                label = label.replace(base, "colwise_gather", 1)
+                whole |= region - {nodes[pos]}
         plan[weight.rpartition(".")[0]] = label
     sums = set()
     for pos, i in tpl.grad_sums:
         module = _operands(graph, graph.nodes[nodes[pos]])[i].name.rpartition(".")[0]
-        if module not in plan:  # a styled module's parameters are DTensors: DTensor reduces
+        # a styled module's parameters are DTensors (DTensor reduces them); a parameter read
+        # only where the runtime has gathered the shards gets its whole gradient on every rank
+        if module not in plan and _read_sharded(graph, block, module, states, whole):
             sums.add(module)
     if tpl.sequence_parallel:
         plan[block.modules[0]] = "sp_block"  # replicated in and out, sequence-sharded inside

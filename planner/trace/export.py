@@ -17,9 +17,11 @@ and the caller is told so in one line; when both fail, the error names the modul
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import math
 import operator
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -93,7 +95,10 @@ def quiet_torch_logs() -> Iterator[None]:
     """Silence torch's own loggers while a user's model is traced.
 
     A forward that fails a shape check makes torch's fake-tensor layer log the full internal
-    traceback at ERROR before the exception reaches us; the user must see only our one line."""
+    traceback at ERROR before the exception reaches us; the user must see only our one line.
+    Its warnings too (torch.export's about a model attribute assigned while exporting, as
+    RecurrentGemma's recurrent states are): they speak of torch's tracing, not the user's
+    training."""
     loggers = [logging.getLogger("torch")] + [
         logging.getLogger(name)
         for name in list(logging.root.manager.loggerDict)
@@ -103,7 +108,9 @@ def quiet_torch_logs() -> Iterator[None]:
     for lg in loggers:
         lg.setLevel(logging.CRITICAL + 1)
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
     finally:
         for lg, level in zip(loggers, levels):
             lg.setLevel(level)
@@ -123,7 +130,14 @@ def _trace_model(mf: ModelFile, micro_batch_size: int, dtype: str) -> TraceResul
     model = build_meta_model(mf, dtype)
     inputs = meta_inputs(mf, micro_batch_size, dtype)
     try:
-        exported = torch.export.export(model, inputs, strict=False)
+        # torch.export prints the graph it gave up on (a data-dependent size): its words to
+        # itself, not to the user, who gets one line
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            exported = torch.export.export(model, inputs, strict=False)
+        _drop_traced_causal_masks(exported)
+        # sizes that depend on the data (JetMoE's tokens per expert, split by their counts)
+        # have no number to price: the export path cannot count that graph's ops
+        graph = _graph_from_export(exported, model)
     except Exception as export_exc:  # export fails on data-dependent control flow and more
         graph = _trace_with_hooks(mf, model, inputs, export_exc)
         reason = " ".join(str(export_exc).split())[:160]
@@ -133,8 +147,6 @@ def _trace_model(mf: ModelFile, micro_batch_size: int, dtype: str) -> TraceResul
         )
         _annotate_model(graph, mf, model, micro_batch_size, dtype, "hooks")
         return TraceResult(graph=graph, method="hooks", note=note)
-    _drop_traced_causal_masks(exported)
-    graph = _graph_from_export(exported, model)
     _annotate_model(graph, mf, model, micro_batch_size, dtype, "export")
     return TraceResult(graph=graph, method="export", note="")
 
@@ -280,23 +292,26 @@ def _annotate_model(
 
 def tp_shardable_modules(model: torch.nn.Module) -> list[str]:
     """Paths of the modules tensor parallelism can shard through a ParallelStyle: an
-    ``nn.Linear`` or ``nn.Embedding`` running the stock ``forward``, or any module whose own
-    parameters are a 2-D ``weight`` and at most a 1-D ``bias`` and whose ``forward`` takes
-    one argument (transformers' ``Conv1D``, a Linear subclass computing ``x @ W.T``): the
-    styles convert that one argument. Which of them the sharding ILP styles depends on the
-    ops their weight feeds (``planner.cost.sharding``). A module whose ``forward`` takes more
-    (transformers' OPT positional embedding: a mask and keywords) would get the conversion on
-    the wrong argument."""
+    ``nn.Linear`` or ``nn.Embedding`` running the stock ``forward``, or any other module whose
+    own parameters are a 2-D ``weight`` and at most a 1-D ``bias`` and whose ``forward`` takes
+    one argument (transformers' ``Conv1D``): the styles convert that one argument. Which of
+    them the sharding ILP styles depends on the ops their weight feeds
+    (``planner.cost.sharding``). A module whose ``forward`` takes more (transformers' OPT
+    positional embedding: a mask and keywords) would get the conversion on the wrong
+    argument. A Linear or Embedding subclass with its own ``forward`` is left whole: torch's
+    styles would run all of that forward on the sharded DTensor product, and Llama 4's router
+    (an ``nn.Linear`` that goes on to top-k and scatter its scores) then fails, scatter having
+    no sharding rule."""
     stock = {
         torch.nn.Linear: torch.nn.Linear.forward,
         torch.nn.Embedding: torch.nn.Embedding.forward,
     }
-    return sorted(
-        name
-        for name, m in model.named_modules()
-        if any(isinstance(m, cls) and type(m).forward is fwd for cls, fwd in stock.items())
-        or _weight_module(m)
-    )
+    found = []
+    for name, m in model.named_modules():
+        base = next((cls for cls in stock if isinstance(m, cls)), None)
+        if (type(m).forward is stock[base]) if base is not None else _weight_module(m):
+            found.append(name)
+    return sorted(found)
 
 
 def _weight_module(m: torch.nn.Module) -> bool:
@@ -727,10 +742,18 @@ def _trace_with_hooks(
             model(*inputs)
     except Exception as exc:
         where = current[-1] if current else "(top level)"
+        hint = ""
+        if "item() cannot be called on meta" in str(exc) or "data-dependent" in str(exc):
+            hint = (
+                "; the forward sizes its work from tensor values (.item() or .tolist(), such "
+                "as tokens counted per expert), which a trace without data cannot follow: use "
+                "an implementation that keeps sizes static (transformers' grouped_mm or "
+                "batched_mm experts, a capacity-padded dispatch)"
+            )
         raise UserInputError(
             f"{mf.path.name}: cannot trace the model: torch.export failed "
             f"({type(export_exc).__name__}) and its forward raised in module {where!r}: "
-            f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+            f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}{hint}"
         ) from exc
     finally:
         for h in handles:

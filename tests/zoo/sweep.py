@@ -1,4 +1,4 @@
-"""The sweep: 46 more families no one here tuned for, at tiny size only, for the zoo's four
+"""The sweep: 64 more families no one here tuned for, at tiny size only, for the zoo's four
 training forms (``test_zoo.py``): transformers models from their configs, and plain-torch
 models with the shapes a planner trips on (frozen weights beside adapters, a parametrized
 weight, a cell called once per position, one layer applied three times). The zoo's model file
@@ -315,6 +315,43 @@ SWEEP: dict[str, dict[str, Any]] = {
     "gru_unrolled": _torch(UnrolledGRU),
     "shared_blocks": _torch(SharedBlocks),
     "llama_own_checkpointing": _torch(_llama_own_checkpointing),
+    # the fifth sweep
+    "diffllama": _family("DiffLlamaConfig", "DiffLlamaForCausalLM", dict(_GQA)),
+    "codegen": _family("CodeGenConfig", "CodeGenForCausalLM", dict(
+        vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=SEQ, rotary_dim=8,
+        n_ctx=SEQ)),
+    "persimmon": _family("PersimmonConfig", "PersimmonForCausalLM", dict(_LM), **EAGER),
+    "xglm": _family("XGLMConfig", "XGLMForCausalLM", dict(
+        vocab_size=VOCAB, d_model=64, num_layers=2, attention_heads=4, ffn_dim=128,
+        max_position_embeddings=SEQ), **EAGER),
+    "biogpt": _family("BioGptConfig", "BioGptForCausalLM", dict(_LM)),
+    "cohere2": _family("Cohere2Config", "Cohere2ForCausalLM", dict(
+        _GQA, sliding_window=8, layer_types=["sliding_attention", "full_attention"])),
+    "exaone4": _family("Exaone4Config", "Exaone4ForCausalLM", dict(_GQA)),
+    "deepseek_v2": _family("DeepseekV2Config", "DeepseekV2ForCausalLM", dict(
+        _LM, num_key_value_heads=4, moe_intermediate_size=32, n_routed_experts=4,
+        num_experts_per_tok=2, first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=16,
+        qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, n_group=1, topk_group=1)),
+    "minicpm3": _family("MiniCPM3Config", "MiniCPM3ForCausalLM", dict(
+        _LM, num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8,
+        qk_nope_head_dim=8, v_head_dim=16)),
+    "olmo": _family("OlmoConfig", "OlmoForCausalLM", dict(_GQA)),
+    "seed_oss": _family("SeedOssConfig", "SeedOssForCausalLM", dict(_GQA, head_dim=16)),
+    "apertus": _family("ApertusConfig", "ApertusForCausalLM", dict(_GQA)),
+    "arcee": _family("ArceeConfig", "ArceeForCausalLM", dict(_GQA)),
+    "ernie45_moe": _family("Ernie4_5_MoeConfig", "Ernie4_5_MoeForCausalLM", dict(
+        _GQA, moe_num_experts=4, moe_k=2, moe_intermediate_size=32)),
+    "llama4": _family("Llama4TextConfig", "Llama4ForCausalLM", dict(
+        _GQA, head_dim=16, num_local_experts=4, num_experts_per_tok=1, intermediate_size_mlp=128,
+        interleave_moe_layer_step=2, attention_chunk_size=8)),
+    "rwkv": _family("RwkvConfig", "RwkvForCausalLM", dict(
+        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, attention_hidden_size=64,
+        intermediate_size=128, context_length=SEQ), **EAGER),
+    "mamba2": _family("Mamba2Config", "Mamba2ForCausalLM", dict(
+        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, state_size=8, expand=2,
+        n_groups=1, head_dim=16, num_heads=8, chunk_size=8), **EAGER),
+    "vaultgemma": _family("VaultGemmaConfig", "VaultGemmaForCausalLM", dict(_GQA, head_dim=16),
+                          **EAGER),
 }  # fmt: skip
 zoo.FAMILIES.clear()
 zoo.FAMILIES.update(SWEEP)

@@ -63,6 +63,9 @@ SWEPT = (
     "lstm", "groupconv_mha", "lora", "weightnorm", "gru_unrolled", "shared_blocks",
     "llama_own_checkpointing", "gemma3", "jamba", "falcon_new", "funnel", "umt5", "xlm_roberta",
     "nemotron", "glm4", "helium", "smollm3", "falcon_mamba", "bigbird", "granitemoe", "gpt_oss",
+    "diffllama", "codegen", "persimmon", "xglm", "biogpt", "cohere2", "exaone4", "deepseek_v2",
+    "minicpm3", "olmo", "seed_oss", "apertus", "arcee", "ernie45_moe", "llama4", "rwkv", "mamba2",
+    "vaultgemma",
 )  # fmt: skip
 FORMS: dict[str, tuple[int, dict]] = {
     "zero3-dp2": (2, dict(tp=1, dp=2, pp=1, zero=3, micro_batch_size=4)),

@@ -385,6 +385,7 @@ NO_DROPOUT = (
     "dropout", "attention_dropout", "activation_dropout", "attn_pdrop", "resid_pdrop",
     "embd_pdrop", "hidden_dropout_prob", "attention_probs_dropout_prob", "dropout_rate",
     "hidden_dropout", "classifier_dropout", "attention_dropout_prob", "drop_path_rate",
+    "residual_dropout",
 )  # fmt: skip
 
 _current: dict[str, Any] = {"family": "llama", "seq": SEQ, "vocab": VOCAB, "image": IMAGE}
