@@ -182,8 +182,9 @@ def cmd_plan(argv: list[str]) -> int:
 
     if uses_torchrec(mf):  # embedding tables: the recommendation planner (planner/recsys)
         from planner.recsys.command import run as run_recsys
+        from planner.report.recfigure import write_recplan_figure
 
-        return run_recsys(args, mf, training)
+        return run_recsys(args, mf, training, draw=write_recplan_figure)
     if args.graph:
         traced = trace(
             mf,

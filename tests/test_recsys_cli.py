@@ -191,3 +191,30 @@ def test_plan_show_refuses_a_broken_recommendation_plan_in_one_line(tmp_path, ca
     err = capsys.readouterr().err
     assert rc == 2
     assert err.count("\n") == 1 and "'t1'" in err and "ranks" in err
+
+
+def test_the_ranks_figure_draws_each_ranks_step_and_memory(tmp_path, capsys):
+    """`plan` writes ranks.png and ranks.svg beside a recommendation plan and `plan show`
+    redraws them. Each rank's bars add up to the plan's numbers: its predicted step (lookups,
+    all-to-all, optimizer, then the dense part every rank runs) and its device memory (one
+    segment per table shard it holds, then the dense part and buffers)."""
+    from planner.report.recfigure import recplan_figure
+
+    assert main([str(DLRM), "--gpus", "4", "--device", "cpu", "--out", str(tmp_path)]) == 0
+    assert "ranks.png" in capsys.readouterr().out
+    for ext in ("png", "svg"):
+        first = (tmp_path / f"ranks.{ext}").read_bytes()
+        assert len(first) > 1000
+    (tmp_path / "ranks.png").unlink()
+    assert main(["show", str(tmp_path / "plan.json"), "--quiet"]) == 0
+    assert (tmp_path / "ranks.png").is_file()
+    doc = load_recplan(tmp_path / "plan.json")
+    step_ax, memory_ax = recplan_figure(doc).axes[:2]
+    for r in doc["ranks"]:
+        steps = [p.get_width() for p in step_ax.patches if abs(p.get_y() + 0.35 - r["rank"]) < 1e-9]
+        held = [p.get_width() for p in memory_ax.patches
+                if abs(p.get_y() + 0.35 - r["rank"]) < 1e-9]  # fmt: skip
+        shards = sum(1 for t in doc["tables"] if r["rank"] in t["ranks"])
+        assert sum(steps) == pytest.approx(r["step_s"] * 1e3)
+        assert len(held) == shards + 1
+        assert sum(held) == pytest.approx(r["device_bytes"] / 2**30)

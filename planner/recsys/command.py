@@ -7,6 +7,7 @@ import argparse
 import json
 import sys
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,12 @@ def plan_device(args: argparse.Namespace) -> str:
     return "cuda"
 
 
-def run(args: argparse.Namespace, mf: ModelFile, training: dict[str, Any]) -> int:
+def run(
+    args: argparse.Namespace,
+    mf: ModelFile,
+    training: dict[str, Any],
+    draw: Callable[[dict[str, Any], Path], list[Path]] | None = None,
+) -> int:
     from planner.recsys.planning import plan_recsys
 
     if args.graph:
@@ -62,10 +68,13 @@ def run(args: argparse.Namespace, mf: ModelFile, training: dict[str, Any]) -> in
     )
     out_dir = Path(args.out) if args.out else Path("reports") / mf.path.stem
     path = write_recplan(doc, out_dir)
+    drawn = draw(doc, out_dir) if draw else []  # the report's figure (planner.report)
     if not args.quiet:
         for note in notes + more:
             print(f"note: {note}", file=sys.stderr)
         print_summary(doc, path)
+        for figure in drawn:
+            print(f"wrote {figure}")
     if args.run:
         from runtime.recsys import run_recplan
 

@@ -37,8 +37,14 @@ def main(argv: list[str]) -> int:
     from planner.report.recplan import print_recplan, read_recplan
 
     rec = read_recplan(path)
-    if rec is not None:  # a recommendation plan: its tables and ranks (no stage figures)
+    if rec is not None:  # a recommendation plan: its tables and ranks, and their figure
+        from planner.report.recfigure import write_recplan_figure
+
         print_recplan(rec, quiet=args.quiet)
+        out_dir = Path(args.out) if args.out else path.parent
+        for figure in write_recplan_figure(rec, out_dir):
+            if not args.quiet:
+                print(f"wrote {figure}")
         return 0
     plan = load_plan(path)
     out_dir = Path(args.out) if args.out else path.parent
