@@ -810,11 +810,18 @@ MUTANTS: list[Mutant] = [
     M(
         "trace-own-forward-linear-sharded",
         "planner/trace/export.py",
-        "        if (type(m).forward is stock[base]) if base is not None else _weight_module(m):",
-        "        if (type(m).forward is stock[base] or _weight_module(m))"
-        " if base else _weight_module(m):",
+        "            keep = _weight_module(m) and bool(ops.get(name)) and ops[name] <= PRODUCT_OPS",
+        "            keep = _weight_module(m)",
         "tests/test_foreign_models.py",
         "an nn.Linear with its own forward (Llama 4's router) is TP-sharded and crashes the run",
+    ),
+    M(
+        "trace-own-forward-product-whole",
+        "planner/trace/export.py",
+        "            keep = _weight_module(m) and bool(ops.get(name)) and ops[name] <= PRODUCT_OPS",
+        "            keep = False",
+        "tests/test_foreign_models.py",
+        "Falcon's Linear subclass (a plain product in its own forward) loses tensor parallelism",
     ),
     M(
         "sharding-gathered-read-summed",

@@ -244,6 +244,18 @@ def test_a_linear_subclass_with_its_own_forward_stays_whole():
     assert layer.tp_plan["model.layers.1.feed_forward.shared_expert.up_proj"] == "colwise"
 
 
+def test_a_linear_subclass_whose_forward_is_a_plain_product_still_shards():
+    """Falcon's FalconLinear has its own forward, ``x @ self.weight.T`` (+ bias): the trace
+    shows nothing but the product there, so it shards as an nn.Linear would."""
+    mf = load_model_file(ROOT / "tests" / "zoo" / "zoo.py", {"family": "falcon"})
+    traced = trace(mf, micro_batch_size=1, dtype="fp32", use_cache=False)
+    assert {
+        "transformer.h.0.mlp.dense_h_to_4h",
+        "transformer.h.0.mlp.dense_4h_to_h",
+        "transformer.h.0.self_attention.dense",
+    } <= set(traced.graph.graph["tp_modules"])
+
+
 def test_a_parameter_read_where_the_runtime_gathered_is_not_summed():
     """Apertus' xIELU activation scales the up projection's output by softplus(alpha): the
     sharding ILP keeps that output sharded through the activation and sums alpha's partial

@@ -286,11 +286,22 @@ def _annotate_model(
         ],
         torch_version=torch.__version__,
         experts=expert_modules(model),
-        tp_modules=tp_shardable_modules(model),
+        tp_modules=tp_shardable_modules(model, graph),
     )
 
 
-def tp_shardable_modules(model: torch.nn.Module) -> list[str]:
+# What a Linear or Embedding subclass's own forward may run and still be a plain product
+# (Falcon's FalconLinear computes x @ W.T + b): anything else, sharded, meets DTensors.
+PRODUCT_OPS = MATMUL_OPS | {
+    "aten.add.Tensor",
+    "aten.embedding.default",
+    "aten.t.default",  # the weight's transpose, as .t(), .T or .transpose(0, 1) trace
+    "aten.numpy_T.default",
+    "aten.transpose.int",
+}
+
+
+def tp_shardable_modules(model: torch.nn.Module, graph: nx.DiGraph | None = None) -> list[str]:
     """Paths of the modules tensor parallelism can shard through a ParallelStyle: an
     ``nn.Linear`` or ``nn.Embedding`` running the stock ``forward``, or any other module whose
     own parameters are a 2-D ``weight`` and at most a 1-D ``bias`` and whose ``forward`` takes
@@ -298,18 +309,29 @@ def tp_shardable_modules(model: torch.nn.Module) -> list[str]:
     them the sharding ILP styles depends on the ops their weight feeds
     (``planner.cost.sharding``). A module whose ``forward`` takes more (transformers' OPT
     positional embedding: a mask and keywords) would get the conversion on the wrong
-    argument. A Linear or Embedding subclass with its own ``forward`` is left whole: torch's
-    styles would run all of that forward on the sharded DTensor product, and Llama 4's router
-    (an ``nn.Linear`` that goes on to top-k and scatter its scores) then fails, scatter having
-    no sharding rule."""
+    argument. A Linear or Embedding subclass with its own ``forward`` is sharded only where
+    the trace (``graph``) shows that forward running a product and nothing else (Falcon's
+    ``x @ W.T + b``): torch's styles run all of that forward on the sharded DTensor product,
+    and Llama 4's router (an ``nn.Linear`` that goes on to top-k and scatter its scores) then
+    fails, scatter having no sharding rule."""
     stock = {
         torch.nn.Linear: torch.nn.Linear.forward,
         torch.nn.Embedding: torch.nn.Embedding.forward,
     }
+    ops: dict[str, set[str]] = {}
+    for _, d in graph.nodes(data=True) if graph is not None else ():
+        if not is_view(d["op"]):
+            ops.setdefault(d.get("module", ""), set()).add(d["op"])
     found = []
     for name, m in model.named_modules():
         base = next((cls for cls in stock if isinstance(m, cls)), None)
-        if (type(m).forward is stock[base]) if base is not None else _weight_module(m):
+        if base is None:
+            keep = _weight_module(m)
+        elif type(m).forward is stock[base]:
+            keep = True
+        else:  # its own forward: a plain product only
+            keep = _weight_module(m) and bool(ops.get(name)) and ops[name] <= PRODUCT_OPS
+        if keep:
             found.append(name)
     return sorted(found)
 
