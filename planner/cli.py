@@ -182,9 +182,12 @@ def cmd_plan(argv: list[str]) -> int:
 
     if uses_torchrec(mf):  # embedding tables: the recommendation planner (planner/recsys)
         from planner.recsys.command import run as run_recsys
-        from planner.report.recfigure import write_recplan_figure
+        from planner.report.recfigure import write_recplan_report
 
-        return run_recsys(args, mf, training, draw=write_recplan_figure)
+        command = shlex.join(["plan", *argv])
+        return run_recsys(
+            args, mf, training, draw=lambda doc, out: write_recplan_report(doc, out, command)
+        )
     if args.graph:
         traced = trace(
             mf,

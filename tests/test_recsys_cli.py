@@ -4,6 +4,7 @@ one-line errors (exit 3 for a table no cluster of this size holds)."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -201,14 +202,20 @@ def test_the_ranks_figure_draws_each_ranks_step_and_memory(tmp_path, capsys):
     from planner.report.recfigure import recplan_figure
 
     assert main([str(DLRM), "--gpus", "4", "--device", "cpu", "--out", str(tmp_path)]) == 0
-    assert "ranks.png" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "ranks.png" in out and "report.html" in out
     for ext in ("png", "svg"):
         first = (tmp_path / f"ranks.{ext}").read_bytes()
         assert len(first) > 1000
+    doc = load_recplan(tmp_path / "plan.json")
+    page = (tmp_path / "report.html").read_text()
+    assert 'src="data:image/png;base64,' in page and "http" not in page.split("<body>")[1]
+    for t in doc["tables"]:  # each table's row: its name, option and sharding type
+        assert re.search(f"<td>{t['name']}</td>.*?<td>{t['option']}</td><td>{t['sharding']}</td>",
+                         page)  # fmt: skip
     (tmp_path / "ranks.png").unlink()
     assert main(["show", str(tmp_path / "plan.json"), "--quiet"]) == 0
     assert (tmp_path / "ranks.png").is_file()
-    doc = load_recplan(tmp_path / "plan.json")
     step_ax, memory_ax = recplan_figure(doc).axes[:2]
     for r in doc["ranks"]:
         steps = [p.get_width() for p in step_ax.patches if abs(p.get_y() + 0.35 - r["rank"]) < 1e-9]

@@ -1,23 +1,27 @@
-"""The figure of a recommendation plan: what each rank does in a step and what it holds.
+"""The figure and page of a recommendation plan: what each rank does in a step and holds.
 
 A recommendation plan places tables, not stages, so the dense plan's five figures have nothing
 to draw. This one has two panels, one row per rank: the predicted step split into the rank's
 own table work (lookups, their all-to-alls, the optimizer) and the dense part every rank runs
 alike; and the device memory the rank holds, one segment per table shard (coloured by its
 sharding type) beside the dense part, against the device's capacity. A person reads from it
-which rank sets the step and why, and how full each rank is.
+which rank sets the step and why, and how full each rank is. ``report.html`` beside it is the
+dense report's self-contained page for this plan: the figure, the tables' options and ranks,
+the ranks' step and memory, and the command.
 """
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 from typing import Any
 
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from planner.atomic import write_bytes_atomic
+from planner.atomic import write_bytes_atomic, write_text_atomic
 from planner.errors import UserInputError
+from planner.report.console import human_bytes, human_time
 
 RECPLAN_FIGURE = "ranks"
 GIB = 2**30
@@ -117,18 +121,83 @@ def _memory_panel(ax, doc: dict[str, Any], ranks: list[dict], y: list[int]) -> N
     )  # fmt: skip
 
 
-def write_recplan_figure(doc: dict[str, Any], out_dir: Path) -> list[Path]:
-    """``ranks.png`` and ``ranks.svg`` beside the plan, each written atomically (fixed names:
-    a user's own file is never hit). Returns the paths written."""
+def recplan_html(doc: dict[str, Any], png: bytes, command: str) -> str:
+    """The page: summary, the figure (inlined), the tables and the ranks, the command."""
+    from planner.report.html import CSS, esc, table
+    from planner.report.recplan import _ranks_label
+
+    c, p = doc["cluster"], doc["predicted"]
+    world = c["gpus"]
+    model = doc.get("model") or {}
+    name = Path(str(model.get("file", "model"))).name
+    title = f"meshplan: {name} ({len(doc['tables'])} tables) on {world} x {c['profile']}"
+    summary = (
+        f"predicted step {human_time(p['step_time_s'])} ({p['samples_per_s']:,.0f} samples/s); "
+        f"peak device memory {human_bytes(p['peak_device_bytes'])} of "
+        f"{human_bytes(p['device_capacity_bytes'])}; global batch "
+        f"{doc.get('global_batch_size', '?')}, {doc.get('device', '?')}"
+    )
+    tables = table(
+        ("table", "rows", "dim", "option", "sharding", "kernel", "ranks", "lookup",
+         "all-to-all", "memory/rank"),
+        ((t["name"], f"{t['rows']:,}", t["dim"], t["option"], t["sharding"], t["kernel"],
+          _ranks_label(sorted(t["ranks"]), world), human_time(t["lookup_s"]),
+          human_time(t["comm_s"]), human_bytes(t["device_bytes"])) for t in doc["tables"]),
+        {1, 2, 7, 8, 9},
+    )  # fmt: skip
+    ranks = table(
+        ("rank", "step", "lookups", "all-to-all", "device memory", "host memory"),
+        ((r["rank"], human_time(r["step_s"]), human_time(r["lookup_s"]), human_time(r["comm_s"]),
+          human_bytes(r["device_bytes"]), human_bytes(r["host_bytes"]))
+         for r in sorted(doc["ranks"], key=lambda r: r["rank"])),
+        {0, 1, 2, 3, 4, 5},
+    )  # fmt: skip
+    data = base64.b64encode(png).decode("ascii")
+    return f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{esc(title)}</title>
+<style>{CSS}</style>
+</head>
+<body>
+<main>
+<h1>{esc(title)}</h1>
+<p class="summary">{esc(summary)}</p>
+<h2>Figure</h2>
+<figure id="fig-{RECPLAN_FIGURE}"><img alt="ranks figure" src="data:image/png;base64,{data}">
+<figcaption>Each rank's predicted step by part and its device memory by table shard
+(<a href="{RECPLAN_FIGURE}.svg">SVG</a>, <a href="{RECPLAN_FIGURE}.png">PNG</a>)</figcaption>
+</figure>
+<h2>Tables</h2>
+{tables}
+<h2>Ranks</h2>
+{ranks}
+<h2>Command</h2>
+<pre>{esc(command)}</pre>
+</main>
+</body>
+</html>
+"""
+
+
+def write_recplan_report(doc: dict[str, Any], out_dir: Path, command: str) -> list[Path]:
+    """``ranks.png``, ``ranks.svg`` and ``report.html`` beside the plan, each written
+    atomically (fixed names: a user's own file is never hit). Returns the paths written."""
     from planner.report.figures import render
 
     fig = recplan_figure(doc)
+    files = {ext: render(fig, ext) for ext in ("png", "svg")}
     written = []
     try:
-        for ext in ("png", "svg"):
+        for ext, data in files.items():
             path = Path(out_dir) / f"{RECPLAN_FIGURE}.{ext}"
-            write_bytes_atomic(path, render(fig, ext))
+            write_bytes_atomic(path, data)
             written.append(path)
+        path = Path(out_dir) / "report.html"
+        write_text_atomic(path, recplan_html(doc, files["png"], command))
+        written.append(path)
     except OSError as exc:
-        raise UserInputError(f"cannot write the figure into {out_dir}: {exc.strerror}") from exc
+        raise UserInputError(f"cannot write the report into {out_dir}: {exc.strerror}") from exc
     return written

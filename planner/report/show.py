@@ -38,11 +38,12 @@ def main(argv: list[str]) -> int:
 
     rec = read_recplan(path)
     if rec is not None:  # a recommendation plan: its tables and ranks, and their figure
-        from planner.report.recfigure import write_recplan_figure
+        from planner.report.recfigure import write_recplan_report
 
         print_recplan(rec, quiet=args.quiet)
         out_dir = Path(args.out) if args.out else path.parent
-        for figure in write_recplan_figure(rec, out_dir):
+        command = shlex.join(["plan", "show", *argv])
+        for figure in write_recplan_report(rec, out_dir, command):
             if not args.quiet:
                 print(f"wrote {figure}")
         return 0
