@@ -824,6 +824,14 @@ MUTANTS: list[Mutant] = [
         "Falcon's Linear subclass (a plain product in its own forward) loses tensor parallelism",
     ),
     M(
+        "sharding-complex-view-whole",
+        "planner/cost/sharding.py",
+        '    elif base in COMPLEX_VIEWS and nodes and operands[0].kind == "node":',
+        "    elif False:",
+        "tests/test_foreign_models.py",
+        "complex rotary embeddings (Llama 4) keep their attention from sharding by heads",
+    ),
+    M(
         "sharding-gathered-read-summed",
         "planner/cost/sharding.py",
         "        if module not in plan and _read_sharded(graph, block, module, states, whole):",

@@ -266,10 +266,31 @@ def strategies_for(
     elif is_view(op) and nodes and operands[0].kind == "node":
         found += _view(base, shape, operands, attrs["args"], t)
         found += _view_blocks(base, shape, operands, attrs["args"], t, factors)
+    elif base in COMPLEX_VIEWS and nodes and operands[0].kind == "node":
+        found += _complex_view(shape, operands, t)
     unique: dict[tuple, Strategy] = {}
     for s in found:
         unique.setdefault((s.out, s.req, s.plan), s)
     return list(unique.values())
+
+
+# Complex <-> real reinterpretations (Llama 4's and Meta's reference rotary embeddings):
+# [..., n, 2] real is [..., n] complex; every dimension but the pair keeps its place.
+COMPLEX_VIEWS = frozenset({"view_as_complex", "view_as_real"})
+
+
+def _complex_view(shape: tuple, ops: Sequence[Operand], t: int) -> list[Strategy]:
+    """A dimension both sides share (all but the real side's last) passes its split on."""
+    x = ops[0]
+    if x.shape is None:
+        return []
+    shared = min(len(shape), len(x.shape)) - (1 if len(x.shape) > len(shape) else 0)
+    shared = min(shared, len(shape) - (1 if len(shape) > len(x.shape) else 0))
+    return [
+        Strategy(_s(d), (_s(d), *_rest(ops[1:])))
+        for d in range(shared)
+        if shape[d] % t == 0 and x.shape[d] == shape[d]
+    ]
 
 
 def _rest(operands: Sequence[Operand], state: str = R) -> list[str | None]:
