@@ -341,6 +341,7 @@ def _the_traced_output(module: nn.Module, _args: tuple, out: Any) -> Any:
     if isinstance(out, torch.Tensor):
         return out
     tensors = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+    found = len(tensors)
     want = getattr(module, "_meshplan_traced_output", None)
     if len(tensors) > 1 and want is not None:
         # rank first: a run's dtype (mixed precision) and local shapes (TP) can differ from
@@ -355,8 +356,8 @@ def _the_traced_output(module: nn.Module, _args: tuple, out: Any) -> Any:
                 tensors = [t for t in tensors if alike(t)]
     if len(tensors) != 1:
         raise RuntimeError(
-            f"{type(module).__name__} returns several tensors where its traced copy returned "
-            "one, and none or several of them look like it: this module cannot run eagerly "
+            f"{type(module).__name__} returns {found} tensors where its traced copy returned "
+            f"one, and {len(tensors)} of them look like it: this module cannot run eagerly "
             "inside a pipeline stage"
         )
     return tensors[0]
