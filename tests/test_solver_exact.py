@@ -74,7 +74,10 @@ def random_shape(rng: random.Random):
         blocks[-1] = replace(blocks[-1], tied={"tied.weight": 5 * 10**7})
     options = [options_by_class[c] for c in classes]
     cand = Candidate(pp, dp, 1, mbs, schedule, v, zero, ep)
-    return blocks, options, gpus, Training(dp * mbs * m, "bf16", "adamw"), cand
+    # torch's per-op AdamW step (a CPU rank's): its fp32 temporary makes the optimizer step's
+    # own memory peak bind in some instances, which the fused step's would not
+    training = Training(dp * mbs * m, "bf16", "adamw", fused_optimizer=False)
+    return blocks, options, gpus, training, cand
 
 
 def inputs(blocks, options, gpus, training, memory: float, host: float) -> CostInputs:
@@ -249,3 +252,31 @@ def test_milp_objective_is_the_cost_models_step_time_on_random_configurations(si
             assert value == pytest.approx(cost.step_time_s, rel=1e-9, abs=1e-12)
             checked += 1
     assert checked >= 2 * PER_SITUATION
+
+
+def test_the_optimizer_steps_own_peak_binds_the_milp():
+    """Ten blocks of 1e8 parameters, tiny activations, ZeRO-3 over 8 ranks, torch's per-op
+    AdamW: the optimizer step's peak (fp32 states, gradients and the step's temporary, 20
+    bytes per sharded parameter) is above the forward's (the states and two gathered blocks).
+    With room for the forward but not for every block's step on the device, some blocks must
+    keep their states on the host: the MILP's optimum equals brute force's and fits. Without
+    the step's rows it kept every block on the device, a plan the cost model calls
+    infeasible."""
+    training = Training(8, "bf16", "adamw", fused_optimizer=False)
+    blocks = [make_block(i, "L", params=10**8, boundary=0, out=0) for i in range(10)]
+    on = make_option(1e-3, 1e8, 1e5)
+    off = make_option(1.2e-3, 1e8, 1e5, offload="optimizer+params")
+    cand = Candidate(1, 8, 1, 1, "1f1b", 1, 3)
+    free = inputs(blocks, [[on, off]] * 10, 8, training, HUGE, HUGE)
+    mesh, args = configs(free, cand)
+    every = [cost for _, cost in every_config(free, mesh, *args) if cost.feasible]
+    device_only = min(every, key=lambda c: c.step_time_s)
+    assert device_only.host_bytes_per_gpu == 0  # all on the device is the fastest
+    memory = device_only.peak_memory_bytes * 0.9
+    inp = inputs(blocks, [[on, off]] * 10, 8, training, memory, HUGE)
+    want = reference(inp, cand)
+    assert want > device_only.step_time_s  # the limit binds
+    solve_candidate(inp, cand)
+    assert cand.status == "solved"
+    assert cand.milp_objective == pytest.approx(want, rel=1e-9)
+    assert evaluate(inp, cand.config).feasible
