@@ -231,6 +231,11 @@ def kernels(rows: list[dict], device: str) -> dict:
     return out
 
 
+def _selected(rows: list[dict], only: str | None) -> list[dict]:
+    """The suite's rows ``--only`` names (comma-separated), or all of them."""
+    return [r for r in rows if not only or r["name"] in only.split(",")]
+
+
 def measure(args: argparse.Namespace) -> int:
     """Train every prepared plan on this machine's first GPU (or the CPU with --device cpu)."""
     import torch
@@ -239,7 +244,7 @@ def measure(args: argparse.Namespace) -> int:
 
     prepared = Path(args.dir)
     meta = json.loads((prepared / "suite.json").read_text())
-    rows = [r for r in meta["rows"] if not args.only or r["name"] in args.only.split(",")]
+    rows = _selected(meta["rows"], args.only)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     info = {"torch": torch.__version__, "device": args.device}
@@ -381,7 +386,7 @@ def probe(args: argparse.Namespace) -> int:
     from runtime.train import _local_step, _optimizer_step
 
     meta = json.loads((Path(args.dir) / "suite.json").read_text())
-    rows = [r for r in meta["rows"] if not args.only or r["name"] in args.only.split(",")]
+    rows = _selected(meta["rows"], args.only)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]

@@ -19,7 +19,7 @@ stage never sees the whole batch.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -150,7 +150,5 @@ def recompute_context(
 
 @contextmanager
 def _both(first: Any, second: Any) -> Iterator[None]:
-    with ExitStack() as stack:
-        stack.enter_context(first)
-        stack.enter_context(second)
+    with first, second:
         yield

@@ -201,17 +201,22 @@ def test_gpt2_fused_qkv_is_sharded_by_heads_megatron_style(gpt2_korthikanti_laye
     assert best.compute_fraction == pytest.approx(1 / t, rel=0.05)
 
 
+def _tp2_plan(zoo_file: str, args: dict):
+    """A zoo model planned sharded over 2 CPU ranks (micro-batch 4)."""
+    mf = load_model_file(ROOT / "tests" / "zoo" / zoo_file, args)
+    return plan(
+        mf, 2, profile="cpu", dtype="fp32", use_cache=False,
+        pins=Pins(tp=2, dp=1, pp=1, micro_batch_size=4, tp_variant="sharded"),
+    )  # fmt: skip
+
+
 def test_per_head_norm_weights_are_summed_over_the_tp_group():
     """Qwen3 normalises q and k per head with one weight shared by all heads: with the heads
     split over TP, each rank computes its heads' share of that weight's gradient. The plan
     lists the norms for the runtime to sum (the zoo's qwen3 cells train it like one process);
     the layer's other replicated weights (the layer norms before the split) are whole on
     every rank and not listed."""
-    mf = load_model_file(ROOT / "tests" / "zoo" / "zoo.py", {"family": "qwen3", "size": "tiny"})
-    result = plan(
-        mf, 2, profile="cpu", dtype="fp32", use_cache=False,
-        pins=Pins(tp=2, dp=1, pp=1, micro_batch_size=4, tp_variant="sharded"),
-    )  # fmt: skip
+    result = _tp2_plan("zoo.py", {"family": "qwen3", "size": "tiny"})
     layer = next(b for b in result.plan.blocks if b.name == "model.layers.1")
     assert layer.tp_plan["model.layers.1.self_attn.q_proj"] == "colwise"
     assert layer.tp_grad_sums == [
@@ -220,20 +225,12 @@ def test_per_head_norm_weights_are_summed_over_the_tp_group():
     ]
 
 
-def _sweep_plan(family: str):
-    mf = load_model_file(ROOT / "tests" / "zoo" / "sweep.py", {"family": family})
-    return plan(
-        mf, 2, profile="cpu", dtype="fp32", use_cache=False,
-        pins=Pins(tp=2, dp=1, pp=1, micro_batch_size=4, tp_variant="sharded"),
-    )  # fmt: skip
-
-
 def test_a_linear_subclass_with_its_own_forward_stays_whole():
     """Llama 4's router is an nn.Linear whose forward goes on to top-k and scatter its scores:
     under torch's styles that code would run on the sharded DTensor product and fail (scatter
     has no sharding rule; the run crashed in every worker). The trace leaves it out of the
     modules TP may shard, and the layer's shared expert still shards."""
-    result = _sweep_plan("llama4")
+    result = _tp2_plan("sweep.py", {"family": "llama4"})
     assert "model.layers.1.feed_forward.router" not in result.traced.graph.graph["tp_modules"]
     assert (
         "model.layers.1.feed_forward.shared_expert.up_proj"
@@ -263,7 +260,7 @@ def test_a_parameter_read_where_the_runtime_gathered_is_not_summed():
     computes the activation whole, so each rank's alpha gradient is already whole; summing
     it trained alpha at twice the rate (1000x the oracle's tolerance, exit 0). The per-head
     q and k norms, read on the head shards, are still summed."""
-    result = _sweep_plan("apertus")
+    result = _tp2_plan("sweep.py", {"family": "apertus"})
     layer = next(b for b in result.plan.blocks if b.name == "model.layers.1")
     assert layer.tp_plan["model.layers.1.mlp.up_proj"] == "colwise_gather"
     assert layer.tp_grad_sums == [

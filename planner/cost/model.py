@@ -716,21 +716,12 @@ def block_options(
     return options
 
 
-# Batch-statistics normalization ops; argument 5 is their ``training`` flag in each.
-BATCH_NORM_OPS = frozenset(
-    {
-        "aten.batch_norm.default",
-        "aten.native_batch_norm.default",
-        "aten._native_batch_norm_legit.default",
-        "aten._native_batch_norm_legit_functional.default",
-    }
-)
-
-
 def batch_norm_channels(graph, block: Block) -> tuple[int, ...]:
     """Channels (dimension 1 of the input) of each BatchNorm of ``block`` that normalises with
     the batch's statistics (training mode; eval-mode and frozen ones use running statistics
     and synchronize nothing)."""
+    from planner.trace.opcost import BATCH_NORM_OPS
+
     out = []
     for n in block.nodes:
         d = graph.nodes[n]

@@ -285,7 +285,6 @@ def _complex_view(shape: tuple, ops: Sequence[Operand], t: int) -> list[Strategy
     if x.shape is None:
         return []
     shared = min(len(shape), len(x.shape)) - (1 if len(x.shape) > len(shape) else 0)
-    shared = min(shared, len(shape) - (1 if len(shape) > len(x.shape) else 0))
     return [
         Strategy(_s(d), (_s(d), *_rest(ops[1:])))
         for d in range(shared)

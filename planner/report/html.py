@@ -110,17 +110,19 @@ def _facts(plan: Plan) -> str:
     )
 
 
+def figure(name: str, png: bytes, caption: str) -> str:
+    """One figure, its PNG inlined, its caption linking the files beside the page."""
+    data = base64.b64encode(png).decode("ascii")
+    return (
+        f'<figure id="fig-{esc(name)}"><img alt="{esc(name)} figure" '
+        f'src="data:image/png;base64,{data}"><figcaption>{esc(caption)} '
+        f'(<a href="{esc(name)}.svg">SVG</a>, <a href="{esc(name)}.png">PNG</a>)'
+        "</figcaption></figure>"
+    )
+
+
 def _figures(images: Mapping[str, bytes]) -> str:
-    out = []
-    for name, png in images.items():
-        data = base64.b64encode(png).decode("ascii")
-        out.append(
-            f'<figure id="fig-{esc(name)}"><img alt="{esc(name)} figure" '
-            f'src="data:image/png;base64,{data}"><figcaption>{esc(CAPTIONS[name])} '
-            f'(<a href="{esc(name)}.svg">SVG</a>, <a href="{esc(name)}.png">PNG</a>)'
-            "</figcaption></figure>"
-        )
-    return "\n".join(out)
+    return "\n".join(figure(name, png, CAPTIONS[name]) for name, png in images.items())
 
 
 def _stages(plan: Plan) -> str:
@@ -245,6 +247,23 @@ def render_html(plan: Plan, images: Mapping[str, bytes], command: str) -> str:
     name = Path(model.file).name
     args = " ".join(f"{k}={v}" for k, v in sorted(model.args.items()))
     title = f"meshplan: {name}{' ' + args if args else ''} on {plan.cluster.gpus} GPUs"
+    body = f"""{_facts(plan)}
+<h2>Figures</h2>
+{_figures(images)}
+<h2>Stages</h2>
+{_stages(plan)}
+<h2>Blocks</h2>
+{_blocks(plan)}
+<h2>Alternatives</h2>
+{_alternatives(plan)}
+<h2>Cluster and model</h2>
+{_facts_list(plan)}"""
+    return page(title, summary_line(plan), body, command)
+
+
+def page(title: str, summary: str, body: str, command: str) -> str:
+    """The self-contained page every report is: the title, a summary line, ``body`` (HTML)
+    and the command that made it."""
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>
@@ -256,18 +275,8 @@ def render_html(plan: Plan, images: Mapping[str, bytes], command: str) -> str:
 <body>
 <main>
 <h1>{esc(title)}</h1>
-<p class="summary">{esc(summary_line(plan))}</p>
-{_facts(plan)}
-<h2>Figures</h2>
-{_figures(images)}
-<h2>Stages</h2>
-{_stages(plan)}
-<h2>Blocks</h2>
-{_blocks(plan)}
-<h2>Alternatives</h2>
-{_alternatives(plan)}
-<h2>Cluster and model</h2>
-{_facts_list(plan)}
+<p class="summary">{esc(summary)}</p>
+{body}
 <h2>Command</h2>
 <pre>{esc(command)}</pre>
 </main>

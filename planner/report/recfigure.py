@@ -12,7 +12,6 @@ the ranks' step and memory, and the command.
 
 from __future__ import annotations
 
-import base64
 from pathlib import Path
 from typing import Any
 
@@ -123,8 +122,8 @@ def _memory_panel(ax, doc: dict[str, Any], ranks: list[dict], y: list[int]) -> N
 
 def recplan_html(doc: dict[str, Any], png: bytes, command: str) -> str:
     """The page: summary, the figure (inlined), the tables and the ranks, the command."""
-    from planner.report.html import CSS, esc, table
-    from planner.report.recplan import _ranks_label
+    from planner.report.html import figure, page, table
+    from planner.report.recplan import ranks_label
 
     c, p = doc["cluster"], doc["predicted"]
     world = c["gpus"]
@@ -141,7 +140,7 @@ def recplan_html(doc: dict[str, Any], png: bytes, command: str) -> str:
         ("table", "rows", "dim", "option", "sharding", "kernel", "ranks", "lookup",
          "all-to-all", "memory/rank"),
         ((t["name"], f"{t['rows']:,}", t["dim"], t["option"], t["sharding"], t["kernel"],
-          _ranks_label(sorted(t["ranks"]), world), human_time(t["lookup_s"]),
+          ranks_label(sorted(t["ranks"]), world), human_time(t["lookup_s"]),
           human_time(t["comm_s"]), human_bytes(t["device_bytes"])) for t in doc["tables"]),
         {1, 2, 7, 8, 9},
     )  # fmt: skip
@@ -152,34 +151,12 @@ def recplan_html(doc: dict[str, Any], png: bytes, command: str) -> str:
          for r in sorted(doc["ranks"], key=lambda r: r["rank"])),
         {0, 1, 2, 3, 4, 5},
     )  # fmt: skip
-    data = base64.b64encode(png).decode("ascii")
-    return f"""<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{esc(title)}</title>
-<style>{CSS}</style>
-</head>
-<body>
-<main>
-<h1>{esc(title)}</h1>
-<p class="summary">{esc(summary)}</p>
-<h2>Figure</h2>
-<figure id="fig-{RECPLAN_FIGURE}"><img alt="ranks figure" src="data:image/png;base64,{data}">
-<figcaption>Each rank's predicted step by part and its device memory by table shard
-(<a href="{RECPLAN_FIGURE}.svg">SVG</a>, <a href="{RECPLAN_FIGURE}.png">PNG</a>)</figcaption>
-</figure>
-<h2>Tables</h2>
-{tables}
-<h2>Ranks</h2>
-{ranks}
-<h2>Command</h2>
-<pre>{esc(command)}</pre>
-</main>
-</body>
-</html>
-"""
+    caption = "Each rank's predicted step by part and its device memory by table shard"
+    body = (
+        f"<h2>Figure</h2>\n{figure(RECPLAN_FIGURE, png, caption)}\n"
+        f"<h2>Tables</h2>\n{tables}\n<h2>Ranks</h2>\n{ranks}"
+    )
+    return page(title, summary, body, command)
 
 
 def write_recplan_report(doc: dict[str, Any], out_dir: Path, command: str) -> list[Path]:

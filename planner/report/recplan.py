@@ -78,7 +78,7 @@ def _check(doc: dict[str, Any], path: Path) -> None:
             )
 
 
-def _ranks_label(ranks: list[int], world: int) -> str:
+def ranks_label(ranks: list[int], world: int) -> str:
     """'all' for every rank, else the ranks, runs of consecutive ranks as a-b."""
     if len(ranks) == world and world > 1:
         return "all"
@@ -111,7 +111,7 @@ def print_recplan(doc: dict[str, Any], quiet: bool = False) -> None:
             str(t["dim"]),
             t["option"],
             t["kernel"],
-            _ranks_label(sorted(t["ranks"]), world),
+            ranks_label(sorted(t["ranks"]), world),
             human_time(t["lookup_s"]),
             human_time(t["comm_s"]),
             human_bytes(t["device_bytes"]),

@@ -34,6 +34,13 @@ CONV_OPS = {
     "aten.conv_transpose2d.input",
     "aten.conv_transpose3d.input",
 }
+# Batch-statistics normalization; argument 5 is the ``training`` flag in each.
+BATCH_NORM_OPS = {
+    "aten.batch_norm.default",
+    "aten.native_batch_norm.default",
+    "aten._native_batch_norm_legit.default",
+    "aten._native_batch_norm_legit_functional.default",
+}
 ATTENTION_OPS = {
     "aten.scaled_dot_product_attention.default",
     "aten._scaled_dot_product_flash_attention.default",
