@@ -112,6 +112,7 @@ class Setup:
     pipeline_sends_shards: bool  # Megatron sends each TP rank's sequence shard between stages
     p2p_overlap: bool  # Megatron's interleaved schedule overlaps its sends with compute
     dp_overlap: bool  # the DP gradient reduction overlaps the backward (not DeepSpeed's)
+    dp_copies: str  # the DP wrapper's weight and gradient copies (cost.model.Training)
     profile: str
     inter_node_bytes_per_s: float | None  # per GPU, from the row's interconnect text
     measured_step_s: float
@@ -244,6 +245,18 @@ def parse_tp_overlap(row: dict, assumed: list[str]) -> bool:
         assumed.append("TP communication overlap: NVIDIA recipe default")
         return True
     return False
+
+
+def parse_dp_copies(row: dict, assumed: list[str]) -> str:
+    """The data-parallel wrapper's copies (``Training.dp_copies``): torchtitan's FSDP2 is the
+    runtime's (fp32 shards cast and gathered into copies per unit, gradients copied into an
+    fp32 reduce buffer); Megatron's and DeepSpeed's 16-bit weights are the compute copies and
+    their gradients land in the reduce buffers; llm-foundry's FSDP1 gathers into its flat
+    parameter, whose views are the weights (no copy out), and casts only its 1/dp shard."""
+    if "torchtitan" in str(row.get("source", "")).lower():
+        assumed.append("FSDP2's per-unit cast and copies (torchtitan)")
+        return "torch"
+    return "none"
 
 
 def is_megatron_core(row: dict) -> bool:
@@ -448,6 +461,7 @@ def parse_row(row: dict) -> Setup:
         pipeline_sends_shards=megatron_core and pp > 1 and sp,
         p2p_overlap=megatron_core and vpp > 1,
         dp_overlap=not is_deepspeed(row, assumed),
+        dp_copies=parse_dp_copies(row, assumed),
         tp_overlap=tp_overlap,
         profile=profile,
         inter_node_bytes_per_s=parse_fabric(row.get("interconnect", ""), gpn),
@@ -575,6 +589,7 @@ def price(s: Setup, **overrides: float):
         pipeline_sends_shards=s.pipeline_sends_shards,
         p2p_overlap=s.p2p_overlap,
         dp_overlap=s.dp_overlap,
+        dp_copies=s.dp_copies,
         # Megatron's and DeepSpeed's gradient buffers, and the 16-bit gradient width every row
         # was fitted with (torchtitan's FSDP2 allocates fp32 gradients lazily, as meshplan's
         # runtime does; not yet told apart here)

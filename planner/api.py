@@ -244,11 +244,12 @@ def training_of(
     dtype: str | None = None,
     optimizer: str | None = None,
     lr: float | None = None,
-    fused_optimizer: bool = True,
+    gpu: bool = True,
 ) -> tuple[dict, Any]:
     """The model file's TRAINING with the command line's values over it, and the cost
-    model's ``Training`` from it. ``fused_optimizer``: the ranks are GPUs, where the runtime
-    steps with torch's fused kernel (``Training.fused_optimizer``)."""
+    model's ``Training`` from it. ``gpu``: the ranks are GPUs, where the runtime steps with
+    torch's fused kernel (``Training.fused_optimizer``) and casts parameters to the 16-bit
+    compute dtype on the device (``Training.device_casts``)."""
     from planner.cost.model import Training
 
     cfg = dict(mf.training)
@@ -266,7 +267,8 @@ def training_of(
         str(cfg["optimizer"]),
         moe_factor(cfg, "moe_capacity_factor"),
         moe_factor(cfg, "moe_imbalance"),
-        fused_optimizer=fused_optimizer,
+        fused_optimizer=gpu,
+        device_casts=gpu,
     )
     return cfg, training
 

@@ -23,6 +23,7 @@ from planner.cost.model import (
     Mesh,
     Training,
     compute_time,
+    dp_copy_bytes,
     evaluate,
     fusion_shares,
     node_times,
@@ -886,3 +887,40 @@ def test_the_trace_finds_the_batch_norms_that_use_batch_statistics():
     model = mf.build()
     widths = [m.num_features for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
     assert sorted(c for f in found for c in f) == sorted(widths)
+
+
+# The data-parallel wrapper's copies (cost.model.dp_copy_bytes), by hand per parameter; w is
+# the gathered width (2 when cast to bf16, 4 in fp32), f = 1 / replicas.
+@pytest.mark.parametrize(
+    "zero, tp, dp, m, casts, per_param",
+    [
+        # replicate at one replica, cast: cast 6 + copy-in 4 + copy-out 4 + the collective's
+        # copy 4; the reduce 2 + 4 into the fp32 buffer, 8 out, 8 the collective's copy
+        (0, 1, 1, 1, True, 18 + 22),
+        # ZeRO-3 over 4, two micro-batches: two gathers of 6/4 + 4/4 + 4, the reduce
+        # (2 + 4 + 8/4) spread over the two
+        (3, 1, 4, 2, True, 2 * 6.5 + 8 / 2),
+        (2, 1, 4, 1, True, 6.5 + 8),  # ZeRO-2 gathers once
+        (1, 1, 4, 2, True, 12 + 16 / 2),  # DDP under autocast: two casts; buckets in and out
+        (0, 1, 1, 1, False, 0),  # the CPU runtime at one replica wraps nothing
+        (0, 2, 1, 1, False, 0),  # ... nor under TP
+        (0, 2, 2, 1, False, (8 / 2 + 8) + (4 + 4 + 8 / 2)),  # replicate in fp32 over 2
+    ],
+)
+def test_the_data_parallel_wrappers_copies(zero, tp, dp, m, casts, per_param):
+    tr = Training(dp * 2 * m, device_casts=casts)
+    config = Config(Mesh(pp=1, dp=dp, tp=tp), 2, "1f1b", 1, zero, [0], [0])
+    o = make_option(1e-3, 1e6, 0.0)
+    assert dp_copy_bytes(o, config, tr) == pytest.approx(per_param * 1e6)
+    assert dp_copy_bytes(o, config, replace(tr, dp_copies="none")) == 0
+
+
+def test_the_wrappers_copies_run_at_the_element_wise_rate_in_the_stage():
+    """A block's stage time per micro-batch is its ops' time plus the copies at the profile's
+    element-wise bandwidth (BW here): 40 bytes per parameter under replicate at one replica."""
+    blocks = [make_block(0, "L", params=10**8, boundary=0, out=0)]
+    opt = make_option(1e-3, 1e8, 0.0)
+    cost = run(blocks, [opt], Mesh(1, 1, 1), [0], training=Training(1))
+    assert cost.stages[0].compute_s == pytest.approx(1e-3 + 40 * 1e8 / BW)
+    fp32 = run(blocks, [opt], Mesh(1, 1, 1), [0], training=Training(1, device_casts=False))
+    assert fp32.stages[0].compute_s == pytest.approx(1e-3)

@@ -136,6 +136,16 @@ class Training:
     # is sent, deallocate_output_tensor; DeepSpeed's pipeline engine keeps only its TP
     # partition). See ``pipeline_buffer_bytes``.
     microbatch_recv_buffers: bool = True
+    # How the data-parallel wrapper moves weights and gradients through device memory beyond
+    # the model's own kernels (``dp_copy_bytes``): "torch", meshplan's runtime (FSDP2's
+    # fully_shard and replicate units, DDP); "none", frameworks whose 16-bit weights are the
+    # compute copies and whose gradients land in their reduce buffers (Megatron's and
+    # DeepSpeed's contiguous buffers).
+    dp_copies: str = "torch"
+    # The runtime casts the fp32 parameters to the 16-bit compute dtype on the device before
+    # each use (FSDP2's MixedPrecisionPolicy, autocast under DDP): GPU ranks; the CPU runtime
+    # computes in fp32 and casts nothing.
+    device_casts: bool = True
 
     @property
     def mixed(self) -> bool:
@@ -761,6 +771,64 @@ def batchnorm_sync_time(inp: CostInputs, o: BlockOption, config: Config, pp_rank
     return t
 
 
+def dp_copy_bytes(o: BlockOption, config: Config, training: Training) -> float:
+    """Device-memory bytes per micro-batch that the runtime's data-parallel wrapper reads and
+    writes for block option ``o``, outside the model's kernels and the collectives
+    (runtime/parallelize.py's mapping; ``Training.dp_copies``). Per parameter, w bytes each in
+    the gathered dtype (2 when cast to 16 bits, else 4), f = 1 / replicas:
+
+    - FSDP2 units (ZeRO 2/3; ZeRO-0's replicate under TP, PP or GPU mixed precision), per
+      all-gather (two per micro-batch under ZeRO-3, which reshards after forward, else one):
+      the cast of the fp32 shard (4 + w) f, the copy into the all-gather's input 2w f, the
+      copy out to the parameters 2w, and at one replica the collective's own copy 2w. Per
+      step, the gradients' reduce: the unsharded gradients into the fp32 reduce buffer
+      (w + 4), the reduced shard into the sharded gradient 8 f, and at one replica the
+      collective's copy, 8 (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:
+      foreach_all_gather, foreach_all_gather_copy_out, foreach_reduce).
+    - DDP (ZeRO-1; ZeRO-0 otherwise with replicas): under autocast the forward's cast of each
+      weight (4 + 2) and the backward's cast of its gradient back (2 + 4); per step with
+      replicas, the gradients copied into the buckets and back, 16.
+
+    The per-step parts are spread over the step's micro-batches. Measured on one H200
+    (benchmarks/gpu_accuracy.py probe, FSDP's own ranges, 2026-11-26): a Llama-3.2-1B under
+    replicate, 17.9 ms a step for the 15.6 ms these bytes take at the profile's element-wise
+    rate; under ZeRO-3 (two all-gathers) 34 ms for 22.6 ms."""
+    if training.dp_copies == "none" or o.params <= 0:
+        return 0.0
+    mesh, zero = config.mesh, config.zero_stage
+    casts = training.device_casts and training.mixed
+    dp = mesh.replicas
+    m = num_microbatches(training, mesh.dp, config.micro_batch_size)
+    if dp == 1 and zero <= 1 and not casts:
+        return 0.0  # one replica, nothing cast: the runtime wraps nothing
+    fsdp = zero >= 2 or (zero == 0 and (mesh.tp > 1 or mesh.pp > 1 or casts))
+    if fsdp:
+        w = 2 if casts else FP32_BYTES
+        f = 1.0 / dp
+        alone = dp == 1
+        gather = ((FP32_BYTES + w) if casts else 0.0) * f + 2 * w * f + 2 * w + 2 * w * alone
+        reduce = w + FP32_BYTES + 2 * FP32_BYTES * f + 2 * FP32_BYTES * alone
+        per_param = (2 if zero == 3 else 1) * gather + reduce / m
+    else:
+        cast = (FP32_BYTES + 2) * 2 if casts else 0.0
+        per_param = cast + (4 * FP32_BYTES if dp > 1 else 0.0) / m
+    return per_param * o.params
+
+
+def dp_copy_time(inp: CostInputs, o: BlockOption, config: Config) -> float:
+    """``dp_copy_bytes`` at the profile's element-wise share of memory bandwidth."""
+    p = inp.cluster.profile
+    nbytes = dp_copy_bytes(o, config, inp.training)
+    return nbytes / (p.memory_bandwidth * p.elementwise_efficiency) if nbytes else 0.0
+
+
+def block_extra_time(inp: CostInputs, o: BlockOption, config: Config, pp_rank: int = 0) -> float:
+    """Per micro-batch, what a block costs beside its own ops (``BlockOption.time_s``): the
+    batch-statistics synchronization and the data-parallel wrapper's copies. One definition
+    for the cost model's stages and the stage MILP's time column."""
+    return batchnorm_sync_time(inp, o, config, pp_rank) + dp_copy_time(inp, o, config)
+
+
 def selective_kept(graph, block: Block, training: Training) -> tuple[float, list[str]] | None:
     """(bytes kept for backward per traced micro-batch, ops recomputed) under
     ``Training.selective_policy``, or None for the planner's own "core" policy (the traced
@@ -1069,7 +1137,7 @@ def stage_time_parts(
     mesh = config.mesh
     n_stages = config.num_stages
     compute = sum(o.time_s - o.tp_comm_s for o in opts)
-    compute += sum(batchnorm_sync_time(inp, o, config, s % mesh.pp) for o in opts)
+    compute += sum(block_extra_time(inp, o, config, s % mesh.pp) for o in opts)
     tp_comm = sum(o.tp_comm_s for o in opts)
     p2p = 0.0
     if s == n_stages - 1:

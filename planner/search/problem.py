@@ -12,7 +12,7 @@ import numpy as np
 from planner.cost.model import (
     Config,
     CostInputs,
-    batchnorm_sync_time,
+    block_extra_time,
     chunk_held,
     deferred_reduce,
     dp_block_terms,
@@ -69,9 +69,7 @@ def stage_problem(inp: CostInputs, cand: Candidate) -> StageProblem:
         opts = inp.options[first]
         sm = [option_states(o, cand.zero, mesh.replicas, tr, deferred) for o in opts]
         dp = [dp_block_terms(o, rates) for o in opts]
-        cols["time"].append(
-            np.array([o.time_s + batchnorm_sync_time(inp, o, config) for o in opts])
-        )
+        cols["time"].append(np.array([o.time_s + block_extra_time(inp, o, config) for o in opts]))
         cols["state"].append(np.array([forward_state_bytes(x, held) for x in sm]))
         cols["step"].append(np.array([step_state_bytes(x, tr) for x in sm]))
         cols["host"].append(np.array([x["host"] for x in sm]))
