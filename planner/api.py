@@ -129,26 +129,31 @@ def variants_for(
     "sequence" keeps only the sequence-parallel variant where a block has one (else as
     "sharded"); "no-sequence" drops sequence-parallel variants. ``memo`` keeps the ILP's
     solutions for other calls of one planning run. ``probe`` (an ``EagerShardProbe``) drops
-    the sharded variants the model's own code would run wrongly on local shards."""
+    the sharded variants the model's own code would run wrongly on local shards. The returned
+    ``variants_of(block, tp, pipelined)``: ``pipelined``, the plan has pipeline stages, whose
+    traced code reads a tied weight where no module can carry its vocabulary-parallel style
+    (the last stage's head reads its own copy of the embedding), so tied weights stay
+    replicated there."""
     from planner.cost.sharding import tp_variants
     from planner.vocab import SEQUENCE_STYLES, on_dtensors
 
     p = cluster.profile
     bw, _ = cluster.link(list(range(min(cluster.gpus_per_node, cluster.gpus))))
 
-    def solve(block: Block, tp: int) -> list:
+    def solve(block: Block, tp: int, pipelined: bool) -> list:
         return tp_variants(
             graph,
             block,
             tp,
+            vocab_tied=not pipelined,
             comm_seconds_per_byte=1.0 / bw,
             flops_per_second=p.peak_flops["bf16"] * p.matmul_efficiency,
             bytes_per_second=p.memory_bandwidth * p.elementwise_efficiency,
             memo=memo,
         )
 
-    def variants_of(block: Block, tp: int) -> list:
-        found = solve(block, tp)
+    def variants_of(block: Block, tp: int, pipelined: bool = False) -> list:
+        found = solve(block, tp, pipelined)
         if probe is not None and len(block.modules) == 1:
             found = _runnable(block, tp, found)
         if tp_variant == "no-sequence":

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from planner import api
 from planner.api import plan, trace
 from planner.cost.eager_probe import EagerShardProbe
 from planner.modelfile import load_model_file
@@ -39,22 +40,37 @@ def test_the_tracer_records_the_tied_output_projection(tied_model):
     assert traced.params == sum(p.numel() for p in model.parameters())
 
 
-def test_tensor_parallel_plans_keep_tied_weights_replicated(tied_model):
-    """A sharded variant is pinned, yet neither use of the tied weight gets a style (a
-    consistent vocabulary-parallel pair is not built): the runtime keeps one tensor."""
+def test_tensor_parallel_splits_a_tied_weight_along_its_vocabulary_in_every_use(tied_model):
+    """At TP 2 both uses of the tied weight split it along its first dimension (a row-parallel
+    lookup, a column-parallel head: Megatron's vocab-parallel pair), in every variant of both
+    blocks, so the runtime keeps one tensor whichever the solver picks; with a pipeline (the
+    last stage's traced head has no module to carry a style) neither use gets a style."""
     name, mf, traced = tied_model
-    result = plan(
-        mf, 2, profile="cpu", dtype="fp32", use_cache=False,
-        pins=Pins(tp=2, dp=1, pp=1, tp_variant="sharded"),
-    )  # fmt: skip
     model = mf.build()
     tied_modules = {
         n.rpartition(".")[0]
         for n, p in model.named_parameters(remove_duplicate=False)
         if p is model.get_input_embeddings().weight
     }
-    styled = {fqn for b in result.plan.blocks for fqn in b.tp_plan}
-    assert len(tied_modules) == 2 and not styled & tied_modules
+    assert len(tied_modules) == 2
+    result = plan(
+        mf, 2, profile="cpu", dtype="fp32", use_cache=False,
+        pins=Pins(tp=2, dp=1, pp=1, tp_variant="sharded"),
+    )  # fmt: skip
+    styles = {fqn: s for b in result.plan.blocks for fqn, s in b.tp_plan.items()}
+    assert {styles.get(m, "").split("_")[0] for m in tied_modules} == {"rowwise", "colwise"}
+    graph = traced.graph
+    variants = api.variants_for(graph, result.cluster)
+    for block in (b for b in traced.blocks if set(b.modules) & tied_modules):
+        for v in variants(block, 2):
+            assert set(v.tp_plan) & tied_modules, (block.modules, v.name)
+        for v in variants(block, 2, True):
+            assert not set(v.tp_plan) & tied_modules, (block.modules, v.name)
+    piped = plan(
+        mf, 4, profile="cpu", dtype="fp32", use_cache=False,
+        pins=Pins(tp=2, dp=1, pp=2, tp_variant="sharded"),
+    )  # fmt: skip
+    assert not {fqn for b in piped.plan.blocks for fqn in b.tp_plan} & tied_modules
 
 
 def _megatron_attention(layer: str, out: str) -> dict[str, str]:

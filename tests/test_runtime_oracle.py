@@ -196,6 +196,14 @@ EXTRA: list[tuple[str, str, int, dict]] = [
     # tolerance on layer norms that barely move; with SGD it matches to the tolerance.)
     ("tied-dp2xtp2-zero3", "opt", 4, dict(tp=2, dp=2, pp=1, zero=3, micro_batch_size=2)),
     ("tied-tp2", "opt", 2, dict(tp=2, dp=1, pp=1, zero=0, micro_batch_size=4)),
+    # the vocabulary-parallel embedding and head on two stages: each stage's copy is split
+    # alike over its TP group, and the copies' shard gradients are summed across the stages
+    (
+        "tied-pp2xtp2",
+        "opt",
+        4,
+        dict(tp=2, dp=1, pp=2, zero=0, schedule="1f1b", micro_batch_size=2),
+    ),
     # GPT-2's fused c_attn sharded by heads (q | k | v by blocks, ``colwise_dtensor_in_out:3``):
     # alone, and under ZeRO-3, whose FSDP2 shards the blocks-sharded bias along the same dim
     # (the checkpoint converts it to a layout torch.distributed.checkpoint can save).
@@ -273,6 +281,7 @@ CORE_EXTRA = (
     "llama-cp2xtp2",
     "gpt2-tied-pp2-1f1b",
     "opt-tied-tp2",
+    "opt-tied-pp2xtp2",
     "opt-tied-dp2xtp2-zero3",
     "gpt2-heads-dp2xtp2-zero3",
     "qwen3-qk-norm-tp2",

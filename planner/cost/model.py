@@ -1395,7 +1395,13 @@ def tied_memory(inp: CostInputs, config: Config, last: bool) -> float:
     for c in copies:
         if config.num_stages == 1:
             if config.zero_stage >= 3:
-                total += c.numel * tr.state_bytes[0] * (1 - 1 / mesh.replicas)
+                # under TP the weight may be split along its vocabulary in every variant of
+                # its owner (cost.sharding.vocab_parallel_tied): the share of the owner's
+                # parameters its most sharded option holds, the same whichever option the
+                # solver picks (the stage MILP prices this before choosing)
+                held = min(o.params for o in inp.options[c.owner])
+                share = min(1.0, held / max(inp.blocks[c.owner].params, 1))
+                total += c.numel * share * tr.state_bytes[0] * (1 - 1 / mesh.replicas)
         elif last or not c.spans_model(len(inp.blocks)):
             zero = 1 if deferred_reduce(config, tr) else config.zero_stage
             sm = state_memory(c.numel, zero, mesh.replicas, Offload.NONE, tr)

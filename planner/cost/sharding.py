@@ -753,8 +753,11 @@ def build_problem(
     tp: int,
     flops_per_second: float = 400e12,
     bytes_per_second: float = 2e12,
+    vocab_tied: bool = True,
 ) -> BlockProblem:
-    """The block's tensor-valued ops with their strategies, costs and saved tensors."""
+    """The block's tensor-valued ops with their strategies, costs and saved tensors.
+    ``vocab_tied``: tied weights split along their first dimension where every use can
+    (``vocab_parallel_tied``); off, they stay replicated."""
     nodes = [n for n in block.nodes if _has_tensor(graph, n)]
     inside = set(nodes)
     ops: list[Op] = []
@@ -763,7 +766,11 @@ def build_problem(
     param_numel: dict[str, int] = {}
     pshapes = graph.graph.get("param_shapes", {})
     pdtype = graph.graph.get("param_dtype_bytes", {})
-    allowed = _Runnable(tied_parameters(graph), frozenset(graph.graph.get("tp_modules", [])))
+    allowed = _Runnable(
+        tied_parameters(graph),
+        frozenset(graph.graph.get("tp_modules", [])),
+        vocab_parallel_tied(graph, tp) if vocab_tied else frozenset(),
+    )
     operands_of = {n: _operands(graph, graph.nodes[n]) for n in nodes}
     factors = block_factors(
         [
@@ -850,23 +857,57 @@ def tied_parameters(graph: nx.DiGraph) -> frozenset[str]:
     return frozenset(p for p, n in seen.items() if n > 1)
 
 
+def vocab_parallel_tied(graph: nx.DiGraph, tp: int) -> frozenset[str]:
+    """The tied weights that shard along their first dimension in every op that reads them
+    (the vocabulary of an embedding that is also the output projection: a row-parallel lookup
+    and a column-parallel head, Megatron's vocab-parallel pair), in a module a ParallelStyle
+    can shard. The runtime keeps one tensor for such a weight only if every use holds it
+    alike, and the blocks that read it are sharded by separate ILPs: each may only take it
+    split along dim 0 (``_Runnable``), so every variant of every block agrees."""
+    key = ("vocab_parallel_tied", tp)
+    if key in graph.graph:
+        return graph.graph[key]
+    tied = tied_parameters(graph)
+    shardable = frozenset(graph.graph.get("tp_modules", []))
+    readers: dict[str, int] = {}
+    ok: set[str] = set(tied) if tp > 1 else set()
+    for n, d in graph.nodes(data=True):
+        if not ok or not _has_tensor(graph, n):
+            continue
+        operands = _operands(graph, d)
+        for i, o in enumerate(operands):
+            if o.kind != "param" or o.name not in ok:
+                continue
+            readers[o.name] = readers.get(o.name, 0) + 1
+            splits = d["module"] in shardable and any(
+                st.req[i] == "S0" for st in strategies_for(d["op"], d, operands, tp)
+            )
+            if not splits:
+                ok.discard(o.name)
+    found = frozenset(p for p in ok if readers.get(p, 0) > 1)
+    graph.graph[key] = found
+    return found
+
+
 @dataclass(frozen=True)
 class _Runnable:
     """Which strategies the runtime can run as priced:
 
-    - a tied weight stays replicated: its uses live in different blocks, each sharded by its
-      own ILP, and the runtime keeps one tensor only if every use holds it alike (a consistent
-      vocabulary-parallel embedding and head is not built yet);
+    - a tied weight is held alike by every use, as one tensor: split along its first
+      dimension where every use can take it so (``vocab_parallel_tied``), else replicated;
     - a weight is sharded only in a module a ParallelStyle can shard (``tp_modules``)."""
 
     tied: frozenset[str]
     shardable: frozenset[str]
+    vocab: frozenset[str] = frozenset()
 
     def __call__(self, module: str, st: Strategy, operands: Sequence[Operand]) -> bool:
         if st.plan and module not in self.shardable:
             return False
         for o, req in zip(operands, st.req):
-            if o.kind == "param" and o.name in self.tied and req not in (R, None):
+            if o.kind != "param" or o.name not in self.tied:
+                continue
+            if req != ("S0" if o.name in self.vocab else R):
                 return False
         return True
 
@@ -1392,18 +1433,22 @@ def tp_variants(
     bytes_per_second: float = 2e12,
     max_variants: int = 3,
     memo: dict | None = None,
+    vocab_tied: bool = True,
 ) -> list[TPVariant]:
-    """The Pareto-best ways (time vs per-device memory) to run ``block`` over ``tp`` devices.
+    """The Pareto-best ways (time vs per-device memory) to run ``block`` over ``tp`` devices
+    (``vocab_tied``: see ``build_problem``).
 
     Always includes "replicated" (the only one for tp=1), plus up to ``max_variants`` sharded
     variants named "tp{t}-v{k}", k = 1 for the fastest, ordered by time, fastest first; then,
     where the block allows it, "tp{t}-v1-sp": the fastest with sequence parallelism. Solved once
     per (block class, tp, cost rates) when given a ``memo`` to keep the solutions in (blocks of a
     class differ only in names), and re-bound to this block's names."""
+    vocab_tied = vocab_tied and bool(vocab_parallel_tied(graph, tp))
     key = (block.cls, tp, comm_seconds_per_byte, flops_per_second, bytes_per_second, max_variants)
+    key += (vocab_tied,)
     memo = {} if memo is None else memo
     if key not in memo:
-        prob = build_problem(graph, block, tp, flops_per_second, bytes_per_second)
+        prob = build_problem(graph, block, tp, flops_per_second, bytes_per_second, vocab_tied)
         memo[key] = _templates(prob, comm_seconds_per_byte, max_variants)
     # A sequence-parallel block is entered and left as one module (one block, one module).
     nodes = [n for n in block.nodes if _has_tensor(graph, n)]
@@ -1741,6 +1786,19 @@ def realizable(graph: nx.DiGraph, block: Block, states: dict[str, str], plans: l
     return True
 
 
+def _holder(graph: nx.DiGraph, node: str, weight: str) -> str:
+    """The module whose style shards ``weight`` for op ``node``: the weight's own module, or,
+    for a tied weight (named after its first holder), the module of the op that reads it when
+    that module holds it too (a head whose weight is the token embedding)."""
+    owner = weight.rpartition(".")[0]
+    module = graph.nodes[node]["module"]
+    leaf = weight.rpartition(".")[2]
+    alias = graph.graph.get("param_owner", {})
+    if module != owner and alias.get(f"{module}.{leaf}") == weight:
+        return module
+    return owner
+
+
 def _bind(graph: nx.DiGraph, block: Block, tpl: _Template, tp: int) -> TPVariant:
     nodes = [n for n in block.nodes if _has_tensor(graph, n)]
     plan: dict[str, str] = {}
@@ -1754,7 +1812,7 @@ def _bind(graph: nx.DiGraph, block: Block, tpl: _Template, tp: int) -> TPVariant
             if gathered:
                 label = label.replace(base, "colwise_gather", 1)
                 whole |= region - {nodes[pos]}
-        plan[weight.rpartition(".")[0]] = label
+        plan[_holder(graph, nodes[pos], weight)] = label
     sums = set()
     for pos, i in tpl.grad_sums:
         module = _operands(graph, graph.nodes[nodes[pos]])[i].name.rpartition(".")[0]

@@ -67,9 +67,15 @@ class Candidate:
         return (self.pp, self.dp, self.tp)
 
     @property
-    def key(self) -> tuple[int, int, int, int]:
-        """What its block options are priced for: (TP degree, micro-batch, EP and CP degrees)."""
-        return (self.tp, self.micro_batch_size, self.ep, self.cp)
+    def key(self) -> tuple[int, int, int, int, bool]:
+        """What its block options are priced for: (TP degree, micro-batch, EP and CP degrees,
+        whether TP meets a pipeline: tied weights then stay replicated, see
+        ``cost.sharding.vocab_parallel_tied``)."""
+        return (self.tp, self.micro_batch_size, self.ep, self.cp, self.pipelined_tp)
+
+    @property
+    def pipelined_tp(self) -> bool:
+        return self.pp > 1 and self.tp > 1
 
     @property
     def mesh(self) -> Mesh:

@@ -78,7 +78,7 @@ TIE_REL_TOL = 1e-9
 class SearchResult:
     best: Candidate | None
     candidates: list[Candidate]
-    inputs: dict[tuple[int, int, int, int], CostInputs]  # Candidate.key -> priced options
+    inputs: dict[tuple, CostInputs]  # Candidate.key -> priced options
     solve_time_s: float
     total: int = 0
     solved: int = 0
@@ -186,7 +186,7 @@ def _candidates(graph, blocks, cluster, training, pins, variants_of) -> list[Can
 def _price(graph, blocks, cluster, training, pins, variants_of, cands, progress, memo):
     """Priced options per (TP, micro-batch, EP, CP), and each candidate's lower bounds."""
     traced_mbs = int(graph.graph["micro_batch_size"])
-    inputs: dict[tuple[int, int, int, int], CostInputs] = {}
+    inputs: dict[tuple, CostInputs] = {}
     keys = len({d.key for d in cands})
     for c in cands:
         if c.key not in inputs:
@@ -194,7 +194,7 @@ def _price(graph, blocks, cluster, training, pins, variants_of, cands, progress,
                 progress("price", len(inputs), keys)
             opts = price_options(
                 graph, blocks, c.tp, c.micro_batch_size, cluster, training, pins, variants_of,
-                c.ep, c.cp, memo.priced,
+                c.ep, c.cp, memo.priced, c.pipelined_tp,
             )  # fmt: skip
             inputs[c.key] = CostInputs(
                 blocks, opts, traced_mbs, cluster, training, pins.memory_fraction

@@ -28,14 +28,16 @@ def price_options(
     cluster: Cluster,
     training: Training,
     pins: Pins,
-    variants_of: Callable[[Block, int], list],
+    variants_of: Callable[[Block, int, bool], list],
     ep: int = 1,
     cp: int = 1,
     memo: dict | None = None,
+    pipelined: bool = False,
 ) -> list[list[BlockOption]]:
     """Options per block (shared by blocks of one class), filtered by the user's pins.
     ``memo`` keeps priced options across searches of one planning run (the baselines search
-    the same space again)."""
+    the same space again). ``pipelined``: the candidate splits the model into pipeline
+    stages (``variants_of``'s third argument)."""
     tp_ranks = list(range(tp))
     ep_ranks = Mesh(1, ep, tp, ep).ep_group(0)
     cp_ranks = Mesh(1, 1, tp, 1, cp).cp_group(0)
@@ -44,14 +46,14 @@ def price_options(
     memo = {} if memo is None else memo
     for blk in blocks:
         if blk.cls not in by_class:
-            key = (blk.cls, tp, mbs, ep, cp, id(variants_of), id(cluster), training)
+            key = (blk.cls, tp, mbs, ep, cp, pipelined, id(variants_of), id(cluster), training)
             if key not in memo:  # the value holds what the ids name, so no id is reused
                 memo[key] = (
                     (variants_of, cluster),
                     block_options(
                         graph,
                         blk,
-                        variants_of(blk, tp),
+                        variants_of(blk, tp, pipelined),
                         mbs,
                         cluster,
                         tp_ranks,
