@@ -881,6 +881,30 @@ MUTANTS: list[Mutant] = [
         "tests/test_foreign_models.py",
         "the eager probe never reaches blocks behind a data-dependent check and passes them",
     ),
+    M(
+        "cost-dp-copies-zero3-gathers-once",
+        "planner/cost/model.py",
+        "        per_param = (2 if zero == 3 else 1) * gather + reduce / m",
+        "        per_param = gather + reduce / m",
+        "tests/test_cost_terms.py",
+        "ZeRO-3's second all-gather in backward (its cast and copies) goes unpriced",
+    ),
+    M(
+        "sharding-tied-weight-replicated-in-one-use",
+        "planner/cost/sharding.py",
+        '''            if req != ("S0" if o.name in self.vocab else R):''',
+        '''            if req not in ("S0", R) if o.name in self.vocab else req != R:''',
+        "tests/test_foreign_models.py",
+        "one block may keep a tied weight whole while another splits it: two tensors train",
+    ),
+    M(
+        "run-tied-weight-not-retied",
+        "runtime/parallelize.py",
+        "        retie(root, ties)\n",
+        "",
+        oracle("tied-tp2"),
+        "a vocab-parallel embedding and its tied head train as two tensors under TP",
+    ),
 ]
 
 

@@ -442,26 +442,26 @@ def apply_tensor_parallel(
 def retie(root: nn.Module, ties: dict[str, list[str]]) -> None:
     """Make each tied weight one tensor again after parallelize_module: it distributes each
     module's weight on its own, so a vocabulary-parallel embedding and the head that shares its
-    weight come out as two DTensors with the same shards. Every path is pointed at the first
-    one; holders that shard it differently (or not at all) would train two tensors: an error."""
+    weight come out as two DTensors with the same shards. Every path is pointed at the sharded
+    one, also the paths of holders no style touched (a parent that only keeps its head's bias,
+    BERT's: a holder that read it whole would fail loudly on the DTensor); holders that shard
+    it differently would train two tensors: an error."""
     for canonical, names in ties.items():
         params = [root.get_parameter(n) for n in names]
         if all(p is params[0] for p in params):
             continue
-        layouts = {
-            (p.device_mesh, tuple(p.placements)) if isinstance(p, DTensor) else None for p in params
-        }
-        if len(layouts) != 1 or None in layouts:
+        sharded = [p for p in params if isinstance(p, DTensor)]
+        if len({(p.device_mesh, tuple(p.placements)) for p in sharded}) != 1:
             raise UserInputError(
                 f"the plan shards the tied weight {canonical} ({', '.join(names)}) differently "
                 "in its modules, which would train two tensors: plan again with this version "
                 "of meshplan (it splits a tied weight along its first dimension everywhere or "
                 "nowhere) or with --tp 1"
             )
-        for name in names[1:]:
+        for name in names:
             parent_path, _, attr = name.rpartition(".")
             parent = root.get_submodule(parent_path) if parent_path else root
-            setattr(parent, attr, params[0])
+            setattr(parent, attr, sharded[0])
 
 
 def is_sequence_parallel(block: BlockPlan) -> bool:

@@ -14,8 +14,10 @@ token embedding) in a parallel run, so that it trains as one tensor, as in one p
   schedules) get separate copies too, summed locally first: FSDP cannot wrap one tensor in two
   stages.
 
-Tensor parallelism keeps tied weights replicated (the planner never shards them), so every
-copy has the same layout and its local gradient is the whole, or the same shard of it.
+Tensor parallelism splits a tied weight alike in every module that holds it (along its
+vocabulary: cost.sharding.vocab_parallel_tied; ``runtime.parallelize.retie`` makes it one
+tensor again), or keeps it replicated (with a pipeline), so every copy has the same layout
+and its local gradient is the whole, or the same shard of it.
 """
 
 from __future__ import annotations

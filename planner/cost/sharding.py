@@ -860,33 +860,49 @@ def tied_parameters(graph: nx.DiGraph) -> frozenset[str]:
 def vocab_parallel_tied(graph: nx.DiGraph, tp: int) -> frozenset[str]:
     """The tied weights that shard along their first dimension in every op that reads them
     (the vocabulary of an embedding that is also the output projection: a row-parallel lookup
-    and a column-parallel head, Megatron's vocab-parallel pair), in a module a ParallelStyle
-    can shard. The runtime keeps one tensor for such a weight only if every use holds it
-    alike, and the blocks that read it are sharded by separate ILPs: each may only take it
-    split along dim 0 (``_Runnable``), so every variant of every block agrees."""
+    and a column-parallel head, Megatron's vocab-parallel pair; and a bias the head shares with
+    its parent, BERT's), in a module a ParallelStyle can shard. The runtime keeps one tensor
+    for such a weight only if every use holds it alike, and the blocks that read it are
+    sharded by separate ILPs: each may only take it split along dim 0 (``_Runnable``), so every
+    variant of every block agrees. A weight leaves the set when some op reading it would be
+    left with no strategy (it reads another tied weight that must stay whole), until none is."""
     key = ("vocab_parallel_tied", tp)
     if key in graph.graph:
         return graph.graph[key]
     tied = tied_parameters(graph)
-    shardable = frozenset(graph.graph.get("tp_modules", []))
-    readers: dict[str, int] = {}
-    ok: set[str] = set(tied) if tp > 1 else set()
+    found: set[str] = set(tied) if tp > 1 else set()
+    readers = []  # (module, strategies, tied operand positions) of every op reading one
     for n, d in graph.nodes(data=True):
-        if not ok or not _has_tensor(graph, n):
+        if not found or not _has_tensor(graph, n):
             continue
         operands = _operands(graph, d)
-        for i, o in enumerate(operands):
-            if o.kind != "param" or o.name not in ok:
-                continue
-            readers[o.name] = readers.get(o.name, 0) + 1
-            splits = d["module"] in shardable and any(
-                st.req[i] == "S0" for st in strategies_for(d["op"], d, operands, tp)
-            )
-            if not splits:
-                ok.discard(o.name)
-    found = frozenset(p for p in ok if readers.get(p, 0) > 1)
-    graph.graph[key] = found
-    return found
+        slots = [
+            (i, o.name) for i, o in enumerate(operands) if o.kind == "param" and o.name in tied
+        ]
+        if slots:
+            readers.append((d["module"], strategies_for(d["op"], d, operands, tp), slots))
+    shardable = frozenset(graph.graph.get("tp_modules", []))
+    changed = True
+    while changed:
+        changed = False
+        for module, strategies, slots in readers:
+            ok = any(_keeps_ties(st, module, slots, found, shardable) for st in strategies)
+            if not ok and any(name in found for _, name in slots):
+                found -= {name for _, name in slots}
+                changed = True
+    frozen = frozenset(found)
+    graph.graph[key] = frozen
+    return frozen
+
+
+def _keeps_ties(
+    st: Strategy, module: str, slots: list[tuple[int, str]], vocab: set[str], shardable
+) -> bool:
+    """Whether ``st`` holds every tied operand (position, name) as the runtime can: split along
+    dim 0 if the weight is in ``vocab``, else whole; a styled strategy in a shardable module."""
+    if st.plan and module not in shardable:
+        return False
+    return all(st.req[i] == ("S0" if name in vocab else R) for i, name in slots)
 
 
 @dataclass(frozen=True)
