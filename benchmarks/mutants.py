@@ -680,8 +680,8 @@ MUTANTS: list[Mutant] = [
     M(
         "shard-partial-share",
         "planner/cost/sharding.py",
-        "if _dim(s.out) is not None or (s.out == P and op.flops > 0):",
-        "if _dim(s.out) is not None:",
+        '    if out.startswith("S") or (out == P and product):',
+        '    if out.startswith("S"):',
         SHARD,
         "a row-parallel product runs its whole FLOPs on every device",
     ),
@@ -892,8 +892,8 @@ MUTANTS: list[Mutant] = [
     M(
         "sharding-tied-weight-replicated-in-one-use",
         "planner/cost/sharding.py",
-        '''            if req != ("S0" if o.name in self.vocab else R):''',
-        '''            if req not in ("S0", R) if o.name in self.vocab else req != R:''',
+        """            if req != ("S0" if o.name in self.vocab else R):""",
+        """            if req not in ("S0", R) if o.name in self.vocab else req != R:""",
         "tests/test_foreign_models.py",
         "one block may keep a tied weight whole while another splits it: two tensors train",
     ),
@@ -904,6 +904,14 @@ MUTANTS: list[Mutant] = [
         "",
         oracle("tied-tp2"),
         "a vocab-parallel embedding and its tied head train as two tensors under TP",
+    ),
+    M(
+        "sharding-vocab-lookup-whole-table",
+        "planner/cost/sharding.py",
+        "        return (moved + table_bytes / t) / (moved + table_bytes)",
+        "        return 1.0",
+        "tests/test_sharding.py",
+        "a vocabulary-parallel lookup is priced writing the whole table's gradient on every rank",
     ),
 ]
 

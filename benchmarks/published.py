@@ -489,7 +489,7 @@ def model_args(s: Setup) -> tuple[Path, dict[str, Any]]:
         return LLAMA_FILE, args
     args = dict(
         layers=layers, hidden=s.hidden, heads=s.heads, ffn=s.ffn, seq_len=s.seq,
-        vocab=s.vocab, attention=s.attention, tied=s.tp == 1 and s.pp == 1,
+        vocab=s.vocab, attention=s.attention, tied=s.pp == 1,
     )  # fmt: skip
     return GPT_FILE, args
 

@@ -2,10 +2,10 @@
 (MPT, BLOOM, Megatron GPT) ran, with the dimensions they state.
 
 Pre-LayerNorm, fused Q/K/V projection, GeLU MLP of width ``ffn`` (4h unless the row says
-otherwise), learned positions, token embedding tied to the output projection (MPT and BLOOM tie
-them; ``tied=False`` for Megatron's layouts: its vocabulary-parallel head is sharded by TP,
-which meshplan does only for an untied head, and with a pipeline the last stage keeps its own
-copy of the embedding, as an untied model does). ``attention`` picks the kernel the source
+otherwise), learned positions, token embedding tied to the output projection (MPT, BLOOM and
+Megatron's GPT tie them; under TP one table split along its vocabulary serves the lookup and
+the head, as meshplan plans it; ``tied=False`` with a pipeline, where the last stage keeps its
+own copy of the embedding, as an untied model does). ``attention`` picks the kernel the source
 ran: ``"flash"`` is one fused causal ``scaled_dot_product_attention`` (FlashAttention:
 llm-foundry's MPT, Megatron-Core), ``"fused"`` materialises the scores through one softmax
 kernel (Megatron-DeepSpeed's FusedScaleMaskSoftmax, which BLOOM's 2022 runs used: the full

@@ -19,6 +19,7 @@ from planner.cost.sharding import (
     Operand,
     build_problem,
     evaluate,
+    op_share,
     reshard,
     sharding_milp,
     strategies_for,
@@ -498,3 +499,16 @@ def test_a_view_cut_along_another_dim_keeps_the_shard_with_or_without_trailing_k
     assert _map_view_dim("select", (4, 6), (4,), 0, [None, 1, 2, *tail], 2) == 0
     # cutting the sharded dim itself: the pieces cannot keep the shard
     assert _map_view_dim("split", (4, 6), (2, 6), 0, [None, 2, 0, *tail], 2) is None
+
+
+def test_a_vocabulary_parallel_lookup_writes_only_its_rows_of_the_table_gradient():
+    """A lookup in a table split along its rows (partial output): its output (32 x 64 fp32,
+    8,192 bytes) is written and its gradient read full size on every rank, the dense fp32
+    table gradient (1,000 x 64 x 4 = 256,000 bytes) only a quarter of it at t = 4. A sharded
+    output is a quarter of everything; a partial sum through an element-wise op is whole."""
+    moved, table = 2 * 8192, 256_000
+    share = op_share("embedding", "P", False, 4, table, 8192)
+    assert share == pytest.approx((moved + table / 4) / (moved + table))
+    assert op_share("embedding", "S2", False, 4, table, 8192) == 0.25
+    assert op_share("add", "P", False, 4) == 1.0
+    assert op_share("mm", "P", True, 4) == 0.25

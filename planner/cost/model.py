@@ -23,6 +23,7 @@ import math
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from planner.cost.sharding import node_share
 from planner.hardware.cluster import Cluster
 from planner.hardware.collectives import collective_time, p2p_time
 from planner.schema.mesh import Mesh
@@ -415,12 +416,11 @@ class NodeTimes:
 
 
 def tp_shares(variant, times: NodeTimes, graph) -> dict[str, float] | None:
-    """Each op's share of its unsharded time on one device of the variant's TP group: 1/t
-    where it computes a shard of its output (``S<d>``) or a partial product of a sharded
-    contraction (``P`` with FLOPs), else the whole (a replicated norm or residual add, or an
-    element-wise op on a partial sum, runs full size on every device), as the sharding ILP
-    prices its ops (``cost.sharding._share``). None when the variant does not name its ops'
-    states (then the block's average fractions apply)."""
+    """Each op's share of its unsharded time on one device of the variant's TP group, as the
+    sharding ILP prices it (``cost.sharding.op_share``: 1/t for a shard of the output or a
+    partial product, the whole for a replicated norm or an element-wise op on a partial sum,
+    the table gradient's rows for a vocabulary-parallel lookup). None when the variant does not
+    name its ops' states (then the block's average fractions apply)."""
     states = getattr(variant, "states", None)
     t = getattr(variant, "tp", 1)
     if not states or t <= 1:
@@ -432,8 +432,7 @@ def tp_shares(variant, times: NodeTimes, graph) -> dict[str, float] | None:
             if fc + fm + bc + bm > 0:
                 return None
             continue  # an op that costs nothing (a metadata assertion)
-        product = graph.nodes[n]["fwd_flops"] > 0
-        out[n] = 1.0 / t if s.startswith("S") or (s == "P" and product) else 1.0
+        out[n] = node_share(graph, n, s, t)
     return out
 
 

@@ -956,12 +956,41 @@ def reshard(src: str, dst: str) -> tuple[str | None, str | None] | None:
     return ("all_gather", None) if dst == R else ("all_to_all", "all_to_all")
 
 
-def _share(op: Op, s: Strategy, t: int) -> float:
-    """Each device does 1/t of the work when it computes a shard of the output, or a partial
-    product; a partial sum through a memory-bound op is full size on every device."""
-    if _dim(s.out) is not None or (s.out == P and op.flops > 0):
+def op_share(
+    base: str, out: str, product: bool, t: int, table_bytes: float = 0.0, out_bytes: float = 0.0
+) -> float:
+    """An op's share of its unsharded work on one of t devices: 1/t when it computes a shard
+    of its output (``S<d>``) or a partial product of a sharded contraction (``P`` with FLOPs);
+    the whole for a partial sum through a memory-bound op, except a lookup in a table split
+    along its rows (the vocabulary-parallel embedding, ``P`` out): its output and the gradient
+    it reads are full size, the dense fp32 table gradient its backward writes (``table_bytes``,
+    often the bulk: BLOOM's 250k x 14336 table is 14 GB) only each rank's rows."""
+    if out.startswith("S") or (out == P and product):
         return 1.0 / t
+    if base == "embedding" and out == P and table_bytes:
+        moved = 2 * out_bytes  # the output written, its gradient read
+        return (moved + table_bytes / t) / (moved + table_bytes)
     return 1.0
+
+
+def node_share(graph: nx.DiGraph, n: str, out: str, t: int) -> float:
+    """``op_share`` of graph node n in state ``out`` (the cost model's per-op TP shares)."""
+    d = graph.nodes[n]
+    base = _base(d["op"])
+    table = 0.0
+    if base == "embedding" and out == P:
+        ops = _operands(graph, d)
+        if ops and ops[0].kind == "param" and ops[0].shape:
+            table = math.prod(ops[0].shape) * 4.0
+    nbytes = _nbytes(d["shapes"][0], d["dtypes"][0]) if _has_tensor(graph, n) else 0
+    return op_share(base, out, d["fwd_flops"] > 0, t, table, nbytes)
+
+
+def _share(op: Op, s: Strategy, t: int) -> float:
+    """``op_share`` of a problem's op under strategy s."""
+    table = op.operands[0].shape if op.operands and s.req[:1] == ("S0",) else None
+    rows = math.prod(table) * 4.0 if table else 0.0
+    return op_share(_base(op.op), s.out, op.flops > 0, t, rows, op.nbytes)
 
 
 def _partial_grads(op: Op, s: Strategy) -> list[int]:
