@@ -173,7 +173,11 @@ def variants_for(
         module = block.modules[0]
         kept = []
         for v in found:
-            if v.name == "replicated" or not probe.reject(block.cls, module, v.tp_plan, tp):
+            # the replicated variant, or the one that splits only a tied weight's vocabulary
+            # (every variant of the block does), is what the block falls back to
+            if v.name == "replicated" or v.name.endswith("-tied"):
+                kept.append(v)
+            elif not probe.reject(block.cls, module, v.tp_plan, tp):
                 kept.append(v)
             elif probe.unsafe_outputs(block.cls, module, v.tp_plan, tp) and not any(
                 s in SEQUENCE_STYLES for s in v.tp_plan.values()

@@ -1483,11 +1483,12 @@ def tp_variants(
     """The Pareto-best ways (time vs per-device memory) to run ``block`` over ``tp`` devices
     (``vocab_tied``: see ``build_problem``).
 
-    Always includes "replicated" (the only one for tp=1), plus up to ``max_variants`` sharded
-    variants named "tp{t}-v{k}", k = 1 for the fastest, ordered by time, fastest first; then,
-    where the block allows it, "tp{t}-v1-sp": the fastest with sequence parallelism. Solved once
-    per (block class, tp, cost rates) when given a ``memo`` to keep the solutions in (blocks of a
-    class differ only in names), and re-bound to this block's names."""
+    Always includes "replicated" (the only one for tp=1; "tp{t}-tied" where the block reads a
+    tied weight split along its vocabulary, the rest replicated), plus up to ``max_variants``
+    sharded variants named "tp{t}-v{k}", k = 1 for the fastest, ordered by time, fastest first;
+    then, where the block allows it, "tp{t}-v1-sp": the fastest with sequence parallelism.
+    Solved once per (block class, tp, cost rates) when given a ``memo`` to keep the solutions in
+    (blocks of a class differ only in names), and re-bound to this block's names."""
     vocab_tied = vocab_tied and bool(vocab_parallel_tied(graph, tp))
     key = (block.cls, tp, comm_seconds_per_byte, flops_per_second, bytes_per_second, max_variants)
     key += (vocab_tied,)
@@ -1538,7 +1539,10 @@ def _templates(
     sharded = [c for c in front if c != replicated][:max_variants]
     keep = sorted(sharded + [replicated], key=lambda c: (found[c].time_s, found[c].memory, c))
     names = {c: f"tp{prob.tp}-v{k}" for k, c in enumerate(sharded, start=1)}
-    names[replicated] = "replicated"
+    # every op's first strategy: all replicated, unless a tied weight must be split along its
+    # vocabulary in every variant (vocab_parallel_tied), which this one then shards alone
+    styled = any(op.strategies[0].plan for op in prob.ops)
+    names[replicated] = f"tp{prob.tp}-tied" if styled else "replicated"
     templates = [_template(prob, c, names[c], found[c]) for c in keep]
     if sharded:
         sp = _sequence_parallel(prob, sharded[0], names[sharded[0]], comm_seconds_per_byte)
