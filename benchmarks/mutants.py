@@ -892,8 +892,8 @@ MUTANTS: list[Mutant] = [
     M(
         "sharding-tied-weight-replicated-in-one-use",
         "planner/cost/sharding.py",
-        """            if req != ("S0" if o.name in self.vocab else R):""",
-        """            if req not in ("S0", R) if o.name in self.vocab else req != R:""",
+        """    return all(st.req[i] == ("S0" if name in vocab else R) for i, name in slots)""",
+        '    return all(st.req[i] in (("S0", R) if name in vocab else (R,)) for i, name in slots)',
         "tests/test_foreign_models.py",
         "one block may keep a tied weight whole while another splits it: two tensors train",
     ),
@@ -908,7 +908,7 @@ MUTANTS: list[Mutant] = [
     M(
         "sharding-vocab-lookup-whole-table",
         "planner/cost/sharding.py",
-        "        return (moved + table_bytes / t) / (moved + table_bytes)",
+        "        return (moved + rows / t) / (moved + rows)",
         "        return 1.0",
         "tests/test_sharding.py",
         "a vocabulary-parallel lookup is priced writing the whole table's gradient on every rank",

@@ -3,7 +3,9 @@ instances directly and compare with formulas and brute force."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 import tempfile
 from dataclasses import replace
@@ -70,3 +72,30 @@ def cluster_of(gpus: int, profile: str = "h100-sxm", gpus_per_node: int = 8, **o
         prof = replace(prof, **overrides)
     per_node = min(gpus, gpus_per_node)
     return Cluster(prof, max(1, gpus // per_node), per_node)
+
+
+# A child process on torch's fake process group: two ranks' layout, this rank's data, and no
+# process group left behind in the test session. The body sees ``torch``, ``dist`` and a
+# two-rank CPU ``mesh``, and leaves its findings in the dict ``out``.
+_FAKE_PG_HEAD = """
+import json, torch, torch.distributed as dist
+from torch.testing._internal.distributed.fake_pg import FakeStore
+from torch.distributed.device_mesh import init_device_mesh
+
+dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+mesh = init_device_mesh("cpu", (2,))
+"""
+_FAKE_PG_TAIL = """
+print(json.dumps(out))
+dist.destroy_process_group()
+"""
+
+
+def run_on_fake_pg(body: str) -> dict:
+    """Run ``body`` on a fake two-rank process group in a child process; its ``out``."""
+    code = _FAKE_PG_HEAD + body + _FAKE_PG_TAIL
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -5,26 +5,17 @@ so no process group is left behind in the test session."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
-from conftest import ROOT
+from conftest import run_on_fake_pg
 
 pytestmark = pytest.mark.distributed
 
 CHILD = r"""
-import json, torch, torch.distributed as dist
-from torch.testing._internal.distributed.fake_pg import FakeStore
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.placement_types import _StridedShard
 from torch.distributed.tensor.debug import CommDebugMode
 from runtime.dtensor_blocks import _SplitBlocksLocally
 
-dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
-mesh = init_device_mesh("cpu", (2,))
 local = torch.arange(12.0).view(1, 1, 12)  # rank 0's [q_0 | k_0 | v_0], 4 each
 x = DTensor.from_local(local, mesh, [_StridedShard(2, split_factor=3)], run_check=False)
 out = {"shape": list(x.shape)}
@@ -40,17 +31,11 @@ for name, call in (("split", lambda: x.split(8, dim=2)), ("chunk", lambda: x.chu
 with CommDebugMode() as comm:
     x.split(8, dim=2)
 out["dtensor_split_collectives"] = comm.get_total_counts()
-print(json.dumps(out))
-dist.destroy_process_group()
 """
 
 
 def test_split_into_the_blocks_is_local_and_keeps_each_ranks_heads():
-    proc = subprocess.run(
-        [sys.executable, "-c", CHILD], cwd=ROOT, capture_output=True, text=True, timeout=300
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = run_on_fake_pg(CHILD)
     assert out["shape"] == [1, 1, 24]  # 3 blocks of 8, each split over 2 ranks
     for how in ("split", "chunk"):
         got = out[how]

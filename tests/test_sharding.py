@@ -507,8 +507,8 @@ def test_a_vocabulary_parallel_lookup_writes_only_its_rows_of_the_table_gradient
     table gradient (1,000 x 64 x 4 = 256,000 bytes) only a quarter of it at t = 4. A sharded
     output is a quarter of everything; a partial sum through an element-wise op is whole."""
     moved, table = 2 * 8192, 256_000
-    share = op_share("embedding", "P", False, 4, table, 8192)
+    share = op_share("embedding", "P", False, 4, (1000, 64), 8192)
     assert share == pytest.approx((moved + table / 4) / (moved + table))
-    assert op_share("embedding", "S2", False, 4, table, 8192) == 0.25
+    assert op_share("embedding", "S2", False, 4, (1000, 64), 8192) == 0.25
     assert op_share("add", "P", False, 4) == 1.0
     assert op_share("mm", "P", True, 4) == 0.25

@@ -7,28 +7,18 @@ behind in the test session."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
-from conftest import ROOT
+from conftest import run_on_fake_pg
 
 pytestmark = pytest.mark.distributed
 
 CHILD = r"""
-import json, torch, torch.distributed as dist
 from torch import nn
-from torch.testing._internal.distributed.fake_pg import FakeStore
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from planner.errors import UserInputError
 from runtime.parallelize import retie
 from runtime.tied import tied_groups
-
-dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
-mesh = init_device_mesh("cpu", (2,))
 
 
 class Tied(nn.Module):
@@ -61,17 +51,11 @@ try:
     out["error"] = None
 except UserInputError as e:
     out["error"] = str(e)
-print(json.dumps(out))
-dist.destroy_process_group()
 """
 
 
 def test_retie_keeps_one_tensor_and_refuses_two_layouts():
-    proc = subprocess.run(
-        [sys.executable, "-c", CHILD], cwd=ROOT, capture_output=True, text=True, timeout=300
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = run_on_fake_pg(CHILD)
     assert out["split_apart"]  # what parallelize_module leaves: two DTensors
     assert out["one_tensor"]
     assert out["placements"] == "(Shard(dim=0),)"

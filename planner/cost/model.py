@@ -817,8 +817,7 @@ def dp_copy_bytes(o: BlockOption, config: Config, training: Training) -> float:
 def dp_copy_time(inp: CostInputs, o: BlockOption, config: Config) -> float:
     """``dp_copy_bytes`` at the profile's element-wise share of memory bandwidth."""
     p = inp.cluster.profile
-    nbytes = dp_copy_bytes(o, config, inp.training)
-    return nbytes / (p.memory_bandwidth * p.elementwise_efficiency) if nbytes else 0.0
+    return dp_copy_bytes(o, config, inp.training) / (p.memory_bandwidth * p.elementwise_efficiency)
 
 
 def block_extra_time(inp: CostInputs, o: BlockOption, config: Config, pp_rank: int = 0) -> float:

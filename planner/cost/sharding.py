@@ -869,16 +869,14 @@ def vocab_parallel_tied(graph: nx.DiGraph, tp: int) -> frozenset[str]:
     key = ("vocab_parallel_tied", tp)
     if key in graph.graph:
         return graph.graph[key]
-    tied = tied_parameters(graph)
-    found: set[str] = set(tied) if tp > 1 else set()
+    tied = tied_parameters(graph) if tp > 1 else frozenset()
+    found: set[str] = set(tied)
     readers = []  # (module, strategies, tied operand positions) of every op reading one
     for n, d in graph.nodes(data=True):
-        if not found or not _has_tensor(graph, n):
+        if not tied or not _has_tensor(graph, n):
             continue
         operands = _operands(graph, d)
-        slots = [
-            (i, o.name) for i, o in enumerate(operands) if o.kind == "param" and o.name in tied
-        ]
+        slots = [(i, o.name) for i, o in enumerate(operands) if _tied_operand(o, tied)]
         if slots:
             readers.append((d["module"], strategies_for(d["op"], d, operands, tp), slots))
     shardable = frozenset(graph.graph.get("tp_modules", []))
@@ -893,6 +891,10 @@ def vocab_parallel_tied(graph: nx.DiGraph, tp: int) -> frozenset[str]:
     frozen = frozenset(found)
     graph.graph[key] = frozen
     return frozen
+
+
+def _tied_operand(o: Operand, tied: frozenset[str]) -> bool:
+    return o.kind == "param" and o.name in tied
 
 
 def _keeps_ties(
@@ -918,14 +920,8 @@ class _Runnable:
     vocab: frozenset[str] = frozenset()
 
     def __call__(self, module: str, st: Strategy, operands: Sequence[Operand]) -> bool:
-        if st.plan and module not in self.shardable:
-            return False
-        for o, req in zip(operands, st.req):
-            if o.kind != "param" or o.name not in self.tied:
-                continue
-            if req != ("S0" if o.name in self.vocab else R):
-                return False
-        return True
+        slots = [(i, o.name) for i, o in enumerate(operands) if _tied_operand(o, self.tied)]
+        return _keeps_ties(st, module, slots, self.vocab, self.shardable)
 
 
 def _has_tensor(graph: nx.DiGraph, n: str) -> bool:
@@ -957,40 +953,39 @@ def reshard(src: str, dst: str) -> tuple[str | None, str | None] | None:
 
 
 def op_share(
-    base: str, out: str, product: bool, t: int, table_bytes: float = 0.0, out_bytes: float = 0.0
-) -> float:
+    base: str, out: str, product: bool, t: int, table: Sequence[int] | None = None,
+    out_bytes: float = 0.0,
+) -> float:  # fmt: skip
     """An op's share of its unsharded work on one of t devices: 1/t when it computes a shard
     of its output (``S<d>``) or a partial product of a sharded contraction (``P`` with FLOPs);
-    the whole for a partial sum through a memory-bound op, except a lookup in a table split
-    along its rows (the vocabulary-parallel embedding, ``P`` out): its output and the gradient
-    it reads are full size, the dense fp32 table gradient its backward writes (``table_bytes``,
-    often the bulk: BLOOM's 250k x 14336 table is 14 GB) only each rank's rows."""
+    the whole for a partial sum through a memory-bound op, except a lookup in a table (of
+    shape ``table``) split along its rows (the vocabulary-parallel embedding, ``P`` out): its
+    output and the gradient it reads are full size, the dense fp32 table gradient its backward
+    writes (often the bulk: BLOOM's 250k x 14336 table is 14 GB) only each rank's rows."""
     if out.startswith("S") or (out == P and product):
         return 1.0 / t
-    if base == "embedding" and out == P and table_bytes:
+    if base == "embedding" and out == P and table:
+        rows = math.prod(table) * 4.0  # the dense fp32 gradient of the table
         moved = 2 * out_bytes  # the output written, its gradient read
-        return (moved + table_bytes / t) / (moved + table_bytes)
+        return (moved + rows / t) / (moved + rows)
     return 1.0
 
 
 def node_share(graph: nx.DiGraph, n: str, out: str, t: int) -> float:
     """``op_share`` of graph node n in state ``out`` (the cost model's per-op TP shares)."""
     d = graph.nodes[n]
-    base = _base(d["op"])
-    table = 0.0
-    if base == "embedding" and out == P:
+    base, table = _base(d["op"]), None
+    if base == "embedding" and out == P:  # only a lookup reads its table's shape
         ops = _operands(graph, d)
-        if ops and ops[0].kind == "param" and ops[0].shape:
-            table = math.prod(ops[0].shape) * 4.0
+        table = ops[0].shape if ops and ops[0].kind == "param" else None
     nbytes = _nbytes(d["shapes"][0], d["dtypes"][0]) if _has_tensor(graph, n) else 0
     return op_share(base, out, d["fwd_flops"] > 0, t, table, nbytes)
 
 
 def _share(op: Op, s: Strategy, t: int) -> float:
     """``op_share`` of a problem's op under strategy s."""
-    table = op.operands[0].shape if op.operands and s.req[:1] == ("S0",) else None
-    rows = math.prod(table) * 4.0 if table else 0.0
-    return op_share(_base(op.op), s.out, op.flops > 0, t, rows, op.nbytes)
+    table = op.operands[0].shape if op.operands and op.operands[0].kind == "param" else None
+    return op_share(_base(op.op), s.out, op.flops > 0, t, table, op.nbytes)
 
 
 def _partial_grads(op: Op, s: Strategy) -> list[int]:
