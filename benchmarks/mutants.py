@@ -913,6 +913,31 @@ MUTANTS: list[Mutant] = [
         "tests/test_sharding.py",
         "a vocabulary-parallel lookup is priced writing the whole table's gradient on every rank",
     ),
+    M(
+        "sharding-broadcast-expand-on-local-shards",
+        "planner/cost/sharding.py",
+        "    if runs_on_dtensors(graph, block, states):\n        plan = on_dtensors(plan)\n",
+        "",
+        f"{SHARD} {oracle('mla-tp2')}",
+        "MLA's shared rotary key is split on plain local shards: its gradient is never summed",
+    ),
+    M(
+        "run-block-input-gradient-left-dtensor",
+        "runtime/dtensor_blocks.py",
+        "    return grad.full_tensor() if isinstance(grad, DTensor) else grad",
+        "    return grad",
+        oracle("mla-tp2"),
+        "a DTensor gradient leaves a DTensor block into code that takes plain tensors",
+    ),
+    M(
+        "sharding-region-through-gathering-consumer",
+        "planner/cost/sharding.py",
+        "            if reads and states[u] not in reads:\n",
+        "            if False:\n",
+        "tests/test_foreign_models.py::test_minicpm3_latent_attention_is_planned_split_by_heads",
+        "a column-parallel region runs on through a consumer that gathers it: runnable layouts "
+        "(MiniCPM3's) are rejected",
+    ),
 ]
 
 

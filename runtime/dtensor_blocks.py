@@ -119,17 +119,37 @@ class _SplitBlocksLocally(TorchFunctionMode):
         return parts if parts is not None else func(*args, **kwargs)
 
 
+def _whole(grad: torch.Tensor) -> torch.Tensor:
+    return grad.full_tensor() if isinstance(grad, DTensor) else grad
+
+
+def plain_gradients(tree: object) -> None:
+    """Make the gradient of each plain tensor in ``tree`` whole and plain when it comes back
+    a DTensor. Inside a block run on DTensors a plain tensor meets DTensors under implicit
+    replication, and its gradient is then a DTensor: partial over the TP group where the block
+    split a replicated value without a module's style (DeepSeek's rotary key, broadcast into
+    head-sharded keys). The code that made the tensor (torch's styles, whose local outputs
+    take plain gradients, or the code before the block) gets the sum. A tensor hook, not a
+    view: model code may modify these tensors in place."""
+    for t in torch.utils._pytree.tree_leaves(tree):
+        if isinstance(t, torch.Tensor) and not isinstance(t, DTensor) and t.requires_grad:
+            t.register_hook(_whole)
+
+
 def run_on_dtensors(module: nn.Module) -> None:
     """For every call of ``module`` (nested calls included), enter DTensor's implicit
     replication and the local split of block-sharded tensors, and leave both when the call
-    returns."""
+    returns; the gradients of its plain inputs and of its submodules' plain outputs come back
+    whole (``plain_gradients``)."""
     depth: list = []
 
-    def enter(_m: nn.Module, _args: tuple, _kwargs: dict) -> None:
+    def enter(_m: nn.Module, args: tuple, kwargs: dict) -> None:
         contexts = (implicit_replication(), _SplitBlocksLocally())
         for ctx in contexts:
             ctx.__enter__()
         depth.append(contexts)
+        if len(depth) == 1:
+            plain_gradients((args, kwargs))
 
     def leave(_m: nn.Module, _args: tuple, _kwargs: dict, _out: object) -> None:
         if depth:
@@ -138,6 +158,9 @@ def run_on_dtensors(module: nn.Module) -> None:
 
     module.register_forward_pre_hook(enter, with_kwargs=True)
     module.register_forward_hook(leave, with_kwargs=True, always_call=True)
+    for sub in module.modules():
+        if sub is not module:
+            sub.register_forward_hook(lambda _m, _a, out: plain_gradients(out))
 
 
 def backward_replication(plan: object):

@@ -304,3 +304,16 @@ def test_attention_with_complex_rotary_embeddings_shards_by_heads():
         if v.tp_plan.get(p + "q_proj") == "colwise" and v.tp_plan.get(p + "o_proj") == "rowwise"
     ]
     assert heads and all(h.get(p + "k_proj") == "colwise" for h in heads)
+
+
+def test_minicpm3_latent_attention_is_planned_split_by_heads():
+    """MiniCPM3's MLA with a low-rank query: the fastest layout at TP 2 computes the query's
+    down-projection split and gathers it before the up-projection, whose output the heads
+    split. A column-parallel output's region ends where a consumer gathers it: followed on
+    into the up-projection's region, which a row-parallel projection closes, it looked both
+    gathered and partial, the layout was rejected as unrunnable and --tp 2 had no variant."""
+    result = _tp2_plan("sweep.py", {"family": "minicpm3", "size": "tiny"})
+    layer = next(b for b in result.plan.blocks if b.name == "model.layers.1")
+    p = "model.layers.1.self_attn."
+    assert layer.tp_plan[p + "kv_b_proj"] == "colwise_dtensor"
+    assert layer.tp_plan[p + "o_proj"] == "rowwise"

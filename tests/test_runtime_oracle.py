@@ -141,7 +141,8 @@ MOE_CONFIGS: list[tuple[str, int, dict, tuple[str, ...]]] = [
 # from either; in float64 the head-sharded run is 2e-10x the tolerance from one process.
 FLOAT64_UNDER_ADAMW = ("opt", "gpt2")
 
-EXTRA: list[tuple[str, str, int, dict]] = [
+# (id, model, world, pins[, model arguments])
+EXTRA: list[tuple] = [
     *(
         (
             "zero3-offload-dp4",
@@ -251,6 +252,16 @@ EXTRA: list[tuple[str, str, int, dict]] = [
         4,
         dict(tp=2, dp=1, pp=2, zero=0, schedule="1f1b", micro_batch_size=2),
     ),
+    # DeepSeek's multi-head latent attention split by heads: the one rotary key shared by all
+    # heads is expanded into the head-sharded keys (the block runs on DTensors, its gradient
+    # summed over TP), value heads narrower than the query/key heads
+    (
+        "mla-tp2",
+        "deepseek_v3",
+        2,
+        dict(tp=2, dp=1, pp=1, zero=0, micro_batch_size=4),
+        {"dense": True},
+    ),
 ]
 
 
@@ -296,6 +307,7 @@ CORE_EXTRA = (
     "swin-tuple-output-pp2",
     "llama-zero3-offload-dp1",
     "resnet-bn-recompute-dp2",
+    "deepseek_v3-mla-tp2",
 )
 
 
@@ -320,11 +332,12 @@ def _cases() -> list[Case]:
                 twin = {**pins, "recompute": rc}
                 core_twin = core and i % 4 == 0
                 cases.append(Case(f"{model}-{cid}-{rc}", model, world, twin, "adamw", core_twin))
-    for k, (cid, model, world, pins) in enumerate(EXTRA):
+    for k, (cid, model, world, pins, *model_args) in enumerate(EXTRA):
         opt = "sgd" if k % 2 == 0 else "adamw"
         case_id = f"{model}-{cid}"
         pins = {"recompute": "none", **pins}
         args = {"dtype": "float64"} if opt == "adamw" and model in FLOAT64_UNDER_ADAMW else {}
+        args.update(*model_args)
         cases.append(Case(case_id, model, world, pins, opt, case_id in CORE_EXTRA, args))
     return cases
 
@@ -390,6 +403,11 @@ def test_plan_trains_like_one_process(runs, case):
         assert any("sp_block" in b["tp_plan"].values() for b in plan["blocks"])
     if "-heads-" in cid:  # the plan must shard the fused projection by blocks
         assert any(split_factor(s) == 3 for b in plan["blocks"] for s in b["tp_plan"].values())
+    if "-mla-" in cid:  # every layer's attention split by heads: keys and values expanded
+        # from the latent by a column-parallel projection, closed by a row-parallel one
+        for b in plan["blocks"][1:-1]:
+            styles = {k.rpartition(".")[2]: v for k, v in b["tp_plan"].items()}
+            assert (styles["kv_b_proj"], styles["o_proj"]) == ("colwise_dtensor", "rowwise")
     ref = runs.refs[reference_key(plan)]
     assert not unmoved_parameters(ref), "the reference does not move these far enough"
     got = losses_of(run_dir)

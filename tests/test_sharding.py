@@ -25,6 +25,7 @@ from planner.cost.sharding import (
     strategies_for,
     tp_variants,
 )
+from planner.vocab import base_style
 
 GPT = str(ROOT / "examples" / "gpt.py")
 LLAMA = str(ROOT / "examples" / "llama.py")
@@ -512,3 +513,56 @@ def test_a_vocabulary_parallel_lookup_writes_only_its_rows_of_the_table_gradient
     assert op_share("embedding", "S2", False, 4, (1000, 64), 8192) == 0.25
     assert op_share("add", "P", False, 4) == 1.0
     assert op_share("mm", "P", True, 4) == 0.25
+
+
+def test_an_expand_of_a_broadcast_dim_splits_a_replicated_tensor():
+    """MLA's rotary key [b, 1, s, r], one for all heads, expanded to [b, heads, s, r]: the
+    expand may hand it on split by heads from a replicated input (each device expands to its
+    own heads, no collective); a dim that is not broadcast keeps its own split only."""
+    k = _node("k", [2, 1, 8, 4])
+    args = [{"node": "k"}, [2, 4, 8, 4], {}]
+    ex = _strats("aten.expand.default", [2, 4, 8, 4], [k], args, 2)
+    assert ("S1", ("R",), "") in ex
+    assert ("S0", ("S0",), "") in ex and ("S0", ("R",), "") not in ex
+    assert ("S2", ("R",), "") not in ex  # s is not broadcast: splitting it is a slice
+    # a tensor made like a head-sharded one keeps its split along dims of the same size, and a
+    # copy into a slice of it is split alike
+    x = _node("x", [2, 4, 8, 6])
+    like = _strats("aten.new_empty.default", [2, 4, 8, 5], [x], [{"node": "x"}, [2, 4, 8, 5]], 2)
+    assert ("S1", ("S1",), "") in like and not any(o == "S3" for o, *_ in like)
+    dst, src = _node("d", [2, 4, 8, 4]), _node("s", [2, 4, 8, 4])
+    copy = _strats(
+        "aten.copy_.default", [2, 4, 8, 4], [dst, src], [{"node": "d"}, {"node": "s"}], 2
+    )
+    assert ("S1", ("S1", "S1"), "") in copy and ("S1", ("S1", "R"), "") not in copy
+
+
+def test_multi_head_latent_attention_is_split_by_heads_on_dtensors():
+    """DeepSeek's MLA: q and the keys/values expanded from the latent by column-parallel
+    projections, the one rotary key shared by all heads expanded into the head-sharded keys,
+    closed by a row-parallel projection. The expand leaves that key's gradient partial on each
+    rank: priced as one more backward all-reduce (of the [b, 1, s, r] key, not of a head's
+    worth), and run on DTensors (their styles ``colwise_dtensor``), which sum it."""
+    traced = trace(
+        str(ROOT / "tests" / "models" / "deepseek_v3.py"),
+        {"dense": True},
+        micro_batch_size=4,
+        dtype="fp32",
+        use_cache=False,
+    )
+    layer = next(b for b in traced.blocks if b.name == "model.layers.0")
+    p = "model.layers.0.self_attn."
+    heads = [
+        v
+        for v in tp_variants(traced.graph, layer, 2, max_variants=6)
+        if v.tp_plan.get(p + "o_proj") == "rowwise"
+    ]
+    assert heads
+    for v in heads:
+        assert v.tp_plan[p + "q_b_proj"] == v.tp_plan[p + "kv_b_proj"] == "colwise_dtensor"
+        # the latent is whole where it is read: replicated, or computed split and gathered
+        latent = v.tp_plan.get(p + "kv_a_proj_with_mqa", "colwise_gather")
+        assert base_style(latent) == "colwise_gather"
+        # backward: the inputs of q_b_proj and kv_b_proj, and the rotary key [4, 1, 32, 8]
+        rotary = 4 * 1 * 32 * 8 * 4
+        assert ("all_reduce", rotary) in v.comm_bwd

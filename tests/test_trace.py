@@ -268,3 +268,19 @@ def test_matmul_inner_dimensions():
         True,
     ]
     assert matmul_inner_dims("aten.add.Tensor", [[2, 3], [2, 3]], [2, 3]) is None
+
+
+def test_attention_with_narrower_value_heads_has_the_value_head_size():
+    """DeepSeek's MLA: query/key heads of 24, value heads of 16. The fused kernel's output
+    has the value's head size (the meta kernel shapes it like q; the tracer pads v and cuts
+    the output back), so the output projection reads 4 heads x 16."""
+    traced = trace(
+        "tests/models/deepseek_v3.py",
+        {"dense": True},
+        micro_batch_size=2,
+        dtype="fp32",
+        use_cache=False,
+    )
+    g = traced.graph
+    sdpa = [n for n in g.nodes if g.nodes[n]["op"] == "aten.scaled_dot_product_attention.default"]
+    assert sdpa and all(g.nodes[n]["shapes"][0] == [2, 4, 32, 16] for n in sdpa)

@@ -49,7 +49,14 @@ from planner.highs import Pattern, pass_model, quiet_highs
 from planner.trace.blocks import Block, cached_core_nodes
 from planner.trace.graph import arg_refs
 from planner.trace.opcost import ATTENTION_OPS, is_view
-from planner.vocab import ELEMENT_BYTES, IN_OUT, base_style, by_blocks, weight_in_out
+from planner.vocab import (
+    ELEMENT_BYTES,
+    IN_OUT,
+    base_style,
+    by_blocks,
+    on_dtensors,
+    weight_in_out,
+)
 
 R, P = "R", "P"
 DTYPE_BYTES = ELEMENT_BYTES
@@ -266,8 +273,13 @@ def strategies_for(
     elif is_view(op) and nodes and operands[0].kind == "node":
         found += _view(base, shape, operands, attrs["args"], t)
         found += _view_blocks(base, shape, operands, attrs["args"], t, factors)
+        found += _broadcast(base, shape, operands, t)
     elif base in COMPLEX_VIEWS and nodes and operands[0].kind == "node":
         found += _complex_view(shape, operands, t)
+    elif base in LIKE_FACTORIES and nodes and operands[0].kind == "node":
+        found += _like(shape, operands, t)
+    elif base == "copy_" and len(nodes) == 2 and len(operands) == 2:
+        found += _same_split(shape, operands, t)
     unique: dict[tuple, Strategy] = {}
     for s in found:
         unique.setdefault((s.out, s.req, s.plan), s)
@@ -290,6 +302,35 @@ def _complex_view(shape: tuple, ops: Sequence[Operand], t: int) -> list[Strategy
         for d in range(shared)
         if shape[d] % t == 0 and x.shape[d] == shape[d]
     ]
+
+
+# Tensors made "like" another (its dtype and device; the values are new): split where the
+# other is, along a dim of the same size. DeepSeek's MLA builds its keys as new_empty(...)
+# filled by two slice copies (the heads' own part and the shared rotary part).
+LIKE_FACTORIES = frozenset({"new_empty", "new_zeros", "new_ones", "new_full", "empty_like",
+                            "zeros_like", "ones_like", "full_like"})  # fmt: skip
+
+
+def _like(shape: tuple, ops: Sequence[Operand], t: int) -> list[Strategy]:
+    src = ops[0].shape
+    if src is None or len(src) != len(shape):
+        return []
+    return [
+        Strategy(_s(d), (_s(d), *_rest(ops[1:])))
+        for d in _splittable(shape, t)
+        if src[d] == shape[d]
+    ]
+
+
+def _same_split(shape: tuple, ops: Sequence[Operand], t: int) -> list[Strategy]:
+    """An in-place copy into a slice: source and destination split alike (each device copies
+    its own part)."""
+    return [
+        Strategy(_s(d), (_s(d), _s(d)))
+        for d in _splittable(shape, t)
+        if all(o.shape is not None and len(o.shape) == len(shape) and o.shape[d] == shape[d]
+               for o in ops)
+    ]  # fmt: skip
 
 
 def _rest(operands: Sequence[Operand], state: str = R) -> list[str | None]:
@@ -567,6 +608,37 @@ def _view(base: str, shape: tuple, ops: Sequence[Operand], args: list, t: int) -
         if e is not None and 0 <= e < len(shape) and shape[e] > 0 and shape[e] % t == 0:
             out.append(Strategy(_s(e), (_s(d), *_rest(ops[1:]))))
     return out
+
+
+def _broadcast(base: str, shape: tuple, ops: Sequence[Operand], t: int) -> list[Strategy]:
+    """An expand that broadcasts a size-1 (or new) dim may hand a replicated tensor on split
+    along it, with no communication: each device expands to its own part (multi-head latent
+    attention's rotary key, one for all heads, joins the head-sharded keys). Its gradient is
+    then each device's partial sum over its part, summed like any replicated operand of a
+    sharded op. Only DTensor runs it so (``runs_on_dtensors``)."""
+    src = ops[0].shape
+    if base != "expand" or src is None:
+        return []
+    lead = len(shape) - len(src)
+    return [
+        Strategy(_s(e), (R, *_rest(ops[1:])))
+        for e in _splittable(shape, t)
+        if shape[e] > 1 and (e < lead or src[e - lead] == 1)
+    ]
+
+
+def runs_on_dtensors(graph: nx.DiGraph, block: Block, states: dict[str, str]) -> bool:
+    """Whether an expand of the layout hands a replicated tensor on split (``_broadcast``).
+    On local shards each device's plain expand would leave that tensor's gradient partial
+    with nothing to sum it; on DTensors the replicated side is split locally and its
+    gradient comes back partial and is reduced, as priced."""
+    for n in block.nodes:
+        if _dim(states.get(n)) is None or _base(graph.nodes[n]["op"]) != "expand":
+            continue
+        src = _operands(graph, graph.nodes[n])[0]
+        if src.kind == "node" and states.get(src.name, R) == R:
+            return True
+    return False
 
 
 def _map_view_dim(base: str, src: tuple, dst: tuple, d: int, args: list, t: int) -> int | None:
@@ -1449,6 +1521,7 @@ class _Template:
     name: str
     choice: tuple[int, ...]
     states: tuple[str, ...]  # per tensor-valued op, in block order
+    needs: tuple[tuple[str | None, ...], ...]  # per op, the state it reads each operand in
     plans: tuple[tuple[int, int, str], ...]  # (op position, weight operand index, label)
     grad_sums: tuple[tuple[int, int], ...]  # (op position, operand index) of a partial param
     compute_fraction: float
@@ -1496,8 +1569,16 @@ def tp_variants(
     return [
         _bind(graph, block, tpl, tp)
         for tpl in memo[key]
-        if (not tpl.sequence_parallel or len(block.modules) == 1)
-        and realizable(graph, block, dict(zip(nodes, tpl.states)), list(tpl.plans))
+        if (
+            not tpl.sequence_parallel
+            or (
+                len(block.modules) == 1
+                and not runs_on_dtensors(graph, block, dict(zip(nodes, tpl.states)))
+            )
+        )
+        and realizable(
+            graph, block, dict(zip(nodes, tpl.states)), list(tpl.plans), dict(zip(nodes, tpl.needs))
+        )
     ]
 
 
@@ -1675,6 +1756,7 @@ def _sequence_parallel(
         name=f"{name}-sp",
         choice=choice,
         states=seq_states,
+        needs=tuple(s.req for s in strat),
         plans=tuple(sorted(plans + norms)),
         grad_sums=_param_uses(prob, tp.partial_params),
         compute_fraction=cf,
@@ -1735,6 +1817,7 @@ def _template(prob: BlockProblem, choice: tuple[int, ...], name: str, ev: Evalua
         name=name,
         choice=choice,
         states=tuple(s.out for s in strat),
+        needs=tuple(s.req for s in strat),
         plans=tuple(plans),
         grad_sums=_param_uses(prob, ev.partial_params),
         compute_fraction=cf,
@@ -1748,14 +1831,6 @@ def _template(prob: BlockProblem, choice: tuple[int, ...], name: str, ev: Evalua
         time_s=ev.time_s,
         memory=ev.memory,
     )
-
-
-def _gathered(graph: nx.DiGraph, block: Block, start: str, states: dict[str, str]) -> bool:
-    """Whether the sharded output of a column-parallel op is all-gathered before it reaches a
-    row-parallel op: its sharded region (ops downstream that keep an S state) meets a consumer
-    that needs it replicated, or leaves the block. The runtime then gathers right at the module
-    output (``colwise_gather``), which is the same value, since the ops between are shard-local."""
-    return _sharded_region(graph, block, start, states)[0]
 
 
 def _read_sharded(
@@ -1790,10 +1865,18 @@ def _read_sharded(
 
 
 def _sharded_region(
-    graph: nx.DiGraph, block: Block, start: str, states: dict[str, str]
+    graph: nx.DiGraph,
+    block: Block,
+    start: str,
+    states: dict[str, str],
+    needs: dict[str, tuple[str | None, ...]],
 ) -> tuple[bool, bool, set[str]]:
     """(is the region gathered, does it also reach a row-parallel consumer, its ops) for the
-    sharded region downstream of a column-parallel op (see ``_gathered``)."""
+    sharded region downstream of a column-parallel op: the ops that read it as the shard
+    (``needs``: the state each op requires of each operand). The region is gathered where a
+    consumer needs it replicated or it leaves the block; the runtime then gathers right at
+    the module output (``colwise_gather``), which is the same value, since the ops between
+    are shard-local."""
     inside = set(block.nodes)
     leaves = set(graph.graph.get("outputs", []))
     seen, todo = {start}, [start]
@@ -1807,6 +1890,14 @@ def _sharded_region(
             sv = states.get(v)
             if sv is None or v in seen:
                 continue
+            reads = {
+                r
+                for o, r in zip(_operands(graph, graph.nodes[v]), needs.get(v, ()))
+                if o.kind == "node" and o.name == u
+            }
+            if reads and states[u] not in reads:
+                gathered = True  # v reads u whole: its own output starts anew (a projection)
+                continue
             if sv == R:
                 gathered = True
             elif sv == P:
@@ -1817,17 +1908,29 @@ def _sharded_region(
     return gathered, partial, seen
 
 
-def realizable(graph: nx.DiGraph, block: Block, states: dict[str, str], plans: list) -> bool:
+def realizable(
+    graph: nx.DiGraph,
+    block: Block,
+    states: dict[str, str],
+    plans: list,
+    needs: dict[str, tuple[str | None, ...]],
+) -> bool:
     """Can torch's styles run this layout? A column-parallel output is handed on either as the
     shard or gathered, once, at the module's output: a region that needs both (T5's relative
-    position bias feeds this layer's head-sharded scores and, whole, the next layers) cannot."""
+    position bias feeds this layer's head-sharded scores and, whole, the next layers) cannot;
+    nor can a replicated tensor split by an expand where no column-parallel output stays
+    sharded (``runs_on_dtensors``)."""
     nodes = [n for n in block.nodes if _has_tensor(graph, n)]
+    kept = False  # some column-parallel output handed on as the shard
     for pos, _w, label in plans:
         if base_style(label) in ("colwise", "colwise_dtensor"):
-            gathered, partial, _ = _sharded_region(graph, block, nodes[pos], states)
+            gathered, partial, _ = _sharded_region(graph, block, nodes[pos], states, needs)
             if gathered and partial:
                 return False
-    return True
+            kept = kept or not gathered
+    # a replicated tensor split by an expand runs only on DTensors, which the block enters at
+    # a column-parallel module that keeps its output sharded
+    return kept or not runs_on_dtensors(graph, block, states)
 
 
 def _holder(graph: nx.DiGraph, node: str, weight: str) -> str:
@@ -1847,12 +1950,13 @@ def _bind(graph: nx.DiGraph, block: Block, tpl: _Template, tp: int) -> TPVariant
     nodes = [n for n in block.nodes if _has_tensor(graph, n)]
     plan: dict[str, str] = {}
     states = dict(zip(nodes, tpl.states))
+    needs = dict(zip(nodes, tpl.needs))
     whole: set[str] = set()  # ops the runtime runs on a gathered module output
     for pos, w, label in tpl.plans:
         weight = _operands(graph, graph.nodes[nodes[pos]])[w].name
         base = base_style(label)  # colwise_dtensor here: by blocks (see BLOCKS)
         if base in ("colwise", "colwise_dtensor"):
-            gathered, _, region = _sharded_region(graph, block, nodes[pos], states)
+            gathered, _, region = _sharded_region(graph, block, nodes[pos], states, needs)
             if gathered:
                 label = label.replace(base, "colwise_gather", 1)
                 whole |= region - {nodes[pos]}
@@ -1864,6 +1968,8 @@ def _bind(graph: nx.DiGraph, block: Block, tpl: _Template, tp: int) -> TPVariant
         # only where the runtime has gathered the shards gets its whole gradient on every rank
         if module not in plan and _read_sharded(graph, block, module, states, whole):
             sums.add(module)
+    if runs_on_dtensors(graph, block, states):
+        plan = on_dtensors(plan)
     if tpl.sequence_parallel:
         plan[block.modules[0]] = "sp_block"  # replicated in and out, sequence-sharded inside
         for pos, _, label in tpl.plans:

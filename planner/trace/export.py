@@ -612,17 +612,23 @@ class _SavedTensorInterpreter(torch.fx.Interpreter):
             mask = torch.zeros(mask.shape, dtype=q.dtype, device=mask.device).masked_fill(
                 mask.logical_not(), float("-inf")
             )
+        # Its meta kernel shapes the output like q; value heads narrower than the query/key
+        # heads (DeepSeek's MLA: 192 against 128) are padded in, the output cut back after,
+        # as FlashAttention's callers do.
+        pad = q.shape[-1] - v.shape[-1] if q.dim() == v.dim() else 0
         try:
             both = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(
-                q, k, v, dropout, causal, attn_mask=mask, scale=scale
-            )
+                q, k, torch.nn.functional.pad(v, (0, pad)) if pad > 0 else v, dropout, causal,
+                attn_mask=mask, scale=scale,
+            )  # fmt: skip
         except (RuntimeError, NotImplementedError):
             # The meta kernel took every case tried (MLA head sizes, float and padding masks,
             # cross-attention, compact GQA, 3-D and 5-D inputs, fp16, dropout); a call it refuses
             # in another torch still traces, saving what the math path saves.
             out = super().run_node(n)
             return out, [out]
-        return both[0], list(both)
+        out = both[0][..., : v.shape[-1]] if pad > 0 else both[0]
+        return out, [out, *both[1:]]
 
 
 def _storage_key(t: torch.Tensor) -> int | None:

@@ -12,16 +12,20 @@ TRAINING = {"global_batch_size": 8, "optimizer": "adamw", "dtype": "bf16", "lr":
 SEQ, VOCAB = 32, 128
 
 
-def build_model(size: str = "tiny") -> nn.Module:
+def build_model(size: str = "tiny", dense: bool = False) -> nn.Module:
+    """``dense``: every layer dense, with a low-rank query and value heads narrower than the
+    query/key heads (24 against 16), as DeepSeek-V2/V3 have them: multi-head latent attention
+    alone, which tensor parallelism splits by heads."""
     if size != "tiny":
         raise ValueError(f"unknown size {size!r}; this test model has only 'tiny'")
+    mla = dict(q_lora_rank=24, qk_nope_head_dim=16, first_k_dense_replace=2) if dense else {}
     config = DeepseekV3Config(
+        **{"first_k_dense_replace": 1, "q_lora_rank": None, "qk_nope_head_dim": 8, **mla},
         vocab_size=VOCAB,
         hidden_size=64,
         intermediate_size=128,
         moe_intermediate_size=32,
         num_hidden_layers=2,
-        first_k_dense_replace=1,
         num_attention_heads=4,
         num_key_value_heads=4,
         n_routed_experts=4,
@@ -29,10 +33,8 @@ def build_model(size: str = "tiny") -> nn.Module:
         n_group=1,
         topk_group=1,
         n_shared_experts=1,
-        q_lora_rank=None,
         kv_lora_rank=16,
         qk_rope_head_dim=8,
-        qk_nope_head_dim=8,
         v_head_dim=16,
         max_position_embeddings=SEQ,
         use_cache=False,
