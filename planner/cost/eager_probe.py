@@ -33,7 +33,7 @@ from planner.atomic import write_text_atomic
 from planner.cost import sharding
 from planner.modelfile import ModelFile
 from planner.trace.cache import cache_dir
-from planner.trace.export import build_meta_model, meta_inputs
+from planner.trace.export import build_meta_model, meta_inputs, quiet_torch_logs
 from planner.vocab import IN_OUT, base_style
 
 RESHAPE_OPS = {"aten.view.default", "aten._unsafe_view.default", "aten.reshape.default"}
@@ -170,7 +170,8 @@ class EagerShardProbe:
         plan = _relative(tp_plan, module)
         key = json.dumps([cls, t, sorted(plan.items())])
         if key not in self.verdicts:
-            reason, blame = self._probe(module, plan, t)
+            with quiet_torch_logs():  # fake tensors log each failing meta kernel at ERROR
+                reason, blame = self._probe(module, plan, t)
             self.verdicts[key] = [reason, sorted(blame)]
             self._probed += 1
         return self.verdicts[key]
