@@ -938,6 +938,15 @@ MUTANTS: list[Mutant] = [
         "a column-parallel region runs on through a consumer that gathers it: runnable layouts "
         "(MiniCPM3's) are rejected",
     ),
+    M(
+        "probe-blames-shards-for-a-whole-block-failure",
+        "planner/cost/eager_probe.py",
+        "                if not ran:\n",
+        "                if False:\n",
+        "tests/test_foreign_models.py",
+        "a block whose code fails on the meta device whole (fp32 grouped experts) loses every "
+        "sharded variant",
+    ),
 ]
 
 

@@ -103,6 +103,17 @@ def test_the_eager_probe_rejects_a_view_that_fixes_the_head_count():
     )
 
 
+def test_the_eager_probe_cannot_tell_where_the_whole_block_fails_too():
+    """Qwen2-MoE's grouped experts call torch's grouped product, whose meta kernel takes bf16
+    only: in fp32 the block fails on the meta device whole, before any shard is involved. The
+    probe cannot tell then, which is no reason to refuse the shards (it refused Megatron's
+    attention split of every fp32 transformers MoE layer, blaming the shards)."""
+    mf = load_model_file(MODELS / "qwen2_moe.py", {"size": "tiny"})
+    probe = EagerShardProbe(mf, "fp32", {})
+    layer = "model.layers.0"
+    assert probe.reject("qwen2-moe-layer", layer, _megatron_attention(layer, "o_proj"), 2) is None
+
+
 def test_the_eager_probe_reaches_blocks_behind_data_checks_and_blames_the_shard():
     """StableLM's forward makes position ids, which transformers' mask code inspects with
     .all() (a meta tensor has no data; a fake one reads as tracing), then views q with the

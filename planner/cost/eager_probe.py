@@ -204,13 +204,14 @@ class EagerShardProbe:
                 ):
                     m(*args, **kwargs)
             except Exception as exc:  # the user's code on local shards: any failure counts
+                if not ran:
+                    # the whole block fails here too (a kernel the meta device lacks for this
+                    # dtype: torch's grouped product of experts takes bf16 only): the probe
+                    # cannot tell, which is no reason to refuse the shards
+                    return "", set()
                 # a misread reshape before the failure (OPT's eager attention scores, keyed
                 # by half the sequence, then fail to broadcast with the mask) is to blame
-                found = (
-                    _first_misplaced(module, ran[0][: len(rec.seen)], rec.seen, t)
-                    if ran
-                    else ("", set())
-                )
+                found = _first_misplaced(module, ran[0][: len(rec.seen)], rec.seen, t)
                 if found[1]:
                     return found
                 return (
