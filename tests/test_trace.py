@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from planner.api import graph_summary, trace
 from planner.modelfile import load_model_file
@@ -284,3 +285,35 @@ def test_attention_with_narrower_value_heads_has_the_value_head_size():
     g = traced.graph
     sdpa = [n for n in g.nodes if g.nodes[n]["op"] == "aten.scaled_dot_product_attention.default"]
     assert sdpa and all(g.nodes[n]["shapes"][0] == [2, 4, 32, 16] for n in sdpa)
+
+
+def test_a_shape_error_export_reached_is_not_reported_as_data_dependent_code():
+    """The module trace that follows a failed torch.export runs on meta tensors and may stop
+    at an ``.item()`` that export's fake tensors passed (a transformers config whose rotary
+    size does not match its heads failed so): the error names export's shape error, not
+    data-dependent sizes. A data-dependent export failure keeps its hint."""
+    from types import SimpleNamespace
+
+    from planner.errors import UserInputError
+    from planner.trace.export import _trace_with_hooks
+
+    class ReadsAValue(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.l = torch.nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.l(x) * x.sum().item()
+
+    mf = SimpleNamespace(path=Path("m.py"))
+    with torch.device("meta"):
+        model, x = ReadsAValue(), torch.randn(2, 4)
+    shape = RuntimeError("a and b must have same reduction dim, but got [2, 8] X [7, 3].")
+    with pytest.raises(UserInputError) as err:
+        _trace_with_hooks(mf, model, (x,), shape)
+    assert "its forward fails under torch.export: RuntimeError: a and b must" in str(err.value)
+    assert "tensor values" not in str(err.value)
+    data = RuntimeError("Could not guard on data-dependent expression u0 > 0")
+    with pytest.raises(UserInputError) as err:
+        _trace_with_hooks(mf, model, (x,), data)
+    assert "sizes its work from tensor values" in str(err.value)

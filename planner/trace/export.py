@@ -631,6 +631,26 @@ class _SavedTensorInterpreter(torch.fx.Interpreter):
         return out, [out, *both[1:]]
 
 
+def _data_dependent(exc: BaseException) -> bool:
+    """Whether a trace failed on sizes that depend on tensor values."""
+    text = str(exc)
+    return (
+        "DataDependent" in type(exc).__name__
+        or "data-dependent" in text
+        or "item() cannot be called on meta" in text
+    )
+
+
+def _export_failure(exc: BaseException) -> str:
+    """torch.export's failure, with its message unless it is about data-dependent sizes (the
+    hint after it says that better). A forward that fails its own shape checks (a config
+    whose rotary size does not match its heads) must not read as data-dependent code."""
+    name = type(exc).__name__
+    if _data_dependent(exc):
+        return name
+    return f"{name}: {' '.join(str(exc).split())[:200]}"
+
+
 def _storage_key(t: torch.Tensor) -> int | None:
     try:
         return t.untyped_storage()._cdata
@@ -770,8 +790,15 @@ def _trace_with_hooks(
             model(*inputs)
     except Exception as exc:
         where = current[-1] if current else "(top level)"
+        if not _data_dependent(export_exc) and _data_dependent(exc):
+            # the module trace runs on meta tensors and stopped at an ``.item()`` that export's
+            # fake tensors passed, before the failure export reached: that one is the problem
+            raise UserInputError(
+                f"{mf.path.name}: cannot trace the model: its forward fails under torch.export: "
+                f"{_export_failure(export_exc)} (does it run outside meshplan?)"
+            ) from export_exc
         hint = ""
-        if "item() cannot be called on meta" in str(exc) or "data-dependent" in str(exc):
+        if _data_dependent(exc):
             hint = (
                 "; the forward sizes its work from tensor values (.item() or .tolist(), such "
                 "as tokens counted per expert), which a trace without data cannot follow: use "
@@ -780,7 +807,7 @@ def _trace_with_hooks(
             )
         raise UserInputError(
             f"{mf.path.name}: cannot trace the model: torch.export failed "
-            f"({type(export_exc).__name__}) and its forward raised in module {where!r}: "
+            f"({_export_failure(export_exc)}) and its forward raised in module {where!r}: "
             f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}{hint}"
         ) from exc
     finally:
