@@ -1,4 +1,4 @@
-"""The sweep: 64 more families no one here tuned for, at tiny size only, for the zoo's four
+"""The sweep: 76 more families no one here tuned for, at tiny size only, for the zoo's four
 training forms (``test_zoo.py``): transformers models from their configs, and plain-torch
 models with the shapes a planner trips on (frozen weights beside adapters, a parametrized
 weight, a cell called once per position, one layer applied three times). The zoo's model file
@@ -350,6 +350,25 @@ SWEEP: dict[str, dict[str, Any]] = {
     "mamba2": _family("Mamba2Config", "Mamba2ForCausalLM", dict(
         vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, state_size=8, expand=2,
         n_groups=1, head_dim=16, num_heads=8, chunk_size=8), **EAGER),
+    "lfm2": _family("Lfm2Config", "Lfm2ForCausalLM", dict(_GQA)),
+    "doge": _family("DogeConfig", "DogeForCausalLM", dict(_GQA)),
+    "bitnet": _family("BitNetConfig", "BitNetForCausalLM", dict(_GQA)),
+    "olmo3": _family("Olmo3Config", "Olmo3ForCausalLM", dict(_GQA)),
+    "hunyuan_dense": _family("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM",
+                             dict(_GQA, head_dim=16)),
+    "nanochat": _family("NanoChatConfig", "NanoChatForCausalLM", dict(_GQA)),
+    "glm": _family("GlmConfig", "GlmForCausalLM", dict(_GQA, head_dim=16, pad_token_id=0)),
+    "ministral": _family("MinistralConfig", "MinistralForCausalLM", dict(_GQA, head_dim=16)),
+    "ernie45": _family("Ernie4_5Config", "Ernie4_5ForCausalLM", dict(_GQA, head_dim=16)),
+    "ctrl": _family("CTRLConfig", "CTRLLMHeadModel", dict(
+        vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, dff=128, n_positions=SEQ)),
+    "glm4_moe": _family("Glm4MoeConfig", "Glm4MoeForCausalLM", dict(
+        _GQA, head_dim=16, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+        n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1)),
+    "exaone_moe": _family("ExaoneMoeConfig", "ExaoneMoeForCausalLM", dict(
+        _GQA, head_dim=16, num_experts=4, n_routed_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=32, num_shared_experts=1, n_shared_experts=1,
+        first_k_dense_replace=1, n_group=1, topk_group=1)),
     "vaultgemma": _family("VaultGemmaConfig", "VaultGemmaForCausalLM", dict(_GQA, head_dim=16),
                           **EAGER),
 }  # fmt: skip

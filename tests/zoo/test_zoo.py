@@ -65,7 +65,8 @@ SWEPT = (
     "nemotron", "glm4", "helium", "smollm3", "falcon_mamba", "bigbird", "granitemoe", "gpt_oss",
     "diffllama", "codegen", "persimmon", "xglm", "biogpt", "cohere2", "exaone4", "deepseek_v2",
     "minicpm3", "olmo", "seed_oss", "apertus", "arcee", "ernie45_moe", "llama4", "rwkv", "mamba2",
-    "vaultgemma",
+    "vaultgemma", "lfm2", "doge", "bitnet", "olmo3", "hunyuan_dense", "nanochat", "glm",
+    "ministral", "ernie45", "ctrl", "glm4_moe", "exaone_moe",
 )  # fmt: skip
 FORMS: dict[str, tuple[int, dict]] = {
     "zero3-dp2": (2, dict(tp=1, dp=2, pp=1, zero=3, micro_batch_size=4)),
