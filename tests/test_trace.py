@@ -207,6 +207,44 @@ def test_fallback_to_module_hooks_when_export_fails(tmp_path, monkeypatch):
         trace(f, dtype="fp32")
 
 
+ODD_OUTPUT = (
+    "import torch\nfrom torch import nn\n"
+    "class Out:\n"
+    "    def __init__(self, logits):\n"
+    "        self.logits = logits\n"
+    "class Odd(nn.Module):\n"
+    "    def __init__(self):\n"
+    "        super().__init__()\n"
+    "        self.layers = nn.ModuleList(nn.Linear(8, 8) for _ in range(3))\n"
+    "    def forward(self, x):\n"
+    "        for l in self.layers:\n"
+    "            x = l(x)\n"
+    "        return Out(x)\n"
+    "def build_model():\n    return Odd()\n"
+    "def make_batch(b, step=0):\n"
+    "    return torch.ones(b, 8), torch.zeros(b, dtype=torch.long)\n"
+)
+
+
+def test_a_model_export_cannot_trace_gets_no_pipeline(tmp_path, monkeypatch):
+    """torch's pipelining cuts a model into stages by tracing it with torch.export: a model
+    only the module-level trace could follow is planned without a pipeline (LongT5's was
+    planned with one, and every worker then crashed building its stages), and a pinned --pp
+    is refused in one line."""
+    from planner.api import plan
+    from planner.errors import UserInputError
+    from planner.search import Pins
+
+    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path))
+    f = tmp_path / "odd.py"
+    f.write_text(ODD_OUTPUT)
+    result = plan(f, 4, profile="cpu", dtype="fp32", global_batch_size=8)
+    assert result.plan.mesh.pp == 1
+    assert all(c.pp == 1 for c in result.search.candidates)
+    with pytest.raises(UserInputError, match="--pp 2: torch.export could not trace the model"):
+        plan(f, 4, profile="cpu", dtype="fp32", global_batch_size=8, pins=Pins(pp=2))
+
+
 def test_hook_fallback_graph(tmp_path, monkeypatch):
     """A model that export rejects (its output is an unregistered class) but that runs on meta
     tensors is traced by module hooks, and the user is told so."""

@@ -220,7 +220,10 @@ def search_mixed(
     pins = pins or Pins(offload="none")
     traced_mbs = int(graph.graph["micro_batch_size"])
     tp_degrees = [t for t in (1, 2, 4, 8) if all(t <= k.cluster.gpus_per_node for k in kinds)]
-    cands = outer_candidates(kinds, len(blocks), training, tp_degrees, pins)
+    # torch's pipelining cuts stages by tracing the model with torch.export: where that failed
+    # (a module-level trace), no pipeline across kinds would run
+    exported = graph.graph.get("method") != "hooks"
+    cands = outer_candidates(kinds, len(blocks), training, tp_degrees, pins) if exported else []
     inputs: dict[tuple[int, int, int], CostInputs] = {}
     priced: dict = {}
 

@@ -171,6 +171,16 @@ def _candidates(graph, blocks, cluster, training, pins, variants_of) -> list[Can
             "matrix products and softmax: drop --cp"
         )
     cands = enumerate_candidates(gpus, len(blocks), training, pins, tp_degrees, blocks, sequence)
+    if graph.graph.get("method") == "hooks":
+        # torch's pipelining cuts a model into stages by tracing it with torch.export, which
+        # failed here: a pipeline would be priced and then not run
+        if pins.pp and pins.pp > 1:
+            raise UserInputError(
+                f"--pp {pins.pp}: torch.export could not trace the model (its note says why), "
+                "and torch's pipelining cuts a model into stages by tracing it with "
+                "torch.export: drop --pp (data parallelism and ZeRO need no trace)"
+            )
+        cands = [c for c in cands if c.pp == 1]
     if not cands:
         message = no_candidate_message(gpus, training, pins, tp_degrees, blocks)
         if graph.graph.get("method") == "hooks" and tp_degrees == [1]:

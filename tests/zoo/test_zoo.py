@@ -66,7 +66,8 @@ SWEPT = (
     "diffllama", "codegen", "persimmon", "xglm", "biogpt", "cohere2", "exaone4", "deepseek_v2",
     "minicpm3", "olmo", "seed_oss", "apertus", "arcee", "ernie45_moe", "llama4", "rwkv", "mamba2",
     "vaultgemma", "lfm2", "doge", "bitnet", "olmo3", "hunyuan_dense", "nanochat", "glm",
-    "ministral", "ernie45", "ctrl", "glm4_moe", "exaone_moe",
+    "ministral", "ernie45", "ctrl", "glm4_moe", "exaone_moe", "marian", "blenderbot", "plbart",
+    "modernbert", "deberta_v2", "mpnet", "roformer", "megatron_bert",
 )  # fmt: skip
 FORMS: dict[str, tuple[int, dict]] = {
     "zero3-dp2": (2, dict(tp=1, dp=2, pp=1, zero=3, micro_batch_size=4)),
