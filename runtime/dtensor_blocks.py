@@ -112,9 +112,53 @@ def split_blocks_locally(func: object, args: tuple, kwargs: dict) -> tuple | Non
     return tuple(DTensor.from_local(p, x.device_mesh, [Shard(d)], run_check=False) for p in parts)
 
 
+# Where a block splits a replicated tensor without a style: an expand of a broadcast dim
+# (``cost.sharding._broadcast``). Its input's gradient comes back partial over TP.
+_EXPANDS = {torch.Tensor.expand, torch.Tensor.expand_as, torch.broadcast_to}
+
+
+_NEW_LIKE = {torch.Tensor.new_empty, torch.Tensor.new_zeros, torch.Tensor.new_ones}
+
+
+def new_like_locally(func: object, args: tuple, kwargs: dict) -> DTensor | None:
+    """A new tensor made like a DTensor split along a dim whose size it keeps, split alike
+    (each rank makes its part), as the plan prices it (``cost.sharding._like``); None for any
+    other call. DTensor's own rule keeps the split only for the very same shape, and makes
+    DeepSeek's keys, ``new_empty`` with a narrower head size, whole: an all-gather of the
+    heads' keys to fill it."""
+    x = args[0] if args else None
+    if func not in _NEW_LIKE or not isinstance(x, DTensor) or x.device_mesh.ndim != 1:
+        return None
+    (placement,) = x.placements
+    rest = args[1:]
+    size = list(rest[0] if len(rest) == 1 and not isinstance(rest[0], int) else rest)
+    if type(placement) is not Shard or not all(isinstance(n, int) for n in size):
+        return None
+    d = placement.dim
+    if len(size) != x.dim() or size[d] != x.shape[d]:
+        return None
+    local = list(size)
+    local[d] = x.to_local().shape[d]
+    out = func(x.to_local(), local, **kwargs)
+    stride = torch.empty(size, device="meta").stride()
+    return DTensor.from_local(
+        out, x.device_mesh, [Shard(d)], run_check=False, shape=torch.Size(size), stride=stride
+    )
+
+
 class _SplitBlocksLocally(TorchFunctionMode):
+    """Inside a block run on DTensors: splits of block-sharded tensors done locally, tensors
+    made like a split one split alike, and the partial gradient of a plain tensor that an
+    expand hands to DTensors summed right there: the collectives the plan priced, the
+    all-reduce of the expand's input (not of what it was cut from) and no all-gather."""
+
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
         kwargs = kwargs or {}
+        if func in _EXPANDS and args:
+            plain_gradients(args[0])
+        made = new_like_locally(func, args, kwargs)
+        if made is not None:
+            return made
         parts = split_blocks_locally(func, args, kwargs)
         return parts if parts is not None else func(*args, **kwargs)
 

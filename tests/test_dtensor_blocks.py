@@ -45,3 +45,59 @@ def test_split_into_the_blocks_is_local_and_keeps_each_ranks_heads():
     # a split that is not into the blocks is left to DTensor, which gathers (correct, not local)
     assert out["other"]["collectives"] >= 1
     assert out["dtensor_split_collectives"] >= 1  # why the runtime splits locally
+
+
+MLA_CHILD = r"""
+import sys
+sys.path.insert(0, "tests/models")
+import deepseek_v3
+from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor.debug import CommDebugMode
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from runtime.dtensor_blocks import (
+    backward_replication, new_like_locally, register_cpu_attention_sharding, run_on_dtensors,
+)
+
+torch.manual_seed(0)
+model = deepseek_v3.build_model(dense=True)
+layer = model.model.layers[0]
+a, col = "self_attn.", lambda: ColwiseParallel(use_local_output=False)  # colwise_dtensor
+parallelize_module(layer, mesh, {
+    a + "q_b_proj": col(), a + "kv_b_proj": col(), a + "o_proj": RowwiseParallel(),
+    "mlp.gate_proj": col(), "mlp.up_proj": col(), "mlp.down_proj": RowwiseParallel(),
+})
+register_cpu_attention_sharding()
+run_on_dtensors(layer)
+x = torch.randn(4, 32, 64, requires_grad=True)
+pos = model.model.rotary_emb(x, torch.arange(32)[None].expand(4, -1))
+on_dtensors = type("Plan", (), {"blocks": [type("Block", (), {"tp_plan": {"m": "colwise_dtensor"}})]})
+with CommDebugMode() as comm:
+    y = layer(x, position_embeddings=pos, attention_mask=None)
+    y = y[0] if isinstance(y, tuple) else y
+    with backward_replication(on_dtensors):
+        y.sum().backward()
+out = {
+    "collectives": {getattr(k, "__name__", str(k)).split(".")[-1]: v
+                    for k, v in comm.get_comm_counts().items()},
+    "plain_grad": type(x.grad) is torch.Tensor,
+}
+keys = DTensor.from_local(torch.zeros(4, 2, 32, 24), mesh, [Shard(1)], run_check=False)
+made = new_like_locally(torch.Tensor.new_empty, (keys, 4, 4, 32, 16), {})
+out["new_empty"] = [list(made.shape), repr(made.placements[0]), list(made.to_local().shape)]
+out["other_dim"] = new_like_locally(torch.Tensor.new_empty, (keys, 4, 8, 32, 16), {}) is None
+"""
+
+
+def test_latent_attention_on_dtensors_runs_the_priced_collectives():
+    """A DeepSeek layer split by heads (queries and keys/values from column-parallel
+    projections kept DTensors, the shared rotary key broadcast into the heads) runs only
+    all-reduces: two in forward (the row-parallel outputs) and five in backward (the inputs
+    of the four column-parallel projections and the rotary key). DTensor's own new_empty
+    made the keys whole (shape [4, 4, 32, 16] from a [..., 24] tensor: not the same shape),
+    so each layer all-gathered its keys to fill them; made like the heads' split they stay
+    split. The layer's input gets a plain, whole gradient."""
+    out = run_on_fake_pg(MLA_CHILD)
+    assert out["collectives"] == {"all_reduce": 7}
+    assert out["plain_grad"]
+    assert out["new_empty"] == [[4, 4, 32, 16], "Shard(dim=1)", [4, 2, 32, 16]]
+    assert out["other_dim"]  # a split dim whose size changes: DTensor decides
