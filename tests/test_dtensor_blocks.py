@@ -70,7 +70,8 @@ register_cpu_attention_sharding()
 run_on_dtensors(layer)
 x = torch.randn(4, 32, 64, requires_grad=True)
 pos = model.model.rotary_emb(x, torch.arange(32)[None].expand(4, -1))
-on_dtensors = type("Plan", (), {"blocks": [type("Block", (), {"tp_plan": {"m": "colwise_dtensor"}})]})
+block = type("Block", (), {"tp_plan": {"m": "colwise_dtensor"}})
+on_dtensors = type("Plan", (), {"blocks": [block]})
 with CommDebugMode() as comm:
     y = layer(x, position_embeddings=pos, attention_mask=None)
     y = y[0] if isinstance(y, tuple) else y
