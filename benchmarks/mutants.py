@@ -939,6 +939,23 @@ MUTANTS: list[Mutant] = [
         "(MiniCPM3's) are rejected",
     ),
     M(
+        "run-colwise-input-reduced-per-module",
+        "runtime/parallelize.py",
+        "        style._prepare_input_fn = _shared_input  # _apply reads it from the instance\n",
+        "        pass\n",
+        "tests/test_dtensor_blocks.py",
+        "q, k and v each all-reduce the layer's input gradient: 2.5x the priced backward TP "
+        "traffic",
+    ),
+    M(
+        "run-new-empty-made-whole",
+        "runtime/dtensor_blocks.py",
+        "        made = new_like_locally(func, args, kwargs)\n",
+        "        made = None\n",
+        "tests/test_dtensor_blocks.py",
+        "DeepSeek's keys made whole by DTensor's new_empty: an all-gather per layer",
+    ),
+    M(
         "probe-blames-shards-for-a-whole-block-failure",
         "planner/cost/eager_probe.py",
         "                if not ran:\n",

@@ -7,6 +7,7 @@ order is torchtitan's: tensor parallel, then activation checkpointing, then data
 
 from __future__ import annotations
 
+import weakref
 from functools import partial
 
 import torch
@@ -126,6 +127,40 @@ def tp_style(module: nn.Module, style: str, fqn: str, traced_parent: bool = Fals
         # rowwise: an embedding's vocabulary split (ids arrive replicated), or see above
         return _Rowwise(input_layouts=Replicate())
     return _Rowwise()
+
+
+# One DTensor per plain tensor that column-parallel modules read (see _shared_input):
+# (id of the tensor, id of the mesh, layouts) -> weak references to the tensor and the DTensor
+_SHARED_INPUTS: dict[tuple, tuple[weakref.ref, weakref.ref]] = {}
+
+
+def _shared_input(input_layouts, desired_input_layouts, mod, inputs, device_mesh):  # noqa: ANN001, ANN201
+    """ColwiseParallel's input preparation, with one DTensor however many column-parallel
+    modules read the same plain tensor (q, k and v; gate and up). Their input gradients,
+    partial sums, then add up before one all-reduce, Megatron's one per producer, which the
+    plan prices (``cost.sharding``); torch's style converts and reduces per module, one
+    all-reduce of the layer's input per projection in backward."""
+    x = inputs[0]
+    if not isinstance(x, DTensor):
+        key = (id(x), id(device_mesh), tuple(input_layouts))
+        hit = _SHARED_INPUTS.get(key)
+        shared = hit[1]() if hit is not None and hit[0]() is x else None
+        if shared is None:
+            shared = DTensor.from_local(x, device_mesh, input_layouts, run_check=False)
+            if len(_SHARED_INPUTS) > 4096:  # forget the tensors that are gone
+                for k in [k for k, (t, d) in _SHARED_INPUTS.items() if t() is None or d() is None]:
+                    del _SHARED_INPUTS[k]
+            _SHARED_INPUTS[key] = (weakref.ref(x), weakref.ref(shared))
+        x = shared
+    if input_layouts != desired_input_layouts:
+        x = x.redistribute(placements=desired_input_layouts, async_op=True)
+    return x
+
+
+def _sharing_inputs(style: ParallelStyle) -> ParallelStyle:
+    if isinstance(style, ColwiseParallel):
+        style._prepare_input_fn = _shared_input  # _apply reads it from the instance
+    return style
 
 
 class _Rowwise(RowwiseParallel):
@@ -422,7 +457,7 @@ def apply_tensor_parallel(
                 # tensor there (its recompute gathers again anyway)
                 gather_sequence(module, regather_in_backward=block.recompute == "none")
                 continue
-            styles[fqn] = tp_style(module, style, fqn, traced)
+            styles[fqn] = _sharing_inputs(tp_style(module, style, fqn, traced))
             if traced:
                 gathered.append(fqn)
             elif base_style(style) == "colwise_dtensor":

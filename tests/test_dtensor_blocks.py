@@ -53,18 +53,28 @@ sys.path.insert(0, "tests/models")
 import deepseek_v3
 from torch.distributed.tensor import DTensor, Shard
 from torch.distributed.tensor.debug import CommDebugMode
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.distributed.tensor.parallel import parallelize_module
 from runtime.dtensor_blocks import (
     backward_replication, new_like_locally, register_cpu_attention_sharding, run_on_dtensors,
 )
+from runtime.parallelize import _sharing_inputs, tp_style
+
+
+def styled(layer, plan):
+    parallelize_module(layer, mesh, {
+        fqn: _sharing_inputs(tp_style(layer.get_submodule(fqn), style, fqn))
+        for fqn, style in plan.items()
+    })
+
 
 torch.manual_seed(0)
 model = deepseek_v3.build_model(dense=True)
 layer = model.model.layers[0]
-a, col = "self_attn.", lambda: ColwiseParallel(use_local_output=False)  # colwise_dtensor
-parallelize_module(layer, mesh, {
-    a + "q_b_proj": col(), a + "kv_b_proj": col(), a + "o_proj": RowwiseParallel(),
-    "mlp.gate_proj": col(), "mlp.up_proj": col(), "mlp.down_proj": RowwiseParallel(),
+a = "self_attn."
+styled(layer, {
+    a + "q_b_proj": "colwise_dtensor", a + "kv_b_proj": "colwise_dtensor", a + "o_proj": "rowwise",
+    "mlp.gate_proj": "colwise_dtensor", "mlp.up_proj": "colwise_dtensor",
+    "mlp.down_proj": "rowwise",
 })
 register_cpu_attention_sharding()
 run_on_dtensors(layer)
@@ -86,19 +96,41 @@ keys = DTensor.from_local(torch.zeros(4, 2, 32, 24), mesh, [Shard(1)], run_check
 made = new_like_locally(torch.Tensor.new_empty, (keys, 4, 4, 32, 16), {})
 out["new_empty"] = [list(made.shape), repr(made.placements[0]), list(made.to_local().shape)]
 out["other_dim"] = new_like_locally(torch.Tensor.new_empty, (keys, 4, 8, 32, 16), {}) is None
+
+sys.path.insert(0, "examples")
+import llama
+llama_layer = llama.build_model("tiny").model.layers[0]
+a = "self_attn."
+styled(llama_layer, {
+    **{a + p: "colwise" for p in ("q_proj", "k_proj", "v_proj")}, a + "o_proj": "rowwise",
+    "mlp.gate_proj": "colwise", "mlp.up_proj": "colwise", "mlp.down_proj": "rowwise",
+})
+x = torch.randn(4, 32, 64, requires_grad=True)
+rotary = llama.build_model("tiny").model.rotary_emb
+pos = rotary(x, torch.arange(32)[None].expand(4, -1))
+with CommDebugMode() as comm:
+    y = llama_layer(x, position_embeddings=pos, attention_mask=None)
+    (y[0] if isinstance(y, tuple) else y).sum().backward()
+out["llama"] = {getattr(k, "__name__", str(k)).split(".")[-1]: v
+                for k, v in comm.get_comm_counts().items()}
 """
 
 
 def test_latent_attention_on_dtensors_runs_the_priced_collectives():
     """A DeepSeek layer split by heads (queries and keys/values from column-parallel
     projections kept DTensors, the shared rotary key broadcast into the heads) runs only
-    all-reduces: two in forward (the row-parallel outputs) and five in backward (the inputs
-    of the four column-parallel projections and the rotary key). DTensor's own new_empty
-    made the keys whole (shape [4, 4, 32, 16] from a [..., 24] tensor: not the same shape),
-    so each layer all-gathered its keys to fill them; made like the heads' split they stay
-    split. The layer's input gets a plain, whole gradient."""
+    all-reduces: two in forward (the row-parallel outputs) and four in backward (the inputs
+    of q's and the latent's up-projections, of the MLP, and the rotary key). DTensor's own
+    new_empty made the keys whole (shape [4, 4, 32, 16] from a [..., 24] tensor: not the same
+    shape), so each layer all-gathered its keys to fill them; made like the heads' split they
+    stay split. The layer's input gets a plain, whole gradient."""
     out = run_on_fake_pg(MLA_CHILD)
-    assert out["collectives"] == {"all_reduce": 7}
+    assert out["collectives"] == {"all_reduce": 6}
     assert out["plain_grad"]
     assert out["new_empty"] == [[4, 4, 32, 16], "Shard(dim=1)", [4, 2, 32, 16]]
     assert out["other_dim"]  # a split dim whose size changes: DTensor decides
+
+    # A Llama layer at TP 2: the projections reading one tensor (q, k, v; gate, up) share one
+    # DTensor of it, so their input gradients add up before one all-reduce, Megatron's layout
+    # and the plan's price: 2 all-reduces in forward, 2 in backward (torch's styles alone: 5)
+    assert out["llama"] == {"all_reduce": 4}
