@@ -1,4 +1,4 @@
-"""The sweep: 84 more families no one here tuned for, at tiny size only, for the zoo's four
+"""The sweep: 83 more families no one here tuned for, at tiny size only, for the zoo's four
 training forms (``test_zoo.py``): transformers models from their configs, and plain-torch
 models with the shapes a planner trips on (frozen weights beside adapters, a parametrized
 weight, a cell called once per position, one layer applied three times). The zoo's model file
@@ -370,7 +370,6 @@ SWEEP: dict[str, dict[str, Any]] = {
         _GQA, head_dim=16, num_experts=4, n_routed_experts=4, num_experts_per_tok=2,
         moe_intermediate_size=32, num_shared_experts=1, n_shared_experts=1,
         first_k_dense_replace=1, n_group=1, topk_group=1)),
-    "marian": _family("MarianConfig", "MarianMTModel", _S2S, "seq2seq"),
     "blenderbot": _family("BlenderbotConfig", "BlenderbotForConditionalGeneration", _S2S,
                           "seq2seq"),
     "plbart": _family("PLBartConfig", "PLBartForConditionalGeneration", _S2S, "seq2seq"),

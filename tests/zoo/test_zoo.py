@@ -66,7 +66,7 @@ SWEPT = (
     "diffllama", "codegen", "persimmon", "xglm", "biogpt", "cohere2", "exaone4", "deepseek_v2",
     "minicpm3", "olmo", "seed_oss", "apertus", "arcee", "ernie45_moe", "llama4", "rwkv", "mamba2",
     "vaultgemma", "lfm2", "doge", "bitnet", "olmo3", "hunyuan_dense", "nanochat", "glm",
-    "ministral", "ernie45", "ctrl", "glm4_moe", "exaone_moe", "marian", "blenderbot", "plbart",
+    "ministral", "ernie45", "ctrl", "glm4_moe", "exaone_moe", "blenderbot", "plbart",
     "modernbert", "deberta_v2", "mpnet", "roformer", "megatron_bert",
 )  # fmt: skip
 FORMS: dict[str, tuple[int, dict]] = {
