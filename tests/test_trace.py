@@ -249,25 +249,8 @@ def test_hook_fallback_graph(tmp_path, monkeypatch):
     """A model that export rejects (its output is an unregistered class) but that runs on meta
     tensors is traced by module hooks, and the user is told so."""
     monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path))
-    src = (
-        "import torch\nfrom torch import nn\n"
-        "class Out:\n"
-        "    def __init__(self, logits):\n"
-        "        self.logits = logits\n"
-        "class Odd(nn.Module):\n"
-        "    def __init__(self):\n"
-        "        super().__init__()\n"
-        "        self.layers = nn.ModuleList(nn.Linear(8, 8) for _ in range(3))\n"
-        "    def forward(self, x):\n"
-        "        for l in self.layers:\n"
-        "            x = l(x)\n"
-        "        return Out(x)\n"
-        "def build_model():\n    return Odd()\n"
-        "def make_batch(b, step=0):\n"
-        "    return torch.ones(b, 8), torch.zeros(b, dtype=torch.long)\n"
-    )
     f = tmp_path / "odd.py"
-    f.write_text(src)
+    f.write_text(ODD_OUTPUT)
     traced = trace(f, dtype="fp32", micro_batch_size=4)
     assert "fell back to module-level tracing" in traced.note
     assert traced.params == 3 * (8 * 8 + 8)
