@@ -916,7 +916,7 @@ MUTANTS: list[Mutant] = [
     M(
         "sharding-broadcast-expand-on-local-shards",
         "planner/cost/sharding.py",
-        "    if runs_on_dtensors(graph, block, states):\n        plan = on_dtensors(plan)\n",
+        "    if tpl.on_dtensors:\n        plan = on_dtensors(plan)\n",
         "",
         f"{SHARD} {oracle('mla-tp2')}",
         "MLA's shared rotary key is split on plain local shards: its gradient is never summed",

@@ -22,6 +22,7 @@ from oracle import (
 )
 from runs import launch, losses_of
 from test_mixed_milp import brute_force
+from test_trace import ODD_OUTPUT
 
 from planner.resources.mixed import mixed_problem
 from planner.resources.mixed_cost import step_time
@@ -172,23 +173,11 @@ def test_runtime_runs_the_mixed_plan_like_one_process(mixed):
 def test_a_model_export_cannot_trace_gets_no_pipeline_across_kinds(tmp_path, monkeypatch):
     """A pipeline across kinds is cut by torch's pipelining, which traces the model with
     torch.export: for a model only the module-level trace could follow (its output an
-    unregistered class) no mixed candidate is priced, and each kind alone still plans."""
+    unregistered class, ``test_trace.ODD_OUTPUT``) no mixed candidate is priced, and each kind
+    alone still plans."""
     monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path / "cache"))
     model = tmp_path / "odd.py"
-    model.write_text(
-        "import torch\nfrom torch import nn\n"
-        "class Out:\n    def __init__(self, logits):\n        self.logits = logits\n"
-        "class Odd(nn.Module):\n"
-        "    def __init__(self):\n"
-        "        super().__init__()\n"
-        "        self.layers = nn.ModuleList(nn.Linear(64, 64) for _ in range(4))\n"
-        "    def forward(self, x):\n"
-        "        for l in self.layers:\n            x = l(x)\n"
-        "        return Out(x)\n"
-        "def build_model():\n    return Odd()\n"
-        "def make_batch(b, step=0):\n"
-        "    return torch.ones(b, 64), torch.zeros(b, dtype=torch.long)\n"
-    )
+    model.write_text(ODD_OUTPUT)
     kinds = [KindSpec("fast", "cpu", 1), KindSpec("slow", half_profile(tmp_path), 1)]
     res = plan_mixed(
         model, kinds, {("fast", "slow"): LINK}, global_batch_size=8, dtype="fp32",

@@ -273,7 +273,8 @@ def strategies_for(
     elif is_view(op) and nodes and operands[0].kind == "node":
         found += _view(base, shape, operands, attrs["args"], t)
         found += _view_blocks(base, shape, operands, attrs["args"], t, factors)
-        found += _broadcast(base, shape, operands, t)
+        if base == "expand":
+            found += _broadcast(shape, operands, t)
     elif base in COMPLEX_VIEWS and nodes and operands[0].kind == "node":
         found += _complex_view(shape, operands, t)
     elif base in LIKE_FACTORIES and nodes and operands[0].kind == "node":
@@ -610,14 +611,14 @@ def _view(base: str, shape: tuple, ops: Sequence[Operand], args: list, t: int) -
     return out
 
 
-def _broadcast(base: str, shape: tuple, ops: Sequence[Operand], t: int) -> list[Strategy]:
+def _broadcast(shape: tuple, ops: Sequence[Operand], t: int) -> list[Strategy]:
     """An expand that broadcasts a size-1 (or new) dim may hand a replicated tensor on split
     along it, with no communication: each device expands to its own part (multi-head latent
     attention's rotary key, one for all heads, joins the head-sharded keys). Its gradient is
     then each device's partial sum over its part, summed like any replicated operand of a
-    sharded op. Only DTensor runs it so (``runs_on_dtensors``)."""
+    sharded op. Only DTensor runs it so (``_splits_replicated``)."""
     src = ops[0].shape
-    if base != "expand" or src is None:
+    if src is None:
         return []
     lead = len(shape) - len(src)
     return [
@@ -627,18 +628,15 @@ def _broadcast(base: str, shape: tuple, ops: Sequence[Operand], t: int) -> list[
     ]
 
 
-def runs_on_dtensors(graph: nx.DiGraph, block: Block, states: dict[str, str]) -> bool:
-    """Whether an expand of the layout hands a replicated tensor on split (``_broadcast``).
+def _splits_replicated(prob: BlockProblem, strat: Sequence[Strategy]) -> bool:
+    """Whether the layout has an expand hand a replicated tensor on split (``_broadcast``).
     On local shards each device's plain expand would leave that tensor's gradient partial
     with nothing to sum it; on DTensors the replicated side is split locally and its
     gradient comes back partial and is reduced, as priced."""
-    for n in block.nodes:
-        if _dim(states.get(n)) is None or _base(graph.nodes[n]["op"]) != "expand":
-            continue
-        src = _operands(graph, graph.nodes[n])[0]
-        if src.kind == "node" and states.get(src.name, R) == R:
-            return True
-    return False
+    return any(
+        _base(op.op) == "expand" and _dim(st.out) is not None and st.req[0] == R
+        for op, st in zip(prob.ops, strat)
+    )
 
 
 def _map_view_dim(base: str, src: tuple, dst: tuple, d: int, args: list, t: int) -> int | None:
@@ -1535,6 +1533,7 @@ class _Template:
     time_s: float
     memory: float
     sequence_parallel: bool = False  # the block runs Megatron-style sequence parallel
+    on_dtensors: bool = False  # it splits a replicated tensor (``_splits_replicated``)
 
 
 def tp_variants(
@@ -1564,21 +1563,13 @@ def tp_variants(
     if key not in memo:
         prob = build_problem(graph, block, tp, flops_per_second, bytes_per_second, vocab_tied)
         memo[key] = _templates(prob, comm_seconds_per_byte, max_variants)
-    # A sequence-parallel block is entered and left as one module (one block, one module).
-    nodes = [n for n in block.nodes if _has_tensor(graph, n)]
+    # A sequence-parallel block is entered and left as one module (one block, one module), on
+    # plain local shards (a layout that splits a replicated tensor needs DTensors).
     return [
         _bind(graph, block, tpl, tp)
         for tpl in memo[key]
-        if (
-            not tpl.sequence_parallel
-            or (
-                len(block.modules) == 1
-                and not runs_on_dtensors(graph, block, dict(zip(nodes, tpl.states)))
-            )
-        )
-        and realizable(
-            graph, block, dict(zip(nodes, tpl.states)), list(tpl.plans), dict(zip(nodes, tpl.needs))
-        )
+        if (not tpl.sequence_parallel or (len(block.modules) == 1 and not tpl.on_dtensors))
+        and realizable(graph, block, tpl)
     ]
 
 
@@ -1758,6 +1749,7 @@ def _sequence_parallel(
         states=seq_states,
         needs=tuple(s.req for s in strat),
         plans=tuple(sorted(plans + norms)),
+        on_dtensors=_splits_replicated(prob, strat),
         grad_sums=_param_uses(prob, tp.partial_params),
         compute_fraction=cf,
         memory_bound_fraction=mb,
@@ -1819,6 +1811,7 @@ def _template(prob: BlockProblem, choice: tuple[int, ...], name: str, ev: Evalua
         states=tuple(s.out for s in strat),
         needs=tuple(s.req for s in strat),
         plans=tuple(plans),
+        on_dtensors=_splits_replicated(prob, strat),
         grad_sums=_param_uses(prob, ev.partial_params),
         compute_fraction=cf,
         memory_bound_fraction=mb,
@@ -1908,21 +1901,16 @@ def _sharded_region(
     return gathered, partial, seen
 
 
-def realizable(
-    graph: nx.DiGraph,
-    block: Block,
-    states: dict[str, str],
-    plans: list,
-    needs: dict[str, tuple[str | None, ...]],
-) -> bool:
+def realizable(graph: nx.DiGraph, block: Block, tpl: _Template) -> bool:
     """Can torch's styles run this layout? A column-parallel output is handed on either as the
     shard or gathered, once, at the module's output: a region that needs both (T5's relative
     position bias feeds this layer's head-sharded scores and, whole, the next layers) cannot;
     nor can a replicated tensor split by an expand where no column-parallel output stays
-    sharded (``runs_on_dtensors``)."""
+    sharded (``_splits_replicated``)."""
     nodes = [n for n in block.nodes if _has_tensor(graph, n)]
+    states, needs = dict(zip(nodes, tpl.states)), dict(zip(nodes, tpl.needs))
     kept = False  # some column-parallel output handed on as the shard
-    for pos, _w, label in plans:
+    for pos, _w, label in tpl.plans:
         if base_style(label) in ("colwise", "colwise_dtensor"):
             gathered, partial, _ = _sharded_region(graph, block, nodes[pos], states, needs)
             if gathered and partial:
@@ -1930,7 +1918,7 @@ def realizable(
             kept = kept or not gathered
     # a replicated tensor split by an expand runs only on DTensors, which the block enters at
     # a column-parallel module that keeps its output sharded
-    return kept or not runs_on_dtensors(graph, block, states)
+    return kept or not tpl.on_dtensors
 
 
 def _holder(graph: nx.DiGraph, node: str, weight: str) -> str:
@@ -1968,7 +1956,7 @@ def _bind(graph: nx.DiGraph, block: Block, tpl: _Template, tp: int) -> TPVariant
         # only where the runtime has gathered the shards gets its whole gradient on every rank
         if module not in plan and _read_sharded(graph, block, module, states, whole):
             sums.add(module)
-    if runs_on_dtensors(graph, block, states):
+    if tpl.on_dtensors:
         plan = on_dtensors(plan)
     if tpl.sequence_parallel:
         plan[block.modules[0]] = "sp_block"  # replicated in and out, sequence-sharded inside

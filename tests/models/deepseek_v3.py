@@ -18,9 +18,12 @@ def build_model(size: str = "tiny", dense: bool = False) -> nn.Module:
     alone, which tensor parallelism splits by heads."""
     if size != "tiny":
         raise ValueError(f"unknown size {size!r}; this test model has only 'tiny'")
-    mla = dict(q_lora_rank=24, qk_nope_head_dim=16, first_k_dense_replace=2) if dense else {}
+    if dense:
+        layers = dict(first_k_dense_replace=2, q_lora_rank=24, qk_nope_head_dim=16)
+    else:
+        layers = dict(first_k_dense_replace=1, q_lora_rank=None, qk_nope_head_dim=8)
     config = DeepseekV3Config(
-        **{"first_k_dense_replace": 1, "q_lora_rank": None, "qk_nope_head_dim": 8, **mla},
+        **layers,
         vocab_size=VOCAB,
         hidden_size=64,
         intermediate_size=128,
