@@ -244,7 +244,29 @@ def plan(
     probe.save()
     lr = float(training_cfg.get("lr", 3e-4))
     doc = build_plan(traced, cluster, training, lr, result, baselines)
+    notes += batch_statistics_notes(traced.graph, doc)
     return PlanResult(doc, traced, cluster, training, result, notes)
+
+
+def batch_statistics_notes(graph, doc) -> list[str]:
+    """Where the plan's BatchNorms see fewer samples together than the global batch: each
+    normalises one micro-batch (over the replicas when synchronized), so the model trains as
+    one process would with that micro-batch and gradient accumulation, not with the whole
+    batch at once. Said, since it changes what is trained, with the pin that avoids it."""
+    from planner.cost.model import batch_statistics_shapes
+
+    if not batch_statistics_shapes(graph):
+        return []
+    dp = doc.mesh.dp
+    together = doc.micro_batch_size * (dp if doc.batchnorm == "synchronized" else 1)
+    if together >= doc.global_batch_size:
+        return []
+    return [
+        f"BatchNorm: statistics over {together} samples per micro-batch, where one process "
+        f"taking the global batch at once normalises all {doc.global_batch_size}; pin "
+        f"--micro-batch-size {doc.global_batch_size // dp} (one micro-batch per replica) to "
+        "train as that process does"
+    ]
 
 
 def training_of(

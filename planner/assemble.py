@@ -86,14 +86,20 @@ def why_lost(c: Candidate, best: Candidate | None) -> str:
                 if extra > 0.05:
                     return f"as fast (within 0.1%) but needs {extra:.1f} GiB more memory"
                 return "as fast (within 0.1%); the chosen plan wins the tie on a simpler mesh"
+            sync = cost.sync_s - best.cost.sync_s
+            work = (
+                "compute and tensor-parallel communication"
+                if c.tp > 1 or best.tp > 1
+                else "compute"
+            )
             parts = {
                 "pipeline bubble": cost.bubble_s - best.cost.bubble_s,
                 "exposed data-parallel communication": cost.dp_exposed_s - best.cost.dp_exposed_s,
                 "optimizer step": cost.optimizer_s - best.cost.optimizer_s,
                 "offload traffic": cost.offload_s - best.cost.offload_s,
-                "compute and tensor-parallel communication": (
-                    cost.pipeline_s - cost.bubble_s - best.cost.pipeline_s + best.cost.bubble_s
-                ),
+                "BatchNorm statistics synchronization": sync,
+                work: (cost.pipeline_s - cost.bubble_s - best.cost.pipeline_s + best.cost.bubble_s)
+                - sync,
             }
             worst = max(parts, key=lambda k: parts[k])
             return f"{slower:.1%} slower, mostly {worst}"

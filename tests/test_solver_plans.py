@@ -144,3 +144,29 @@ def test_a_baseline_the_pins_excluded_says_how_much_faster_it_is():
         ratio = chosen / a.step_time_s
         assert "your pins" in a.why_not and f"{ratio:.2f}x as fast" in a.why_not, a.why_not
         assert "as fast (within" not in a.why_not
+
+
+def test_why_a_layout_lost_names_batchnorm_synchronization_apart_from_compute():
+    """A data-parallel ResNet loses to a pipeline on CPU ranks because each BatchNorm's
+    statistics are all-reduced per micro-batch: the table said "compute and tensor-parallel
+    communication" for a layout with no TP. The synchronization is its own part now, and the
+    per-micro-batch work names TP only where a layout has it."""
+    from planner.assemble import why_lost
+    from planner.cost.model import StepCost
+    from planner.search.candidates import Candidate
+
+    def cost(step: float, pipeline: float, sync: float) -> StepCost:
+        return StepCost(
+            step_time_s=step, pipeline_s=pipeline, bubble_s=0.0, dp_exposed_s=0.0,
+            optimizer_s=step - pipeline, offload_s=0.0, stages=[], rank_memory=[],
+            peak_memory_bytes=1.0, capacity_bytes=2.0, model_flops_per_step=1.0, mfu=0.1,
+            samples_per_s=1.0, feasible=True, sync_s=sync,
+        )  # fmt: skip
+
+    best = Candidate(2, 1, 1, 8, "gpipe", 1, 0, status="solved", cost=cost(3.0, 2.0, 0.0))
+    dp = Candidate(1, 2, 1, 4, "gpipe", 1, 0, status="solved", cost=cost(17.6, 16.6, 14.0))
+    assert why_lost(dp, best) == "486.7% slower, mostly BatchNorm statistics synchronization"
+    slow = Candidate(1, 2, 1, 4, "gpipe", 1, 0, status="solved", cost=cost(17.6, 16.6, 1.0))
+    assert why_lost(slow, best) == "486.7% slower, mostly compute"
+    tp = Candidate(1, 1, 2, 8, "gpipe", 1, 0, status="solved", cost=cost(17.6, 16.6, 1.0))
+    assert why_lost(tp, best).endswith("mostly compute and tensor-parallel communication")

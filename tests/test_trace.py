@@ -338,3 +338,74 @@ def test_a_shape_error_export_reached_is_not_reported_as_data_dependent_code():
     with pytest.raises(UserInputError) as err:
         _trace_with_hooks(mf, model, (x,), data)
     assert "sizes its work from tensor values" in str(err.value)
+
+
+POOLED_BATCHNORM = (
+    "import torch\nfrom torch import nn\n"
+    "TRAINING = {'global_batch_size': 8, 'optimizer': 'sgd', 'dtype': 'fp32'}\n"
+    "class Net(nn.Module):\n"
+    "    def __init__(self):\n"
+    "        super().__init__()\n"
+    "        self.layers = nn.ModuleList(\n"
+    "            nn.Sequential(nn.Linear(16, 16), nn.BatchNorm1d(16), nn.ReLU())\n"
+    "            for _ in range(4)\n"
+    "        )\n"
+    "        self.head = nn.Linear(16, 4)\n"
+    "    def forward(self, x):\n"
+    "        for layer in self.layers:\n"
+    "            x = layer(x)\n"
+    "        return self.head(x)\n"
+    "def build_model():\n    return Net()\n"
+    "def make_batch(b, step=0):\n"
+    "    g = torch.Generator().manual_seed(step)\n"
+    "    return torch.randn(b, 16, generator=g), torch.randint(0, 4, (b,), generator=g)\n"
+)
+
+
+def test_a_batchnorm_over_features_is_traced_and_never_given_one_sample(tmp_path, monkeypatch):
+    """A BatchNorm over [batch, features] (LeViT's, MobileViT's after pooling) has one value
+    per channel per sample, and torch refuses a training forward on one: such models could
+    not be traced at all (the trace ran one sample). The trace now runs two, its per-sample
+    numbers unchanged, and no plan gives such a BatchNorm a lone sample: a pipeline without
+    data parallelism gets micro-batches of at least 2, and a pinned micro-batch of 1 is
+    refused in one line."""
+    from planner.api import plan
+    from planner.errors import UserInputError
+    from planner.search import Pins
+
+    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path))
+    f = tmp_path / "pooled_bn.py"
+    f.write_text(POOLED_BATCHNORM)
+    traced = trace(f, dtype="fp32")
+    assert traced.micro_batch_size == 2
+    four = trace(f, dtype="fp32", micro_batch_size=4)
+    assert four.micro_batch_size == 4
+    assert sum(b.fwd_flops for b in four.blocks) == 2 * sum(b.fwd_flops for b in traced.blocks)
+    result = plan(f, 2, profile="cpu", pins=Pins(pp=2, dp=1))
+    assert result.plan.micro_batch_size >= 2
+    assert all(c.micro_batch_size * c.dp >= 2 for c in result.search.candidates)
+    # with two replicas a synchronized BatchNorm spans their micro-batches of one together
+    assert plan(f, 2, profile="cpu", pins=Pins(dp=2, micro_batch_size=1)).plan.mesh.dp == 2
+    with pytest.raises(UserInputError, match="pin --micro-batch-size 2 or more"):
+        plan(f, 2, profile="cpu", pins=Pins(pp=2, dp=1, micro_batch_size=1))
+
+
+def test_a_plan_says_when_batchnorm_sees_less_than_the_global_batch(tmp_path, monkeypatch):
+    """Micro-batches change what a BatchNorm normalises: the plan says so, with the pin that
+    keeps one process's statistics, and says nothing when one micro-batch per replica keeps
+    them."""
+    from planner.api import plan
+    from planner.search import Pins
+
+    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path))
+    f = tmp_path / "pooled_bn.py"
+    f.write_text(POOLED_BATCHNORM)
+    split = plan(f, 2, profile="cpu", pins=Pins(pp=2, dp=1, micro_batch_size=2))
+    said = [n for n in split.notes if n.startswith("BatchNorm:")]
+    assert said == [
+        "BatchNorm: statistics over 2 samples per micro-batch, where one process taking the "
+        "global batch at once normalises all 8; pin --micro-batch-size 8 (one micro-batch per "
+        "replica) to train as that process does"
+    ]
+    whole = plan(f, 2, profile="cpu", pins=Pins(dp=2, micro_batch_size=4))
+    assert not [n for n in whole.notes if n.startswith("BatchNorm:")]

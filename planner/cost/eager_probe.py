@@ -33,7 +33,12 @@ from planner.atomic import write_text_atomic
 from planner.cost import sharding
 from planner.modelfile import ModelFile
 from planner.trace.cache import cache_dir
-from planner.trace.export import build_meta_model, meta_inputs, quiet_torch_logs
+from planner.trace.export import (
+    batch_statistics_samples,
+    build_meta_model,
+    meta_inputs,
+    quiet_torch_logs,
+)
 from planner.vocab import IN_OUT, base_style
 
 RESHAPE_OPS = {"aten.view.default", "aten._unsafe_view.default", "aten.reshape.default"}
@@ -138,7 +143,7 @@ class EagerShardProbe:
         handles = [m.register_forward_pre_hook(grab, with_kwargs=True) for m in names]
         try:
             with torch.no_grad(), torch.device("meta"), mode or contextlib.nullcontext():
-                model(*meta_inputs(self.mf, 1, self.dtype))
+                model(*meta_inputs(self.mf, batch_statistics_samples(model), self.dtype))
             return True
         except Exception:  # noqa: BLE001 (data-dependent code, e.g. .item(), runs only
             # under torch.export's tracing): modules not reached stay unprobed

@@ -263,6 +263,7 @@ class StageCost:
     offload_s: float
     inflight: int  # micro-batches (interleaved: chunk-micro-batches) the rank holds at its peak
     held: float = 0.0  # micro-batches' worth of this stage's activations held (chunk_held)
+    sync_s: float = 0.0  # per micro-batch, of compute_s: BatchNorm statistics and DP copies
     memory: dict[str, float] = field(default_factory=dict)
 
 
@@ -283,6 +284,7 @@ class StepCost:
     samples_per_s: float
     feasible: bool
     host_bytes_per_gpu: float = 0.0
+    sync_s: float = 0.0  # of pipeline_s: the busiest rank's StageCost.sync_s over the step
 
 
 # --------------------------------------------------------------------------- per block
@@ -739,6 +741,27 @@ def batch_norm_channels(graph, block: Block) -> tuple[int, ...]:
             shape = d["shapes"][0]
             out.append(int(shape[1]) if len(shape) > 1 else 1)
     return tuple(out)
+
+
+def batch_statistics_shapes(graph) -> list[list[int]]:
+    """Input shapes of the model's BatchNorms that normalise with the batch's statistics."""
+    from planner.trace.opcost import BATCH_NORM_OPS
+
+    out = []
+    for _, d in graph.nodes(data=True):
+        args = d.get("args") or []
+        if d["op"] in BATCH_NORM_OPS and len(args) > 5 and args[5] is True and d.get("shapes"):
+            out.append(list(d["shapes"][0]))
+    return out
+
+
+def batch_statistics_floor(graph) -> int:
+    """Samples the statistics of every training-mode BatchNorm must span together: 2 where one
+    normalises a single value per channel per sample (a [batch, features] input, or one left
+    1 x 1 by pooling), since one value has no variance and torch refuses it; else 1. A
+    synchronized BatchNorm spans the data-parallel replicas' micro-batches together."""
+    shapes = batch_statistics_shapes(graph)
+    return 2 if any(math.prod(shape[2:]) == 1 for shape in shapes) else 1
 
 
 def batchnorm_sync_time(inp: CostInputs, o: BlockOption, config: Config, pp_rank: int = 0):
@@ -1518,9 +1541,8 @@ def evaluate(inp: CostInputs, config: Config) -> StepCost:
     mesh, training = config.mesh, inp.training
     p = mesh.pp
     stages = stage_costs(inp, config)
-    pipeline, bubble = pipeline_time(
-        stages, config, num_microbatches(training, mesh.dp, config.micro_batch_size)
-    )
+    m = num_microbatches(training, mesh.dp, config.micro_batch_size)
+    pipeline, bubble = pipeline_time(stages, config, m)
     memory, host = rank_memory(inp, config, stages)
     profile = inp.cluster.profile
     capacity = profile.memory_bytes * inp.memory_fraction
@@ -1555,6 +1577,7 @@ def evaluate(inp: CostInputs, config: Config) -> StepCost:
             for i, k in enumerate(config.choice)
         ),
         host_bytes_per_gpu=host,
+        sync_s=m * max(sum(st.sync_s for st in stages[r::p]) for r in range(p)),
     )
 
 
@@ -1590,6 +1613,7 @@ def stage_costs(inp: CostInputs, config: Config) -> list[StageCost]:
                 offload_s=offload_time(inp, opts, config, m),
                 inflight=inflight_microbatches(config.schedule, m, p, v, r),
                 held=chunk_held(config.schedule, m, p, v, r),
+                sync_s=sum(block_extra_time(inp, o, config, r) for o in opts),
             )
         )
     return stages

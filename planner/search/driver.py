@@ -27,6 +27,7 @@ from planner.cost.model import (
     Config,
     CostInputs,
     Training,
+    batch_statistics_floor,
     evaluate,
     num_microbatches,
     offload_allowed,
@@ -181,6 +182,17 @@ def _candidates(graph, blocks, cluster, training, pins, variants_of) -> list[Can
                 "torch.export: drop --pp (data parallelism and ZeRO need no trace)"
             )
         cands = [c for c in cands if c.pp == 1]
+    floor = batch_statistics_floor(graph)
+    if cands and floor > 1:
+        # a synchronized BatchNorm spans the replicas' micro-batches together
+        cands = [c for c in cands if c.micro_batch_size * c.dp >= floor]
+        if not cands:
+            raise UserInputError(
+                f"a BatchNorm of this model normalises one value per channel per sample, so "
+                f"its statistics need at least {floor} samples together, and every layout the "
+                "pins allow gives it a micro-batch of 1 on one replica: pin --micro-batch-size "
+                f"{floor} or more, or more data-parallel replicas (--dp)"
+            )
     if not cands:
         message = no_candidate_message(gpus, training, pins, tp_degrees, blocks)
         if graph.graph.get("method") == "hooks" and tp_degrees == [1]:

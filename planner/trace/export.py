@@ -29,6 +29,7 @@ from typing import Any
 import networkx as nx
 import torch
 import torch.fx
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from planner.errors import UserInputError
 from planner.modelfile import (
@@ -117,7 +118,8 @@ def quiet_torch_logs() -> Iterator[None]:
 
 
 def trace_model(mf: ModelFile, micro_batch_size: int = 1, dtype: str = "bf16") -> TraceResult:
-    """Trace ``mf`` for one micro-batch; the OpGraph's numbers are for that batch size.
+    """Trace ``mf`` for one micro-batch; the OpGraph's numbers are for the batch size its
+    ``micro_batch_size`` records (``batch_statistics_samples`` may raise the one asked for).
 
     The forward runs with the meta device as the default: a model that makes a tensor without
     naming a device (an unrolled RNN's ``torch.zeros(batch, hidden)`` initial state) makes it
@@ -126,8 +128,18 @@ def trace_model(mf: ModelFile, micro_batch_size: int = 1, dtype: str = "bf16") -
         return _trace_model(mf, micro_batch_size, dtype)
 
 
+def batch_statistics_samples(model: torch.nn.Module) -> int:
+    """The fewest samples a forward in training mode is defined on: 2 where a BatchNorm
+    normalises with the batch's statistics (after global pooling, or over a [batch, features]
+    input, one sample leaves one value per channel and torch refuses it: LeViT, MobileViT),
+    else 1."""
+    return 2 if any(isinstance(m, _BatchNorm) for m in model.modules()) else 1
+
+
 def _trace_model(mf: ModelFile, micro_batch_size: int, dtype: str) -> TraceResult:
     model = build_meta_model(mf, dtype)
+    # Costs are per sample times the micro-batch, whatever batch the trace ran on.
+    micro_batch_size = max(micro_batch_size, batch_statistics_samples(model))
     inputs = meta_inputs(mf, micro_batch_size, dtype)
     try:
         # torch.export prints the graph it gave up on (a data-dependent size): its words to
