@@ -119,6 +119,7 @@ class Setup:
     measured_mem_gib: float | None
     hardware: str  # the hardware kind the summary groups by
     assumed: tuple[str, ...] = field(default=())
+    tp_overlap_async: bool = False  # the overlap is torch's async TP (cost.model.Training)
 
 
 # --------------------------------------------------------------------------- reading a row
@@ -232,19 +233,22 @@ def parse_framework_memory(row: dict, tp: int, dtype: str, assumed: list[str]):
     return policy, vocab_parallel, bf16_opt
 
 
-def parse_tp_overlap(row: dict, assumed: list[str]) -> bool:
-    """Whether TP collectives overlap the GEMMs: stated ("async TP", "--tp-comm-overlap"), or
-    the default of NVIDIA's H100 performance recipes (NeMo, Megatron-Bridge: tp_comm_overlap
-    on), or off ("vanilla TP", DeepSpeed, torchtitan without async TP)."""
+def parse_tp_overlap(row: dict, assumed: list[str]) -> tuple[bool, bool]:
+    """(whether TP collectives overlap the GEMMs, whether that is torch's async TP): stated
+    ("async TP" in torch-native frameworks, "--tp-comm-overlap"), or the default of NVIDIA's
+    H100 performance recipes (NeMo, Megatron-Bridge: tp_comm_overlap on, Transformer Engine's
+    decomposed overlap), or off ("vanilla TP", DeepSpeed, torchtitan without async TP)."""
     text = " ".join(str(row.get(k, "")) for k in ("notes", "source", "model")).lower()
     if "vanilla tp" in text:
-        return False
+        return False, False
+    if re.search(r"async[- ]?tp", text) and not is_megatron_core(row):
+        return True, True
     if re.search(r"async[- ]?tp|tp-comm-overlap", text):
-        return True
+        return True, False
     if any(k in str(row.get("source", "")).lower() for k in ("nemo", "megatron-bridge")):
         assumed.append("TP communication overlap: NVIDIA recipe default")
-        return True
-    return False
+        return True, False
+    return False, False
 
 
 def parse_dp_copies(row: dict, assumed: list[str]) -> str:
@@ -408,7 +412,7 @@ def parse_row(row: dict) -> Setup:
     dtype, fp8 = parse_dtype(row.get("dtype", "not stated"))
     recompute = parse_recompute(row.get("recompute", "not stated"), assumed, row.get("source", ""))
     policy, vocab_parallel, bf16_opt = parse_framework_memory(row, tp, dtype, assumed)
-    tp_overlap = tp > 1 and parse_tp_overlap(row, assumed)
+    tp_overlap, tp_overlap_async = parse_tp_overlap(row, assumed) if tp > 1 else (False, False)
     profile, hardware = parse_profile(str(row.get("gpu", "")))
     megatron_core = is_megatron_core(row)
     if _stated(row.get("gpus_per_node")):
@@ -463,6 +467,7 @@ def parse_row(row: dict) -> Setup:
         dp_overlap=not is_deepspeed(row, assumed),
         dp_copies=parse_dp_copies(row, assumed),
         tp_overlap=tp_overlap,
+        tp_overlap_async=tp_overlap_async,
         profile=profile,
         inter_node_bytes_per_s=parse_fabric(row.get("interconnect", ""), gpn),
         measured_step_s=measured,
@@ -580,6 +585,7 @@ def price(s: Setup, **overrides: float):
         "adamw",
         fp8_linears=s.fp8,
         tp_overlap=s.tp_overlap,
+        tp_overlap_async=s.tp_overlap_async,
         vocab_parallel_loss=s.vocab_parallel_loss,
         fp32_grad_accumulation=s.fp32_grad_accumulation,
         fp32_grad_partition=s.fp32_grad_partition,
@@ -819,6 +825,57 @@ def cross_validate(setups: list[Setup]) -> dict[str, Any]:
     }
 
 
+def async_tp_pairs(setups: list[Setup]) -> list[tuple[Setup, Setup]]:
+    """(without, with) pairs of rows measured alike but for torch's async TP (torchtitan's
+    vanilla/async tables): what isolates the share of TP collectives async TP hides."""
+
+    def key(s: Setup) -> Setup:
+        return replace(
+            s, id="", tp_overlap=False, tp_overlap_async=False, measured_step_s=0.0,
+            measured_mem_gib=None, assumed=(),
+        )  # fmt: skip
+
+    plain = {key(s): s for s in setups if not s.tp_overlap}
+    return [(plain[key(s)], s) for s in setups if s.tp_overlap_async and key(s) in plain]
+
+
+def fit_async_tp(setups: list[Setup]) -> dict[str, Any]:
+    """``async_tp_overlap`` per chip from the async-TP pairs: the share h at which the model's
+    async/vanilla step-time ratio equals the measured one, on the chord of T(h) between T(0),
+    the vanilla time, and T(1): h = T(0) (1 - r) / (T(0) - T(1)), r = measured async / vanilla.
+    T is linear in h where the share bounds every block's exposure, and convex (below the
+    chord) where a block's products bound it first, so the chord's h is at least the exact one.
+    One factor per chip: the median of its pairs; the leave-one-pair-out errors price each
+    async row in full with the others' median."""
+    pairs = async_tp_pairs(setups)
+    per_pair = []
+    for plain, fast in pairs:
+        t0 = price(plain).step_time_s
+        t1 = price(fast, async_tp_overlap=1.0).step_time_s
+        r = fast.measured_step_s / plain.measured_step_s
+        per_pair.append(
+            {"chip": CHIPS[fast.profile], "without": plain.id, "with": fast.id,
+             "measured_ratio": r, "share": t0 * (1 - r) / (t0 - t1) if t0 > t1 else None}
+        )  # fmt: skip
+    fitted, held_out = {}, []
+    for chip in sorted({p["chip"] for p in per_pair}):
+        mine = [p for p in per_pair if p["chip"] == chip and p["share"] is not None]
+        if not mine:
+            continue
+        fitted[chip] = round(statistics.median(p["share"] for p in mine), 2)
+        for i, p in enumerate(mine):
+            rest = [q["share"] for j, q in enumerate(mine) if j != i]
+            if not rest:
+                continue
+            fast = next(f for _, f in pairs if f.id == p["with"])
+            h = statistics.median(rest)
+            t = price(fast, async_tp_overlap=h).step_time_s
+            held_out.append(
+                {"id": fast.id, "share": h, "error": rel_error(t, fast.measured_step_s)}
+            )
+    return {"pairs": per_pair, "fitted": fitted, "leave_one_pair_out": held_out}
+
+
 def config_label(s: Setup) -> str:
     parts = [f"tp{s.tp} pp{s.pp} dp{s.dp}"]
     if s.cp > 1:
@@ -1012,6 +1069,7 @@ def main(argv: list[str] | None = None) -> int:
     setups = [parse_row(r) for r, rec in zip(rows, records) if rec["status"] == "evaluated"]
     if not args.no_cv and len(setups) >= 2:
         summary["cv"] = cross_validate(setups)
+        summary["async_tp"] = fit_async_tp(setups)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     shown = Path(args.measurements).name

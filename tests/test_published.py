@@ -224,8 +224,11 @@ def test_torchtitan_selective_is_its_op_policy_and_its_loss_parallel():
 
 def test_async_tp_is_read_from_the_notes():
     row = {**BLOOM, "source": "torchtitan", "notes": "FSDP 32 x TP 8 + AsyncTP"}
-    assert P.parse_row(row).tp_overlap
+    assert P.parse_row(row).tp_overlap and P.parse_row(row).tp_overlap_async
     assert not P.parse_row({**row, "notes": "vanilla TP; torch.compile"}).tp_overlap
+    # NVIDIA's stacks overlap by decomposition (Transformer Engine), not torch's async TP
+    nvidia = P.parse_row({**row, "source": "NVIDIA Megatron-Bridge performance summary"})
+    assert nvidia.tp_overlap and not nvidia.tp_overlap_async
 
 
 # --------------------------------------------------------------------------- model and split
@@ -377,6 +380,32 @@ def test_overlapped_tp_collectives_leave_only_the_excess():
     assert tp_exposed(0.3, 0.5, 1.0, 0.4, c) == pytest.approx((0.0, 0.1))
     half = Cluster(replace(c.profile, comm_overlap=0.5), 1, 8)
     assert tp_exposed(0.3, 0.5, 0.4, 2.0, half) == pytest.approx((0.1, 0.0))
+    # torch's async TP hides at most its share, however long the products
+    assert tp_exposed(0.3, 0.5, 10.0, 10.0, c, share=0.32) == pytest.approx((0.204, 0.34))
+    # and no more than the products allow
+    assert tp_exposed(0.3, 0.5, 0.05, 10.0, c, share=0.32) == pytest.approx((0.25, 0.34))
+
+
+def test_async_tp_hides_its_fitted_share_in_the_step():
+    """A Hopper row under torch's async TP pays (1 - async_tp_overlap) of the TP collectives
+    it pays without overlap; NVIDIA's decomposed overlap of the same row hides them all
+    behind its products. Priced in full on a TP 8 Llama-3 8B at torchtitan's shape."""
+    row = {
+        **BLOOM, "source": "torchtitan (June 2025 async-TP benchmark)", "model": "Llama 3 8B",
+        "layers": 4, "hidden": 4096, "heads": 32, "kv_heads": 8, "ffn": 14336,
+        "vocab": 128256, "seq": 8192, "gpu": "H100 SXM", "gpus": 8, "tp": 8, "pp": 1, "dp": 1,
+        "mbs": 2, "gbs": 2, "zero_or_fsdp": "FSDP2", "dtype": "bf16", "recompute": "none",
+        "notes": "vanilla TP; torch.compile",
+    }  # fmt: skip
+    plain = P.parse_row(row)
+    fast = P.parse_row({**row, "notes": "async TP; torch.compile"})
+    assert (fast.tp_overlap, fast.tp_overlap_async) == (True, True)
+    assert 0 < load_profile("h100-sxm").async_tp_overlap < 1
+    t0 = P.price(plain).step_time_s
+    assert P.price(fast, async_tp_overlap=0.0).step_time_s == pytest.approx(t0, rel=1e-12)
+    decomposed = P.price(replace(fast, tp_overlap_async=False)).step_time_s
+    assert P.price(fast, async_tp_overlap=1.0).step_time_s == pytest.approx(decomposed, rel=1e-12)
+    assert decomposed < P.price(fast).step_time_s < t0
 
 
 def test_the_fit_recovers_each_chips_efficiencies_from_decomposed_rows():

@@ -73,6 +73,11 @@ class Training:
     # TP collectives overlapped with the GEMMs next to them (``tp_exposed``); off by default:
     # the runtime's DTensor TP runs them between the products.
     tp_overlap: bool = False
+    # The overlap is torch's async TP (torch.compile's micro-pipelined all-gather/reduce-scatter
+    # matmuls over symmetric memory, torchtitan's enable_async_tensor_parallel), which hides at
+    # most the profile's ``async_tp_overlap`` share of the collectives; off: the decomposed
+    # overlap of Megatron-Core/Transformer Engine (--tp-comm-overlap), bounded by compute only.
+    tp_overlap_async: bool = False
     # The loss over logits left sharded over the TP ranks' vocabulary (Megatron's
     # vocab-parallel cross-entropy, torchtitan's loss_parallel): each rank holds 1/tp of the
     # logits (``loss_shards``). Off by default: meshplan's runtime gathers the head's output
@@ -673,8 +678,9 @@ def block_options(
         comm_b = sum(collective_time(k, b * scale, cluster, tp_ranks) for k, b in v.comm_bwd)
         if training.tp_overlap:
             comm_f, comm_b = tp_exposed(
-                comm_f, comm_b, gemm_f + more_f * cf, gemm_b + more_b * cf, cluster
-            )
+                comm_f, comm_b, gemm_f + more_f * cf, gemm_b + more_b * cf, cluster,
+                cluster.profile.async_tp_overlap if training.tp_overlap_async else 1.0,
+            )  # fmt: skip
         # Experts are not split by TP (a grouped product has no sharding rule), but by EP.
         params = block.params * v.param_fraction - expert_total * (1 - 1 / ep)
         sel_bytes, sel_fwd = v.saved_selective_bytes, core_f
@@ -890,16 +896,26 @@ def selective_kept(graph, block: Block, training: Training) -> tuple[float, list
 
 
 def tp_exposed(
-    comm_f: float, comm_b: float, gemm_f: float, gemm_b: float, cluster: Cluster
+    comm_f: float,
+    comm_b: float,
+    gemm_f: float,
+    gemm_b: float,
+    cluster: Cluster,
+    share: float = 1.0,
 ) -> tuple[float, float]:
     """The TP collectives' time left on the critical path when they overlap the block's own
     products (``Training.tp_overlap``: Megatron-Core's --tp-comm-overlap, torch's async TP):
     each all-gather or reduce-scatter is split into chunks that run beside the GEMM consuming
     or producing them (Wang et al. 2023, "Overlap communication with dependent computation via
     decomposition"), so up to the profile's ``comm_overlap`` share of the block's compute-bound
-    time hides it; the excess stays exposed."""
+    time hides it; the excess stays exposed. ``share``: the most of the collectives the
+    implementation hides however long the GEMMs (``Training.tp_overlap_async``)."""
     hide = cluster.profile.comm_overlap
-    return max(0.0, comm_f - hide * gemm_f), max(0.0, comm_b - hide * gemm_b)
+    keep = 1.0 - share
+    return (
+        max(keep * comm_f, comm_f - hide * gemm_f),
+        max(keep * comm_b, comm_b - hide * gemm_b),
+    )
 
 
 def ring_attention_times(

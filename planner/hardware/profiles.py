@@ -75,6 +75,7 @@ FIELDS: tuple[tuple[str, str, str, str, str], ...] = (
     ("network", "collective_efficiency", "collective_efficiency", "eff", "share of link"),
     ("network", "collective_sync_s", "collective_sync", "nonneg", "seconds per call"),
     ("network", "comm_overlap", "comm_overlap", "unit", "share of compute comm can hide behind"),
+    ("network", "async_tp_overlap", "async_tp_overlap", "unit", "share of TP collectives hidden"),
 )
 SECTIONS = ("compute", "memory", "node", "network")
 # file key -> default. The per-op overheads are host time an eager op costs besides its
@@ -117,6 +118,9 @@ OPTIONAL: dict[str, float] = {
     # apart, the waiting one woken): measured by plan calibrate; the shipped GPU profiles have
     # no measurement of it and keep 0.
     "collective_sync_s": 0.0,
+    # The most of the TP collectives torch's async TP hides behind the products it
+    # micro-pipelines (cost.model.tp_exposed); 1: no measurement, bounded by compute alone.
+    "async_tp_overlap": 1.0,
 }
 # What a written profile says of the keys no measurement fills (plan calibrate times neither
 # FP8 products nor fused attention kernels): their defaults and what those mean.
@@ -126,6 +130,7 @@ UNMEASURED_NOTES = {
     "attention_efficiency": "not measured: 0 = fused attention priced as a matrix product",
     "native_attention_efficiency": "not measured: 0 = as attention_efficiency",
     "misaligned_matmul_efficiency": "not measured: 0 = unaligned products as any product",
+    "async_tp_overlap": "not measured: 1 = async TP bounded by compute alone",
     "allocator_overhead": (
         "not measured (a training run's, not a kernel's: benchmarks/gpu_accuracy.py reads it); "
         "0 = the allocator holds only the allocated peak"
@@ -188,6 +193,7 @@ class DeviceProfile:
     native_attention_efficiency: float = 0.0
     misaligned_matmul_efficiency: float = 0.0
     allocator_overhead: float = 0.0
+    async_tp_overlap: float = 1.0
     # Where the ranks compute: "gpu" (CUDA; the runtime steps the optimizer with torch's fused
     # kernel there) or "cpu" (gloo ranks; torch's per-tensor optimizer step).
     device: str = "gpu"
