@@ -964,6 +964,54 @@ MUTANTS: list[Mutant] = [
         "a block whose code fails on the meta device whole (fp32 grouped experts) loses every "
         "sharded variant",
     ),
+    M(
+        "cost-async-tp-hides-everything",
+        "planner/cost/model.py",
+        "    keep = 1.0 - share\n",
+        "    keep = 0.0\n",
+        "tests/test_published.py",
+        "torch's async TP credited with hiding every TP collective (torchtitan rows 20-25% fast)",
+    ),
+    M(
+        "trace-batchnorm-on-one-sample",
+        "planner/trace/export.py",
+        "    return 2 if any(isinstance(m, _BatchNorm) for m in model.modules()) else 1\n",
+        "    return 1\n",
+        "tests/test_trace.py",
+        "a model whose BatchNorm normalises pooled features cannot be traced at all",
+    ),
+    M(
+        "search-batchnorm-given-a-lone-sample",
+        "planner/search/driver.py",
+        "        cands = [c for c in cands if c.micro_batch_size * c.dp >= floor]\n",
+        "        cands = list(cands)\n",
+        "tests/test_trace.py",
+        "a pipeline gives a [batch, features] BatchNorm one sample: every worker crashes",
+    ),
+    M(
+        "run-ddp-waits-for-unread-params",
+        "runtime/parallelize.py",
+        "        unread = set(plan.model.unread_params)\n",
+        "        unread = set()\n",
+        "tests/test_runtime_oracle.py::test_plan_trains_like_one_process[dinov2-unread-param-dp2]",
+        "DDP waits for a gradient the forward never makes: the second step fails",
+    ),
+    M(
+        "run-pipeline-drops-unread-params",
+        "runtime/build.py",
+        "    if 0 in indices:\n",
+        "    if False:\n",
+        "tests/test_runtime_oracle.py::test_plan_trains_like_one_process[dinov2-unread-param-pp2]",
+        "a parameter no stage reads is missing from every pipeline checkpoint",
+    ),
+    M(
+        "trace-unread-params-unlisted",
+        "planner/trace/export.py",
+        '[0] == "parameter" and not n.users\n',
+        '[0] == "parameter" and False\n',
+        "tests/test_trace.py",
+        "the plan lists no unread parameter: DDP fails on DINOv2's mask token",
+    ),
 ]
 
 

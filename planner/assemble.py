@@ -174,6 +174,7 @@ def model_info(traced) -> ModelInfo:
         params=traced.params,
         blocks=len(traced.blocks),
         trace=g["method"],
+        unread_params=list(g.get("unread_params", [])),
     )
 
 

@@ -220,7 +220,13 @@ def _build_pipeline(
     )
     from torch.distributed.pipelining._IR import _modify_graph_op_device
 
-    from runtime.stages import adopt_eager_modules, split_points, stage_module_name, traced_pipe
+    from runtime.stages import (
+        adopt_eager_modules,
+        keep_unused_tensors,
+        split_points,
+        stage_module_name,
+        traced_pipe,
+    )
 
     inputs, _ = mf.batch(plan.global_batch_size, step=0)
     example = micro_batches(
@@ -240,6 +246,15 @@ def _build_pipeline(
     stage_mods = [pipe.get_stage_module(i) for i in indices]
     for stage_mod in stage_mods:
         adopt_eager_modules(stage_mod, model, split_points(plan, model))
+    if 0 in indices:
+        every = [pipe.get_stage_module(i) for i in range(pipe.num_stages)]
+        kept = keep_unused_tensors(every, model, stage_mods[indices.index(0)])
+        if kept:
+            notes.append(
+                f"stage 0 keeps {', '.join(kept[:3])}{' ...' if len(kept) > 3 else ''}: "
+                "the forward reads them nowhere, so no stage's code holds them; they are "
+                "checkpointed as they are"
+            )
     untie_between(stage_mods)
     names = parameter_names(model)
     tied = tied_grads(names, stage_mods, mesh, cache.groups)

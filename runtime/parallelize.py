@@ -602,10 +602,20 @@ def apply_data_parallel(
                 "DTensor parameters; plan again with --zero 0, 2 or 3"
             )
         ids = [device.index] if on_gpu else None
-        if ignored:
-            names = [n for n, p in root.named_parameters() if p in ignored]
+        # DDP waits for every parameter's gradient and fails the next step when one never
+        # comes: parameters the forward never reads carry no gradient in one process either,
+        # so DDP skips them; a model traced by hooks has no list, and DDP looks for them
+        # itself each step
+        unread = set(plan.model.unread_params)
+        names = [n for n, p in root.named_parameters() if p in ignored or n in unread]
+        if names:
             DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(root, names)
-        return DistributedDataParallel(root, device_ids=ids, process_group=dp_mesh.get_group())
+        return DistributedDataParallel(
+            root,
+            device_ids=ids,
+            process_group=dp_mesh.get_group(),
+            find_unused_parameters=plan.model.trace == "hooks",
+        )
     reshard = zero == 3
     offloaded = []
     for block, modules in zip(blocks, block_units(root, blocks, keep_empty=True)):

@@ -424,6 +424,43 @@ def adopt_eager_modules(stage: nn.Module, model: nn.Module, cuts: list[str]) -> 
     return swapped
 
 
+def keep_unused_tensors(stages: list[nn.Module], model: nn.Module, first: nn.Module) -> list[str]:
+    """Hand ``first`` (the pipeline's first stage) the model's parameters and persistent buffers
+    that no stage holds, as buffers under their own paths, and return their paths.
+
+    The split keeps what each stage's traced code reads, so a tensor the forward never reads
+    (DINOv2's mask token, used only with a mask the training batch does not pass) belonged to
+    no stage and was missing from every checkpoint: a model saved by the pipeline could not be
+    loaded back whole. It gets no gradient, as in one process, where the optimizer skips it; a
+    buffer keeps the data-parallel wrappers from waiting for its gradient."""
+    held = {
+        _one_call_site(name)
+        for stage in stages
+        for name, _ in [
+            *stage.named_parameters(remove_duplicate=False),
+            *stage.named_buffers(remove_duplicate=False),
+        ]
+    }
+    kept = []
+    wanted = model.state_dict(keep_vars=True)
+    # a tied weight held under one of its names is held under all
+    held_ids = {id(t) for name, t in wanted.items() if name in held}
+    for name, tensor in wanted.items():
+        if name in held or not isinstance(tensor, torch.Tensor) or id(tensor) in held_ids:
+            continue
+        owner = first
+        *path, attr = name.split(".")
+        for part in path:
+            if not hasattr(owner, part):
+                owner.add_module(part, nn.Module())
+            owner = getattr(owner, part)
+        if attr in owner._parameters or attr in owner._buffers:
+            continue
+        owner.register_buffer(attr, tensor.detach(), persistent=True)
+        kept.append(name)
+    return kept
+
+
 def _one_call_site(path: str) -> str:
     """The model's path of a traced module or tensor path: ``embed@1.weight`` -> ``embed.weight``
     (torch's unflatten numbers the second and later calls of one module)."""

@@ -262,6 +262,15 @@ EXTRA: list[tuple] = [
         dict(tp=2, dp=1, pp=1, zero=0, micro_batch_size=4),
         {"dense": True},
     ),
+    # a parameter the forward never reads (DINOv2's mask token): DDP skips it, and the
+    # pipeline's first stage keeps it so the checkpoint has the whole model
+    ("unread-param-dp2", "dinov2", 2, dict(tp=1, dp=2, pp=1, zero=0, micro_batch_size=2)),
+    (
+        "unread-param-pp2",
+        "dinov2",
+        2,
+        dict(tp=1, dp=1, pp=2, zero=0, schedule="1f1b", micro_batch_size=2),
+    ),
 ]
 
 
@@ -308,6 +317,8 @@ CORE_EXTRA = (
     "llama-zero3-offload-dp1",
     "resnet-bn-recompute-dp2",
     "deepseek_v3-mla-tp2",
+    "dinov2-unread-param-dp2",
+    "dinov2-unread-param-pp2",
 )
 
 

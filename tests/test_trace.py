@@ -409,3 +409,32 @@ def test_a_plan_says_when_batchnorm_sees_less_than_the_global_batch(tmp_path, mo
     ]
     whole = plan(f, 2, profile="cpu", pins=Pins(dp=2, micro_batch_size=4))
     assert not [n for n in whole.notes if n.startswith("BatchNorm:")]
+
+
+def test_parameters_the_forward_never_reads_are_listed_in_the_plan(tmp_path, monkeypatch):
+    """A parameter no op of the traced forward reads gets no gradient: the plan lists it, for
+    the runtime's DDP to skip (it waited for it and failed the second step)."""
+    from planner.api import plan
+
+    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path))
+    f = tmp_path / "unread.py"
+    f.write_text(
+        "import torch\nfrom torch import nn\n"
+        "class M(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.layers = nn.ModuleList(nn.Linear(8, 8) for _ in range(2))\n"
+        "        self.mask_token = nn.Parameter(torch.zeros(8))\n"
+        "    def forward(self, x, mask=None):\n"
+        "        if mask is not None:\n"
+        "            x = torch.where(mask[..., None], self.mask_token, x)\n"
+        "        for layer in self.layers:\n"
+        "            x = layer(x)\n"
+        "        return x\n"
+        "def build_model():\n    return M()\n"
+        "def make_batch(b, step=0):\n"
+        "    return torch.ones(b, 8), torch.zeros(b, dtype=torch.long)\n"
+    )
+    traced = trace(f, dtype="fp32")
+    assert traced.graph.graph["unread_params"] == ["mask_token"]
+    assert plan(f, 2, profile="cpu", dtype="fp32").plan.model.unread_params == ["mask_token"]

@@ -31,6 +31,8 @@ class ModelInfo:
     params: int = 0  # unique parameters (tied ones once)
     blocks: int = 0
     trace: str = "export"  # "export" or "hooks" (the coarser fallback)
+    # parameters the traced forward never reads (no gradient reaches them); unknown under hooks
+    unread_params: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -457,6 +457,13 @@ def _graph_from_export(exported: torch.export.ExportedProgram, model: torch.nn.M
                 graph.add_edge(a.name, node.name, bytes=tensor_bytes(a.meta.get("val")))
     outputs = [n for n in gm.graph.nodes if n.op == "output"][0].all_input_nodes
     graph.graph["outputs"] = [n.name for n in outputs if n.name in graph]
+    # Parameters the training forward never reads (DINOv2's mask token without a mask): no
+    # gradient ever reaches them, which DDP takes for a hang unless told (runtime.parallelize).
+    graph.graph["unread_params"] = sorted(
+        kinds[n.name][1]
+        for n in gm.graph.nodes
+        if n.op == "placeholder" and kinds.get(n.name, ("",))[0] == "parameter" and not n.users
+    )
     _measure_saved(exported, model, graph, kinds)
     return graph
 
