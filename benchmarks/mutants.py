@@ -868,7 +868,7 @@ MUTANTS: list[Mutant] = [
     M(
         "shard-derived-param-grads-unsummed",
         "planner/cost/sharding.py",
-        "    ev.partial_params = sorted(pgrad_params | _derived_params(prob, pgrad_nodes))",
+        "    ev.partial_params = sorted(pgrad_params | _derived_params(prob, plain_pgrad))",
         "    ev.partial_params = sorted(pgrad_params)",
         oracle("gemma3-norm-offset-tp2"),
         "a weight used as 1 + weight under sharded heads keeps each rank's partial gradient",
@@ -1011,6 +1011,30 @@ MUTANTS: list[Mutant] = [
         '[0] == "parameter" and False\n',
         "tests/test_trace.py",
         "the plan lists no unread parameter: DDP fails on DINOv2's mask token",
+    ),
+    M(
+        "probe-skips-blocks-of-several-modules",
+        "planner/api.py",
+        "        if probe is not None:\n",
+        "        if probe is not None and len(block.modules) == 1:\n",
+        "tests/test_runtime_oracle.py::test_plan_trains_like_one_process[canine-range-block-tp2]",
+        "CANINE's character attention split on local shards: every worker crashes",
+    ),
+    M(
+        "sharding-weight-read-outside-its-module-untied",
+        "planner/cost/sharding.py",
+        '                if module != p.rpartition(".")[0]:\n',
+        "                if False:\n",
+        "tests/test_runtime_oracle.py::test_plan_trains_like_one_process[perceiver-shared-embedding-tp2]",
+        "Perceiver's decoder meets its embedding's weight as a DTensor: every worker crashes",
+    ),
+    M(
+        "sharding-partial-derived-through-colwise-input",
+        "planner/cost/sharding.py",
+        "_derived_params(prob, plain_pgrad))",
+        "_derived_params(prob, pgrad_nodes))",
+        "tests/test_runtime_oracle.py::test_plan_trains_like_one_process[perceiver-shared-embedding-tp2]",
+        "Perceiver's latents' gradient summed over TP twice (the style's and the plan's)",
     ),
 ]
 

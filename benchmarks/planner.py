@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -125,8 +126,9 @@ def row_from_candidate(c: Candidate | None, res=None, note: str = "") -> dict[st
 
 
 # The step's terms, as evaluate() splits them: what a slower strategy spends more time on.
+COMPUTE = "compute (with recompute) and TP communication"
 TERMS = {
-    "compute (with recompute) and TP communication": lambda t: t["pipeline_s"] - t["bubble_s"],
+    COMPUTE: lambda t: t["pipeline_s"] - t["bubble_s"],
     "pipeline bubble": lambda t: t["bubble_s"],
     "exposed data-parallel communication": lambda t: t["dp_exposed_s"],
     "optimizer step": lambda t: t["optimizer_s"],
@@ -147,7 +149,14 @@ def versus(row: dict[str, Any], best: dict[str, Any]) -> str:
         return "same step time"
     gaps = {k: row["terms"][k] - best["terms"].get(k, 0.0) for k in row["terms"]}
     term = max(gaps, key=lambda k: gaps[k] if ratio > 1 else -gaps[k])
+    if term == COMPUTE and not any(_tp(r["config"]) > 1 for r in (row, best)):
+        term = "compute (with recompute)"  # no TP in either: nothing to communicate
     return f"{ratio:.2f}x meshplan's step; most of the difference: {term}"
+
+
+def _tp(config: str) -> int:
+    found = re.search(r"\btp(\d+)", config)
+    return int(found.group(1)) if found else 1
 
 
 def best_of(res) -> Candidate | None:

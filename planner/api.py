@@ -154,7 +154,7 @@ def variants_for(
 
     def variants_of(block: Block, tp: int, pipelined: bool = False) -> list:
         found = solve(block, tp, pipelined)
-        if probe is not None and len(block.modules) == 1:
+        if probe is not None:
             found = _runnable(block, tp, found)
         if tp_variant == "no-sequence":
             return [v for v in found if not v.name.endswith("-sp")]
@@ -170,7 +170,7 @@ def variants_for(
         DTensors (``colwise_dtensor``): the code then reads global shapes and DTensor runs
         each op sharded as priced. A variant whose code fails on local shards for another
         reason, or a sequence-parallel one, is dropped."""
-        module = block.modules[0]
+        module = _probed_module(block.modules)
         kept = []
         for v in found:
             # the replicated variant, or the one that splits only a tied weight's vocabulary
@@ -186,6 +186,21 @@ def variants_for(
         return kept
 
     return variants_of
+
+
+def _probed_module(modules: list[str]) -> str:
+    """The module the eager probe runs for a block: its own, or for a block of several
+    (CANINE's embeddings, character encoder and downsampling taken together) the nearest
+    module around all of them, so every styled module's code runs on its local shards (the
+    first one alone held none of the attention the others' styles split)."""
+    if len(modules) == 1:
+        return modules[0]
+    common: list[str] = []
+    for names in zip(*(m.split(".") for m in modules)):
+        if len(set(names)) > 1:
+            break
+        common.append(names[0])
+    return ".".join(common)
 
 
 def plan(

@@ -271,6 +271,11 @@ EXTRA: list[tuple] = [
         2,
         dict(tp=1, dp=1, pp=2, zero=0, schedule="1f1b", micro_batch_size=2),
     ),
+    # a block of several modules whose attention fixes the head count: probed as one module
+    ("range-block-tp2", "canine", 2, dict(tp=2, dp=1, pp=1, zero=0, micro_batch_size=4)),
+    # the input embedding's weight read by the decoder (no module style there: replicated), and
+    # the latents' gradient summed once (at the column-parallel queries' input), not twice
+    ("shared-embedding-tp2", "perceiver", 2, dict(tp=2, dp=1, pp=1, zero=0, micro_batch_size=4)),
 ]
 
 
@@ -319,6 +324,8 @@ CORE_EXTRA = (
     "deepseek_v3-mla-tp2",
     "dinov2-unread-param-dp2",
     "dinov2-unread-param-pp2",
+    "canine-range-block-tp2",
+    "perceiver-shared-embedding-tp2",
 )
 
 
@@ -419,6 +426,15 @@ def test_plan_trains_like_one_process(runs, case):
         for b in plan["blocks"][1:-1]:
             styles = {k.rpartition(".")[2]: v for k, v in b["tp_plan"].items()}
             assert (styles["kv_b_proj"], styles["o_proj"]) == ("colwise_dtensor", "rowwise")
+    if "-range-block-" in cid:  # the character encoder's attention runs on DTensors
+        first = plan["blocks"][0]["tp_plan"]
+        assert first["m.canine.initial_char_encoder.layer.0.attention.self.query"] == (
+            "colwise_dtensor"
+        )
+    if "-shared-embedding-" in cid:  # the decoder's weight whole, no parameter summed twice
+        assert not any("input_preprocessor.embeddings" in k for b in plan["blocks"]
+                       for k in b["tp_plan"])  # fmt: skip
+        assert not any(b["tp_grad_sums"] for b in plan["blocks"])
     ref = runs.refs[reference_key(plan)]
     assert not unmoved_parameters(ref), "the reference does not move these far enough"
     got = losses_of(run_dir)

@@ -38,6 +38,7 @@ node names and module paths, since blocks of one class differ only in those.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -920,11 +921,29 @@ def build_problem(
 
 
 def tied_parameters(graph: nx.DiGraph) -> frozenset[str]:
-    """Canonical names of parameters reachable under more than one module path."""
+    """Canonical names of parameters that more than one module uses: reachable under more
+    than one module path, or read by an op outside the module that holds them (Perceiver's
+    decoder multiplies by its input embedding's weight, handed the module as an argument). A
+    ParallelStyle shards a weight for its own module's forward; any other reader then meets a
+    DTensor where its plain code expects a tensor, so every use must hold it alike."""
+    key = "tied_parameters"
+    if key in graph.graph:
+        return graph.graph[key]
+    alias = graph.graph.get("param_owner", {})
     seen: dict[str, int] = {}
-    for canonical in graph.graph.get("param_owner", {}).values():
+    for canonical in alias.values():
         seen[canonical] = seen.get(canonical, 0) + 1
-    return frozenset(p for p, n in seen.items() if n > 1)
+    shared = {p for p, n in seen.items() if n > 1}
+    for _, d in graph.nodes(data=True):
+        module = re.sub(r"@\d+", "", d.get("module") or "")
+        for a in arg_refs(d.get("args") or []):
+            if "param" in a:
+                p = alias.get(a["param"], a["param"])
+                if module != p.rpartition(".")[0]:
+                    shared.add(p)
+    found = frozenset(shared)
+    graph.graph[key] = found
+    return found
 
 
 def vocab_parallel_tied(graph: nx.DiGraph, tp: int) -> frozenset[str]:
@@ -1159,6 +1178,7 @@ def evaluate(prob: BlockProblem, choice: Sequence[int], comm_seconds_per_byte: f
     state = {op.name: s.out for op, s in zip(prob.ops, strat)}
     ev = Evaluation(feasible=True)
     pgrad_nodes: dict[str, bool] = {}
+    plain_pgrad: dict[str, bool] = {}  # of those, the ones no module's style reduces
     pgrad_params: set[str] = set()
     uses: dict[str, list[bool]] = {}
     for op, s in zip(prob.ops, strat):
@@ -1184,6 +1204,8 @@ def evaluate(prob: BlockProblem, choice: Sequence[int], comm_seconds_per_byte: f
                 pgrad_params.add(o.name)
             else:
                 pgrad_nodes[o.name] = True
+                if not s.plan:  # a styled product's input: the style reduces its gradient
+                    plain_pgrad[o.name] = True
         for how, key, nbytes, kept in _saved_entries(prob, op):
             b = nbytes / t if _entry_sharded(state, op, s, how, key) else nbytes
             ev.saved_bytes += b
@@ -1200,8 +1222,11 @@ def evaluate(prob: BlockProblem, choice: Sequence[int], comm_seconds_per_byte: f
     for p in sorted(pgrad_params):
         ev.comm_bwd.append(("all_reduce", prob.param_bytes[p]))
     # a partial gradient of a value computed from parameters alone (Gemma's norms scale by
-    # 1 + weight) is a partial gradient of those parameters: the runtime sums theirs
-    ev.partial_params = sorted(pgrad_params | _derived_params(prob, pgrad_nodes))
+    # 1 + weight) is a partial gradient of those parameters: the runtime sums theirs. Not
+    # where a column-parallel module reads the value (Perceiver's latents, normed into its
+    # queries): torch's style sums that gradient at the module's input already, and a second
+    # sum over the parameters doubled it
+    ev.partial_params = sorted(pgrad_params | _derived_params(prob, plain_pgrad))
     ev.sharded_params = sorted(p for p, u in uses.items() if all(u))
     ev.param_bytes = sum(
         prob.param_bytes[p] / t if p in ev.sharded_params else prob.param_bytes[p]
