@@ -1036,6 +1036,38 @@ MUTANTS: list[Mutant] = [
         "tests/test_runtime_oracle.py::test_plan_trains_like_one_process[perceiver-shared-embedding-tp2]",
         "Perceiver's latents' gradient summed over TP twice (the style's and the plan's)",
     ),
+    M(
+        "trace-legacy-parameter-left-on-cpu",
+        "planner/trace/export.py",
+        "    _parameters_to_meta(model)\n",
+        "    pass\n",
+        "tests/test_trace.py",
+        "XLNet's attention weights stay on the CPU and the meta trace refuses the model",
+    ),
+    M(
+        "trace-custom-backward-unrecorded",
+        "planner/trace/export.py",
+        '        if not cls.__module__.startswith("torch."):\n            applied.append(',
+        "        if False:\n            applied.append(",
+        "tests/test_trace.py",
+        "a pipeline differentiates a straight-through estimator's forward: YOSO trains another model",
+    ),
+    M(
+        "trace-custom-backward-in-eager-module-refused",
+        "planner/trace/export.py",
+        "fn for fn, around in applied if not any(plain.get(n) for n in around if n)",
+        "fn for fn, around in applied",
+        "tests/test_trace.py",
+        "BLOOM's GeLU function (run eagerly by its stage) costs BLOOM every pipeline",
+    ),
+    M(
+        "run-stage-never-adopts-eager-modules",
+        "runtime/stages.py",
+        "            or not forward_takes_one_argument(original)\n",
+        "            or True\n",
+        "tests/test_runtime_oracle.py::test_plan_trains_like_one_process[ste-custom-backward-pp2]",
+        "every stage runs its traced copy: a function's own backward is lost under PP",
+    ),
 ]
 
 

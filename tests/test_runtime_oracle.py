@@ -276,6 +276,14 @@ EXTRA: list[tuple] = [
     # the input embedding's weight read by the decoder (no module style there: replicated), and
     # the latents' gradient summed once (at the column-parallel queries' input), not twice
     ("shared-embedding-tp2", "perceiver", 2, dict(tp=2, dp=1, pp=1, zero=0, micro_batch_size=4)),
+    # a straight-through estimator (an autograd.Function of its own backward) inside a module
+    # a stage runs eagerly: its backward survives the pipeline
+    (
+        "custom-backward-pp2",
+        "ste",
+        2,
+        dict(tp=1, dp=1, pp=2, zero=0, schedule="1f1b", micro_batch_size=2),
+    ),
 ]
 
 
@@ -326,6 +334,7 @@ CORE_EXTRA = (
     "dinov2-unread-param-pp2",
     "canine-range-block-tp2",
     "perceiver-shared-embedding-tp2",
+    "ste-custom-backward-pp2",
 )
 
 

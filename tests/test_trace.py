@@ -438,3 +438,78 @@ def test_parameters_the_forward_never_reads_are_listed_in_the_plan(tmp_path, mon
     traced = trace(f, dtype="fp32")
     assert traced.graph.graph["unread_params"] == ["mask_token"]
     assert plan(f, 2, profile="cpu", dtype="fp32").plan.model.unread_params == ["mask_token"]
+
+
+def test_a_parameter_made_by_a_legacy_constructor_is_traced_on_meta(tmp_path, monkeypatch):
+    """``torch.FloatTensor(...)`` allocates on the CPU whatever the default device (XLNet
+    builds its attention weights so): the meta trace met a CPU weight and refused the model.
+    Such parameters are moved to the meta device, ties kept."""
+    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path))
+    f = tmp_path / "legacy.py"
+    f.write_text(
+        "import torch\nfrom torch import nn\n"
+        "class M(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.q = nn.Parameter(torch.FloatTensor(8, 2, 4).normal_())\n"
+        "        self.inner = nn.Module()\n"
+        "        self.inner.q = self.q\n"
+        "        self.out = nn.Linear(8, 8)\n"
+        "    def forward(self, x):\n"
+        "        h = torch.einsum('bh,hnd->bnd', x, self.inner.q).flatten(1)\n"
+        "        return self.out(h)\n"
+        "def build_model():\n    return M()\n"
+        "def make_batch(b, step=0):\n"
+        "    return torch.ones(b, 8), torch.zeros(b, dtype=torch.long)\n"
+    )
+    traced = trace(f, dtype="fp32")
+    assert traced.params == 8 * 2 * 4 + 8 * 8 + 8  # the shared weight once
+    assert traced.graph.graph["param_owner"]["inner.q"] == "q"
+
+
+CUSTOM_BACKWARD = (
+    "import torch\nfrom torch import nn\n"
+    "class RoundSTE(torch.autograd.Function):\n"
+    "    @staticmethod\n"
+    "    def forward(ctx, x):\n"
+    "        return torch.round(x * 4) / 4\n"
+    "    @staticmethod\n"
+    "    def backward(ctx, g):\n"
+    "        return g  # straight through: not the gradient of round\n"
+    "class M(nn.Module):\n"
+    "    def __init__(self):\n"
+    "        super().__init__()\n"
+    "        self.layers = nn.ModuleList(nn.Linear(8, 8) for _ in range(4))\n"
+    "    def forward(self, x):\n"
+    "        for layer in self.layers:\n"
+    "            x = RoundSTE.apply(layer(x))\n"
+    "        return x\n"
+    "def build_model():\n    return M()\n"
+    "def make_batch(b, step=0):\n"
+    "    return torch.ones(b, 8), torch.zeros(b, dtype=torch.long)\n"
+)
+
+
+def test_a_model_with_its_own_backward_gets_no_pipeline(tmp_path, monkeypatch):
+    """torch's pipelining runs each stage as the exported forward and differentiates its ops,
+    so a torch.autograd.Function's own backward (YOSO's attention, a straight-through
+    estimator) is lost: YOSO trained another model under PP 2 (its first step matched, every
+    later one drifted). The trace records such functions; no pipeline is planned for them,
+    and a pinned --pp is refused in one line naming the function."""
+    from planner.api import plan
+    from planner.errors import UserInputError
+    from planner.search import Pins
+
+    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path))
+    f = tmp_path / "ste.py"
+    f.write_text(CUSTOM_BACKWARD)
+    traced = trace(f, dtype="fp32")
+    assert traced.graph.graph["custom_backward"] == ["RoundSTE"]
+    result = plan(f, 4, profile="cpu", dtype="fp32", global_batch_size=8)
+    assert all(c.pp == 1 for c in result.search.candidates)
+    with pytest.raises(UserInputError, match="--pp 2: the model applies RoundSTE"):
+        plan(f, 4, profile="cpu", dtype="fp32", global_batch_size=8, pins=Pins(pp=2))
+    # inside a module of one tensor in and out a stage runs it eagerly, its backward kept
+    # (the oracle case ste-custom-backward-pp2 trains it so)
+    kept = trace(Path(__file__).parent / "models" / "ste.py", dtype="fp32")
+    assert kept.graph.graph["custom_backward"] == []

@@ -48,6 +48,7 @@ from planner.search.candidates import Candidate, Pins, divisors
 from planner.search.options import price_options
 from planner.search.problem import segments, stage_problem
 from planner.trace.blocks import Block
+from planner.trace.graph import pipeline_refusal
 
 # Stop proving improvements smaller than this share of the incumbent (as the homogeneous
 # search's SEARCH_REL_TOL): a candidate whose bound is within it is not solved.
@@ -220,10 +221,10 @@ def search_mixed(
     pins = pins or Pins(offload="none")
     traced_mbs = int(graph.graph["micro_batch_size"])
     tp_degrees = [t for t in (1, 2, 4, 8) if all(t <= k.cluster.gpus_per_node for k in kinds)]
-    # torch's pipelining cuts stages by tracing the model with torch.export: where that failed
-    # (a module-level trace), no pipeline across kinds would run
-    exported = graph.graph.get("method") != "hooks"
-    cands = outer_candidates(kinds, len(blocks), training, tp_degrees, pins) if exported else []
+    # torch's pipelining runs stages as the exported graph: where there is none (a
+    # module-level trace) or it drops a backward of the model's own, no pipeline would run
+    runnable = not pipeline_refusal(graph)
+    cands = outer_candidates(kinds, len(blocks), training, tp_degrees, pins) if runnable else []
     inputs: dict[tuple[int, int, int], CostInputs] = {}
     priced: dict = {}
 

@@ -50,6 +50,7 @@ from planner.search.options import price_options
 from planner.search.problem import solve_candidate, stage_problem
 from planner.search.split_bound import split_bound
 from planner.trace.blocks import Block
+from planner.trace.graph import pipeline_refusal
 
 # Work limits (branch-and-bound nodes), never the clock, so the same inputs give the same plan
 # and certificates on any machine, idle or loaded. First pass: each MILP gets FIRST_PASS_NODES;
@@ -172,14 +173,13 @@ def _candidates(graph, blocks, cluster, training, pins, variants_of) -> list[Can
             "matrix products and softmax: drop --cp"
         )
     cands = enumerate_candidates(gpus, len(blocks), training, pins, tp_degrees, blocks, sequence)
-    if graph.graph.get("method") == "hooks":
-        # torch's pipelining cuts a model into stages by tracing it with torch.export, which
-        # failed here: a pipeline would be priced and then not run
+    refusal = pipeline_refusal(graph)
+    if refusal:
+        # a pipeline would be priced and then not run, or run another model
         if pins.pp and pins.pp > 1:
             raise UserInputError(
-                f"--pp {pins.pp}: torch.export could not trace the model (its note says why), "
-                "and torch's pipelining cuts a model into stages by tracing it with "
-                "torch.export: drop --pp (data parallelism and ZeRO need no trace)"
+                f"--pp {pins.pp}: {refusal}: drop --pp (data, tensor parallelism and ZeRO run "
+                "the model's own code)"
             )
         cands = [c for c in cands if c.pp == 1]
     floor = batch_statistics_floor(graph)

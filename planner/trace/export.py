@@ -78,9 +78,26 @@ def build_meta_model(mf: ModelFile, dtype: str) -> torch.nn.Module:
     """The user's model on the meta device, floating tensors in the training dtype."""
     with torch.device("meta"):
         model = mf.build()
+    _parameters_to_meta(model)
     model = model.to(DTYPES[dtype])
     model.train()
     return model
+
+
+def _parameters_to_meta(model: torch.nn.Module) -> None:
+    """Move to the meta device the parameters the default device did not reach: a legacy
+    constructor (XLNet's ``nn.Parameter(torch.FloatTensor(d, n, h))``) allocates on the CPU
+    whatever the default, and the trace then met a CPU weight beside meta activations. A
+    parameter held by several modules stays one tensor. Buffers stay where the model put
+    them (model code may read their values)."""
+    moved: dict[int, torch.nn.Parameter] = {}
+    for module in model.modules():
+        for name, p in list(module._parameters.items()):
+            if p is None or p.device.type == "meta":
+                continue
+            if id(p) not in moved:
+                moved[id(p)] = torch.nn.Parameter(p.to("meta"), requires_grad=p.requires_grad)
+            module._parameters[name] = moved[id(p)]
 
 
 def meta_inputs(mf: ModelFile, micro_batch_size: int, dtype: str) -> tuple[torch.Tensor, ...]:
@@ -141,26 +158,77 @@ def _trace_model(mf: ModelFile, micro_batch_size: int, dtype: str) -> TraceResul
     # Costs are per sample times the micro-batch, whatever batch the trace ran on.
     micro_batch_size = max(micro_batch_size, batch_statistics_samples(model))
     inputs = meta_inputs(mf, micro_batch_size, dtype)
+    functions: set[str] = set()
     try:
         # torch.export prints the graph it gave up on (a data-dependent size): its words to
         # itself, not to the user, who gets one line
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        with (
+            contextlib.redirect_stdout(io.StringIO()),
+            contextlib.redirect_stderr(io.StringIO()),
+            _custom_functions(model, functions),
+        ):
             exported = torch.export.export(model, inputs, strict=False)
         _drop_traced_causal_masks(exported)
         # sizes that depend on the data (JetMoE's tokens per expert, split by their counts)
         # have no number to price: the export path cannot count that graph's ops
         graph = _graph_from_export(exported, model)
     except Exception as export_exc:  # export fails on data-dependent control flow and more
-        graph = _trace_with_hooks(mf, model, inputs, export_exc)
+        with _custom_functions(model, functions):
+            graph = _trace_with_hooks(mf, model, inputs, export_exc)
         reason = " ".join(str(export_exc).split())[:160]
         note = (
             f"torch.export could not trace {mf.path.name} ({type(export_exc).__name__}: "
             f"{reason}); fell back to module-level tracing (coarser op graph)"
         )
         _annotate_model(graph, mf, model, micro_batch_size, dtype, "hooks")
+        graph.graph["custom_backward"] = sorted(functions)
         return TraceResult(graph=graph, method="hooks", note=note)
     _annotate_model(graph, mf, model, micro_batch_size, dtype, "export")
+    graph.graph["custom_backward"] = sorted(functions)
     return TraceResult(graph=graph, method="export", note="")
+
+
+@contextlib.contextmanager
+def _custom_functions(model: torch.nn.Module, found: set[str]) -> Iterator[None]:
+    """Record the model's own ``torch.autograd.Function`` classes whose backward a pipeline
+    would lose (YOSO's attention, straight-through estimators). torch's pipelining runs each
+    stage as the exported graph and differentiates its ops, except inside a module it runs
+    eagerly (``runtime.stages.adopt_eager_modules``: one tensor in, one out, a forward of one
+    argument), where the function runs as written: BLOOM's GeLU function sits in such a
+    module, YOSO's in an attention taking a mask too (YOSO trained another model under PP 2).
+    torch's own Functions (reentrant checkpointing) keep the forward's true gradient."""
+    names = {id(m): n for n, m in model.named_modules()}
+    stack: list[str] = []
+    plain: dict[str, bool] = {}  # module -> every call one tensor in and one tensor out
+    applied: list[tuple[str, list[str]]] = []  # (function, the modules around its call)
+    original = torch.autograd.Function.__dict__["apply"]
+
+    def apply(cls, *args, **kwargs):  # noqa: ANN001, ANN202
+        if not cls.__module__.startswith("torch."):
+            applied.append((cls.__qualname__, list(stack)))
+        return original.__func__(cls, *args, **kwargs)
+
+    def enter(m: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        name = names.get(id(m), "")
+        stack.append(name)
+        one = len(args) == 1 and isinstance(args[0], torch.Tensor) and not kwargs
+        plain[name] = plain.get(name, True) and one and forward_takes_one_argument(m)
+
+    def leave(m: torch.nn.Module, _args: tuple, _kwargs: dict, out: object) -> None:
+        if stack:
+            name = stack.pop()
+            plain[name] = plain.get(name, True) and isinstance(out, torch.Tensor)
+
+    handles = [m.register_forward_pre_hook(enter, with_kwargs=True) for m in model.modules()]
+    handles += [m.register_forward_hook(leave, with_kwargs=True) for m in model.modules()]
+    torch.autograd.Function.apply = classmethod(apply)
+    try:
+        yield
+    finally:
+        torch.autograd.Function.apply = original
+        for h in handles:
+            h.remove()
+        found.update(fn for fn, around in applied if not any(plain.get(n) for n in around if n))
 
 
 def _drop_traced_causal_masks(exported: torch.export.ExportedProgram) -> None:

@@ -141,3 +141,23 @@ def check_op_graph(graph: nx.DiGraph) -> list[str]:
     for n, d in graph.nodes(data=True):
         missing += [f"{n}: {k}" for k in OP_NODE_KEYS if k not in d]
     return missing
+
+
+def pipeline_refusal(graph: nx.DiGraph) -> str:
+    """Why torch's pipelining could not run this model as traced ("" when it can). Its stages
+    are cut from and run as the graph torch.export makes of the model: a model export could
+    not trace has no such graph, and in one that applies its own autograd.Function the
+    function's backward is not kept (the stage differentiates the forward's ops instead)."""
+    if graph.graph.get("method") == "hooks":
+        return (
+            "torch.export could not trace the model (its note says why), and torch's "
+            "pipelining cuts a model into stages by tracing it with torch.export"
+        )
+    functions = graph.graph.get("custom_backward") or []
+    if functions:
+        return (
+            f"the model applies {', '.join(functions)}, a torch.autograd.Function with a "
+            "backward of its own, which torch's pipelining does not keep (its stages run the "
+            "exported forward and differentiate its ops instead)"
+        )
+    return ""
