@@ -1050,7 +1050,7 @@ MUTANTS: list[Mutant] = [
         '        if not cls.__module__.startswith("torch."):\n            applied.append(',
         "        if False:\n            applied.append(",
         "tests/test_trace.py",
-        "a pipeline differentiates a straight-through estimator's forward: YOSO trains another model",
+        "a pipeline differentiates a straight-through estimator's forward (YOSO: another model)",
     ),
     M(
         "trace-custom-backward-in-eager-module-refused",
