@@ -170,37 +170,43 @@ def variants_for(
         DTensors (``colwise_dtensor``): the code then reads global shapes and DTensor runs
         each op sharded as priced. A variant whose code fails on local shards for another
         reason, or a sequence-parallel one, is dropped."""
-        module = _probed_module(block.modules)
         kept = []
         for v in found:
             # the replicated variant, or the one that splits only a tied weight's vocabulary
             # (every variant of the block does), is what the block falls back to
             if v.name == "replicated" or v.name.endswith("-tied"):
                 kept.append(v)
-            elif not probe.reject(block.cls, module, v.tp_plan, tp):
+                continue
+            rejected, unsafe = False, False
+            for i, (module, plan) in enumerate(_probed_parts(block.modules, v.tp_plan)):
+                cls = block.cls if len(block.modules) == 1 else f"{block.cls}:{i}"
+                if probe.reject(cls, module, plan, tp):
+                    rejected = True
+                    unsafe = unsafe or bool(probe.unsafe_outputs(cls, module, plan, tp))
+            if not rejected:
                 kept.append(v)
-            elif probe.unsafe_outputs(block.cls, module, v.tp_plan, tp) and not any(
-                s in SEQUENCE_STYLES for s in v.tp_plan.values()
-            ):
+            elif unsafe and not any(s in SEQUENCE_STYLES for s in v.tp_plan.values()):
                 kept.append(dataclasses.replace(v, tp_plan=on_dtensors(v.tp_plan)))
         return kept
 
     return variants_of
 
 
-def _probed_module(modules: list[str]) -> str:
-    """The module the eager probe runs for a block: its own, or for a block of several
-    (CANINE's embeddings, character encoder and downsampling taken together) the nearest
-    module around all of them, so every styled module's code runs on its local shards (the
-    first one alone held none of the attention the others' styles split)."""
+def _probed_parts(modules: list[str], tp_plan: dict[str, str]) -> list[tuple[str, dict]]:
+    """What the eager probe runs for a block: its module with the whole plan, or, for a block
+    of several (CANINE's embeddings, character encoder and downsampling taken together), each
+    module with its own part of the plan, so every styled module's code runs on its local
+    shards (only the first had been probed, which held none of the attention the others'
+    styles split). Each part alone, not the module around them all: that is often the whole
+    model, and a full-size model's meta forward per variant tripled its planning time."""
     if len(modules) == 1:
-        return modules[0]
-    common: list[str] = []
-    for names in zip(*(m.split(".") for m in modules)):
-        if len(set(names)) > 1:
-            break
-        common.append(names[0])
-    return ".".join(common)
+        return [(modules[0], tp_plan)]
+    parts = []
+    for m in modules:
+        own = {k: s for k, s in tp_plan.items() if k == m or k.startswith(m + ".")}
+        if own:
+            parts.append((m, own))
+    return parts
 
 
 def plan(
