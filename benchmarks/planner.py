@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import sys
 import time
 from pathlib import Path
@@ -86,6 +85,7 @@ def row_from_plan(doc: dict[str, Any]) -> dict[str, Any]:
     return {
         "fits": True,
         "config": label,
+        "tp": mesh["tp"],
         "step_time_s": pred["step_time_s"],
         "mfu": pred["mfu"],
         "peak_memory_bytes": pred["peak_memory_bytes"],
@@ -117,6 +117,7 @@ def row_from_candidate(c: Candidate | None, res=None, note: str = "") -> dict[st
     return {
         "fits": bool(cost.feasible),
         "config": label + (f"; {note}" if note else ""),
+        "tp": c.tp,
         "step_time_s": cost.step_time_s,
         "mfu": cost.mfu,
         "peak_memory_bytes": cost.peak_memory_bytes,
@@ -149,14 +150,9 @@ def versus(row: dict[str, Any], best: dict[str, Any]) -> str:
         return "same step time"
     gaps = {k: row["terms"][k] - best["terms"].get(k, 0.0) for k in row["terms"]}
     term = max(gaps, key=lambda k: gaps[k] if ratio > 1 else -gaps[k])
-    if term == COMPUTE and not any(_tp(r["config"]) > 1 for r in (row, best)):
+    if term == COMPUTE and not any(r.get("tp", 1) > 1 for r in (row, best)):
         term = "compute (with recompute)"  # no TP in either: nothing to communicate
     return f"{ratio:.2f}x meshplan's step; most of the difference: {term}"
-
-
-def _tp(config: str) -> int:
-    found = re.search(r"\btp(\d+)", config)
-    return int(found.group(1)) if found else 1
 
 
 def best_of(res) -> Candidate | None:

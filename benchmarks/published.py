@@ -241,10 +241,9 @@ def parse_tp_overlap(row: dict, assumed: list[str]) -> tuple[bool, bool]:
     text = " ".join(str(row.get(k, "")) for k in ("notes", "source", "model")).lower()
     if "vanilla tp" in text:
         return False, False
-    if re.search(r"async[- ]?tp", text) and not is_megatron_core(row):
-        return True, True
-    if re.search(r"async[- ]?tp|tp-comm-overlap", text):
-        return True, False
+    asynchronous = re.search(r"async[- ]?tp", text) is not None
+    if asynchronous or "tp-comm-overlap" in text:
+        return True, asynchronous and not is_megatron_core(row)
     if any(k in str(row.get("source", "")).lower() for k in ("nemo", "megatron-bridge")):
         assumed.append("TP communication overlap: NVIDIA recipe default")
         return True, False

@@ -12,6 +12,7 @@ import ast
 import hashlib
 import importlib.util
 import inspect
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -323,6 +324,12 @@ def parameter_names(model: torch.nn.Module) -> dict[str, list[str]]:
     for name, p in model.named_parameters(remove_duplicate=False):
         names.setdefault(id(p), []).append(name)
     return {group[0]: group for group in names.values()}
+
+
+def one_call_site(path: str) -> str:
+    """The model's path of a traced module or tensor path: ``embed@1.weight`` -> ``embed.weight``
+    (torch.export numbers the second and later calls of one module)."""
+    return re.sub(r"@\d+", "", path)
 
 
 def forward_takes_one_argument(module: torch.nn.Module) -> bool:

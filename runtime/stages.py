@@ -22,7 +22,6 @@ from __future__ import annotations
 import copy
 import json
 import operator
-import re
 from functools import partial
 from typing import Any
 
@@ -31,7 +30,7 @@ from torch import nn
 from torch.distributed.pipelining import SplitPoint, pipeline
 from torch.distributed.pipelining._IR import annotate_split_points
 
-from planner.modelfile import forward_takes_one_argument
+from planner.modelfile import forward_takes_one_argument, one_call_site
 from planner.schema import Plan
 from runtime.parallelize import called_paths
 
@@ -392,7 +391,7 @@ def adopt_eager_modules(stage: nn.Module, model: nn.Module, cuts: list[str]) -> 
             continue
         if any(cut.startswith(fqn + ".") for cut in cuts):
             continue
-        original = eager.get(_one_call_site(fqn))
+        original = eager.get(one_call_site(fqn))
         if (
             original is None
             or not _single_tensor_io(traced)
@@ -414,7 +413,7 @@ def adopt_eager_modules(stage: nn.Module, model: nn.Module, cuts: list[str]) -> 
         *stage.named_buffers(remove_duplicate=False),
     ]
     for name, tensor in held:
-        src = sources.get(_one_call_site(name))
+        src = sources.get(one_call_site(name))
         if src is None or src is tensor or src.shape != tensor.shape:
             continue
         parent_path, _, attr = name.rpartition(".")
@@ -434,7 +433,7 @@ def keep_unused_tensors(stages: list[nn.Module], model: nn.Module, first: nn.Mod
     loaded back whole. It gets no gradient, as in one process, where the optimizer skips it; a
     buffer keeps the data-parallel wrappers from waiting for its gradient."""
     held = {
-        _one_call_site(name)
+        one_call_site(name)
         for stage in stages
         for name, _ in [
             *stage.named_parameters(remove_duplicate=False),
@@ -459,12 +458,6 @@ def keep_unused_tensors(stages: list[nn.Module], model: nn.Module, first: nn.Mod
         owner.register_buffer(attr, tensor.detach(), persistent=True)
         kept.append(name)
     return kept
-
-
-def _one_call_site(path: str) -> str:
-    """The model's path of a traced module or tensor path: ``embed@1.weight`` -> ``embed.weight``
-    (torch's unflatten numbers the second and later calls of one module)."""
-    return re.sub(r"@\d+", "", path)
 
 
 def stage_module_name(index: int) -> str:

@@ -733,32 +733,28 @@ def block_options(
     return options
 
 
-def batch_norm_channels(graph, block: Block) -> tuple[int, ...]:
-    """Channels (dimension 1 of the input) of each BatchNorm of ``block`` that normalises with
-    the batch's statistics (training mode; eval-mode and frozen ones use running statistics
-    and synchronize nothing)."""
+def _batch_statistics_input(d: dict) -> list[int] | None:
+    """The input shape of a BatchNorm op that normalises with the batch's statistics (training
+    mode; eval-mode and frozen ones use running statistics), else None."""
     from planner.trace.opcost import BATCH_NORM_OPS
 
-    out = []
-    for n in block.nodes:
-        d = graph.nodes[n]
-        args = d.get("args") or []
-        if d["op"] in BATCH_NORM_OPS and len(args) > 5 and args[5] is True and d.get("shapes"):
-            shape = d["shapes"][0]
-            out.append(int(shape[1]) if len(shape) > 1 else 1)
-    return tuple(out)
+    args = d.get("args") or []
+    if d["op"] in BATCH_NORM_OPS and len(args) > 5 and args[5] is True and d.get("shapes"):
+        return list(d["shapes"][0])
+    return None
+
+
+def batch_norm_channels(graph, block: Block) -> tuple[int, ...]:
+    """Channels (dimension 1 of the input) of each BatchNorm of ``block`` that normalises with
+    the batch's statistics (eval-mode and frozen ones synchronize nothing)."""
+    shapes = [_batch_statistics_input(graph.nodes[n]) for n in block.nodes]
+    return tuple(int(s[1]) if len(s) > 1 else 1 for s in shapes if s is not None)
 
 
 def batch_statistics_shapes(graph) -> list[list[int]]:
     """Input shapes of the model's BatchNorms that normalise with the batch's statistics."""
-    from planner.trace.opcost import BATCH_NORM_OPS
-
-    out = []
-    for _, d in graph.nodes(data=True):
-        args = d.get("args") or []
-        if d["op"] in BATCH_NORM_OPS and len(args) > 5 and args[5] is True and d.get("shapes"):
-            out.append(list(d["shapes"][0]))
-    return out
+    shapes = (_batch_statistics_input(d) for _, d in graph.nodes(data=True))
+    return [s for s in shapes if s is not None]
 
 
 def batch_statistics_floor(graph) -> int:
@@ -1163,10 +1159,21 @@ def sample_share(config: Config) -> float:
     return config.micro_batch_size / config.mesh.cp
 
 
+def stage_sync_time(inp: CostInputs, opts: list[BlockOption], config: Config, s: int) -> float:
+    """Per micro-batch, the blocks' ``block_extra_time`` on virtual stage s: part of its
+    compute in ``stage_time_parts``, kept apart as ``StageCost.sync_s``."""
+    return sum(block_extra_time(inp, o, config, s % config.mesh.pp) for o in opts)
+
+
 def stage_time_parts(
-    inp: CostInputs, opts: list[BlockOption], config: Config, s: int
+    inp: CostInputs,
+    opts: list[BlockOption],
+    config: Config,
+    s: int,
+    sync: float | None = None,
 ) -> tuple[float, float, float]:
     """(compute, TP communication, point-to-point) per micro-batch for virtual stage s.
+    ``sync``: the stage's ``stage_sync_time`` where the caller has it already.
 
     Point-to-point: the activation to the next stage and its gradient back; overlapped with
     compute (``Training.p2p_overlap``), only the part longer than the profile's
@@ -1174,7 +1181,7 @@ def stage_time_parts(
     mesh = config.mesh
     n_stages = config.num_stages
     compute = sum(o.time_s - o.tp_comm_s for o in opts)
-    compute += sum(block_extra_time(inp, o, config, s % mesh.pp) for o in opts)
+    compute += stage_sync_time(inp, opts, config, s) if sync is None else sync
     tp_comm = sum(o.tp_comm_s for o in opts)
     p2p = 0.0
     if s == n_stages - 1:
@@ -1610,7 +1617,8 @@ def stage_costs(inp: CostInputs, config: Config) -> list[StageCost]:
     for s in range(n_stages):
         r = s % p
         opts = [inp.options[i][config.choice[i]] for i in stage_blocks[s]]
-        compute, tp_comm, p2p = stage_time_parts(inp, opts, config, s)
+        sync = stage_sync_time(inp, opts, config, s)
+        compute, tp_comm, p2p = stage_time_parts(inp, opts, config, s, sync)
         dp_total, dp_exposed = dp_comm(inp, opts, config, r)
         stages.append(
             StageCost(
@@ -1629,7 +1637,7 @@ def stage_costs(inp: CostInputs, config: Config) -> list[StageCost]:
                 offload_s=offload_time(inp, opts, config, m),
                 inflight=inflight_microbatches(config.schedule, m, p, v, r),
                 held=chunk_held(config.schedule, m, p, v, r),
-                sync_s=sum(block_extra_time(inp, o, config, r) for o in opts),
+                sync_s=sync,
             )
         )
     return stages

@@ -38,7 +38,6 @@ node names and module paths, since blocks of one class differ only in those.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -47,6 +46,7 @@ import numpy as np
 
 from planner.hardware.collectives import ring_factors
 from planner.highs import Pattern, pass_model, quiet_highs
+from planner.modelfile import one_call_site
 from planner.trace.blocks import Block, cached_core_nodes
 from planner.trace.graph import arg_refs
 from planner.trace.opcost import ATTENTION_OPS, is_view
@@ -935,7 +935,7 @@ def tied_parameters(graph: nx.DiGraph) -> frozenset[str]:
         seen[canonical] = seen.get(canonical, 0) + 1
     shared = {p for p, n in seen.items() if n > 1}
     for _, d in graph.nodes(data=True):
-        module = re.sub(r"@\d+", "", d.get("module") or "")
+        module = one_call_site(d.get("module") or "")
         for a in arg_refs(d.get("args") or []):
             if "param" in a:
                 p = alias.get(a["param"], a["param"])

@@ -172,20 +172,21 @@ def _trace_model(mf: ModelFile, micro_batch_size: int, dtype: str) -> TraceResul
         # sizes that depend on the data (JetMoE's tokens per expert, split by their counts)
         # have no number to price: the export path cannot count that graph's ops
         graph = _graph_from_export(exported, model)
+        method, note = "export", ""
     except Exception as export_exc:  # export fails on data-dependent control flow and more
         with _custom_functions(model, functions):
             graph = _trace_with_hooks(mf, model, inputs, export_exc)
         reason = " ".join(str(export_exc).split())[:160]
-        note = (
-            f"torch.export could not trace {mf.path.name} ({type(export_exc).__name__}: "
-            f"{reason}); fell back to module-level tracing (coarser op graph)"
+        method, note = (
+            "hooks",
+            (
+                f"torch.export could not trace {mf.path.name} ({type(export_exc).__name__}: "
+                f"{reason}); fell back to module-level tracing (coarser op graph)"
+            ),
         )
-        _annotate_model(graph, mf, model, micro_batch_size, dtype, "hooks")
-        graph.graph["custom_backward"] = sorted(functions)
-        return TraceResult(graph=graph, method="hooks", note=note)
-    _annotate_model(graph, mf, model, micro_batch_size, dtype, "export")
+    _annotate_model(graph, mf, model, micro_batch_size, dtype, method)
     graph.graph["custom_backward"] = sorted(functions)
-    return TraceResult(graph=graph, method="export", note="")
+    return TraceResult(graph=graph, method=method, note=note)
 
 
 @contextlib.contextmanager
