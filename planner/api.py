@@ -266,6 +266,7 @@ def plan(
     lr = float(training_cfg.get("lr", 3e-4))
     doc = build_plan(traced, cluster, training, lr, result, baselines)
     notes += batch_statistics_notes(traced.graph, doc)
+    notes += loss_sample_notes(traced.graph, doc)
     return PlanResult(doc, traced, cluster, training, result, notes)
 
 
@@ -287,6 +288,27 @@ def batch_statistics_notes(graph, doc) -> list[str]:
         f"taking the global batch at once normalises all {doc.global_batch_size}; pin "
         f"--micro-batch-size {doc.global_batch_size // dp} (one micro-batch per replica) to "
         "train as that process does"
+    ]
+
+
+def loss_sample_notes(graph, doc) -> list[str]:
+    """Where the plan splits the batch and the model file's loss is not a mean over samples
+    (``planner.trace.loss_samples``): each micro-batch of each replica computes it over its own
+    samples and the step averages those, which trains another model than one process taking
+    the global batch at once. Said with the numbers that showed it and the pin that avoids it."""
+    from planner.trace.loss_samples import couples_samples
+
+    check = graph.graph.get("loss_samples", {})
+    parts = doc.num_microbatches * doc.mesh.dp
+    if parts <= 1 or not couples_samples(check):
+        return []
+    return [
+        f"loss: not a mean over samples (two samples together {check['together']:.6g}, the "
+        f"mean of each alone {check['apart']:.6g}: a sum, in-batch negatives or a token mean "
+        f"over targets of unequal length); this plan averages it over {parts} parts of "
+        f"{doc.micro_batch_size} samples, which trains another model than one process taking "
+        f"all {doc.global_batch_size} at once; pin --micro-batch-size {doc.global_batch_size} "
+        "--dp 1, or make loss_fn a mean of per-sample losses"
     ]
 
 

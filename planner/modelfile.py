@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.utils._pytree import tree_map
 
 from planner import vocab
 from planner.errors import UserInputError
@@ -123,6 +124,15 @@ class ModelFile:
             default_loss
         )
         return fn(outputs if fn is not default_loss else to_logits(outputs), targets)
+
+
+def slice_tree(obj: Any, start: int, stop: int) -> Any:
+    """Rows ``start:stop`` of every batched tensor in ``obj`` (0-d tensors and non-tensors
+    stay): how the runtime cuts a batch into replicas' shares and micro-batches, and how the
+    planner checks the loss on parts of one (``planner.trace.loss_samples``)."""
+    return tree_map(
+        lambda t: t[start:stop] if isinstance(t, torch.Tensor) and t.dim() > 0 else t, obj
+    )
 
 
 def to_logits(outputs: Any) -> torch.Tensor:

@@ -3,7 +3,8 @@
 Step ``k`` (1-based) trains on ``make_batch(global_batch_size, step=k)``. Data-parallel rank ``r``
 takes the ``r``-th contiguous slice, and micro-batches are contiguous slices of that; the step
 loss is the mean of ``loss_fn`` over all micro-batches of all ranks. With equal-sized
-micro-batches this makes the gradient of any plan equal to the one-process gradient.
+micro-batches this makes the gradient of any plan equal to the one-process gradient, for a loss
+that is a mean over samples (the planner checks, ``planner.trace.loss_samples``).
 """
 
 from __future__ import annotations
@@ -11,14 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_map
 
-
-def slice_tree(obj: Any, start: int, stop: int) -> Any:
-    """Rows ``start:stop`` of every batched tensor in ``obj`` (0-d tensors and non-tensors stay)."""
-    return tree_map(
-        lambda t: t[start:stop] if isinstance(t, torch.Tensor) and t.dim() > 0 else t, obj
-    )
+from planner.modelfile import slice_tree
 
 
 def dp_slice(batch: Any, dp_rank: int, dp: int, global_batch_size: int) -> Any:

@@ -92,19 +92,78 @@ def traced_pipe(plan: Plan, model: nn.Module, example_inputs: tuple, traced: dic
 
 
 class _ContiguousGrad(torch.autograd.Function):
-    """Identity whose backward makes the gradient contiguous (it is sent to the stage before)."""
+    """Identity whose backward makes the gradient contiguous (it is sent to the stage before).
+    ``copy``: the forward returns a copy, not a view, for a stage that modifies what it
+    received in place (RegNet's ``hidden_state += residual`` right after a cut): autograd
+    forbids in-place changes to a view a custom Function returned."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
-        return x.view_as(x)
+    def forward(ctx, x: torch.Tensor, copy: bool) -> torch.Tensor:  # noqa: ANN001
+        return x.clone() if copy else x.view_as(x)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
-        return grad.contiguous()
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # noqa: ANN001
+        return grad.contiguous(), None
 
 
-def contiguous_grad(x: torch.Tensor) -> torch.Tensor:
-    return _ContiguousGrad.apply(x) if x.requires_grad else x
+def contiguous_grad(x: torch.Tensor, copy: bool = False) -> torch.Tensor:
+    return _ContiguousGrad.apply(x, copy) if x.requires_grad else x
+
+
+def _writes_first_argument(node: torch.fx.Node) -> bool:
+    """Whether ``node`` modifies its first argument in place (``add_``, ``copy_``, ...)."""
+    target = node.target
+    if node.op == "call_method":
+        return isinstance(target, str) and target.endswith("_") and not target.endswith("__")
+    schema = getattr(target, "_schema", None)
+    if node.op != "call_function" or schema is None or not schema.arguments:
+        return False
+    alias = schema.arguments[0].alias_info
+    return alias is not None and alias.is_write
+
+
+def _views_first_argument(node: torch.fx.Node) -> bool:
+    """Whether ``node``'s result aliases its first argument without writing it (a view)."""
+    schema = getattr(node.target, "_schema", None)
+    if node.op != "call_function" or schema is None or not schema.returns:
+        return node.op == "call_method" and node.target in ("view", "view_as", "expand", "t")
+    alias = schema.returns[0].alias_info
+    return alias is not None and not alias.is_write
+
+
+def mutated_in_place(node: torch.fx.Node, owner: torch.nn.Module) -> bool:
+    """Whether ``owner``'s graph modifies ``node``'s tensor in place, directly, through views
+    of it, or inside a submodule it is handed to (a stage's graph calls the model's modules)."""
+    seen, todo = set(), [(node, owner)]
+    while todo:
+        n, mod = todo.pop()
+        for user in n.users:
+            if user in seen:
+                continue
+            seen.add(user)
+            first = user.args[0] if user.args else None
+            if first is n and _writes_first_argument(user):
+                return True
+            if first is n and _views_first_argument(user):
+                todo.append((user, mod))
+            if user.op == "call_module":
+                todo += _parameters_receiving(n, user, mod)
+    return False
+
+
+def _parameters_receiving(
+    n: torch.fx.Node, call: torch.fx.Node, mod: torch.nn.Module
+) -> list[tuple[torch.fx.Node, torch.nn.Module]]:
+    """The placeholders of the submodule ``call`` runs that receive ``n``."""
+    sub = mod.get_submodule(call.target)
+    graph = getattr(sub, "graph", None)
+    if not isinstance(graph, torch.fx.Graph):
+        return []
+    places = [p for p in graph.nodes if p.op == "placeholder"]
+    found = [places[i] for i, a in enumerate(call.args) if a is n and i < len(places)]
+    named = {p.target: p for p in places}
+    found += [named[k] for k, a in call.kwargs.items() if a is n and k in named]
+    return [(p, sub) for p in found]
 
 
 def _contiguous(graph: torch.fx.Graph, n: torch.fx.Node) -> torch.fx.Node:
@@ -121,7 +180,8 @@ def contiguous_boundaries(split_gm: torch.fx.GraphModule) -> None:
     be contiguous": the transposed attention outputs of transformers' OPT and T5). Each
     stage's outputs are made contiguous, its inputs' gradients (sent back) too, and its
     receive buffers, which torch's pipelining allocates with the strides the trace recorded,
-    are declared contiguous. Values and gradients are unchanged."""
+    are declared contiguous; a received tensor the stage modifies in place is copied first
+    (``_ContiguousGrad``). Values and gradients are unchanged."""
     for stage in split_gm.children():
         if not isinstance(stage, torch.fx.GraphModule):
             continue
@@ -132,8 +192,9 @@ def contiguous_boundaries(split_gm: torch.fx.GraphModule) -> None:
                 if isinstance(val, torch.Tensor) and not val.is_contiguous():
                     node.meta["val"] = torch.empty(val.shape, dtype=val.dtype, device="meta")
                 if isinstance(val, torch.Tensor) and val.is_floating_point():
+                    copy = mutated_in_place(node, stage)
                     with graph.inserting_after(node):
-                        wrapped = graph.call_function(contiguous_grad, (node,))
+                        wrapped = graph.call_function(contiguous_grad, (node, copy))
                     wrapped.meta = dict(node.meta)
                     node.replace_all_uses_with(wrapped, lambda user, w=wrapped: user is not w)
             elif node.op == "output":
@@ -208,21 +269,30 @@ def relay_skip_connections(split_gm: torch.fx.GraphModule) -> None:
     supported yet", pipelining/stage.py) and the multi-stage schedules (interleaved 1F1B)
     outright ("only supports adjacent-stage communication"). So each intermediate stage
     receives the value as one more input and returns it as one more output; gradients come
-    back the same way (the relay is an identity)."""
+    back the same way (the relay is an identity). A model input a later stage reads (the input
+    a residual layer's shortcut takes when the cut falls inside that layer, a mask every layer
+    reads) is relayed from the first stage, which torch hands all of them: only the first
+    stage receives the model's inputs ("expected non-root _RecvInfo")."""
     graph = split_gm.graph
     stages = [n for n in graph.nodes if n.op == "call_module"]
     index = {n: i for i, n in enumerate(stages)}
+    roots = [n for n in graph.nodes if n.op == "placeholder"]
     relayed: dict[tuple[torch.fx.Node, int], torch.fx.Node] = {}
     for j, consumer in enumerate(stages):
         for p in range(len(consumer.args)):
             value = consumer.args[p]  # re-read: a pass-through may have rewired it
             if not isinstance(value, torch.fx.Node):
                 continue
-            src = value.args[0] if value.target is operator.getitem else value
-            if src not in index or index[src] >= j - 1:
-                continue
+            if value in roots and j > 0:  # a model input read after the first stage
+                _first_stage_takes(split_gm, stages[0], value, roots)
+                first = -1
+            else:
+                src = value.args[0] if value.target is operator.getitem else value
+                if src not in index or index[src] >= j - 1:
+                    continue
+                first = index[src]
             cur = value
-            for m in range(index[src] + 1, j):
+            for m in range(first + 1, j):
                 if (value, m) not in relayed:
                     relayed[(value, m)] = _pass_through(split_gm, stages[m], cur)
                 cur = relayed[(value, m)]
@@ -231,6 +301,40 @@ def relay_skip_connections(split_gm: torch.fx.GraphModule) -> None:
         _align_outputs(split_gm, producer, consumer)
     graph.lint()
     split_gm.recompile()
+
+
+def _first_stage_takes(
+    split_gm: torch.fx.GraphModule,
+    stage_node: torch.fx.Node,
+    value: torch.fx.Node,
+    roots: list[torch.fx.Node],
+) -> None:
+    """Make the first stage take the model input ``value`` where it does not: the schedule
+    calls it with the model's inputs in their order, so the new input goes where that order
+    puts it."""
+    if value in stage_node.args:
+        return
+    stage = split_gm.get_submodule(stage_node.target)
+    inner = stage.graph
+    placeholders = [n for n in inner.nodes if n.op == "placeholder"]
+    before = [
+        i
+        for i, a in enumerate(stage_node.args)
+        if a in roots and roots.index(a) < roots.index(value)
+    ]
+    at = before[-1] + 1 if before else 0
+    anchor = placeholders[at - 1] if at else None
+    with (
+        inner.inserting_after(anchor)
+        if anchor is not None
+        else inner.inserting_before(next(iter(inner.nodes)))
+    ):
+        ph = inner.placeholder(f"input_{roots.index(value)}")
+    ph.meta = dict(value.meta)
+    args = list(stage_node.args)
+    args.insert(at, value)
+    stage_node.args = tuple(args)
+    stage.recompile()
 
 
 def _align_outputs(

@@ -284,6 +284,14 @@ EXTRA: list[tuple] = [
         2,
         dict(tp=1, dp=1, pp=2, zero=0, schedule="1f1b", micro_batch_size=2),
     ),
+    # the second stage begins inside a residual layer (RegNet's): it adds into the tensor it
+    # received in place, and reads the model's inputs, one of which the first stage never reads
+    (
+        "inplace-received-pp2",
+        "inplace_residual",
+        2,
+        dict(tp=1, dp=1, pp=2, zero=0, schedule="1f1b", micro_batch_size=2),
+    ),
 ]
 
 
@@ -335,6 +343,7 @@ CORE_EXTRA = (
     "canine-range-block-tp2",
     "perceiver-shared-embedding-tp2",
     "ste-custom-backward-pp2",
+    "inplace_residual-inplace-received-pp2",
 )
 
 

@@ -29,6 +29,7 @@ TRACE_CODE = (
     "trace/opcost.py",
     "trace/cache.py",
     "trace/graph.py",
+    "trace/loss_samples.py",
     "modelfile.py",
     "vocab.py",
 )

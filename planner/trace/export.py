@@ -40,6 +40,7 @@ from planner.modelfile import (
     parameter_names,
 )
 from planner.trace.graph import OpGraph
+from planner.trace.loss_samples import loss_sample_check
 from planner.trace.opcost import (
     MATMUL_OPS,
     backward_flops,
@@ -186,6 +187,7 @@ def _trace_model(mf: ModelFile, micro_batch_size: int, dtype: str) -> TraceResul
         )
     _annotate_model(graph, mf, model, micro_batch_size, dtype, method)
     graph.graph["custom_backward"] = sorted(functions)
+    graph.graph["loss_samples"] = loss_sample_check(mf, model, lambda n: meta_inputs(mf, n, dtype))
     return TraceResult(graph=graph, method=method, note=note)
 
 
