@@ -1116,6 +1116,30 @@ MUTANTS: list[Mutant] = [
         "tests/test_loss_samples.py::test_a_plan_splitting_the_batch_says_so_with_the_pin",
         "the plan that averages a coupled loss over its parts does not say so",
     ),
+    M(
+        "recsys-one-all-to-all-per-sharding-type",
+        "planner/recsys/cost.py",
+        "        return A2A_PER_SHARDING * self.a2a_latency_s\n",
+        "        return self.a2a_latency_s\n",
+        "tests/test_recsys_solver.py::test_collective_latency_counts_torchrec_groups_by_hand",
+        "TorchRec's five all-to-alls per sharding group priced as one",
+    ),
+    M(
+        "recsys-milp-blind-to-sharding-latency",
+        "planner/recsys/milp.py",
+        "    fixed = fixed + MS * (np.array([d.sharding_latency_s(s) for s in types]) @ u)\n",
+        "",
+        "tests/test_recsys_solver.py::test_milp_equals_brute_force",
+        "the MILP mixes sharding types without paying their collectives",
+    ),
+    M(
+        "recsys-dense-dispatch-unpriced",
+        "planner/recsys/cost.py",
+        " + model.dense_forward_ops * p.op_overhead",
+        "",
+        "tests/test_recsys_solver.py::test_dense_dispatch_is_priced_where_the_profile_prices_it",
+        "the dense part's host dispatch on CPU ranks left out",
+    ),
 ]
 
 

@@ -1,14 +1,16 @@
 """TorchRec runs of the tiny DLRM against one-process training.
 
-On 2 and 4 CPU ranks (gloo), at a global batch of 256, four plans — every table table-wise,
-column-wise where TorchRec can split it (else table-wise), data-parallel, and the planner's own
-plan (mixed: data-parallel and column-wise tables), and that plan with the dense MLPs under ZeRO-3
-(FSDP2 beside TorchRec's tables) — train 5 steps under torchrun through
+On 2 and 4 CPU ranks (gloo), at a global batch of 256, six plans — every table table-wise,
+column-wise where TorchRec can split it (else table-wise), data-parallel, a mix of the three
+(one table table-wise, the widest column-wise, the others data-parallel), the planner's own plan
+(on the cpu profile all data-parallel: each further sharding type costs TorchRec's five
+all-to-alls a step), and that plan with the dense MLPs under ZeRO-3 (FSDP2 beside TorchRec's
+tables) — train 5 steps under torchrun through
 ``runtime.recsys`` (one launch per world size). Every parameter, the sharded tables gathered
 from their shards, must equal 5 steps of plain SGD in one process on the same global batches:
 |theta_plan - theta_ref| <= 1e-5 max|theta_ref| + 1e-3 max|theta_ref - theta_0|, and every
 tensor must have moved, so a frozen table fails; a gradient off by the world size fails too
-(``test_oracle_notices_a_wrong_table``). The same four plans also train with AdamW on 2 ranks
+(``test_oracle_notices_a_wrong_table``). The same plans also train with AdamW on 2 ranks
 against torch's AdamW in one process (``test_adamw_plan_trains_like_one_process``).
 """
 
@@ -32,7 +34,7 @@ from runtime.launch import worker_env
 ROOT = Path(__file__).resolve().parent.parent
 DLRM = ROOT / "examples" / "dlrm.py"
 STEPS = 5
-KINDS = ("tw", "cw", "dp", "planner", "fsdp")
+KINDS = ("tw", "cw", "dp", "mixed", "planner", "fsdp")
 TRAINING = {"global_batch_size": 256, "optimizer": "sgd", "dtype": "fp32", "lr": 0.5}
 ADAMW = {**TRAINING, "optimizer": "adamw", "lr": 0.01}
 
@@ -48,8 +50,12 @@ def _plans(world: int, out: Path, training: dict = TRAINING) -> dict[str, Path]:
     for kind in KINDS:
         plan = copy.deepcopy(base)
         for i, t in enumerate(plan["tables"]):
-            if kind == "dp":
+            if kind == "dp" or kind == "mixed" and i % 2 == 1:
                 t.update(sharding="data_parallel", kernel="dense", ranks=list(range(world)))
+            elif kind == "mixed" and i == 0:
+                t.update(sharding="table_wise", kernel=kernel, ranks=[world - 1])
+            elif kind == "mixed":  # the widest table (16 columns) in 4-column shards
+                t.update(sharding="column_wise", kernel=kernel, ranks=list(range(min(world, 4))))
             elif kind in ("tw", "cw"):
                 t.update(sharding="table_wise", kernel=kernel, ranks=[i % world])
                 k = min(world, 4)
@@ -140,8 +146,8 @@ def test_plan_trains_like_one_process(runs, reference, kind):
     shardings = {t["sharding"] for t in plan["tables"]}
     if kind == "cw":
         assert "column_wise" in shardings
-    if kind == "planner":  # at this batch the planner mixes data-parallel and column-wise
-        assert len(shardings) >= 2, plan["tables"]
+    if kind == "mixed":  # three sharding types in one plan, as a planner may mix them
+        assert shardings == {"data_parallel", "table_wise", "column_wise"}, plan["tables"]
     got = torch.load(plans[kind].parent / "params.pt")
     initial, final = reference
     assert set(got) == set(final)

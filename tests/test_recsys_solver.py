@@ -12,20 +12,30 @@ from __future__ import annotations
 import itertools
 import math
 import random
+from pathlib import Path
 
 import pytest
 
+from planner.modelfile import load_model_file
 from planner.recsys.cost import (
     Costed,
     DenseCost,
     TableOption,
     a2a_seconds_per_byte,
+    collective_latency,
     price,
     zipf_hit_rate,
 )
 from planner.recsys.milp import solve
-from planner.recsys.tables import RecModel, TableBlock
+from planner.recsys.tables import RecModel, TableBlock, read_model, with_dense_ops
 from tests.conftest import cluster_of
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# TorchRec's sharding type of each option label (table-wise tables in host memory too)
+SHARDING = {"tw": "table_wise", "cw2": "column_wise", "dp": "data_parallel",
+            "host": "table_wise", "twrw": "table_row_wise"}  # fmt: skip
 
 
 def _instance(seed: int, binds: str) -> Costed:
@@ -45,7 +55,7 @@ def _instance(seed: int, binds: str) -> Costed:
                 continue
             opts.append(
                 TableOption(
-                    name, label, "table_wise", "fused", placement,
+                    name, label, SHARDING[label], "fused", placement,
                     ranks if placement == "all" else count,
                     lookup_s=rng.uniform(1, 10) * 1e-3,
                     comm_s=rng.uniform(0, 5) * 1e-3,
@@ -62,7 +72,8 @@ def _instance(seed: int, binds: str) -> Costed:
     dense = DenseCost(
         compute_s=2e-3, backward_s=1.3e-3, optimizer_s=1e-4, allreduce_fixed_s=1e-3,
         allreduce_s_per_byte=rng.uniform(0.2, 2) * 1e-9, comm_overlap=rng.choice((0.0, 0.5, 1)),
-        latency_s=5e-5, device_bytes=0.0, params=10,
+        a2a_latency_s=rng.uniform(0, 1) * 1e-3, dp_allreduce_latency_s=rng.uniform(0, 3) * 1e-3,
+        device_bytes=0.0, params=10,
     )  # fmt: skip
     return Costed(tables, options, dense, ranks, per_node, device_cap, host_cap, "cuda", 64)
 
@@ -99,7 +110,11 @@ def brute_force(c: Costed) -> float | None:
             continue
         exposed = max(0.0, d.allreduce_fixed_s + d.allreduce_s_per_byte * extra
                       - d.comm_overlap * d.backward_s)  # fmt: skip
-        step = d.compute_s + d.optimizer_s + d.latency_s + exposed + max(time)
+        # every sharding type in use: its five all-to-alls; data-parallel tables: one all-reduce
+        types = {o.sharding for o, _ in combo}
+        latency = 5 * d.a2a_latency_s * len(types - {"data_parallel"})
+        latency += d.dp_allreduce_latency_s if "data_parallel" in types else 0.0
+        step = d.compute_s + d.optimizer_s + latency + exposed + max(time)
         best = step if best is None else min(best, step)
     return best
 
@@ -301,3 +316,45 @@ def test_the_dense_strategy_is_chosen_by_the_step_and_by_memory():
             min(f.step_time_s for f in alone if f is not None), rel=1e-3
         )
         assert (alone[0] is None) == (want == "fsdp")
+
+
+def test_collective_latency_counts_torchrec_groups_by_hand():
+    """Each sharding type in use runs its own five all-to-alls (splits, lengths and ids in,
+    pooled out, its gradient back); data-parallel tables an all-reduce of their own. Counted
+    with torch's profiler on 2 gloo ranks: table-wise 5 all-to-alls, table-wise with
+    column-wise 10, data-parallel 0 and one all-reduce beside the dense part's."""
+    c = cluster_of(4, "h100-sxm")
+    d = price(_model(), c, 512, "sgd", "fp32", "cuda").dense
+    _, alpha = c.link(list(range(4)))
+    sync = c.profile.collective_sync
+    a2a = 3 * alpha + sync  # an all-to-all over 4 ranks: 3 steps
+    assert collective_latency(d, ["table_wise"]) == pytest.approx(5 * a2a)
+    assert collective_latency(d, ["table_wise", "table_wise"]) == pytest.approx(5 * a2a)
+    assert collective_latency(d, ["table_wise", "column_wise"]) == pytest.approx(10 * a2a)
+    both = collective_latency(d, ["data_parallel", "column_wise"])
+    assert both == pytest.approx(5 * a2a + 6 * alpha + sync)  # ring all-reduce: 2 (n - 1) steps
+    assert collective_latency(d, []) == 0.0
+
+
+def test_dense_dispatch_is_priced_where_the_profile_prices_it():
+    """The tiny DLRM's dense forward, counted on the meta device: two Linear+ReLU (4 ops), the
+    interaction's stack, bmm, triu_indices, index and cat (5), the top Linear, ReLU, Linear
+    (3); its transposes and squeeze are views. The CPU profile prices each op's dispatch, the
+    H100's none (kernels queue ahead of the device)."""
+    mf = load_model_file(ROOT / "examples" / "dlrm.py", {"size": "tiny"})
+    rec = with_dense_ops(mf, read_model(mf))
+    assert rec.dense_forward_ops == 12
+    assert rec.dense_backward_ops > rec.dense_forward_ops
+    cpu = cluster_of(2, "cpu")
+    p = cpu.profile
+    plain = price(read_model(mf), cpu, 256, "sgd", "fp32", "cpu").dense
+    counted = price(rec, cpu, 256, "sgd", "fp32", "cpu").dense
+    dispatch = 12 * p.op_overhead + rec.dense_backward_ops * p.backward_op_overhead
+    assert counted.compute_s - plain.compute_s == pytest.approx(dispatch)
+    assert counted.backward_s - plain.backward_s == pytest.approx(
+        rec.dense_backward_ops * p.backward_op_overhead
+    )
+    gpu = cluster_of(2, "h100-sxm")
+    assert price(rec, gpu, 256, "sgd", "fp32", "cuda").dense.compute_s == pytest.approx(
+        price(read_model(mf), gpu, 256, "sgd", "fp32", "cuda").dense.compute_s
+    )

@@ -100,7 +100,8 @@ def print_summary(doc: dict[str, Any], path: Path) -> None:
     print(
         f"  dense part: {DENSE_LABELS.get(d['strategy'], d['strategy'])}, {d['params']:,} params, "
         f"{d['compute_s'] * 1e3:.3f} ms compute, "
-        f"{d['allreduce_exposed_s'] * 1e3:.3f} ms exposed gradient collectives"
+        f"{d['allreduce_exposed_s'] * 1e3:.3f} ms exposed gradient collectives, "
+        f"{d['collective_latency_s'] * 1e3:.3f} ms collectives' latency"
     )
     slow = max(doc["ranks"], key=lambda r: r["step_s"])
     print(

@@ -54,14 +54,22 @@ hides behind the forward, the other two behind the backward), keeps 1/n of the s
 steps 1/n of them, and holds one MLP's whole parameters and gradients while it computes
 (the largest, ``RecModel.dense_unit_params``). Data-parallel tables' gradients are
 all-reduced by DDP either way (beside FSDP, TorchRec wraps what FSDP does not hold in DDP).
-Latencies of the step's three all-to-alls and the dense collectives are one constant per rank.
+Collectives' latencies are paid by every rank, and their number depends on which sharding types
+the plan uses (``collective_latency``): TorchRec runs each sharding type as its own group with
+its own input and output distribution, five all-to-alls per step (the input's splits, lengths
+and ids; the pooled output forward and its gradient backward), and all-reduces the
+data-parallel tables' gradients through a DDP of their own, beside the dense part's. Counted
+with torch's profiler on 2 gloo ranks (tiny DLRM, 10 steps): table-wise alone 5 all-to-alls
+and 1 all-reduce per step, table-wise with column-wise 10 and 1, data-parallel alone 0 and 2.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
+from planner.cost.model import OPTIMIZER_OPS
 from planner.hardware.cluster import Cluster
 from planner.hardware.collectives import ring_factors
 from planner.recsys.tables import RecModel, TableBlock
@@ -73,6 +81,9 @@ CW_SHARDS = (2, 4, 8)
 CACHE_RATIOS = (0.05, 0.2)
 # Optimizer state elements per weight element: TorchRec's fused EXACT_SGD keeps none; Adam two.
 STATE_ELEMENTS = {"sgd": 0, "adamw": 2}
+# All-to-alls per step of one sharding type's group: splits, lengths and ids in, pooled out
+# forward, its gradient back (module docstring).
+A2A_PER_SHARDING = 5
 
 
 @dataclass(frozen=True)
@@ -109,7 +120,8 @@ class DenseCost:
     allreduce_fixed_s: float  # all-reduce of the dense gradients alone, latency included
     allreduce_s_per_byte: float  # what each more byte (a data-parallel table's) adds
     comm_overlap: float
-    latency_s: float  # the sparse all-to-alls' latency terms
+    a2a_latency_s: float  # one all-to-all's latency over every rank (``collective_latency``)
+    dp_allreduce_latency_s: float  # the data-parallel tables' own all-reduce's latency
     device_bytes: float
     params: int
     strategy: str = "ddp"  # "ddp" or "fsdp" (ZeRO-3)
@@ -117,10 +129,23 @@ class DenseCost:
 
     @property
     def fixed_s(self) -> float:
-        """What every rank pays whatever the tables: products, optimizer step, the all-to-alls'
-        latencies and ZeRO-3's exposed forward all-gather (the backward's collectives and the
-        data-parallel tables' all-reduce are priced with the tables, ``exposed_allreduce``)."""
-        return self.compute_s + self.optimizer_s + self.latency_s + self.forward_exposed_s
+        """What every rank pays whatever the tables: products, optimizer step and ZeRO-3's
+        exposed forward all-gather (the backward's collectives and the data-parallel tables'
+        all-reduce are priced with the tables, ``exposed_allreduce``, and the collectives'
+        latencies by the sharding types used, ``collective_latency``)."""
+        return self.compute_s + self.optimizer_s + self.forward_exposed_s
+
+    def sharding_latency_s(self, sharding: str) -> float:
+        """The latency every rank pays once a table runs with ``sharding`` (TorchRec's value):
+        its group's all-to-alls, or for data-parallel tables their own all-reduce."""
+        if sharding == "data_parallel":
+            return self.dp_allreduce_latency_s
+        return A2A_PER_SHARDING * self.a2a_latency_s
+
+
+def collective_latency(dense: DenseCost, shardings: Iterable[str]) -> float:
+    """The collectives' latency of a step whose tables use these sharding types."""
+    return sum(dense.sharding_latency_s(s) for s in set(shardings))
 
 
 @dataclass(frozen=True)
@@ -288,18 +313,24 @@ def price(
                     )
                 )  # fmt: skip
         options[t.name] = opts
-    dense = _dense(model, cluster, global_batch_size, s, dtype, hbm, bw, alpha, dense_strategy)
+    dense = _dense(model, cluster, global_batch_size, optimizer, dtype, hbm, bw, alpha,
+                   dense_strategy)  # fmt: skip
     cap = p.memory_bytes * memory_fraction - p.reserved_bytes - dense.device_bytes
     host = p.host_memory_bytes / g
     return Costed(model.tables, options, dense, n, g, cap, host, device, global_batch_size)
 
 
-def _dense(model, cluster, b, s, dtype, hbm, bw, alpha, strategy: str = "ddp") -> DenseCost:
+def _dense(model, cluster, b, optimizer, dtype, hbm, bw, alpha, strategy: str = "ddp") -> DenseCost:
     p = cluster.profile
+    s = STATE_ELEMENTS[optimizer]
     n = cluster.gpus
     local = b / n
     rate = p.peak_flops[dtype] * p.matmul_efficiency
-    fwd = model.dense_flops_per_sample * local / rate
+    # products at the matmul rate, plus each eager op's host dispatch where the profile prices
+    # it (CPU ranks; GPU profiles hold 0: kernels queue ahead of the device)
+    fwd = model.dense_flops_per_sample * local / rate + model.dense_forward_ops * p.op_overhead
+    bwd = 2 * model.dense_flops_per_sample * local / rate
+    bwd += model.dense_backward_ops * p.backward_op_overhead
     e = 4 if dtype == "fp32" else 2
     grad_bytes = model.dense_params * e
     ar_c, ar_d = ring_factors("all_reduce", n) if n > 1 else (0.0, 0.0)
@@ -317,17 +348,20 @@ def _dense(model, cluster, b, s, dtype, hbm, bw, alpha, strategy: str = "ddp") -
         unit = model.dense_unit_params or model.dense_params
         states = states / n + 2 * unit * e  # + the computing MLP's whole parameters, gradients
         optimizer_s = (3 + 2 * s) * model.dense_params * 4 / n / hbm
+        optimizer_s += model.dense_tensors * OPTIMIZER_OPS[optimizer] * p.dtensor_op_overhead
     else:
         collectives = (ar_c * grad_bytes / bw + ar_d * alpha + sync) if n > 1 else 0.0
         optimizer_s = (3 + 2 * s) * model.dense_params * 4 / hbm
+        optimizer_s += model.dense_tensors * OPTIMIZER_OPS[optimizer] * p.optimizer_op_overhead
     return DenseCost(
-        compute_s=3 * fwd,
-        backward_s=2 * fwd,
+        compute_s=fwd + bwd,
+        backward_s=bwd,
         optimizer_s=optimizer_s,
         allreduce_fixed_s=collectives,
         allreduce_s_per_byte=ar_c / bw,
         comm_overlap=p.comm_overlap,
-        latency_s=3 * (a2a_d * alpha + sync),
+        a2a_latency_s=a2a_d * alpha + sync,
+        dp_allreduce_latency_s=ar_d * alpha + sync,
         device_bytes=states + acts + pooled,
         params=model.dense_params,
         strategy=strategy if n > 1 else "ddp",

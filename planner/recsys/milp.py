@@ -18,10 +18,12 @@ node (table-row-wise) or on every rank (data-parallel, row-wise). Ranks r = 0..N
 
     minimize T
 
-C is the dense part every rank runs (products, optimizer, all-to-all latencies). When the dense
-part may run as DDP or ZeRO-3 (``Costed.dense_choices``), a one-hot w picks it inside the same
-MILP: C, the collectives' AR_0 and the device capacity become sums over w of each strategy's
-constants, so the model stays linear and the choice is exact. The column
+C is the dense part every rank runs (products, optimizer). L = sum_s l_s u[s] is the collectives'
+latency, u[s] in {0,1} >= y[t,o] for every option o of sharding type s (TorchRec runs each type
+as a group with its own all-to-alls, and data-parallel tables with an all-reduce of their own).
+When the dense part may run as DDP or ZeRO-3 (``Costed.dense_choices``), a one-hot w picks it
+inside the same MILP: C, the collectives' AR_0 and the device capacity become sums over w of
+each strategy's constants, so the model stays linear and the choice is exact. The column
 shards of one table go on distinct ranks (x is binary), as TorchRec's column_wise(ranks=...)
 expects. Ranks of one node are interchangeable, so each node's ranks are ordered by their
 placed time (time_r >= time_{r+1} inside a node): every solution has an ordered twin, and the
@@ -31,8 +33,8 @@ toward fewer bytes (a weight of 1e-6 ms per GiB of device memory).
 **The aggregate MILP** (what makes 500 tables on 64 ranks take seconds): ranks are identical,
 so drop x and z and keep only y, as if shards could be split over ranks at will:
 
-    T >= C + E + common(y) + (1/N) sum_{t,o} count_o a_o y[t,o]      the average rank
-    T >= C + E + common(y) + a_o y[t,o]        for every placed o     its largest shard
+    T >= C + E + L + common(y) + (1/N) sum_{t,o} count_o a_o y[t,o]      the average rank
+    T >= C + E + L + common(y) + a_o y[t,o]        for every placed o     its largest shard
     (the same two forms <= capacity for device and host memory)
 
 Every real placement satisfies these, so its optimum is a lower bound on the joint optimum.
@@ -58,7 +60,7 @@ from dataclasses import dataclass
 import cvxpy as cp
 import numpy as np
 
-from planner.recsys.cost import Costed, TableOption
+from planner.recsys.cost import Costed, TableOption, collective_latency
 
 TIE_WEIGHT = 1e-6  # milliseconds per GiB of device memory: breaks ties, never a trade-off
 # The MILP's units: milliseconds and GiB keep its coefficients within a few orders of magnitude
@@ -108,7 +110,7 @@ def solve(
     choice, bound, agg_vars, _, k = agg
     costed = full.with_dense(k) if full.dense_choices else full
     d = costed.dense
-    fixed = d.fixed_s + exposed_allreduce(costed, choice)
+    fixed = d.fixed_s + exposed_allreduce(costed, choice) + choice_latency(costed, choice)
     # Placed time at which the step is within half the gap of the bound: stop improving there.
     ranks = place(costed, choice, stop_at=bound * (1 + rel_gap / 2) - fixed)
     variables = agg_vars
@@ -171,6 +173,12 @@ def _solve_model(costed: Costed, aggregate: bool, node_limit: int, rel_gap: floa
     w = cp.Variable(len(choices), boolean=True)
     cons.append(cp.sum(w) == 1)
     fixed = MS * (np.array([c.fixed_s for c, _ in choices]) @ w)
+    # The collectives' latency: u[s] = 1 once any table runs with sharding type s.
+    types = sorted({o.sharding for o in opts})
+    u = cp.Variable(len(types), boolean=True)
+    for k, sharding in enumerate(types):
+        cons.append(y[[i for i, o in enumerate(opts) if o.sharding == sharding]] <= u[k])
+    fixed = fixed + MS * (np.array([d.sharding_latency_s(s) for s in types]) @ u)
     collectives = np.array([c.allreduce_fixed_s for c, _ in choices]) @ w
     device_cap = np.array([cap / GIB for _, cap in choices]) @ w
     ar_bytes = np.array([o.allreduce_bytes for o in opts])
@@ -261,7 +269,7 @@ def _solve_model(costed: Costed, aggregate: bool, node_limit: int, rel_gap: floa
                 if chosen[i]:
                     k = int(np.flatnonzero(zv[row])[0])
                     ranks[flat[i][0]] = list(range(k * g, (k + 1) * g))
-    return choice, bound, _count(y, x, z, w), ranks, strategy
+    return choice, bound, _count(y, x, z, w, u), ranks, strategy
 
 
 @contextlib.contextmanager
@@ -500,9 +508,14 @@ def exposed_allreduce(costed: Costed, choice: dict[str, TableOption]) -> float:
     )
 
 
+def choice_latency(costed: Costed, choice: dict[str, TableOption]) -> float:
+    """The collectives' latency of the sharding types the tables use."""
+    return collective_latency(costed.dense, (o.sharding for o in choice.values()))
+
+
 def step_time(costed: Costed, choice: dict[str, TableOption], ranks: dict[str, list[int]]) -> float:
     """The slowest rank's step under an assignment (the MILP's objective, evaluated)."""
     d = costed.dense
-    fixed = d.fixed_s + exposed_allreduce(costed, choice)
+    fixed = d.fixed_s + exposed_allreduce(costed, choice) + choice_latency(costed, choice)
     loads = rank_loads(costed, choice, ranks)
     return fixed + max(v["lookup_s"] + v["comm_s"] + v["optimizer_s"] for v in loads)

@@ -14,9 +14,15 @@ from planner.errors import InfeasibleError, UserInputError
 from planner.hardware.cluster import Cluster, cluster_to_dict, make_cluster
 from planner.modelfile import ModelFile
 from planner.recsys.cost import Costed, TableOption, price
-from planner.recsys.milp import Assignment, exposed_allreduce, rank_loads, solve
+from planner.recsys.milp import (
+    Assignment,
+    choice_latency,
+    exposed_allreduce,
+    rank_loads,
+    solve,
+)
 from planner.recsys.plan import OPTIMIZERS, SCHEMA
-from planner.recsys.tables import RecModel, read_model
+from planner.recsys.tables import RecModel, read_model, with_dense_ops
 
 GIB = 2.0**30
 MAX_GPUS = 1 << 16
@@ -65,6 +71,8 @@ def plan_recsys(
                    key=lambda x: x.device_capacity)  # fmt: skip
 
     check_fits(model, costed_for(cluster), cluster, costed_for)
+    if cluster.profile.op_overhead > 0 or cluster.profile.backward_op_overhead > 0:
+        model = with_dense_ops(mf, model)  # a profile pricing host dispatch (CPU ranks)
     first, *others = [priced(cluster, st) for st in dense_strategies(cluster)]
     found = solve(first.choosing_dense(others) if others else first)
     if found is None:
@@ -156,7 +164,8 @@ def assemble(
     """The plan dict (schema in planner.recsys.plan) from the solver's assignment."""
     d = costed.dense
     exposed = exposed_allreduce(costed, found.choice)
-    fixed = d.fixed_s + exposed
+    latency = choice_latency(costed, found.choice)
+    fixed = d.fixed_s + exposed + latency
     loads = rank_loads(costed, found.choice, found.ranks)
     base_dev = d.device_bytes + cluster.profile.reserved_bytes
     tables = []
@@ -205,7 +214,7 @@ def assemble(
             "compute_s": d.compute_s,
             "optimizer_s": d.optimizer_s,
             "allreduce_exposed_s": exposed,
-            "all_to_all_latency_s": d.latency_s,
+            "collective_latency_s": latency,
             "forward_exposed_s": d.forward_exposed_s,
             "device_bytes": d.device_bytes,
         },

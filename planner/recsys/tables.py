@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from planner.errors import UserInputError
 from planner.modelfile import ModelFile
@@ -52,6 +53,10 @@ class RecModel:
     dense_flops_per_sample: float  # forward; backward is twice
     dense_activations_per_sample: float  # elements of the Linear inputs autograd keeps
     notes: list[str] = field(default_factory=list)
+    # eager ops of the dense part per step (views excluded), forward and backward: what each
+    # costs in host dispatch where the profile prices it (CPUs; GPUs queue them ahead)
+    dense_forward_ops: int = 0
+    dense_backward_ops: int = 0
     # parameters of the largest child of the model outside the tables: ZeRO-3's unit (the
     # runtime's fully_shard wraps each such child), whole on a rank while it computes; 0 when
     # unknown, and then the whole dense part counts
@@ -106,7 +111,8 @@ def embedding_bag_collections(model: torch.nn.Module) -> dict[str, torch.nn.Modu
 
 
 def read_model(mf: ModelFile) -> RecModel:
-    """Table blocks and the dense part of a TorchRec model file, built on the meta device."""
+    """Table blocks and the dense part of a TorchRec model file, built on the meta device
+    (its eager ops are counted apart, ``with_dense_ops``: that runs one ``make_batch``)."""
     model = meta_model(mf)
     ebcs = embedding_bag_collections(model)
     if not ebcs:
@@ -140,6 +146,72 @@ def read_model(mf: ModelFile) -> RecModel:
     ]
     return RecModel(tables, sum(p.numel() for p in dense), len(dense), flops, acts, notes,
                     dense_unit_params=max(units, default=0))  # fmt: skip
+
+
+def with_dense_ops(mf: ModelFile, rec: RecModel) -> RecModel:
+    """``rec`` with its dense part's eager ops counted (``dense_op_counts``)."""
+    fwd, bwd = dense_op_counts(mf)
+    return replace(rec, dense_forward_ops=fwd, dense_backward_ops=bwd)
+
+
+def dense_op_counts(mf: ModelFile) -> tuple[int, int]:
+    """(forward, backward) eager ops of everything outside the tables (MLPs, the interaction,
+    the model's glue), counted on the meta device with each EmbeddingBagCollection answering
+    with pooled embeddings of its shapes; views excluded, as the dense cost model counts."""
+    from torchrec.sparse.jagged_tensor import KeyedTensor
+
+    from planner.trace.opcost import is_view
+
+    model = meta_model(mf)
+    ebcs = embedding_bag_collections(model)
+    inputs, _ = _raw_batch(mf)
+    batch = next((len(x) for x in inputs if isinstance(x, torch.Tensor) and x.dim() > 0), 1)
+
+    def pooled(ebc: torch.nn.Module):
+        configs = ebc.embedding_bag_configs()
+        keys = [f for c in configs for f in c.feature_names]
+        dims = [c.embedding_dim for c in configs for _ in c.feature_names]
+        values = torch.zeros(batch, sum(dims), device="meta", requires_grad=True)
+        return lambda *args, **kwargs: KeyedTensor(keys, dims, values)
+
+    meta_inputs = tuple(
+        x.to("meta") if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs
+    )
+    saved = {path: ebc.forward for path, ebc in ebcs.items()}
+    counter = _OpCounter(is_view)
+    try:
+        for ebc in ebcs.values():
+            ebc.forward = pooled(ebc)
+        with counter:
+            out = model(*meta_inputs)
+        counted = counter.ops
+        loss = out.float().sum() if isinstance(out, torch.Tensor) else None
+        if loss is None or not loss.requires_grad:
+            return counted, 0
+        with counter:
+            loss.backward()
+        return counted, counter.ops - counted
+    except Exception:  # a model whose glue the stand-in does not satisfy: no dispatch priced
+        return 0, 0
+    finally:
+        for path, fn in saved.items():
+            ebcs[path].forward = fn
+        for p in model.parameters():
+            p.grad = None
+
+
+class _OpCounter(TorchDispatchMode):
+    """Counts the aten ops dispatched inside it that are not views."""
+
+    def __init__(self, is_view) -> None:  # noqa: ANN001
+        super().__init__()
+        self.is_view = is_view
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        if not self.is_view(str(func)):
+            self.ops += 1
+        return func(*args, **(kwargs or {}))
 
 
 def _stats(mf: ModelFile, configs: list) -> tuple[dict[str, dict[str, float]], list[str]]:
