@@ -1103,8 +1103,8 @@ MUTANTS: list[Mutant] = [
     M(
         "trace-loss-halves-given-whole-outputs",
         "planner/trace/loss_samples.py",
-        "value if dim is None else value.narrow(dim, i * a.shape[dim], a.shape[dim])",
-        "value",
+        "                part = part.narrow(d, i * a.shape[d], a.shape[d])\n",
+        "                part = value\n",
         "tests/test_loss_samples.py",
         "each sample alone is given both samples' outputs: no loss is ever checked",
     ),
@@ -1139,6 +1139,47 @@ MUTANTS: list[Mutant] = [
         "",
         "tests/test_recsys_solver.py::test_dense_dispatch_is_priced_where_the_profile_prices_it",
         "the dense part's host dispatch on CPU ranks left out",
+    ),
+    M(
+        "run-first-stage-misses-unread-input",
+        "runtime/stages.py",
+        "    for root in roots:  # torch hands the first stage every model input, read or not\n"
+        "        _first_stage_takes(split_gm, stages[0], root, roots)\n",
+        "",
+        "tests/test_runtime_oracle.py::test_plan_trains_like_one_process[multi_input-inputs-pp2]",
+        "a model input no stage reads: the first stage is called with one argument too many",
+    ),
+    M(
+        "run-first-stage-inputs-in-reading-order",
+        "runtime/stages.py",
+        "    if order == args:\n        return\n",
+        "    if True:\n        return\n",
+        "tests/test_runtime_oracle.py::test_plan_trains_like_one_process[multi_input-inputs-pp2]",
+        "the first stage takes the model's inputs in the order it reads them: two swapped",
+    ),
+    M(
+        "run-eager-swap-ignores-call-arguments",
+        "runtime/stages.py",
+        "            or (one_tensor is not None and one_call_site(fqn) not in one_tensor)\n",
+        "",
+        "tests/test_runtime_oracle.py::test_plan_trains_like_one_process[multi_input-inputs-pp2]",
+        "a module called with a list runs eagerly on the one tensor the trace kept",
+    ),
+    M(
+        "trace-loss-meta-forward-not-as-export",
+        "planner/trace/loss_samples.py",
+        '        mock.patch.object(torch.compiler, "is_compiling", lambda: True),\n',
+        "",
+        "tests/test_loss_samples.py",
+        "the loss is never checked on models with value-dependent shortcuts (transformers)",
+    ),
+    M(
+        "trace-loss-similarity-split-along-one-dim",
+        "planner/trace/loss_samples.py",
+        "            for d in dims:  # [batch, batch]: each alone sees its diagonal block\n",
+        "            for d in dims[:1]:\n",
+        "tests/test_loss_samples.py",
+        "a [batch, batch] output split along rows only: CLIP's halves see the other's columns",
     ),
 ]
 

@@ -223,6 +223,7 @@ def _build_pipeline(
     from runtime.stages import (
         adopt_eager_modules,
         keep_unused_tensors,
+        one_tensor_calls,
         split_points,
         stage_module_name,
         traced_pipe,
@@ -244,8 +245,9 @@ def _build_pipeline(
     experts: list = []
     edp_group = None
     stage_mods = [pipe.get_stage_module(i) for i in indices]
+    one_tensor = one_tensor_calls(model, example)
     for stage_mod in stage_mods:
-        adopt_eager_modules(stage_mod, model, split_points(plan, model))
+        adopt_eager_modules(stage_mod, model, split_points(plan, model), one_tensor)
     if 0 in indices:
         every = [pipe.get_stage_module(i) for i in range(pipe.num_stages)]
         kept = keep_unused_tensors(every, model, stage_mods[indices.index(0)])

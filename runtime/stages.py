@@ -271,12 +271,16 @@ def relay_skip_connections(split_gm: torch.fx.GraphModule) -> None:
     receives the value as one more input and returns it as one more output; gradients come
     back the same way (the relay is an identity). A model input a later stage reads (the input
     a residual layer's shortcut takes when the cut falls inside that layer, a mask every layer
-    reads) is relayed from the first stage, which torch hands all of them: only the first
-    stage receives the model's inputs ("expected non-root _RecvInfo")."""
+    reads) is relayed from the first stage, which torch hands all of them, read or not: only
+    the first stage receives the model's inputs ("expected non-root _RecvInfo"), and it is
+    called with every one ("takes 3 positional arguments but 4 were given")."""
     graph = split_gm.graph
     stages = [n for n in graph.nodes if n.op == "call_module"]
     index = {n: i for i, n in enumerate(stages)}
     roots = [n for n in graph.nodes if n.op == "placeholder"]
+    for root in roots:  # torch hands the first stage every model input, read or not
+        _first_stage_takes(split_gm, stages[0], root, roots)
+    _inputs_in_model_order(split_gm, stages[0], roots)
     relayed: dict[tuple[torch.fx.Node, int], torch.fx.Node] = {}
     for j, consumer in enumerate(stages):
         for p in range(len(consumer.args)):
@@ -284,7 +288,6 @@ def relay_skip_connections(split_gm: torch.fx.GraphModule) -> None:
             if not isinstance(value, torch.fx.Node):
                 continue
             if value in roots and j > 0:  # a model input read after the first stage
-                _first_stage_takes(split_gm, stages[0], value, roots)
                 first = -1
             else:
                 src = value.args[0] if value.target is operator.getitem else value
@@ -334,6 +337,30 @@ def _first_stage_takes(
     args = list(stage_node.args)
     args.insert(at, value)
     stage_node.args = tuple(args)
+    stage.recompile()
+
+
+def _inputs_in_model_order(
+    split_gm: torch.fx.GraphModule, stage_node: torch.fx.Node, roots: list[torch.fx.Node]
+) -> None:
+    """Order the first stage's inputs as the model's: the schedule passes them positionally,
+    and the split keeps them in the order the stage first reads them (BERT's embeddings read
+    the ids and token types before the encoder reads the mask, so a mask and token types of
+    one shape and dtype were swapped, silently)."""
+    stage = split_gm.get_submodule(stage_node.target)
+    inner = stage.graph
+    places = [n for n in inner.nodes if n.op == "placeholder"]
+    args = list(stage_node.args)
+    own = dict(zip(args, places))
+    order = [r for r in roots if r in own] + [a for a in args if a not in roots]
+    if order == args:
+        return
+    anchor = places[0].prev  # the graph's root sentinel, before every placeholder
+    for a in order:
+        anchor.append(own[a])
+        anchor = own[a]
+    stage_node.args = tuple(order)
+    inner.lint()
     stage.recompile()
 
 
@@ -478,10 +505,51 @@ def _traced_output(traced: nn.Module) -> tuple[torch.dtype, tuple[int, ...]] | N
         return val.dtype, tuple(-1 for _ in val.shape)
 
 
-def adopt_eager_modules(stage: nn.Module, model: nn.Module, cuts: list[str]) -> list[str]:
+def one_tensor_calls(model: nn.Module, example: tuple) -> set[str] | None:
+    """Paths of the modules every call of which passes exactly one tensor, positionally: one
+    forward of the example micro-batch on the meta device (the model's tensors swapped for meta
+    ones for the call), a pre-hook on every module. None where that forward fails.
+
+    A traced module taking one tensor may stand for an eager one whose one argument is not a
+    tensor: DPT's depth head takes the list of fused features and reads the last; the trace
+    kept only that one as its input, and the eager head, handed it, indexed the batch
+    instead (a crash there; silently wrong rows elsewhere)."""
+    seen: dict[str, bool] = {}
+
+    def hook(name: str):
+        def record(_module: nn.Module, args: tuple, kwargs: dict) -> None:
+            one = len(args) == 1 and isinstance(args[0], torch.Tensor) and not kwargs
+            seen[name] = seen.get(name, True) and one
+
+        return record
+
+    handles = [
+        m.register_forward_pre_hook(hook(n), with_kwargs=True)
+        for n, m in model.named_modules()
+        if n
+    ]
+    tensors = {**dict(model.named_parameters(remove_duplicate=False)),
+               **dict(model.named_buffers(remove_duplicate=False))}  # fmt: skip
+    meta = {n: torch.empty_like(t, device="meta") for n, t in tensors.items()}
+    inputs = tuple(t.to("meta") if isinstance(t, torch.Tensor) else t for t in example)
+    try:
+        with torch.no_grad(), torch.device("meta"):
+            torch.func.functional_call(model, meta, inputs, strict=False)
+    except Exception:  # the meta device cannot run this forward: decide by signature alone
+        return None
+    finally:
+        for h in handles:
+            h.remove()
+    return {n for n, one in seen.items() if one}
+
+
+def adopt_eager_modules(
+    stage: nn.Module, model: nn.Module, cuts: list[str], one_tensor: set[str] | None = None
+) -> list[str]:
     """Swap traced submodules for the model's eager ones where exact (see the module docstring)
     and make every other parameter and buffer the model's own tensor, found by path. Returns
-    the swapped paths.
+    the swapped paths. ``one_tensor``: the modules called with one tensor alone
+    (``one_tensor_calls``); None: every module whose forward takes one argument.
 
     ``cuts``: the split points. A module with a cut inside runs only part of its forward in
     this stage (a ResNet's ``nn.Sequential`` of blocks cut at a shortcut), so the eager module,
@@ -500,6 +568,7 @@ def adopt_eager_modules(stage: nn.Module, model: nn.Module, cuts: list[str]) -> 
             original is None
             or not _single_tensor_io(traced)
             or not forward_takes_one_argument(original)
+            or (one_tensor is not None and one_call_site(fqn) not in one_tensor)
         ):
             continue
         parent_path, _, name = fqn.rpartition(".")

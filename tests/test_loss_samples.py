@@ -29,9 +29,14 @@ class Net(nn.Module):
         self.b = nn.Linear(32, vocab)
 
     def forward(self, x):
+        if not torch.compiler.is_compiling() and bool((x != 0).all()):
+            x = x + 0  # a shortcut on the values, as transformers' masks take outside tracing
         logits = self.b(torch.tanh(self.a(x)))
         if KIND["k"] == "aux":  # a dict with a scalar auxiliary loss beside the logits
             return {"logits": logits, "aux": logits.float().pow(2).mean()}
+        if KIND["k"] == "similarity":  # CLIP's logits_per_image: [batch, batch]
+            z = logits.mean(1)
+            return z @ z.T
         return logits
 
 
@@ -58,6 +63,7 @@ LOSSES = {
     "aux": (
         "return F.cross_entropy(out['logits'].reshape(-1, 16), y.reshape(-1)) + 0.1 * out['aux']"
     ),
+    "similarity": "return F.cross_entropy(out, torch.arange(len(out)))",
 }
 
 
@@ -98,6 +104,15 @@ def test_in_batch_negatives_couple_the_samples(tmp_path, monkeypatch):
     check = _check(tmp_path, monkeypatch, "mean", "clip")
     assert check["apart"] == pytest.approx(0.0, abs=1e-6)  # one sample is its only candidate
     assert check["together"] > 0.1
+    assert couples_samples(check)
+
+
+def test_a_similarity_of_the_batch_with_itself_couples_the_samples(tmp_path, monkeypatch):
+    """CLIP's [batch, batch] logits: a micro-batch sees only its diagonal block, and one sample
+    alone is its only candidate (loss 0), where two together are not."""
+    check = _check(tmp_path, monkeypatch, "similarity", "similarity")
+    assert check["checked"], check
+    assert check["apart"] == pytest.approx(0.0, abs=1e-6)
     assert couples_samples(check)
 
 

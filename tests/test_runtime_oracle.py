@@ -292,6 +292,15 @@ EXTRA: list[tuple] = [
         2,
         dict(tp=1, dp=1, pp=2, zero=0, schedule="1f1b", micro_batch_size=2),
     ),
+    # four inputs: one never read, two the first stage reads out of the signature's order, and
+    # a head taking a list of features in the second stage (it stays traced: its eager forward
+    # would get the one tensor the trace kept)
+    (
+        "inputs-pp2",
+        "multi_input",
+        2,
+        dict(tp=1, dp=1, pp=2, zero=0, schedule="1f1b", micro_batch_size=2),
+    ),
 ]
 
 
@@ -344,6 +353,7 @@ CORE_EXTRA = (
     "perceiver-shared-embedding-tp2",
     "ste-custom-backward-pp2",
     "inplace_residual-inplace-received-pp2",
+    "multi_input-inputs-pp2",
 )
 
 
