@@ -1181,6 +1181,14 @@ MUTANTS: list[Mutant] = [
         "tests/test_loss_samples.py",
         "a [batch, batch] output split along rows only: CLIP's halves see the other's columns",
     ),
+    M(
+        "trace-loss-default-targets-all-valid",
+        "planner/trace/loss_samples.py",
+        "    valid = (targets.reshape(2, -1) != IGNORE_INDEX).float()\n",
+        "    valid = torch.ones(targets.reshape(2, -1).shape)\n",
+        "tests/test_loss_samples.py",
+        "a full-size LM's padded targets unseen: its token mean passes as a per-sample mean",
+    ),
 ]
 
 

@@ -128,6 +128,17 @@ def test_outputs_too_large_are_not_checked(tmp_path, monkeypatch):
     assert not couples_samples(check)
 
 
+@pytest.mark.parametrize("kind, coupled", [("padded", True), ("mean", False)])
+def test_the_default_loss_over_large_outputs_is_checked_by_its_targets(
+    kind, coupled, tmp_path, monkeypatch
+):
+    """Logits too large to draw (a full vocabulary at full length): the default loss's weighting
+    is in its targets, the padded first sample weighing its tokens more alone than together."""
+    check = _check(tmp_path, monkeypatch, kind, None, vocab=MAX_ELEMENTS // 8 + 1)
+    assert check["checked"], check
+    assert couples_samples(check) is coupled
+
+
 def test_a_plan_splitting_the_batch_says_so_with_the_pin(tmp_path, monkeypatch):
     monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path / "cache"))
     path = _model_file(tmp_path, "sum")

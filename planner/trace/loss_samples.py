@@ -33,6 +33,7 @@ from planner.modelfile import ModelFile, slice_tree
 # at full length would take gigabytes, so the check gives up above this many elements.
 MAX_ELEMENTS = 1 << 25
 REL_TOL = 1e-4
+IGNORE_INDEX = -100  # F.cross_entropy's, which the default loss keeps
 
 
 def loss_sample_check(
@@ -49,6 +50,9 @@ def loss_sample_check(
     if one_spec != two_spec:
         return _unchecked("the outputs' structure depends on the batch size")
     if sum(t.numel() for t in two if isinstance(t, torch.Tensor)) > MAX_ELEMENTS:
+        if not mf.has_loss_fn:  # the default loss: its weighting is in the targets alone
+            with torch.device("cpu"):
+                return _default_loss_by_targets(mf)
         return _unchecked(f"the outputs of two samples exceed {MAX_ELEMENTS} elements")
     with torch.device("cpu"):  # the trace runs with meta as the default device
         result = _compare(mf, one, two, two_spec)
@@ -90,6 +94,24 @@ def _compare(mf: ModelFile, one: list, two: list, spec: Any) -> tuple[float, flo
     except Exception as exc:
         return _unchecked(f"loss_fn failed on random outputs ({type(exc).__name__})")
     return together, apart
+
+
+def _default_loss_by_targets(mf: ModelFile) -> dict[str, Any]:
+    """The default loss (cross-entropy averaged over the targets not marked ``-100``) without
+    its logits: it is the mean of per-position losses over the valid positions, so positions
+    given random losses show how two samples weigh together and apart; they differ exactly
+    when the samples hold different numbers of valid targets."""
+    _, targets = mf.batch(2, step=1)
+    if not isinstance(targets, torch.Tensor) or targets.is_floating_point():
+        return _unchecked("the outputs of two samples are too large to draw")
+    valid = (targets.reshape(2, -1) != IGNORE_INDEX).float()
+    losses = torch.rand(valid.shape, generator=torch.Generator().manual_seed(0)) * valid
+    counts = valid.sum(1)
+    if (counts == 0).any():
+        return _unchecked("a sample of make_batch(2) has no target to learn")
+    together = float(losses.sum() / counts.sum())
+    apart = float((losses.sum(1) / counts).mean())
+    return {"checked": True, "together": together, "apart": apart}
 
 
 def couples_samples(check: dict[str, Any]) -> bool:
