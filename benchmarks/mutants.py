@@ -1189,6 +1189,30 @@ MUTANTS: list[Mutant] = [
         "tests/test_loss_samples.py",
         "a full-size LM's padded targets unseen: its token mean passes as a per-sample mean",
     ),
+    M(
+        "trace-forward-state-unseen",
+        "planner/trace/export.py",
+        "    before = {n: (id(b), b._version) for n, b in model.named_buffers()}\n",
+        "    return []\n",
+        "tests/test_trace.py::test_buffers_the_forward_updates_are_found_and_named_under_data_parallelism",
+        "a spectral norm's buffers drift under data parallelism, unsaid",
+    ),
+    M(
+        "trace-forward-state-counts-batchnorm",
+        "planner/trace/export.py",
+        "        if n not in stats and before.get(n) != (id(b), b._version)\n",
+        "        if before.get(n) != (id(b), b._version)\n",
+        "tests/test_trace.py::test_buffers_the_forward_updates_are_found_and_named_under_data_parallelism",
+        "every BatchNorm model told its running statistics drift",
+    ),
+    M(
+        "search-tp-pin-with-nothing-to-split-misexplained",
+        "planner/search/candidates.py",
+        "    if pins.tp and pins.tp > 1 and tps == [1]:\n",
+        "    if False:\n",
+        "tests/test_trace.py::test_a_pinned_tp_with_nothing_to_split_says_why",
+        "a --tp refused for dividing nothing, when nothing can be split",
+    ),
 ]
 
 

@@ -267,6 +267,7 @@ def plan(
     doc = build_plan(traced, cluster, training, lr, result, baselines)
     notes += batch_statistics_notes(traced.graph, doc)
     notes += loss_sample_notes(traced.graph, doc)
+    notes += forward_state_notes(traced.graph, doc)
     return PlanResult(doc, traced, cluster, training, result, notes)
 
 
@@ -309,6 +310,23 @@ def loss_sample_notes(graph, doc) -> list[str]:
         f"{doc.micro_batch_size} samples, which trains another model than one process taking "
         f"all {doc.global_batch_size} at once; pin --micro-batch-size {doc.global_batch_size} "
         "--dp 1, or make loss_fn a mean of per-sample losses"
+    ]
+
+
+def forward_state_notes(graph, doc) -> list[str]:
+    """Where data-parallel replicas each run only their own micro-batches' forwards on buffers
+    the forward updates (``planner.trace.export.forward_state``): said, since it changes what
+    is trained, with the pin that avoids it."""
+    state = graph.graph.get("forward_state", [])
+    if not state or doc.mesh.dp <= 1:
+        return []
+    shown = ", ".join(state[:3]) + (", ..." if len(state) > 3 else "")
+    m = doc.num_microbatches
+    return [
+        f"buffers the forward updates ({shown}): one process runs all "
+        f"{m * doc.mesh.dp} micro-batches' forwards on them each step, each of the "
+        f"{doc.mesh.dp} data-parallel replicas only its {m}, so they, and any output reading "
+        "them, drift from one process; pin --dp 1 to keep them"
     ]
 
 

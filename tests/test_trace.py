@@ -513,3 +513,107 @@ def test_a_model_with_its_own_backward_gets_no_pipeline(tmp_path, monkeypatch):
     # (the oracle case ste-custom-backward-pp2 trains it so)
     kept = trace(Path(__file__).parent / "models" / "ste.py", dtype="fp32")
     assert kept.graph.graph["custom_backward"] == []
+
+
+TIED_AUTOENCODER = """
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+TRAINING = {"global_batch_size": 8, "optimizer": "sgd", "dtype": "fp32", "lr": 0.1}
+
+
+class TiedAE(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.enc = nn.Linear(32, 128)
+        self.dec_bias = nn.Parameter(torch.zeros(32))
+
+    def forward(self, x):
+        return F.linear(torch.tanh(self.enc(x)), self.enc.weight.t(), self.dec_bias)
+
+
+def build_model():
+    return TiedAE()
+
+
+def make_batch(batch_size, step=0):
+    x = torch.randn(batch_size, 32, generator=torch.Generator().manual_seed(step))
+    return x, x
+
+
+def loss_fn(out, y):
+    return F.mse_loss(out, y)
+"""
+
+
+def test_a_pinned_tp_with_nothing_to_split_says_why(tmp_path, monkeypatch):
+    """The autoencoder's only weight is also its decoder's transpose, so it stays whole (a
+    weight read outside its module counts as tied): --tp 2 is refused saying that no layer can
+    be split, not that 2 fails to divide the GPU count or the dimensions."""
+    from planner.api import plan
+    from planner.errors import UserInputError
+    from planner.search import Pins
+
+    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path))
+    f = tmp_path / "tied_ae.py"
+    f.write_text(TIED_AUTOENCODER)
+    with pytest.raises(UserInputError, match="--tp 2: no layer of this model can be split"):
+        plan(f, 2, profile="cpu", dtype="fp32", pins=Pins(tp=2))
+
+
+SPECTRAL_NORM = """
+import torch
+from torch import nn
+
+TRAINING = {"global_batch_size": 8, "optimizer": "sgd", "dtype": "fp32", "lr": 0.1}
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.utils.parametrizations.spectral_norm(nn.Linear(16, 64))
+        self.norm = nn.BatchNorm1d(64)
+        self.b = nn.Linear(64, 10)
+
+    def forward(self, x):
+        return self.b(torch.tanh(self.norm(self.a(x))))
+
+
+def build_model():
+    return Net()
+
+
+def make_batch(batch_size, step=0):
+    g = torch.Generator().manual_seed(step)
+    x = torch.randn(batch_size, 16, generator=g)
+    return x, torch.randint(0, 10, (batch_size,), generator=g)
+"""
+
+
+def test_buffers_the_forward_updates_are_found_and_named_under_data_parallelism(
+    tmp_path, monkeypatch
+):
+    """A spectral norm runs a power iteration on its buffers in every training forward (DP 2
+    trained it off one process from the first loss, by 9e-5): the trace finds them (torch.export
+    lists no such update), not the BatchNorm's running statistics, which the plan's batchnorm
+    field keeps; a plan with data-parallel replicas names them with the pin that keeps them."""
+    from planner.api import plan
+    from planner.search import Pins
+
+    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path))
+    f = tmp_path / "spectral.py"
+    f.write_text(SPECTRAL_NORM)
+    traced = trace(f, dtype="fp32")
+    assert traced.graph.graph["forward_state"] == [
+        "a.parametrizations.weight.0._u",
+        "a.parametrizations.weight.0._v",
+    ]
+    replicas = plan(f, 2, profile="cpu", dtype="fp32", pins=Pins(dp=2))
+    notes = [n for n in replicas.notes if n.startswith("buffers the forward updates")]
+    assert len(notes) == 1 and "a.parametrizations.weight.0._u" in notes[0]
+    assert "--dp 1" in notes[0]
+    one = plan(f, 2, profile="cpu", dtype="fp32", pins=Pins(dp=1))
+    assert not [n for n in one.notes if n.startswith("buffers the forward updates")]
+    resnet = trace(Path(__file__).parent.parent / "examples" / "resnet.py", dtype="fp32")
+    assert resnet.graph.graph["forward_state"] == []

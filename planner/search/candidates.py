@@ -254,6 +254,12 @@ def no_candidate_message(
             "only between blocks, which follow the module tree (each child of a ModuleList or "
             f"Sequential of two or more is one): pin --pp {len(blocks)} or less"
         )
+    if pins.tp and pins.tp > 1 and tps == [1]:
+        return (
+            f"--tp {pins.tp}: no layer of this model can be split by tensor parallelism (none "
+            "has a weight that only its own module reads, in dimensions the degree divides; a "
+            "weight also read elsewhere, as a tied decoder's transpose, stays whole): drop --tp"
+        )
     if pins.tp and pins.tp not in tps:
         return (
             f"--tp {pins.tp} cannot shard this model on {gpus} GPUs: it must divide the GPU "
