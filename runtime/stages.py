@@ -279,7 +279,7 @@ def relay_skip_connections(split_gm: torch.fx.GraphModule) -> None:
     index = {n: i for i, n in enumerate(stages)}
     roots = [n for n in graph.nodes if n.op == "placeholder"]
     for root in roots:  # torch hands the first stage every model input, read or not
-        _first_stage_takes(split_gm, stages[0], root, roots)
+        _stage_input(split_gm, stages[0], root)
     _inputs_in_model_order(split_gm, stages[0], roots)
     relayed: dict[tuple[torch.fx.Node, int], torch.fx.Node] = {}
     for j, consumer in enumerate(stages):
@@ -306,40 +306,6 @@ def relay_skip_connections(split_gm: torch.fx.GraphModule) -> None:
     split_gm.recompile()
 
 
-def _first_stage_takes(
-    split_gm: torch.fx.GraphModule,
-    stage_node: torch.fx.Node,
-    value: torch.fx.Node,
-    roots: list[torch.fx.Node],
-) -> None:
-    """Make the first stage take the model input ``value`` where it does not: the schedule
-    calls it with the model's inputs in their order, so the new input goes where that order
-    puts it."""
-    if value in stage_node.args:
-        return
-    stage = split_gm.get_submodule(stage_node.target)
-    inner = stage.graph
-    placeholders = [n for n in inner.nodes if n.op == "placeholder"]
-    before = [
-        i
-        for i, a in enumerate(stage_node.args)
-        if a in roots and roots.index(a) < roots.index(value)
-    ]
-    at = before[-1] + 1 if before else 0
-    anchor = placeholders[at - 1] if at else None
-    with (
-        inner.inserting_after(anchor)
-        if anchor is not None
-        else inner.inserting_before(next(iter(inner.nodes)))
-    ):
-        ph = inner.placeholder(f"input_{roots.index(value)}")
-    ph.meta = dict(value.meta)
-    args = list(stage_node.args)
-    args.insert(at, value)
-    stage_node.args = tuple(args)
-    stage.recompile()
-
-
 def _inputs_in_model_order(
     split_gm: torch.fx.GraphModule, stage_node: torch.fx.Node, roots: list[torch.fx.Node]
 ) -> None:
@@ -353,15 +319,14 @@ def _inputs_in_model_order(
     args = list(stage_node.args)
     own = dict(zip(args, places))
     order = [r for r in roots if r in own] + [a for a in args if a not in roots]
-    if order == args:
-        return
-    anchor = places[0].prev  # the graph's root sentinel, before every placeholder
-    for a in order:
-        anchor.append(own[a])
-        anchor = own[a]
-    stage_node.args = tuple(order)
-    inner.lint()
-    stage.recompile()
+    if order != args:
+        anchor = places[0].prev  # the graph's root sentinel, before every placeholder
+        for a in order:
+            anchor.append(own[a])
+            anchor = own[a]
+        stage_node.args = tuple(order)
+        inner.lint()
+    stage.recompile()  # inputs may just have been added (``_stage_input``)
 
 
 def _align_outputs(
@@ -400,6 +365,23 @@ def _align_outputs(
         graph.erase_node(g)
 
 
+def _stage_input(
+    split_gm: torch.fx.GraphModule, stage_node: torch.fx.Node, value: torch.fx.Node
+) -> torch.fx.Node:
+    """The placeholder of ``stage_node``'s stage that receives ``value``, made (as its last
+    input) where the stage does not take it yet."""
+    inner = split_gm.get_submodule(stage_node.target).graph
+    placeholders = [n for n in inner.nodes if n.op == "placeholder"]
+    if value in stage_node.args:
+        return placeholders[list(stage_node.args).index(value)]
+    where = placeholders[-1] if placeholders else None
+    with inner.inserting_after(where) if where else inner.inserting_before(next(iter(inner.nodes))):
+        ph = inner.placeholder(f"input_{len(placeholders)}")
+    ph.meta = dict(value.meta)
+    stage_node.args = (*stage_node.args, value)
+    return ph
+
+
 def _pass_through(
     split_gm: torch.fx.GraphModule, stage_node: torch.fx.Node, value: torch.fx.Node
 ) -> torch.fx.Node:
@@ -408,14 +390,7 @@ def _pass_through(
     graph = split_gm.graph
     stage = split_gm.get_submodule(stage_node.target)
     inner = stage.graph
-    placeholders = [n for n in inner.nodes if n.op == "placeholder"]
-    if value in stage_node.args:
-        ph = placeholders[list(stage_node.args).index(value)]
-    else:
-        with inner.inserting_after(placeholders[-1]):
-            ph = inner.placeholder(f"relay_{len(placeholders)}")
-        ph.meta = dict(value.meta)
-        stage_node.args = (*stage_node.args, value)
+    ph = _stage_input(split_gm, stage_node, value)
     out_node = next(n for n in inner.nodes if n.op == "output")
     outs = out_node.args[0]
     if not isinstance(outs, (tuple, list)):  # one output: make it a tuple, and index it outside

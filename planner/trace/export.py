@@ -40,7 +40,7 @@ from planner.modelfile import (
     parameter_names,
 )
 from planner.trace.graph import OpGraph
-from planner.trace.loss_samples import loss_sample_check, run_as_exported
+from planner.trace.loss_samples import loss_sample_check
 from planner.trace.opcost import (
     MATMUL_OPS,
     backward_flops,
@@ -187,8 +187,9 @@ def _trace_model(mf: ModelFile, micro_batch_size: int, dtype: str) -> TraceResul
         )
     _annotate_model(graph, mf, model, micro_batch_size, dtype, method)
     graph.graph["custom_backward"] = sorted(functions)
+    before = buffer_versions(model)  # the loss check runs the model on the meta device
     graph.graph["loss_samples"] = loss_sample_check(mf, model, lambda n: meta_inputs(mf, n, dtype))
-    graph.graph["forward_state"] = forward_state(model, inputs)
+    graph.graph["forward_state"] = forward_state(model, before)
     return TraceResult(graph=graph, method=method, note=note)
 
 
@@ -540,30 +541,29 @@ def _graph_from_export(exported: torch.export.ExportedProgram, model: torch.nn.M
     return graph
 
 
-def forward_state(model: torch.nn.Module, inputs: tuple) -> list[str]:
-    """Buffers the training forward updates (a spectral norm's power-iteration vectors, an EMA
-    codebook), found by their versions across one meta forward. One process runs every
-    micro-batch's forward on them in turn; a data-parallel replica runs only its own, so they,
-    and the outputs that read them, drift (spectral-normalized linears at DP 2: the first loss
-    off by 9e-5). BatchNorm's running statistics are left out: each plan's ``batchnorm`` field
-    says how they are kept, and in training no output reads them. torch.export does not list
-    such updates when they run under no_grad with ``out=`` (the spectral norm's)."""
-    before = {n: (id(b), b._version) for n, b in model.named_buffers()}
-    try:
-        run_as_exported(model, inputs)
-    except Exception:  # the meta device cannot run it eagerly: nothing to tell
-        return []
+def buffer_versions(model: torch.nn.Module) -> dict[str, tuple[int, int]]:
+    """Each buffer's identity and version: what an update in place or a reassignment changes."""
+    return {n: (id(b), b._version) for n, b in model.named_buffers()}
+
+
+def forward_state(model: torch.nn.Module, before: dict[str, tuple[int, int]]) -> list[str]:
+    """Buffers the training forward updated since ``before`` (``buffer_versions``, taken
+    before the loss check's meta forwards): a spectral norm's power-iteration vectors, an EMA
+    codebook. One process runs every micro-batch's forward on them in turn; a data-parallel
+    replica runs only its own, so they, and the outputs that read them, drift
+    (spectral-normalized linears at DP 2: the first loss off by 9e-5). BatchNorm's running
+    statistics are left out: each plan's ``batchnorm`` field says how they are kept, and in
+    training no output reads them. torch.export does not list such updates when they run
+    under no_grad with ``out=`` (the spectral norm's). Where the meta forward failed nothing
+    changed, and nothing is told."""
     stats = {
         f"{m}.{b}" if m else b
         for m, mod in model.named_modules()
         if isinstance(mod, _BatchNorm)
         for b in ("running_mean", "running_var", "num_batches_tracked")
     }
-    return sorted(
-        n
-        for n, b in model.named_buffers()
-        if n not in stats and before.get(n) != (id(b), b._version)
-    )
+    now = buffer_versions(model)
+    return sorted(n for n in now if n not in stats and before.get(n) != now[n])
 
 
 def matmul_inner_dims(op: str, in_shapes: list, out_shape) -> list | None:

@@ -127,14 +127,10 @@ def _unchecked(reason: str) -> dict[str, Any]:
 
 
 def _output_leaves(model: torch.nn.Module, inputs: tuple) -> tuple[list, Any]:
-    """The model's outputs on the meta device, flattened."""
-    return tree_flatten(run_as_exported(model, inputs))
-
-
-def run_as_exported(model: torch.nn.Module, inputs: tuple) -> Any:
-    """One forward on the meta device, as under torch.export, which traced the model:
-    ``torch.compiler.is_compiling()`` is true, so library code skips its value-dependent
-    shortcuts (transformers' ``padding_mask.all()``), which meta tensors cannot answer."""
+    """The model's outputs on the meta device, flattened, from one forward run as under
+    torch.export, which traced the model: ``torch.compiler.is_compiling()`` is true, so
+    library code skips its value-dependent shortcuts (transformers' ``padding_mask.all()``),
+    which meta tensors cannot answer."""
     with (
         torch.no_grad(),
         torch.device("meta"),
@@ -142,7 +138,7 @@ def run_as_exported(model: torch.nn.Module, inputs: tuple) -> Any:
         contextlib.redirect_stdout(io.StringIO()),
         contextlib.redirect_stderr(io.StringIO()),
     ):
-        return model(*inputs)
+        return tree_flatten(model(*inputs))
 
 
 def _draw(like: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
