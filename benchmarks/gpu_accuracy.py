@@ -84,6 +84,7 @@ TINY_SUITE: list[tuple[str, str, dict, int, dict]] = [
 def prepare(args: argparse.Namespace) -> int:
     """Plan every configuration pinned on one device; model files are written relative to the
     repository root so the plans run from any checkout of the same tree."""
+    from planner.errors import InfeasibleError
     from planner.schema import write_plan
 
     suite = TINY_SUITE if args.tiny else SUITE
@@ -92,7 +93,16 @@ def prepare(args: argparse.Namespace) -> int:
     rows = []
     for i, (name, model, margs, gbs, pins) in enumerate(suite):
         t0 = time.perf_counter()
-        p = _pinned_plan(model, margs, gbs, pins, args.profile, args.dtype)
+        refused = None
+        try:
+            p = _pinned_plan(model, margs, gbs, pins, args.profile, args.dtype)
+        except InfeasibleError as exc:
+            if not args.refused_on:
+                raise
+            # the planner says it will not fit: plan it on a larger device's profile anyway, so
+            # the GPU shows whether the refusal was right (an OOM) or too cautious (it ran)
+            refused = str(exc)
+            p = _pinned_plan(model, margs, gbs, pins, args.refused_on, args.dtype)
         p["model"]["file"] = model
         path = write_plan(p, out / f"c{i:02d}")
         pred = p["predicted"]
@@ -111,9 +121,12 @@ def prepare(args: argparse.Namespace) -> int:
                 "params": p["model"]["params"],
             }
         )
+        if refused:
+            rows[-1].update(refused=refused, planned_on=args.refused_on)
         print(
             f"[plan {i + 1}/{len(suite)}] {name}: predicted {pred['step_time_s'] * 1e3:.1f} ms, "
-            f"{pred['peak_memory_bytes'] / 2**30:.1f} GiB ({time.perf_counter() - t0:.1f} s)",
+            f"{pred['peak_memory_bytes'] / 2**30:.1f} GiB ({time.perf_counter() - t0:.1f} s)"
+            + (f"; refused on {args.profile}, planned on {args.refused_on}" if refused else ""),
             flush=True,
         )
     meta = {"profile": args.profile, "dtype": args.dtype, "tiny": args.tiny, "rows": rows}
@@ -241,8 +254,6 @@ def measure(args: argparse.Namespace) -> int:
     """Train every prepared plan on this machine's first GPU (or the CPU with --device cpu)."""
     import torch
 
-    from runtime.launch import torchrun_command, worker_env
-
     prepared = Path(args.dir)
     meta = json.loads((prepared / "suite.json").read_text())
     rows = _selected(meta["rows"], args.only)
@@ -254,14 +265,53 @@ def measure(args: argparse.Namespace) -> int:
         info["gpu_memory_bytes"] = torch.cuda.get_device_properties(0).total_memory
     print(f"measuring on {info}", flush=True)
     runs = Path(tempfile.mkdtemp(prefix="meshplan-gpu-accuracy-"))
-    run_dirs = [runs / f"c{i:02d}" for i in range(len(rows))]
+    run_dirs = {r["name"]: runs / f"c{i:02d}" for i, r in enumerate(rows)}
+    # the plans that fit with room to spare train in one launch; each refused one, and each
+    # predicted within 10% of this device's memory, alone, since an OOM ends its process
+    room = 0.9 * info.get("gpu_memory_bytes", math.inf)
+    fitting = [r for r in rows if not r.get("refused") and r["predicted_peak_bytes"] < room]
+    alone = [[r] for r in rows if r not in fitting]
+    launches = ([fitting] if fitting else []) + alone
+    exits: dict[str, dict] = {}
+    deadline = time.perf_counter() + args.timeout
+    for i, group in enumerate(launches):
+        log = runs / f"launch-{i:02d}.log"
+        rc, seconds = _launch(group, run_dirs, args, deadline - time.perf_counter(), log)
+        text = log.read_text(errors="replace")
+        oom = "OutOfMemoryError" in text or "CUDA out of memory" in text
+        for r in group:
+            exits[r["name"]] = {"exit": rc, "seconds": seconds, "oom": oom}
+            if rc:
+                exits[r["name"]]["output_tail"] = text.splitlines()[-25:]
+    results = []
+    for r in rows:
+        path = run_dirs[r["name"]] / "metrics.jsonl"
+        recs = [json.loads(x) for x in path.read_text().splitlines()] if path.is_file() else []
+        results.append({"name": r["name"], "records": recs, **exits.get(r["name"], {})})
+    t0 = time.perf_counter()
+    try:
+        info["kernels"] = kernels(rows, args.device)
+    except Exception as exc:  # noqa: BLE001 - the training results stand without them
+        info["kernels_error"] = f"{type(exc).__name__}: {exc}"
+    print(f"kernels: {time.perf_counter() - t0:.1f} s", flush=True)
+    (out / "measured.json").write_text(json.dumps({"info": info, "results": results}, indent=1))
+    print(f"wrote {out / 'measured.json'}")
+    planned = {r["name"] for r in rows if not r.get("refused")}
+    return 0 if all(e["exit"] == 0 for n, e in exits.items() if n in planned) else 1
+
+
+def _launch(group: list[dict], run_dirs: dict, args, timeout: float, log: Path):
+    """One torchrun over ``group``'s plans on one device; (exit status, seconds). Its output
+    goes to the terminal and to ``log``."""
+    from runtime.launch import torchrun_command, worker_env
+
     cmd = torchrun_command(
         1,
         [
             "--plans",
-            *[str(ROOT / r["plan"]) for r in rows],
+            *[str(ROOT / r["plan"]) for r in group],
             "--run-dirs",
-            *[str(d) for d in run_dirs],
+            *[str(run_dirs[r["name"]]) for r in group],
             "--steps",
             str(args.steps),
             "--seed",
@@ -274,28 +324,42 @@ def measure(args: argparse.Namespace) -> int:
     env = worker_env()
     # the model is built on the CPU before it moves to the GPU: let the build use the cores
     env["OMP_NUM_THREADS"] = str(os.cpu_count() or 1)
-    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, text=True, start_new_session=True)
-    try:
-        rc = proc.wait(timeout=args.timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # torchrun and its worker: keep what they wrote
-        rc = proc.wait()
-        print(f"training: stopped after --timeout {args.timeout} s", flush=True)
-    print(f"training: exit {rc} in {time.perf_counter() - t0:.1f} s", flush=True)
-    results = []
-    for r, d in zip(rows, run_dirs):
-        path = d / "metrics.jsonl"
-        recs = [json.loads(x) for x in path.read_text().splitlines()] if path.is_file() else []
-        results.append({"name": r["name"], "records": recs})
-    t0 = time.perf_counter()
-    try:
-        info["kernels"] = kernels(rows, args.device)
-    except Exception as exc:  # noqa: BLE001 - the training results stand without them
-        info["kernels_error"] = f"{type(exc).__name__}: {exc}"
-    print(f"kernels: {time.perf_counter() - t0:.1f} s", flush=True)
-    (out / "measured.json").write_text(json.dumps({"info": info, "results": results}, indent=1))
-    print(f"wrote {out / 'measured.json'}")
-    return 0 if rc == 0 else 1
+    names = ", ".join(r["name"] for r in group)
+    with log.open("w") as fh:
+        proc = subprocess.Popen(
+            cmd, env=env, cwd=ROOT, text=True, start_new_session=True, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        try:
+            for line in _lines(proc, max(timeout, 1.0)):
+                fh.write(line)
+                print(line, end="", flush=True)
+            rc = proc.wait()
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # torchrun and its worker: keep what they wrote
+            rc = proc.wait()
+            print(f"training {names}: stopped at the --timeout", flush=True)
+    seconds = time.perf_counter() - t0
+    print(f"training {names}: exit {rc} in {seconds:.1f} s", flush=True)
+    return rc, seconds
+
+
+def _lines(proc: subprocess.Popen, timeout: float):
+    """``proc``'s output lines until it ends; TimeoutExpired once ``timeout`` seconds pass."""
+    import selectors
+
+    end = time.perf_counter() + timeout
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    while True:
+        left = end - time.perf_counter()
+        if left <= 0:
+            raise subprocess.TimeoutExpired(proc.args, timeout)
+        if sel.select(left):
+            line = proc.stdout.readline()
+            if not line:
+                return
+            yield line
 
 
 KERNEL_CLASSES = (
@@ -577,6 +641,12 @@ def report(args: argparse.Namespace) -> int:
             if recs:
                 memory_ok, source = mem_ok, str(d)
                 break
+        if r.get("refused"):
+            # planned on a larger profile only to see whether the refusal holds: its step
+            # time is not this profile's prediction, its memory says whether it fits
+            row["error"] = _refusal_outcome(r, runs, measured, args.warmup)
+            rows.append(row)
+            continue
         if not recs:
             row["error"] = "no warm steps measured"
             rows.append(row)
@@ -673,6 +743,27 @@ def report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _refusal_outcome(r: dict, runs: list, measured: list[dict], warmup: int) -> str:
+    """What the device made of a configuration the planner refused: an OOM (the refusal was
+    right), a peak over the device (also right), or a run that fit (too cautious)."""
+    for (d, _), run in zip(runs, measured):
+        res = next((x for x in run["results"] if x["name"] == r["name"]), None)
+        if res is None:
+            continue
+        total = run["info"].get("gpu_memory_bytes", math.inf)
+        recs = [x for x in res["records"] if x["step"] > warmup]
+        if res.get("oom"):
+            return f"refused by the planner; out of memory on the device ({d})"
+        if recs:
+            peak = max(x.get("peak_reserved_bytes", x["peak_memory_bytes"])[0] for x in recs)
+            verdict = "too cautious" if peak < total else "right"
+            return (
+                f"refused by the planner; ran with {peak / 2**30:.1f} GiB reserved of "
+                f"{total / 2**30:.1f} GiB: the refusal was {verdict} ({d})"
+            )
+    return "refused by the planner; not run on the device"
+
+
 def _finite(x):
     return None if isinstance(x, float) and not math.isfinite(x) else str(x)
 
@@ -727,6 +818,11 @@ def main() -> int:
     p.add_argument("--profile", default="h200")
     p.add_argument("--dtype", default="bf16")
     p.add_argument("--tiny", action="store_true", help="a CPU-sized suite (checks the phases)")
+    p.add_argument(
+        "--refused-on",
+        metavar="PROFILE",
+        help="plan what --profile refuses on this larger profile, so measure shows the OOM",
+    )
     m = sub.add_parser("measure", help="train the prepared plans on this machine")
     m.add_argument("--dir", default=str(PREPARED))
     m.add_argument("--out", default=os.environ.get("OUT", "gpu-measured"))

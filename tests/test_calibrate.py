@@ -435,3 +435,20 @@ def test_inner_dimension_fit_recovers_exact_data(half):
     rates = [90e9 * k / (k + half) for k in ks]
     assert fit_half_inner_dim(ks, rates) == pytest.approx(half, abs=1e-6)
     assert fit_half_inner_dim([128, 128], [1e9, 2e9]) == 0.0  # one K says nothing
+
+
+def test_rounding_keeps_capacities_exact():
+    """Rates are written to four digits, but a capacity rounded up (an H100's 85,017,493,504
+    bytes to 85.02e9) would let a plan count on memory the device does not have."""
+    from dataclasses import replace
+
+    p = replace(
+        load_profile("h100-sxm"),
+        memory_bytes=85_017_493_504.0,
+        host_memory_bytes=135_123_456_789.0,
+        memory_bandwidth=3_081_234_567_890.0,
+    )
+    r = calibrate_mod.rounded(p)
+    assert r.memory_bytes == 85_017_493_504.0
+    assert r.host_memory_bytes == 135_123_456_789.0
+    assert r.memory_bandwidth == 3.081e12

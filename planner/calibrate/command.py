@@ -182,8 +182,14 @@ def calibrate(device: str, nproc: int, quick: bool, name: str, progress=None, ar
     return result
 
 
+# Capacities are hard limits: rounded up, a plan would count on memory that is not there (an
+# H100's 85,017,493,504 bytes became 85.02e9).
+EXACT_FIELDS = ("memory_bytes", "host_memory_bytes")
+
+
 def rounded(profile):
-    """Four significant digits: run-to-run noise is larger, and the file stays readable."""
+    """Four significant digits: run-to-run noise is larger, and the file stays readable; the
+    capacities (``EXACT_FIELDS``) stay as measured."""
     from dataclasses import fields, replace
 
     def r(x: float) -> float:
@@ -192,6 +198,6 @@ def rounded(profile):
     changes: dict[str, Any] = {"peak_flops": {k: r(v) for k, v in profile.peak_flops.items()}}
     for f in fields(profile):
         value = getattr(profile, f.name)
-        if isinstance(value, float):
+        if isinstance(value, float) and f.name not in EXACT_FIELDS:
             changes[f.name] = r(value)
     return replace(profile, **changes)
