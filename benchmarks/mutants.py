@@ -884,8 +884,8 @@ MUTANTS: list[Mutant] = [
     M(
         "cost-dp-copies-zero3-gathers-once",
         "planner/cost/model.py",
-        "        per_param = (2 if zero == 3 else 1) * gather + reduce / m",
-        "        per_param = gather + reduce / m",
+        "        gathers = 2 if zero == 3 else 1\n",
+        "        gathers = 1\n",
         "tests/test_cost_terms.py",
         "ZeRO-3's second all-gather in backward (its cast and copies) goes unpriced",
     ),
@@ -1204,6 +1204,30 @@ MUTANTS: list[Mutant] = [
         "    if False:\n",
         "tests/test_trace.py::test_a_pinned_tp_with_nothing_to_split_says_why",
         "a --tp refused for dividing nothing, when nothing can be split",
+    ),
+    M(
+        "cost-fsdp-accumulation-unpriced",
+        "planner/cost/model.py",
+        "            per_param = gathers * gather + (reduce + acc) / m",
+        "            per_param = gathers * gather + reduce / m",
+        "tests/test_cost_terms.py::test_the_data_parallel_wrappers_copies",
+        "FSDP2's fp32 gradient accumulation across micro-batches left out of the copies",
+    ),
+    M(
+        "cost-fsdp-reduce-once-per-step",
+        "planner/cost/model.py",
+        "        elif m > 1 and zero >= 2:",
+        "        elif False:",
+        "tests/test_cost_terms.py::test_the_data_parallel_wrappers_copies",
+        "ZeRO-2/3 outside a pipeline priced one reduce's copies a step, as if sync were off",
+    ),
+    M(
+        "cost-zero2-gathers-once-under-fsdp2",
+        "planner/cost/model.py",
+        "        g = m if r.regather else 1",
+        "        g = 1",
+        "tests/test_cost_terms.py::test_zero2_reduce_scatters_every_micro_batch",
+        "FSDP2's ZeRO-2 priced one all-gather a step though it reshards after each backward",
     ),
 ]
 

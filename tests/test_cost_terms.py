@@ -20,10 +20,13 @@ from torch import nn
 from planner.cost.model import (
     Config,
     CostInputs,
+    DPRates,
     Mesh,
     Training,
     compute_time,
+    dp_block_terms,
     dp_copy_bytes,
+    dp_rates,
     evaluate,
     fusion_shares,
     node_times,
@@ -358,9 +361,10 @@ def test_pipeline_sends_of_sequence_shards_and_their_overlap(shards, overlap):
 # --------------------------------------------------------------------------- data parallel
 
 
-def dp_case(zero: int, m: int = 2, pp: int = 1, scale: float = 1.0):
+def dp_case(zero: int, m: int = 2, pp: int = 1, scale: float = 1.0, copies: str = "torch"):
     """Two blocks of 1e8 and 3e8 parameters (times ``scale``), 3 ms per micro-batch each (1
-    forward, 2 backward), on 4 data-parallel ranks in one node; bf16 AdamW."""
+    forward, 2 backward), on 4 data-parallel ranks in one node; bf16 AdamW; ``copies``: the
+    wrapper (``Training.dp_copies``)."""
     params = [int(10**8 * scale), int(3 * 10**8 * scale)]
     blocks = [make_block(i, "L", params=p, boundary=0, out=0) for i, p in enumerate(params)]
     opts = [make_option(3e-3, float(p), 0.0) for p in params]
@@ -370,7 +374,7 @@ def dp_case(zero: int, m: int = 2, pp: int = 1, scale: float = 1.0):
         Mesh(pp, 4, 1),
         [0, pp - 1],
         zero=zero,
-        training=Training16(4 * m),
+        training=Training16(4 * m, dp_copies=copies),
         cl=cluster(4 * pp, 4 * pp),
     )
     return cost, params
@@ -410,15 +414,20 @@ def test_a_reduction_after_the_backward_hides_behind_nothing():
 
 
 @pytest.mark.parametrize("scale", [1.0, 1e-3])
-def test_zero2_reduce_scatters_every_micro_batch_and_gathers_once(scale):
+@pytest.mark.parametrize("copies, gathers", [("none", 1), ("torch", 3)])
+def test_zero2_reduce_scatters_every_micro_batch(scale, copies, gathers):
+    """ZeRO-2 keeps weights from forward to backward and reduce-scatters each micro-batch; it
+    gathers them once a step where the framework keeps whole 16-bit weights (DeepSpeed,
+    Megatron: ``dp_copies`` "none"), every micro-batch under FSDP2, which reshards after each
+    backward (meshplan's runtime)."""
     m = 3
-    cost, params = dp_case(2, m, scale=scale)
+    cost, params = dp_case(2, m, scale=scale, copies=copies)
     rs = sum(ring("reduce_scatter", 2 * p, 4) for p in params)
     ag = sum(ring("all_gather", 2 * p, 4) for p in params)
-    assert cost.stages[0].dp_comm_s == pytest.approx(m * rs + ag)
+    assert cost.stages[0].dp_comm_s == pytest.approx(m * rs + gathers * ag)
     fwd, bwd = 2 * 1e-3, 2 * 2e-3
     assert cost.dp_exposed_s == pytest.approx(
-        m * max(0.0, rs - 0.5 * bwd) + max(0.0, ag - 0.5 * fwd)
+        m * max(0.0, rs - 0.5 * bwd) + gathers * max(0.0, ag - 0.5 * fwd)
     )
 
 
@@ -897,10 +906,18 @@ def test_the_trace_finds_the_batch_norms_that_use_batch_statistics():
         # replicate at one replica, cast: cast 6 + copy-in 4 + copy-out 4 + the collective's
         # copy 4; the reduce 2 + 4 into the fp32 buffer, 8 out, 8 the collective's copy
         (0, 1, 1, 1, True, 18 + 22),
-        # ZeRO-3 over 4, two micro-batches: two gathers of 6/4 + 4/4 + 4, the reduce
-        # (2 + 4 + 8/4) spread over the two
-        (3, 1, 4, 2, True, 2 * 6.5 + 8 / 2),
-        (2, 1, 4, 1, True, 6.5 + 8),  # ZeRO-2 gathers once
+        # ZeRO-3 over 4, two micro-batches: two gathers of 6/4 + 4/4 + 4, and the reduce
+        # (2 + 4 + 8/4) every micro-batch (FSDP keeps its gradient sync on)
+        (3, 1, 4, 2, True, 2 * 6.5 + 8),
+        (2, 1, 4, 1, True, 6.5 + 8),  # ZeRO-2 gathers once a micro-batch
+        (2, 1, 4, 2, True, 6.5 + 8),  # ... and reduces each
+        # replicate at one replica over four micro-batches, sync off but for the last: the
+        # gathers each time, the reduce once, and the accumulation: the first gradient cast to
+        # an fp32 accumulator (2 + 4), three added into it (2 + 4 + 4), the reduce reading
+        # the accumulator (4 - 2 more)
+        (0, 1, 1, 4, True, 18 + (22 + 6 + 3 * 10 + 2) / 4),
+        # replicate in fp32 over 2, two micro-batches: gradients accumulate in place (4 + 4 + 4)
+        (0, 2, 2, 2, False, (8 / 2 + 8) + (4 + 4 + 8 / 2 + 12) / 2),
         (1, 1, 4, 2, True, 12 + 16 / 2),  # DDP under autocast: two casts; buckets in and out
         (0, 1, 1, 1, False, 0),  # the CPU runtime at one replica wraps nothing
         (0, 2, 1, 1, False, 0),  # ... nor under TP
@@ -913,6 +930,41 @@ def test_the_data_parallel_wrappers_copies(zero, tp, dp, m, casts, per_param):
     o = make_option(1e-3, 1e6, 0.0)
     assert dp_copy_bytes(o, config, tr) == pytest.approx(per_param * 1e6)
     assert dp_copy_bytes(o, config, replace(tr, dp_copies="none")) == 0
+
+
+def test_a_deferring_pipeline_pays_the_accumulation_once_per_step():
+    """ZeRO-3 under PP 2 with two micro-batches: torch's pipelining turns the FSDP stage's
+    sync off until the last backward, so the reduce comes once a step and the unreduced
+    gradients accumulate in fp32 (2 + 4 the first, 2 + 4 + 4 the second, 4 - 2 at the reduce)."""
+    tr = Training(4 * 2 * 2)
+    config = Config(Mesh(pp=2, dp=4, tp=1), 2, "1f1b", 1, 3, [0, 1], [0, 0])
+    o = make_option(1e-3, 1e6, 0.0)
+    assert dp_copy_bytes(o, config, tr) == pytest.approx((2 * 6.5 + (8 + 6 + 10 + 2) / 2) * 1e6)
+
+
+@pytest.mark.parametrize("regather, gathers", [(True, 3), (False, 1)])
+def test_zero2_gathers_each_micro_batch_under_fsdp2(regather, gathers):
+    """FSDP2 reshards ZeRO-2's weights after every backward, so each of m micro-batches
+    gathers them again; frameworks that keep whole 16-bit weights gather once a step."""
+    rates = DPRates(
+        replicas=4, zero=2, m=3, deferred=False, regather=regather, overlap=0.0, unit=0.0,
+        all_reduce=(0.0, 0.0), reduce_scatter=(1e-9, 0.0), all_gather=(2e-9, 0.0),
+    )  # fmt: skip
+    o = make_option(1e-3, 1e6, 0.0)
+    p = o.comm_params(4)
+    a, b, t = dp_block_terms(o, rates)
+    assert t == pytest.approx(3 * 1e-9 * p + gathers * 2e-9 * p)
+    assert b == pytest.approx(gathers * 2e-9 * p)
+    training = Training(12)
+    assert dp_rates_regather(training) is True
+    assert dp_rates_regather(replace(training, dp_copies="none")) is False
+
+
+def dp_rates_regather(training: Training) -> bool:
+    config = Config(Mesh(pp=1, dp=4, tp=1), 1, "1f1b", 1, 2, [0], [0])
+    blocks = [make_block(0, "L", params=10**6, boundary=0, out=0)]
+    inp = CostInputs(blocks, [[make_option(1e-3, 1e6, 0.0)]], 1, cluster(4), training)
+    return dp_rates(inp, config).regather
 
 
 def test_the_wrappers_copies_run_at_the_element_wise_rate_in_the_stage():

@@ -813,7 +813,11 @@ def dp_copy_bytes(o: BlockOption, config: Config, training: Training) -> float:
       weight (4 + 2) and the backward's cast of its gradient back (2 + 4); per step with
       replicas, the gradients copied into the buckets and back, 16.
 
-    The per-step parts are spread over the step's micro-batches. Measured on one H200
+    The per-step parts are spread over the step's micro-batches; where FSDP reduces every
+    micro-batch (ZeRO 2/3 outside a deferring pipeline) each pays them, and where gradients
+    accumulate unreduced (replicate, a deferring pipeline) the accumulation's casts and adds
+    are paid too (FSDPParam.to_accumulated_grad_if_needed, accumulate_unsharded_grad_if_needed).
+    Measured on one H200
     (benchmarks/gpu_accuracy.py probe, FSDP's own ranges, 2026-11-26): a Llama-3.2-1B under
     replicate, 17.9 ms a step for the 15.6 ms these bytes take at the profile's element-wise
     rate; under ZeRO-3 (two all-gathers) 34 ms for 22.6 ms."""
@@ -832,7 +836,22 @@ def dp_copy_bytes(o: BlockOption, config: Config, training: Training) -> float:
         alone = dp == 1
         gather = ((FP32_BYTES + w) if casts else 0.0) * f + 2 * w * f + 2 * w + 2 * w * alone
         reduce = w + FP32_BYTES + 2 * FP32_BYTES * f + 2 * FP32_BYTES * alone
-        per_param = (2 if zero == 3 else 1) * gather + reduce / m
+        gathers = 2 if zero == 3 else 1
+        if m > 1 and (zero == 0 or deferred_reduce(config, training)):
+            # gradients accumulate unreduced until the last micro-batch's backward (replicate
+            # with its sync off, a deferring pipeline): FSDP2 casts the first 16-bit gradient
+            # to an fp32 accumulator (w + 4) and adds each later one into it (4 + w + 4);
+            # the reduce then reads the accumulator (4) where it read the gradient (w). On an
+            # H100's Llama-1B at four micro-batches, FSDP::post_backward_accumulate: 36.5 ms.
+            first = w + FP32_BYTES if w != FP32_BYTES else 0.0
+            acc = first + (m - 1) * (w + 2 * FP32_BYTES) + (FP32_BYTES - w)
+            per_param = gathers * gather + (reduce + acc) / m
+        elif m > 1 and zero >= 2:
+            # FSDP reduce-scatters every micro-batch's gradients (runtime.parallelize.
+            # gradient_sync leaves its sync on), so each pays the reduce's copies
+            per_param = gathers * gather + reduce
+        else:
+            per_param = gathers * gather + reduce / m
     else:
         cast = (FP32_BYTES + 2) * 2 if casts else 0.0
         per_param = cast + (4 * FP32_BYTES if dp > 1 else 0.0) / m
@@ -1219,6 +1238,11 @@ class DPRates:
     zero: int
     m: int  # micro-batches per step
     deferred: bool  # see deferred_reduce
+    # ZeRO-2's weights gathered again each micro-batch: FSDP2 reshards after every backward
+    # (``Training.dp_copies`` "torch"; torch's profiler on 2 gloo ranks counts 3 FSDP::all_gather
+    # per unit over 3 micro-batches with reshard_after_forward=False); DeepSpeed's and
+    # Megatron's keep whole 16-bit weights
+    regather: bool
     overlap: float  # the share of forward/backward time communication hides behind
     unit: float  # FSDP host overhead per unit and micro-batch
     all_reduce: tuple[float, float]
@@ -1244,6 +1268,7 @@ def dp_rates(inp: CostInputs, config: Config, pp_rank: int = 0) -> DPRates:
         zero=config.zero_stage,
         m=num_microbatches(tr, mesh.dp, config.micro_batch_size),
         deferred=deferred_reduce(config, tr),
+        regather=tr.dp_copies == "torch",
         overlap=inp.cluster.profile.comm_overlap if tr.dp_overlap else 0.0,
         unit=inp.cluster.profile.fsdp_unit_overhead,
         all_reduce=_affine("all_reduce", inp.cluster, ranks, gb),
@@ -1263,7 +1288,9 @@ def dp_block_terms(o: BlockOption, r: DPRates) -> tuple[float, float, float]:
     - ZeRO-0 (DDP): one all-reduce of the gradients, hidden behind h of the last backward.
     - ZeRO-1: the same, then a broadcast of the updated dense shards nothing hides.
     - ZeRO-2 (FSDP, weights kept from forward to backward): a reduce-scatter per micro-batch
-      behind its backward, one all-gather per step behind the forward; in a deferring
+      behind its backward, and an all-gather behind the forward, once per step where the
+      framework keeps whole weights between micro-batches, once per micro-batch under
+      FSDP2, which reshards after each backward (``DPRates.regather``); in a deferring
       pipeline one reduce-scatter after the last backward.
     - ZeRO-3: all-gathers for forward and again for backward and a reduce-scatter, per
       micro-batch, behind both; in a deferring pipeline the reduce-scatter once per step.
@@ -1287,7 +1314,8 @@ def dp_block_terms(o: BlockOption, r: DPRates) -> tuple[float, float, float]:
     if r.deferred:
         return m * (2 * ag_t + unit - fwd - bwd), rs_t, m * (2 * ag_t + unit) + rs_t
     if r.zero == 2:
-        return m * (rs_t + unit - bwd), ag_t - fwd, m * (rs_t + unit) + ag_t
+        g = m if r.regather else 1
+        return m * (rs_t + unit - bwd), g * (ag_t - fwd), m * (rs_t + unit) + g * ag_t
     return m * (2 * ag_t + rs_t + unit - fwd - bwd), 0.0, m * (2 * ag_t + rs_t + unit)
 
 
