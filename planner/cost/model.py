@@ -261,7 +261,8 @@ class StageCost:
     p2p_s: float  # per micro-batch
     time_s: float  # total per micro-batch
     fwd_s: float  # forward share of time_s (compute, TP collectives, activation send)
-    bwd_s: float  # backward share of time_s (incl. recompute and gradient send)
+    bwd_s: float  # backward share of time_s (incl. recompute and gradient send); the two add
+    # up to time_s, the stage's loss and wrapper copies split between them (_forward_backward)
     dp_comm_s: float  # per step, total
     dp_exposed_s: float
     optimizer_s: float
@@ -1648,6 +1649,7 @@ def stage_costs(inp: CostInputs, config: Config) -> list[StageCost]:
         sync = stage_sync_time(inp, opts, config, s)
         compute, tp_comm, p2p = stage_time_parts(inp, opts, config, s, sync)
         dp_total, dp_exposed = dp_comm(inp, opts, config, r)
+        fwd, bwd = _forward_backward(opts, compute + tp_comm + p2p, p2p)
         stages.append(
             StageCost(
                 index=s,
@@ -1657,8 +1659,8 @@ def stage_costs(inp: CostInputs, config: Config) -> list[StageCost]:
                 tp_comm_s=tp_comm,
                 p2p_s=p2p,
                 time_s=compute + tp_comm + p2p,
-                fwd_s=sum(o.fwd_s for o in opts) + p2p / 2,
-                bwd_s=sum(o.bwd_s for o in opts) + p2p / 2,
+                fwd_s=fwd,
+                bwd_s=bwd,
                 dp_comm_s=dp_total,
                 dp_exposed_s=dp_exposed,
                 optimizer_s=optimizer_time(inp, opts, config),
@@ -1669,6 +1671,17 @@ def stage_costs(inp: CostInputs, config: Config) -> list[StageCost]:
             )
         )
     return stages
+
+
+def _forward_backward(opts: list[BlockOption], time_s: float, p2p: float) -> tuple[float, float]:
+    """A stage's micro-batch time ``time_s`` split into forward and backward, as the schedule
+    figures draw them: the blocks' own forward and backward, half the point-to-point each, and
+    what the stage adds beside its blocks (the loss, the data-parallel wrapper's copies,
+    BatchNorm's synchronization) in the blocks' forward : backward proportion."""
+    f, b = sum(o.fwd_s for o in opts), sum(o.bwd_s for o in opts)
+    rest = time_s - f - b - p2p
+    share = f / (f + b) if f + b > 0 else 0.5
+    return f + p2p / 2 + rest * share, b + p2p / 2 + rest * (1 - share)
 
 
 def pipeline_time(stages: list[StageCost], config: Config, m: int) -> tuple[float, float]:
