@@ -72,7 +72,8 @@ def test_bad_fabric_is_a_one_line_error(fabric, message):
 
 
 def test_mixed_run_cost_is_the_per_kind_sum():
-    # 16 A100 (2 nodes) + 8 H100 (1 node), 1000 steps of 3.6 s at MFU 0.5, 90% effective:
+    # 16 A100 (2 nodes) + 8 H100 (1 node), 1000 steps of 3.6 s, busy for half of each (a
+    # 1.2 s bubble, 0.6 s exposed DP communication), 90% effective:
     # wall = 3600 / 0.9 = 4000 s for both kinds.
     # A100: GPU-h = 16 x 4000/3600 = 17.78, $ = 17.78; W = 16 x (100 + 300 x .5) + 2 x 3300
     #   = 10,600 W; kWh = 10,600 x 4000 / 3.6e6 x 1.5 = 17.667; kg = 17.667 x .4 = 7.0667
@@ -81,7 +82,9 @@ def test_mixed_run_cost_is_the_per_kind_sum():
     p = pool([LINK])
     plan = SimpleNamespace(
         kinds=[SimpleNamespace(name="a", gpus=16), SimpleNamespace(name="h", gpus=8)],
-        predicted=SimpleNamespace(step_time_s=3.6, mfu=0.5),
+        predicted=SimpleNamespace(
+            step_time_s=3.6, mfu=0.3, bubble_s=1.2, dp_exposed_s=0.6, offload_s=0.0
+        ),
     )
     run, nodes = mixed_run_cost(p, plan, 1000, 0.9)
     assert nodes == 3

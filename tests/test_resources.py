@@ -19,7 +19,7 @@ from planner.resources.choose import (
     objective_value,
     pareto,
 )
-from planner.resources.energy import gpu_watts, run_cost, steps_for
+from planner.resources.energy import busy_share, gpu_watts, run_cost, steps_for
 from planner.resources.pool import NodeType, Pool, pool_from_dict
 
 
@@ -41,7 +41,7 @@ def node(name="h", profile="h100-sxm", nodes=2, **kw) -> NodeType:
 
 
 def test_run_cost_matches_hand_computation():
-    # 2 nodes x 8 GPUs, 1000 steps of 3.6 s at MFU 0.5, 90% effective time:
+    # 2 nodes x 8 GPUs, 1000 steps of 3.6 s, busy half of each, 90% effective time:
     # wall = 3600 / 0.9 = 4000 s; GPU-hours = 16 x 4000 / 3600 = 17.777...; $ = 2 x that;
     # GPU power = 100 + 600 x 0.5 = 400 W; IT power = 16 x 400 + 2 x 4600 = 15,600 W;
     # energy = 15,600 W x 4000 s / 3.6e6 x PUE 1.5 = 26.0 kWh; carbon = 26 x 390 g = 10.14 kg.
@@ -64,6 +64,19 @@ def test_steps_round_up_and_power_is_clamped():
     assert gpu_watts(n, -0.2) == 100.0
 
 
+def test_the_gpu_is_busy_but_for_bubble_exposed_communication_and_offload_wait():
+    # a 2.0 s step with a 0.3 s bubble, 0.1 s of exposed DP communication, 0.1 s offload wait
+    assert busy_share(2.0, 0.3, 0.1, 0.1) == pytest.approx(0.75)
+    assert busy_share(1.0, 0.0, 0.0, 0.0) == 1.0  # one GPU computing all step: full power
+    assert busy_share(1.0, 0.8, 0.5, 0.0) == 0.0
+    assert busy_share(0.0, 0.0, 0.0, 0.0) == 0.0
+    # the H200 measurement behind it (energy's docstring): a step at MFU 0.41 drew 682 W of a
+    # 692 W busy figure; priced at its busy share it is within 2%, at its MFU half
+    n = node(gpu_busy_watts=692.0, gpu_idle_watts=120.0)
+    assert gpu_watts(n, busy_share(0.335, 0.0, 0.0, 0.0)) == pytest.approx(682.0, rel=0.02)
+    assert gpu_watts(n, 0.41) < 0.55 * 682.0
+
+
 def test_node_counts_are_powers_of_two_and_the_availability():
     assert node_counts(1) == [1]
     assert node_counts(8) == [1, 2, 4, 8]
@@ -79,7 +92,7 @@ def mock_planner(node_: NodeType, n: int) -> PlanPoint:
     step = 100.0 / (speed * n**0.8) + 0.5 * math.log2(n + 1)
     if node_.name == "slow" and n == 1:
         raise InfeasibleError("does not fit in memory; use more GPUs")
-    return PlanPoint(step, 0.3 + 0.05 * speed / n, 4096 * 64, f"dp{n}")
+    return PlanPoint(step, 0.3 + 0.05 * speed / n, 4096 * 64, f"dp{n}", 1.0 - 0.04 * math.log2(n))
 
 
 POOL = Pool(
@@ -102,7 +115,7 @@ def brute_force(objective, deadline_h, budget):
             except InfeasibleError:
                 continue
             steps = steps_for(10**9, p.tokens_per_step)
-            r = run_cost(nt, n, n * nt.gpus_per_node, steps, p.step_time_s, p.mfu, 0.9)
+            r = run_cost(nt, n, n * nt.gpus_per_node, steps, p.step_time_s, p.busy, 0.9)
             if (deadline_h and r.wall_h > deadline_h) or (budget and r.cost_usd > budget):
                 continue
             key = (objective_value(r, objective), r.wall_s, r.cost_usd, nt.name, n)

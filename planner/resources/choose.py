@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from planner.errors import InfeasibleError, UserInputError
-from planner.resources.energy import RunCost, run_cost, steps_for
+from planner.resources.energy import RunCost, busy_share, run_cost, steps_for
 from planner.resources.pool import NodeType, Pool
 
 OBJECTIVES = ("time", "cost", "energy", "carbon")
@@ -27,6 +27,7 @@ class PlanPoint:
     mfu: float
     tokens_per_step: int
     mesh: str  # e.g. "pp1 dp8 tp1", for the table
+    busy: float = 1.0  # the share of the step the GPUs run kernels (energy.busy_share)
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,7 @@ def evaluate(
                 n * node.gpus_per_node,
                 k,
                 point.step_time_s,
-                point.mfu,
+                point.busy,
                 pool.effective_time_fraction,
             )
             options.append(Option(node, n, point, run))
@@ -264,6 +265,7 @@ def plan_option(
         return PlanPoint(
             step_time_s=pred.step_time_s,
             mfu=pred.mfu,
+            busy=busy_share(pred.step_time_s, pred.bubble_s, pred.dp_exposed_s, pred.offload_s),
             tokens_per_step=max(1, round(p.global_batch_size * per_sample)),
             mesh=f"pp{m.pp} dp{m.dp} tp{m.tp}" + (f" cp{m.cp}" if m.cp > 1 else ""),
         )

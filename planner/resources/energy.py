@@ -7,16 +7,22 @@ From one plan's prediction (step time, MFU) and one node type's figures:
     wall_s         = train_s / effective_time_fraction                    (checkpoints, restarts)
     gpu_hours      = gpus x wall_s / 3600
     cost_usd       = gpu_hours x price_per_gpu_hour
-    gpu_watts      = idle + (busy - idle) x u,   u = the plan's MFU
+    gpu_watts      = idle + (busy - idle) x u,   u = the plan's busy share (``busy_share``)
     it_watts       = gpus x gpu_watts + nodes x node_watts
     energy_kwh     = it_watts x wall_s / 3.6e6 x PUE
     carbon_kg      = energy_kwh x carbon_g_per_kwh / 1000
 
 Power is drawn at the training utilization over the whole wall time, restarts included: the
 allowance is wall time the run pays for, and a GPU waiting for a restart still holds its node.
-MFU stands in for utilization because it is what the cost model predicts; a GPU's draw grows
-with more than its tensor-core use, so with ``gpu_idle_watts`` left out (idle = busy) the energy
-is the upper bound at full power.
+
+A GPU draws near its cap whenever kernels run, whatever share of its peak FLOP/s they reach:
+on one H200 (nvidia-smi every 250 ms, 2026-11-27, ``reports/power/``) a Llama-3.2-1B training
+step at MFU 0.41 drew 682 W (median of the busy samples), a bf16 GEMM loop at 0.68 of the peak
+692 W, and the same GPU 120 W holding a CUDA context with no kernel running (77.8 W with no
+process at all), so interpolating between idle and busy in MFU would have put that step at
+330 W, half its draw. The utilization is the share of the step the GPU has kernels to run:
+the step less its pipeline bubble, its exposed data-parallel communication and its wait for an
+offloaded optimizer step. ``gpu_idle_watts`` left out (idle = busy) gives the upper bound.
 """
 
 from __future__ import annotations
@@ -47,6 +53,15 @@ class RunCost:
 def steps_for(tokens: int, tokens_per_step: int) -> int:
     """Whole steps that train at least ``tokens`` tokens."""
     return math.ceil(tokens / tokens_per_step)
+
+
+def busy_share(step_time_s: float, bubble_s: float, dp_exposed_s: float, offload_s: float):
+    """The share of a step during which the GPU runs kernels (see the module docstring): all of
+    it but the pipeline bubble, the exposed data-parallel communication and the offload wait."""
+    if step_time_s <= 0:
+        return 0.0
+    idle = bubble_s + dp_exposed_s + offload_s
+    return min(max(1.0 - idle / step_time_s, 0.0), 1.0)
 
 
 def gpu_watts(node: NodeType, utilization: float) -> float:
