@@ -108,6 +108,7 @@ class Setup:
     fp32_grad_accumulation: bool  # DeepSpeed BF16_Optimizer's whole fp32 gradient buffer
     fp32_grad_partition: bool  # DeepSpeed's fp16 step: its gradient shard cast to fp32
     native_attention: bool  # the chip's own fused attention kernel (Transformer Engine)
+    legacy_attention: bool  # a flash-attention build older than the chip (llm-foundry, 2023)
     fused_elementwise: bool  # element-wise chains fused (Megatron-Core/TE, torch.compile)
     pipeline_sends_shards: bool  # Megatron sends each TP rank's sequence shard between stages
     p2p_overlap: bool  # Megatron's interleaved schedule overlaps its sends with compute
@@ -172,6 +173,27 @@ def parse_zero(text: str, source: str, assumed: list[str]) -> int:
             assumed.append("distributed optimizer (ZeRO-1): Megatron-family default")
             return 1
     raise Skip(f"ZeRO/FSDP level not stated ({text!r})")
+
+
+def parse_mbs(row: dict, pp: int, dp: int, gbs: int, assumed: list[str]) -> int:
+    """The micro-batch size: stated, or read off a torchtitan row's "local batch N per DP rank"
+    (its training.batch_size) with torchtitan's defaults: no gradient accumulation, so N
+    sequences per step per replica (checked against the global batch), and under a pipeline
+    as many micro-batches as stages (pipeline_parallel_microbatches unset: the PP degree)."""
+    text = row.get("mbs")
+    local = re.match(r"\s*local batch (\d+) per DP rank", text) if isinstance(text, str) else None
+    if not local or "torchtitan" not in str(row.get("source", "")).lower():
+        return _int(row, "mbs", "micro-batch size")
+    n = int(local.group(1))
+    if n * dp != gbs:
+        raise Skip(f"local batch {n} x dp {dp} != global batch {gbs}")
+    if pp == 1:
+        assumed.append(f"micro-batch = the local batch {n} (torchtitan: no gradient accumulation)")
+        return n
+    if n % pp:
+        raise Skip(f"local batch {n} does not split into {pp} pipeline micro-batches")
+    assumed.append(f"{pp} micro-batches of {n // pp} (torchtitan's default: the PP degree)")
+    return n // pp
 
 
 def parse_dtype(text: str) -> tuple[str, bool]:
@@ -308,6 +330,17 @@ def parse_native_attention(row: dict, profile: str, assumed: list[str]) -> bool:
     return False
 
 
+def parse_legacy_attention(row: dict, profile: str, assumed: list[str]) -> bool:
+    """Whether attention runs a flash-attention build older than the chip: llm-foundry's MPT
+    benchmark tables were measured in 2023 with flash-attn (its README: "our models use Flash
+    Attention"; torch 1.13, before the tables' pending torch 2.0 update), whose kernels then
+    had no Hopper path, so on H100 they reach about half of FlashAttention-2's later rate."""
+    if "llm-foundry" in str(row.get("source", "")).lower() and CHIPS.get(profile) == "H100":
+        assumed.append("2023 flash-attention build (llm-foundry's MPT tables; pre-Hopper kernels)")
+        return True
+    return False
+
+
 def parse_profile(gpu: str) -> tuple[str, str]:
     """(profile name, hardware kind) for a row's GPU text."""
     g = gpu.upper()
@@ -388,8 +421,8 @@ def parse_row(row: dict) -> Setup:
             assumed.append("no interleaving (vpp not stated)")
     else:
         vpp = 1
-    mbs = _int(row, "mbs", "micro-batch size")
     gbs = _int(row, "gbs", "global batch size")
+    mbs = parse_mbs(row, pp, dp, gbs, assumed)
     if gbs % (mbs * dp):
         raise Skip(f"global batch {gbs} is not a multiple of mbs x dp = {mbs * dp}")
     zero = parse_zero(str(row.get("zero_or_fsdp", "not stated")), row.get("source", ""), assumed)
@@ -460,6 +493,7 @@ def parse_row(row: dict) -> Setup:
         fp32_grad_accumulation=bf16_opt,
         fp32_grad_partition="bloom" in row.get("source", "").lower() and dtype == "fp16",
         native_attention=parse_native_attention(row, profile, assumed),
+        legacy_attention=parse_legacy_attention(row, profile, assumed),
         fused_elementwise=parse_fusion(row, megatron_core, assumed),
         pipeline_sends_shards=megatron_core and pp > 1 and sp,
         p2p_overlap=megatron_core and vpp > 1,
@@ -590,6 +624,7 @@ def price(s: Setup, **overrides: float):
         fp32_grad_partition=s.fp32_grad_partition,
         selective_policy=s.selective_policy,
         native_attention=s.native_attention,
+        legacy_attention=s.legacy_attention,
         fused_elementwise=s.fused_elementwise,
         pipeline_sends_shards=s.pipeline_sends_shards,
         p2p_overlap=s.p2p_overlap,
@@ -599,8 +634,9 @@ def price(s: Setup, **overrides: float):
         # was fitted with (torchtitan's FSDP2 allocates fp32 gradients lazily, as meshplan's
         # runtime does; not yet told apart here)
         persistent_grad_buffers=True,
-        # Megatron-Core and DeepSpeed keep one send and one receive buffer
-        microbatch_recv_buffers=False,
+        # Megatron-Core and DeepSpeed keep one send and one receive buffer; torchtitan's
+        # torch.distributed.pipelining one per micro-batch each way, as meshplan's runtime
+        microbatch_recv_buffers=s.dp_copies == "torch",
     )
     variant = "sequence" if s.sp else "no-sequence"
     variants_of = variants_for(traced.graph, cluster, variant, _VARIANTS)
@@ -688,6 +724,14 @@ def record(s: Setup, cost) -> dict[str, Any]:
 # (MAMF, FlashAttention's own benchmarks) are ceilings that real steps do not reach. Profiles
 # of one chip share them. A chip whose profile has no unaligned class (0) keeps none.
 FITTED = ("matmul_efficiency", "attention_efficiency", "misaligned_matmul_efficiency")
+# Where a kernel benchmark gives a class's rate, the class is not fitted: on Hopper the
+# FlashAttention-2-class kernel torch's SDPA runs is priced at tritonbench's rate (the profiles'
+# attention_efficiency, sourced there), and the attention factor fitted is the one of the 2023
+# flash-attention builds llm-foundry's rows ran (``parse_legacy_attention``).
+FITTED_BY_CHIP = {
+    "A100": FITTED,
+    "H100": ("matmul_efficiency", "legacy_attention_efficiency", "misaligned_matmul_efficiency"),
+}
 # Other kernels of the same op class reach the same share of their own best-shape ceiling, so
 # they follow the fitted factor in a fixed ratio (the shipped profile's: FP8 GEMMs at
 # MAMF-fp8 / MAMF-bf16 of the bf16 GEMMs' share; the chip's own attention kernel at the
@@ -749,13 +793,15 @@ def shipped_efficiencies() -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     for name, chip in CHIPS.items():
         p = load_profile(name)
-        out.setdefault(chip, {f: getattr(p, f) for f in FITTED})
+        out.setdefault(chip, {f: getattr(p, f) for f in FITTED_BY_CHIP[chip]})
     return out
 
 
 def decompose(s: Setup, start: dict[str, dict[str, float]]) -> Decomposition:
-    eff = start[CHIPS[s.profile]]
-    g, a, u = (eff[f] for f in FITTED)
+    chip = CHIPS[s.profile]
+    eff = start[chip]
+    fields = FITTED_BY_CHIP[chip]
+    g, a, u = (eff[f] for f in fields)
 
     def at(**change: float) -> float:
         return price(s, **{**eff, **change}).step_time_s
@@ -763,7 +809,7 @@ def decompose(s: Setup, start: dict[str, dict[str, float]]) -> Decomposition:
     t1 = at()
     gemm, attention = (
         (at(matmul_efficiency=g / 2) - t1) * g,
-        (at(attention_efficiency=a / 2) - t1) * a,
+        (at(**{fields[1]: a / 2}) - t1) * a,
     )
     unaligned = (at(misaligned_matmul_efficiency=u / 2) - t1) * u if u > 0 else 0.0
     rest = t1 - gemm / g - attention / a - (unaligned / u if u > 0 else 0.0)
@@ -788,13 +834,13 @@ def fit_efficiencies(parts: list[Decomposition], start: dict[str, dict[str, floa
         e = out[chip]
         uses_attention = any(d.attention > 0 for d in rows)
         uses_unaligned = any(d.unaligned > 0 for d in rows)
-        g, a, u = (e[f] for f in FITTED)
+        g, a, u = (e[f] for f in FITTED_BY_CHIP[chip])
         for _ in range(2):
             pairs = ((gg, aa) for gg in GRID for aa in (GRID if uses_attention else [a]))
             g, a = min(pairs, key=lambda ga: fit_loss(rows, ga[0], ga[1], u))
             if uses_unaligned:
                 u = min(SLOW_GRID, key=lambda uu: fit_loss(rows, g, a, uu))
-        out[chip] = dict(zip(FITTED, (g, a, u)))
+        out[chip] = dict(zip(FITTED_BY_CHIP[chip], (g, a, u)))
     return out
 
 

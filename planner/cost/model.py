@@ -102,6 +102,10 @@ class Training:
     # Hopper, as NVIDIA's Megatron recipes do) at the profile's native_attention_efficiency;
     # off: the FlashAttention-2-class kernel torch's SDPA runs (attention_efficiency).
     native_attention: bool = False
+    # Attention runs a flash-attention build older than the chip (llm-foundry's 2023 MPT runs on
+    # H100, before FlashAttention had Hopper kernels) at the profile's
+    # legacy_attention_efficiency where it gives one.
+    legacy_attention: bool = False
     # Element-wise chains between products run as one fused kernel each (Transformer Engine /
     # Megatron-Core fusions, torch.compile): ``fusion_shares``. Off: eager torch, one kernel
     # per op (meshplan's runtime).
@@ -325,7 +329,14 @@ def achievable_peak(cluster: Cluster, dtype: str, rate: float | None = None) -> 
 FLASH_BACKWARD = 2.5 / 2.0
 
 
-def op_rate(node: dict, cluster: Cluster, dtype: str, fp8: bool = False, native: bool = False):
+def op_rate(
+    node: dict,
+    cluster: Cluster,
+    dtype: str,
+    fp8: bool = False,
+    native: bool = False,
+    legacy: bool = False,
+):
     """(achievable FLOP/s, forward FLOP factor, backward FLOP factor) of one op's products.
 
     - A fused attention kernel (scaled_dot_product_attention) runs at the profile's
@@ -334,7 +345,9 @@ def op_rate(node: dict, cluster: Cluster, dtype: str, fp8: bool = False, native:
       backward recomputes the scores (``FLASH_BACKWARD``). A profile without the figure prices
       attention as any product of the dtype (the CPU's, whose kernels are measured as such).
       ``native``: the chip's own fused attention kernel (``Training.native_attention``) at the
-      profile's ``native_attention_efficiency`` where it gives one.
+      profile's ``native_attention_efficiency`` where it gives one; ``legacy``: a flash-attention
+      build older than the chip (``Training.legacy_attention``) at its
+      ``legacy_attention_efficiency``.
     - With FP8 linears, a product with a weight runs at the profile's FP8 rate.
     - A 16-bit product of two activations with a dimension off Tensor Cores' 8-element
       alignment (``misaligned``) at the profile's ``misaligned_matmul_efficiency`` where it
@@ -348,6 +361,8 @@ def op_rate(node: dict, cluster: Cluster, dtype: str, fp8: bool = False, native:
         eff = p.attention_efficiency
         if native and p.native_attention_efficiency > 0:
             eff = p.native_attention_efficiency
+        elif legacy and p.legacy_attention_efficiency > 0:
+            eff = p.legacy_attention_efficiency
         return p.peak_flops[dtype] * eff, work, work * FLASH_BACKWARD
     if fp8 and node.get("params") and p.peak_flops.get("fp8", 0.0) > 0:
         return p.peak_flops["fp8"] * p.fp8_matmul_efficiency, 1.0, 1.0
@@ -468,6 +483,7 @@ def block_node_times(
     fp8=False,
     native=False,
     fused=False,
+    legacy=False,
 ) -> NodeTimes:
     """Per-op roofline of a block's ops (or of ``nodes``), for ``scale`` traced micro-batches.
 
@@ -475,8 +491,8 @@ def block_node_times(
     (only activations do), so they are kept out of the scaling. Backward reads the weights and
     writes their gradients: twice the weight bytes, also fixed. Each op's products run at
     its class's rate (``op_rate``: GEMMs, fused attention, the chip's own attention kernel when
-    ``native``, FP8 linears when ``fp8``). ``fused``: element-wise chains run as one kernel
-    each (``fusion_shares``)."""
+    ``native``, an older flash-attention build when ``legacy``, FP8 linears when ``fp8``).
+    ``fused``: element-wise chains run as one kernel each (``fusion_shares``)."""
     core = cached_core_nodes(graph)
     pbytes = param_bytes_of(graph)
     half = cluster.profile.matmul_half_inner_dim
@@ -487,7 +503,7 @@ def block_node_times(
         weights = min(sum(pbytes.get(p, 0) for p in d.get("params", ())), d["fwd_bytes"])
         act_f = (d["fwd_bytes"] - weights) * shares.get(n, 1.0)
         slow_f, slow_b = inner_dim_slowdowns(d.get("mm_inner"), scale, half)
-        rate, work_f, work_b = op_rate(d, cluster, dtype, fp8, native)
+        rate, work_f, work_b = op_rate(d, cluster, dtype, fp8, native, legacy)
         fc, fm = _roofline_parts(
             d["fwd_flops"] * work_f * scale, act_f * scale + weights, cluster, dtype, slow_f, rate
         )
@@ -629,6 +645,7 @@ def block_options(
     kernels = {
         "fp8": training.fp8_linears,
         "native": training.native_attention,
+        "legacy": training.legacy_attention,
         "fused": training.fused_elementwise,
     }
     times = block_node_times(graph, block, scale, cluster, training.dtype, None, **kernels)
@@ -964,8 +981,9 @@ def ring_attention_times(
         ring_f = (cp - 1) * p2p_time(kv, bw, lat)
         ring_b = (cp - 1) * p2p_time(2 * kv, bw, lat)
         attn_f, attn_b, _ = node_times(
-            graph, block, scale, cluster, training.dtype, [n], native=training.native_attention
-        )
+            graph, block, scale, cluster, training.dtype, [n],
+            native=training.native_attention, legacy=training.legacy_attention,
+        )  # fmt: skip
         fwd += max(0.0, ring_f - hide * attn_f)
         bwd += max(0.0, ring_b - hide * attn_b)
         if _causal(d):

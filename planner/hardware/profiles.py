@@ -45,6 +45,13 @@ FIELDS: tuple[tuple[str, str, str, str, str], ...] = (
     ),
     (
         "compute",
+        "legacy_attention_efficiency",
+        "legacy_attention_efficiency",
+        "unit",
+        "share of peak",
+    ),
+    (
+        "compute",
         "misaligned_matmul_efficiency",
         "misaligned_matmul_efficiency",
         "unit",
@@ -96,6 +103,10 @@ OPTIONAL: dict[str, float] = {
     # The same for the chip's own fused attention kernel (cuDNN/FlashAttention-3 on Hopper),
     # where a framework runs it (Training.native_attention); 0: none beyond attention_efficiency.
     "native_attention_efficiency": 0.0,
+    # The same for flash-attention builds that predate the chip (2023's on Hopper, as
+    # llm-foundry's MPT benchmarks ran), where a framework runs one (Training.legacy_attention);
+    # 0: as attention_efficiency.
+    "legacy_attention_efficiency": 0.0,
     # A 16-bit product of two activations with a dimension that is not a multiple of 8
     # elements (16 bytes) runs cuBLAS's unaligned path at this share of the 16-bit peak
     # (cost.model.misaligned); 0: at matmul_efficiency like any product.
@@ -129,6 +140,7 @@ UNMEASURED_NOTES = {
     "fp8_matmul_efficiency": "not measured: unused without an FP8 peak",
     "attention_efficiency": "not measured: 0 = fused attention priced as a matrix product",
     "native_attention_efficiency": "not measured: 0 = as attention_efficiency",
+    "legacy_attention_efficiency": "not measured: 0 = as attention_efficiency",
     "misaligned_matmul_efficiency": "not measured: 0 = unaligned products as any product",
     "async_tp_overlap": "not measured: 1 = async TP bounded by compute alone",
     "allocator_overhead": (
@@ -191,6 +203,7 @@ class DeviceProfile:
     fp8_matmul_efficiency: float = 1.0
     attention_efficiency: float = 0.0
     native_attention_efficiency: float = 0.0
+    legacy_attention_efficiency: float = 0.0
     misaligned_matmul_efficiency: float = 0.0
     allocator_overhead: float = 0.0
     async_tp_overlap: float = 1.0
