@@ -1229,6 +1229,22 @@ MUTANTS: list[Mutant] = [
         "tests/test_cost_terms.py::test_zero2_reduce_scatters_every_micro_batch",
         "FSDP2's ZeRO-2 priced one all-gather a step though it reshards after each backward",
     ),
+    M(
+        "cost-legacy-attention-ignored",
+        "planner/cost/model.py",
+        "        elif legacy and p.legacy_attention_efficiency > 0:",
+        "        elif False:",
+        "tests/test_published.py::test_a_flash_attention_build_older_than_the_chip_runs_at_its_fitted_rate",
+        "a 2023 flash-attention build priced as today's SDPA kernel",
+    ),
+    M(
+        "published-local-batch-pipeline-unsplit",
+        "benchmarks/published.py",
+        "    return n // pp\n",
+        "    return n\n",
+        "tests/test_published.py::test_a_torchtitan_local_batch_is_read_with_its_defaults",
+        "a torchtitan pipeline's local batch taken as one micro-batch",
+    ),
 ]
 
 

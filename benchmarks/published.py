@@ -24,6 +24,10 @@ is used and named in the row's ``assumed`` list (it is printed with the table):
 - ffn not stated for a GPT-architecture model: 4h (the architecture's definition); kv heads not
   stated: the head count (multi-head attention);
 - gpus per node not stated: 8 (every system in the set is an 8-GPU HGX/DGX node);
+- torchtitan's "local batch N per DP rank": N sequences per replica per step, no gradient
+  accumulation, and under a pipeline as many micro-batches as stages (``parse_mbs``);
+- llm-foundry's MPT tables on Hopper: 2023 flash-attention builds without Hopper kernels, a
+  fitted attention class of their own (``parse_legacy_attention``);
 - recompute not stated in BLOOM's Megatron-DeepSpeed runs: full (``parse_recompute``);
 - what a framework keeps or runs differently from meshplan's eager runtime, read from the row's
   source and notes (``parse_framework_memory``, ``parse_native_attention``, ``parse_fusion``,
