@@ -884,8 +884,8 @@ MUTANTS: list[Mutant] = [
     M(
         "cost-dp-copies-zero3-gathers-once",
         "planner/cost/model.py",
-        "        gathers = 2 if zero == 3 else 1\n",
-        "        gathers = 1\n",
+        "        gathers = 2 if zero == 3 else (",
+        "        gathers = 1 if zero == 3 else (",
         "tests/test_cost_terms.py",
         "ZeRO-3's second all-gather in backward (its cast and copies) goes unpriced",
     ),
@@ -1244,6 +1244,14 @@ MUTANTS: list[Mutant] = [
         "    return n\n",
         "tests/test_published.py::test_a_torchtitan_local_batch_is_read_with_its_defaults",
         "a torchtitan pipeline's local batch taken as one micro-batch",
+    ),
+    M(
+        "cost-deferred-zero2-gathers-each-micro-batch",
+        "planner/cost/model.py",
+        "        gathers = 2 if zero == 3 else (1 / m if deferred else 1)\n",
+        "        gathers = 2 if zero == 3 else 1\n",
+        "tests/test_cost_terms.py::test_a_deferring_zero2_pipeline_gathers_once_per_step",
+        "a deferring pipeline's ZeRO-2 stage priced a gather's copies each micro-batch",
     ),
 ]
 

@@ -932,6 +932,16 @@ def test_the_data_parallel_wrappers_copies(zero, tp, dp, m, casts, per_param):
     assert dp_copy_bytes(o, config, replace(tr, dp_copies="none")) == 0
 
 
+def test_a_deferring_zero2_pipeline_gathers_once_per_step():
+    """ZeRO-2 under PP 2 with two micro-batches: the stage keeps its weights unsharded from the
+    first forward to the step's end, so one gather's copies (6/4 + 4/4 + 4) a step, beside the
+    reduce and the fp32 accumulation once a step."""
+    tr = Training(4 * 2 * 2)
+    config = Config(Mesh(pp=2, dp=4, tp=1), 2, "1f1b", 1, 2, [0, 1], [0, 0])
+    o = make_option(1e-3, 1e6, 0.0)
+    assert dp_copy_bytes(o, config, tr) == pytest.approx((6.5 / 2 + (8 + 6 + 10 + 2) / 2) * 1e6)
+
+
 def test_a_deferring_pipeline_pays_the_accumulation_once_per_step():
     """ZeRO-3 under PP 2 with two micro-batches: torch's pipelining turns the FSDP stage's
     sync off until the last backward, so the reduce comes once a step and the unreduced

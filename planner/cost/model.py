@@ -854,8 +854,12 @@ def dp_copy_bytes(o: BlockOption, config: Config, training: Training) -> float:
         alone = dp == 1
         gather = ((FP32_BYTES + w) if casts else 0.0) * f + 2 * w * f + 2 * w + 2 * w * alone
         reduce = w + FP32_BYTES + 2 * FP32_BYTES * f + 2 * FP32_BYTES * alone
-        gathers = 2 if zero == 3 else 1
-        if m > 1 and (zero == 0 or deferred_reduce(config, training)):
+        deferred = deferred_reduce(config, training)
+        # ZeRO-3 gathers for forward and again for backward; ZeRO-2 once a micro-batch, or
+        # once a step in a deferring pipeline, whose stage never reshards between
+        # micro-batches (as dp_block_terms counts its all-gathers)
+        gathers = 2 if zero == 3 else (1 / m if deferred else 1)
+        if m > 1 and (zero == 0 or deferred):
             # gradients accumulate unreduced until the last micro-batch's backward (replicate
             # with its sync off, a deferring pipeline): FSDP2 casts the first 16-bit gradient
             # to an fp32 accumulator (w + 4) and adds each later one into it (4 + w + 4);
