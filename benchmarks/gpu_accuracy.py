@@ -186,6 +186,31 @@ def _causal_attention(q, k, v, grad) -> None:
         q.grad = k.grad = v.grad = None
 
 
+def median_seconds(fn, reps: int, device: str = "cuda") -> float:
+    """Median seconds of one call of ``fn`` over ``reps`` calls after three warm-ups: timed
+    with CUDA events on a GPU (each call synchronized), with the host clock on a CPU."""
+    import torch
+
+    for _ in range(3):
+        fn()
+    times = []
+    if device == "cuda":
+        torch.cuda.synchronize()
+        for _ in range(reps):
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            fn()
+            e.record()
+            e.synchronize()
+            times.append(s.elapsed_time(e) / 1e3)
+        return statistics.median(times)
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
 def kernels(rows: list[dict], device: str) -> dict:
     """The suite's GEMMs and causal attention alone, bf16, forward and backward: achieved
     TFLOP/s against what the profile's efficiencies say."""
@@ -195,28 +220,7 @@ def kernels(rows: list[dict], device: str) -> dict:
 
     dev = torch.device(device)
     dt = torch.bfloat16 if device == "cuda" else torch.float32
-
-    def timed(fn, reps: int) -> float:
-        for _ in range(3):
-            fn()
-        if device == "cuda":
-            torch.cuda.synchronize()
-            times = []
-            for _ in range(reps):
-                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                s.record()
-                fn()
-                e.record()
-                e.synchronize()
-                times.append(s.elapsed_time(e) / 1e3)
-            return statistics.median(times)
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times)
-
+    timed = partial(median_seconds, device=device)
     scale = 1 if device == "cuda" else 64  # a CPU dry run at a fraction of the size
     reps = 20 if device == "cuda" else 2
     out: dict[str, list] = {"gemm": [], "attention": []}

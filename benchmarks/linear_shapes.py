@@ -24,6 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from gpu_accuracy import median_seconds  # noqa: E402 - beside this script
+
 # (tokens M, in K, out N): Llama-3.2-1B and 3B projections at 4,096 and 16,384 tokens, the
 # 128,256-word head, GPT-1.3B's fused QKV and MLP
 SHAPES = [
@@ -44,23 +46,6 @@ SHAPES = [
 ]
 
 
-def _timed(fn, reps: int) -> float:
-    """Median seconds of ``fn`` on the GPU over ``reps`` calls, after three."""
-    import torch
-
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) / 1e3)
-    return statistics.median(times)
-
-
 def _one_shape(m: int, k: int, n: int, reps: int) -> dict:
     import torch
     import torch.nn.functional as F
@@ -69,7 +54,7 @@ def _one_shape(m: int, k: int, n: int, reps: int) -> dict:
     x = torch.randn(m, k, **opts, requires_grad=True)
     w = torch.randn(n, k, **opts, requires_grad=True)
     dy = torch.randn(m, n, **opts)
-    fwd = _timed(lambda: F.linear(x, w), reps)
+    fwd = median_seconds(lambda: F.linear(x, w), reps)
     y = F.linear(x, w)
 
     def backward() -> None:
@@ -77,11 +62,11 @@ def _one_shape(m: int, k: int, n: int, reps: int) -> dict:
         y.backward(dy, retain_graph=True)
 
     flops = 2.0 * m * k * n
-    bwd = _timed(backward, reps)
+    bwd = median_seconds(backward, reps)
     return {
         "m": m, "k": k, "n": n, "fwd_s": fwd, "bwd_s": bwd,
-        "dgrad_s": _timed(lambda: dy @ w, reps),  # [M, N] x [N, K]: over N
-        "wgrad_s": _timed(lambda: dy.t() @ x, reps),  # [N, M] x [M, K]: over M
+        "dgrad_s": median_seconds(lambda: dy @ w, reps),  # [M, N] x [N, K]: over N
+        "wgrad_s": median_seconds(lambda: dy.t() @ x, reps),  # [N, M] x [M, K]: over M
         "fwd_tflops": flops / fwd / 1e12, "bwd_tflops": 2 * flops / bwd / 1e12,
     }  # fmt: skip
 

@@ -725,7 +725,8 @@ def record(s: Setup, cost) -> dict[str, Any]:
 # three op classes, GEMMs (``matmul_efficiency``), fused attention kernels
 # (``attention_efficiency``) and 16-bit products off Tensor Cores' 8-element alignment
 # (``misaligned_matmul_efficiency``, cost.model.misaligned); the best-shape microbenchmarks
-# (MAMF, FlashAttention's own benchmarks) are ceilings that real steps do not reach. Profiles
+# (MAMF, FlashAttention's own benchmarks) are ceilings that real steps do not reach, but on
+# Hopper the attention rows priced at tritonbench's SDPA rate fit it (FITTED_BY_CHIP). Profiles
 # of one chip share them. A chip whose profile has no unaligned class (0) keeps none.
 FITTED = ("matmul_efficiency", "attention_efficiency", "misaligned_matmul_efficiency")
 # Where a kernel benchmark gives a class's rate, the class is not fitted: on Hopper the

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from planner.errors import InfeasibleError, UserInputError
-from planner.resources.energy import RunCost, busy_share, run_cost, steps_for
+from planner.resources.energy import RunCost, prediction_busy_share, run_cost, steps_for
 from planner.resources.pool import NodeType, Pool
 
 OBJECTIVES = ("time", "cost", "energy", "carbon")
@@ -265,7 +265,7 @@ def plan_option(
         return PlanPoint(
             step_time_s=pred.step_time_s,
             mfu=pred.mfu,
-            busy=busy_share(pred.step_time_s, pred.bubble_s, pred.dp_exposed_s, pred.offload_s),
+            busy=prediction_busy_share(pred),
             tokens_per_step=max(1, round(p.global_batch_size * per_sample)),
             mesh=f"pp{m.pp} dp{m.dp} tp{m.tp}" + (f" cp{m.cp}" if m.cp > 1 else ""),
         )

@@ -1,6 +1,6 @@
 """Time, money, energy and carbon of a whole training run, each formula written once.
 
-From one plan's prediction (step time, MFU) and one node type's figures:
+From one plan's prediction (step time, busy share) and one node type's figures:
 
     steps          = ceil(tokens / (global batch x sequence length))      (or --steps)
     train_s        = steps x step_time_s
@@ -62,6 +62,12 @@ def busy_share(step_time_s: float, bubble_s: float, dp_exposed_s: float, offload
         return 0.0
     idle = bubble_s + dp_exposed_s + offload_s
     return min(max(1.0 - idle / step_time_s, 0.0), 1.0)
+
+
+def prediction_busy_share(pred) -> float:
+    """``busy_share`` of a plan's prediction (its step, bubble, exposed DP communication and
+    offload wait)."""
+    return busy_share(pred.step_time_s, pred.bubble_s, pred.dp_exposed_s, pred.offload_s)
 
 
 def gpu_watts(node: NodeType, utilization: float) -> float:

@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from planner.resources.choose import Option, PlanPoint
-from planner.resources.energy import RunCost, busy_share, run_cost, steps_for
+from planner.resources.energy import RunCost, prediction_busy_share, run_cost, steps_for
 from planner.resources.mixed_plan import KindSpec, MixedPlanResult, plan_mixed
 from planner.resources.pool import NodeType, Pool
 from planner.schema.plan import Plan
@@ -38,12 +38,6 @@ def best_single(options: list[Option]) -> dict[str, float]:
     return found
 
 
-def plan_busy_share(plan: Plan) -> float:
-    """``busy_share`` of a plan's prediction."""
-    p = plan.predicted
-    return busy_share(p.step_time_s, p.bubble_s, p.dp_exposed_s, p.offload_s)
-
-
 def mixed_run_cost(
     pool: Pool, plan: Plan, steps: int, effective_time_fraction: float
 ) -> tuple[RunCost, int]:
@@ -51,7 +45,7 @@ def mixed_run_cost(
     types = {t.name: t for t in pool.node_types}
     parts, nodes = [], 0
     step = plan.predicted.step_time_s
-    busy = plan_busy_share(plan)
+    busy = prediction_busy_share(plan.predicted)
     for k in plan.kinds or []:
         t = types[k.name]
         n = -(-k.gpus // t.gpus_per_node)
@@ -123,5 +117,5 @@ def mixed_option(
     m = plan.mesh
     kinds_by_stage = "/".join(st.kind or "" for st in plan.stages)
     mesh = f"pp{m.pp} dp{m.dp} tp{m.tp} ({kinds_by_stage})"
-    point = PlanPoint(p.step_time_s, p.mfu, tokens_per_step, mesh, plan_busy_share(plan))
+    point = PlanPoint(p.step_time_s, p.mfu, tokens_per_step, mesh, prediction_busy_share(p))
     return Option(mixed_node_type(pool, plan, nodes), nodes, point, run), res
