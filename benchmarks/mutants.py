@@ -1253,6 +1253,47 @@ MUTANTS: list[Mutant] = [
         "tests/test_cost_terms.py::test_a_deferring_zero2_pipeline_gathers_once_per_step",
         "a deferring pipeline's ZeRO-2 stage priced a gather's copies each micro-batch",
     ),
+    M(
+        "cost-fused-accumulation-unpriced",
+        "planner/cost/model.py",
+        "                n -= o.product_params  # the weight-gradient GEMMs accumulated them",
+        "                n -= 0.0",
+        "tests/test_costmodel.py::test_fused_weight_gradient_accumulation_adds_only_the_other_gradients",
+        "Megatron's weight-gradient GEMMs' accumulation still charged a separate pass",
+    ),
+    M(
+        "trace-product-params-miss-views",
+        "planner/trace/blocks.py",
+        "            read |= viewed.get(u, set())",
+        "            pass",
+        "tests/test_costmodel.py::test_the_products_weights_are_what_a_weight_gradient_gemm_writes",
+        "a parameter reaching a product through a view not counted as a product's weight",
+    ),
+    M(
+        "published-family-size-any-match",
+        "benchmarks/published.py",
+        "    if len(fits) != 1:",
+        "    if not fits:",
+        "tests/test_published.py::test_an_unnamed_model_is_read_off_its_stated_size",
+        "an unnamed model read as the first of several architectures its size matches",
+    ),
+    M(
+        "published-nemotron-tied",
+        "benchmarks/published.py",
+        '    (NEMOTRON, "gpt", False),',
+        '    (NEMOTRON, "gpt", True),',
+        "tests/test_published.py::test_nemotron_is_an_untied_non_gated_decoder_with_grouped_queries",
+        "Nemotron built with its head tied to the embedding",
+    ),
+    M(
+        "gqa-layout-split-across-groups",
+        "benchmarks/published_gpt.py",
+        "            qkv = self.qkv(x).view(b, s, self.kv_heads, self.group + 2, self.head_dim)",
+        "            qkv = self.qkv(x).view(b, s, self.group + 2, self.kv_heads, self.head_dim)"
+        ".transpose(2, 3)",
+        "tests/test_cost_terms.py::test_grouped_query_attention_in_megatrons_layout_is_attention_over_shared_heads",
+        "grouped-query projection laid out [q | k | v] instead of Megatron's per-group layout",
+    ),
 ]
 
 

@@ -23,6 +23,10 @@ is used and named in the row's ``assumed`` list (it is printed with the table):
 - recompute not stated: none (Megatron-LM's and NeMo's default without --recompute-*);
 - ffn not stated for a GPT-architecture model: 4h (the architecture's definition); kv heads not
   stated: the head count (multi-head attention);
+- the model family from the row's name (``NAMED_FAMILIES``), or for a name of no known family
+  the one candidate architecture whose parameter count at the stated shape matches the row's
+  ``params_b`` (``parse_family``); vocabulary not stated: the named family's tokenizer
+  (``FAMILY_VOCABS``);
 - gpus per node not stated: 8 (every system in the set is an 8-GPU HGX/DGX node);
 - torchtitan's "local batch N per DP rank": N sequences per replica per step, no gradient
   accumulation, and under a pipeline as many micro-batches as stages (``parse_mbs``);
@@ -33,7 +37,10 @@ is used and named in the row's ``assumed`` list (it is printed with the table):
   source and notes (``parse_framework_memory``, ``parse_native_attention``, ``parse_fusion``,
   ``is_megatron_core``): torchtitan's per-op selective checkpointing, vocab-parallel losses,
   DeepSpeed's BF16_Optimizer, Transformer Engine's attention and fused element-wise kernels,
-  Megatron-Core's sequence-shard pipeline sends and their overlap in its interleaved schedule;
+  Megatron-Core's sequence-shard pipeline sends and their overlap in its interleaved schedule,
+  and its weight-gradient GEMMs accumulating into the gradient buffer
+  (``parse_grad_accumulation``); rows that follow NeMo's performance scripts overlap TP as
+  NeMo's recipes do;
 - recompute applies to the repeated transformer layers only, never to the embedding or the head
   (``recompute_per_block``: every framework in the set checkpoints its layers only);
 - DeepSpeed (BLOOM's Megatron-DeepSpeed) reduces gradients after the last backward, and its fp16
@@ -125,6 +132,8 @@ class Setup:
     hardware: str  # the hardware kind the summary groups by
     assumed: tuple[str, ...] = field(default=())
     tp_overlap_async: bool = False  # the overlap is torch's async TP (cost.model.Training)
+    fused_grad_accumulation: bool = False  # Megatron's weight-gradient GEMMs accumulate
+    tied_head: bool = True  # the output projection is the token embedding (gpt family)
 
 
 # --------------------------------------------------------------------------- reading a row
@@ -153,14 +162,123 @@ def _number(value: Any) -> float | None:
     return None
 
 
-def parse_vocab(value: Any, model: str) -> int:
-    """The vocabulary: a number, or BLOOM's "~250k", which is BLOOM's tokenizer padded to
-    250,880 rows (bigscience/bloom config.json vocab_size)."""
+# NVIDIA's dense Nemotron-3/4 decoders as their tables name them ("Nemotron-8B",
+# "Nemotron4-15B", "Nemotron-4 340B"), not the hybrid Mamba ones (Nemotron-H, Nemotron Nano)
+NEMOTRON = r"nemotron[-_ ]?(?:[34][-_ ]?)?\d+(?:\.\d+)?b\b"
+# The tokenizer a named public model family ships with, for rows that name the model but not
+# its vocabulary: every size of the family shares it.
+FAMILY_VOCABS = (
+    # meta-llama/Llama-2-7b-hf config.json: vocab_size 32000 (the 13B and 70B the same)
+    (r"llama[-_ ]?2(?!\d)", 32000, "Llama 2's tokenizer"),
+    # meta-llama/Meta-Llama-3-8B config.json: vocab_size 128256 (tiktoken; Llama 3.1-3.3 too)
+    (r"llama[-_ ]?3(?!\d)", 128256, "Llama 3's tokenizer"),
+    # Brown et al. 2020 (GPT-3), Sec. 2.1: GPT-2's byte-level BPE, 50257 tokens
+    (r"gpt[-_ ]?3(?!\d)", 50257, "GPT-2's BPE, which GPT-3 uses"),
+    # Parmar et al. 2024 (Nemotron-4 15B), Sec. 2: a 256,000-token SentencePiece vocabulary,
+    # the tokenizer of NVIDIA's dense Nemotron-3/4 decoders (``NEMOTRON``)
+    (NEMOTRON, 256000, "Nemotron's 256k tokenizer"),
+)
+
+
+def parse_vocab(value: Any, model: str, assumed: list[str] | None = None) -> int:
+    """The vocabulary: a number, BLOOM's "~250k" (BLOOM's tokenizer padded to 250,880 rows,
+    bigscience/bloom config.json vocab_size), or, unstated, the tokenizer of the public model
+    family the row names (``FAMILY_VOCABS``)."""
     if isinstance(value, int) and value > 0:
         return value
     if isinstance(value, str) and "250k" in value and "bloom" in model.lower():
         return 250880
+    if not _stated(value):
+        for pattern, vocab, what in FAMILY_VOCABS:
+            if re.search(pattern, model.lower()):
+                if assumed is not None:
+                    assumed.append(f"vocab {vocab} ({what}; not stated in the row)")
+                return vocab
     raise Skip("vocabulary not stated")
+
+
+# Model families by name: (pattern, builder, output head tied to the token embedding).
+# "llama": examples/llama.py (gated SwiGLU MLP, RMSNorm, rotary positions, grouped-query
+# attention, untied head; Mistral is the same decoder, MistralForCausalLM). "gpt":
+# benchmarks/published_gpt.py (LayerNorm, non-gated MLP, Megatron's fused Q/K/V): GPT-3, MPT,
+# BLOOM and OPT tie the head to the embedding; Nemotron-4 is a non-gated GQA decoder with
+# untied embeddings (Parmar et al. 2024, "Nemotron-4 15B Technical Report", Sec. 2).
+NAMED_FAMILIES = (
+    (r"llama|mistral", "llama", False),
+    (r"gpt|mpt|bloom|\bopt\b", "gpt", True),
+    (NEMOTRON, "gpt", False),
+)
+# How close the parameter count a candidate architecture gives the stated shape must be to
+# the row's params_b for an unnamed family to be read off it (and every other candidate not).
+PARAMS_MATCH = 0.05
+
+
+def decoder_params(
+    family: str, tied: bool, layers: int, hidden: int, heads: int, kv_heads: int, ffn: int,
+    vocab: int, seq: int,
+) -> float:  # fmt: skip
+    """Parameters of a decoder of that shape as the builders make it (weights; biases and
+    norms, a fraction of a percent, left out): Q/K/V and output projections, the MLP (three
+    matrices gated, two not), the embedding, the head unless tied, learned positions (gpt)."""
+    head_dim = hidden // heads
+    attention = hidden * (heads + 2 * kv_heads) * head_dim + hidden * hidden
+    mlp = (3 if family == "llama" else 2) * hidden * ffn
+    embeddings = vocab * hidden * (1 if tied else 2) + (seq * hidden if family == "gpt" else 0)
+    return layers * (attention + mlp) + embeddings
+
+
+def parse_family(
+    row: dict, model: str, layers: int, hidden: int, heads: int, vocab: int, seq: int,
+    assumed: list[str],
+) -> tuple[str, str, int, int, bool]:  # fmt: skip
+    """(builder family, attention kernel, kv heads, ffn width, tied head) for the row's model:
+    by its name (``NAMED_FAMILIES``), or, for a name of no known family, by which candidate
+    architecture's parameter count matches the stated ``params_b`` (within ``PARAMS_MATCH``,
+    and only one of them); otherwise skipped."""
+    name = model.lower()
+    # BLOOM's 2022 Megatron-DeepSpeed runs had no FlashAttention (fused softmax kernel)
+    attention = "fused" if "bloom" in name else "flash"
+    kv_heads = _int(row, "kv_heads", "kv heads") if _stated(row.get("kv_heads")) else None
+    ffn = _int(row, "ffn", "ffn width") if _stated(row.get("ffn")) else None
+    named = next(((f, t) for pat, f, t in NAMED_FAMILIES if re.search(pat, name)), None)
+    if named and named[0] == "llama":
+        if kv_heads is None or ffn is None:
+            raise Skip("kv heads not stated" if kv_heads is None else "ffn width not stated")
+        return "llama", attention, kv_heads, ffn, False
+    if named:
+        if kv_heads is None:
+            kv_heads = heads
+        if kv_heads != heads and attention != "flash":
+            raise Skip("grouped-query attention with a materialised-scores kernel")
+        if ffn is None:
+            if not named[1]:  # only the tied GPT-style families define ffn as 4h
+                raise Skip("ffn width not stated")
+            ffn = 4 * hidden
+            assumed.append("ffn = 4h (GPT architecture)")
+        return "gpt", attention, kv_heads, ffn, named[1]
+    stated = _number(row.get("params_b"))
+    if kv_heads is None or ffn is None or stated is None:
+        raise Skip(f"no model family for {model!r} (shape not rebuildable)")
+    shape = (layers, hidden, heads, kv_heads, ffn, vocab, seq)
+    fits = [
+        (family, tied, n)
+        for family, tied in (("llama", False), ("gpt", True), ("gpt", False))
+        for n in [decoder_params(family, tied, *shape)]
+        if abs(n / (stated * 1e9) - 1) <= PARAMS_MATCH
+    ]
+    if len(fits) != 1:
+        raise Skip(
+            f"no model family for {model!r}: {len(fits)} candidate architectures match its "
+            f"stated {stated:g}B parameters"
+        )
+    family, tied, n = fits[0]
+    what = (
+        "gated MLP, untied head"
+        if family == "llama"
+        else "non-gated MLP, " + ("tied head" if tied else "untied head")
+    )
+    assumed.append(f"{what}: the one architecture of {n / 1e9:.1f}B parameters at the shape")
+    return family, attention, kv_heads, ffn, tied
 
 
 def parse_zero(text: str, source: str, assumed: list[str]) -> int:
@@ -273,6 +391,13 @@ def parse_tp_overlap(row: dict, assumed: list[str]) -> tuple[bool, bool]:
     if any(k in str(row.get("source", "")).lower() for k in ("nemo", "megatron-bridge")):
         assumed.append("TP communication overlap: NVIDIA recipe default")
         return True, False
+    if is_megatron_core(row) and re.search(
+        r"follows?\b[^.]*\bnemo\b[^.]*performance (?:scripts|recipes)", text
+    ):
+        # Megatron-LM's examples/llama README: "This configuration follows those defined in
+        # NeMo Framework's performance scripts" (its table quotes NeMo's recipe runs)
+        assumed.append("TP communication overlap: the NeMo performance scripts it follows")
+        return True, False
     return False, False
 
 
@@ -305,6 +430,17 @@ def is_deepspeed(row: dict, assumed: list[str]) -> bool:
     text = " ".join(str(row.get(k, "")) for k in ("source", "zero_or_fsdp")).lower()
     if "bloom" in text or "deepspeed" in text:
         assumed.append("DeepSpeed: gradient reduction after the backward")
+        return True
+    return False
+
+
+def parse_grad_accumulation(megatron_core: bool, microbatches: int, assumed: list[str]) -> bool:
+    """Whether the weight-gradient GEMMs accumulate into the gradient buffer: Megatron-Core's
+    stacks fuse it (gradient_accumulation_fusion, on in Megatron-LM unless
+    --no-gradient-accumulation-fusion, megatron/training/arguments.py; NeMo's and
+    Megatron-Bridge's recipes keep it on), which matters only with several micro-batches."""
+    if megatron_core and microbatches > 1:
+        assumed.append("weight-gradient accumulation fused into the GEMMs (Megatron default)")
         return True
     return False
 
@@ -381,33 +517,14 @@ def parse_row(row: dict) -> Setup:
     """The row's Setup, or ``Skip`` with the reason."""
     assumed: list[str] = []
     model = str(row.get("model", ""))
-    name = model.lower()
     for key, what in (("layers", "layer count"), ("hidden", "hidden size"), ("heads", "heads")):
         _int(row, key, what)
     layers, hidden, heads = _int(row, "layers"), _int(row, "hidden"), _int(row, "heads")
     seq = _int(row, "seq", "sequence length")
-    vocab = parse_vocab(row.get("vocab"), model)
-    if "llama" in name:
-        family, attention = "llama", "flash"
-        kv_heads = _int(row, "kv_heads", "kv heads")
-        ffn = _int(row, "ffn", "ffn width")
-    elif any(k in name for k in ("gpt", "mpt", "bloom")):
-        family = "gpt"
-        # BLOOM's 2022 Megatron-DeepSpeed runs had no FlashAttention (fused softmax kernel)
-        attention = "fused" if "bloom" in name else "flash"
-        if _stated(row.get("kv_heads")):
-            kv_heads = _int(row, "kv_heads")
-            if kv_heads != heads:
-                raise Skip("grouped-query attention in a GPT-family row")
-        else:
-            kv_heads = heads
-        if _stated(row.get("ffn")):
-            ffn = _int(row, "ffn")
-        else:
-            ffn = 4 * hidden
-            assumed.append("ffn = 4h (GPT architecture)")
-    else:
-        raise Skip(f"no model family for {model!r} (shape not rebuildable)")
+    vocab = parse_vocab(row.get("vocab"), model, assumed)
+    family, attention, kv_heads, ffn, tied_head = parse_family(
+        row, model, layers, hidden, heads, vocab, seq, assumed
+    )
     tp, pp, dp = _int(row, "tp"), _int(row, "pp"), _int(row, "dp")
     cp = _int(row, "cp") if _stated(row.get("cp")) else 1
     ep = _int(row, "ep") if _stated(row.get("ep")) else 1
@@ -469,6 +586,7 @@ def parse_row(row: dict) -> Setup:
         id=str(row["id"]),
         source=str(row.get("source", "")),
         family=family,
+        tied_head=tied_head,
         attention=attention,
         layers=layers,
         hidden=hidden,
@@ -501,6 +619,7 @@ def parse_row(row: dict) -> Setup:
         fused_elementwise=parse_fusion(row, megatron_core, assumed),
         pipeline_sends_shards=megatron_core and pp > 1 and sp,
         p2p_overlap=megatron_core and vpp > 1,
+        fused_grad_accumulation=parse_grad_accumulation(megatron_core, gbs // (mbs * dp), assumed),
         dp_overlap=not is_deepspeed(row, assumed),
         dp_copies=parse_dp_copies(row, assumed),
         tp_overlap=tp_overlap,
@@ -531,7 +650,8 @@ def model_args(s: Setup) -> tuple[Path, dict[str, Any]]:
         return LLAMA_FILE, args
     args = dict(
         layers=layers, hidden=s.hidden, heads=s.heads, ffn=s.ffn, seq_len=s.seq,
-        vocab=s.vocab, attention=s.attention, tied=s.pp == 1,
+        vocab=s.vocab, attention=s.attention, tied=s.tied_head and s.pp == 1,
+        kv_heads=s.kv_heads,
     )  # fmt: skip
     return GPT_FILE, args
 
@@ -634,6 +754,7 @@ def price(s: Setup, **overrides: float):
         p2p_overlap=s.p2p_overlap,
         dp_overlap=s.dp_overlap,
         dp_copies=s.dp_copies,
+        fused_grad_accumulation=s.fused_grad_accumulation,
         # Megatron's and DeepSpeed's gradient buffers, and the 16-bit gradient width every row
         # was fitted with (torchtitan's FSDP2 allocates fp32 gradients lazily, as meshplan's
         # runtime does; not yet told apart here)

@@ -26,15 +26,26 @@ _current: dict[str, int] = {"seq_len": 32, "vocab": 128}
 
 
 class Attention(nn.Module):
-    def __init__(self, hidden: int, heads: int, attention: str) -> None:
+    def __init__(self, hidden: int, heads: int, attention: str, kv_heads: int) -> None:
         super().__init__()
         self.head_dim = hidden // heads
         self.attention = attention
-        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.kv_heads = kv_heads
+        self.group = heads // kv_heads
+        self.qkv = nn.Linear(hidden, (heads + 2 * kv_heads) * self.head_dim)
         self.proj = nn.Linear(hidden, hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
+        if self.group > 1:
+            # Grouped-query attention in Megatron's layout, per key/value group [q x group, k,
+            # v] (megatron/core/transformer/attention.py, get_query_key_value_tensors): a
+            # column shard of the projection is then whole groups
+            qkv = self.qkv(x).view(b, s, self.kv_heads, self.group + 2, self.head_dim)
+            q = qkv[:, :, :, : self.group].reshape(b, s, -1, self.head_dim).transpose(1, 2)
+            k, v = (qkv[:, :, :, i].transpose(1, 2) for i in (self.group, self.group + 1))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            return self.proj(y.transpose(1, 2).reshape(b, s, -1))
         # Megatron's fused-QKV layout, per head [q k v]: its ParallelAttention views the
         # projection's output as (s, b, heads, 3 * head_dim) and splits the last dimension
         # (Megatron-LM / Megatron-DeepSpeed megatron/model/transformer.py). A column shard of
@@ -63,10 +74,10 @@ class MLP(nn.Module):
 
 
 class Layer(nn.Module):
-    def __init__(self, hidden: int, heads: int, ffn: int, attention: str) -> None:
+    def __init__(self, hidden: int, heads: int, ffn: int, attention: str, kv_heads: int) -> None:
         super().__init__()
         self.ln1 = nn.LayerNorm(hidden)
-        self.attn = Attention(hidden, heads, attention)
+        self.attn = Attention(hidden, heads, attention, kv_heads)
         self.ln2 = nn.LayerNorm(hidden)
         self.mlp = MLP(hidden, ffn)
 
@@ -86,13 +97,20 @@ class GPT(nn.Module):
         vocab: int,
         attention: str,
         tied: bool,
+        kv_heads: int,
     ) -> None:
         super().__init__()
         if hidden % heads:
             raise ValueError(f"hidden size {hidden} is not divisible by {heads} heads")
+        if heads % kv_heads:
+            raise ValueError(f"{heads} heads are not divisible into {kv_heads} key/value groups")
+        if kv_heads != heads and attention != "flash":
+            raise ValueError("grouped-query attention is built with the flash kernel only")
         self.wte = nn.Embedding(vocab, hidden)
         self.wpe = nn.Embedding(seq_len, hidden)
-        self.layers = nn.ModuleList(Layer(hidden, heads, ffn, attention) for _ in range(layers))
+        self.layers = nn.ModuleList(
+            Layer(hidden, heads, ffn, attention, kv_heads) for _ in range(layers)
+        )
         self.ln_f = nn.LayerNorm(hidden)
         self.head = nn.Linear(hidden, vocab, bias=False)
         if tied:
@@ -115,11 +133,14 @@ def build_model(
     vocab: int = 128,
     attention: str = "flash",
     tied: bool = True,
+    kv_heads: int | None = None,
 ) -> nn.Module:
     if attention not in ("flash", "fused"):
         raise ValueError(f"attention must be 'flash' or 'fused', got {attention!r}")
     _current["seq_len"], _current["vocab"] = seq_len, vocab
-    return GPT(layers, hidden, heads, ffn or 4 * hidden, seq_len, vocab, attention, tied)
+    return GPT(
+        layers, hidden, heads, ffn or 4 * hidden, seq_len, vocab, attention, tied, kv_heads or heads
+    )
 
 
 def make_batch(batch_size: int, step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -785,6 +785,41 @@ def test_megatrons_fused_qkv_layout_lets_tp_split_the_attention_core_by_heads():
     assert core and all(v.states[n].startswith("S") for n in core)
 
 
+def test_grouped_query_attention_in_megatrons_layout_is_attention_over_shared_heads():
+    """published_gpt.py's grouped-query attention (Nemotron-4's: 8 query heads over 2 key/value
+    groups, laid out per group [q q q q k v] as Megatron's fused projection is) computes what
+    multi-head attention computes with each group's key and value repeated for its queries;
+    TP splits it by groups, so attention runs on 1/t of the query heads (S)."""
+    import importlib.util
+
+    import torch
+    import torch.nn.functional as F
+
+    from planner.api import trace, variants_for
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks/published_gpt.py"
+    spec = importlib.util.spec_from_file_location("published_gpt_gqa", path)
+    gpt = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpt)
+    torch.manual_seed(0)
+    attn = gpt.Attention(64, 8, "flash", 2)
+    x = torch.randn(2, 16, 64)
+    w = attn.qkv(x).view(2, 16, 2, 6, 8)  # (b, s, group, 4 q + k + v, head_dim)
+    q = w[:, :, :, :4].reshape(2, 16, 8, 8).transpose(1, 2)
+    k = w[:, :, :, 4].transpose(1, 2).repeat_interleave(4, dim=1)
+    v = w[:, :, :, 5].transpose(1, 2).repeat_interleave(4, dim=1)
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    expected = attn.proj(y.transpose(1, 2).reshape(2, 16, 64))
+    assert torch.allclose(attn(x), expected, atol=1e-6)
+
+    args = {"layers": 2, "hidden": 64, "heads": 8, "kv_heads": 2, "seq_len": 32, "vocab": 128}
+    traced = trace(str(path), {**args, "tied": False}, micro_batch_size=1, dtype="fp32")
+    graph, layer = traced.graph, traced.blocks[1]
+    v2 = variants_for(graph, cluster(4, 4), "sharded")(layer, 2)[0]
+    core = [n for n in layer.nodes if "scaled_dot_product" in graph.nodes[n]["op"]]
+    assert core and all(v2.states[n].startswith("S") for n in core)
+
+
 # --------------------------------------------------------------------------- torch's states
 # meshplan's runtime (Training's default): .grad in the fp32 parameter's dtype, allocated by
 # backward and freed by zero_grad(set_to_none=True); foreach AdamW's temporary at the step.

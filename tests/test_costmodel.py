@@ -3,6 +3,7 @@ papers, not from our code)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -337,6 +338,73 @@ def test_gradient_accumulation_adds_m_minus_1_passes_over_the_accumulated_gradie
     accumulated = psi if whole else psi / dp
     rate = prof.memory_bandwidth * prof.elementwise_efficiency
     assert opt_time(8) - opt_time(1) == pytest.approx(7 * 3 * accumulated * gb / rate)
+
+
+@pytest.mark.parametrize("zero", [1, 3])
+def test_fused_weight_gradient_accumulation_adds_only_the_other_gradients(zero):
+    """Megatron's gradient_accumulation_fusion: each weight-gradient GEMM accumulates into the
+    whole gradient buffer as it writes, so of the (m - 1) passes only the gradients of weights
+    no product reads (here a quarter: an embedding table, norms) remain; FSDP's sharded
+    accumulation adds each reduce-scattered shard after the GEMM, fused or not."""
+    from planner.cost.model import optimizer_time
+
+    psi, dp, m = 4e8, 4, 8
+    cl = cluster_of(8)
+    prof = cl.profile
+    opt = replace(make_option(0.01, psi, 1e6), product_params=0.75 * psi)
+
+    def accumulation(fused: bool) -> float:
+        times = []
+        for mb in (m, 1):
+            tr = Training(mb * dp, "bf16", "adamw", fused_grad_accumulation=fused)
+            inp = CostInputs([make_block(0, "layer", params=int(psi))], [[opt]], 1, cl, tr)
+            config = Config(Mesh(1, dp, 1), 1, "1f1b", 1, zero, [0], [0])
+            times.append(optimizer_time(inp, [opt], config))
+        return times[0] - times[1]
+
+    gb = Training(dp, "bf16", "adamw").state_bytes[1]
+    rate = prof.memory_bandwidth * prof.elementwise_efficiency
+    accumulated = 0.25 * psi if zero < 2 else psi / dp
+    assert accumulation(True) == pytest.approx((m - 1) * 3 * accumulated * gb / rate)
+    assert accumulation(False) == pytest.approx(
+        (m - 1) * 3 * (psi if zero < 2 else psi / dp) * gb / rate
+    )
+
+
+def test_the_products_weights_are_what_a_weight_gradient_gemm_writes():
+    """A Llama block's linear weights are products' weights; its norm weights, and the
+    embedding table a lookup reads, are not; the head is (a linear)."""
+    from planner.api import trace
+    from planner.cost.model import block_options
+    from planner.cost.sharding import tp_variants
+    from planner.trace.blocks import product_params
+
+    traced = trace("examples/llama.py", {"size": "tiny", "layers": 2}, 1, "bf16")
+    first, layer, last = traced.blocks[0], traced.blocks[1], traced.blocks[-1]
+    assert product_params(traced.graph, first.nodes) == set()
+    found = product_params(traced.graph, layer.nodes)
+    assert found == {p for p in layer.param_names if not p.endswith("norm.weight")}
+    assert len(found) == 7  # q, k, v, o, gate, up, down
+    assert product_params(traced.graph, last.nodes) == {"lm_head.weight"}
+    option = block_options(
+        traced.graph, layer, tp_variants(traced.graph, layer, 1), 1, cluster_of(1), [0],
+        Training(8), offload_allowed=False,
+    )[0]  # fmt: skip
+    norms = sum(
+        math.prod(traced.graph.graph["param_shapes"][p])
+        for p in layer.param_names
+        if p.endswith("norm.weight")
+    )
+    assert option.product_params == pytest.approx(layer.params - norms)
+    # Perceiver's decoder multiplies by its embedding table through a transpose (a view): the
+    # table is a product's weight though no product reads it directly
+    perceiver = trace("tests/models/perceiver.py", {}, 1, "fp32").graph
+    table = "m.perceiver.input_preprocessor.embeddings.weight"
+    assert not any(
+        table in d["params"] and d["op"].startswith("aten.matmul")
+        for _, d in perceiver.nodes(data=True)
+    )
+    assert table in product_params(perceiver, list(perceiver.nodes))
 
 
 def test_a_gathered_tp_module_pays_the_gather_overhead():

@@ -156,9 +156,13 @@ def test_framework_defaults_are_named_not_silent():
     )
     assert s.family == "llama" and s.profile == "h100-sxm"
     # ZeRO-1, no recompute, sequence parallel, TP overlap, vocab-parallel loss, TE attention,
-    # fused element-wise kernels
-    assert len(s.assumed) == 7
+    # fused element-wise kernels, weight-gradient accumulation in the GEMMs
+    assert len(s.assumed) == 8
     assert s.fused_elementwise and not P.parse_row(BLOOM).fused_elementwise
+    assert s.fused_grad_accumulation and not P.parse_row(BLOOM).fused_grad_accumulation
+    # one micro-batch per step: nothing to accumulate, nothing assumed
+    one = P.parse_row({**row, "gbs": 8})
+    assert not one.fused_grad_accumulation and len(one.assumed) == 7
     assert P.parse_row({**BLOOM, "notes": "FSDP + torch.compile"}).fused_elementwise
     assert (s.vocab_parallel_loss, s.fp32_grad_accumulation, s.selective_policy) == (
         True,
@@ -506,3 +510,78 @@ def test_a_16_bit_product_off_the_tensor_core_alignment_runs_at_its_own_rate():
     # a linear layer of odd width keeps the GEMM rate (no published row prices one)
     assert not misaligned({"op": "aten.linear.default", "mm_inner": [4096, 50257, 2048, True],
                            "params": ["head.weight"]})  # fmt: skip
+
+
+# --------------------------------------------------------------------------- model families
+
+
+def _nemo(**change):
+    row = {**BLOOM, "source": "NVIDIA NeMo 24.07 performance summary (DGX-H100, FP8)"}
+    row |= {"gpu": "H100 (DGX-H100, 80GB SXM)", "sp": "not stated", "dtype": "fp8"}
+    row |= {"zero_or_fsdp": "not stated", "recompute": "not stated", "vpp": 1}
+    return {**row, **change}
+
+
+def test_an_unstated_vocabulary_is_the_named_familys_tokenizer():
+    for model, vocab in [
+        ("LLAMA2-7B", 32000),
+        ("Llama 3.1 405B", 128256),
+        ("GPT3-175B", 50257),
+        ("Nemotron-340B", 256000),
+    ]:
+        shape = {"kv_heads": 8 if "lama" in model.lower() else 64, "ffn": 4 * 14336}
+        s = P.parse_row(_nemo(model=model, vocab="not stated", **shape))
+        assert s.vocab == vocab
+        assert any(f"vocab {vocab}" in a for a in s.assumed)
+    # a stated vocabulary wins; a family of no known tokenizer is skipped
+    assert P.parse_row(_nemo(model="GPT3-175B", vocab=51200)).vocab == 51200
+    with pytest.raises(P.Skip, match="vocabulary not stated"):
+        P.parse_row(_nemo(model="MPT-7b", vocab="not stated"))
+    # Nemotron's hybrid Mamba models are not its dense decoders
+    with pytest.raises(P.Skip, match="vocabulary not stated"):
+        P.parse_row(_nemo(model="Nemotron-H 8B", vocab="not stated"))
+
+
+def test_nemotron_is_an_untied_non_gated_decoder_with_grouped_queries():
+    s = P.parse_row(_nemo(model="Nemotron-340B", kv_heads=8, ffn=4 * 14336, vocab=256000))
+    assert (s.family, s.kv_heads, s.ffn, s.tied_head) == ("gpt", 8, 4 * 14336, False)
+    path, args = P.model_args(s)
+    assert path == P.GPT_FILE and args["kv_heads"] == 8 and args["tied"] is False
+    # GPT-3 ties its head to the embedding (when no pipeline gives the last stage a copy)
+    gpt = P.parse_row(_nemo(model="GPT3-175B", pp=1, dp=32, gpus=256, vocab=50257))
+    assert gpt.tied_head and P.model_args(gpt)[1]["tied"] is True
+
+
+def test_an_unnamed_model_is_read_off_its_stated_size():
+    # 32 layers of h = 6144, 48 query and 8 key/value heads, ffn 24576, vocab 256k: a
+    # non-gated MLP with an untied head gives 15.7B parameters, a gated one 20.5B, a tied
+    # head 14.1B
+    shape = {"layers": 32, "hidden": 6144, "heads": 48, "kv_heads": 8, "ffn": 24576}
+    row = _nemo(model="Mystery-15B", vocab=256000, seq=4096, **shape)
+    n = P.decoder_params("gpt", False, 32, 6144, 48, 8, 24576, 256000, 4096)
+    attention = 6144 * (48 + 16) * 128 + 6144**2
+    assert n == 32 * (attention + 2 * 6144 * 24576) + 2 * 256000 * 6144 + 4096 * 6144
+    s = P.parse_row({**row, "params_b": 15.7})
+    assert (s.family, s.tied_head) == ("gpt", False)
+    assert any("15.7B parameters" in a for a in s.assumed)
+    gated = P.decoder_params("llama", False, 32, 6144, 48, 8, 24576, 256000, 4096)
+    assert P.parse_row({**row, "params_b": gated / 1e9}).family == "llama"
+    for stated in (30, "not stated"):
+        with pytest.raises(P.Skip, match="no model family"):
+            P.parse_row({**row, "params_b": stated})
+    # a 32k vocabulary beside 32 wide layers: tied and untied heads differ by 2%, both match
+    small = {**row, "vocab": 32000, "params_b": 12.5}
+    assert (
+        abs(P.decoder_params("gpt", True, 32, 6144, 48, 8, 24576, 32000, 4096) / 12.5e9 - 1) < 0.05
+    )
+    with pytest.raises(P.Skip, match="2 candidate architectures match"):
+        P.parse_row(small)
+
+
+def test_following_nemos_performance_scripts_overlaps_tp_as_they_do():
+    row = _nemo(model="LLAMA3-70B", kv_heads=8, ffn=28672, vocab=128256)
+    row["source"] = "Megatron-LM examples/llama README (FP8)"
+    assert not P.parse_row(row).tp_overlap
+    s = P.parse_row({**row, "notes": "Config 'follows NeMo performance scripts'."})
+    assert s.tp_overlap and not s.tp_overlap_async
+    assert any("NeMo performance scripts" in a for a in s.assumed)

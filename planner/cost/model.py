@@ -27,7 +27,7 @@ from planner.cost.sharding import node_share
 from planner.hardware.cluster import Cluster
 from planner.hardware.collectives import collective_time, p2p_time
 from planner.schema.mesh import Mesh
-from planner.trace.blocks import Block, cached_core_nodes
+from planner.trace.blocks import Block, cached_core_nodes, product_params
 from planner.trace.graph import param_bytes_of
 from planner.vocab import HALF_DTYPES, OFFLOAD, RECOMPUTE, Offload, Recompute, base_style
 
@@ -130,6 +130,13 @@ class Training:
     # ranks), one pass over whole tensors per op (``UNFUSED_STEP_ACCESSES``). A step on the host
     # (offload) is always per-op: the runtime leaves CPU tensors to torch's default.
     fused_optimizer: bool = True
+    # Each weight-gradient GEMM accumulates into the rank's whole gradient buffer as it writes
+    # (Megatron's gradient_accumulation_fusion: on in Megatron-LM unless
+    # --no-gradient-accumulation-fusion, megatron/training/arguments.py, and in NVIDIA's NeMo
+    # and Megatron-Bridge recipes), so accumulating a micro-batch's gradient of a product's
+    # weight costs no pass of its own; lookups' and norms' gradients are still added. Off:
+    # torch's AccumulateGrad adds every gradient after the first (``optimizer_time``).
+    fused_grad_accumulation: bool = False
     # Gradient buffers allocated once and kept (Megatron's and DeepSpeed's contiguous grad
     # buffers, stepped by fused in-place optimizers): gradients occupy memory all step long, at
     # ``STATE_BYTES``' gradient width. Off: torch's eager loop, meshplan's runtime: backward
@@ -202,6 +209,7 @@ class BlockOption:
     tp_plan: tuple[tuple[str, str], ...] = ()
     tp_grad_sums: tuple[str, ...] = ()  # see sharding.TPVariant.grad_sums
     param_tensors: int = 0  # parameter tensors the block owns (the optimizer steps each)
+    product_params: float = 0.0  # of ``params``: products' weights (``product_params``)
     # Expert parallelism: ``expert_params`` is the share of ``params`` that is this device's
     # experts (1/ep of them); ``ep_comm_s`` the token all-to-alls inside fwd_s + bwd_s.
     ep: int = 1
@@ -673,6 +681,14 @@ def block_options(
         a2a_f = a2a_b = 2 * one
     policy = selective_kept(graph, block, training)
     norms = batch_norm_channels(graph, block)
+    shapes = graph.graph["param_shapes"]
+    owned = set(block.param_names)
+    product_share = (
+        sum(math.prod(shapes[p]) for p in product_params(graph, block.nodes) if p in owned)
+        / block.params
+        if block.params
+        else 0.0
+    )
     core = [n for n in block.nodes if n in cached_core_nodes(graph)]
     compute_only = NodeTimes(ops={n: (fc, 0.0, bc, 0.0) for n, (fc, _, bc, _) in times.ops.items()})
     options: list[BlockOption] = []
@@ -737,6 +753,7 @@ def block_options(
                         tp_comm_s=comm_f + comm_b + (comm_f if rc == "full" else 0.0),
                         params=params,
                         param_tensors=len(block.param_names),
+                        product_params=params * product_share,
                         act_bytes=act * scale,
                         recompute_peak_bytes=recompute_peak * scale,
                         transient_bytes=block.transient_bytes * scale * cf,
@@ -1370,7 +1387,8 @@ def optimizer_time(inp: CostInputs, opts: list[BlockOption], config: Config) -> 
     gradient after the first into ``.grad`` (AccumulateGrad's in-place add: reads both, writes
     one), m - 1 passes over the gradients a rank accumulates: sharded under ZeRO 2/3 (FSDP adds
     each reduce-scattered shard), whole under ZeRO 0/1 (DDP's no_sync) and in a pipeline that
-    defers the reduce (``deferred_reduce``); on the host when offloaded with the weights."""
+    defers the reduce (``deferred_reduce``); on the host when offloaded with the weights.
+    Under ``Training.fused_grad_accumulation`` the whole-gradient passes skip products' weights."""
     wb, gb, ob = inp.training.state_bytes
     p = inp.cluster.profile
     mesh = config.mesh
@@ -1386,6 +1404,8 @@ def optimizer_time(inp: CostInputs, opts: list[BlockOption], config: Config) -> 
         sharded = config.zero_stage >= 2 and not deferred_reduce(config, inp.training)
         for o in opts:
             n = o.zero_params / mesh.replicas if sharded and mesh.replicas > 1 else o.params
+            if inp.training.fused_grad_accumulation and not sharded:
+                n -= o.product_params  # the weight-gradient GEMMs accumulated them
             if o.offload == "optimizer+params":
                 acc_host += n
             else:

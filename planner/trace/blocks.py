@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 import networkx as nx
 
 from planner.trace.graph import core_nodes, core_of
-from planner.trace.opcost import is_grouped_mm
+from planner.trace.opcost import MATMUL_OPS, is_grouped_mm, is_view
 
 
 @dataclass
@@ -284,6 +284,25 @@ def _read_params(graph: nx.DiGraph, nodes: list[str]) -> set[str]:
     """Canonical names of the parameters ``nodes`` read."""
     alias: dict[str, str] = graph.graph["param_owner"]
     return {alias.get(p, p) for n in nodes for p in graph.nodes[n]["params"]}
+
+
+def product_params(graph: nx.DiGraph, nodes: list[str]) -> set[str]:
+    """Canonical names of the parameters ``nodes`` multiply as a product's weight (a linear's
+    weight, or a view of a parameter fed to a matmul), as opposed to those read by lookups,
+    norms and element-wise ops: the weights whose gradient a weight-gradient GEMM writes."""
+    alias: dict[str, str] = graph.graph["param_owner"]
+    viewed: dict[str, set[str]] = {}  # view node -> the parameters it shows
+    found: set[str] = set()
+    for n in sorted(nodes, key=lambda n: graph.nodes[n]["order"]):
+        d = graph.nodes[n]
+        read = {alias.get(p, p) for p in d["params"]}
+        for u in graph.predecessors(n):
+            read |= viewed.get(u, set())
+        if is_view(d["op"]) and read:
+            viewed[n] = read
+        elif d["op"] in MATMUL_OPS or is_grouped_mm(d["op"]):
+            found |= read
+    return found
 
 
 def _param_blocks(graph: nx.DiGraph, groups: list[dict], block_of: dict[str, int]) -> dict:
