@@ -281,8 +281,21 @@ def parse_family(
     return family, attention, kv_heads, ffn, tied
 
 
+def source_year(row: dict) -> int | None:
+    """The latest year the row's source names ("NeMo 24.07" is not one: four digits, 2015
+    to 2039), or None."""
+    years = [int(y) for y in re.findall(r"\b(20[1-3]\d)\b", str(row.get("source", "")))]
+    return max(years) if years else None
+
+
 def parse_zero(text: str, source: str, assumed: list[str]) -> int:
+    """The ZeRO stage: named (ZeRO-n, FSDP's sharding strategies, FSDP2), Megatron's
+    distributed optimizer (ZeRO-1) or plain DDP (0); unstated in a Megatron-family table the
+    distributed optimizer, its default. Hybrid sharding (HSDP: ZeRO-3 within a group, replicas
+    across groups) is a layout the cost model does not price, so it is skipped."""
     t = text.lower()
+    if "hybrid" in t or "hsdp" in t:
+        raise Skip(f"hybrid sharded data parallelism ({text!r}) is not priced")
     if "shard_grad_op" in t:
         return 2
     if "full_shard" in t or "fsdp2" in t or "zero-3" in t:
@@ -290,6 +303,15 @@ def parse_zero(text: str, source: str, assumed: list[str]) -> int:
     m = re.search(r"zero[- ]?(?:stage\s*)?(\d)", t)
     if m:
         return int(m.group(1))
+    if re.search(r"\b(?:no|without)\s+distributed[- ]optimi[sz]er", t):
+        return 0
+    if re.search(r"distributed[- ]optimi[sz]er", t):
+        return 1
+    if re.search(r"\bddp\b", t) and "fsdp" not in t:
+        return 0
+    if re.fullmatch(r"\s*(?:pytorch\s+)?fsdp\s*(?:\(.*\))?\s*", t):
+        assumed.append("FSDP's default sharding strategy (FULL_SHARD, ZeRO-3)")
+        return 3
     if not _stated(text) or "no fsdp" in t:
         if any(k in source.lower() for k in ("megatron", "nemo")):
             assumed.append("distributed optimizer (ZeRO-1): Megatron-family default")
@@ -319,15 +341,18 @@ def parse_mbs(row: dict, pp: int, dp: int, gbs: int, assumed: list[str]) -> int:
 
 
 def parse_dtype(text: str) -> tuple[str, bool]:
-    """(16-bit dtype, fp8 linears)."""
+    """(16-bit dtype, fp8 linears): bf16 or fp16 where named (bfloat16/float16 too), FP8
+    linears over bf16 (Transformer Engine's and torchao's recipes keep the rest in bf16)."""
     t = str(text).lower()
     if not _stated(text) and "fp8" not in t:
         raise Skip("precision not stated")
     fp8 = "fp8" in t or "float8" in t
     if t.startswith("fp16"):
         return "fp16", fp8
-    if "bf16" in t or fp8:
+    if "bf16" in t or "bfloat16" in t or fp8:
         return "bf16", fp8
+    if re.search(r"\b(?:fp16|float16|half)\b", t):
+        return "fp16", fp8
     raise Skip(f"precision {text!r} not understood")
 
 
@@ -338,7 +363,7 @@ def parse_recompute(text: str, assumed: list[str], source: str = "") -> str:
     training_log) and the tr11 launch script passes --checkpoint-activations
     (bigscience train/tr11-176B-ml/tr11-176B-ml.slurm)."""
     t = str(text).lower()
-    if t.startswith("none"):
+    if t.startswith("none") or re.fullmatch(r"\s*(?:no|off|false|disabled)\b.*", t):
         return "none"
     if t.startswith("full") or "full activation checkpointing" in t:
         return "full"
@@ -484,6 +509,10 @@ def parse_legacy_attention(row: dict, profile: str, assumed: list[str]) -> bool:
 def parse_profile(gpu: str) -> tuple[str, str]:
     """(profile name, hardware kind) for a row's GPU text."""
     g = gpu.upper()
+    if "GH200" in g or re.search(r"H100\s*(?:PCIE|NVL)", g):
+        # Grace Hopper's and the PCIe/NVL cards' clocks, power and memory are none of the
+        # profiles' (their H100 die runs at other limits)
+        raise Skip(f"no profile for GPU {gpu!r}")
     if "H200" in g:
         return "h200", "H200"
     if "H100" in g and "HBM2E" in g:
@@ -559,6 +588,9 @@ def parse_row(row: dict) -> Setup:
         # with Korthikanti et al., arXiv:2205.05198, May 2022, to Megatron-LM): TP only
         sp = False
         assumed.append("no sequence parallelism (BLOOM's 2022 Megatron-DeepSpeed)")
+    elif (year := source_year(row)) is not None and year < 2022:
+        sp = False
+        assumed.append(f"no sequence parallelism (a {year} source: it came in May 2022)")
     else:
         sp = True
         assumed.append("sequence parallel with TP (framework default)")

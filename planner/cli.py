@@ -20,7 +20,15 @@ import traceback
 from collections.abc import Callable, Sequence
 
 from planner.errors import MeshplanError, UserInputError
-from planner.flags import CommandParser, add_run_flags, positive_float, positive_int
+from planner.flags import (
+    CommandParser,
+    add_run_flags,
+    dollars,
+    hours,
+    positive_float,
+    positive_int,
+    token_count,
+)
 from planner.modelfile import DTYPES, OPTIMIZERS, parse_model_args
 from planner.vocab import OFFLOAD, RECOMPUTE, SCHEDULES
 
@@ -132,9 +140,15 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--resources", metavar="POOL.toml", help="choose node kind and count from a pool"
     )
-    r.add_argument("--tokens", type=positive_int, help="with --resources: tokens to train")
-    r.add_argument("--deadline", type=float, help="with --resources: hours the run may take")
-    r.add_argument("--budget", type=float, help="with --resources: dollars the run may cost")
+    r.add_argument(
+        "--tokens", type=token_count, help="with --resources: tokens to train (e.g. 15T, 1e12)"
+    )
+    r.add_argument(
+        "--deadline", type=hours, help="with --resources: how long the run may take (72h, 30d)"
+    )
+    r.add_argument(
+        "--budget", type=dollars, help="with --resources: dollars the run may cost (e.g. 1.5M)"
+    )
     r.add_argument(
         "--objective",
         default="cost",

@@ -39,6 +39,53 @@ def positive_float(text: str) -> float:
     return _number(text, float, lambda v: 0 < v < float("inf"), "a positive number")
 
 
+# Suffixes people write on large counts and sums ("15T tokens", "$1.5M"): powers of 1000.
+_SCALES = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+# Units a duration may carry, in hours ("72h", "30d", "2w"); a bare number is hours.
+_HOURS = {"h": 1.0, "d": 24.0, "w": 168.0}
+
+
+def _scaled(text: str) -> float:
+    """A number as people write large ones: 1e9, 15_000, 2,048, 15T, 1.5B (powers of 1000)."""
+    t = text.strip().replace("_", "").replace(",", "").lower()
+    scale = _SCALES.get(t[-1:], 1.0) if t else 1.0
+    return float(t[:-1] if scale != 1.0 else t) * scale
+
+
+def token_count(text: str) -> int:
+    """A positive whole count: ``positive_int``'s, or written with an exponent or a K/M/B/T
+    suffix (15T, 1.5e12) as long as it is a whole number."""
+
+    def parse(t: str) -> int:
+        value = _scaled(t)
+        if not value.is_integer():
+            raise ValueError(t)
+        return int(value)
+
+    return _number(text, parse, lambda v: v > 0, "a positive whole number (e.g. 15T, 1e12)")
+
+
+def hours(text: str) -> float:
+    """A positive duration in hours, or with a unit: 72h, 30d, 2w."""
+
+    def parse(t: str) -> float:
+        t = t.strip().lower()
+        unit = _HOURS.get(t[-1:])
+        return float(t[:-1]) * unit if unit else float(t)
+
+    return _number(text, parse, lambda v: 0 < v < float("inf"), "a duration (hours, or 30d, 2w)")
+
+
+def dollars(text: str) -> float:
+    """A positive sum of money: 2000000, $2,000,000, 1.5M."""
+    return _number(
+        text,
+        lambda t: _scaled(t.strip().lstrip("$")),
+        lambda v: 0 < v < float("inf"),
+        "a positive sum (e.g. 2000000, $1.5M)",
+    )
+
+
 def _non_negative_int(text: str) -> int:
     return _number(text, int, lambda v: v >= 0, "an integer >= 0")
 

@@ -120,3 +120,41 @@ def test_running_on_the_cpu_plans_for_the_cpu():
     assert _run_profile_default(kept) == [] and kept.profile == "h100-sxm"
     planning = argparse.Namespace(run=False, profile=None, device=None)
     assert _run_profile_default(planning) == [] and planning.profile is None
+
+
+@pytest.mark.parametrize(
+    "text, value",
+    [("1000000", 10**6), ("1e9", 10**9), ("15T", 15 * 10**12), ("1.5B", 15 * 10**8),
+     ("2_048", 2048), ("2,048", 2048)],
+)  # fmt: skip
+def test_a_token_budget_is_read_as_people_write_large_counts(text, value):
+    from planner.flags import token_count
+
+    assert token_count(text) == value
+
+
+@pytest.mark.parametrize(
+    "flag, text, expected",
+    [("--deadline", "72", 72.0), ("--deadline", "30d", 720.0), ("--deadline", "2w", 336.0),
+     ("--budget", "$1.5M", 1.5e6), ("--budget", "2,000,000", 2e6)],
+)  # fmt: skip
+def test_deadlines_and_budgets_take_units(flag, text, expected):
+    from planner.flags import dollars, hours
+
+    assert {"--deadline": hours, "--budget": dollars}[flag](text) == expected
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--tokens", "1.5"], "argument --tokens: expected a positive whole number"),
+        (["--tokens", "-5"], "argument --tokens: expected a positive whole number"),
+        (["--tokens", "1e9", "--deadline", "3parsecs"], "argument --deadline: expected a duration"),
+        (["--tokens", "1e9", "--deadline", "-3"], "argument --deadline: expected a duration"),
+        (["--tokens", "1e9", "--budget", "free"], "argument --budget: expected a positive sum"),
+    ],
+)
+def test_a_bad_budget_or_deadline_is_one_line_exit_2(args, message, capsys):
+    code = main(["examples/llama.py", "--resources", "profiles/pools/cloud.toml", *args])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and message in err

@@ -585,3 +585,56 @@ def test_following_nemos_performance_scripts_overlaps_tp_as_they_do():
     s = P.parse_row({**row, "notes": "Config 'follows NeMo performance scripts'."})
     assert s.tp_overlap and not s.tp_overlap_async
     assert any("NeMo performance scripts" in a for a in s.assumed)
+
+
+@pytest.mark.parametrize(
+    "text, zero",
+    [
+        ("distributed optimizer", 1),
+        ("Megatron distributed-optimizer", 1),
+        ("no distributed optimizer", 0),
+        ("DDP", 0),
+        ("PyTorch FSDP", 3),
+        ("FSDP2 (degree 8)", 3),
+        ("PyTorch FSDP SHARD_GRAD_OP (~ZeRO-2)", 2),
+        ("ZeRO stage 0", 0),
+    ],
+)
+def test_data_parallel_sharding_is_read_in_the_words_sources_use(text, zero):
+    assert P.parse_zero(text, "any source", []) == zero
+
+
+def test_hybrid_sharding_is_skipped_with_the_reason():
+    for text in ("HYBRID_SHARD", "FSDP (hybrid, 8 per node)", "HSDP 8x4"):
+        with pytest.raises(P.Skip, match="hybrid sharded data parallelism"):
+            P.parse_zero(text, "torchtitan", [])
+
+
+@pytest.mark.parametrize(
+    "text, read",
+    [
+        ("mixed precision (float16)", ("fp16", False)),
+        ("bfloat16", ("bf16", False)),
+        ("FP8-CS", ("bf16", True)),
+        ("half precision", ("fp16", False)),
+    ],
+)
+def test_precision_is_read_in_the_words_sources_use(text, read):
+    assert P.parse_dtype(text) == read
+
+
+def test_an_unnamed_precision_and_gpus_without_a_profile_are_skipped():
+    with pytest.raises(P.Skip, match="not understood"):
+        P.parse_dtype("amp")
+    for gpu in ("GH200 96GB", "H100 PCIe", "H100 NVL"):
+        with pytest.raises(P.Skip, match="no profile"):
+            P.parse_profile(gpu)
+    assert P.parse_recompute("off", []) == P.parse_recompute("no checkpointing", []) == "none"
+
+
+def test_a_source_dated_before_sequence_parallelism_runs_tp_without_it():
+    row = _nemo(model="GPT3-175B", vocab=51200, source="Megatron-LM paper (SC 2021), Table 1")
+    s = P.parse_row(row)
+    assert not s.sp and any("2021 source" in a for a in s.assumed)
+    assert P.parse_row({**row, "source": "NVIDIA NeMo 24.07 performance summary"}).sp
+    assert P.source_year({"source": "torchtitan (Dec 2024 Llama 3.1 H100 benchmark)"}) == 2024
