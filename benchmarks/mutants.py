@@ -1280,8 +1280,8 @@ MUTANTS: list[Mutant] = [
     M(
         "published-nemotron-tied",
         "benchmarks/published.py",
-        '    (NEMOTRON, "gpt", False),',
-        '    (NEMOTRON, "gpt", True),',
+        '    (NEMOTRON, "gpt", False, False),',
+        '    (NEMOTRON, "gpt", True, False),',
         "tests/test_published.py::test_nemotron_is_an_untied_non_gated_decoder_with_grouped_queries",
         "Nemotron built with its head tied to the embedding",
     ),

@@ -201,12 +201,16 @@ def parse_vocab(value: Any, model: str, assumed: list[str] | None = None) -> int
 # "llama": examples/llama.py (gated SwiGLU MLP, RMSNorm, rotary positions, grouped-query
 # attention, untied head; Mistral is the same decoder, MistralForCausalLM). "gpt":
 # benchmarks/published_gpt.py (LayerNorm, non-gated MLP, Megatron's fused Q/K/V): GPT-3, MPT,
-# BLOOM and OPT tie the head to the embedding; Nemotron-4 is a non-gated GQA decoder with
-# untied embeddings (Parmar et al. 2024, "Nemotron-4 15B Technical Report", Sec. 2).
+# BLOOM and OPT tie the head to the embedding, GPT-NeoX and GPT-J do not (their transformers
+# configs: tie_word_embeddings false); Nemotron-4 is a non-gated GQA decoder with untied
+# embeddings (Parmar et al. 2024, "Nemotron-4 15B Technical Report", Sec. 2).
+# The last field: the architecture defines the MLP's width as 4h (GPT's), so an unstated ffn
+# is that, not a guess.
 NAMED_FAMILIES = (
-    (r"llama|mistral", "llama", False),
-    (r"gpt|mpt|bloom|\bopt\b", "gpt", True),
-    (NEMOTRON, "gpt", False),
+    (r"llama|mistral", "llama", False, False),
+    (r"gpt[-_ ]?(?:neox|j)\b", "gpt", False, True),
+    (r"gpt|mpt|bloom|\bopt\b", "gpt", True, True),
+    (NEMOTRON, "gpt", False, False),
 )
 # How close the parameter count a candidate architecture gives the stated shape must be to
 # the row's params_b for an unnamed family to be read off it (and every other candidate not).
@@ -240,7 +244,7 @@ def parse_family(
     attention = "fused" if "bloom" in name else "flash"
     kv_heads = _int(row, "kv_heads", "kv heads") if _stated(row.get("kv_heads")) else None
     ffn = _int(row, "ffn", "ffn width") if _stated(row.get("ffn")) else None
-    named = next(((f, t) for pat, f, t in NAMED_FAMILIES if re.search(pat, name)), None)
+    named = next((fam[1:] for fam in NAMED_FAMILIES if re.search(fam[0], name)), None)
     if named and named[0] == "llama":
         if kv_heads is None or ffn is None:
             raise Skip("kv heads not stated" if kv_heads is None else "ffn width not stated")
@@ -251,7 +255,7 @@ def parse_family(
         if kv_heads != heads and attention != "flash":
             raise Skip("grouped-query attention with a materialised-scores kernel")
         if ffn is None:
-            if not named[1]:  # only the tied GPT-style families define ffn as 4h
+            if not named[2]:
                 raise Skip("ffn width not stated")
             ffn = 4 * hidden
             assumed.append("ffn = 4h (GPT architecture)")

@@ -550,6 +550,8 @@ def test_nemotron_is_an_untied_non_gated_decoder_with_grouped_queries():
     # GPT-3 ties its head to the embedding (when no pipeline gives the last stage a copy)
     gpt = P.parse_row(_nemo(model="GPT3-175B", pp=1, dp=32, gpus=256, vocab=50257))
     assert gpt.tied_head and P.model_args(gpt)[1]["tied"] is True
+    for untied in ("GPT-NeoX-20B", "GPT-J 6B"):
+        assert not P.parse_row(_nemo(model=untied, pp=1, dp=32, gpus=256, vocab=50432)).tied_head
 
 
 def test_an_unnamed_model_is_read_off_its_stated_size():
