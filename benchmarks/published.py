@@ -270,18 +270,21 @@ def parse_family(
         for n in [decoder_params(family, tied, *shape)]
         if abs(n / (stated * 1e9) - 1) <= PARAMS_MATCH
     ]
-    if len(fits) != 1:
+    if len({family for family, _, _ in fits}) != 1:
         raise Skip(
             f"no model family for {model!r}: {len(fits)} candidate architectures match its "
             f"stated {stated:g}B parameters"
         )
-    family, tied, n = fits[0]
+    # A head tied or not moves a large model's count by less than the match allows: the
+    # nearer count decides, and the note says so
+    family, tied, n = min(fits, key=lambda c: abs(c[2] / (stated * 1e9) - 1))
     what = (
         "gated MLP, untied head"
         if family == "llama"
         else "non-gated MLP, " + ("tied head" if tied else "untied head")
     )
-    assumed.append(f"{what}: the one architecture of {n / 1e9:.1f}B parameters at the shape")
+    which = "the one architecture" if len(fits) == 1 else "the nearer of a tied and an untied head"
+    assumed.append(f"{what}: {which} at {n / 1e9:.1f}B parameters for the shape")
     return family, attention, kv_heads, ffn, tied
 
 

@@ -571,13 +571,22 @@ def test_an_unnamed_model_is_read_off_its_stated_size():
     for stated in (30, "not stated"):
         with pytest.raises(P.Skip, match="no model family"):
             P.parse_row({**row, "params_b": stated})
-    # a 32k vocabulary beside 32 wide layers: tied and untied heads differ by 2%, both match
-    small = {**row, "vocab": 32000, "params_b": 12.5}
-    assert (
-        abs(P.decoder_params("gpt", True, 32, 6144, 48, 8, 24576, 32000, 4096) / 12.5e9 - 1) < 0.05
-    )
-    with pytest.raises(P.Skip, match="2 candidate architectures match"):
-        P.parse_row(small)
+    # a 32k vocabulary beside 32 wide layers: tied and untied heads differ by 2%, both match,
+    # and the nearer count decides
+    tied = P.decoder_params("gpt", True, 32, 6144, 48, 8, 24576, 32000, 4096)
+    untied = P.decoder_params("gpt", False, 32, 6144, 48, 8, 24576, 32000, 4096)
+    assert abs(untied / tied - 1) < 0.05
+    for count, head in ((tied, True), (untied, False)):
+        s = P.parse_row({**row, "vocab": 32000, "params_b": count / 1e9})
+        assert (s.family, s.tied_head) == ("gpt", head)
+        assert any("nearer of a tied and an untied head" in a for a in s.assumed)
+    # a 256k vocabulary beside two narrow layers: the embeddings are the count, and a gated and
+    # a non-gated MLP both match it: skipped
+    narrow = {**row, "layers": 2, "hidden": 512, "heads": 8, "kv_heads": 8, "ffn": 512}
+    n = P.decoder_params("llama", False, 2, 512, 8, 8, 512, 256000, 4096)
+    assert abs(P.decoder_params("gpt", False, 2, 512, 8, 8, 512, 256000, 4096) / n - 1) < 0.05
+    with pytest.raises(P.Skip, match="candidate architectures match"):
+        P.parse_row({**narrow, "params_b": n / 1e9})
 
 
 def test_following_nemos_performance_scripts_overlaps_tp_as_they_do():
