@@ -262,7 +262,7 @@ def parse_family(
         return "gpt", attention, kv_heads, ffn, named[1]
     stated = _number(row.get("params_b"))
     if kv_heads is None or ffn is None or stated is None:
-        raise Skip(f"no model family for {model!r} (shape not rebuildable)")
+        raise Skip(f"no model family for {model!r}, and its size, kv heads or ffn not stated")
     shape = (layers, hidden, heads, kv_heads, ffn, vocab, seq)
     fits = [
         (family, tied, n)
@@ -1120,6 +1120,13 @@ def half_split(items: list) -> tuple[list, list]:
     return ordered[0::2], ordered[1::2]
 
 
+def unstated_skip(reason: str) -> bool:
+    """Whether a row was skipped for something it does not state (its shape, layout, batch,
+    precision or timing), not for something stated that the cost model cannot price (a GPU with
+    no profile, hybrid sharding) or that contradicts itself (tp*pp*dp*cp against the GPUs)."""
+    return "not stated" in reason or "no step time" in reason
+
+
 def summarize(records: list[dict]) -> dict[str, Any]:
     done = [r for r in records if r["status"] == "evaluated"]
     errs = [r["step_error"] for r in done]
@@ -1127,10 +1134,16 @@ def summarize(records: list[dict]) -> dict[str, Any]:
     for r in done:
         by_kind.setdefault(r["hardware"], []).append(r["step_error"])
     mem = [r["memory_error"] for r in done if r["memory_error"] is not None]
+    unstated = sum(1 for r in records if r["status"] == "skipped" and unstated_skip(r["reason"]))
+    stated = len(records) - unstated
     return {
         "rows": len(records),
         "evaluated": len(done),
         "skipped": len(records) - len(done),
+        # rows whose shape and layout are stated (the rest lack something a rebuild needs), and
+        # the share of them evaluated: what the cost model cannot price counts against it
+        "stated_rows": stated,
+        "evaluated_share_of_stated": len(done) / stated if stated else math.nan,
         "median_abs_step_error": median_abs(errs),
         "worst_abs_step_error": worst_abs(errs),
         "median_step_error_signed": statistics.median(errs) if errs else math.nan,
@@ -1155,7 +1168,9 @@ def write_markdown(records: list[dict], summary: dict, path: Path, measurements:
         f"`python benchmarks/published.py --measurements {measurements}`",
         "",
         f"{summary['evaluated']} of {summary['rows']} rows evaluated, "
-        f"{summary['skipped']} skipped (reasons below).",
+        f"{summary['skipped']} skipped (reasons below); of the {summary['stated_rows']} rows "
+        f"whose shape and layout are stated, {summary['evaluated_share_of_stated']:.0%} "
+        "evaluated.",
         "",
         f"- step time: median |error| {summary['median_abs_step_error']:.1%}, worst "
         f"{summary['worst_abs_step_error']:.1%} (signed median "

@@ -279,10 +279,13 @@ def test_summary_counts_and_groups():
         {"status": "evaluated", "hardware": "A", "step_error": 0.1, "memory_error": None},
         {"status": "evaluated", "hardware": "A", "step_error": -0.3, "memory_error": 0.02},
         {"status": "evaluated", "hardware": "B", "step_error": 0.05, "memory_error": -0.04},
-        {"status": "skipped", "reason": "x"},
+        {"status": "skipped", "reason": "no profile for GPU 'B200'"},
+        {"status": "skipped", "reason": "layer count not stated"},
     ]
     s = P.summarize(recs)
-    assert (s["rows"], s["evaluated"], s["skipped"], s["memory_rows"]) == (4, 3, 1, 2)
+    assert (s["rows"], s["evaluated"], s["skipped"], s["memory_rows"]) == (5, 3, 2, 2)
+    # the unstated row is not held against the evaluated share; the GPU without a profile is
+    assert (s["stated_rows"], s["evaluated_share_of_stated"]) == (4, pytest.approx(0.75))
     assert s["median_abs_step_error"] == pytest.approx(0.1)
     assert s["worst_abs_step_error"] == pytest.approx(0.3)
     assert s["per_hardware"]["A"]["median_abs"] == pytest.approx(0.2)
