@@ -152,6 +152,8 @@ def test_deadlines_and_budgets_take_units(flag, text, expected):
         (["--tokens", "1e9", "--deadline", "3parsecs"], "argument --deadline: expected a duration"),
         (["--tokens", "1e9", "--deadline", "-3"], "argument --deadline: expected a duration"),
         (["--tokens", "1e9", "--budget", "free"], "argument --budget: expected a positive sum"),
+        ([], "give the training budget: --tokens N or --steps N"),
+        (["--tokens", "1e9", "--steps", "10"], "give the training budget once"),
     ],
 )
 def test_a_bad_budget_or_deadline_is_one_line_exit_2(args, message, capsys):

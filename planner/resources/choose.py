@@ -80,7 +80,11 @@ def evaluate(
     progress: Callable[[str], None] | None = None,
 ) -> list[Option]:
     """Plan and price every option of the pool; an option that fits no plan is kept, unpriced."""
-    if (tokens is None) == (steps is None):
+    if tokens is not None and steps is not None:
+        raise UserInputError(
+            "with --resources give the training budget once: --tokens N or --steps N, not both"
+        )
+    if tokens is None and steps is None:
         raise UserInputError("with --resources give the training budget: --tokens N or --steps N")
     options: list[Option] = []
     for node in pool.node_types:
