@@ -83,6 +83,10 @@ class Skip(Exception):
     """A row that cannot be rebuilt without guessing; the message says what is missing."""
 
 
+class BadFile(Exception):
+    """A measurements file that holds no rows to read; the message says why, in one line."""
+
+
 @dataclass(frozen=True)
 class Setup:
     """Everything a row states that the cost model needs, read from the row."""
@@ -622,7 +626,7 @@ def parse_row(row: dict) -> Setup:
     else:
         raise Skip("no step time or throughput published")
     return Setup(
-        id=str(row["id"]),
+        id=str(row.get("id", "")),
         source=str(row.get("source", "")),
         family=family,
         tied_head=tied_head,
@@ -835,14 +839,40 @@ def rel_error(predicted: float, measured: float) -> float:
 
 
 def evaluate_row(row: dict) -> dict[str, Any]:
-    """One row's record: evaluated (prediction, measurement, errors) or skipped (reason)."""
+    """One row's record: evaluated (prediction, measurement, errors), skipped (what it does
+    not state, or states that the model cannot price), or failed: a row the rebuild or the cost
+    model broke on is reported with the error, never allowed to end the run over every row."""
     base = {"id": row.get("id"), "source": row.get("source"), "model": row.get("model")}
     try:
         s = parse_row(row)
         cost = price(s)
     except Skip as why:
         return {**base, "status": "skipped", "reason": str(why)}
+    except Exception as exc:  # noqa: BLE001 - one row's failure is that row's result
+        reason = f"failed to rebuild or price: {type(exc).__name__}: {exc}"
+        return {**base, "status": "failed", "reason": reason[:300]}
     return {**base, **record(s, cost)}
+
+
+def load_rows(path: str) -> list[dict]:
+    """The measurement rows of ``path``: a JSON list of row objects, or an object whose
+    "rows" is one (format: ../shared/reference/measurements.md). A file that is not raises
+    ``BadFile`` with one line saying what is wrong."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise BadFile(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BadFile(f"{path} is not JSON: {exc.msg} at line {exc.lineno}") from None
+    rows = data.get("rows") if isinstance(data, dict) else data
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise BadFile(
+            f"{path} holds no list of measurement rows: give a JSON list of row objects, or "
+            '{"rows": [...]}, as measurements.md describes'
+        )
+    return [{**r, "id": r.get("id", f"row-{i}")} for i, r in enumerate(rows)]
 
 
 def record(s: Setup, cost) -> dict[str, Any]:
@@ -1168,7 +1198,8 @@ def write_markdown(records: list[dict], summary: dict, path: Path, measurements:
         f"`python benchmarks/published.py --measurements {measurements}`",
         "",
         f"{summary['evaluated']} of {summary['rows']} rows evaluated, "
-        f"{summary['skipped']} skipped (reasons below); of the {summary['stated_rows']} rows "
+        f"{summary['skipped']} skipped or failed (reasons below); of the "
+        f"{summary['stated_rows']} rows "
         f"whose shape and layout are stated, {summary['evaluated_share_of_stated']:.0%} "
         "evaluated.",
         "",
@@ -1218,7 +1249,7 @@ def write_markdown(records: list[dict], summary: dict, path: Path, measurements:
         )
     lines += ["", "## Skipped", "", "| id | model | reason |", "|---|---|---|"]
     for r in records:
-        if r["status"] == "skipped":
+        if r["status"] in ("skipped", "failed"):
             lines.append(f"| {r['id']} | {str(r['model'])[:40]} | {r['reason']} |")
     path.write_text("\n".join(lines) + "\n")
 
@@ -1283,9 +1314,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--no-cv", action="store_true", help="skip the cross-validation refits")
     args = ap.parse_args(argv)
-    rows = json.loads(Path(args.measurements).read_text())
-    if isinstance(rows, dict):
-        rows = rows.get("rows", [])
+    try:
+        rows = load_rows(args.measurements)
+    except BadFile as exc:
+        print(f"published.py: error: {exc}", file=sys.stderr)
+        return 2
     if args.only:
         wanted = set(args.only.split(","))
         rows = [r for r in rows if r.get("id") in wanted]

@@ -652,3 +652,37 @@ def test_a_source_dated_before_sequence_parallelism_runs_tp_without_it():
     assert not s.sp and any("2021 source" in a for a in s.assumed)
     assert P.parse_row({**row, "source": "NVIDIA NeMo 24.07 performance summary"}).sp
     assert P.source_year({"source": "torchtitan (Dec 2024 Llama 3.1 H100 benchmark)"}) == 2024
+
+
+def test_a_file_without_rows_is_one_line_exit_2(tmp_path, capsys):
+    cases = {
+        "missing.json": (None, "cannot read"),
+        "broken.json": ("{bad", "is not JSON"),
+        "object.json": ('{"a": 1}', "holds no list of measurement rows"),
+        "numbers.json": ("[1, 2]", "holds no list of measurement rows"),
+    }
+    for name, (text, message) in cases.items():
+        path = tmp_path / name
+        if text is not None:
+            path.write_text(text)
+        assert P.main(["--measurements", str(path), "--out", str(tmp_path / "out")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and message in err
+    # rows under "rows", an id given to a row without one
+    path = tmp_path / "wrapped.json"
+    path.write_text('{"rows": [{"model": "x"}]}')
+    assert P.load_rows(str(path)) == [{"model": "x", "id": "row-0"}]
+
+
+def test_a_row_the_rebuild_breaks_on_fails_alone(monkeypatch):
+    """One row that breaks the rebuild (here a price() that raises) is recorded as failed with
+    the error, counted against the evaluated share, and the other rows still evaluate."""
+
+    def broken(s, **overrides):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(P, "price", broken)
+    rec = P.evaluate_row(BLOOM)
+    assert rec["status"] == "failed" and "RuntimeError: boom" in rec["reason"]
+    s = P.summarize([rec, {"status": "skipped", "reason": "vocabulary not stated"}])
+    assert (s["evaluated"], s["stated_rows"], s["evaluated_share_of_stated"]) == (0, 1, 0.0)
