@@ -153,8 +153,14 @@ def _int(row: dict, key: str, what: str | None = None) -> int:
         raise Skip(f"{what or key} not stated")
     if isinstance(value, (int, float)) and float(value).is_integer() and value > 0:
         return int(value)
-    if isinstance(value, str) and re.fullmatch(r"\s*\d+\s*", value):
-        return int(value)
+    # a count written as text: "2048", "2,048", or one with a remark, "8 (derived)"
+    m = (
+        re.fullmatch(r"\s*(\d{1,3}(?:,\d{3})+|\d+)\s*(?:\(.*\))?\s*", value)
+        if isinstance(value, str)
+        else None
+    )
+    if m and int(m.group(1).replace(",", "")) > 0:
+        return int(m.group(1).replace(",", ""))
     raise Skip(f"{what or key} not stated" if not _stated(value) else f"{key} = {value!r}")
 
 

@@ -686,3 +686,14 @@ def test_a_row_the_rebuild_breaks_on_fails_alone(monkeypatch):
     assert rec["status"] == "failed" and "RuntimeError: boom" in rec["reason"]
     s = P.summarize([rec, {"status": "skipped", "reason": "vocabulary not stated"}])
     assert (s["evaluated"], s["stated_rows"], s["evaluated_share_of_stated"]) == (0, 1, 0.0)
+
+
+@pytest.mark.parametrize("text, value", [("2,048", 2048), ("8 (derived)", 8), (" 16 ", 16)])
+def test_counts_written_as_text_are_read(text, value):
+    assert P._int({"gbs": text}, "gbs") == value
+
+
+@pytest.mark.parametrize("text", ["8 x 2", "0", "1,2"])
+def test_counts_that_are_not_one_number_are_skipped(text):
+    with pytest.raises(P.Skip, match="gbs = "):
+        P._int({"gbs": text}, "gbs")
