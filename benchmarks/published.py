@@ -165,10 +165,18 @@ def _int(row: dict, key: str, what: str | None = None) -> int:
 
 
 def _number(value: Any) -> float | None:
+    """A positive measured figure: a number, or text that is one ("1,621", "82.5 GiB",
+    "134.02 (iteration 2)"); None when not stated or not a figure."""
     if isinstance(value, bool):
         return None
-    if isinstance(value, (int, float)) and value > 0:
-        return float(value)
+    if isinstance(value, (int, float)):
+        return float(value) if value > 0 and math.isfinite(value) else None
+    if isinstance(value, str):
+        m = re.fullmatch(
+            r"\s*((?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?)\s*(?:[A-Za-z/]+)?\s*(?:\(.*\))?\s*", value
+        )
+        if m and float(m.group(1).replace(",", "")) > 0:
+            return float(m.group(1).replace(",", ""))
     return None
 
 

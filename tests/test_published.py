@@ -697,3 +697,11 @@ def test_counts_written_as_text_are_read(text, value):
 def test_counts_that_are_not_one_number_are_skipped(text):
     with pytest.raises(P.Skip, match="gbs = "):
         P._int({"gbs": text}, "gbs")
+
+
+@pytest.mark.parametrize(
+    "text, value", [("1,621", 1621.0), ("82.5 GiB", 82.5), ("134.02 (iteration 2)", 134.02)]
+)
+def test_measured_figures_written_as_text_are_read(text, value):
+    assert P._number(text) == value
+    assert P._number("not stated") is None and P._number("1.2.3") is None
