@@ -138,6 +138,7 @@ class Setup:
     tp_overlap_async: bool = False  # the overlap is torch's async TP (cost.model.Training)
     fused_grad_accumulation: bool = False  # Megatron's weight-gradient GEMMs accumulate
     tied_head: bool = True  # the output projection is the token embedding (gpt family)
+    allocated_memory: bool = False  # the published peak is torch's allocated one, not reserved
 
 
 # --------------------------------------------------------------------------- reading a row
@@ -311,6 +312,19 @@ def source_year(row: dict) -> int | None:
     to 2039), or None."""
     years = [int(y) for y in re.findall(r"\b(20[1-3]\d)\b", str(row.get("source", "")))]
     return max(years) if years else None
+
+
+def parse_memory_metric(row: dict, assumed: list[str]) -> bool:
+    """Whether the row's peak memory is torch's allocated peak (max_memory_allocated,
+    Megatron's "max allocated"), said so in its notes or memory field; otherwise it is taken as
+    the caching allocator's reserved figure (torchtitan's max_reserved, nvidia-smi), what the
+    sources in the set publish."""
+    text = " ".join(str(row.get(k, "")) for k in ("notes", "peak_mem_gb")).lower()
+    allocated = re.search(r"max(?:imum)?[_ ]memory[_ ]allocated|max allocated|allocated peak", text)
+    if allocated and "reserved" not in text and _number(row.get("peak_mem_gb")):
+        assumed.append("peak memory: torch's allocated peak (as the row says)")
+        return True
+    return False
 
 
 def parse_zero(text: str, source: str, assumed: list[str]) -> int:
@@ -685,6 +699,7 @@ def parse_row(row: dict) -> Setup:
         inter_node_bytes_per_s=parse_fabric(row.get("interconnect", ""), gpn),
         measured_step_s=measured,
         measured_mem_gib=_number(row.get("peak_mem_gb")),
+        allocated_memory=parse_memory_metric(row, assumed),
         hardware=hardware,
         assumed=tuple(assumed),
     )
@@ -894,10 +909,13 @@ def record(s: Setup, cost) -> dict[str, Any]:
     tokens = s.gbs * s.seq
     # The published peaks are the allocator's (torchtitan's max_reserved, BLOOM's nvidia-smi
     # style figures): the allocated peak the cost model predicts, plus what the caching
-    # allocator holds beyond it
+    # allocator holds beyond it; a row that says it quotes the allocated peak (torch's
+    # max_memory_allocated, Megatron's "max allocated") is compared with that peak itself
     from planner.cost.model import reserved_peak
 
-    mem = reserved_peak(cost.peak_memory_bytes, cluster_for(s).profile) / GIB
+    mem = cost.peak_memory_bytes / GIB
+    if not s.allocated_memory:
+        mem = reserved_peak(cost.peak_memory_bytes, cluster_for(s).profile) / GIB
     return {
         "status": "evaluated",
         "hardware": s.hardware,

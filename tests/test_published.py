@@ -705,3 +705,22 @@ def test_counts_that_are_not_one_number_are_skipped(text):
 def test_measured_figures_written_as_text_are_read(text, value):
     assert P._number(text) == value
     assert P._number("not stated") is None and P._number("1.2.3") is None
+
+
+def test_a_row_quoting_the_allocated_peak_is_compared_without_the_allocator_slack():
+    """Published peaks are the caching allocator's (max_reserved, nvidia-smi) unless the row
+    says it quotes torch's allocated peak; then the predicted allocated peak is compared as is."""
+    row = {**BLOOM, "notes": "Megatron log: max allocated 30000 MB"}
+    s = P.parse_row(row)
+    assert s.allocated_memory and any("allocated peak" in a for a in s.assumed)
+    assert not P.parse_row(BLOOM).allocated_memory
+    assert not P.parse_row({**row, "notes": "max allocated / max reserved"}).allocated_memory
+
+    class Cost:  # the record reads these of the cost model's StepCost
+        step_time_s, peak_memory_bytes, pipeline_s, bubble_s = 100.0, 30 * 2**30, 90.0, 5.0
+        dp_exposed_s = optimizer_s = 1.0
+        stages = []
+
+    allocated = P.record(s, Cost())["predicted_peak_gib"]
+    reserved = P.record(P.parse_row(BLOOM), Cost())["predicted_peak_gib"]
+    assert allocated == pytest.approx(30.0) and reserved > allocated
