@@ -548,9 +548,9 @@ def parse_legacy_attention(row: dict, profile: str, assumed: list[str]) -> bool:
 def parse_profile(gpu: str) -> tuple[str, str]:
     """(profile name, hardware kind) for a row's GPU text."""
     g = gpu.upper()
-    if "GH200" in g or re.search(r"H100\s*(?:PCIE|NVL)", g):
-        # Grace Hopper's and the PCIe/NVL cards' clocks, power and memory are none of the
-        # profiles' (their H100 die runs at other limits)
+    if "GH200" in g or re.search(r"(?:H100|A100)[\s-]*(?:\d+\s*GB[\s-]*)?(?:PCIE|NVL)", g):
+        # Grace Hopper's and the PCIe/NVL cards' clocks, power, memory and links are none of
+        # the profiles' (the SXM boards' NVSwitch fabric, power and clocks)
         raise Skip(f"no profile for GPU {gpu!r}")
     if "H200" in g:
         return "h200", "H200"

@@ -640,7 +640,7 @@ def test_precision_is_read_in_the_words_sources_use(text, read):
 def test_an_unnamed_precision_and_gpus_without_a_profile_are_skipped():
     with pytest.raises(P.Skip, match="not understood"):
         P.parse_dtype("amp")
-    for gpu in ("GH200 96GB", "H100 PCIe", "H100 NVL"):
+    for gpu in ("GH200 96GB", "H100 PCIe", "H100 NVL", "A100 PCIe 80GB", "A100-80GB-PCIe"):
         with pytest.raises(P.Skip, match="no profile"):
             P.parse_profile(gpu)
     assert P.parse_recompute("off", []) == P.parse_recompute("no checkpointing", []) == "none"
