@@ -1280,8 +1280,8 @@ MUTANTS: list[Mutant] = [
     M(
         "published-nemotron-tied",
         "benchmarks/published.py",
-        '    (NEMOTRON, "gpt", False, False),',
-        '    (NEMOTRON, "gpt", True, False),',
+        '    Family(NEMOTRON, "gpt", tied=False, ffn_is_4h=False),',
+        '    Family(NEMOTRON, "gpt", tied=True, ffn_is_4h=False),',
         "tests/test_published.py::test_nemotron_is_an_untied_non_gated_decoder_with_grouped_queries",
         "Nemotron built with its head tied to the embedding",
     ),
@@ -1297,8 +1297,8 @@ MUTANTS: list[Mutant] = [
     M(
         "published-allocated-peak-with-slack",
         "benchmarks/published.py",
-        "    if not s.allocated_memory:",
-        "    if True:",
+        "    mem = (peak if s.allocated_memory else",
+        "    mem = (peak if False else",
         "tests/test_published.py::test_a_row_quoting_the_allocated_peak_is_compared_without_the_allocator_slack",
         "a row quoting torch's allocated peak compared with the reserved prediction",
     ),

@@ -62,7 +62,7 @@ import sys
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
@@ -144,6 +144,10 @@ class Setup:
 # --------------------------------------------------------------------------- reading a row
 
 
+# A whole number as text: "2048", or with thousands separators, "2,048"
+_DIGITS = r"\d{1,3}(?:,\d{3})+|\d+"
+
+
 def _stated(value: Any) -> bool:
     return not (isinstance(value, str) and value.strip().lower().startswith("not stated"))
 
@@ -155,11 +159,7 @@ def _int(row: dict, key: str, what: str | None = None) -> int:
     if isinstance(value, (int, float)) and float(value).is_integer() and value > 0:
         return int(value)
     # a count written as text: "2048", "2,048", or one with a remark, "8 (derived)"
-    m = (
-        re.fullmatch(r"\s*(\d{1,3}(?:,\d{3})+|\d+)\s*(?:\(.*\))?\s*", value)
-        if isinstance(value, str)
-        else None
-    )
+    m = re.fullmatch(rf"\s*({_DIGITS})\s*(?:\(.*\))?\s*", value) if isinstance(value, str) else None
     if m and int(m.group(1).replace(",", "")) > 0:
         return int(m.group(1).replace(",", ""))
     raise Skip(f"{what or key} not stated" if not _stated(value) else f"{key} = {value!r}")
@@ -173,9 +173,7 @@ def _number(value: Any) -> float | None:
     if isinstance(value, (int, float)):
         return float(value) if value > 0 and math.isfinite(value) else None
     if isinstance(value, str):
-        m = re.fullmatch(
-            r"\s*((?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?)\s*(?:[A-Za-z/]+)?\s*(?:\(.*\))?\s*", value
-        )
+        m = re.fullmatch(rf"\s*((?:{_DIGITS})(?:\.\d+)?)\s*(?:[A-Za-z/]+)?\s*(?:\(.*\))?\s*", value)
         if m and float(m.group(1).replace(",", "")) > 0:
             return float(m.group(1).replace(",", ""))
     return None
@@ -216,20 +214,29 @@ def parse_vocab(value: Any, model: str, assumed: list[str] | None = None) -> int
     raise Skip("vocabulary not stated")
 
 
-# Model families by name: (pattern, builder, output head tied to the token embedding).
+class Family(NamedTuple):
+    """A model family known by name: its builder, whether its output head is the token
+    embedding, and whether the architecture defines the MLP's width as 4h (GPT's), so that an
+    unstated ffn is that, not a guess."""
+
+    pattern: str
+    builder: str
+    tied: bool
+    ffn_is_4h: bool
+
+
+# Model families by name.
 # "llama": examples/llama.py (gated SwiGLU MLP, RMSNorm, rotary positions, grouped-query
 # attention, untied head; Mistral is the same decoder, MistralForCausalLM). "gpt":
 # benchmarks/published_gpt.py (LayerNorm, non-gated MLP, Megatron's fused Q/K/V): GPT-3, MPT,
 # BLOOM and OPT tie the head to the embedding, GPT-NeoX and GPT-J do not (their transformers
 # configs: tie_word_embeddings false); Nemotron-4 is a non-gated GQA decoder with untied
 # embeddings (Parmar et al. 2024, "Nemotron-4 15B Technical Report", Sec. 2).
-# The last field: the architecture defines the MLP's width as 4h (GPT's), so an unstated ffn
-# is that, not a guess.
 NAMED_FAMILIES = (
-    (r"llama|mistral", "llama", False, False),
-    (r"gpt[-_ ]?(?:neox|j)\b", "gpt", False, True),
-    (r"gpt|mpt|bloom|\bopt\b", "gpt", True, True),
-    (NEMOTRON, "gpt", False, False),
+    Family(r"llama|mistral", "llama", tied=False, ffn_is_4h=False),
+    Family(r"gpt[-_ ]?(?:neox|j)\b", "gpt", tied=False, ffn_is_4h=True),
+    Family(r"gpt|mpt|bloom|\bopt\b", "gpt", tied=True, ffn_is_4h=True),
+    Family(NEMOTRON, "gpt", tied=False, ffn_is_4h=False),
 )
 # How close the parameter count a candidate architecture gives the stated shape must be to
 # the row's params_b for an unnamed family to be read off it (and every other candidate not).
@@ -256,15 +263,16 @@ def parse_family(
 ) -> tuple[str, str, int, int, bool]:  # fmt: skip
     """(builder family, attention kernel, kv heads, ffn width, tied head) for the row's model:
     by its name (``NAMED_FAMILIES``), or, for a name of no known family, by which candidate
-    architecture's parameter count matches the stated ``params_b`` (within ``PARAMS_MATCH``,
-    and only one of them); otherwise skipped."""
+    architecture's parameter count matches the stated ``params_b`` (within ``PARAMS_MATCH``;
+    candidates of one builder that differ only in the head's tie: the nearer count); skipped
+    when none matches or candidates of two builders do."""
     name = model.lower()
     # BLOOM's 2022 Megatron-DeepSpeed runs had no FlashAttention (fused softmax kernel)
     attention = "fused" if "bloom" in name else "flash"
     kv_heads = _int(row, "kv_heads", "kv heads") if _stated(row.get("kv_heads")) else None
     ffn = _int(row, "ffn", "ffn width") if _stated(row.get("ffn")) else None
-    named = next((fam[1:] for fam in NAMED_FAMILIES if re.search(fam[0], name)), None)
-    if named and named[0] == "llama":
+    named = next((f for f in NAMED_FAMILIES if re.search(f.pattern, name)), None)
+    if named and named.builder == "llama":
         if kv_heads is None or ffn is None:
             raise Skip("kv heads not stated" if kv_heads is None else "ffn width not stated")
         return "llama", attention, kv_heads, ffn, False
@@ -274,11 +282,11 @@ def parse_family(
         if kv_heads != heads and attention != "flash":
             raise Skip("grouped-query attention with a materialised-scores kernel")
         if ffn is None:
-            if not named[2]:
+            if not named.ffn_is_4h:
                 raise Skip("ffn width not stated")
             ffn = 4 * hidden
             assumed.append("ffn = 4h (GPT architecture)")
-        return "gpt", attention, kv_heads, ffn, named[1]
+        return "gpt", attention, kv_heads, ffn, named.tied
     stated = _number(row.get("params_b"))
     if kv_heads is None or ffn is None or stated is None:
         raise Skip(f"no model family for {model!r}, and its size, kv heads or ffn not stated")
@@ -913,9 +921,8 @@ def record(s: Setup, cost) -> dict[str, Any]:
     # max_memory_allocated, Megatron's "max allocated") is compared with that peak itself
     from planner.cost.model import reserved_peak
 
-    mem = cost.peak_memory_bytes / GIB
-    if not s.allocated_memory:
-        mem = reserved_peak(cost.peak_memory_bytes, cluster_for(s).profile) / GIB
+    peak = cost.peak_memory_bytes
+    mem = (peak if s.allocated_memory else reserved_peak(peak, cluster_for(s).profile)) / GIB
     return {
         "status": "evaluated",
         "hardware": s.hardware,

@@ -27,7 +27,7 @@ from planner.cost.sharding import node_share
 from planner.hardware.cluster import Cluster
 from planner.hardware.collectives import collective_time, p2p_time
 from planner.schema.mesh import Mesh
-from planner.trace.blocks import Block, cached_core_nodes, product_params
+from planner.trace.blocks import Block, cached_core_nodes, product_share
 from planner.trace.graph import param_bytes_of
 from planner.vocab import HALF_DTYPES, OFFLOAD, RECOMPUTE, Offload, Recompute, base_style
 
@@ -209,7 +209,7 @@ class BlockOption:
     tp_plan: tuple[tuple[str, str], ...] = ()
     tp_grad_sums: tuple[str, ...] = ()  # see sharding.TPVariant.grad_sums
     param_tensors: int = 0  # parameter tensors the block owns (the optimizer steps each)
-    product_params: float = 0.0  # of ``params``: products' weights (``product_params``)
+    product_params: float = 0.0  # of ``params``: products' weights (``product_share``)
     # Expert parallelism: ``expert_params`` is the share of ``params`` that is this device's
     # experts (1/ep of them); ``ep_comm_s`` the token all-to-alls inside fwd_s + bwd_s.
     ep: int = 1
@@ -681,14 +681,7 @@ def block_options(
         a2a_f = a2a_b = 2 * one
     policy = selective_kept(graph, block, training)
     norms = batch_norm_channels(graph, block)
-    shapes = graph.graph["param_shapes"]
-    owned = set(block.param_names)
-    product_share = (
-        sum(math.prod(shapes[p]) for p in product_params(graph, block.nodes) if p in owned)
-        / block.params
-        if block.params
-        else 0.0
-    )
+    products = product_share(graph, block)
     core = [n for n in block.nodes if n in cached_core_nodes(graph)]
     compute_only = NodeTimes(ops={n: (fc, 0.0, bc, 0.0) for n, (fc, _, bc, _) in times.ops.items()})
     options: list[BlockOption] = []
@@ -753,7 +746,7 @@ def block_options(
                         tp_comm_s=comm_f + comm_b + (comm_f if rc == "full" else 0.0),
                         params=params,
                         param_tensors=len(block.param_names),
-                        product_params=params * product_share,
+                        product_params=params * products,
                         act_bytes=act * scale,
                         recompute_peak_bytes=recompute_peak * scale,
                         transient_bytes=block.transient_bytes * scale * cf,

@@ -305,6 +305,17 @@ def product_params(graph: nx.DiGraph, nodes: list[str]) -> set[str]:
     return found
 
 
+def product_share(graph: nx.DiGraph, block: Block) -> float:
+    """The share of the parameters ``block`` owns that its products multiply as weights
+    (``product_params``); 0 for a block without parameters."""
+    if not block.params:
+        return 0.0
+    shapes = graph.graph["param_shapes"]
+    owned = set(block.param_names)
+    found = product_params(graph, block.nodes) & owned
+    return sum(_numel(shapes[p]) for p in found) / block.params
+
+
 def _param_blocks(graph: nx.DiGraph, groups: list[dict], block_of: dict[str, int]) -> dict:
     """Canonical parameter -> the block that first uses it (tied weights: the first user)."""
     alias: dict[str, str] = graph.graph["param_owner"]
