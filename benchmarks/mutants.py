@@ -1270,6 +1270,22 @@ MUTANTS: list[Mutant] = [
         "a parameter reaching a product through a view not counted as a product's weight",
     ),
     M(
+        "cost-reduction-bucket-unpriced",
+        "planner/cost/model.py",
+        "    total += inp.training.reduce_bucket_bytes\n",
+        "",
+        "tests/test_cost_terms.py::test_reduction_bucket_sits_on_every_rank_beside_the_activation_peak",
+        "DeepSpeed's reduction bucket left out of every rank's memory",
+    ),
+    M(
+        "published-bucket-not-capped-by-rank",
+        "benchmarks/published.py",
+        "    return fp32_partition, min(DEEPSPEED_BUCKET_ELEMENTS, rank_params) * 2",
+        "    return fp32_partition, DEEPSPEED_BUCKET_ELEMENTS * 2",
+        "tests/test_published.py::test_deepspeed_reduction_buffer_by_zero_stage_and_gradient_width",
+        "stage 0's all-reduce bucket priced larger than the gradients it flattens",
+    ),
+    M(
         "published-family-size-any-match",
         "benchmarks/published.py",
         "    if len({family for family, _, _ in fits}) != 1:",

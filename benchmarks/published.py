@@ -122,6 +122,7 @@ class Setup:
     vocab_parallel_loss: bool  # logits stay sharded over TP ranks for the loss
     fp32_grad_accumulation: bool  # DeepSpeed BF16_Optimizer's whole fp32 gradient buffer
     fp32_grad_partition: bool  # DeepSpeed's fp16 step: its gradient shard cast to fp32
+    reduce_bucket_bytes: float  # DeepSpeed's gradient-reduction buffer (cost.model.Training)
     native_attention: bool  # the chip's own fused attention kernel (Transformer Engine)
     legacy_attention: bool  # a flash-attention build older than the chip (llm-foundry, 2023)
     fused_elementwise: bool  # element-wise chains fused (Megatron-Core/TE, torch.compile)
@@ -506,6 +507,39 @@ def is_deepspeed(row: dict, assumed: list[str]) -> bool:
     return False
 
 
+# DeepSpeed's default gradient-reduction bucket, in elements: ZeRO's reduce_bucket_size
+# (deepspeed/runtime/zero/constants.py, ZERO_OPTIMIZATION_REDUCE_BUCKET_SIZE_DEFAULT) and the
+# stage-0 buffered all-reduce's MEMORY_OPT_ALLREDUCE_SIZE (deepspeed/runtime/engine.py), both
+# 500,000,000 since v0.3 and in the v0.5/v0.6 releases BLOOM's Megatron-DeepSpeed ran on.
+DEEPSPEED_BUCKET_ELEMENTS = 5e8
+
+
+def parse_deepspeed_memory(
+    deepspeed: bool, zero: int, dtype: str, bf16_opt: bool, rank_params: float
+) -> tuple[bool, float]:
+    """(fp32 gradient partition, reduction buffer bytes) of a DeepSpeed row
+    (``Training.fp32_grad_partition``, ``Training.reduce_bucket_bytes``), as read in the
+    DeepSpeed BLOOM's runs used (8eef742f0, February 2022) and its v0.5-0.7 releases.
+
+    - fp16 under ZeRO 0-2: the step casts the gradients it steps to fp32.
+    - ZeRO 1/2 with contiguous gradients (the default since v0.4): a bucket of
+      reduce_bucket_size elements of the 16-bit dtype, whatever the rank holds
+      (``torch.empty`` in stage_1_and_2.py).
+    - fp16 at stage 0 (FP16_Optimizer): the buffered all-reduce flattens the module's
+      gradients into buckets of the default's elements, at most the rank's gradients.
+    - BF16_Optimizer (stage 0 with fp32 gradient accumulation): it reduces its flat fp32
+      buffers themselves (a single tensor flattens to a view), so no bucket.
+    ZeRO-3's prefetch and reduce buffers are not priced here (no such row is evaluated)."""
+    if not deepspeed or zero >= 3:
+        return False, 0.0
+    fp32_partition = dtype == "fp16"
+    if zero >= 1:
+        return fp32_partition, DEEPSPEED_BUCKET_ELEMENTS * 2
+    if bf16_opt:
+        return fp32_partition, 0.0
+    return fp32_partition, min(DEEPSPEED_BUCKET_ELEMENTS, rank_params) * 2
+
+
 def parse_grad_accumulation(megatron_core: bool, microbatches: int, assumed: list[str]) -> bool:
     """Whether the weight-gradient GEMMs accumulate into the gradient buffer: Megatron-Core's
     stacks fuse it (gradient_accumulation_fusion, on in Megatron-LM unless
@@ -661,6 +695,15 @@ def parse_row(row: dict) -> Setup:
         measured = gbs * seq / (tps * gpus)
     else:
         raise Skip("no step time or throughput published")
+    deepspeed = is_deepspeed(row, assumed)
+    params = decoder_params(
+        family, tied_head, layers, hidden, heads, kv_heads, ffn, vocab, seq
+    )  # fmt: skip
+    fp32_partition, reduce_bucket = parse_deepspeed_memory(
+        deepspeed, zero, dtype, bf16_opt, params / (tp * pp)
+    )
+    if reduce_bucket:
+        assumed.append(f"DeepSpeed's default reduction bucket ({reduce_bucket / 1e9:.2g} GB)")
     return Setup(
         id=str(row.get("id", "")),
         source=str(row.get("source", "")),
@@ -692,14 +735,15 @@ def parse_row(row: dict) -> Setup:
         selective_policy=policy,
         vocab_parallel_loss=vocab_parallel,
         fp32_grad_accumulation=bf16_opt,
-        fp32_grad_partition="bloom" in row.get("source", "").lower() and dtype == "fp16",
+        fp32_grad_partition=fp32_partition,
+        reduce_bucket_bytes=reduce_bucket,
         native_attention=parse_native_attention(row, profile, assumed),
         legacy_attention=parse_legacy_attention(row, profile, assumed),
         fused_elementwise=parse_fusion(row, megatron_core, assumed),
         pipeline_sends_shards=megatron_core and pp > 1 and sp,
         p2p_overlap=megatron_core and vpp > 1,
         fused_grad_accumulation=parse_grad_accumulation(megatron_core, gbs // (mbs * dp), assumed),
-        dp_overlap=not is_deepspeed(row, assumed),
+        dp_overlap=not deepspeed,
         dp_copies=parse_dp_copies(row, assumed),
         tp_overlap=tp_overlap,
         tp_overlap_async=tp_overlap_async,
@@ -826,6 +870,7 @@ def price(s: Setup, **overrides: float):
         vocab_parallel_loss=s.vocab_parallel_loss,
         fp32_grad_accumulation=s.fp32_grad_accumulation,
         fp32_grad_partition=s.fp32_grad_partition,
+        reduce_bucket_bytes=s.reduce_bucket_bytes,
         selective_policy=s.selective_policy,
         native_attention=s.native_attention,
         legacy_attention=s.legacy_attention,

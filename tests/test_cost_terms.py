@@ -342,6 +342,20 @@ def test_deepspeed_fp16_step_casts_the_gradient_shard_to_fp32():
         assert cost.rank_memory[0]["grads"] == pytest.approx(2e8 + fp32)
 
 
+def test_reduction_bucket_sits_on_every_rank_beside_the_activation_peak():
+    """DeepSpeed's reduction bucket (``Training.reduce_bucket_bytes``, 1e9 bytes) adds itself,
+    once, to every pipeline rank's memory whatever its blocks, as the CUDA context does: two
+    stages of 1e8 parameters each, with and without it, differ by exactly 1e9 on each rank."""
+    blocks = [make_block(i, "L", params=10**8, boundary=0, out=0) for i in range(2)]
+    opts = [make_option(1e-3, 1e8, 1e8) for _ in blocks]
+    totals = []
+    for bucket in (0.0, 1e9):
+        tr = Training16(4, "fp16", reduce_bucket_bytes=bucket)
+        cost = run(blocks, opts, Mesh(2, 1, 1), [0, 1], training=tr)
+        totals.append([m["total"] for m in cost.rank_memory])
+    assert [b - a for a, b in zip(*totals)] == pytest.approx([1e9, 1e9])
+
+
 @pytest.mark.parametrize("shards, overlap", [(False, False), (True, False), (True, True)])
 def test_pipeline_sends_of_sequence_shards_and_their_overlap(shards, overlap):
     """Two stages on one node, TP 2, a boundary of 4e6 bytes per sample, 3 ms of compute per

@@ -200,6 +200,23 @@ def test_deepspeed_rows_reduce_after_the_backward_and_fp16_steps_cast_to_fp32():
     assert (mpt.dp_overlap, mpt.fp32_grad_partition) == (True, False)
 
 
+def test_deepspeed_reduction_buffer_by_zero_stage_and_gradient_width():
+    """DeepSpeed's reduction buffer (its February 2022 source): ZeRO-1/2's contiguous bucket
+    is 5e8 16-bit elements whatever the rank holds; fp16 stage 0's buffered all-reduce
+    flattens at most 5e8 of the rank's gradients; BF16_Optimizer reduces its flat fp32
+    buffers in place; ZeRO-3 and other stacks none. A BLOOM fp16 ZeRO-1 row carries the
+    1e9-byte bucket into its Training."""
+    assert P.parse_deepspeed_memory(True, 1, "fp16", False, 1e7) == (True, 1e9)
+    assert P.parse_deepspeed_memory(True, 2, "bf16", False, 1e9) == (False, 1e9)
+    assert P.parse_deepspeed_memory(True, 0, "fp16", False, 3e8) == (True, 6e8)
+    assert P.parse_deepspeed_memory(True, 0, "fp16", False, 2e9) == (True, 1e9)
+    assert P.parse_deepspeed_memory(True, 0, "bf16", True, 2e9) == (False, 0.0)
+    assert P.parse_deepspeed_memory(True, 3, "fp16", False, 2e9) == (False, 0.0)
+    assert P.parse_deepspeed_memory(False, 1, "fp16", False, 2e9) == (False, 0.0)
+    assert P.parse_row(BLOOM).reduce_bucket_bytes == 1e9
+    assert P.parse_row(MPT).reduce_bucket_bytes == 0.0
+
+
 def test_bloom_rows_without_an_sp_column_run_tp_without_sequence_parallelism():
     """Megatron-DeepSpeed of early 2022 predates sequence parallelism; a Megatron-Core row
     without the column takes its recipes' default (on)."""

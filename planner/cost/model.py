@@ -93,6 +93,18 @@ class Training:
     # FP16_Optimizer the same for all its gradients): 4 bytes per parameter of the shard the
     # optimizer steps (``state_memory``). Off for torch's optimizers (the runtime's).
     fp32_grad_partition: bool = False
+    # A gradient-reduction buffer the data-parallel wrapper allocates beside the model's own
+    # memory (``fixed_memory``), in bytes: DeepSpeed's ZeRO-1/2 contiguous bucket of
+    # reduce_bucket_size 16-bit elements (5e8 by default; stage_1_and_2.py reduce_gradients
+    # allocates it under the pipeline engine, its backward prologue without one), and its
+    # stage-0 buffered all-reduce, which flattens up to 5e8 gradient elements at a time
+    # (engine.py buffered_allreduce_fallback, MEMORY_OPT_ALLREDUCE_SIZE). Allocated after the
+    # last backward, when the activations' blocks sit cached, it gets a segment of its own (the
+    # caching allocator's best fit serves the next step's activations from their own blocks),
+    # so the reserved peak holds it on top of the activation peak, as it holds the fp16 step's
+    # fp32 partition. 0: meshplan's runtime (torch's DDP and FSDP2 reduce from their own
+    # gradient buffers, priced by ``dp_copy_bytes``).
+    reduce_bucket_bytes: float = 0.0
     # What selective recompute keeps (``selective_kept``): "core" drops the attention core
     # between two activation products (Korthikanti et al.'s selective recompute, the planner's
     # option); "torchtitan-op" keeps the block's input and the outputs of its attention kernels
@@ -1557,9 +1569,11 @@ def other_memory(inp: CostInputs, opts: list[BlockOption], config: Config, pp_ra
 
 def fixed_memory(inp: CostInputs, config: Config, pp_rank: int) -> float:
     """What pipeline rank ``pp_rank`` holds whatever its blocks: the profile's reserved bytes
-    (the CUDA context), the pipeline's buffers (``pipeline_buffer_bytes``), and tied weights'
-    copies (``tied_memory``)."""
+    (the CUDA context), the pipeline's buffers (``pipeline_buffer_bytes``), the data-parallel
+    reduction's buffer (``Training.reduce_bucket_bytes``), and tied weights' copies
+    (``tied_memory``)."""
     total = inp.cluster.profile.reserved_bytes + pipeline_buffer_bytes(inp, config, pp_rank)
+    total += inp.training.reduce_bucket_bytes
     return total + tied_memory(inp, config, pp_rank == last_rank(config))
 
 
