@@ -344,18 +344,25 @@ def parse_zero(text: str, source: str, assumed: list[str]) -> int:
     t = text.lower()
     if "hybrid" in t or "hsdp" in t:
         raise Skip(f"hybrid sharded data parallelism ({text!r}) is not priced")
-    if "shard_grad_op" in t:
+    if "zero++" in t:
+        raise Skip(f"ZeRO++'s quantized collectives ({text!r}) are not priced")
+    if "shard_grad_op" in t or re.search(r"shard[- _]grad[- _]op", t):
         return 2
-    if "full_shard" in t or "fsdp2" in t or "zero-3" in t:
+    if "no_shard" in t or re.search(r"\bno[- _]shard", t):
+        return 0  # FSDP's NO_SHARD: DDP's layout
+    if re.search(r"full[- _]?shard|fully[- ]sharded|fsdp2|zero-3", t):
         return 3
     m = re.search(r"zero[- ]?(?:stage\s*)?(\d)", t)
     if m:
         return int(m.group(1))
     if re.search(r"\b(?:no|without)\s+distributed[- ]optimi[sz]er", t):
         return 0
-    if re.search(r"distributed[- ]optimi[sz]er", t):
+    if re.search(r"distributed[- ]optimi[sz]er|\bdist[- _]opt\b", t):
         return 1
     if re.search(r"\bddp\b", t) and "fsdp" not in t:
+        return 0
+    # sharding named as absent: plain data parallelism
+    if re.fullmatch(r"\s*(?:none|no|off|no zero|no sharding|plain (?:data parallel\w*|dp))\s*", t):
         return 0
     if re.fullmatch(r"\s*(?:pytorch\s+)?fsdp\s*(?:\(.*\))?\s*", t):
         assumed.append("FSDP's default sharding strategy (FULL_SHARD, ZeRO-3)")
@@ -410,13 +417,25 @@ def parse_recompute(text: str, assumed: list[str], source: str = "") -> str:
     says "for 200B model, activation check-pointing will always be on" (megatron/training.py,
     training_log) and the tr11 launch script passes --checkpoint-activations
     (bigscience train/tr11-176B-ml/tr11-176B-ml.slurm)."""
-    t = str(text).lower()
-    if t.startswith("none") or re.fullmatch(r"\s*(?:no|off|false|disabled)\b.*", t):
+    t = str(text).lower().strip()
+    if t.startswith("none") or re.fullmatch(r"(?:no|off|false|disabled)\b.*", t):
+        return "none"
+    if re.fullmatch(r"(?:ac|activation checkpointing|recompute)\s*(?:off|disabled|none)", t):
         return "none"
     if t.startswith("full") or "full activation checkpointing" in t:
         return "full"
-    if t.startswith("selective"):
-        return "selective"
+    if t.startswith("selective") or "--recompute-activations" in t:
+        return "selective"  # Megatron's --recompute-activations: selective granularity
+    # Megatron's full-granularity methods, its old flag, and layer-wise wording
+    if re.fullmatch(r"(?:uniform|block)\b.*|(?:every|all|each) (?:transformer )?layers?\b.*", t):
+        return "full"
+    if "--checkpoint-activations" in t or "--recompute-granularity full" in t:
+        return "full"
+    # a yes/no column: checkpointing on means each layer's whole forward again (Megatron's
+    # --checkpoint-activations, llm-foundry's and HF's gradient checkpointing)
+    if re.fullmatch(r"(?:yes|true|on|enabled|activation checkpointing|checkpoint-activations)", t):
+        assumed.append(f"full recompute: {text!r} read as every layer checkpointed")
+        return "full"
     if not _stated(text):
         if "bloom" in source.lower():
             assumed.append("full recompute: BLOOM's Megatron-DeepSpeed runs")
@@ -600,10 +619,12 @@ def parse_profile(gpu: str) -> tuple[str, str]:
         return "h100-hbm2e", "H100 HBM2e (power-capped)"
     if "H100" in g:
         return "h100-sxm", "H100 SXM"
-    if "A100" in g and "40GB" in g.replace(" ", ""):
-        return "a100-40g", "A100 40GB"
-    if "A100" in g and "80GB" in g.replace(" ", ""):
-        return "a100-80g", "A100 80GB"
+    if "A100" in g:
+        size = re.search(r"(40|80)\s*G(?:B|IB)?\b", g)
+        if size:
+            return f"a100-{size.group(1)}g", f"A100 {size.group(1)}GB"
+        # the 40 GB and 80 GB boards differ in memory and its bandwidth
+        raise Skip(f"A100 memory (40 or 80 GB) not stated ({gpu!r})")
     raise Skip(f"no profile for GPU {gpu!r}")
 
 

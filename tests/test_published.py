@@ -629,10 +629,46 @@ def test_following_nemos_performance_scripts_overlaps_tp_as_they_do():
         ("FSDP2 (degree 8)", 3),
         ("PyTorch FSDP SHARD_GRAD_OP (~ZeRO-2)", 2),
         ("ZeRO stage 0", 0),
+        ("FSDP full shard", 3),
+        ("fully sharded data parallel", 3),
+        ("FSDP NO_SHARD", 0),
+        ("none", 0),
+        ("plain data parallel", 0),
+        ("dist-opt", 1),
     ],
 )
 def test_data_parallel_sharding_is_read_in_the_words_sources_use(text, zero):
     assert P.parse_zero(text, "any source", []) == zero
+
+
+def test_zero_plus_plus_is_skipped_as_unpriced_not_read_as_zero_3():
+    with pytest.raises(P.Skip, match="ZeRO\\+\\+"):
+        P.parse_zero("ZeRO++ (hpZ)", "DeepSpeed", [])
+
+
+@pytest.mark.parametrize(
+    "text, mode",
+    [
+        ("block", "full"),  # Megatron's --recompute-method block: full granularity
+        ("uniform (1 layer)", "full"),
+        ("every layer", "full"),
+        ("--checkpoint-activations", "full"),
+        ("--recompute-activations", "selective"),  # Megatron: selective granularity
+        ("AC off", "none"),
+        ("yes", "full"),
+        ("enabled", "full"),
+    ],
+)
+def test_recompute_is_read_in_the_words_sources_use(text, mode):
+    assumed: list[str] = []
+    assert P.parse_recompute(text, assumed) == mode
+    # a bare yes says so among the row's assumptions
+    assert bool(assumed) == (text in ("yes", "enabled"))
+
+
+def test_an_unclear_recompute_is_skipped():
+    with pytest.raises(P.Skip, match="not understood"):
+        P.parse_recompute("partial", [])
 
 
 def test_hybrid_sharding_is_skipped_with_the_reason():
@@ -652,6 +688,27 @@ def test_hybrid_sharding_is_skipped_with_the_reason():
 )
 def test_precision_is_read_in_the_words_sources_use(text, read):
     assert P.parse_dtype(text) == read
+
+
+@pytest.mark.parametrize(
+    "gpu, profile",
+    [
+        ("A100-SXM4-80GB", "a100-80g"),
+        ("A100-80G", "a100-80g"),
+        ("NVIDIA A100 SXM 40 GB", "a100-40g"),
+        ("A100 (80GB)", "a100-80g"),
+        ("H100 80GB HBM3", "h100-sxm"),
+        ("H200 141GB", "h200"),
+    ],
+)
+def test_gpus_are_read_in_the_words_sources_use(gpu, profile):
+    assert P.parse_profile(gpu)[0] == profile
+
+
+def test_an_a100_of_unstated_memory_is_an_unstated_skip():
+    with pytest.raises(P.Skip, match="not stated") as why:
+        P.parse_profile("A100")
+    assert P.unstated_skip(str(why.value))
 
 
 def test_an_unnamed_precision_and_gpus_without_a_profile_are_skipped():
