@@ -200,3 +200,27 @@ def test_kinds_without_a_fabric_never_meet():
             continue
         assert sol.objective == pytest.approx(expected, rel=2e-4)
         assert all({a, b} != {0, 1} for a, b in zip(sol.kinds, sol.kinds[1:]))
+
+
+def test_fixed_stage_counts_match_brute_force_over_those_counts():
+    """Caps c adding up to the stages: the MILP's optimum is the brute force's over the
+    placements that run exactly c[k] stages on kind k (the cost-objective search's problem)."""
+    checked = 0
+    for seed, pp, seg_len, n_opts, caps in CASES:
+        mp = random_problem(seed, pp, seg_len, n_opts, caps)
+        K = len(caps)
+        for counts in itertools.product(range(pp + 1), repeat=K):
+            if sum(counts) != pp or any(c > cap for c, cap in zip(counts, caps)):
+                continue
+            fixed = MixedProblem(
+                mp.kinds, mp.per_kind, mp.base_time, mp.hop, list(counts), mp.const_step
+            )
+            expected = brute_force(fixed)
+            sol = solve_mixed(fixed)
+            if math.isinf(expected):
+                assert sol.status == "infeasible"
+                continue
+            assert sol.objective == pytest.approx(expected, rel=2e-4)
+            assert [sol.kinds.count(k) for k in range(K)] == list(counts)
+            checked += 1
+    assert checked >= 10

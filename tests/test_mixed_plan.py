@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,8 @@ from runs import launch, losses_of
 from test_mixed_milp import brute_force
 from test_trace import ODD_OUTPUT
 
-from planner.resources.mixed import mixed_problem
+from planner.api import plan
+from planner.resources.mixed import RunRate, mixed_problem
 from planner.resources.mixed_cost import step_time
 from planner.resources.mixed_milp import solve_mixed
 from planner.resources.mixed_plan import KindSpec, plan_mixed
@@ -91,6 +93,54 @@ def test_mixed_plan_is_faster_than_either_kind_alone(mixed):
         + max(st.offload_s for st in plan.stages)
     )
     assert plan.predicted.step_time_s == pytest.approx(sum(T) + (m - 1) * max(T) + per_step)
+
+
+def test_by_cost_the_cheapest_run_can_be_a_slower_mixed_pipeline(tmp_path):
+    """Two fast ranks at $1 per second and one slow rank (half the FLOPs, 260 MiB: too little
+    for the whole model) at $0.01. Two fast ranks step fastest, so the search by time (its
+    cutoff the fastest kind) finds no mixed plan; by money, a pipeline over one fast and the
+    slow rank costs less than either fast run, though it is slower. The search's value is the
+    least over every candidate and stage count, each re-solved here without a cutoff."""
+    text = (ROOT / "profiles" / "cpu.toml").read_text()
+    text = text.replace('name = "cpu"', 'name = "cpu-slow"', 1)
+    text = text.replace("peak_flops_fp32 = 1.0e11", "peak_flops_fp32 = 5.0e10", 1)
+    text = text.replace("capacity_bytes = 8589934592", f"capacity_bytes = {260 * 2**20}", 1)
+    slow = tmp_path / "cpu-slow.toml"
+    slow.write_text(text)
+    kinds = [KindSpec("fast", "cpu", 2), KindSpec("slow", str(slow), 1)]
+    links = {("fast", "slow"): LINK}
+    common = dict(
+        model_args=ARGS, global_batch_size=8, dtype="fp32", optimizer="sgd", lr=0.5,
+        pins=Pins(offload="none"),
+    )  # fmt: skip
+    price = [1.0, 0.01]
+
+    def dollars(gpus):
+        return sum(p * g for p, g in zip(price, gpus))
+
+    rate = RunRate(dollars, lambda gpus: math.inf)
+    by_time = plan_mixed(MODEL, kinds, links, **common)
+    assert by_time.plan is None and math.isinf(by_time.single["slow"])
+    fast_one = plan(MODEL, 1, profile="cpu", **common).plan.predicted.step_time_s
+    singles = min(1 * price[0] * fast_one, 2 * price[0] * by_time.single["fast"])
+    res = plan_mixed(MODEL, kinds, links, rate=rate, objective_cutoff=singles, **common)
+    assert res.plan is not None
+    assert res.plan.predicted.step_time_s > by_time.single["fast"]  # slower than two fast
+    used = {k.name: k.gpus for k in res.plan.kinds}
+    value = dollars([used.get("fast", 0), used.get("slow", 0)]) * res.plan.predicted.step_time_s
+    assert value == pytest.approx(res.search.best.value, rel=1e-6) and value < singles
+    exhaustive = math.inf
+    for mc in res.search.candidates:
+        c = mc.cand
+        ins = [res.search.inputs[k, c.tp, c.micro_batch_size] for k in range(2)]
+        mp = mixed_problem(ins, c, res.search.kinds, {(0, 1): LINK, (1, 0): LINK})
+        mp = replace(mp, stage_cap=list(mc.counts))
+        sol = solve_mixed(mp)
+        if sol.kinds:
+            exhaustive = min(
+                exhaustive, sol.objective * dollars([x * c.dp * c.tp for x in mc.counts])
+            )
+    assert res.search.best.value == pytest.approx(exhaustive, rel=2e-3)
 
 
 def test_real_problem_milp_matches_brute_force(mixed):

@@ -8,7 +8,13 @@ from types import SimpleNamespace
 import pytest
 
 from planner.errors import UserInputError
-from planner.resources.mixed_pool import best_single, mixed_node_type, mixed_run_cost, pool_kinds
+from planner.resources.mixed_pool import (
+    best_single,
+    mixed_node_type,
+    mixed_run_cost,
+    placement_rate,
+    pool_kinds,
+)
 from planner.resources.pool import pool_from_dict
 
 
@@ -98,6 +104,43 @@ def test_mixed_run_cost_is_the_per_kind_sum():
     assert run.gpu_watts == pytest.approx((16 * 250 + 8 * 400) / 24)
     row = mixed_node_type(p, plan, nodes)
     assert row.name == "a+h" and row.nodes * row.gpus_per_node == 24
+
+
+def test_placement_rate_prices_a_step_second_of_each_objective_by_hand():
+    # 16 A100 (2 nodes) + 8 H100 (1 node), 1000 steps, 90% effective: each second of step time
+    # is 1000 / 0.9 = 1111.1 s of wall time.
+    # $: (16 x 1 + 8 x 2) x 1111.1 / 3600 = 9.8765 per step-second
+    # kWh at busy power: A100 (16 x 400 + 2 x 3300) x 1111.1 / 3.6e6 x 1.5 = 6.0185,
+    #   H100 (8 x 700 + 4600) x 1111.1 / 3.6e6 x 1.2 = 3.7778; kg: 6.0185 x .4 + 3.7778 x .1
+    # Deadline 10 h: step <= 36000 / 1111.1 = 32.4 s; budget $200: step <= 200 / 9.8765 = 20.25
+    p = pool([LINK])
+    wall = 1000 / 0.9
+    gpus = [16, 8]
+    dollars = (16 * 1.0 + 8 * 2.0) * wall / 3600
+    a_kwh = (16 * 400 + 2 * 3300) * wall / 3.6e6 * 1.5
+    h_kwh = (8 * 700 + 4600) * wall / 3.6e6 * 1.2
+    assert placement_rate(p, 1000, "time").per_step_s(gpus) == pytest.approx(wall)
+    assert placement_rate(p, 1000, "cost").per_step_s(gpus) == pytest.approx(dollars)
+    assert placement_rate(p, 1000, "energy").per_step_s(gpus) == pytest.approx(a_kwh + h_kwh)
+    carbon = placement_rate(p, 1000, "carbon").per_step_s(gpus)
+    assert carbon == pytest.approx(a_kwh * 0.4 + h_kwh * 0.1)
+    by_deadline = placement_rate(p, 1000, "cost", deadline_h=10.0)
+    assert by_deadline.max_step_s(gpus) == pytest.approx(36000 / wall)
+    by_budget = placement_rate(p, 1000, "cost", budget_usd=200.0)
+    assert by_budget.max_step_s(gpus) == pytest.approx(200 / dollars)
+    both = placement_rate(p, 1000, "cost", deadline_h=10.0, budget_usd=200.0)
+    assert both.max_step_s(gpus) == pytest.approx(min(36000 / wall, 200 / dollars))
+    assert placement_rate(p, 1000, "cost").max_step_s(gpus) == float("inf")
+    # money is exact: the rate times a step is the summed run cost of those GPUs at that step
+    plan = SimpleNamespace(
+        kinds=[SimpleNamespace(name="a", gpus=16), SimpleNamespace(name="h", gpus=8)],
+        predicted=SimpleNamespace(
+            step_time_s=3.6, mfu=0.3, bubble_s=0.0, dp_exposed_s=0.0, offload_s=0.0
+        ),
+    )
+    run, _ = mixed_run_cost(p, plan, 1000, 0.9)
+    assert dollars * 3.6 == pytest.approx(run.cost_usd)
+    assert (a_kwh + h_kwh) * 3.6 == pytest.approx(run.energy_kwh)  # busy all step
 
 
 def test_best_single_takes_each_kinds_least_step():

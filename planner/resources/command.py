@@ -1,8 +1,9 @@
 """``plan MODEL.py --resources POOL.toml --tokens N [--objective ...]``: the CLI's resource path.
 
 Plans every option of the pool with the model's own planning flags, and, when the pool joins
-node types by a [[fabric]], the fastest pipeline across kinds (kept when it beats every kind
-alone; its plan.json written under mixed/); prints the table, draws the Pareto figure beside
+node types by a [[fabric]], the best pipeline across kinds by the objective, within the
+deadline and budget (kept when it beats every kind alone; its plan.json written under
+mixed/); prints the table, draws the Pareto figure beside
 the model's reports, and says why the chosen option wins; exit 3 when no option meets the
 deadline and budget.
 """
@@ -44,7 +45,18 @@ def run_resources(args: argparse.Namespace, mf: Any, steps: int | None) -> int:
     )
     say = (lambda s: None) if args.quiet else (lambda s: print(f"planning {s}", file=sys.stderr))
     options = evaluate(pool, plan_option(mf, kwargs), args.tokens, steps, say)
-    mixed, mixed_res = mixed_option(pool, mf, kwargs, options, args.tokens, steps, say)
+    mixed, mixed_res = mixed_option(
+        pool,
+        mf,
+        kwargs,
+        options,
+        args.tokens,
+        steps,
+        say,
+        args.objective,
+        args.deadline,
+        args.budget,
+    )
     if mixed is not None:
         options.append(mixed)
     front = pareto(options)

@@ -26,7 +26,8 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -65,16 +66,32 @@ class Kind:
     gpus: int
 
 
+@dataclass(frozen=True)
+class RunRate:
+    """How a placement's GPUs price its step, for a search by another objective than the step
+    time: ``per_step_s(gpus)`` is the objective (the run's money, energy, carbon or wall time)
+    per second of step time of a placement holding ``gpus[k]`` GPUs of kind k, and
+    ``max_step_s(gpus)`` the longest step that placement may take (the deadline and budget;
+    inf without them). With a kind's GPUs fixed, the objective is that rate times the step
+    time, so the least step time of each GPU count is the least objective of that count."""
+
+    per_step_s: Callable[[list[int]], float]
+    max_step_s: Callable[[list[int]], float]
+
+
 @dataclass
 class MixedCandidate:
-    """One outer candidate of the mixed search, and its outcome."""
+    """One outer candidate of the mixed search (with each kind's stage count, when the
+    search prices GPUs), and its outcome."""
 
     cand: Candidate
-    bound: float
+    bound: float  # in the search's objective: step seconds, or the RunRate's units
     # solved | pruned-bound | pruned-memory | cutoff | infeasible | no_solution
     status: str = "pending"
     solution: MixedSolution | None = None
     problem: MixedProblem | None = None
+    counts: tuple[int, ...] | None = None  # stages per kind, fixed (RunRate searches)
+    value: float = math.inf  # the solved placement's objective
 
 
 @dataclass
@@ -202,6 +219,25 @@ def outer_candidates(
     return out
 
 
+def stage_counts(pp: int, caps: list[int]) -> list[tuple[int, ...]]:
+    """Every way ``pp`` stages spread over the kinds within their caps, two kinds at least."""
+    out: list[tuple[int, ...]] = []
+
+    def extend(prefix: tuple[int, ...], left: int) -> None:
+        k = len(prefix)
+        if k == len(caps) - 1:
+            if left <= caps[k]:
+                counts = (*prefix, left)
+                if sum(1 for c in counts if c) >= 2:
+                    out.append(counts)
+            return
+        for c in range(min(left, caps[k]) + 1):
+            extend((*prefix, c), left - c)
+
+    extend((), pp)
+    return out
+
+
 def search_mixed(
     graph,
     blocks: list[Block],
@@ -212,10 +248,16 @@ def search_mixed(
     cutoff: float = math.inf,
     pins: Pins | None = None,
     progress: Callable[[str], None] | None = None,
+    rate: RunRate | None = None,
 ) -> MixedResult:
     """The fastest mixed pipeline faster than ``cutoff`` (the best single-kind step time), or
     ``best`` None when none is. ``links``: (kind a, kind b) -> (bandwidth B/s, latency s) of
-    the fabric, both orders. ``variants``: per kind, the intra-block sharding variants."""
+    the fabric, both orders. ``variants``: per kind, the intra-block sharding variants.
+
+    With ``rate``, the least objective instead (``cutoff`` in its units: the best single-kind
+    option's): each candidate is split by how many stages each kind runs (``stage_counts``),
+    which fixes its GPUs, and so its objective per step-second; the MILP, with those counts
+    fixed, finds the least step time of each, within the placement's longest step."""
     start = time.perf_counter()
     quiet_highs()
     pins = pins or Pins(offload="none")
@@ -253,41 +295,76 @@ def search_mixed(
             fastest[tp, mbs] = total
         return fastest[tp, mbs]
 
+    def gpus_of(mc: MixedCandidate) -> list[int]:
+        width = mc.cand.dp * mc.cand.tp
+        return [c * width for c in mc.counts or ()]
+
+    def rate_of(mc: MixedCandidate) -> float:
+        return 1.0 if rate is None else rate.per_step_s(gpus_of(mc))
+
     found = []
     for c in cands:
         m = num_microbatches(training, c.dp, c.micro_batch_size)
-        floor = block_floor(c.tp, c.micro_batch_size)
-        found.append(MixedCandidate(c, floor * (1 + (m - 1) / c.pp)))
-    found.sort(key=lambda mc: (mc.bound, mc.cand.pp * mc.cand.dp * mc.cand.tp, mc.cand.label()))
+        floor = block_floor(c.tp, c.micro_batch_size) * (1 + (m - 1) / c.pp)
+        if rate is None:
+            found.append(MixedCandidate(c, floor))
+            continue
+        caps = [k.gpus // (c.dp * c.tp) for k in kinds]
+        for counts in stage_counts(c.pp, caps):
+            mc = MixedCandidate(c, 0.0, counts=counts)
+            if floor > rate.max_step_s(gpus_of(mc)):
+                continue  # no placement of these GPUs meets the deadline or the budget
+            mc.bound = floor * rate_of(mc)
+            found.append(mc)
+    found.sort(
+        key=lambda mc: (
+            mc.bound,
+            mc.cand.pp * mc.cand.dp * mc.cand.tp,
+            mc.cand.label(),
+            mc.counts or (),
+        )
+    )
     best: MixedCandidate | None = None
     incumbent = cutoff
     structures: dict = {}
+    prepared: dict[int, tuple[MixedProblem, Any, float]] = {}  # by id(candidate)
     for mc in found:
         if mc.bound >= incumbent * (1 - REL_TOL):
             mc.status = "pruned-bound"
             continue
         c = mc.cand
-        if progress:
-            progress(c.label())
-        ins = [inputs_of(k, c.tp, c.micro_batch_size) for k in range(len(kinds))]
-        mc.problem = mixed_problem(ins, c, kinds, links)
-        if not fits_at_all(mc.problem):
+        if id(c) not in prepared:
+            if progress:
+                progress(c.label())
+            ins = [inputs_of(k, c.tp, c.micro_batch_size) for k in range(len(kinds))]
+            mp = mixed_problem(ins, c, kinds, links)
+            split = mixed_split_bound(mp) if fits_at_all(mp) else None
+            if split is not None and not split.feasible:
+                split = None
+            prepared[id(c)] = (mp, split, step_bound(mp, split) if split else math.inf)
+        mp, split, least_step = prepared[id(c)]
+        if split is None:
             mc.status = "pruned-memory"
             continue
-        split = mixed_split_bound(mc.problem)
-        if not split.feasible:
-            mc.status = "pruned-memory"
-            continue
-        mc.bound = max(mc.bound, step_bound(mc.problem, split))
+        r = rate_of(mc)
+        mc.bound = max(mc.bound, least_step * r)
         if mc.bound >= incumbent * (1 - REL_TOL):
             mc.status = "pruned-bound"
             continue
-        sol = solve_mixed(mc.problem, incumbent * (1 - REL_TOL), structures, split=split)
+        longest = math.inf
+        if mc.counts is not None:
+            # caps adding up to the stages: each kind runs exactly its count
+            mp = replace(mp, stage_cap=list(mc.counts))
+            longest = rate.max_step_s(gpus_of(mc)) if rate else math.inf
+        mc.problem = mp
+        step_cutoff = min(incumbent * (1 - REL_TOL) / r, longest * (1 + 1e-9))
+        sol = solve_mixed(mp, step_cutoff, structures, split=split)
         mc.solution = sol
         if sol.status in ("optimal", "node_limit"):
             mc.status = "solved"
-            if sol.objective < incumbent:
-                incumbent, best = sol.objective, mc
+            mc.value = sol.objective * r
+            if mc.value < incumbent:
+                incumbent, best = mc.value, mc
         else:
             mc.status = sol.status
     return MixedResult(best, found, inputs, kinds, time.perf_counter() - start)

@@ -24,7 +24,9 @@ Variables:
 
 Constraints (names in the code):
     kind:      sum_k y[j,k] = 1
-    avail:     sum_j y[j,k] <= floor(G_k / (dp tp))       (G_k: GPUs of kind k in the pool)
+    avail:     sum_j y[j,k] <= floor(G_k / (dp tp))       (G_k: GPUs of kind k in the pool;
+               caps that add up to J fix each kind's stage count, as the cost-objective
+               search sets them: every stage has a kind)
     link:      n[j,k,s,o] <= L_s allow[k,s,o] y[j,k]
     place, nonempty, has, order_a, order_b: as stage_milp, on cnt[j,s] = sum_{k,o} n[j,k,s,o]
     pair:      w[j,k,l] >= y[j,k] + y[j+1,l] - 1;  sum_{k,l} w[j,k,l] = 1  (so w is the product)

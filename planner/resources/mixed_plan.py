@@ -30,7 +30,7 @@ from planner.errors import InfeasibleError, UserInputError
 from planner.hardware.cluster import Cluster
 from planner.hardware.profiles import load_profile
 from planner.modelfile import ModelFile, load_model_file
-from planner.resources.mixed import Kind, MixedCandidate, MixedResult, search_mixed
+from planner.resources.mixed import Kind, MixedCandidate, MixedResult, RunRate, search_mixed
 from planner.resources.mixed_cost import step_time
 from planner.schema import SCHEMA
 from planner.schema.mesh import Mesh
@@ -85,8 +85,12 @@ def plan_mixed(
     use_cache: bool = True,
     progress: Any = None,
     single: dict[str, float] | None = None,
+    rate: RunRate | None = None,
+    objective_cutoff: float = math.inf,
 ) -> MixedPlanResult:
     """The fastest plan over ``kinds``: a mixed pipeline when one beats every kind alone.
+    With ``rate`` (``mixed.RunRate``), the mixed pipeline of least objective instead, when it
+    is below ``objective_cutoff`` (the best single-kind option's objective).
 
     ``links``: (kind, kind) -> (bandwidth B/s per GPU, latency s) of the fabric between them;
     two kinds without a link never share a pipeline. ``single``: each kind's best step time
@@ -144,9 +148,9 @@ def plan_mixed(
     variants = [
         variants_for(traced.graph, k.cluster, pins.tp_variant, memo.variants, probe) for k in built
     ]
-    cutoff = min(single.values())
+    cutoff = min(single.values()) if rate is None else objective_cutoff
     result = search_mixed(
-        traced.graph, traced.blocks, training, built, pairs, variants, cutoff, pins, progress
+        traced.graph, traced.blocks, training, built, pairs, variants, cutoff, pins, progress, rate
     )
     doc = None
     if result.best is not None:

@@ -9,11 +9,13 @@ kind at its own grid). Its nodes are the whole nodes each kind's GPUs fill.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any
 
-from planner.resources.choose import Option, PlanPoint
+from planner.resources.choose import Option, PlanPoint, meets, objective_value
 from planner.resources.energy import RunCost, prediction_busy_share, run_cost, steps_for
+from planner.resources.mixed import RunRate
 from planner.resources.mixed_plan import KindSpec, MixedPlanResult, plan_mixed
 from planner.resources.pool import NodeType, Pool
 from planner.schema.plan import Plan
@@ -89,6 +91,62 @@ def mixed_node_type(pool: Pool, plan: Plan, nodes: int) -> NodeType:
     )
 
 
+def placement_rate(
+    pool: Pool,
+    steps: int,
+    objective: str,
+    deadline_h: float | None = None,
+    budget_usd: float | None = None,
+) -> RunRate:
+    """``energy.run_cost``'s formulas as rates per second of step time, for a placement with
+    ``gpus[k]`` GPUs of the pool's k-th node type (each on the whole nodes it fills): its wall
+    time, money, energy or carbon, and the longest step that meets the deadline and budget.
+
+    Time and money are exact: linear in the step at fixed GPUs. Energy and carbon are priced
+    at busy power, the search's ranking (exact where the pool gives no idle draw, an upper
+    bound otherwise: the chosen plan is then priced at its own busy share)."""
+    types = pool.node_types
+    eff = pool.effective_time_fraction
+    wall_per_step_s = steps / eff  # wall seconds per second of step time
+
+    def nodes(k: int, g: int) -> int:
+        return -(-g // types[k].gpus_per_node)
+
+    def energy_kwh(gpus: list[int]) -> float:
+        total = 0.0
+        for k, g in enumerate(gpus):
+            t = types[k]
+            watts = g * t.gpu_busy_watts + nodes(k, g) * t.node_watts
+            total += (
+                watts
+                * wall_per_step_s
+                / 3.6e6
+                * t.pue
+                * (t.carbon_g_per_kwh / 1000.0 if objective == "carbon" else 1.0)
+            )
+        return total
+
+    def money(gpus: list[int]) -> float:
+        return sum(g * t.price_per_gpu_hour for g, t in zip(gpus, types)) * wall_per_step_s / 3600
+
+    def per_step_s(gpus: list[int]) -> float:
+        if objective == "time":
+            return wall_per_step_s
+        if objective == "cost":
+            return money(gpus)
+        return energy_kwh(gpus)
+
+    def max_step_s(gpus: list[int]) -> float:
+        longest = math.inf
+        if deadline_h is not None:
+            longest = deadline_h * 3600.0 / wall_per_step_s
+        if budget_usd is not None and money(gpus) > 0:
+            longest = min(longest, budget_usd / money(gpus))
+        return longest
+
+    return RunRate(per_step_s, max_step_s)
+
+
 def mixed_option(
     pool: Pool,
     model_file: Any,
@@ -97,14 +155,42 @@ def mixed_option(
     tokens: int | None,
     steps: int | None,
     progress: Any = None,
+    objective: str = "time",
+    deadline_h: float | None = None,
+    budget_usd: float | None = None,
 ) -> tuple[Option | None, MixedPlanResult | None]:
     """The pool's mixed option, planned against the single-kind options already priced; None
-    when the pool has no fabric or no mixed plan beats every kind alone."""
+    when the pool has no fabric or no mixed plan beats every kind alone.
+
+    By time with no deadline or budget: the fastest mixed pipeline, kept when it is faster
+    than every kind alone. Otherwise the mixed pipeline of least objective that meets the
+    deadline and budget (``placement_rate``), kept when it beats every single-kind option that
+    meets them: a slower pipeline over cheaper GPUs can be the cheapest run."""
     if not pool.fabric:
         return None, None
     kinds, links = pool_kinds(pool)
+    rate, cutoff = None, math.inf
+    priced = [o for o in options if o.point is not None and o.run is not None]
+    if (objective != "time" or deadline_h is not None or budget_usd is not None) and priced:
+        # every option trains the same global batch: one tokens-per-step for the pool
+        k = steps if steps is not None else steps_for(tokens or 0, priced[0].point.tokens_per_step)
+        everything = [t.nodes * t.gpus_per_node for t in pool.node_types]
+        if placement_rate(pool, k, objective).per_step_s(everything) == 0:
+            objective = "time"  # free devices (an owned pool's $0): ties go to the faster
+        rate = placement_rate(pool, k, objective, deadline_h, budget_usd)
+        met = [
+            objective_value(o.run, objective) for o in priced if meets(o, deadline_h, budget_usd)
+        ]
+        cutoff = min(met, default=math.inf)
     res = plan_mixed(
-        model_file, kinds, links, single=best_single(options), progress=progress, **plan_kwargs
+        model_file,
+        kinds,
+        links,
+        single=best_single(options),
+        progress=progress,
+        rate=rate,
+        objective_cutoff=cutoff,
+        **plan_kwargs,
     )
     plan = res.plan
     if plan is None:
