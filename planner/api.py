@@ -411,9 +411,10 @@ def baseline_candidates(traced, cluster, training, pins, variants_of, memo=None)
 
 
 def infeasible_message(traced, cluster, training, result, pins) -> str:
+    from planner.report.console import human_bytes as size
+
     cap = cluster.profile.memory_bytes * pins.memory_fraction
     need = min(c.min_memory for c in result.candidates)
-    gib = 2**30
     # fewest GPUs of this profile whose ZeRO-3 share of the model states would fit
     wb, gb, ob = training.state_bytes
     states = traced.params * (wb + gb + ob)
@@ -427,12 +428,12 @@ def infeasible_message(traced, cluster, training, result, pins) -> str:
         hints.append("--recompute auto")
     if need > cap:
         miss = (
-            f"the best candidate needs at least {need / gib:.1f} GiB per device "
-            f"({(need - cap) / gib:.1f} GiB over the {cap / gib:.1f} GiB usable)"
+            f"the best candidate needs at least {size(need)} per device "
+            f"({size(need - cap)} over the {size(cap)} usable)"
         )
     else:
         miss = (
-            f"model states fit ({need / gib:.1f} GiB of {cap / gib:.1f} GiB usable per device) "
+            f"model states fit ({size(need)} of {size(cap)} usable per device) "
             "but with activations and buffers no placement does"
         )
     return f"no plan fits: {miss}; try " + ", or ".join(hints)
