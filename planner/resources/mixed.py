@@ -27,7 +27,6 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 import numpy as np
 
@@ -48,6 +47,7 @@ from planner.search.bounds import quiet_highs
 from planner.search.candidates import Candidate, Pins, divisors
 from planner.search.options import price_options
 from planner.search.problem import segments, stage_problem
+from planner.search.split_bound import SplitBound
 from planner.trace.blocks import Block
 from planner.trace.graph import pipeline_refusal
 
@@ -327,7 +327,7 @@ def search_mixed(
     best: MixedCandidate | None = None
     incumbent = cutoff
     structures: dict = {}
-    prepared: dict[int, tuple[MixedProblem, Any, float]] = {}  # by id(candidate)
+    prepared: dict[int, tuple[MixedProblem, SplitBound | None, float]] = {}  # by id(candidate)
     for mc in found:
         if mc.bound >= incumbent * (1 - REL_TOL):
             mc.status = "pruned-bound"
