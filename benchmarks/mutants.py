@@ -1310,6 +1310,14 @@ MUTANTS: list[Mutant] = [
         "the cost search ranks placements by step time, whatever their GPUs cost",
     ),
     M(
+        "run-gathered-output-a-view",
+        "runtime/parallelize.py",
+        "    return out.clone() if use_local_output and gathered and not isinstance(out, DTensor) else out\n",
+        "    return out\n",
+        oracle("inplace-logits"),
+        "a gathered column-parallel output left a view the model may not write into (Chameleon)",
+    ),
+    M(
         "published-family-size-any-match",
         "benchmarks/published.py",
         "    if len({family for family, _, _ in fits}) != 1:",

@@ -115,14 +115,14 @@ def tp_style(module: nn.Module, style: str, fqn: str, traced_parent: bool = Fals
                 return _BlocksColwise(k, output_layouts=Replicate())
             return _BlocksColwise(k, use_local_output=False)
         if traced_parent:
-            return ColwiseParallel(output_layouts=Replicate())
+            return _GatheredColwise(output_layouts=Replicate())
         return ColwiseParallel(use_local_output=False)
     if base_style(style) == "colwise_gather" and split_factor(style) > 1:
         return _BlocksColwise(split_factor(style), output_layouts=Replicate())
     if style == "colwise" and not traced_parent:
         return ColwiseParallel()
     if style in ("colwise", "colwise_gather"):
-        return ColwiseParallel(output_layouts=Replicate())
+        return _GatheredColwise(output_layouts=Replicate())
     if isinstance(module, nn.Embedding) or traced_parent:
         # rowwise: an embedding's vocabulary split (ids arrive replicated), or see above
         return _Rowwise(input_layouts=Replicate())
@@ -183,6 +183,25 @@ def _output_split(dim: int, blocks: int) -> Shard:
     return _StridedShard(dim, split_factor=blocks) if blocks > 1 else Shard(dim)
 
 
+def _gathered_output(output_layouts, use_local_output, mod, outputs, device_mesh):  # noqa: ANN001, ANN201
+    """ColwiseParallel's output conversion; a gathered (replicated) local output is its own
+    tensor, not the view DTensor's to_local makes inside an autograd Function: model code
+    writes into the gathered output in place (Chameleon masks its image tokens' logits with
+    ``logits[:, :, ids] = min``), which autograd forbids on such a view. One copy of the
+    gathered output, as ``_Rowwise`` copies its own."""
+    out = ColwiseParallel._prepare_output_fn(
+        output_layouts, use_local_output, mod, outputs, device_mesh
+    )
+    gathered = isinstance(output_layouts[0], Replicate)
+    return out.clone() if use_local_output and gathered and not isinstance(out, DTensor) else out
+
+
+class _GatheredColwise(ColwiseParallel):
+    """ColwiseParallel with its output gathered into a tensor of its own (``_gathered_output``)."""
+
+    _prepare_output_fn = staticmethod(_gathered_output)
+
+
 def _blocks_output(output_layouts, use_local_output, mod, outputs, device_mesh):  # noqa: ANN001, ANN201
     """ColwiseParallel's output conversion, except that an output sharded by blocks stays so
     (the code after it splits the blocks apart) unless a replicated one is asked for."""
@@ -192,9 +211,7 @@ def _blocks_output(output_layouts, use_local_output, mod, outputs, device_mesh):
         and not isinstance(output_layouts[0], Replicate)
     ):
         return outputs.to_local() if use_local_output else outputs
-    return ColwiseParallel._prepare_output_fn(
-        output_layouts, use_local_output, mod, outputs, device_mesh
-    )
+    return _gathered_output(output_layouts, use_local_output, mod, outputs, device_mesh)
 
 
 class _BlocksColwise(ColwiseParallel):

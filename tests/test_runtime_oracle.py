@@ -292,6 +292,9 @@ EXTRA: list[tuple] = [
         2,
         dict(tp=1, dp=1, pp=2, zero=0, schedule="1f1b", micro_batch_size=2),
     ),
+    # the model writes into the head's gathered (colwise_gather) output in place, as Chameleon
+    # masks its image tokens' logits: that output must be a tensor of its own, not a view
+    ("inplace-logits-tp2", "masked_logits", 2, dict(tp=2, dp=1, pp=1, zero=0, micro_batch_size=4)),
     # four inputs: one never read, two the first stage reads out of the signature's order, and
     # a head taking a list of features in the second stage (it stays traced: its eager forward
     # would get the one tensor the trace kept)
@@ -354,6 +357,7 @@ CORE_EXTRA = (
     "ste-custom-backward-pp2",
     "inplace_residual-inplace-received-pp2",
     "multi_input-inputs-pp2",
+    "masked_logits-inplace-logits-tp2",
 )
 
 
@@ -459,6 +463,8 @@ def test_plan_trains_like_one_process(runs, case):
         assert first["m.canine.initial_char_encoder.layer.0.attention.self.query"] == (
             "colwise_dtensor"
         )
+    if "-inplace-logits-" in cid:  # the head is split, its output gathered
+        assert plan["blocks"][-1]["tp_plan"]["head"] == "colwise_gather"
     if "-shared-embedding-" in cid:  # the decoder's weight whole, no parameter summed twice
         assert not any("input_preprocessor.embeddings" in k for b in plan["blocks"]
                        for k in b["tp_plan"])  # fmt: skip
