@@ -1312,7 +1312,7 @@ MUTANTS: list[Mutant] = [
     M(
         "run-gathered-output-a-view",
         "runtime/parallelize.py",
-        "    return out.clone() if use_local_output and gathered and not isinstance(out, DTensor) else out\n",
+        "    return out.clone() if own else out\n",
         "    return out\n",
         oracle("inplace-logits"),
         "a gathered column-parallel output left a view the model may not write into (Chameleon)",

@@ -193,7 +193,8 @@ def _gathered_output(output_layouts, use_local_output, mod, outputs, device_mesh
         output_layouts, use_local_output, mod, outputs, device_mesh
     )
     gathered = isinstance(output_layouts[0], Replicate)
-    return out.clone() if use_local_output and gathered and not isinstance(out, DTensor) else out
+    own = use_local_output and gathered and not isinstance(out, DTensor)
+    return out.clone() if own else out
 
 
 class _GatheredColwise(ColwiseParallel):
