@@ -30,9 +30,16 @@ from torch import nn
 from torch.distributed.pipelining import SplitPoint, pipeline
 from torch.distributed.pipelining._IR import annotate_split_points
 
+from planner.errors import UserInputError
 from planner.modelfile import forward_takes_one_argument, one_call_site
 from planner.schema import Plan
 from runtime.parallelize import called_paths
+
+
+class PipelineCutError(UserInputError):
+    """torch.distributed.pipelining's splitter refuses every cut of the plan (OpenAI GPT's
+    layers, a list-returning block, fail inside torch.export's unflatten at each layer's
+    start and end): the plan cannot run as a pipeline, whatever meshplan does."""
 
 
 def split_points(plan: Plan, model: nn.Module) -> list[str]:
@@ -68,18 +75,28 @@ def traced_pipe(plan: Plan, model: nn.Module, example_inputs: tuple, traced: dic
         sort_keys=True,
     )
     if key not in traced:
-        tried = []
+        tried, failed = [], []
         for spec in (
             {fqn: SplitPoint.BEGINNING for fqn in points},
             {fqn: SplitPoint.END for fqn in split_ends(plan, model)},
         ):
             traced_model = copy.deepcopy(model)
             annotate_split_points(traced_model, spec)
-            pipe = pipeline(traced_model, example_inputs, split_policy=inline_grad_mode_regions)
+            try:
+                pipe = pipeline(traced_model, example_inputs, split_policy=inline_grad_mode_regions)
+            except Exception as exc:  # noqa: BLE001 - torch's splitter refuses the cut
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                failed.append(f"at {', '.join(spec)}: {type(exc).__name__}: {first[:200]}")
+                continue
             tried.append(f"{pipe.num_stages} at {', '.join(spec)}")
             if pipe.num_stages == len(plan.stages):
                 break
         else:
+            if failed and not tried:
+                raise PipelineCutError(
+                    f"torch's pipelining cannot cut {plan.model.file} into the plan's "
+                    f"{len(plan.stages)} stages ({'; '.join(failed)}): plan it again with --pp 1"
+                )
             raise RuntimeError(
                 f"tracing cut the model into {' or '.join(tried)} stages, the plan has "
                 f"{len(plan.stages)}: a module where a stage begins or ends is not called once, "

@@ -27,7 +27,7 @@ from planner.schema import load_plan
 from runtime.build import RuntimeCache
 from runtime.checkpoint import latest_checkpoint
 from runtime.stop import ENV as STOP_ENV
-from runtime.stop import exit_worker, write_stop
+from runtime.stop import RunStopped, exit_worker, read_stop, write_stop
 from runtime.train import train_plan
 
 
@@ -130,10 +130,38 @@ def main(argv: list[str] | None = None) -> int:
             return exc.exit_code
         if rank == 0:
             write_stop(Path(run_dir), exc)
-        # A deliberate stop must not be retried: torchrun restarts any failed worker.
-        return 0 if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0 else exc.exit_code
+        # A deliberate stop must not be retried (torchrun restarts any failed worker), nor
+        # reported by torchrun as a failure with a traceback of its own: the launcher ends
+        # with the stop file's line and exit status.
+        return 0
+    except Exception as exc:  # noqa: BLE001 - a bug (meshplan's, or the model's under this plan)
+        if os.environ.get("MESHPLAN_DEBUG") == "1":
+            raise  # every failing rank's traceback, as torchrun prints it
+        return report_bug(rank, exc, Path(args.run_dirs[0]))
     dist.barrier()  # leave together (see runtime.recsys.main)
     dist.destroy_process_group()
+    return 0
+
+
+def report_bug(rank: int, exc: Exception, run_dir: Path) -> int:
+    """One line for an unexpected error, as the CLI gives one for its own (the rank, the
+    exception and its first words, how to see the traceback), and the worker's exit status.
+
+    Under ``plan run`` without restarts the first rank to fail leaves the line for the
+    launcher to end with (the peers' "connection closed" that follows is not the cause) and
+    every rank exits cleanly, so torchrun adds no report of its own; with restarts, or under
+    another launcher, the worker fails (1) and torchrun restarts or reports it as before."""
+    words = " ".join(str(exc).split())
+    message = (
+        f"rank {rank}: internal error: {type(exc).__name__}: {words[:400]} (run again with "
+        "--debug for the traceback, and please report it)"
+    )
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
+    if os.environ.get(STOP_ENV) != "1" or restarts > 0:
+        return 1
+    if read_stop(run_dir) is None:
+        write_stop(run_dir, RunStopped(message, 1))
     return 0
 
 

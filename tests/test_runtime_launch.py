@@ -214,3 +214,33 @@ def test_resume_from_checkpoint_continues_the_same_run(tmp_path):
         assert len(got) == 5, f"{model}: {got}"
         for step, (g, w) in enumerate(zip(got, want), start=1):
             assert abs(g - w) <= RTOL * abs(w), f"{model} {p} step {step}: {g} vs {w}"
+
+
+def test_a_pipeline_torch_cannot_cut_ends_in_one_line(tmp_path, capfd):
+    """OpenAI GPT's layers cannot be cut by torch's pipelining (torch.export's unflatten
+    refuses the split module): the run ends with one line saying so and what to do, exit 2,
+    not every rank's traceback and torchrun's report."""
+    plan = forced_plan(
+        "openai_gpt", 2, tmp_path / "pp", pp=2, dp=1, tp=1, zero=0, schedule="1f1b",
+        micro_batch_size=2, recompute="none",
+    )  # fmt: skip
+    assert plan_main(["run", str(plan), "--device", "cpu", "--steps", "1"]) == 2
+    out, err = capfd.readouterr()
+    assert "Traceback" not in out + err
+    last = err.strip().splitlines()[-1]
+    assert "torch's pipelining cannot cut" in last and "--pp 1" in last, err[-3000:]
+
+
+def test_an_error_in_the_workers_ends_in_one_line(tmp_path, capfd):
+    """A model that fails only under torch.distributed: one line naming the rank, the error
+    and --debug, exit 1, not every rank's traceback and torchrun's report."""
+    plan = forced_plan(
+        "fails_when_run", 2, tmp_path / "dp", pp=1, dp=2, tp=1, zero=0, micro_batch_size=4,
+        recompute="none",
+    )  # fmt: skip
+    assert plan_main(["run", str(plan), "--device", "cpu", "--steps", "1"]) == 1
+    out, err = capfd.readouterr()
+    assert "Traceback" not in out + err
+    last = err.strip().splitlines()[-1]
+    assert "internal error: RuntimeError: the model's own failure" in last, err[-3000:]
+    assert "--debug" in last
