@@ -257,7 +257,7 @@ CASES = {
     "sized_by_values": (
         lambda t: [_model(t, "m.py", SIZED_BY_VALUES), "--gpus", "2", "--profile", "cpu"],
         2,
-        "sizes its work from tensor values",
+        "decides what to do from tensor values",
     ),
     "pp_beyond_blocks": (
         lambda t: [_model(t, "one.py", ONE_BLOCK), "--gpus", "2", "--pp", "2"],

@@ -337,7 +337,16 @@ def test_a_shape_error_export_reached_is_not_reported_as_data_dependent_code():
     data = RuntimeError("Could not guard on data-dependent expression u0 > 0")
     with pytest.raises(UserInputError) as err:
         _trace_with_hooks(mf, model, (x,), data)
+    # a dense model: the hint is about its branch or check, not about experts
+    assert "decides what to do from tensor values" in str(err.value)
+    assert "depend on shapes only" in str(err.value) and "grouped_mm" not in str(err.value)
+    with torch.device("meta"):
+        moe = torch.nn.ModuleDict({"experts": ReadsAValue()})
+    moe.forward = moe["experts"].forward
+    with pytest.raises(UserInputError) as err:
+        _trace_with_hooks(mf, moe, (x,), data)
     assert "sizes its work from tensor values" in str(err.value)
+    assert "grouped_mm" in str(err.value)
 
 
 POOLED_BATCHNORM = (
@@ -617,3 +626,15 @@ def test_buffers_the_forward_updates_are_found_and_named_under_data_parallelism(
     assert not [n for n in one.notes if n.startswith("buffers the forward updates")]
     resnet = trace(Path(__file__).parent.parent / "examples" / "resnet.py", dtype="fp32")
     assert resnet.graph.graph["forward_state"] == []
+
+
+def test_long_messages_are_cut_at_a_word_with_an_ellipsis():
+    """torch's messages are cut for one-line errors at a word boundary, marked, never mid-word;
+    short ones stay whole and on one line."""
+    from planner.trace.export import brief
+
+    text = "Could not guard on\\nmodel.layers.0.lifted_tensor_0 " + "word " * 200
+    cut = brief(text, 60)
+    assert cut.endswith(" ...") and len(cut) <= 64
+    assert all(w in text.split() for w in cut[:-4].split())
+    assert brief("short\\nmessage") == "short message"

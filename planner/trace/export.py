@@ -758,6 +758,16 @@ def _data_dependent(exc: BaseException) -> bool:
     )
 
 
+def brief(text: str, limit: int = 400) -> str:
+    """``text`` on one line, cut at a word boundary with an ellipsis past ``limit``
+    characters: torch's messages put what matters (the module path of a lifted tensor, the
+    op a meta kernel lacks) after their first sentence, so a blind cut loses it mid-word."""
+    words = " ".join(str(text).split())
+    if len(words) <= limit:
+        return words
+    return words[:limit].rsplit(" ", 1)[0] + " ..."
+
+
 def _export_failure(exc: BaseException) -> str:
     """torch.export's failure, with its message unless it is about data-dependent sizes (the
     hint after it says that better). A forward that fails its own shape checks (a config
@@ -765,7 +775,26 @@ def _export_failure(exc: BaseException) -> str:
     name = type(exc).__name__
     if _data_dependent(exc):
         return name
-    return f"{name}: {' '.join(str(exc).split())[:200]}"
+    return f"{name}: {brief(str(exc))}"
+
+
+def data_dependent_hint(model: torch.nn.Module) -> str:
+    """What to do about a forward that decides its work from tensor values: for a model with
+    experts, a dispatch of static sizes; otherwise the branch or check itself."""
+    experts = any("expert" in name.lower() for name, _ in model.named_modules())
+    if experts:
+        return (
+            "; the forward sizes its work from tensor values (.item() or .tolist(), such "
+            "as tokens counted per expert), which a trace without data cannot follow: use "
+            "an implementation that keeps sizes static (transformers' grouped_mm or "
+            "batched_mm experts, a capacity-padded dispatch)"
+        )
+    return (
+        "; the forward decides what to do from tensor values (a branch such as `if "
+        "mask.any():`, a check such as `assert lengths.max() <= n`, .item(), nonzero()), which "
+        "a trace without data cannot follow: make that code depend on shapes only (or move "
+        "the check out of forward)"
+    )
 
 
 def _storage_key(t: torch.Tensor) -> int | None:
@@ -914,18 +943,11 @@ def _trace_with_hooks(
                 f"{mf.path.name}: cannot trace the model: its forward fails under torch.export: "
                 f"{_export_failure(export_exc)} (does it run outside meshplan?)"
             ) from export_exc
-        hint = ""
-        if _data_dependent(exc):
-            hint = (
-                "; the forward sizes its work from tensor values (.item() or .tolist(), such "
-                "as tokens counted per expert), which a trace without data cannot follow: use "
-                "an implementation that keeps sizes static (transformers' grouped_mm or "
-                "batched_mm experts, a capacity-padded dispatch)"
-            )
+        hint = data_dependent_hint(model) if _data_dependent(exc) else ""
         raise UserInputError(
             f"{mf.path.name}: cannot trace the model: torch.export failed "
             f"({_export_failure(export_exc)}) and its forward raised in module {where!r}: "
-            f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}{hint}"
+            f"{type(exc).__name__}: {brief(str(exc), 300)}{hint}"
         ) from exc
     finally:
         for h in handles:
