@@ -633,8 +633,8 @@ def test_long_messages_are_cut_at_a_word_with_an_ellipsis():
     short ones stay whole and on one line."""
     from planner.trace.export import brief
 
-    text = "Could not guard on\\nmodel.layers.0.lifted_tensor_0 " + "word " * 200
+    text = "Could not guard on\nmodel.layers.0.lifted_tensor_0 " + "word " * 200
     cut = brief(text, 60)
     assert cut.endswith(" ...") and len(cut) <= 64
     assert all(w in text.split() for w in cut[:-4].split())
-    assert brief("short\\nmessage") == "short message"
+    assert brief("short\nmessage") == "short message"
