@@ -16,6 +16,7 @@ import logging
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -83,6 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     rank = dist.get_rank()
     # build_stage warns once per eager module it cannot retarget; on one device that is noise.
     logging.getLogger("torch.distributed.pipelining._IR").setLevel(logging.ERROR)
+    # torch's pipelining deep-copies pytree specs, and torch warns about its own deprecated
+    # LeafSpec check each time (torch 2.13): a line per stage and copy that is not the user's
+    warnings.filterwarnings(
+        "ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning
+    )
     cache = RuntimeCache()  # meshes and traces the plans of this launch share
     try:
         for plan_path, run_dir in zip(args.plans, args.run_dirs):
