@@ -154,9 +154,10 @@ def report_bug(rank: int, exc: Exception, run_dir: Path) -> int:
     exception and its first words, how to see the traceback), and the worker's exit status.
 
     Under ``plan run`` without restarts the first rank to fail leaves the line for the
-    launcher to end with (the peers' "connection closed" that follows is not the cause) and
-    every rank exits cleanly, so torchrun adds no report of its own; with restarts, or under
-    another launcher, the worker fails (1) and torchrun restarts or reports it as before."""
+    launcher to end with (the peers' "connection closed" that follows is not the cause) and,
+    on gloo, every rank exits cleanly, so torchrun adds no report of its own; with restarts,
+    under another launcher, or on NCCL, the worker fails (1) and torchrun restarts the group
+    or ends it."""
     words = " ".join(str(exc).split())
     message = (
         f"rank {rank}: internal error: {type(exc).__name__}: {words[:400]} (run again with "
@@ -168,7 +169,9 @@ def report_bug(rank: int, exc: Exception, run_dir: Path) -> int:
         return 1
     if read_stop(run_dir) is None:
         write_stop(run_dir, RunStopped(message, 1))
-    return 0
+    # gloo's peers see this process's sockets close and fail at once, down the same path;
+    # NCCL's may wait in a collective until its timeout, so there torchrun ends them now
+    return 0 if dist.get_backend() == "gloo" else 1
 
 
 if __name__ == "__main__":
