@@ -53,6 +53,7 @@ def cmd_run(argv: list[str]) -> int:
     )
     parser.add_argument("plan", help="a plan.json written by `plan MODEL.py`")
     add_run_flags(parser)
+    parser.add_argument("--debug", action="store_true", help="show tracebacks, the workers' too")
     opts = parser.parse_args(argv)
     from planner.recsys.plan import is_recplan
 
@@ -316,8 +317,6 @@ def _run_profile_default(args: argparse.Namespace) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get("MESHPLAN_DEBUG") == "1"
-    if debug:
-        os.environ["MESHPLAN_DEBUG"] = "1"  # plan run's workers print their tracebacks too
     command = SUBCOMMANDS.get(argv[0]) if argv else None
     try:
         return command(argv[1:]) if command else cmd_plan(argv)

@@ -157,6 +157,8 @@ def run_plan(plan_path: Path, opts: argparse.Namespace) -> int:
     clear_stop(run_dir)
     env = worker_env()
     env[STOP_ENV] = "1"
+    if getattr(opts, "debug", False):
+        env["MESHPLAN_DEBUG"] = "1"  # the workers print their tracebacks too
     rc = subprocess.run(cmd, env=env, check=False).returncode
     stopped = read_stop(run_dir)
     if stopped is not None:  # the workers stopped on purpose (a diverged loss): no restart

@@ -244,3 +244,7 @@ def test_an_error_in_the_workers_ends_in_one_line(tmp_path, capfd):
     last = err.strip().splitlines()[-1]
     assert "internal error: RuntimeError: the model's own failure" in last, err[-3000:]
     assert "--debug" in last
+    # --debug: the workers' tracebacks
+    assert plan_main(["run", str(plan), "--device", "cpu", "--steps", "1", "--debug"]) != 0
+    out, err = capfd.readouterr()
+    assert "Traceback" in err and "the model's own failure" in err
