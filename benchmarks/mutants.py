@@ -1296,7 +1296,7 @@ MUTANTS: list[Mutant] = [
     M(
         "mixed-rate-deadline-ignored",
         "planner/resources/mixed_pool.py",
-        "            longest = deadline_h * 3600.0 / wall_per_step_s\n",
+        "            longest = deadline_h / run.wall_h\n",
         "            longest = math.inf\n",
         "tests/test_mixed_pool.py::test_placement_rate_prices_a_step_second_of_each_objective_by_hand",
         "a mixed pipeline that misses the deadline kept as the cheapest",

@@ -346,9 +346,9 @@ def parse_zero(text: str, source: str, assumed: list[str]) -> int:
         raise Skip(f"hybrid sharded data parallelism ({text!r}) is not priced")
     if "zero++" in t:
         raise Skip(f"ZeRO++'s quantized collectives ({text!r}) are not priced")
-    if "shard_grad_op" in t or re.search(r"shard[- _]grad[- _]op", t):
+    if re.search(r"shard[- _]grad[- _]op", t):
         return 2
-    if "no_shard" in t or re.search(r"\bno[- _]shard", t):
+    if re.search(r"\bno[- _]shard", t):
         return 0  # FSDP's NO_SHARD: DDP's layout
     if re.search(r"full[- _]?shard|fully[- ]sharded|fsdp2|zero-3", t):
         return 3

@@ -5,6 +5,17 @@ wrong and how to fix it; any other exception is a bug and keeps its traceback.
 """
 
 
+def brief(text: str, limit: int = 400) -> str:
+    """``text`` on one line, cut at a word boundary with an ellipsis past ``limit``
+    characters: torch's messages put what matters (the module path of a lifted tensor, the
+    op a meta kernel lacks) after their first sentence, so a blind cut loses it mid-word.
+    Every one-line error quoting another library's message shortens it here."""
+    words = " ".join(str(text).split())
+    if len(words) <= limit:
+        return words
+    return words[:limit].rsplit(" ", 1)[0] + " ..."
+
+
 class MeshplanError(Exception):
     """A user-facing problem: the CLI prints str(e) as one line and exits with exit_code."""
 

@@ -30,7 +30,7 @@ from torch import nn
 from torch.distributed.pipelining import SplitPoint, pipeline
 from torch.distributed.pipelining._IR import annotate_split_points
 
-from planner.errors import UserInputError
+from planner.errors import UserInputError, brief
 from planner.modelfile import forward_takes_one_argument, one_call_site
 from planner.schema import Plan
 from runtime.parallelize import called_paths
@@ -85,8 +85,7 @@ def traced_pipe(plan: Plan, model: nn.Module, example_inputs: tuple, traced: dic
             try:
                 pipe = pipeline(traced_model, example_inputs, split_policy=inline_grad_mode_regions)
             except Exception as exc:  # noqa: BLE001 - torch's splitter refuses the cut
-                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-                failed.append(f"at {', '.join(spec)}: {type(exc).__name__}: {first[:200]}")
+                failed.append(f"at {', '.join(spec)}: {type(exc).__name__}: {brief(exc, 200)}")
                 continue
             tried.append(f"{pipe.num_stages} at {', '.join(spec)}")
             if pipe.num_stages == len(plan.stages):

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from planner.errors import MeshplanError
+from planner.errors import MeshplanError, brief
 from planner.modelfile import load_model_file
 from planner.schema import load_plan
 from runtime.build import RuntimeCache
@@ -158,9 +158,8 @@ def report_bug(rank: int, exc: Exception, run_dir: Path) -> int:
     on gloo, every rank exits cleanly, so torchrun adds no report of its own; with restarts,
     under another launcher, or on NCCL, the worker fails (1) and torchrun restarts the group
     or ends it."""
-    words = " ".join(str(exc).split())
     message = (
-        f"rank {rank}: internal error: {type(exc).__name__}: {words[:400]} (run again with "
+        f"rank {rank}: internal error: {type(exc).__name__}: {brief(exc)} (run again with "
         "--debug for the traceback, and please report it)"
     )
     print(f"error: {message}", file=sys.stderr, flush=True)

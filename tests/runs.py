@@ -15,6 +15,23 @@ from runtime.launch import torchrun_command, worker_env
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def cpu_profile(tmp: Path, name: str, peak_flops_fp32: str = "", capacity_bytes: int = 0) -> str:
+    """profiles/cpu.toml as a kind of its own, ``name``, with another fp32 peak and memory
+    where given (the shipped 1.0e11 FLOP/s and 8 GiB otherwise); the path of its copy."""
+    text = (ROOT / "profiles" / "cpu.toml").read_text()
+    edits = [('name = "cpu"', f'name = "{name}"')]
+    if peak_flops_fp32:
+        edits.append(("peak_flops_fp32 = 1.0e11", f"peak_flops_fp32 = {peak_flops_fp32}"))
+    if capacity_bytes:
+        edits.append(("capacity_bytes = 8589934592", f"capacity_bytes = {capacity_bytes}"))
+    for old, new in edits:
+        assert old in text, f"profiles/cpu.toml no longer has {old!r}"
+        text = text.replace(old, new, 1)
+    path = tmp / f"{name}.toml"
+    path.write_text(text)
+    return str(path)
+
+
 def model_path(model: str) -> Path:
     """examples/<model>.py, else tests/models/<model>.py (models no one here tuned for)."""
     path = ROOT / "examples" / f"{model}.py"

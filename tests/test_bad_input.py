@@ -351,20 +351,18 @@ def test_a_good_run_replaces_the_plan_atomically(tmp_path, capsys, monkeypatch):
 def test_a_model_just_over_a_small_device_says_by_how_much(tmp_path):
     """The no-fit message gives sizes in a unit that shows them: a tiny GPT on a 260 MiB
     device misses by about 2 MiB, not "0.0 GiB over the 0.3 GiB usable"."""
+    from runs import cpu_profile
+
     from planner.api import plan
     from planner.errors import InfeasibleError
     from planner.search import Pins
 
     root = Path(__file__).resolve().parent.parent
-    text = (root / "profiles" / "cpu.toml").read_text()
-    text = text.replace('name = "cpu"', 'name = "cpu-small"', 1)
-    small = text.replace("capacity_bytes = 8589934592", f"capacity_bytes = {260 * 2**20}", 1)
-    assert small != text
-    (tmp_path / "cpu-small.toml").write_text(small)
+    small = cpu_profile(tmp_path, "cpu-small", capacity_bytes=260 * 2**20)
     args = {"size": "tiny", "layers": 4, "hidden": 256, "seq_len": 128}
     with pytest.raises(InfeasibleError) as err:
         plan(
-            root / "examples" / "gpt.py", 1, profile=str(tmp_path / "cpu-small.toml"),
+            root / "examples" / "gpt.py", 1, profile=small,
             model_args=args, global_batch_size=8, dtype="fp32", optimizer="sgd",
             pins=Pins(offload="none"),
         )  # fmt: skip

@@ -21,7 +21,7 @@ from oracle import (
     reference_for_plan,
     unmoved_parameters,
 )
-from runs import launch, losses_of
+from runs import cpu_profile, launch, losses_of
 from test_mixed_milp import brute_force
 from test_trace import ODD_OUTPUT
 
@@ -44,14 +44,7 @@ LINK = (4.4e9, 3.1e-4)  # the cpu profile's loopback: the fabric between the two
 
 def half_profile(tmp: Path) -> str:
     """profiles/cpu.toml with half the fp32 peak and half the memory, as its own kind."""
-    text = (ROOT / "profiles" / "cpu.toml").read_text()
-    text = text.replace('name = "cpu"', 'name = "cpu-half"', 1)
-    text = text.replace("peak_flops_fp32 = 1.0e11", "peak_flops_fp32 = 5.0e10", 1)
-    text = text.replace("capacity_bytes = 8589934592", "capacity_bytes = 4294967296", 1)
-    assert "cpu-half" in text and "5.0e10" in text and "4294967296" in text
-    path = tmp / "cpu-half.toml"
-    path.write_text(text)
-    return str(path)
+    return cpu_profile(tmp, "cpu-half", peak_flops_fp32="5.0e10", capacity_bytes=4294967296)
 
 
 @pytest.fixture(scope="module")
@@ -101,13 +94,8 @@ def test_by_cost_the_cheapest_run_can_be_a_slower_mixed_pipeline(tmp_path):
     cutoff the fastest kind) finds no mixed plan; by money, a pipeline over one fast and the
     slow rank costs less than either fast run, though it is slower. The search's value is the
     least over every candidate and stage count, each re-solved here without a cutoff."""
-    text = (ROOT / "profiles" / "cpu.toml").read_text()
-    text = text.replace('name = "cpu"', 'name = "cpu-slow"', 1)
-    text = text.replace("peak_flops_fp32 = 1.0e11", "peak_flops_fp32 = 5.0e10", 1)
-    text = text.replace("capacity_bytes = 8589934592", f"capacity_bytes = {260 * 2**20}", 1)
-    slow = tmp_path / "cpu-slow.toml"
-    slow.write_text(text)
-    kinds = [KindSpec("fast", "cpu", 2), KindSpec("slow", str(slow), 1)]
+    slow = cpu_profile(tmp_path, "cpu-slow", peak_flops_fp32="5.0e10", capacity_bytes=260 * 2**20)
+    kinds = [KindSpec("fast", "cpu", 2), KindSpec("slow", slow, 1)]
     links = {("fast", "slow"): LINK}
     common = dict(
         model_args=ARGS, global_batch_size=8, dtype="fp32", optimizer="sgd", lr=0.5,

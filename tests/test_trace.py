@@ -631,7 +631,7 @@ def test_buffers_the_forward_updates_are_found_and_named_under_data_parallelism(
 def test_long_messages_are_cut_at_a_word_with_an_ellipsis():
     """torch's messages are cut for one-line errors at a word boundary, marked, never mid-word;
     short ones stay whole and on one line."""
-    from planner.trace.export import brief
+    from planner.errors import brief
 
     text = "Could not guard on\nmodel.layers.0.lifted_tensor_0 " + "word " * 200
     cut = brief(text, 60)

@@ -355,7 +355,8 @@ def search_mixed(
         if mc.counts is not None:
             # caps adding up to the stages: each kind runs exactly its count
             mp = replace(mp, stage_cap=list(mc.counts))
-            longest = rate.max_step_s(gpus_of(mc)) if rate else math.inf
+            assert rate is not None  # stage counts are a RunRate search's
+            longest = rate.max_step_s(gpus_of(mc))
         mc.problem = mp
         step_cutoff = min(incumbent * (1 - REL_TOL) / r, longest * (1 + 1e-9))
         sol = solve_mixed(mp, step_cutoff, structures, split=split)

@@ -40,30 +40,41 @@ def best_single(options: list[Option]) -> dict[str, float]:
     return found
 
 
-def mixed_run_cost(
-    pool: Pool, plan: Plan, steps: int, effective_time_fraction: float
+def summed_run_cost(
+    used: list[tuple[NodeType, int]],
+    steps: int,
+    step_time_s: float,
+    busy: float,
+    effective_time_fraction: float,
 ) -> tuple[RunCost, int]:
-    """The summed run cost of a mixed plan over its kinds, and the nodes it occupies."""
-    types = {t.name: t for t in pool.node_types}
+    """``energy.run_cost`` of each (node type, GPUs) at one step time and busy share, summed
+    over the kinds (each on the whole nodes its GPUs fill), and the nodes they occupy."""
     parts, nodes = [], 0
-    step = plan.predicted.step_time_s
-    busy = prediction_busy_share(plan.predicted)
-    for k in plan.kinds or []:
-        t = types[k.name]
-        n = -(-k.gpus // t.gpus_per_node)
+    for t, g in used:
+        n = -(-g // t.gpus_per_node)
         nodes += n
-        parts.append(run_cost(t, n, k.gpus, steps, step, busy, effective_time_fraction))
-    gpus = sum(k.gpus for k in plan.kinds or [])
+        parts.append(run_cost(t, n, g, steps, step_time_s, busy, effective_time_fraction))
+    gpus = sum(g for _, g in used)
     total = RunCost(
         steps=steps,
         wall_s=parts[0].wall_s,
         gpu_hours=sum(p.gpu_hours for p in parts),
         cost_usd=sum(p.cost_usd for p in parts),
-        gpu_watts=sum(p.gpu_watts * k.gpus for p, k in zip(parts, plan.kinds or [])) / gpus,
+        gpu_watts=sum(p.gpu_watts * g for p, (_, g) in zip(parts, used)) / gpus,
         energy_kwh=sum(p.energy_kwh for p in parts),
         carbon_kg=sum(p.carbon_kg for p in parts),
     )
     return total, nodes
+
+
+def mixed_run_cost(
+    pool: Pool, plan: Plan, steps: int, effective_time_fraction: float
+) -> tuple[RunCost, int]:
+    """The summed run cost of a mixed plan over its kinds, and the nodes it occupies."""
+    types = {t.name: t for t in pool.node_types}
+    used = [(types[k.name], k.gpus) for k in plan.kinds or []]
+    busy = prediction_busy_share(plan.predicted)
+    return summed_run_cost(used, steps, plan.predicted.step_time_s, busy, effective_time_fraction)
 
 
 def mixed_node_type(pool: Pool, plan: Plan, nodes: int) -> NodeType:
@@ -98,50 +109,29 @@ def placement_rate(
     deadline_h: float | None = None,
     budget_usd: float | None = None,
 ) -> RunRate:
-    """``energy.run_cost``'s formulas as rates per second of step time, for a placement with
-    ``gpus[k]`` GPUs of the pool's k-th node type (each on the whole nodes it fills): its wall
-    time, money, energy or carbon, and the longest step that meets the deadline and budget.
+    """``summed_run_cost`` per second of step time, for a placement with ``gpus[k]`` GPUs of
+    the pool's k-th node type: its wall time, money, energy or carbon, and the longest step
+    that meets the deadline and budget. Every term is linear in the step at fixed GPUs and
+    busy share, so the run at a one-second step is the rate.
 
-    Time and money are exact: linear in the step at fixed GPUs. Energy and carbon are priced
-    at busy power, the search's ranking (exact where the pool gives no idle draw, an upper
-    bound otherwise: the chosen plan is then priced at its own busy share)."""
-    types = pool.node_types
-    eff = pool.effective_time_fraction
-    wall_per_step_s = steps / eff  # wall seconds per second of step time
+    Time and money are exact. Energy and carbon are priced at busy power, the search's
+    ranking (exact where the pool gives no idle draw, an upper bound otherwise: the chosen
+    plan is then priced at its own busy share)."""
 
-    def nodes(k: int, g: int) -> int:
-        return -(-g // types[k].gpus_per_node)
-
-    def energy_kwh(gpus: list[int]) -> float:
-        total = 0.0
-        for k, g in enumerate(gpus):
-            t = types[k]
-            watts = g * t.gpu_busy_watts + nodes(k, g) * t.node_watts
-            total += (
-                watts
-                * wall_per_step_s
-                / 3.6e6
-                * t.pue
-                * (t.carbon_g_per_kwh / 1000.0 if objective == "carbon" else 1.0)
-            )
-        return total
-
-    def money(gpus: list[int]) -> float:
-        return sum(g * t.price_per_gpu_hour for g, t in zip(gpus, types)) * wall_per_step_s / 3600
+    def per_second(gpus: list[int]) -> RunCost:
+        used = [(t, g) for t, g in zip(pool.node_types, gpus) if g]
+        return summed_run_cost(used, steps, 1.0, 1.0, pool.effective_time_fraction)[0]
 
     def per_step_s(gpus: list[int]) -> float:
-        if objective == "time":
-            return wall_per_step_s
-        if objective == "cost":
-            return money(gpus)
-        return energy_kwh(gpus)
+        return objective_value(per_second(gpus), objective)
 
     def max_step_s(gpus: list[int]) -> float:
+        run = per_second(gpus)
         longest = math.inf
         if deadline_h is not None:
-            longest = deadline_h * 3600.0 / wall_per_step_s
-        if budget_usd is not None and money(gpus) > 0:
-            longest = min(longest, budget_usd / money(gpus))
+            longest = deadline_h / run.wall_h
+        if budget_usd is not None and run.cost_usd > 0:
+            longest = min(longest, budget_usd / run.cost_usd)
         return longest
 
     return RunRate(per_step_s, max_step_s)

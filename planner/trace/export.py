@@ -31,7 +31,7 @@ import torch
 import torch.fx
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from planner.errors import UserInputError
+from planner.errors import UserInputError, brief
 from planner.modelfile import (
     DTYPES,
     ModelFile,
@@ -756,16 +756,6 @@ def _data_dependent(exc: BaseException) -> bool:
         or "data-dependent" in text
         or "item() cannot be called on meta" in text
     )
-
-
-def brief(text: str, limit: int = 400) -> str:
-    """``text`` on one line, cut at a word boundary with an ellipsis past ``limit``
-    characters: torch's messages put what matters (the module path of a lifted tensor, the
-    op a meta kernel lacks) after their first sentence, so a blind cut loses it mid-word."""
-    words = " ".join(str(text).split())
-    if len(words) <= limit:
-        return words
-    return words[:limit].rsplit(" ", 1)[0] + " ..."
 
 
 def _export_failure(exc: BaseException) -> str:
