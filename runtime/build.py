@@ -35,6 +35,7 @@ from runtime.parallelize import (
     sum_partial_gradients,
 )
 from runtime.tied import TiedGrads, tied_grads, untie_between
+from runtime.uneven_tp import stage_meshes, uneven_stage
 
 
 @dataclass
@@ -65,12 +66,17 @@ def expert_mesh(
 def device_mesh(device: torch.device, plan_mesh: Mesh, cache: RuntimeCache) -> DeviceMesh:
     """The (pp, dp, tp) mesh, rank = (pp_i * dp + dp_i) * tp + tp_i; with context parallelism
     (pp, dp, cp, tp), rank = ((pp_i * dp + dp_i) * cp + cp_i) * tp + tp_i and a flattened
-    "dp_cp" dimension: the replicas gradients reduce over. Cached per shape, because each mesh
-    creates process groups and a batch of plans reuses them."""
+    "dp_cp" dimension: the replicas gradients reduce over. With a TP degree per stage
+    (``Mesh.stage_tp``), the rank's own stage's mesh, its "pp" dimension of one rank. Cached
+    per shape, because each mesh creates process groups and a batch of plans reuses them."""
     pp, dp, tp, cp = plan_mesh.pp, plan_mesh.dp, plan_mesh.tp, plan_mesh.cp
-    key = (device.type, pp, dp, tp, cp)
+    key = (device.type, pp, dp, tp, cp, plan_mesh.stage_tp if plan_mesh.uneven else None)
     if key not in cache.meshes:
-        if cp == 1:
+        if plan_mesh.uneven:
+            # no (pp, dp, tp) grid: this rank's stage's own (1, dp, tp_i) mesh
+            mine = plan_mesh.coords(dist.get_rank())[0]
+            cache.meshes[key] = stage_meshes(device.type, plan_mesh)[mine]
+        elif cp == 1:
             cache.meshes[key] = init_device_mesh(
                 device.type, (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp")
             )
@@ -119,8 +125,9 @@ class Built:
 
     @property
     def coords(self) -> tuple[int, int, int]:
-        m = self.mesh
-        return m.get_local_rank("pp"), m.get_local_rank("dp"), m.get_local_rank("tp")
+        """(pp_i, dp_i, tp_i) of this rank, from the plan's mesh (the one rank formula)."""
+        pp_i, dp_i, _, tp_i = self.plan.mesh.coords(dist.get_rank())
+        return pp_i, dp_i, tp_i
 
     @property
     def cp_mesh(self) -> DeviceMesh | None:
@@ -236,7 +243,7 @@ def _build_pipeline(
         plan.micro_batch_size,
     )[0]
     pipe = traced_pipe(plan, model, example, cache.pipes)
-    pp_rank = mesh.get_local_rank("pp")
+    pp_rank = plan.mesh.coords(dist.get_rank())[0]
     indices = [st.index for st in plan.stages if st.pp_rank == pp_rank]
     blocks = plan.blocks
     parts, stages = [], []
@@ -259,7 +266,7 @@ def _build_pipeline(
             )
     untie_between(stage_mods)
     names = parameter_names(model)
-    tied = tied_grads(names, stage_mods, mesh, cache.groups)
+    tied = tied_grads(names, stage_mods, plan.mesh, cache.groups)
     grad_sums: list[nn.Module] = []
     for i, stage_mod in zip(indices, stage_mods):
         stage_mod.to(device)
@@ -290,7 +297,8 @@ def _build_pipeline(
                 "it trains in fp32, not the plan's 16-bit dtype (plan with ZeRO 0, 2 or 3)"
             )
         pipe.split_gm.register_module(stage_module_name(i), wrapped)
-        stages.append(pipe.build_stage(i, device, group=mesh["pp"].get_group()))
+        stage = pipe.build_stage(i, device, group=mesh["pp"].get_group())
+        stages.append(uneven_stage(stage, plan.mesh) if plan.mesh.uneven else stage)
         parts.append(wrapped)
     loss = _loss_fn(mf)
     m = plan.num_microbatches

@@ -54,7 +54,7 @@ def processes_per_node(plan: Plan, opts: argparse.Namespace, device: str) -> int
     if world % nnodes:
         raise UserInputError(
             f"the plan needs {world} processes (pp {mesh.pp} x dp {mesh.dp} x cp "
-            f"{mesh.cp} x tp {mesh.tp}), which {nnodes} nodes cannot split "
+            f"{mesh.cp} x tp {mesh.tp_label}), which {nnodes} nodes cannot split "
             "evenly: use --nnodes dividing "
             f"{world}, or plan again for {nnodes} nodes"
         )

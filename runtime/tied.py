@@ -27,9 +27,10 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh
 
+from planner.errors import UserInputError
 from planner.modelfile import parameter_names
+from planner.schema.mesh import Mesh
 
 
 def tied_groups(model: nn.Module) -> dict[str, list[str]]:
@@ -101,13 +102,16 @@ def _parameters(part: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def tied_grads(
-    model_names: dict[str, list[str]], parts: list[nn.Module], mesh: DeviceMesh, groups_cache: dict
+    model_names: dict[str, list[str]], parts: list[nn.Module], mesh: Mesh, groups_cache: dict
 ) -> TiedGrads:
     """Which trainable parameters this rank's ``parts`` (pipeline stages, not yet wrapped)
     hold copies of, and a process group per parameter over the ranks holding a copy that agree
     on every mesh coordinate but the pipeline's. ``model_names``: every parameter's names
     (``parameter_names``); a parameter is a copy where two parts, here or on other pipeline
-    ranks, hold it. Collective: every rank calls it."""
+    ranks, hold it. Collective: every rank calls it.
+
+    Copies on stages of different TP degrees (``Mesh.stage_tp``) hold different shards, which
+    no sum of matching coordinates adds up: refused in one line."""
     canonical = {name: key for key, names in model_names.items() for name in names}
     held: dict[str, list[tuple[int, str]]] = {}
     for i, part in enumerate(parts):
@@ -115,10 +119,20 @@ def tied_grads(
             key = canonical.get(name)
             if key is not None and p.requires_grad and all(j != i for j, _ in held.get(key, [])):
                 held.setdefault(key, []).append((i, name))  # one name per part and tensor
-    coords = list(mesh.get_coordinate() or ())
-    del coords[(mesh.mesh_dim_names or ()).index("pp")]
+    _, *coords = mesh.coords(dist.get_rank())
     everyone: list = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, (dist.get_rank(), tuple(coords), sorted(held)))
+    degrees: dict[str, set[int]] = {}
+    for r, _, keys in everyone:
+        for key in keys:
+            degrees.setdefault(key, set()).add(mesh.tp_of(mesh.coords(r)[0]))
+    split = sorted(k for k, tps in degrees.items() if len(tps) > 1)
+    if split:
+        raise UserInputError(
+            f"tied weight {split[0]} sits on pipeline stages of TP degrees "
+            f"{sorted(degrees[split[0]])}: their shards differ, so their gradients cannot be "
+            "summed; plan again with one TP degree on the stages that share it"
+        )
     result = TiedGrads(names={k: v for k, v in held.items() if len(v) > 1})
     for key in sorted({k for _, _, keys in everyone for k in keys}):
         for rest in sorted({c for _, c, _ in everyone}):

@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"running {plan_path}: pp {mesh.pp} x dp {mesh.dp}"
                     + (f" (ep {mesh.ep})" if mesh.ep > 1 else "")
                     + (f" x cp {mesh.cp}" if mesh.cp > 1 else "")
-                    + f" x tp {mesh.tp}, "
+                    + f" x tp {mesh.tp_label}, "
                     f"{plan.schedule if mesh.pp > 1 else 'no pipeline'}, "
                     f"ZeRO {plan.zero_stage}, {args.steps} steps on {device.type}",
                     flush=True,

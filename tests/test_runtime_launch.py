@@ -100,7 +100,7 @@ def test_inconsistent_plan_is_refused(mlp_plan, tmp_path, capsys):
     broken = tmp_path / "plan.json"
     broken.write_text(json.dumps(doc))
     assert plan_main(["run", str(broken)]) == 2
-    assert "cluster.gpus does not equal pp*dp*cp*tp" in one_error_line(capsys)
+    assert "cluster.gpus does not equal the mesh's ranks" in one_error_line(capsys)
 
 
 @pytest.mark.parametrize(

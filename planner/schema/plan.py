@@ -14,13 +14,12 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from planner.schema.mesh import Mesh
+from planner.schema.mesh import OMIT_NONE, Mesh
 
 # A field's JSON key when it is not the field's name (``class`` is a Python keyword).
 JSON_KEY = "json"
-# A field written only when set: the heterogeneous fields, so a single-kind plan's file stays
-# as it was before they existed.
-OMIT_NONE = "omit_none"
+# (OMIT_NONE: a field written only when set: the heterogeneous fields, so a single-kind plan's
+# file stays as it was before they existed.)
 
 
 @dataclass
@@ -304,7 +303,7 @@ def _dump(obj: Any) -> Any:
                 continue  # only named baselines carry one; heterogeneous fields likewise
             out[_key(f)] = _dump(value)
         return out
-    if isinstance(obj, list):
+    if isinstance(obj, (list, tuple)):
         return [_dump(v) for v in obj]
     if isinstance(obj, dict):
         return {k: _dump(v) for k, v in obj.items()}
