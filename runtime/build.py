@@ -70,7 +70,8 @@ def device_mesh(device: torch.device, plan_mesh: Mesh, cache: RuntimeCache) -> D
     (``Mesh.stage_tp``), the rank's own stage's mesh, its "pp" dimension of one rank. Cached
     per shape, because each mesh creates process groups and a batch of plans reuses them."""
     pp, dp, tp, cp = plan_mesh.pp, plan_mesh.dp, plan_mesh.tp, plan_mesh.cp
-    key = (device.type, pp, dp, tp, cp, plan_mesh.stage_tp if plan_mesh.uneven else None)
+    by_stage = (plan_mesh.stage_tp, plan_mesh.stage_dp) if plan_mesh.uneven else None
+    key = (device.type, pp, dp, tp, cp, by_stage)
     if key not in cache.meshes:
         if plan_mesh.uneven:
             # no (pp, dp, tp) grid: this rank's stage's own (1, dp, tp_i) mesh
@@ -238,8 +239,8 @@ def _build_pipeline(
 
     inputs, _ = mf.batch(plan.global_batch_size, step=0)
     example = micro_batches(
-        dp_slice(inputs, 0, plan.mesh.dp, plan.global_batch_size),
-        plan.global_batch_size // plan.mesh.dp,
+        dp_slice(inputs, 0, plan.mesh.dp_of(0), plan.global_batch_size),
+        plan.global_batch_size // plan.mesh.dp_of(0),
         plan.micro_batch_size,
     )[0]
     pipe = traced_pipe(plan, model, example, cache.pipes)
@@ -298,10 +299,12 @@ def _build_pipeline(
             )
         pipe.split_gm.register_module(stage_module_name(i), wrapped)
         stage = pipe.build_stage(i, device, group=mesh["pp"].get_group())
-        stages.append(uneven_stage(stage, plan.mesh) if plan.mesh.uneven else stage)
+        if plan.mesh.uneven:
+            stage = uneven_stage(stage, plan.mesh, plan.global_batch_size // plan.micro_batch_size)
+        stages.append(stage)
         parts.append(wrapped)
     loss = _loss_fn(mf)
-    m = plan.num_microbatches
+    m = plan.global_batch_size // (plan.mesh.dp_of(pp_rank) * plan.micro_batch_size)
     if plan.schedule == "interleaved_1f1b":
         schedule = ScheduleInterleaved1F1B(stages, n_microbatches=m, loss_fn=loss)
     else:

@@ -53,7 +53,7 @@ def processes_per_node(plan: Plan, opts: argparse.Namespace, device: str) -> int
     nnodes = int(getattr(opts, "nnodes", 1) or 1)
     if world % nnodes:
         raise UserInputError(
-            f"the plan needs {world} processes (pp {mesh.pp} x dp {mesh.dp} x cp "
+            f"the plan needs {world} processes (pp {mesh.pp} x dp {mesh.dp_label} x cp "
             f"{mesh.cp} x tp {mesh.tp_label}), which {nnodes} nodes cannot split "
             "evenly: use --nnodes dividing "
             f"{world}, or plan again for {nnodes} nodes"

@@ -110,8 +110,9 @@ def tied_grads(
     (``parameter_names``); a parameter is a copy where two parts, here or on other pipeline
     ranks, hold it. Collective: every rank calls it.
 
-    Copies on stages of different TP degrees (``Mesh.stage_tp``) hold different shards, which
-    no sum of matching coordinates adds up: refused in one line."""
+    Copies on stages of different TP or DP degrees (``Mesh.stage_tp``, ``stage_dp``) hold
+    different shards or replicas, which no sum over matching coordinates adds up: refused in
+    one line (``_refuse_split_ties``)."""
     canonical = {name: key for key, names in model_names.items() for name in names}
     held: dict[str, list[tuple[int, str]]] = {}
     for i, part in enumerate(parts):
@@ -122,17 +123,7 @@ def tied_grads(
     _, *coords = mesh.coords(dist.get_rank())
     everyone: list = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, (dist.get_rank(), tuple(coords), sorted(held)))
-    degrees: dict[str, set[int]] = {}
-    for r, _, keys in everyone:
-        for key in keys:
-            degrees.setdefault(key, set()).add(mesh.tp_of(mesh.coords(r)[0]))
-    split = sorted(k for k, tps in degrees.items() if len(tps) > 1)
-    if split:
-        raise UserInputError(
-            f"tied weight {split[0]} sits on pipeline stages of TP degrees "
-            f"{sorted(degrees[split[0]])}: their shards differ, so their gradients cannot be "
-            "summed; plan again with one TP degree on the stages that share it"
-        )
+    _refuse_split_ties(everyone, mesh)
     result = TiedGrads(names={k: v for k, v in held.items() if len(v) > 1})
     for key in sorted({k for _, _, keys in everyone for k in keys}):
         for rest in sorted({c for _, c, _ in everyone}):
@@ -146,3 +137,20 @@ def tied_grads(
                 result.groups[key] = groups_cache[group_key]
                 result.names[key] = held[key]
     return result
+
+
+def _refuse_split_ties(everyone: list, mesh: Mesh) -> None:
+    """One line where a tied weight sits on stages of different TP or DP degrees.
+    ``everyone``: (rank, coordinates, names held) of every rank."""
+    for axis, degree in (("TP", mesh.tp_of), ("DP", mesh.dp_of)):
+        degrees: dict[str, set[int]] = {}
+        for r, _, keys in everyone:
+            for key in keys:
+                degrees.setdefault(key, set()).add(degree(mesh.coords(r)[0]))
+        split = sorted(k for k, found in degrees.items() if len(found) > 1)
+        if split:
+            raise UserInputError(
+                f"tied weight {split[0]} sits on pipeline stages of {axis} degrees "
+                f"{sorted(degrees[split[0]])}: their copies differ, so their gradients cannot "
+                f"be summed; plan again with one {axis} degree on the stages that share it"
+            )

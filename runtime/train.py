@@ -52,8 +52,8 @@ def _local_step(built: Built, mf: ModelFile, step: int, device: torch.device) ->
     """Forward and backward of this rank's share of step ``step``; its mean micro-batch loss
     when this rank computes losses (the last pipeline stage), else None."""
     plan = built.plan
-    dp, gbs, mbs = plan.mesh.dp, plan.global_batch_size, plan.micro_batch_size
-    _, dp_rank, _ = built.coords
+    pp_rank, dp_rank, _ = built.coords
+    dp, gbs, mbs = plan.mesh.dp_of(pp_rank), plan.global_batch_size, plan.micro_batch_size
     inputs, targets = _to(dp_slice(mf.batch(gbs, step=step), dp_rank, dp, gbs), device)
     if built.schedule is None:
         chunks = micro_batches((inputs, targets), gbs // dp, mbs)
@@ -151,7 +151,8 @@ def train_plan(
     losses: list[float] = []
     pp_i, _, tp_i = built.coords
     # every context-parallel rank holds the loss of its chunk: the mean of the dp * cp shares
-    replicas = plan.mesh.dp * plan.mesh.cp
+    # (of the last stage's replicas: stages may differ in DP degree, Mesh.stage_dp)
+    replicas = plan.mesh.replicas_of(plan.mesh.pp - 1)
     # Tests pace a run with a pause after each step, so a fault can be injected mid-run.
     if device.type == "cuda":
         # one launch trains several plans in turn: each plan's peak is its own

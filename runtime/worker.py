@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
             if rank == 0:
                 mesh = plan.mesh
                 print(
-                    f"running {plan_path}: pp {mesh.pp} x dp {mesh.dp}"
+                    f"running {plan_path}: pp {mesh.pp} x dp {mesh.dp_label}"
                     + (f" (ep {mesh.ep})" if mesh.ep > 1 else "")
                     + (f" x cp {mesh.cp}" if mesh.cp > 1 else "")
                     + f" x tp {mesh.tp_label}, "

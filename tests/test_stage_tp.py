@@ -31,92 +31,131 @@ from planner.schema.mesh import Mesh
 def _meshes() -> list[Mesh]:
     rnd = random.Random(7)
     out = [Mesh(2, 1, 2, stage_tp=(1, 2)), Mesh(3, 2, 4, stage_tp=(1, 4, 2))]
+    out.append(Mesh(3, 4, 2, stage_tp=(2, 1, 2), stage_dp=(4, 2, 1)))
     for _ in range(20):
-        pp, dp = rnd.randint(2, 5), rnd.choice([1, 2, 3])
+        pp = rnd.randint(2, 5)
         stage_tp = tuple(rnd.choice([1, 2, 4, 8]) for _ in range(pp))
-        out.append(Mesh(pp, dp, max(stage_tp), stage_tp=stage_tp))
+        stage_dp = (
+            tuple(rnd.choice([1, 2, 3, 6]) for _ in range(pp)) if rnd.random() < 0.6 else None
+        )
+        dp = max(stage_dp) if stage_dp else rnd.choice([1, 2, 3])
+        out.append(Mesh(pp, dp, max(stage_tp), stage_tp=stage_tp, stage_dp=stage_dp))
     return out
 
 
-@pytest.mark.parametrize("mesh", _meshes(), ids=lambda m: f"dp{m.dp}-tp{m.tp_label}")
+def _label(mesh: Mesh) -> str:
+    return f"dp{mesh.dp_label}-tp{mesh.tp_label}"
+
+
+@pytest.mark.parametrize("mesh", _meshes(), ids=_label)
 def test_ranks_are_laid_stage_after_stage(mesh):
-    """Stage i holds dp x tp_i consecutive ranks, (replica, TP rank) row-major inside; coords
-    inverts rank; every rank is in exactly one stage, one TP group and one DP group."""
-    seen = []
+    """Stage i holds dp_i x tp_i consecutive ranks, (replica, TP rank) row-major inside;
+    coords inverts rank; every rank is in exactly one stage, one TP group and one DP group."""
+    seen: list[int] = []
     for i in range(mesh.pp):
         ranks = mesh.stage_ranks(i)
-        assert ranks == list(range(seen[-1] + 1 if seen else 0, len(seen) + len(ranks)))
+        tp, dp = mesh.tp_of(i), mesh.dp_of(i)
+        assert ranks == list(range(len(seen), len(seen) + dp * tp))
         seen += ranks
-        for d in range(mesh.dp):
-            assert [mesh.rank(i, d, t) for t in range(mesh.tp_of(i))] == ranks[
-                d * mesh.tp_of(i) : (d + 1) * mesh.tp_of(i)
-            ]
-        assert mesh.tp_group(i) == ranks[: mesh.tp_of(i)]
-        assert mesh.dp_group(i) == ranks[:: mesh.tp_of(i)]
-    assert seen == list(range(mesh.size)) and mesh.size == mesh.dp * sum(mesh.stage_tp)
+        for d in range(dp):
+            assert [mesh.rank(i, d, t) for t in range(tp)] == ranks[d * tp : (d + 1) * tp]
+        assert mesh.tp_group(i) == ranks[:tp]
+        assert mesh.dp_group(i) == ranks[::tp]
+    widths = [mesh.dp_of(i) * mesh.tp_of(i) for i in range(mesh.pp)]
+    assert seen == list(range(mesh.size)) and mesh.size == sum(widths)
     for r in range(mesh.size):
         pp_i, dp_i, cp_i, tp_i = mesh.coords(r)
         assert cp_i == 0 and mesh.rank(pp_i, dp_i, tp_i) == r
 
 
-@pytest.mark.parametrize("mesh", _meshes(), ids=lambda m: f"dp{m.dp}-tp{m.tp_label}")
+def _runs(mesh: Mesh, rank: int, n: int) -> list[int]:
+    """The global micro-batches ``rank`` runs, in its order."""
+    return [
+        mesh.local_micro_batch(rank, k, n) for k in range(n // mesh.dp_of(mesh.coords(rank)[0]))
+    ]
+
+
+@pytest.mark.parametrize("mesh", _meshes(), ids=_label)
 def test_every_boundary_message_has_one_sender_and_one_receiver(mesh):
-    """At each boundary, in each direction, the messages the senders post are exactly those the
-    receivers wait for: every rank receives once, from its own replica, and from a rank of the
-    neighbouring stage whose TP rank agrees with its own modulo the sender's degree."""
+    """Each stage's replicas run the step's micro-batches once between them, in order; and at
+    each boundary, for each micro-batch, in each direction, the messages the senders post are
+    exactly those the receivers wait for: every rank running it receives it once, from a rank
+    of the neighbouring stage that runs it too, whose TP rank agrees with its own modulo the
+    sender's degree."""
+    n = 12
+    for i in range(mesh.pp):
+        ran = [g for d in range(mesh.dp_of(i)) for g in _runs(mesh, mesh.rank(i, d, 0), n)]
+        assert ran == list(range(n))
     for i, j in itertools.permutations(range(mesh.pp), 2):
         if abs(i - j) != 1:
             continue
-        posted = sorted((r, dst) for r in mesh.stage_ranks(i) for dst in mesh.neighbours(r, j)[1])
-        awaited = sorted((mesh.neighbours(r, i)[0], r) for r in mesh.stage_ranks(j))
-        assert posted == awaited
-        for src, dst in awaited:
-            s, d = mesh.coords(src), mesh.coords(dst)
-            assert (s[0], d[0]) == (i, j) and s[1] == d[1]
-            assert d[3] % mesh.tp_of(i) == s[3]
+        for g in range(n):
+            senders = [r for r in mesh.stage_ranks(i) if g in _runs(mesh, r, n)]
+            takers = [r for r in mesh.stage_ranks(j) if g in _runs(mesh, r, n)]
+            posted = sorted((r, dst) for r in senders for dst in mesh.neighbours(r, j, g, n)[1])
+            awaited = sorted((mesh.neighbours(r, i, g, n)[0], r) for r in takers)
+            assert posted == awaited and len(awaited) == len(takers)
+            for src, dst in awaited:
+                s, d = mesh.coords(src), mesh.coords(dst)
+                assert (s[0], d[0]) == (i, j) and src in senders
+                assert d[3] % mesh.tp_of(i) == s[3]
 
 
 def test_one_degree_for_all_is_the_uniform_mesh():
-    """stage_tp equal everywhere places every rank where the plain mesh does, and a boundary
-    rank talks to the rank of its own coordinates only."""
-    plain, listed = Mesh(3, 2, 2), Mesh(3, 2, 2, stage_tp=(2, 2, 2))
-    assert not listed.uneven and listed.size == plain.size
+    """Degrees listed but equal everywhere place every rank where the plain mesh does, and a
+    boundary rank talks to the rank of its own coordinates only, whatever the micro-batch."""
+    plain = Mesh(3, 2, 2)
+    listed = Mesh(3, 2, 2, stage_tp=(2, 2, 2), stage_dp=(2, 2, 2))
+    assert not listed.uneven and listed.size == plain.size and listed.tp_label == "2"
     for r in range(plain.size):
         assert listed.coords(r) == plain.coords(r)
-        pp_i = plain.coords(r)[0]
-        for other in (pp_i - 1, pp_i + 1):
+        p = plain.coords(r)
+        for other in (p[0] - 1, p[0] + 1):
             if 0 <= other < 3:
-                p = plain.coords(r)
                 twin = plain.rank(other, p[1], p[3])
-                assert listed.neighbours(r, other) == (twin, [twin])
+                g = listed.local_micro_batch(r, 1, 8)
+                assert listed.neighbours(r, other, g, 8) == (twin, [twin])
+
+
+# name: (schedule, ZeRO stage, TP by stage, DP by stage); TP 1/2 with DDP under 1F1B, 2/1 with
+# FSDP2 under GPipe, and the same for DP (2/1: the second stage runs both replicas' micro-batches)
+MIXES = {
+    "tp12": ("1f1b", 0, [1, 2], [1, 1]),
+    "dp21": ("1f1b", 0, [1, 1], [2, 1]),
+    "tp12-dp21": ("1f1b", 0, [1, 2], [2, 1]),
+    "tp21": ("gpipe", 3, [2, 1], [1, 1]),
+    "dp12": ("gpipe", 3, [1, 1], [1, 2]),
+    "tp21-dp12": ("gpipe", 3, [2, 1], [1, 2]),
+}
 
 
 @pytest.fixture(scope="module")
 def plans(tmp_path_factory) -> dict[str, Path]:
-    """gpt (tiny, 2 layers) cut in two at TP 1 and at TP 2, and hand-made mixes of them."""
+    """gpt (tiny, 2 layers) cut in two at TP 1 / DP 1, TP 2 and DP 2, and hand-made mixes."""
     tmp = tmp_path_factory.mktemp("stage_tp")
     common = {"pp": 2, "micro_batch_size": 2}
+    pinned = {}
+    for schedule, zero in {(m[0], m[1]) for m in MIXES.values()}:
+        for tp, dp in ((1, 1), (2, 1), (1, 2)):
+            out = tmp / f"{schedule}-z{zero}-tp{tp}-dp{dp}"
+            path = forced_plan(
+                "gpt", 2 * tp * dp, out, tp=tp, dp=dp, schedule=schedule, zero=zero, **common
+            )
+            pinned[schedule, zero, tp, dp] = json.loads(path.read_text())
     out = {}
-    for schedule, zero in (("1f1b", 0), ("gpipe", 3)):
-        one = json.loads(
-            forced_plan(
-                "gpt", 2, tmp / f"a{zero}", tp=1, schedule=schedule, zero=zero, **common
-            ).read_text()
-        )
-        two = json.loads(
-            forced_plan(
-                "gpt", 4, tmp / f"b{zero}", tp=2, schedule=schedule, zero=zero, **common
-            ).read_text()
-        )
-        for stage_tp in ([1, 2], [2, 1]):
-            name = f"tp{''.join(map(str, stage_tp))}-{schedule}-zero{zero}"
-            out[name] = write_plan(mixed_degrees(one, two, stage_tp), tmp / name)
+    for name, (schedule, zero, stage_tp, stage_dp) in MIXES.items():
+        base = pinned[schedule, zero, 1, max(stage_dp)]
+        wide = pinned[schedule, zero, 2, 1]
+        out[name] = write_plan(mixed_degrees(base, wide, stage_tp, stage_dp), tmp / name)
     return out
 
 
-def mixed_degrees(one: dict, two: dict, stage_tp: list[int]) -> dict:
-    """Plan ``one`` (TP 1) with each stage of degree 2 taking plan ``two``'s TP choices for its
-    blocks; both plans cut the model at the same block."""
+def mixed_degrees(
+    one: dict, two: dict, stage_tp: list[int], stage_dp: list[int] | None = None
+) -> dict:
+    """Plan ``one`` (TP 1) with each stage of TP 2 taking plan ``two``'s TP choices for its
+    blocks; both plans cut the model at the same block. ``stage_dp``: DP degrees by stage
+    (``one``'s DP degree the largest), else ``one``'s for all."""
     assert [b["stage"] for b in one["blocks"]] == [b["stage"] for b in two["blocks"]]
     doc = json.loads(json.dumps(one))
     by_name = {b["name"]: b for b in two["blocks"]}
@@ -124,7 +163,16 @@ def mixed_degrees(one: dict, two: dict, stage_tp: list[int]) -> dict:
         if stage_tp[blk["stage"]] > 1:
             for key in ("tp_plan", "tp_grad_sums", "tp_variant"):
                 blk[key] = by_name[blk["name"]][key]
-    mesh = Mesh(doc["mesh"]["pp"], doc["mesh"]["dp"], max(stage_tp), stage_tp=tuple(stage_tp))
+    dp = doc["mesh"]["dp"]
+    stage_dp = stage_dp or [dp] * len(stage_tp)
+    assert max(stage_dp) == dp
+    mesh = Mesh(
+        doc["mesh"]["pp"],
+        dp,
+        max(stage_tp),
+        stage_tp=tuple(stage_tp),
+        stage_dp=tuple(stage_dp) if len(set(stage_dp)) > 1 else None,
+    )
     doc["mesh"] = mesh.to_dict()
     for st in doc["stages"]:
         st["ranks"] = mesh.stage_ranks(st["pp_rank"])
@@ -133,8 +181,8 @@ def mixed_degrees(one: dict, two: dict, stage_tp: list[int]) -> dict:
     return doc
 
 
-def test_plan_file_keeps_stage_tp_and_refuses_bad_ones(plans):
-    path = plans["tp12-1f1b-zero0"]
+def test_plan_file_keeps_stage_degrees_and_refuses_bad_ones(plans):
+    path = plans["tp12"]
     plan = load_plan(path)
     assert plan.mesh.stage_tp == (1, 2) and plan.mesh.tp_label == "1/2"
     assert dumps(plan) == path.read_text()  # a loaded plan writes its file byte for byte
@@ -149,6 +197,17 @@ def test_plan_file_keeps_stage_tp_and_refuses_bad_ones(plans):
         with pytest.raises(UserInputError, match="stage_tp") as err:
             plan_from_dict(broken, "x")
         assert words in str(err.value) and "\n" not in str(err.value)
+    dp_doc = json.loads(plans["dp21"].read_text())
+    assert load_plan(plans["dp21"]).mesh.dp_label == "2/1"
+    for bad, words in (
+        ([2, 1, 1], "mesh.stage_dp must list 2 positive DP degrees"),
+        ([1, 1], "the largest equal to mesh.dp (2)"),
+    ):
+        broken = json.loads(json.dumps(dp_doc))
+        broken["mesh"]["stage_dp"] = bad
+        with pytest.raises(UserInputError, match="stage_dp") as err:
+            plan_from_dict(broken, "x")
+        assert words in str(err.value)
     broken = json.loads(json.dumps(doc))
     broken["stages"][1]["ranks"] = [1, 2, 3]
     with pytest.raises(UserInputError, match="stage 1 ranks are not"):
@@ -156,21 +215,28 @@ def test_plan_file_keeps_stage_tp_and_refuses_bad_ones(plans):
 
 
 @pytest.mark.distributed
-def test_runtime_runs_stages_of_different_tp_like_one_process(plans, tmp_path):
+@pytest.mark.parametrize(
+    "world", [3, pytest.param(4, marks=pytest.mark.long)], ids=["3-ranks", "4-ranks"]
+)
+def test_runtime_runs_stages_of_different_degrees_like_one_process(plans, world, tmp_path):
     """Each mix trains to the one-process losses and final parameters: activations fan out to
-    the wider stage's TP ranks and gradients come back from one of them, under 1F1B with DDP
-    and GPipe with FSDP2 (ZeRO 3). One launch of three ranks, about 25 s."""
+    the wider stage's TP ranks and gradients come back from one of them; where DP differs,
+    each micro-batch goes to the replica whose slice holds it. 1F1B with DDP and GPipe with
+    FSDP2 (ZeRO 3). The three-rank mixes in one launch, about 30 s."""
     steps = 3
-    names = sorted(plans)
+    names = sorted(n for n in plans if load_plan(plans[n]).mesh.size == world)
+    assert len(names) == (4 if world == 3 else 2)
     runs = [tmp_path / n for n in names]
     rc, log = launch(
-        [plans[n] for n in names], runs, 3, "--checkpoint-every", str(steps), steps=steps
+        [plans[n] for n in names], runs, world, "--checkpoint-every", str(steps), steps=steps
     )
-    assert "x tp 1/2" in log and "x tp 2/1" in log, log[-3000:]
     for name, run in zip(names, runs, strict=True):
         got = losses_of(run)
         assert len(got) == steps, f"{name}: torchrun exit {rc}\n{log[-6000:]}"
         doc = json.loads(plans[name].read_text())
+        mesh = doc["mesh"]
+        label = f"dp {'/'.join(map(str, mesh.get('stage_dp', [mesh['dp']])))}"
+        assert label.replace("dp 1/1", "dp 1").replace("dp 2/2", "dp 2") in log
         ref = reference_for_plan(doc, steps)
         assert not unmoved_parameters(ref)
         for g, w in zip(got, ref.losses, strict=True):

@@ -133,8 +133,8 @@ def print_plan(plan: Plan, written: list, quiet: bool = False) -> None:
     if plan.schedule == "interleaved_1f1b":
         sched += f" x{plan.virtual_stages}"
     out.print(
-        f"[bold]plan[/bold] pp={mesh.pp} dp={mesh.dp}{ep_label(mesh)}{cp_label(mesh)} "
-        f"tp={mesh.tp} on "
+        f"[bold]plan[/bold] pp={mesh.pp} dp={mesh.dp_label}{ep_label(mesh)}{cp_label(mesh)} "
+        f"tp={mesh.tp_label} on "
         f"{cl.gpus} x {cl.profile} ({cl.nodes} node{'s' * (cl.nodes > 1)})  ·  "
         f"global batch {plan.global_batch_size} = {mesh.dp} x "
         f"{plan.micro_batch_size} x {plan.num_microbatches} micro-batches  ·  {sched}  ·  "

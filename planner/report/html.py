@@ -82,7 +82,7 @@ def schedule_text(plan: Plan) -> str:
 def summary_line(plan: Plan) -> str:
     mesh, cl = plan.mesh, plan.cluster
     return (
-        f"pp={mesh.pp} dp={mesh.dp}{ep_label(mesh)}{cp_label(mesh)} tp={mesh.tp} "
+        f"pp={mesh.pp} dp={mesh.dp_label}{ep_label(mesh)}{cp_label(mesh)} tp={mesh.tp_label} "
         f"on {cl.gpus} × {cl.profile} "
         f"({cl.nodes} node{'s' * (cl.nodes > 1)})  ·  global batch "
         f"{plan.global_batch_size} = {mesh.dp} × {plan.micro_batch_size} × "

@@ -15,7 +15,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import FancyBboxPatch, Patch, Rectangle
 
 from planner.report.style import coords, replicas, runs, span_text, stage_colors, text_color
-from planner.schema import Plan
+from planner.schema import Mesh, Plan
 
 DETAIL_NODES = 16
 DP_STRIPE = plt.get_cmap("Set2")
@@ -28,6 +28,15 @@ def group_facts(plan: Plan) -> str:
     mesh, cl = plan.mesh, plan.cluster
     gpn = cl.gpus_per_node
     pp, dp, tp = mesh.pp, replicas(mesh), mesh.tp
+    if mesh.uneven:
+        widths = "/".join(str(mesh.replicas_of(i) * mesh.tp_of(i)) for i in range(pp))
+        return SEP.join(
+            [
+                f"{pp} stages of {widths} GPUs",
+                f"TP {mesh.tp_label}, DP {mesh.dp_label} by stage",
+                "DP groups at each stage's TP stride",
+            ]
+        )
     parts = [f"{pp} stage{'s' * (pp > 1)} of {dp * tp} GPUs"]
     if tp > 1:
         where = "inside a node" if tp <= gpn and gpn % tp == 0 else "across nodes"
@@ -75,28 +84,32 @@ def _gpu_cell(ax, x: float, y: float, rank: int, plan: Plan, colors: list[str], 
         ax.add_patch(stripe)
 
 
-def _tp_outlines(ax, ranks_by_pos: dict[int, tuple[float, float]], tp: int, gpus: int) -> None:
+def _tp_outlines(ax, ranks_by_pos: dict[int, tuple[float, float]], mesh: Mesh) -> None:
     """A dark outline around each TP group, split where the group wraps to the next row."""
-    if tp == 1:
-        return
-    for g0 in range(0, gpus, tp):
-        members = [r for r in range(g0, g0 + tp) if r in ranks_by_pos]
-        rows: dict[float, list[float]] = {}
-        for r in members:
+    for i in range(mesh.pp):
+        tp = mesh.tp_of(i)
+        for d in range(mesh.replicas if tp > 1 else 0):
+            _outline(ax, ranks_by_pos, [mesh.rank(i, d, t) for t in range(tp)])
+
+
+def _outline(ax, ranks_by_pos: dict[int, tuple[float, float]], group: list[int]) -> None:
+    rows: dict[float, list[float]] = {}
+    for r in group:
+        if r in ranks_by_pos:
             x, y = ranks_by_pos[r]
             rows.setdefault(y, []).append(x)
-        for y, xs in rows.items():
-            box = FancyBboxPatch(
-                (min(xs) + 0.03, y + 0.05),
-                max(xs) - min(xs) + 0.94,
-                0.9,
-                boxstyle="round,pad=0,rounding_size=0.08",
-                fill=False,
-                edgecolor="#222222",
-                lw=1.8,
-            )
-            box.set_gid("tp-group")
-            ax.add_patch(box)
+    for y, xs in rows.items():
+        box = FancyBboxPatch(
+            (min(xs) + 0.03, y + 0.05),
+            max(xs) - min(xs) + 0.94,
+            0.9,
+            boxstyle="round,pad=0,rounding_size=0.08",
+            fill=False,
+            edgecolor="#222222",
+            lw=1.8,
+        )
+        box.set_gid("tp-group")
+        ax.add_patch(box)
 
 
 def _detail(ax, plan: Plan, ranks: list[int], colors: list[str], per_row: int, fs: float) -> None:
@@ -106,7 +119,7 @@ def _detail(ax, plan: Plan, ranks: list[int], colors: list[str], per_row: int, f
         x, y = k % per_row, rows - 1 - k // per_row
         pos[rank] = (x, y)
         _gpu_cell(ax, x, y, rank, plan, colors, fs)
-    _tp_outlines(ax, pos, plan.mesh.tp, plan.cluster.gpus)
+    _tp_outlines(ax, pos, plan.mesh)
     ax.set_xlim(-0.05, per_row + 0.05)
     ax.set_ylim(-0.05, rows + 0.05)
     ax.set_aspect("equal")
@@ -119,14 +132,13 @@ def _detail(ax, plan: Plan, ranks: list[int], colors: list[str], per_row: int, f
 def _legend(fig: Figure, plan: Plan, colors: list[str], y: float) -> None:
     """One entry per stage with its ranks (at most 16, then a summary entry)."""
     mesh = plan.mesh
-    size = replicas(mesh) * mesh.tp
     gpn = plan.cluster.gpus_per_node
     handles = []
     shown = list(range(mesh.pp))
     if len(shown) > 16:
         shown = shown[:8] + shown[-7:]
     for i in shown:
-        first, last = i * size, (i + 1) * size - 1
+        first, last = mesh.stage_ranks(i)[0], mesh.stage_ranks(i)[-1]
         a, b = first // gpn, last // gpn
         where = f"node {a}" if a == b else f"nodes {a}–{b}"
         handles.append(
@@ -161,9 +173,9 @@ def placement_figure(plan: Plan) -> Figure:
     nodes, gpn, gpus = cl.nodes, cl.gpus_per_node, cl.gpus
     colors = stage_colors(mesh.pp)
     title = (
-        f"Placement: pp {mesh.pp} × dp {mesh.dp}"
+        f"Placement: pp {mesh.pp} × dp {mesh.dp_label}"
         + (f" × cp {mesh.cp}" if mesh.cp > 1 else "")
-        + f" × tp {mesh.tp} on {nodes} "
+        + f" × tp {mesh.tp_label} on {nodes} "
         f"node{'s' * (nodes > 1)} × {gpn} {cl.profile} GPUs"
     )
     facts = ["cell: rank r and its (pp, dp, tp) coordinate", *group_facts(plan).split(SEP)]

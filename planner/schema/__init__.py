@@ -189,17 +189,17 @@ def _check_header(plan: dict, where: str) -> None:
     ep = mesh.setdefault("ep", 1)
     if not isinstance(ep, int) or isinstance(ep, bool) or ep < 1 or mesh["dp"] % ep:
         raise UserInputError(f"plan {where}: mesh.ep must be a positive integer dividing mesh.dp")
-    _check_stage_tp(mesh, plan.get("virtual_stages"), where)
     model = plan["model"]
     for k in ("file", "sha256"):
         if not isinstance(model.get(k), str):
             raise UserInputError(f"plan {where}: model.{k} is missing")
-    gpus = plan["cluster"].get("gpus")
-    if not isinstance(gpus, int) or gpus != _dims(mesh).size:
-        raise UserInputError(f"plan {where}: cluster.gpus does not equal the mesh's ranks")
     for key in ("global_batch_size", "micro_batch_size", "num_microbatches", "virtual_stages"):
         if plan[key] < 1:
             raise UserInputError(f"plan {where}: {key} must be positive")
+    _check_stage_degrees(plan, where)
+    gpus = plan["cluster"].get("gpus")
+    if not isinstance(gpus, int) or gpus != _dims(mesh).size:
+        raise UserInputError(f"plan {where}: cluster.gpus does not equal the mesh's ranks")
     if plan["global_batch_size"] != (
         mesh["dp"] * plan["micro_batch_size"] * plan["num_microbatches"]
     ):
@@ -259,28 +259,46 @@ def _check_blocks(plan: dict, where: str) -> None:
         raise UserInputError(f"plan {where}: blocks are not in stage order")
 
 
-def _check_stage_tp(mesh: dict, virtual_stages: object, where: str) -> None:
-    """A per-stage TP degree (heterogeneous pipelines): one per pipeline rank, the largest
-    being mesh.tp, with one stage per rank and no context or expert parallelism, which the
-    runtime does not combine with it."""
-    stage_tp = mesh.get("stage_tp")
-    if stage_tp is None:
-        return
-    ok = isinstance(stage_tp, list) and len(stage_tp) == mesh["pp"]
-    ok = ok and all(isinstance(t, int) and not isinstance(t, bool) and t >= 1 for t in stage_tp)
-    if not ok or max(stage_tp) != mesh["tp"]:
-        raise UserInputError(
-            f"plan {where}: mesh.stage_tp must list {mesh['pp']} positive TP degrees, the "
-            f"largest equal to mesh.tp ({mesh['tp']})"
-        )
-    if mesh["cp"] != 1 or mesh["ep"] != 1 or virtual_stages != 1:
-        raise UserInputError(
-            f"plan {where}: mesh.stage_tp needs cp = ep = 1 and one stage per pipeline rank"
-        )
+def _check_stage_degrees(plan: dict, where: str) -> None:
+    """Per-stage TP and DP degrees (heterogeneous pipelines): one per pipeline rank, the
+    largest being mesh.tp / mesh.dp, each stage's micro-batches a whole number, with one stage
+    per rank and no context or expert parallelism, which the runtime does not combine with
+    them."""
+    mesh = plan["mesh"]
+    for axis in ("tp", "dp"):
+        degrees = mesh.get(f"stage_{axis}")
+        if degrees is None:
+            continue
+        ok = isinstance(degrees, list) and len(degrees) == mesh["pp"]
+        ok = ok and all(isinstance(t, int) and not isinstance(t, bool) and t >= 1 for t in degrees)
+        if not ok or max(degrees) != mesh[axis]:
+            raise UserInputError(
+                f"plan {where}: mesh.stage_{axis} must list {mesh['pp']} positive "
+                f"{axis.upper()} degrees, the largest equal to mesh.{axis} ({mesh[axis]})"
+            )
+        if mesh["cp"] != 1 or mesh["ep"] != 1 or plan.get("virtual_stages") != 1:
+            raise UserInputError(
+                f"plan {where}: mesh.stage_{axis} needs cp = ep = 1 and one stage per pipeline rank"
+            )
+        if axis == "dp":
+            per = plan["global_batch_size"] // plan["micro_batch_size"]
+            if any(per % d for d in degrees):
+                raise UserInputError(
+                    f"plan {where}: mesh.stage_dp {degrees} must divide the step's {per} "
+                    "micro-batches"
+                )
 
 
 def _dims(mesh: dict) -> Mesh:
-    return Mesh(mesh["pp"], mesh["dp"], mesh["tp"], mesh["ep"], mesh["cp"], mesh.get("stage_tp"))
+    return Mesh(
+        mesh["pp"],
+        mesh["dp"],
+        mesh["tp"],
+        mesh["ep"],
+        mesh["cp"],
+        mesh.get("stage_tp"),
+        mesh.get("stage_dp"),
+    )
 
 
 def _check_stages(plan: dict, where: str) -> None:

@@ -20,9 +20,12 @@ class Mesh:
     ``ep`` (expert parallel) divides dp: each run of ep consecutive dp ranks holds one copy of
     every expert, 1/ep of them each (ep shares devices with dp).
 
-    ``stage_tp`` (a heterogeneous pipeline's): each pipeline rank's own TP degree, ``tp``
-    then their largest. Pipeline rank i holds the dp x tp_i ranks after those of ranks < i,
-    in the same order inside (replica, then TP rank); the DP degree stays one for all."""
+    ``stage_tp`` and ``stage_dp`` (a heterogeneous pipeline's): each pipeline rank's own TP
+    and DP degrees, ``tp`` and ``dp`` then their largest. Pipeline rank i holds the
+    dp_i x tp_i ranks after those of ranks < i, in the same order inside (replica, then TP
+    rank). Every stage runs the whole batch in micro-batches of one size: replica r of stage i
+    runs global micro-batches [r n / dp_i, (r + 1) n / dp_i) of the step's n, as a plain DP
+    rank runs its contiguous slice."""
 
     pp: int
     dp: int
@@ -30,10 +33,12 @@ class Mesh:
     ep: int = 1
     cp: int = 1
     stage_tp: tuple[int, ...] | None = field(default=None, metadata={OMIT_NONE: True})
+    stage_dp: tuple[int, ...] | None = field(default=None, metadata={OMIT_NONE: True})
 
     def __post_init__(self) -> None:
-        if self.stage_tp is not None:
-            object.__setattr__(self, "stage_tp", tuple(self.stage_tp))
+        for name in ("stage_tp", "stage_dp"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, tuple(getattr(self, name)))
 
     @property
     def replicas(self) -> int:
@@ -41,16 +46,23 @@ class Mesh:
 
     @property
     def uneven(self) -> bool:
-        """Whether pipeline ranks differ in their TP degree."""
-        return self.stage_tp is not None and len(set(self.stage_tp)) > 1
+        """Whether pipeline ranks differ in their TP or DP degree."""
+        return any(d is not None and len(set(d)) > 1 for d in (self.stage_tp, self.stage_dp))
 
     def tp_of(self, pp_i: int) -> int:
         """The TP degree of pipeline rank ``pp_i``."""
         return self.tp if self.stage_tp is None else self.stage_tp[pp_i]
 
+    def dp_of(self, pp_i: int) -> int:
+        """The DP degree of pipeline rank ``pp_i``."""
+        return self.dp if self.stage_dp is None else self.stage_dp[pp_i]
+
+    def replicas_of(self, pp_i: int) -> int:
+        return self.dp_of(pp_i) * self.cp
+
     def first_rank(self, pp_i: int) -> int:
         """The global rank where pipeline rank ``pp_i``'s ranks begin."""
-        return self.replicas * sum(self.tp_of(i) for i in range(pp_i))
+        return sum(self.replicas_of(i) * self.tp_of(i) for i in range(pp_i))
 
     @property
     def size(self) -> int:
@@ -75,7 +87,7 @@ class Mesh:
 
     def dp_group(self, pp_i: int = 0) -> list[int]:
         """The ranks one weight is replicated on (data and context parallel)."""
-        return [self.rank(pp_i, d, 0) for d in range(self.replicas)]
+        return [self.rank(pp_i, d, 0) for d in range(self.replicas_of(pp_i))]
 
     def ep_group(self, pp_i: int = 0) -> list[int]:
         return [self.rank(pp_i, d * self.cp, 0) for d in range(self.ep)]
@@ -86,24 +98,42 @@ class Mesh:
     def stage_ranks(self, pp_i: int) -> list[int]:
         """Every rank of pipeline rank ``pp_i`` (its replicas x its TP group), in rank order."""
         tp = self.tp_of(pp_i)
-        return [self.rank(pp_i, d, t) for d in range(self.replicas) for t in range(tp)]
+        return [self.rank(pp_i, d, t) for d in range(self.replicas_of(pp_i)) for t in range(tp)]
 
-    def neighbours(self, rank: int, other: int) -> tuple[int, list[int]]:
-        """The rank of pipeline rank ``other`` that ``rank`` receives from, and those it sends
-        to, at their boundary. Both sides' TP ranks hold the same whole boundary tensor, so
-        TP rank u of the receiving side takes it from TP rank u mod (the sender's degree):
-        each rank receives one copy, and a sender with more receivers than it has TP peers
-        sends several (one TP degree per stage is then the identity)."""
-        pp_i, dp_i, cp_i, tp_i = self.coords(rank)
-        replica = dp_i * self.cp + cp_i
+    def neighbours(
+        self, rank: int, other: int, micro_batch: int = 0, micro_batches: int = 1
+    ) -> tuple[int, list[int]]:
+        """The rank of pipeline rank ``other`` that ``rank`` receives global micro-batch
+        ``micro_batch`` (of the step's ``micro_batches``) from, and those it sends it to, at
+        their boundary. The micro-batch fixes the replica on each side (its slice; the same
+        replica index where both have one DP degree, whatever the micro-batch). Both sides'
+        TP ranks hold the same whole boundary tensor, so TP rank u of the receiving side
+        takes it from TP rank u mod (the sender's degree): each rank receives one copy, and a
+        sender with more receivers than it has TP peers sends several."""
+        pp_i, _, _, tp_i = self.coords(rank)
+        if self.replicas_of(other) == self.replicas_of(pp_i):
+            replica = self.coords(rank)[1] * self.cp + self.coords(rank)[2]
+        else:
+            replica = micro_batch * self.replicas_of(other) // micro_batches
         mine, theirs = self.tp_of(pp_i), self.tp_of(other)
         sends = [self.rank(other, replica, u) for u in range(theirs) if u % mine == tp_i]
         return self.rank(other, replica, tp_i % theirs), sends
 
+    def local_micro_batch(self, rank: int, k: int, micro_batches: int) -> int:
+        """The global index of the ``k``-th micro-batch ``rank`` runs of the step's
+        ``micro_batches`` (its replica's contiguous slice)."""
+        pp_i, dp_i, _, _ = self.coords(rank)
+        return dp_i * (micro_batches // self.dp_of(pp_i)) + k
+
     @property
     def tp_label(self) -> str:
         """The TP degree as printed: "2" or, stage by stage, "1/2"."""
-        return "/".join(map(str, self.stage_tp)) if self.uneven else str(self.tp)
+        return _label(self.stage_tp, self.tp)
+
+    @property
+    def dp_label(self) -> str:
+        """The DP degree as printed: "4" or, stage by stage, "4/2"."""
+        return _label(self.stage_dp, self.dp)
 
     def to_dict(self) -> dict[str, object]:
         out: dict[str, object] = {
@@ -113,6 +143,13 @@ class Mesh:
             "ep": self.ep,
             "cp": self.cp,
         }
-        if self.stage_tp is not None:
-            out["stage_tp"] = list(self.stage_tp)
+        for name in ("stage_tp", "stage_dp"):
+            if getattr(self, name) is not None:
+                out[name] = list(getattr(self, name))
         return out
+
+
+def _label(by_stage: tuple[int, ...] | None, whole: int) -> str:
+    if by_stage is None or len(set(by_stage)) == 1:
+        return str(whole)
+    return "/".join(map(str, by_stage))
