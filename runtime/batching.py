@@ -1,7 +1,9 @@
 """How a step's global batch is cut up, so every plan and the one-process oracle see the same data.
 
 Step ``k`` (1-based) trains on ``make_batch(global_batch_size, step=k)``. Data-parallel rank ``r``
-takes the ``r``-th contiguous slice, and micro-batches are contiguous slices of that; the step
+takes the ``r``-th contiguous slice (or, in a pipeline whose stages differ in DP degree, its
+turns of the step's micro-batches: ``replica_share``), and micro-batches are contiguous slices of
+that; the step
 loss is the mean of ``loss_fn`` over all micro-batches of all ranks. With equal-sized
 micro-batches this makes the gradient of any plan equal to the one-process gradient, for a loss
 that is a mean over samples (the planner checks, ``planner.trace.loss_samples``).
@@ -12,14 +14,42 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_map
 
 from planner.modelfile import slice_tree
+from planner.schema.mesh import Mesh
 
 
 def dp_slice(batch: Any, dp_rank: int, dp: int, global_batch_size: int) -> Any:
     """Data-parallel rank ``dp_rank``'s contiguous share of the global batch."""
     per = global_batch_size // dp
     return slice_tree(batch, dp_rank * per, (dp_rank + 1) * per)
+
+
+def replica_share(batch: Any, mesh: Mesh, rank: int, global_batch_size: int, mbs: int) -> Any:
+    """The rows ``rank``'s replica runs, in the order it runs them: its contiguous DP share,
+    or, where the stages' DP degrees differ (``Mesh.round_robin``), its turns of the step's
+    micro-batches put one after another (the schedule then cuts them back apart)."""
+    pp_i, dp_i, _, _ = mesh.coords(rank)
+    dp = mesh.dp_of(pp_i)
+    if not mesh.round_robin:
+        return dp_slice(batch, dp_i, dp, global_batch_size)
+    n = global_batch_size // mbs
+    rows = [
+        r
+        for k in range(n // dp)
+        for g in (mesh.local_micro_batch(rank, k, n),)
+        for r in range(g * mbs, (g + 1) * mbs)
+    ]
+    index = torch.tensor(rows)
+    return tree_map(
+        lambda t: (
+            t.index_select(0, index.to(t.device))
+            if isinstance(t, torch.Tensor) and t.dim() > 0
+            else t
+        ),
+        batch,
+    )
 
 
 def micro_batches(batch: Any, batch_size: int, micro_batch_size: int) -> list[Any]:

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from planner.errors import MeshplanError
 from planner.modelfile import ModelFile
 from planner.schema import Plan
-from runtime.batching import dp_slice, micro_batches, throughput_unit
+from runtime.batching import micro_batches, replica_share, throughput_unit
 from runtime.build import Built, RuntimeCache, build, release
 from runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from runtime.dtensor_blocks import backward_replication
@@ -52,9 +52,10 @@ def _local_step(built: Built, mf: ModelFile, step: int, device: torch.device) ->
     """Forward and backward of this rank's share of step ``step``; its mean micro-batch loss
     when this rank computes losses (the last pipeline stage), else None."""
     plan = built.plan
-    pp_rank, dp_rank, _ = built.coords
+    pp_rank = built.coords[0]
     dp, gbs, mbs = plan.mesh.dp_of(pp_rank), plan.global_batch_size, plan.micro_batch_size
-    inputs, targets = _to(dp_slice(mf.batch(gbs, step=step), dp_rank, dp, gbs), device)
+    share = replica_share(mf.batch(gbs, step=step), plan.mesh, dist.get_rank(), gbs, mbs)
+    inputs, targets = _to(share, device)
     if built.schedule is None:
         chunks = micro_batches((inputs, targets), gbs // dp, mbs)
         model, total = built.parts[0], None

@@ -23,9 +23,11 @@ class Mesh:
     ``stage_tp`` and ``stage_dp`` (a heterogeneous pipeline's): each pipeline rank's own TP
     and DP degrees, ``tp`` and ``dp`` then their largest. Pipeline rank i holds the
     dp_i x tp_i ranks after those of ranks < i, in the same order inside (replica, then TP
-    rank). Every stage runs the whole batch in micro-batches of one size: replica r of stage i
-    runs global micro-batches [r n / dp_i, (r + 1) n / dp_i) of the step's n, as a plain DP
-    rank runs its contiguous slice."""
+    rank). Every stage runs the whole batch in micro-batches of one size. Where the stages'
+    DP degrees differ, replica r of stage i runs global micro-batches r, r + dp_i, r + 2 dp_i,
+    ... of the step's n (round robin, so that a stage's replicas take turns feeding a
+    narrower neighbour and run side by side; a contiguous share would make a replica wait
+    for the one before it under 1F1B); elsewhere, a plain DP rank's contiguous share."""
 
     pp: int
     dp: int
@@ -43,6 +45,11 @@ class Mesh:
     @property
     def replicas(self) -> int:
         return self.dp * self.cp
+
+    @property
+    def round_robin(self) -> bool:
+        """Whether replicas take micro-batches in turn (stages differ in DP degree)."""
+        return self.stage_dp is not None and len(set(self.stage_dp)) > 1
 
     @property
     def uneven(self) -> bool:
@@ -105,24 +112,23 @@ class Mesh:
     ) -> tuple[int, list[int]]:
         """The rank of pipeline rank ``other`` that ``rank`` receives global micro-batch
         ``micro_batch`` (of the step's ``micro_batches``) from, and those it sends it to, at
-        their boundary. The micro-batch fixes the replica on each side (its slice; the same
-        replica index where both have one DP degree, whatever the micro-batch). Both sides'
-        TP ranks hold the same whole boundary tensor, so TP rank u of the receiving side
+        their boundary. The micro-batch fixes the replica on each side (``round_robin``; else
+        the same replica index on both, whatever the micro-batch). Both sides' TP ranks hold the same whole boundary tensor, so TP rank u of the receiving side
         takes it from TP rank u mod (the sender's degree): each rank receives one copy, and a
         sender with more receivers than it has TP peers sends several."""
-        pp_i, _, _, tp_i = self.coords(rank)
-        if self.replicas_of(other) == self.replicas_of(pp_i):
-            replica = self.coords(rank)[1] * self.cp + self.coords(rank)[2]
-        else:
-            replica = micro_batch * self.replicas_of(other) // micro_batches
+        pp_i, dp_i, cp_i, tp_i = self.coords(rank)
+        replica = micro_batch % self.dp_of(other) if self.round_robin else dp_i * self.cp + cp_i
         mine, theirs = self.tp_of(pp_i), self.tp_of(other)
         sends = [self.rank(other, replica, u) for u in range(theirs) if u % mine == tp_i]
         return self.rank(other, replica, tp_i % theirs), sends
 
     def local_micro_batch(self, rank: int, k: int, micro_batches: int) -> int:
         """The global index of the ``k``-th micro-batch ``rank`` runs of the step's
-        ``micro_batches`` (its replica's contiguous slice)."""
+        ``micro_batches``: round robin over its stage's replicas, or its replica's contiguous
+        share."""
         pp_i, dp_i, _, _ = self.coords(rank)
+        if self.round_robin:
+            return k * self.dp_of(pp_i) + dp_i
         return dp_i * (micro_batches // self.dp_of(pp_i)) + k
 
     @property
