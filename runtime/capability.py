@@ -20,3 +20,9 @@ def check_runnable(plan: Plan) -> None:
             "this runtime runs context parallelism without pipelining or expert parallelism: "
             "plan again with --cp 1, or with --pp 1 --ep 1"
         )
+    if mesh.round_robin and plan.schedule != "gpipe":
+        raise UserInputError(
+            f"stages of DP degrees {mesh.dp_label} run GPipe only: under 1F1B each replica's "
+            "own warm-up waits for micro-batches its narrower neighbour sends later, and the "
+            "pipeline can deadlock; plan again with --schedule gpipe or one DP degree"
+        )

@@ -26,6 +26,7 @@ from planner.cli import main as plan_main
 from planner.errors import UserInputError
 from planner.schema import dumps, load_plan, plan_from_dict, write_plan
 from planner.schema.mesh import Mesh
+from runtime.capability import check_runnable
 
 
 def _meshes() -> list[Mesh]:
@@ -122,12 +123,13 @@ def test_one_degree_for_all_is_the_uniform_mesh():
 
 
 # name: (schedule, ZeRO stage, TP by stage, DP by stage); TP 1/2 with DDP under 1F1B, 2/1 with
-# FSDP2 under GPipe, and the same for DP (2/1: the second stage runs both replicas' micro-batches)
+# FSDP2 under GPipe, DP mixes (2/1: the second stage runs both replicas' micro-batches) under
+# GPipe, the one schedule they run (test_uneven_dp_under_1f1b_is_refused)
 MIXES = {
     "tp12": ("1f1b", 0, [1, 2], [1, 1]),
-    "dp21": ("1f1b", 0, [1, 1], [2, 1]),
-    "tp12-dp21": ("1f1b", 0, [1, 2], [2, 1]),
     "tp21": ("gpipe", 3, [2, 1], [1, 1]),
+    "dp21": ("gpipe", 0, [1, 1], [2, 1]),
+    "tp12-dp21": ("gpipe", 0, [1, 2], [2, 1]),
     "dp12": ("gpipe", 3, [1, 1], [1, 2]),
     "tp21-dp12": ("gpipe", 3, [2, 1], [1, 2]),
 }
@@ -225,8 +227,8 @@ def test_plan_file_keeps_stage_degrees_and_refuses_bad_ones(plans):
 def test_runtime_runs_stages_of_different_degrees_like_one_process(plans, world, tmp_path):
     """Each mix trains to the one-process losses and final parameters: activations fan out to
     the wider stage's TP ranks and gradients come back from one of them; where DP differs,
-    each micro-batch goes to the replica whose slice holds it. 1F1B with DDP and GPipe with
-    FSDP2 (ZeRO 3). The three-rank mixes in one launch, about 30 s."""
+    each micro-batch goes to the replica whose turn it is. DDP and FSDP2 (ZeRO 3). The
+    three-rank mixes in one launch, about 30 s."""
     steps = 3
     names = sorted(n for n in plans if load_plan(plans[n]).mesh.size == world)
     assert len(names) == (4 if world == 3 else 2)
@@ -267,3 +269,62 @@ def test_a_tied_weight_across_two_degrees_is_refused_in_one_line(tmp_path, capfd
     assert "Traceback" not in out + err
     last = err.strip().splitlines()[-1]
     assert "sits on pipeline stages of TP degrees [1, 2]" in last, err[-3000:]
+
+
+def _one_f_one_b(pp: int, j: int, m: int) -> list[tuple[str, int]]:
+    """torch's Schedule1F1B order on pipeline rank j of pp with m micro-batches."""
+    warm = min(pp - 1 - j, m)
+    order = [("F", k) for k in range(warm)]
+    for k in range(m - warm):
+        order += [("F", warm + k), ("B", k)]
+    return order + [("B", k) for k in range(m - warm, m)]
+
+
+def _completes(mesh: Mesh, n: int, schedule) -> bool:
+    """Whether every rank, running ``schedule``'s order on its own micro-batches (their global
+    indices by ``Mesh.local_micro_batch``), finishes: a forward waits for the previous stage's
+    forward of that micro-batch, a backward for the next stage's backward (the last stage's
+    for its own forward). False when some ranks wait on each other for ever."""
+    orders, done = {}, set()
+    for j in range(mesh.pp):
+        for d in range(mesh.dp_of(j)):
+            r = mesh.rank(j, d, 0)
+            local = schedule(mesh.pp, j, n // mesh.dp_of(j))
+            orders[j, d] = [(op, mesh.local_micro_batch(r, k, n)) for op, k in local]
+    moved = True
+    while moved:
+        moved = False
+        for (j, _), order in orders.items():
+            while order:
+                op, g = order[0]
+                after = ("F", j - 1, g) if op == "F" else ("B", j + 1, g)
+                if op == "F" and j == 0 or op == "B" and j == mesh.pp - 1:
+                    after = ("F", j, g) if op == "B" else None
+                if after is not None and after not in done:
+                    break
+                done.add((op, j, g))
+                order.pop(0)
+                moved = True
+    return not any(orders.values())
+
+
+def _gpipe(pp: int, j: int, m: int) -> list[tuple[str, int]]:
+    return [("F", k) for k in range(m)] + [("B", k) for k in range(m)]
+
+
+@pytest.mark.parametrize("stage_dp", [(1, 4, 1), (1, 2, 2, 2), (2, 1, 4), (4, 2, 1)])
+def test_uneven_dp_under_1f1b_is_refused(plans, stage_dp):
+    """Stages of different DP degrees, each replica running torch's 1F1B order on its turns:
+    some meshes wait for ever (a replica's warm-up needs a micro-batch its narrower neighbour
+    sends only after a backward that waits on that replica), while GPipe's order always
+    completes; so the runtime refuses 1F1B there in one line, before any process starts."""
+    mesh = Mesh(len(stage_dp), max(stage_dp), 1, stage_dp=stage_dp)
+    assert _completes(mesh, 8, _gpipe)
+    if stage_dp in ((1, 4, 1), (1, 2, 2, 2)):
+        assert not _completes(mesh, 8, _one_f_one_b)
+    doc = json.loads(plans["dp21"].read_text())
+    doc["schedule"] = "1f1b"
+    path = write_plan(doc, plans["dp21"].parent.parent / "dp21-1f1b")
+    with pytest.raises(UserInputError, match="run GPipe only") as err:
+        check_runnable(load_plan(path))
+    assert "\n" not in str(err.value)
