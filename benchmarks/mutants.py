@@ -1374,6 +1374,55 @@ MUTANTS: list[Mutant] = [
         "tests/test_published.py::test_a_row_quoting_the_allocated_peak_is_compared_without_the_allocator_slack",
         "a row quoting torch's allocated peak compared with the reserved prediction",
     ),
+    M(
+        "stage-tp-receive-without-modulo",
+        "planner/schema/mesh.py",
+        "        return self.rank(other, replica, tp_i % theirs), sends\n",
+        "        return self.rank(other, replica, min(tp_i, theirs - 1)), sends\n",
+        "tests/test_stage_tp.py::test_every_boundary_message_has_one_sender_and_one_receiver",
+        "a wider stage's rank takes its copy from the narrower stage's last TP rank, not u mod a",
+    ),
+    M(
+        "stage-dp-contiguous-local-order",
+        "planner/schema/mesh.py",
+        "        if self.round_robin:\n            return k * self.dp_of(pp_i) + dp_i\n",
+        "        if False:\n            return k * self.dp_of(pp_i) + dp_i\n",
+        "tests/test_stage_tp.py::test_every_boundary_message_has_one_sender_and_one_receiver",
+        "a replica runs its contiguous share while its neighbours route micro-batches in turns",
+    ),
+    M(
+        "run-uneven-mesh-cache-ignores-dp",
+        "runtime/build.py",
+        "    by_stage = (plan_mesh.stage_tp, plan_mesh.stage_dp) if plan_mesh.uneven else None\n",
+        "    by_stage = plan_mesh.stage_tp if plan_mesh.uneven else None\n",
+        "tests/test_stage_tp.py::test_runtime_runs_stages_of_different_degrees_like_one_process",
+        "a second plan of other DP degrees in one launch reuses the first plan's stage meshes",
+    ),
+    M(
+        "run-uneven-loss-first-stage-replicas",
+        "runtime/train.py",
+        "    replicas = plan.mesh.replicas_of(plan.mesh.pp - 1)\n",
+        "    replicas = plan.mesh.replicas_of(0)\n",
+        "tests/test_stage_tp.py::test_runtime_runs_stages_of_different_degrees_like_one_process",
+        "the step loss averaged over the first stage's replicas, not the last stage's",
+    ),
+    M(
+        "run-uneven-dp-1f1b-allowed",
+        "runtime/capability.py",
+        '    if mesh.round_robin and plan.schedule != "gpipe":\n',
+        '    if mesh.round_robin and plan.schedule == "interleaved_1f1b":\n',
+        "tests/test_stage_tp.py::test_uneven_dp_under_1f1b_is_refused",
+        "stages of different DP degrees allowed under 1F1B, which can deadlock",
+    ),
+    M(
+        "run-tie-across-degrees-summed",
+        "runtime/tied.py",
+        "    _refuse_split_ties(everyone, mesh)\n",
+        "",
+        "-m 'not zoo' "
+        "tests/test_stage_tp.py::test_a_tied_weight_across_two_degrees_is_refused_in_one_line",
+        "a weight tied across stages of two TP degrees summed between unlike shards",
+    ),
 ]
 
 
