@@ -113,9 +113,10 @@ class Mesh:
         """The rank of pipeline rank ``other`` that ``rank`` receives global micro-batch
         ``micro_batch`` (of the step's ``micro_batches``) from, and those it sends it to, at
         their boundary. The micro-batch fixes the replica on each side (``round_robin``; else
-        the same replica index on both, whatever the micro-batch). Both sides' TP ranks hold the same whole boundary tensor, so TP rank u of the receiving side
-        takes it from TP rank u mod (the sender's degree): each rank receives one copy, and a
-        sender with more receivers than it has TP peers sends several."""
+        the same replica index on both, whatever the micro-batch). Both sides' TP ranks hold
+        the same whole boundary tensor, so TP rank u of the receiving side takes it from TP
+        rank u mod (the sender's degree): each rank receives one copy, and a sender with more
+        receivers than it has TP peers sends several."""
         pp_i, dp_i, cp_i, tp_i = self.coords(rank)
         replica = micro_batch % self.dp_of(other) if self.round_robin else dp_i * self.cp + cp_i
         mine, theirs = self.tp_of(pp_i), self.tp_of(other)
