@@ -156,6 +156,13 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("time", "cost", "energy", "carbon"),
         help="with --resources: what to minimize (default cost); --steps N instead of --tokens",
     )
+    r.add_argument(
+        "--stage-degrees",
+        default="auto",
+        choices=("auto", "on", "off"),
+        help="with --resources: whether a pipeline across kinds may give each stage its own "
+        "TP degree (auto: where that search is small; on: always, minutes on large pools)",
+    )
     p.add_argument("--out", help="output directory (default: reports/<model file stem>/)")
     p.add_argument("--run", action="store_true", help="after planning, run the plan")
     add_run_flags(p)
@@ -226,6 +233,11 @@ def cmd_plan(argv: list[str]) -> int:
     for flag in ("tokens", "deadline", "budget"):
         if getattr(args, flag) is not None:
             raise UserInputError(f"--{flag} needs --resources POOL.toml")
+    if args.stage_degrees != "auto":
+        raise UserInputError(
+            "--stage-degrees needs --resources POOL.toml (stages of their own TP "
+            "degree are for pipelines across device kinds)"
+        )
     return run_planning(args, mf, shlex.join(["plan", *argv]))
 
 

@@ -1,36 +1,43 @@
-"""The mixed-kind stage MILP against brute force: every kind per stage (every subset of the
-pool's kinds), every contiguous split, every multiset of options per stage, priced by
-mixed_cost.step_time; the MILP must find the least step time."""
+"""The mixed stage MILP against brute force: every variant (device kind, TP degree) per stage,
+every contiguous split, every multiset of options per stage, priced by mixed_cost.step_time;
+the MILP must find the least step time. The pools are small and random: some give a kind
+several TP degrees, some tie the first segment's weight to the last's, some cap a kind's TP
+units so that it cannot hold its widest stage everywhere."""
 
 from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from planner.resources.mixed_bound import mixed_split_bound, step_bound
 from planner.resources.mixed_cost import step_time
-from planner.resources.mixed_milp import MixedProblem, solve_mixed
+from planner.resources.mixed_milp import MixedProblem, solve_mixed, tied_groups
 from planner.search.stage_data import GIB, StageProblem
 
+SPEEDS, CAPACITIES = (1.0, 1.8, 1.3), (14.0, 9.0, 11.0)
 
-def stage_problem(rng, seg_len, n_opts, pp, m, speed, capacity_gib) -> StageProblem:
-    """Random per-option numbers for one kind; ``speed`` scales its times down."""
+
+def stage_problem(rng, seg_len, n_opts, pp, m, speed, capacity_gib, tp=1) -> StageProblem:
+    """Random per-option numbers for one variant; ``speed`` scales its times down, and TP
+    degree ``tp`` splits the time (less than perfectly) and the states and activations."""
 
     def per_opt(lo, hi):
         return [rng.uniform(lo, hi, n) for n in n_opts]
 
+    split = tp**0.8
     return StageProblem(
         pp=pp,
         v=1,
         m=m,
         seg_len=list(seg_len),
-        time=[t / speed for t in per_opt(0.5, 2.0)],
-        state=[x * GIB for x in per_opt(0.5, 3.0)],
+        time=[t / (speed * split) for t in per_opt(0.5, 2.0)],
+        state=[x * GIB / tp for x in per_opt(0.5, 3.0)],
         host=[np.zeros(n) for n in n_opts],
-        act=[x * GIB for x in per_opt(0.1, 1.0)],
+        act=[x * GIB / tp for x in per_opt(0.1, 1.0)],
         ws=[x * GIB for x in per_opt(0.0, 0.5)],
         gather=[np.zeros(n) for n in n_opts],
         optim=per_opt(0.0, 0.05),
@@ -47,18 +54,31 @@ def stage_problem(rng, seg_len, n_opts, pp, m, speed, capacity_gib) -> StageProb
     )
 
 
-def random_problem(seed: int, pp: int, seg_len, n_opts, caps) -> MixedProblem:
+def random_problem(
+    seed: int, pp: int, seg_len, n_opts, units, degrees=(1,), tied=()
+) -> MixedProblem:
+    """Variants (k, t) for every kind k and degree t; ``units``: each kind's TP units."""
     rng = np.random.default_rng(seed)
-    K = len(caps)
-    kinds = [
-        stage_problem(rng, seg_len, n_opts, pp, 4, speed, cap)
-        for speed, cap in zip((1.0, 1.8, 1.3)[:K], (14.0, 9.0, 11.0)[:K], strict=True)
+    K = len(units)
+    variants = [(k, t) for k in range(K) for t in degrees]
+    per_variant = [
+        stage_problem(rng, seg_len, n_opts, pp, 4, SPEEDS[k], CAPACITIES[k], t) for k, t in variants
     ]
-    base = rng.uniform(0.0, 0.2, (K, pp))
-    hop = rng.uniform(0.0, 0.1, (max(pp - 1, 0), K, K))
-    for k in range(K):
-        hop[:, k, k] *= 0.3  # inside one kind the link is faster than the fabric
-    return MixedProblem([f"k{k}" for k in range(K)], kinds, base, hop, list(caps), 0.02)
+    V = len(variants)
+    base = rng.uniform(0.0, 0.2, (V, pp))
+    hop = rng.uniform(0.0, 0.1, (max(pp - 1, 0), V, V))
+    for v in range(V):
+        hop[:, v, v] *= 0.3  # inside one kind at one degree the link is faster
+    return MixedProblem(
+        [f"k{k}" for k in range(K)],
+        variants,
+        per_variant,
+        base,
+        hop,
+        list(units),
+        0.02,
+        tied=list(tied),
+    )
 
 
 def compositions(total: int, parts: int):
@@ -85,40 +105,59 @@ def option_multisets(count: int, n: int):
         yield [combo.count(o) for o in range(n)]
 
 
-def brute_force(mp: MixedProblem) -> float:
-    best = math.inf
-    J, K = mp.J, len(mp.kinds)
+def placements(mp: MixedProblem):
+    """Every (variant per stage, counts) placement: splits x variants x option multisets."""
+    J, V = mp.J, len(mp.variants)
     for sizes in compositions(sum(mp.seg_len), J):
         rows = stage_rows(mp, sizes)
-        for kinds in itertools.product(range(K), repeat=J):
+        for chosen in itertools.product(range(V), repeat=J):
             per_stage = []
-            for j, k in enumerate(kinds):
-                n_opts = [len(t) for t in mp.per_kind[k].time]
+            for j, v in enumerate(chosen):
+                n_opts = [len(t) for t in mp.per_variant[v].time]
                 choices = [list(option_multisets(c, n)) for c, n in zip(rows[j], n_opts)]
                 per_stage.append(list(itertools.product(*choices)))
             for combo in itertools.product(*per_stage):
-                counts = [list(map(list, stage)) for stage in combo]
-                best = min(best, step_time(mp, list(kinds), counts))
-    return best
+                yield list(chosen), [list(map(list, stage)) for stage in combo]
+
+
+def brute_force(mp: MixedProblem) -> float:
+    return min((step_time(mp, v, c) for v, c in placements(mp)), default=math.inf)
 
 
 CASES = [
-    # (seed, stages, blocks per segment, options per segment, stages each kind may run)
-    (0, 2, [1, 3, 1], [2, 2, 2], [2, 2]),
-    (1, 2, [1, 4, 1], [1, 3, 1], [1, 1]),
-    (2, 3, [1, 3, 1], [2, 2, 1], [2, 1]),
-    (3, 3, [1, 3, 1], [1, 2, 1], [1, 1, 1]),
-    (4, 2, [4], [3], [2, 2, 2]),
-    (5, 3, [1, 4, 1], [1, 2, 1], [3, 0]),
-    (6, 2, [1, 3, 1], [2, 3, 2], [1, 2]),
-    (7, 3, [2, 3], [2, 2], [1, 2]),
+    # (seed, stages, blocks per segment, options per segment, TP units per kind, degrees,
+    #  tied segment pairs)
+    (0, 2, [1, 3, 1], [2, 2, 2], [2, 2], (1,), ()),
+    (1, 2, [1, 4, 1], [1, 3, 1], [1, 1], (1,), ()),
+    (2, 3, [1, 3, 1], [2, 2, 1], [2, 1], (1,), ()),
+    (3, 3, [1, 3, 1], [1, 2, 1], [1, 1, 1], (1,), ()),
+    (4, 2, [4], [3], [2, 2, 2], (1,), ()),
+    (5, 3, [1, 4, 1], [1, 2, 1], [3, 0], (1,), ()),
+    (6, 2, [1, 3, 1], [2, 3, 2], [1, 2], (1,), ()),
+    (7, 3, [2, 3], [2, 2], [1, 2], (1,), ()),
+    # two TP degrees per kind
+    (8, 2, [1, 3, 1], [2, 2, 1], [3, 2], (1, 2), ()),
+    (9, 3, [1, 3, 1], [1, 2, 1], [3, 4], (1, 2), ()),
+    (10, 2, [1, 4, 1], [1, 2, 1], [4, 4], (1, 2), ((0, 2),)),
+    (11, 3, [1, 3, 1], [1, 2, 1], [4, 3], (1, 2), ((0, 2),)),
+    (12, 2, [4], [2], [2, 2, 2], (1, 2), ()),
+    (13, 2, [1, 3, 1], [2, 2, 1], [2, 4], (1, 2, 4), ((0, 2),)),
+    (14, 3, [1, 2, 1], [1, 2, 1], [5, 1], (1, 2), ()),
+    # the tie binds: untied, these optima's first and last stages differ in degree
+    (16, 2, [1, 3, 1], [2, 2, 1], [3, 3], (1, 2), ((0, 2),)),
+    (21, 3, [1, 3, 1], [1, 2, 1], [4, 3], (1, 2), ((0, 2),)),
 ]
+IDS = [f"seed{c[0]}" for c in CASES]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[f"seed{c[0]}" for c in CASES])
+def problem(case) -> MixedProblem:
+    seed, pp, seg_len, n_opts, units, degrees, tied = case
+    return random_problem(seed, pp, seg_len, n_opts, units, degrees, tied)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_mixed_milp_matches_brute_force(case):
-    seed, pp, seg_len, n_opts, caps = case
-    mp = random_problem(seed, pp, seg_len, n_opts, caps)
+    mp = problem(case)
     expected = brute_force(mp)
     sol = solve_mixed(mp)
     if math.isinf(expected):
@@ -127,44 +166,64 @@ def test_mixed_milp_matches_brute_force(case):
     assert sol.status == "optimal"
     assert sol.objective == pytest.approx(expected, rel=2e-4)
     # the placement the MILP returns is priced at what it claims
-    assert step_time(mp, sol.kinds, sol.counts) == pytest.approx(sol.objective, rel=1e-6)
+    assert step_time(mp, sol.variants, sol.counts) == pytest.approx(sol.objective, rel=1e-6)
+    assert sol.kinds == [mp.kind_of(v) for v in sol.variants]
+    assert sol.tps == [mp.tp_of(v) for v in sol.variants]
 
 
-def test_some_case_mixes_kinds_and_some_does_not():
-    """The cases above would not test the kind decision if every optimum used one kind."""
-    mixed = []
-    for seed, pp, seg_len, n_opts, caps in CASES:
-        sol = solve_mixed(random_problem(seed, pp, seg_len, n_opts, caps))
-        if sol.kinds:
-            mixed.append(len(set(sol.kinds)) > 1)
-    assert any(mixed) and not all(mixed)
+def test_some_case_mixes_kinds_and_degrees_and_some_does_not():
+    """The cases above would not test the variant decision if every optimum used one kind,
+    or one TP degree: some optimum mixes kinds, some mixes degrees, and some does neither."""
+    kinds, degrees = [], []
+    for case in CASES:
+        sol = solve_mixed(problem(case))
+        if sol.variants:
+            kinds.append(len(set(sol.kinds)) > 1)
+            degrees.append(len(set(sol.tps)) > 1)
+    assert any(kinds) and not all(kinds)
+    assert any(degrees) and not all(degrees)
+
+
+def units_of(mp: MixedProblem, variants: list[int]) -> list[int]:
+    """Each kind's TP units: its stages' degrees added up."""
+    units = [0] * len(mp.kinds)
+    for v in variants:
+        units[mp.kind_of(v)] += mp.tp_of(v)
+    return units
 
 
 def test_pool_limit_is_respected():
-    """A kind the pool holds no stage of is never chosen, even when it is the fastest."""
+    """A kind the pool holds no units of is never chosen, even when it is the fastest; a
+    placement giving a kind more TP units than it holds is priced at inf, and the MILP's
+    never does."""
     mp = random_problem(0, 2, [1, 3, 1], [2, 2, 2], [2, 0])
     fast = random_problem(0, 2, [1, 3, 1], [2, 2, 2], [2, 2])
     assert set(solve_mixed(mp).kinds) == {0}
     assert solve_mixed(fast).objective <= solve_mixed(mp).objective
+    mp = problem(CASES[11])  # kind 1: 3 units, so at most one of its stages at degree 2
+    over = next((v, c) for v, c in placements(mp) if units_of(mp, v)[1] > mp.units[1])
+    assert math.isinf(step_time(mp, *over))
+    free = random_problem(11, 3, [1, 3, 1], [1, 2, 1], [6, 6], (1, 2), ((0, 2),))
+    assert units_of(free, solve_mixed(free).variants)[1] > 3  # the cap binds
+    assert units_of(mp, solve_mixed(mp).variants)[1] <= 3
 
 
 def test_cutoff_prunes():
-    mp = random_problem(2, 3, [1, 3, 1], [2, 2, 1], [2, 1])
+    mp = problem(CASES[9])
     best = solve_mixed(mp).objective
     assert solve_mixed(mp, cutoff=best * 0.99).status == "cutoff"
     assert solve_mixed(mp, cutoff=best * 1.01).objective == pytest.approx(best, rel=2e-4)
 
 
-@pytest.mark.parametrize("case", CASES, ids=[f"seed{c[0]}" for c in CASES])
+@pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_split_bound_never_exceeds_the_optimum(case):
     """mixed_bound's T*, S*, P* and step bound hold for the brute force's optimum; also when
-    the fabric is cheaper than a kind's own link (the bound must use the cheaper hop)."""
-    seed, pp, seg_len, n_opts, caps = case
+    the fabric is cheaper than a variant's own link (the bound must use the cheaper hop)."""
     for fabric_cheaper in (False, True):
-        mp = random_problem(seed, pp, seg_len, n_opts, caps)
+        mp = problem(case)
         if fabric_cheaper:
-            for k in range(len(caps)):
-                mp.hop[:, k, k] *= 10.0
+            for v in range(len(mp.variants)):
+                mp.hop[:, v, v] *= 10.0
         expected = brute_force(mp)
         split = mixed_split_bound(mp)
         if math.isinf(expected):
@@ -177,8 +236,8 @@ def test_split_bound_never_exceeds_the_optimum(case):
 def test_split_bound_prunes_something():
     """The bound is not vacuous: on some case it is within 20% of the optimum."""
     ratios = []
-    for seed, pp, seg_len, n_opts, caps in CASES:
-        mp = random_problem(seed, pp, seg_len, n_opts, caps)
+    for case in CASES:
+        mp = problem(case)
         best = solve_mixed(mp).objective
         if math.isfinite(best):
             ratios.append(step_bound(mp, mixed_split_bound(mp)) / best)
@@ -188,11 +247,14 @@ def test_split_bound_prunes_something():
 def test_kinds_without_a_fabric_never_meet():
     """With no link between kinds 0 and 1 (inf hops), no pipeline hands over between them: the
     MILP's optimum equals the brute force's, which prices such placements at inf."""
-    for seed, pp, seg_len, n_opts, caps in CASES:
-        mp = random_problem(seed, pp, seg_len, n_opts, caps)
-        if len(caps) < 2 or pp < 2:
+    checked = 0
+    for case in CASES:
+        mp = problem(case)
+        if len(mp.kinds) < 2 or mp.J < 2:
             continue
-        mp.hop[:, 0, 1] = mp.hop[:, 1, 0] = math.inf
+        for a, b in itertools.product(range(len(mp.variants)), repeat=2):
+            if {mp.kind_of(a), mp.kind_of(b)} == {0, 1}:
+                mp.hop[:, a, b] = math.inf
         expected = brute_force(mp)
         sol = solve_mixed(mp, split=mixed_split_bound(mp))
         if math.isinf(expected):
@@ -200,27 +262,114 @@ def test_kinds_without_a_fabric_never_meet():
             continue
         assert sol.objective == pytest.approx(expected, rel=2e-4)
         assert all({a, b} != {0, 1} for a, b in zip(sol.kinds, sol.kinds[1:]))
+        checked += 1
+    assert checked >= 8
 
 
-def test_fixed_stage_counts_match_brute_force_over_those_counts():
-    """Caps c adding up to the stages: the MILP's optimum is the brute force's over the
-    placements that run exactly c[k] stages on kind k (the cost-objective search's problem)."""
+def test_tied_segments_share_one_degree():
+    """A weight tied between the first and last segments: the MILP's stages holding them run
+    one TP degree, the brute force prices any other placement at inf, and without the tie the
+    optimum is lower on some case (the constraint binds)."""
+    binds = 0
+    for case in CASES:
+        if not case[6]:
+            continue
+        mp = problem(case)
+        sol = solve_mixed(mp)
+        assert sol.tps[0] == sol.tps[-1]
+        free = problem(case[:6] + ((),))
+        unconstrained = solve_mixed(free)
+        assert unconstrained.objective <= sol.objective * (1 + 2e-4)
+        binds += unconstrained.tps[0] != unconstrained.tps[-1]
+        v, c = unconstrained.variants, unconstrained.counts
+        if unconstrained.tps[0] != unconstrained.tps[-1]:
+            assert math.isinf(step_time(mp, v, c))
+    assert binds >= 1
+
+
+def test_tied_groups_join_pairs():
+    assert tied_groups([(0, 4), (4, 2), (1, 3)], 5) == [(0, 2, 4), (1, 3)]
+    assert tied_groups([], 3) == []
+
+
+def fixed_units(mp: MixedProblem, units) -> MixedProblem:
+    return MixedProblem(
+        mp.kinds, mp.variants, mp.per_variant, mp.base_time, mp.hop, list(units),
+        mp.const_step, units_low=list(units), tied=mp.tied,
+    )  # fmt: skip
+
+
+def test_fixed_units_match_brute_force_over_those_units():
+    """Units fixed per kind (lo = hi, the rate search's leaves): the MILP's optimum is the
+    brute force's over the placements whose kinds' stages add up to exactly those degrees
+    (step_time prices the others at inf); and the least over every fixed entry is the free
+    optimum (the entries cover every placement)."""
     checked = 0
-    for seed, pp, seg_len, n_opts, caps in CASES:
-        mp = random_problem(seed, pp, seg_len, n_opts, caps)
-        K = len(caps)
-        for counts in itertools.product(range(pp + 1), repeat=K):
-            if sum(counts) != pp or any(c > cap for c, cap in zip(counts, caps)):
-                continue
-            fixed = MixedProblem(
-                mp.kinds, mp.per_kind, mp.base_time, mp.hop, list(counts), mp.const_step
-            )
-            expected = brute_force(fixed)
+    for case in CASES:
+        mp = problem(case)
+        by_units: dict[tuple[int, ...], float] = {}
+        spot = True
+        for v, c in placements(mp):
+            units = tuple(units_of(mp, v))
+            value = step_time(mp, v, c)
+            by_units[units] = min(by_units.get(units, math.inf), value)
+            if math.isfinite(value) and spot:  # lo = hi prices only its own units
+                spot = False
+                assert step_time(fixed_units(mp, units), v, c) == value
+                more = (units[0] + 1, *units[1:])
+                assert math.isinf(step_time(fixed_units(mp, more), v, c))
+        least = math.inf
+        for units, expected in sorted(by_units.items()):
+            if any(u > cap for u, cap in zip(units, mp.units)):
+                continue  # beyond the pool: priced inf above
+            fixed = fixed_units(mp, units)
             sol = solve_mixed(fixed)
             if math.isinf(expected):
                 assert sol.status == "infeasible"
                 continue
             assert sol.objective == pytest.approx(expected, rel=2e-4)
-            assert [sol.kinds.count(k) for k in range(K)] == list(counts)
+            assert units_of(mp, sol.variants) == list(units)
+            least = min(least, sol.objective)
             checked += 1
-    assert checked >= 10
+        assert least == pytest.approx(brute_force(mp), rel=2e-4)
+    assert checked >= 40
+
+
+def cell(mp: MixedProblem, lo: int, hi: int) -> MixedProblem:
+    """The search's cell of ``mp``: variants of degrees lo .. hi, both taken by some stage."""
+    keep = [v for v, (_, t) in enumerate(mp.variants) if lo <= t <= hi]
+    return replace(
+        mp,
+        variants=[mp.variants[v] for v in keep],
+        per_variant=[mp.per_variant[v] for v in keep],
+        base_time=mp.base_time[keep],
+        hop=mp.hop[:, keep][:, :, keep],
+        needs=sorted({lo, hi}),
+    )
+
+
+def test_cells_part_the_placements():
+    """The cells (least degree, largest degree) of a problem: each cell's MILP optimum is the
+    brute force's over its placements (the needed degrees priced inf when missing), and the
+    least over the cells is the problem's optimum (they cover every placement)."""
+    checked = 0
+    for case in CASES:
+        mp = problem(case)
+        degrees = sorted({t for _, t in mp.variants})
+        if len(degrees) < 2:
+            continue
+        least = math.inf
+        for lo, hi in itertools.combinations_with_replacement(degrees, 2):
+            part = cell(mp, lo, hi)
+            expected = brute_force(part)
+            sol = solve_mixed(part, split=mixed_split_bound(part))
+            if math.isinf(expected):
+                assert sol.status == "infeasible"
+                continue
+            assert sol.objective == pytest.approx(expected, rel=2e-4)
+            assert step_bound(part, mixed_split_bound(part)) <= expected * (1 + 1e-9)
+            assert min(sol.tps) == lo and max(sol.tps) == hi
+            least = min(least, expected)
+            checked += 1
+        assert least == pytest.approx(brute_force(mp), rel=2e-4)
+    assert checked >= 12

@@ -26,7 +26,13 @@ from test_mixed_milp import brute_force
 from test_trace import ODD_OUTPUT
 
 from planner.api import plan
-from planner.resources.mixed import RunRate, mixed_problem
+from planner.resources.mixed import (
+    TP_DEGREES,
+    RunRate,
+    cell_variants,
+    mixed_problem,
+    stage_variants,
+)
 from planner.resources.mixed_cost import step_time
 from planner.resources.mixed_milp import solve_mixed
 from planner.resources.mixed_plan import KindSpec, plan_mixed
@@ -106,7 +112,7 @@ def test_by_cost_the_cheapest_run_can_be_a_slower_mixed_pipeline(tmp_path):
     def dollars(gpus):
         return sum(p * g for p, g in zip(price, gpus))
 
-    rate = RunRate(dollars, lambda gpus: math.inf)
+    rate = RunRate(dollars, lambda gpus: math.inf, tuple(price))
     by_time = plan_mixed(MODEL, kinds, links, **common)
     assert by_time.plan is None and math.isinf(by_time.single["slow"])
     fast_one = plan(MODEL, 1, profile="cpu", **common).plan.predicted.step_time_s
@@ -117,45 +123,69 @@ def test_by_cost_the_cheapest_run_can_be_a_slower_mixed_pipeline(tmp_path):
     used = {k.name: k.gpus for k in res.plan.kinds}
     value = dollars([used.get("fast", 0), used.get("slow", 0)]) * res.plan.predicted.step_time_s
     assert value == pytest.approx(res.search.best.value, rel=1e-6) and value < singles
-    exhaustive = math.inf
-    for mc in res.search.candidates:
-        c = mc.cand
-        ins = [res.search.inputs[k, c.tp, c.micro_batch_size] for k in range(2)]
-        mp = mixed_problem(ins, c, res.search.kinds, {(0, 1): LINK, (1, 0): LINK})
-        mp = replace(mp, stage_cap=list(mc.counts))
-        sol = solve_mixed(mp)
-        if sol.kinds:
-            exhaustive = min(
-                exhaustive, sol.objective * dollars([x * c.dp * c.tp for x in mc.counts])
-            )
-    assert res.search.best.value == pytest.approx(exhaustive, rel=2e-3)
+    assert exhaustive_by_rate(res.search, {(0, 1): LINK, (1, 0): LINK}, dollars) == pytest.approx(
+        res.search.best.value, rel=2e-3
+    )
+
+
+def exhaustive_by_rate(search, links, rate) -> float:
+    """The least rate x step over every candidate the search had and every TP-unit total per
+    kind using two kinds (each kind's units fixed, no cutoff): what its boxes must find."""
+    best = math.inf
+    for c in {id(mc.cand): mc.cand for mc in search.candidates}.values():
+        vs = stage_variants(search.kinds, c.dp, list(TP_DEGREES))
+        ins = [search.inputs[k, t, c.micro_batch_size] for k, t in vs]
+        mp = mixed_problem(ins, c, vs, search.kinds, links)
+        for units in itertools.product(*(range(cap + 1) for cap in mp.units)):
+            if sum(1 for u in units if u) < 2:
+                continue
+            sol = solve_mixed(replace(mp, units=list(units), units_low=list(units)))
+            if sol.variants:
+                best = min(best, sol.objective * rate([u * c.dp for u in units]))
+    return best
+
+
+def cell_problem(search, mc, links=None):
+    """The MixedProblem of the search's cell ``mc``, built afresh from its priced options."""
+    c, (lo, hi) = mc.cand, mc.degrees
+    vs = cell_variants(stage_variants(search.kinds, c.dp, list(TP_DEGREES)), lo, hi)
+    ins = [search.inputs[k, t, c.micro_batch_size] for k, t in vs]
+    links = links or {(0, 1): LINK, (1, 0): LINK}
+    return mixed_problem(ins, c, vs, search.kinds, links, [lo, hi])
 
 
 def test_real_problem_milp_matches_brute_force(mixed):
-    """Every candidate the search solved or cut off: the MILP's optimum is the brute force's."""
+    """The real model's numbers, on the search's two- and three-stage cells: the MILP's
+    optimum is the brute force's over every variant, split and option choice."""
     res, _ = mixed
+    cells = {(mc.cand.label(), mc.degrees): mc for mc in res.search.candidates}
     checked = 0
-    for mc in res.search.candidates:
-        if mc.problem is None:
+    for mc in cells.values():
+        if mc.cand.pp > 3:
             continue
-        mp = mc.problem
+        mp = cell_problem(res.search, mc)
         expected = brute_force(mp)
         got = solve_mixed(mp)
-        assert got.objective == pytest.approx(expected, rel=2e-4), mc.cand.label()
+        if math.isinf(expected):
+            assert got.status == "infeasible"
+            continue
+        assert got.objective == pytest.approx(expected, rel=2e-4), mc.label()
         checked += 1
-    assert checked >= 2
+    assert checked >= 4
 
 
 def test_one_kind_placement_is_priced_as_the_homogeneous_milp(mixed):
-    """With one kind the mixed MILP is the homogeneous stage MILP: same optimum."""
+    """With one kind at one degree the mixed MILP is the homogeneous stage MILP: same
+    optimum."""
     res, _ = mixed
     mc = next(x for x in res.search.candidates if x.problem is not None)
     c = mc.cand
     for k in range(2):
-        inp = res.search.inputs[k, c.tp, c.micro_batch_size]
-        mp = mixed_problem([inp], c, [res.search.kinds[k]], {})
-        mp.stage_cap = [c.pp]
-        homogeneous = solve_stage_milp(stage_problem(inp, c))
+        inp = res.search.inputs[k, 1, c.micro_batch_size]
+        one = replace(c, tp=1)
+        mp = mixed_problem([inp], one, [(0, 1)], [res.search.kinds[k]], {})
+        mp.units = [c.pp]
+        homogeneous = solve_stage_milp(stage_problem(inp, one))
         assert solve_mixed(mp).objective == pytest.approx(homogeneous.objective, rel=2e-4)
 
 
@@ -179,14 +209,14 @@ def test_plan_file_records_kinds_and_single_kind_plans_are_unchanged(mixed):
 
 def test_plan_step_is_the_milp_optimum_and_kinds_cannot_swap(mixed):
     """The plan's predicted step is the MILP's optimum priced directly; the same split with
-    the kinds swapped or shared is no faster (or does not fit the pool)."""
+    the variants swapped or shared is no faster (or does not fit the pool)."""
     res, _ = mixed
     best = res.search.best
     mp, sol = best.problem, best.solution
-    assert step_time(mp, sol.kinds, sol.counts) == pytest.approx(res.plan.predicted.step_time_s)
-    for kinds in itertools.product(range(2), repeat=2):
-        if list(kinds) != sol.kinds:
-            assert step_time(mp, list(kinds), sol.counts) >= sol.objective * (1 - 2e-4)
+    assert step_time(mp, sol.variants, sol.counts) == pytest.approx(res.plan.predicted.step_time_s)
+    for chosen in itertools.product(range(len(mp.variants)), repeat=2):
+        if list(chosen) != sol.variants:
+            assert step_time(mp, list(chosen), sol.counts) >= sol.objective * (1 - 2e-4)
 
 
 @pytest.mark.distributed

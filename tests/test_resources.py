@@ -244,6 +244,9 @@ def test_bad_pool_file_on_the_command_line_exits_2(tmp_path, capsys):
     assert err.count("\n") == 1 and "missing field(s) price_per_gpu_hour" in err
     assert main(["examples/mlp.py", "--gpus", "2", "--tokens", "1000"]) == 2
     assert "--tokens needs --resources" in capsys.readouterr().err
+    assert main(["examples/mlp.py", "--gpus", "2", "--stage-degrees", "on"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--stage-degrees needs --resources" in err
     both = ["examples/mlp.py", "--resources", "profiles/pools/cloud.toml", "--tokens", "9"]
     assert main([*both, "--gpus", "8"]) == 2
     assert "--gpus and --resources exclude each other" in capsys.readouterr().err

@@ -56,6 +56,7 @@ def run_resources(args: argparse.Namespace, mf: Any, steps: int | None) -> int:
         args.objective,
         args.deadline,
         args.budget,
+        {"auto": None, "on": True, "off": False}[args.stage_degrees],
     )
     if mixed is not None:
         options.append(mixed)
@@ -65,6 +66,9 @@ def run_resources(args: argparse.Namespace, mf: Any, steps: int | None) -> int:
         path = write_plan(mixed_res.plan, out_dir / "mixed")
         if not args.quiet:
             print(f"mixed plan: {path}")
+    if mixed_res is not None and not args.quiet:
+        for note in mixed_res.search.notes:
+            print(f"note: {note}")
     try:
         chosen = choose(options, args.objective, args.deadline, args.budget)
     except InfeasibleError:

@@ -1,28 +1,70 @@
 """The heterogeneous search: one pipeline over several device kinds, when it beats every kind
-alone.
+alone, each stage with its own TP degree.
 
-Outer loop: (pp >= 2, dp, tp, micro-batch, schedule, ZeRO stage), the DP degree and TP degree
-the same on every stage (one ``init_device_mesh``), plain 1F1B / GPipe. Each candidate is
-priced under every kind (the cost model's own functions, through
-``planner.search.problem.stage_problem`` with that kind's cluster), and the mixed-kind MILP
-(``mixed_milp``) picks each stage's kind, blocks and options. Candidates go cheapest lower
-bound first, the bound being
+Outer loop: (pp >= 2, dp, micro-batch, schedule, ZeRO stage), the DP degree the same on every
+stage, plain 1F1B / GPipe. A stage takes a variant v = (kind k, TP degree t): t one of 1, 2, 4,
+8 up to the kind's node, dp t GPUs within the kind's and inside one node or on whole nodes
+(``stage_variants``). Each variant is priced by the cost model's own functions
+(``planner.search.problem.stage_problem`` with the kind's cluster at TP t), and the mixed MILP
+(``mixed_milp``) picks each stage's variant, blocks and options; the plan's mesh is
+(pp, dp, max t) with ``stage_tp`` the stages' degrees where they differ.
 
-    step >= (1 + (m - 1) / pp) sum_s L_s min_{k, o} t[k, s, o]
+The placements of one outer candidate are parted into cells by their stages' least and
+largest degree (lo, hi): a cell's MILP has the variants of degrees lo .. hi and needs a stage
+at each of lo and hi (``MixedProblem.needs``), so every placement lies in one cell. A cell is
+a ``Candidate`` whose ``tp`` is hi, with lo beside it (``MixedCandidate.tp_low``). The cells of
+one degree (every stage the same TP: the search before per-stage degrees) go first, then those
+of several; each set is drained least bound first and every cell in it settled: solved, or
+pruned by a bound no placement of it beats, never left for lack of time or work. The result is
+the cost model's optimum (to REL_TOL) over the cells searched, unless a MILP stops at its node
+limit (``MixedResult.proven``). The cells of several degrees are the large ones (up to 12
+variants a stage, looser bounds); by default they are searched where at most
+STAGE_DEGREE_CELLS of them could beat the best one-degree plan, else left whole and a note says
+so (``search_mixed``'s ``stage_degrees``).
 
-(1F1B / GPipe: sum_j T_j + (m - 1) max_j T_j and max >= mean; every other term is >= 0). The
+Cells go cheapest lower bound first (a heap), F_v[s] being variant v's fastest option time on
+segment s and m the micro-batches:
+
+    step >= F (1 + (m - 1) / pp),              F = sum_s L_s min_v F_v[s]
+    step >= (m - 1) W / (sum_k s_k U_k) + F,   W = sum_s L_s min_v s_{k_v} t_v F_v[s]
+
+The first is 1F1B / GPipe's sum_j T_j + (m - 1) max_j T_j with max >= mean. The second holds
+for any weights s_k >= 0 (here 1 / kind k's own least rank-seconds, so the kinds' speeds
+weigh in): step >= sum_i T_i + (m - 1) T_j on every stage j, so with w_j = s_{k_j} t_j,
+(sum_j w_j) step >= (m - 1) sum_j w_j T_j + (sum_j w_j) F >= (m - 1) W + (sum_j w_j) F, and
+sum_j w_j = sum_k s_k U_k with U_k the TP units (sum of degrees) of kind k's stages, at most
+its GPUs over dp. Every other term is >= 0. A cell first reached is then priced by
+mixed_bound.fastest_floor (the split recurrences on the fastest options alone, within the
+units), then built (StageProblems, mixed_bound's split bound), then given
+mixed_bound.pipeline_floor, and solved, each time back into the heap at its tighter bound. The
 search starts from the caller's cutoff, the best single-kind step time, so a mixed plan is
-returned only when it is faster than every kind alone, and a candidate whose bound is not
-below the incumbent is never built.
+returned only when it is faster than every kind alone, and a cell whose bound is not below the
+incumbent is never built.
 
-Pricing a kind's candidate uses one cluster per kind, as many nodes as the largest mesh needs:
-ranks fill nodes in order and a stage of g = dp * tp ranks lies inside one node or on whole
-nodes (g divides or is a multiple of the node's size, enforced below), so a stage's links are
-the same wherever in the pipeline it sits.
+By another objective (``RunRate``: money, energy, carbon, or wall time under a deadline or
+budget) the objective is rate(g) step, g the GPUs per kind, g_k = dp U_k. The search divides
+each cell's TP units into boxes lo <= U <= hi, split in halves (a kind's units, the box with
+the fewer kinds used first) until the rate and the longest step allowed are the same over the
+box: the MILP then finds the box's least step under ``lo <= U <= hi`` (``MixedProblem.units``
+and ``units_low``), which gives the box's least objective. A box is bounded by
+
+    objective >= max(dp ((m - 1) W_rho + F pp min_v rho_{k_v} t_v), rate(dp lo) step_lb(hi))
+
+with rho_k ``RunRate.per_gpu`` (the rate grows at least rho_k per GPU of kind k: the same
+argument with weights rho) and step_lb the bounds above at U = hi (the built cell's too); it
+rests on the rate being nondecreasing, and the longest step nonincreasing, in every kind's
+GPUs. The optimum over the boxes is so the optimum over all placements, as each placement's
+units lie in exactly one leaf box.
+
+Pricing a variant uses one cluster per kind, as many nodes as that variant's pipeline would
+need laid out alone (ranks fill nodes in order); a stage of g = dp t ranks lies inside one node
+or on whole nodes, so its links are the same wherever it sits.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 import time
 from collections.abc import Callable
@@ -41,19 +83,38 @@ from planner.cost.model import (
 )
 from planner.hardware.cluster import Cluster
 from planner.hardware.collectives import p2p_time
-from planner.resources.mixed_bound import mixed_split_bound, step_bound
-from planner.resources.mixed_milp import MixedProblem, MixedSolution, solve_mixed
+from planner.resources.mixed_bound import (
+    Costs,
+    fastest_floor,
+    mixed_split_bound,
+    pipeline_floor,
+    step_bound,
+    variant_costs,
+)
+from planner.resources.mixed_milp import NODE_LIMIT, MixedProblem, MixedSolution, solve_mixed
 from planner.search.bounds import quiet_highs
 from planner.search.candidates import Candidate, Pins, divisors
 from planner.search.options import price_options
 from planner.search.problem import segments, stage_problem
 from planner.search.split_bound import SplitBound
+from planner.search.stage_data import StageProblem
 from planner.trace.blocks import Block
 from planner.trace.graph import pipeline_refusal
 
 # Stop proving improvements smaller than this share of the incumbent (as the homogeneous
 # search's SEARCH_REL_TOL): a candidate whose bound is within it is not solved.
 REL_TOL = 1e-3
+TP_DEGREES = (1, 2, 4, 8)
+# search_mixed's stage_degrees None: the cells whose stages take two TP degrees or more are
+# searched when at most this many have a floor below the best one-degree plan. Their MILPs are
+# large (up to 12 variants a stage) and their bounds loose: on the 3 x 256 pool 2,010 of them
+# were, and settling them all took 759 s on the 2-core machine (the optimum unchanged); the
+# small pools of the tests have a few. A deterministic count (never the clock): the same plan
+# on any machine, and the note says what was not searched.
+STAGE_DEGREE_CELLS = 100
+
+Variant = tuple[int, int]  # (kind index, TP degree)
+Links = dict[tuple[int, int], tuple[float, float]]
 
 
 @dataclass(frozen=True)
@@ -73,25 +134,47 @@ class RunRate:
     per second of step time of a placement holding ``gpus[k]`` GPUs of kind k, and
     ``max_step_s(gpus)`` the longest step that placement may take (the deadline and budget;
     inf without them). With a kind's GPUs fixed, the objective is that rate times the step
-    time, so the least step time of each GPU count is the least objective of that count."""
+    time, so the least step time of each GPU count is the least objective of that count.
+
+    The search's bounds rest on ``per_step_s`` nondecreasing and ``max_step_s`` nonincreasing
+    in every kind's GPUs (more GPUs never cost less per second), and on
+    ``per_step_s(g) >= sum_k per_gpu[k] g[k]`` (``per_gpu`` empty: all 0, a valid but
+    toothless bound)."""
 
     per_step_s: Callable[[list[int]], float]
     max_step_s: Callable[[list[int]], float]
+    per_gpu: tuple[float, ...] = ()
 
 
 @dataclass
 class MixedCandidate:
-    """One outer candidate of the mixed search (with each kind's stage count, when the
-    search prices GPUs), and its outcome."""
+    """One cell of the mixed search: an outer candidate and its stages' least and largest TP
+    degree (with a box of TP units per kind, when the search prices GPUs), and its outcome."""
 
-    cand: Candidate
+    cand: Candidate  # its tp: the cell's largest TP degree
     bound: float  # in the search's objective: step seconds, or the RunRate's units
-    # solved | pruned-bound | pruned-memory | cutoff | infeasible | no_solution
+    # solved | pruned-bound | pruned-memory | cutoff | infeasible | no_solution | split
     status: str = "pending"
     solution: MixedSolution | None = None
     problem: MixedProblem | None = None
-    counts: tuple[int, ...] | None = None  # stages per kind, fixed (RunRate searches)
+    units: tuple[int, ...] | None = None  # TP units per kind at most (RunRate searches)
+    units_low: tuple[int, ...] | None = None  # and at least
     value: float = math.inf  # the solved placement's objective
+    tp_low: int | None = None  # the cell's least TP degree (None: cand.tp, one degree)
+
+    @property
+    def degrees(self) -> tuple[int, int]:
+        """The cell: (least, largest) TP degree of its placements' stages."""
+        return (self.tp_low or self.cand.tp, self.cand.tp)
+
+    def label(self) -> str:
+        lo, hi = self.degrees
+        text = self.cand.label()
+        return text if lo == hi else text.replace(f" tp{hi},", f" tp{lo}..{hi},", 1)
+
+    def gpus(self, units: tuple[int, ...] | None = None) -> list[int]:
+        """GPUs per kind at ``units`` (default: the box's least)."""
+        return [u * self.cand.dp for u in (units or self.units_low or ())]
 
 
 @dataclass
@@ -102,6 +185,7 @@ class MixedResult:
     kinds: list[Kind]
     solve_time_s: float
     notes: list[str] = field(default_factory=list)
+    skipped: int = 0  # cells of several TP degrees not searched (search_mixed's stage_degrees)
 
     @property
     def solved(self) -> int:
@@ -121,89 +205,55 @@ class MixedResult:
         )
 
 
-def hop_times(
-    inputs: list[CostInputs], config: Config, links: dict[tuple[int, int], tuple[float, float]]
-) -> np.ndarray:
-    """(J-1, K, K): the point-to-point hop from stage j to j+1, activations forward and their
-    gradient back, as the cost model's stage_time_parts prices it: a kind's own link inside
-    one kind, the pool's fabric (bandwidth, latency) between two kinds, and inf where the pool
-    has no fabric between them."""
-    J, K = config.num_stages, len(inputs)
-    hop = np.full((max(J - 1, 0), K, K), np.inf)
-    for j in range(J - 1):
-        for k, inp in enumerate(inputs):
-            hop[j, k, k] = stage_time_parts(inp, [], config, j)[2]
-            nbytes = inp.boundary_bytes * sample_share(config) / inp.traced_mbs
-            if inp.training.pipeline_sends_shards:
-                nbytes /= config.mesh.tp
-            for (a, b), (bw, lat) in links.items():
-                if a == k:
-                    hop[j, a, b] = 2 * p2p_time(nbytes, bw, lat)
-    return hop
+def stage_variants(kinds: list[Kind], dp: int, degrees: list[int]) -> list[Variant]:
+    """The (kind, TP degree) a stage of ``dp`` replicas may take: the degree within the kind's
+    node, its dp t GPUs within the kind's, and inside one node or on whole nodes."""
+    out = []
+    for k, kind in enumerate(kinds):
+        gpn = kind.cluster.gpus_per_node
+        for t in degrees:
+            width = dp * t
+            aligned = gpn % width == 0 or width % gpn == 0
+            if t <= gpn and width <= kind.gpus and aligned:
+                out.append((k, t))
+    return out
 
 
-def mixed_problem(
-    inputs: list[CostInputs],
-    cand: Candidate,
-    kinds: list[Kind],
-    links: dict[tuple[int, int], tuple[float, float]],
-) -> MixedProblem:
-    """The mixed MILP's numbers for one candidate: each kind's StageProblem, the constants a
-    stage pays besides its blocks and hop, the hops, and how many stages each kind can hold."""
-    per_kind = [stage_problem(inp, cand) for inp in inputs]
-    config = Config(cand.mesh, cand.micro_batch_size, cand.schedule, 1, cand.zero, [], [])
-    J = cand.pp
-    base = np.array(
-        [[sum(stage_time_parts(inp, [], config, j)[:2]) for j in range(J)] for inp in inputs]
-    )
-    width = cand.dp * cand.tp
-    hop = hop_times(inputs, config, links)  # inf between kinds with no fabric: forbidden
-    return MixedProblem(
-        kinds=[k.name for k in kinds],
-        per_kind=per_kind,
-        base_time=base,
-        hop=hop,
-        stage_cap=[k.gpus // width for k in kinds],
-        const_step=max(tied_sync_time(inp, config) for inp in inputs),
-    )
+def unit_caps(kinds: list[Kind], dp: int, variants: list[Variant], pp: int) -> list[int]:
+    """Per kind, the most TP units (sum of stage degrees) a ``pp``-stage pipeline can give it:
+    its GPUs over dp, and no more than pp stages of its largest degree."""
+    caps = []
+    for k, kind in enumerate(kinds):
+        tps = [t for kk, t in variants if kk == k]
+        caps.append(min(kind.gpus // dp, pp * max(tps)) if tps else 0)
+    return caps
 
 
-def fits_at_all(mp: MixedProblem) -> bool:
-    """A necessary condition for any placement to fit in memory: the blocks' least states and
-    activations (each at its least option and kind, activations at the fewest in-flight
-    micro-batches of any stage) within the rooms of the pp largest stages the pool can hold
-    (each kind's capacity less its least other memory, at most its stage count of them)."""
-    fewest = min(mp.per_kind[0].inflight)
-    need = 0.0
-    for s, length in enumerate(mp.seg_len):
-        need += length * min(float(np.min(sp.state[s] + fewest * sp.act[s])) for sp in mp.per_kind)
-    rooms = []
-    for sp, cap in zip(mp.per_kind, mp.stage_cap, strict=True):
-        rooms += [sp.capacity - min(sp.const_mem)] * min(cap, mp.J)
-    rooms.sort(reverse=True)
-    return len(rooms) >= mp.J and need <= sum(rooms[: mp.J]) * (1 + 1e-9)
+def cell_variants(variants: list[Variant], lo: int, hi: int) -> list[Variant]:
+    return [(k, t) for k, t in variants if lo <= t <= hi]
 
 
 def outer_candidates(
-    kinds: list[Kind], n_blocks: int, training: Training, tp_degrees: list[int], pins: Pins
-) -> list[Candidate]:
-    """Every (pp >= 2, dp, tp, micro-batch, schedule, ZeRO) a mixed pipeline may use: at least
-    two kinds can each hold a stage, the pool holds pp stages, and a stage lies inside one node
-    or on whole nodes of every kind that can hold it."""
+    kinds: list[Kind], n_blocks: int, training: Training, degrees: list[int], pins: Pins
+) -> list[tuple[Candidate, int]]:
+    """Every (pp >= 2, dp, micro-batch, schedule, ZeRO) a mixed pipeline may use, as cells
+    (candidate, least degree lo), the candidate's tp the largest degree hi: the placements
+    whose stages' degrees run from lo to hi, each at least once (so the cells of a candidate
+    part its placements). A cell has variants of two kinds at least, and the pool holds pp
+    stages (each kind's GPUs over its narrowest stage in the cell)."""
     gbs = training.global_batch_size
     out = []
-    for tp in tp_degrees:
-        for dp in divisors(gbs):
-            width = dp * tp
-            able = [
-                k
-                for k in kinds
-                if k.gpus >= width
-                and (k.cluster.gpus_per_node % width == 0 or width % k.cluster.gpus_per_node == 0)
-            ]
+    for dp in divisors(gbs):
+        allowed = stage_variants(kinds, dp, degrees)
+        tps = sorted({t for _, t in allowed})
+        for lo, hi in itertools.combinations_with_replacement(tps, 2):
+            variants = cell_variants(allowed, lo, hi)
+            able = sorted({k for k, _ in variants})
             if len(able) < 2:
                 continue
-            most = sum(k.gpus // width for k in able)
+            most = sum(
+                kinds[k].gpus // (dp * min(t for kk, t in variants if kk == k)) for k in able
+            )
             for pp in range(2, min(n_blocks, most) + 1):
                 if pins.pp and pp != pins.pp:
                     continue
@@ -215,27 +265,318 @@ def outer_candidates(
                         for zero in range(4) if dp > 1 else (0,):
                             if zero == 1:
                                 continue  # the runtime has no ZeRO-1 for pipeline stages
-                            out.append(Candidate(pp, dp, tp, mbs, schedule, 1, zero))
+                            out.append((Candidate(pp, dp, hi, mbs, schedule, 1, zero), lo))
     return out
 
 
-def stage_counts(pp: int, caps: list[int]) -> list[tuple[int, ...]]:
-    """Every way ``pp`` stages spread over the kinds within their caps, two kinds at least."""
-    out: list[tuple[int, ...]] = []
-
-    def extend(prefix: tuple[int, ...], left: int) -> None:
-        k = len(prefix)
-        if k == len(caps) - 1:
-            if left <= caps[k]:
-                counts = (*prefix, left)
-                if sum(1 for c in counts if c) >= 2:
-                    out.append(counts)
-            return
-        for c in range(min(left, caps[k]) + 1):
-            extend((*prefix, c), left - c)
-
-    extend((), pp)
+def wide_kinds(kinds: list[Kind], cands: list[Candidate]) -> list[Kind]:
+    """The kinds with clusters as large as any variant's pipeline laid out alone needs (pp
+    stages of dp t ranks, t at most the candidate's largest degree): the cost model prices a
+    variant's stage j at ranks j dp t onward."""
+    out = []
+    for kind in kinds:
+        cl = kind.cluster
+        span = max((c.pp * c.dp * c.tp for c in cands), default=0)
+        nodes = max(cl.nodes, -(-span // cl.gpus_per_node))
+        out.append(replace(kind, cluster=Cluster(cl.profile, nodes, cl.gpus_per_node)))
     return out
+
+
+def hop_time(nbytes: float, t: int, t_next: int, bw: float, lat: float, shards: bool) -> float:
+    """A boundary's activations forward and their gradient back, ``nbytes`` the whole
+    activation per micro-batch. One TP degree: each TP rank sends to its peer (1/t of it when
+    the runtime sends shards). Two degrees: every receiving rank takes a whole copy from one
+    sending rank, so a sender with more receivers than senders sends several in turn."""
+    if t == t_next:
+        per = nbytes / t if shards else nbytes
+        return 2 * p2p_time(per, bw, lat)
+    forward = p2p_time(nbytes * max(1, t_next // t), bw, lat)
+    return forward + p2p_time(nbytes * max(1, t // t_next), bw, lat)
+
+
+def hop_times(
+    inputs: list[CostInputs], configs: list[Config], variants: list[Variant], links: Links
+) -> np.ndarray:
+    """(J-1, V, V): the hop from stage j of variant v to stage j+1 of variant u, priced as
+    stage_time_parts prices a homogeneous pipeline's: on the sender's kind's own link between
+    its stages j and j+1 inside one kind, on the pool's fabric (bandwidth, latency) between two
+    kinds, inf where the pool has no fabric between them."""
+    J, V = configs[0].num_stages, len(variants)
+    hop = np.full((max(J - 1, 0), V, V), np.inf)
+    for j in range(J - 1):
+        for a, (ka, ta) in enumerate(variants):
+            inp, mesh = inputs[a], configs[a].mesh
+            nbytes = inp.boundary_bytes * sample_share(configs[a]) / inp.traced_mbs
+            own = inp.cluster.link([mesh.rank(j, 0, 0), mesh.rank(j + 1, 0, 0)])
+            for b, (kb, tb) in enumerate(variants):
+                link = own if ka == kb else links.get((ka, kb))
+                if link is not None:
+                    shards = inp.training.pipeline_sends_shards
+                    hop[j, a, b] = hop_time(nbytes, ta, tb, *link, shards)
+    return hop
+
+
+def tied_segments(inp: CostInputs) -> list[tuple[int, int]]:
+    """(segment of the owner, segment of the reader) of every tied weight."""
+    seg_of = {}
+    for s, (first, length) in enumerate(segments(inp.blocks)):
+        seg_of.update({i: s for i in range(first, first + length)})
+    return sorted({(seg_of[c.owner], seg_of[c.user]) for c in inp.tied})
+
+
+@dataclass
+class VariantParts:
+    """One variant's numbers for one candidate: what ``mixed_problem`` puts together."""
+
+    problem: StageProblem
+    config: Config  # the candidate at the variant's degree, no blocks placed
+    base_time: list[float]  # per stage: compute and TP communication besides its blocks
+    tied_sync: float
+
+
+def variant_parts(inp: CostInputs, cand: Candidate, t: int) -> VariantParts:
+    """``inp``: the variant's kind's options at degree ``t``."""
+    c = replace(cand, tp=t)
+    config = Config(c.mesh, c.micro_batch_size, c.schedule, 1, c.zero, [], [])
+    base = [sum(stage_time_parts(inp, [], config, j)[:2]) for j in range(c.pp)]
+    return VariantParts(stage_problem(inp, c), config, base, tied_sync_time(inp, config))
+
+
+def mixed_problem(
+    inputs: list[CostInputs],
+    cand: Candidate,
+    variants: list[Variant],
+    kinds: list[Kind],
+    links: Links,
+    needs: list[int] | None = None,
+    parts: list[VariantParts] | None = None,
+    hop: np.ndarray | None = None,
+) -> MixedProblem:
+    """The mixed MILP's numbers for one candidate: each variant's StageProblem (``inputs``:
+    its kind's options at its degree), the constants a stage pays besides its blocks and hop,
+    the hops, how many TP units each kind's GPUs hold, and the degrees some stage must take.
+    ``parts`` and ``hop``: each variant's, and the hops, where the caller has them."""
+    if parts is None:
+        parts = [variant_parts(inp, cand, t) for inp, (_, t) in zip(inputs, variants)]
+    if hop is None:
+        hop = hop_times(inputs, [p.config for p in parts], variants, links)
+    return MixedProblem(
+        kinds=[k.name for k in kinds],
+        variants=list(variants),
+        per_variant=[p.problem for p in parts],
+        base_time=np.array([p.base_time for p in parts]),
+        hop=hop,  # inf: no fabric, forbidden
+        units=unit_caps(kinds, cand.dp, variants, cand.pp),
+        const_step=max(p.tied_sync for p in parts),
+        tied=tied_segments(inputs[0]),
+        needs=sorted(set(needs or [])),
+    )
+
+
+def fits_at_all(mp: MixedProblem) -> bool:
+    """A necessary condition for any placement to fit in memory: the blocks' least states and
+    activations (each at its least option and variant, activations at the fewest in-flight
+    micro-batches of any stage) within the rooms of the pp largest stages the pool can hold
+    (per kind, its largest room, as many times as its narrowest variant fits its units)."""
+    fewest = min(mp.per_variant[0].inflight)
+    need = 0.0
+    for s, length in enumerate(mp.seg_len):
+        least = min(float(np.min(sp.state[s] + fewest * sp.act[s])) for sp in mp.per_variant)
+        need += length * least
+    rooms = []
+    for k, units in enumerate(mp.units):
+        mine = [v for v in range(len(mp.variants)) if mp.kind_of(v) == k]
+        if mine:
+            room = max(mp.per_variant[v].capacity - min(mp.per_variant[v].const_mem) for v in mine)
+            rooms += [room] * min(units // min(mp.tp_of(v) for v in mine), mp.J)
+    rooms.sort(reverse=True)
+    return len(rooms) >= mp.J and need <= sum(rooms[: mp.J]) * (1 + 1e-9)
+
+
+@dataclass(frozen=True)
+class Floors:
+    """A cell's bounds from its variants' fastest options alone (the module docstring's F,
+    W with weights s_k, and W_rho with weights rho_k), every placement's; ``split`` the
+    fastest-option recurrences' (mixed_bound.fastest_floor), once the search computed it."""
+
+    m: int
+    pp: int
+    dp: int
+    fastest: float  # F
+    rank_s: float  # W: sum_s L_s min_v s_{k_v} t_v F_v[s]
+    speed: tuple[float, ...]  # s_k
+    priced_rank_s: float  # W_rho
+    least_rho_t: float  # min_v rho_{k_v} t_v
+    split: float | None = None
+
+    def step(self, units_hi: list[int]) -> float:
+        """No placement whose kinds' TP units are at most ``units_hi`` steps faster."""
+        pipeline = self.fastest * (1 + (self.m - 1) / self.pp)
+        weight = sum(s * u for s, u in zip(self.speed, units_hi, strict=True))
+        fluid = (self.m - 1) * self.rank_s / weight + self.fastest if weight > 0 else math.inf
+        return max(pipeline, fluid, self.split or 0.0)
+
+    def priced(self) -> float:
+        """No placement's objective is lower: dp ((m - 1) W_rho + F pp min_v rho t)."""
+        return self.dp * (
+            (self.m - 1) * self.priced_rank_s + self.fastest * self.pp * self.least_rho_t
+        )
+
+
+def floors_of(
+    fastest: list[np.ndarray],
+    seg_len: list[int],
+    variants: list[Variant],
+    n_kinds: int,
+    cand: Candidate,
+    m: int,
+    per_gpu: tuple[float, ...],
+) -> Floors:
+    """Floors from each variant's fastest option time per segment (``fastest[v][s]``)."""
+    L = np.asarray(seg_len, dtype=float)
+    tf = np.array([t * f for (_, t), f in zip(variants, fastest, strict=True)])  # (V, S)
+    speed = []
+    for k in range(n_kinds):
+        rows = [v for v, (kk, _) in enumerate(variants) if kk == k]
+        own = float(L @ tf[rows].min(axis=0)) if rows else 0.0
+        speed.append(1.0 / own if own > 0 else 0.0)
+    kinds = [k for k, _ in variants]
+    weights = np.array([speed[k] for k in kinds])[:, None]
+    rho = np.array([per_gpu[k] if per_gpu else 0.0 for k in kinds])
+    return Floors(
+        m=m,
+        pp=cand.pp,
+        dp=cand.dp,
+        fastest=float(L @ np.min(fastest, axis=0)),
+        rank_s=float(L @ (weights * tf).min(axis=0)),
+        speed=tuple(speed),
+        priced_rank_s=float(L @ (rho[:, None] * tf).min(axis=0)),
+        least_rho_t=float(min(r * t for r, (_, t) in zip(rho, variants, strict=True))),
+    )
+
+
+def unit_counts(variants: list[Variant], kind: int, cap: int, pp: int) -> list[int]:
+    """Per TP-unit total u <= cap of ``kind``, a bit mask of the stage counts whose degrees
+    (the kind's variants') can add up to u: bit n set when n stages can."""
+    degrees = [t for k, t in variants if k == kind]
+    masks = [0] * (cap + 1)
+    masks[0] = 1
+    for n in range(1, pp + 1):  # masks of exactly n stages, grown one stage at a time
+        reach = [0] * (cap + 1)
+        for u in range(cap + 1):
+            if masks[u] >> (n - 1) & 1:
+                for t in degrees:
+                    if u + t <= cap:
+                        reach[u + t] |= 1 << n
+        for u, bit in enumerate(reach):
+            masks[u] |= bit
+    return masks
+
+
+def box_feasible(masks: list[list[int]], lo: tuple[int, ...], hi: tuple[int, ...], pp: int) -> bool:
+    """Whether some units in [lo, hi] are made by stage counts adding up to pp."""
+    reach = 1
+    for mask, a, b in zip(masks, lo, hi, strict=True):
+        counts = 0
+        for u in range(a, b + 1):
+            counts |= mask[u]
+        step = 0
+        for n in range(pp + 1):
+            if counts >> n & 1:
+                step |= reach << n
+        reach = step & ((1 << (pp + 1)) - 1)
+    return bool(reach >> pp & 1)
+
+
+def split_box(lo: tuple[int, ...], hi: tuple[int, ...]) -> list[tuple[tuple[int, ...], ...]]:
+    """Halve a box of TP units: first a kind that may be unused (0 or >= 1), until two kinds
+    are used for sure; then the widest kind's range."""
+    used = sum(1 for a in lo if a > 0)
+    open_ = [k for k, (a, b) in enumerate(zip(lo, hi)) if a == 0 < b]
+    if used < 2 and open_:
+        k, mid = open_[0], 0
+    else:
+        k = max(range(len(lo)), key=lambda i: (hi[i] - lo[i], -i))
+        mid = (lo[k] + hi[k]) // 2
+    return [
+        (lo, hi[:k] + (mid,) + hi[k + 1 :]),
+        (lo[:k] + (mid + 1,) + lo[k + 1 :], hi),
+    ]
+
+
+class _Prices:
+    """Each variant's priced options (per kind, TP degree and micro-batch), cached."""
+
+    def __init__(self, graph, blocks, training, kinds, variants_of, pins) -> None:
+        self.graph, self.blocks, self.training = graph, blocks, training
+        self.kinds, self.variants_of, self.pins = kinds, variants_of, pins
+        self.traced_mbs = int(graph.graph["micro_batch_size"])
+        self.inputs: dict[tuple[int, int, int], CostInputs] = {}
+        self.priced: dict = {}
+        self.segs = segments(blocks)
+        self.least: dict[tuple[Variant, int], np.ndarray] = {}
+
+    def of(self, k: int, tp: int, mbs: int) -> CostInputs:
+        key = (k, tp, mbs)
+        if key not in self.inputs:
+            cl = self.kinds[k].cluster
+            # a stage of a pipeline: tied weights stay replicated under TP (variants_for)
+            opts = price_options(
+                self.graph, self.blocks, tp, mbs, cl, self.training, self.pins,
+                self.variants_of[k], 1, 1, self.priced, tp > 1,
+            )  # fmt: skip
+            self.inputs[key] = CostInputs(
+                self.blocks, opts, self.traced_mbs, cl, self.training, self.pins.memory_fraction
+            )
+        return self.inputs[key]
+
+    def fastest(self, variants: list[Variant], mbs: int) -> list[np.ndarray]:
+        """Per variant, per segment: the least time of any option."""
+        for k, t in variants:
+            if ((k, t), mbs) not in self.least:
+                opts = self.of(k, t, mbs).options
+                times = [min(o.time_s for o in opts[f]) for f, _ in self.segs]
+                self.least[(k, t), mbs] = np.array(times)
+        return [self.least[v, mbs] for v in variants]
+
+
+class _Base:
+    """What the cells of one (pp, dp, micro-batch, schedule, ZeRO) share, made as the search
+    first needs it: each variant's numbers and split-bound costs, and the hops between every
+    two variants the DP degree allows."""
+
+    def __init__(self, cand: Candidate, variants: list[Variant], prices: _Prices, links) -> None:
+        self.cand, self.variants, self.prices = cand, variants, prices
+        self.inputs = [prices.of(k, t, cand.micro_batch_size) for k, t in variants]
+        self.parts = [variant_parts(inp, cand, t) for inp, (_, t) in zip(self.inputs, variants)]
+        configs = [p.config for p in self.parts]
+        self.hop = hop_times(self.inputs, configs, variants, links)
+        self.whole: MixedProblem | None = None  # every variant: the split bound's costs
+        self.priced: dict[int, tuple[list[np.ndarray], list[np.ndarray]]] = {}
+
+    def problem(self, cell: list[Variant], needs: list[int], kinds: list[Kind]) -> MixedProblem:
+        """The cell's MixedProblem: the variants ``cell``, the degrees ``needs`` taken."""
+        idx = [self.variants.index(v) for v in cell]
+        c = replace(self.cand, tp=max(t for _, t in cell))
+        return mixed_problem(
+            [self.inputs[i] for i in idx], c, cell, kinds, {}, needs,
+            parts=[self.parts[i] for i in idx], hop=self.hop[:, idx][:, :, idx],
+        )  # fmt: skip
+
+    def costs(self, mp: MixedProblem) -> Costs:
+        """Per stage, per variant of a cell's problem, mixed_bound's (tau, psi), priced once
+        for all cells (each variant's constant with its cheapest hop to any variant)."""
+        if self.whole is None:
+            self.whole = mixed_problem(
+                self.inputs, self.cand, self.variants, [], {}, parts=self.parts, hop=self.hop
+            )
+        idx = [self.variants.index(v) for v in mp.variants]
+        for i in idx:
+            if i not in self.priced:
+                self.priced[i] = variant_costs(self.whole, i)
+        taus = [[self.priced[i][0][j] for i in idx] for j in range(mp.J)]
+        psis = [[self.priced[i][1][j] for i in idx] for j in range(mp.J)]
+        return taus, psis
 
 
 def search_mixed(
@@ -243,129 +584,283 @@ def search_mixed(
     blocks: list[Block],
     training: Training,
     kinds: list[Kind],
-    links: dict[tuple[int, int], tuple[float, float]],
+    links: Links,
     variants: list[Callable[[Block, int], list]],
     cutoff: float = math.inf,
     pins: Pins | None = None,
     progress: Callable[[str], None] | None = None,
     rate: RunRate | None = None,
+    stage_degrees: bool | None = None,
 ) -> MixedResult:
     """The fastest mixed pipeline faster than ``cutoff`` (the best single-kind step time), or
     ``best`` None when none is. ``links``: (kind a, kind b) -> (bandwidth B/s, latency s) of
     the fabric, both orders. ``variants``: per kind, the intra-block sharding variants.
+    ``pins.tp`` restricts every stage to that TP degree; ``pins.pp`` the pipeline's depth.
+    ``stage_degrees``: whether stages may take TP degrees of their own (True), share one
+    (False), or take their own where that search is small (None: STAGE_DEGREE_CELLS).
 
     With ``rate``, the least objective instead (``cutoff`` in its units: the best single-kind
-    option's): each candidate is split by how many stages each kind runs (``stage_counts``),
-    which fixes its GPUs, and so its objective per step-second; the MILP, with those counts
-    fixed, finds the least step time of each, within the placement's longest step."""
+    option's), over pipelines using two kinds at least: each cell's TP units per kind are
+    divided into boxes (the module docstring), and the MILP, with the units within a box over
+    which the rate is one, finds that box's least step time within its longest step."""
     start = time.perf_counter()
     quiet_highs()
     pins = pins or Pins(offload="none")
-    traced_mbs = int(graph.graph["micro_batch_size"])
-    tp_degrees = [t for t in (1, 2, 4, 8) if all(t <= k.cluster.gpus_per_node for k in kinds)]
+    degrees = [pins.tp] if pins.tp else list(TP_DEGREES)
     # torch's pipelining runs stages as the exported graph: where there is none (a
     # module-level trace) or it drops a backward of the model's own, no pipeline would run
     runnable = not pipeline_refusal(graph)
-    cands = outer_candidates(kinds, len(blocks), training, tp_degrees, pins) if runnable else []
-    inputs: dict[tuple[int, int, int], CostInputs] = {}
-    priced: dict = {}
-
-    def inputs_of(k: int, tp: int, mbs: int) -> CostInputs:
-        key = (k, tp, mbs)
-        if key not in inputs:
-            cl = kinds[k].cluster
-            opts = price_options(
-                graph, blocks, tp, mbs, cl, training, pins, variants[k], 1, 1, priced
-            )
-            inputs[key] = CostInputs(blocks, opts, traced_mbs, cl, training, pins.memory_fraction)
-        return inputs[key]
-
-    segs = segments(blocks)
-    fastest: dict[tuple[int, int], float] = {}
-
-    def block_floor(tp: int, mbs: int) -> float:
-        """sum_s L_s min_{k,o} t[k,s,o]: no placement's stages add up to less."""
-        if (tp, mbs) not in fastest:
-            total = 0.0
-            for first, length in segs:
-                total += length * min(
-                    min(o.time_s for o in inputs_of(k, tp, mbs).options[first])
-                    for k in range(len(kinds))
-                )
-            fastest[tp, mbs] = total
-        return fastest[tp, mbs]
-
-    def gpus_of(mc: MixedCandidate) -> list[int]:
-        width = mc.cand.dp * mc.cand.tp
-        return [c * width for c in mc.counts or ()]
-
-    def rate_of(mc: MixedCandidate) -> float:
-        return 1.0 if rate is None else rate.per_step_s(gpus_of(mc))
-
-    found = []
-    for c in cands:
-        m = num_microbatches(training, c.dp, c.micro_batch_size)
-        floor = block_floor(c.tp, c.micro_batch_size) * (1 + (m - 1) / c.pp)
-        if rate is None:
-            found.append(MixedCandidate(c, floor))
-            continue
-        caps = [k.gpus // (c.dp * c.tp) for k in kinds]
-        for counts in stage_counts(c.pp, caps):
-            mc = MixedCandidate(c, 0.0, counts=counts)
-            if floor > rate.max_step_s(gpus_of(mc)):
-                continue  # no placement of these GPUs meets the deadline or the budget
-            mc.bound = floor * rate_of(mc)
-            found.append(mc)
-    found.sort(
-        key=lambda mc: (
-            mc.bound,
-            mc.cand.pp * mc.cand.dp * mc.cand.tp,
-            mc.cand.label(),
-            mc.counts or (),
+    cells = outer_candidates(kinds, len(blocks), training, degrees, pins) if runnable else []
+    wide = wide_kinds(kinds, [c for c, _ in cells])
+    prices = _Prices(graph, blocks, training, wide, variants, pins)
+    search = _Search(prices, kinds, links, degrees, training, rate, cutoff, progress)
+    search.run(cells, stage_degrees)
+    notes = []
+    if search.skipped:
+        notes.append(
+            f"stages share one TP degree: {search.skipped} cells of stages with their own "
+            f"degrees have floors below the plan (more than {STAGE_DEGREE_CELLS}), too many "
+            "to search in seconds; --stage-degrees on searches them (minutes on large pools)"
         )
+    elapsed = time.perf_counter() - start
+    return MixedResult(
+        search.best, search.entries, prices.inputs, kinds, elapsed, notes, search.skipped
     )
-    best: MixedCandidate | None = None
-    incumbent = cutoff
-    structures: dict = {}
-    prepared: dict[int, tuple[MixedProblem, SplitBound | None, float]] = {}  # by id(candidate)
-    for mc in found:
-        if mc.bound >= incumbent * (1 - REL_TOL):
-            mc.status = "pruned-bound"
-            continue
+
+
+@dataclass
+class _Built:
+    """A cell's MILP numbers and bounds, made when the search first reaches it."""
+
+    problem: MixedProblem | None  # None: nothing fits (pruned-memory)
+    split: SplitBound | None
+    least: float  # mixed_bound.step_bound: no placement steps faster
+    masks: list[list[int]]  # per kind: unit_counts
+    costs: Costs | None = None  # the split bound's, for pipeline_floor
+    piped: bool = False  # least holds pipeline_floor (computed only where S* + P* is not enough)
+
+
+class _Search:
+    """The heap of cells (and, by a RunRate, their boxes of TP units), least bound first,
+    pruned against the incumbent."""
+
+    def __init__(self, prices, kinds, links, degrees, training, rate, cutoff, progress) -> None:
+        self.prices, self.kinds, self.links = prices, kinds, links
+        self.degrees, self.training, self.rate = degrees, training, rate
+        self.incumbent, self.progress = cutoff, progress
+        self.best: MixedCandidate | None = None
+        self.entries: list[MixedCandidate] = []
+        self.heap: list = []
+        self.bases: dict[tuple, _Base] = {}
+        self.built: dict[tuple, _Built] = {}
+        self.floors: dict[tuple, Floors] = {}
+        self.roots: dict[tuple, tuple[Floors, tuple[int, ...]]] = {}
+        self.skipped = 0  # cells of several degrees left whole (run's stage_degrees None)
+        self.fastest: dict[tuple, tuple[float, float]] = {}  # fastest_floor's, by cell
+        self.structures: dict = {}
+        self.tick = itertools.count()
+
+    @staticmethod
+    def key(mc: MixedCandidate) -> tuple:
         c = mc.cand
-        if id(c) not in prepared:
-            if progress:
-                progress(c.label())
-            ins = [inputs_of(k, c.tp, c.micro_batch_size) for k in range(len(kinds))]
-            mp = mixed_problem(ins, c, kinds, links)
-            split = mixed_split_bound(mp) if fits_at_all(mp) else None
+        return (c.pp, c.dp, c.micro_batch_size, c.schedule, c.zero, *mc.degrees)
+
+    def variants(self, mc: MixedCandidate) -> list[Variant]:
+        allowed = stage_variants(self.kinds, mc.cand.dp, self.degrees)
+        return cell_variants(allowed, *mc.degrees)
+
+    def push(self, mc: MixedCandidate, again: bool = False) -> None:
+        """Into the heap at its bound (``again``: an entry already listed, re-bounded)."""
+        if not again:
+            self.entries.append(mc)
+        c = mc.cand
+        order = (mc.bound, c.pp * c.dp * c.tp, mc.label(), mc.units_low or (), mc.units or ())
+        heapq.heappush(self.heap, (order, next(self.tick), mc))
+
+    def run(self, cells: list[tuple[Candidate, int]], stage_degrees: bool | None) -> None:
+        """The cells of one degree first, then (``stage_degrees``) those of several, each
+        set drained least bound first until its heap empties: each cell is solved or pruned
+        by a bound no placement of it beats. A cell's bound only rises as it is refined,
+        built and piped, each time back into the heap, so the cell popped is the least
+        bounded of those left. One-degree cells' bounds are the tighter (no change of
+        degree, whose hops the bounds price at the cheapest), so they set the incumbent that
+        prunes most of the rest. ``stage_degrees`` None: the cells of several degrees are
+        searched when at most STAGE_DEGREE_CELLS of them have a floor below the incumbent,
+        else left whole (``skipped``)."""
+        one = [(c, lo) for c, lo in cells if lo == c.tp]
+        self.drain([self.root(MixedCandidate(c, 0.0, tp_low=lo)) for c, lo in one])
+        if stage_degrees is False:
+            return
+        several = [self.root(MixedCandidate(c, 0.0, tp_low=lo)) for c, lo in cells if lo != c.tp]
+        live = [mc for mc in several if mc.bound < self.incumbent * (1 - REL_TOL)]
+        if stage_degrees is None and len(live) > STAGE_DEGREE_CELLS:
+            self.skipped = len(live)
+            return
+        self.drain(several)
+
+    def drain(self, cells: list[MixedCandidate]) -> None:
+        for mc in cells:
+            self.push(mc)
+        while self.heap:
+            _, _, mc = heapq.heappop(self.heap)
+            if mc.bound >= self.incumbent * (1 - REL_TOL):
+                mc.status = "pruned-bound"
+                continue
+            self.visit(mc)
+
+    def root(self, mc: MixedCandidate) -> MixedCandidate:
+        """The cell whole: all its units (a RunRate search's root box), at its floor."""
+        c = mc.cand
+        shared = (c.pp, c.dp, c.micro_batch_size, *mc.degrees)  # every ZeRO stage's, schedule's
+        if shared not in self.roots:
+            vs = self.variants(mc)
+            m = num_microbatches(self.training, c.dp, c.micro_batch_size)
+            per_gpu = self.rate.per_gpu if self.rate else ()
+            fastest = self.prices.fastest(vs, c.micro_batch_size)
+            seg_len = [n for _, n in self.prices.segs]
+            fl = floors_of(fastest, seg_len, vs, len(self.kinds), c, m, per_gpu)
+            self.roots[shared] = fl, tuple(unit_caps(self.kinds, c.dp, vs, c.pp))
+        fl, caps = self.roots[shared]
+        self.floors[self.key(mc)] = fl
+        if self.rate is None:
+            mc.bound = fl.step(list(caps))
+        else:
+            mc.units, mc.units_low, mc.bound = caps, tuple(0 for _ in caps), fl.priced()
+        return mc
+
+    def build(self, mc: MixedCandidate) -> _Built:
+        key = self.key(mc)
+        if key not in self.built:
+            if self.progress:
+                self.progress(mc.label())
+            c = mc.cand
+            base_key = key[:5]
+            if base_key not in self.bases:
+                allowed = stage_variants(self.kinds, c.dp, self.degrees)
+                self.bases[base_key] = _Base(c, allowed, self.prices, self.links)
+            base = self.bases[base_key]
+            mp = base.problem(self.variants(mc), list(mc.degrees), self.kinds)
+            costs = base.costs(mp) if fits_at_all(mp) else None
+            split = mixed_split_bound(mp, costs) if costs else None
             if split is not None and not split.feasible:
                 split = None
-            prepared[id(c)] = (mp, split, step_bound(mp, split) if split else math.inf)
-        mp, split, least_step = prepared[id(c)]
-        if split is None:
+            least = step_bound(mp, split) if split else math.inf
+            masks = [unit_counts(mp.variants, k, cap, c.pp) for k, cap in enumerate(mp.units)]
+            self.built[key] = _Built(mp if split else None, split, least, masks, costs)
+        return self.built[key]
+
+    def pipe(self, built: _Built) -> bool:
+        """Whether the cell's least step gained mixed_bound.pipeline_floor just now."""
+        if built.piped:
+            return False
+        assert built.problem is not None and built.split is not None
+        mp = built.problem
+        floor = pipeline_floor(mp, built.split, built.costs)
+        built.least = max(built.least, step_bound(built.problem, built.split, floor))
+        built.piped, built.costs = True, None
+        return True
+
+    def rate_at(self, gpus: list[int]) -> float:
+        """The rate of ``gpus``; 0 for none (rates are >= 0)."""
+        assert self.rate is not None
+        return self.rate.per_step_s(gpus) if any(gpus) else 0.0
+
+    def limit_at(self, gpus: list[int]) -> float:
+        """The longest step ``gpus`` may take; inf for none (it only shrinks with GPUs)."""
+        assert self.rate is not None
+        return self.rate.max_step_s(gpus) if any(gpus) else math.inf
+
+    def box_bound(self, mc: MixedCandidate, built: _Built) -> float:
+        """The module docstring's bound of a box (of the whole cell without a rate)."""
+        assert built.problem is not None
+        fl = self.floors[self.key(mc)]
+        step = max(built.least, fl.step(list(mc.units or built.problem.units)))
+        if self.rate is None:
+            return step
+        return max(fl.priced(), self.rate_at(mc.gpus()) * step)
+
+    def refine(self, mc: MixedCandidate) -> bool:
+        """Whether the cell's floors gained mixed_bound.fastest_floor just now (and the
+        entry went back into the heap at its bound, if that rose)."""
+        key = self.key(mc)
+        fl = self.floors[key]
+        if fl.split is not None:
+            return False
+        c, vs = mc.cand, self.variants(mc)
+        caps = unit_caps(self.kinds, c.dp, vs, c.pp)
+        shared = (c.pp, c.dp, c.micro_batch_size, *mc.degrees)  # every ZeRO stage's
+        if shared not in self.fastest:
+            fastest = self.prices.fastest(vs, c.micro_batch_size)
+            seg_len = [n for _, n in self.prices.segs]
+            self.fastest[shared] = fastest_floor(fastest, seg_len, vs, caps, c.pp, mc.degrees)
+        least_sum, longest = self.fastest[shared]
+        fl = replace(fl, split=least_sum + (fl.m - 1) * longest)
+        self.floors[key] = fl
+        step = fl.step(list(mc.units or caps))
+        bound = step if self.rate is None else max(fl.priced(), self.rate_at(mc.gpus()) * step)
+        mc.bound = max(mc.bound, bound)
+        self.push(mc, again=True)
+        return True
+
+    def visit(self, mc: MixedCandidate) -> None:
+        """Build the cell; back into the heap at a tighter bound, else split or solve it."""
+        if self.refine(mc):
+            return
+        built = self.build(mc)
+        if built.problem is None:
             mc.status = "pruned-memory"
-            continue
-        r = rate_of(mc)
-        mc.bound = max(mc.bound, least_step * r)
-        if mc.bound >= incumbent * (1 - REL_TOL):
-            mc.status = "pruned-bound"
-            continue
-        longest = math.inf
-        if mc.counts is not None:
-            # caps adding up to the stages: each kind runs exactly its count
-            mp = replace(mp, stage_cap=list(mc.counts))
-            assert rate is not None  # stage counts are a RunRate search's
-            longest = rate.max_step_s(gpus_of(mc))
+            return
+        bound = self.box_bound(mc, built)
+        if bound <= mc.bound * (1 + 1e-12) and self.pipe(built):
+            bound = self.box_bound(mc, built)
+        if bound > mc.bound * (1 + 1e-12):
+            # MILPs go least built bound first, so the incumbent they set prunes the rest
+            mc.bound = bound
+            self.push(mc, again=True)
+            return
+        if self.rate is not None and not self.uniform(mc):
+            mc.status = "split"
+            for lo, hi in split_box(mc.units_low, mc.units):
+                two_kinds = sum(1 for b in hi if b > 0) >= 2
+                if two_kinds and box_feasible(built.masks, lo, hi, mc.cand.pp):
+                    child = replace(mc, units=hi, units_low=lo, status="pending")
+                    child.bound = max(mc.bound, self.box_bound(child, built))
+                    if self.within_limit(child, built.least):
+                        self.push(child)
+            return
+        self.solve(mc, built)
+
+    def uniform(self, mc: MixedCandidate) -> bool:
+        """Whether the box uses two kinds for sure and its rate and longest step are one."""
+        assert self.rate is not None and mc.units is not None
+        if sum(1 for a in mc.units_low if a > 0) < 2:
+            return False
+        lo, hi = mc.gpus(), mc.gpus(mc.units)
+        same_rate = self.rate_at(lo) == self.rate_at(hi)
+        return same_rate and self.limit_at(lo) == self.limit_at(hi)
+
+    def within_limit(self, mc: MixedCandidate, least: float) -> bool:
+        """Whether some placement of the box may meet its longest step (the least step of
+        the box's largest units against the longest step its fewest GPUs allow)."""
+        assert self.rate is not None and mc.units is not None
+        step = max(least, self.floors[self.key(mc)].step(list(mc.units)))
+        return step <= self.limit_at(mc.gpus()) * (1 + 1e-9)
+
+    def solve(self, mc: MixedCandidate, built: _Built) -> None:
+        mp = built.problem
+        assert mp is not None
+        r, longest = 1.0, math.inf
+        if self.rate is not None:
+            mp = replace(mp, units=list(mc.units), units_low=list(mc.units_low))
+            r, longest = self.rate_at(mc.gpus()), self.limit_at(mc.gpus())
         mc.problem = mp
-        step_cutoff = min(incumbent * (1 - REL_TOL) / r, longest * (1 + 1e-9))
-        sol = solve_mixed(mp, step_cutoff, structures, split=split)
+        step_cutoff = min(self.incumbent * (1 - REL_TOL) / r, longest * (1 + 1e-9))
+        sol = solve_mixed(mp, step_cutoff, self.structures, NODE_LIMIT, built.split)
         mc.solution = sol
-        if sol.status in ("optimal", "node_limit"):
-            mc.status = "solved"
-            mc.value = sol.objective * r
-            if mc.value < incumbent:
-                incumbent, best = mc.value, mc
-        else:
+        if sol.status not in ("optimal", "node_limit"):
             mc.status = sol.status
-    return MixedResult(best, found, inputs, kinds, time.perf_counter() - start)
+            return
+        mc.status = "solved"
+        mc.value = sol.objective * r
+        if mc.value < self.incumbent:
+            self.incumbent, self.best = mc.value, mc

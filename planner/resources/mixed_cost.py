@@ -1,17 +1,19 @@
 """The heterogeneous step time of one placement, written directly (no solver): what the mixed
 MILP minimizes, so a brute force over placements can check the MILP's answer.
 
-A placement is a kind per stage and, per stage, how many blocks of each segment run each of
-that kind's options (blocks in model order, stage after stage). With T_j the stage's time per
-micro-batch (its blocks' times under its kind, its constant, and the hop to the next stage at
-the link between the two stages' kinds):
+A placement is a variant (device kind, TP degree) per stage and, per stage, how many blocks of
+each segment run each of that variant's options (blocks in model order, stage after stage).
+With T_j the stage's time per micro-batch (its blocks' times under its variant, its constant,
+and the hop to the next stage between the two stages' variants):
 
     step = sum_j T_j + (m - 1) max_j T_j + max_j (E_j^1+ + E_j^2+) + max_j Opt_j + max_j Off_j + K
 
 and the placement fits when every stage's memory (states, in-flight activations, the largest
 working set and gathered buffer of its options, its other memory) is within its kind's
-capacity, its host bytes within its kind's host share, and no kind runs more stages than the
-pool holds.
+capacity, its host bytes within its kind's host share, each kind's stages' TP degrees add up
+to within what the pool holds (``MixedProblem.units``, at least ``units_low``), some stage
+takes each degree in ``MixedProblem.needs``, and the stages holding a tied group's blocks share
+one TP degree.
 """
 
 from __future__ import annotations
@@ -20,23 +22,45 @@ import math
 
 import numpy as np
 
-from planner.resources.mixed_milp import MixedProblem
+from planner.resources.mixed_milp import MixedProblem, tied_groups
 
 
-def step_time(mp: MixedProblem, kinds: list[int], counts: list[list[list[int]]]) -> float:
-    """The step time of the placement, or inf when it does not fit (memory, host, pool)."""
+def fits_pool(mp: MixedProblem, variants: list[int], counts: list[list[list[int]]]) -> bool:
+    """Whether each kind's stages' TP degrees add up to within its units, some stage takes
+    each needed degree, and the stages holding each tied group's blocks run one TP degree."""
+    if any(d not in {mp.tp_of(v) for v in variants} for d in mp.needs):
+        return False
+    units = [0] * len(mp.kinds)
+    for v in variants:
+        units[mp.kind_of(v)] += mp.tp_of(v)
+    if any(not lo <= u <= hi for u, lo, hi in zip(units, mp.low, mp.units, strict=True)):
+        return False
+    for group in tied_groups(mp.tied, len(mp.seg_len)):
+        degrees = {
+            mp.tp_of(v)
+            for v, row in zip(variants, counts, strict=True)
+            if any(sum(row[s]) for s in group)
+        }
+        if len(degrees) > 1:
+            return False
+    return True
+
+
+def step_time(mp: MixedProblem, variants: list[int], counts: list[list[list[int]]]) -> float:
+    """The step time of the placement (a variant per stage), or inf when it does not fit
+    (memory, host, pool, tied degrees)."""
     J, L = mp.J, mp.seg_len
-    if len(kinds) != J or len(counts) != J:
-        raise ValueError(f"a placement of {J} stages needs {J} kinds and {J} count rows")
-    if any(kinds.count(k) > cap for k, cap in enumerate(mp.stage_cap)):
-        return math.inf
+    if len(variants) != J or len(counts) != J:
+        raise ValueError(f"a placement of {J} stages needs {J} variants and {J} count rows")
     placed = [sum(sum(counts[j][s]) for j in range(J)) for s in range(len(L))]
     if placed != list(L) or any(sum(map(sum, row)) < 1 for row in counts):
         raise ValueError(f"placement puts {placed} blocks per segment, not {L}")
+    if not fits_pool(mp, variants, counts):
+        return math.inf
     times, exposed, optim, offl = [], [], [], []
-    for j, (k, row) in enumerate(zip(kinds, counts, strict=True)):
-        sp = mp.per_kind[k]
-        t = mp.base_time[k][j] + (mp.hop[j][k][kinds[j + 1]] if j < J - 1 else 0.0)
+    for j, (v, row) in enumerate(zip(variants, counts, strict=True)):
+        sp = mp.per_variant[v]
+        t = mp.base_time[v][j] + (mp.hop[j][v][variants[j + 1]] if j < J - 1 else 0.0)
         mem = step = sp.const_mem[j]
         host = e1 = e2 = opt = off = gather = 0.0
         ws = sp.loss_mem[j]

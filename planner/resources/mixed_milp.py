@@ -1,58 +1,69 @@
-"""The mixed-kind stage MILP: which device kind runs each pipeline stage, and which blocks and
-options each stage runs, exactly minimizing the heterogeneous step time of one outer candidate.
+"""The mixed-kind stage MILP: which variant, a device kind and a TP degree, runs each pipeline
+stage, and which blocks and options each stage runs, exactly minimizing the heterogeneous step
+time of one outer candidate.
 
-The homogeneous MILP (planner.search.stage_milp) prices every stage with one profile. Here the
-stage's kind is a decision: each kind k has its own numbers for the same candidate (its
-StageProblem: the cost model's per-option time, memory, DP and optimizer terms under k's
-profile), and the hop from stage j to j+1 costs k's own link when both are of kind k and the
-pool's fabric when they differ. One pipeline, one (pp, dp, tp), one micro-batch count m: the
-DP degree is homogeneous within a stage and the same on every stage, so the runtime's
-(pp, dp, tp) device mesh runs the plan unchanged. Plain 1F1B / GPipe (v = 1: stage j is pp
-rank j).
-
-Sets: stages j = 0..J-1, kinds k, segments s with L_s blocks, options o of (k, s) (kinds may
-have different option lists: the intra-block ILP's variants depend on the profile).
+The homogeneous MILP (planner.search.stage_milp) prices every stage with one profile and one
+TP degree. Here both are a stage's decision: each variant v = (kind k_v, TP degree t_v) has its
+own numbers for the same candidate (its StageProblem: the cost model's per-option time, memory,
+DP and optimizer terms under k_v's profile at TP t_v), and the hop from stage j to j+1 costs
+what the two stages' variants make it (``mixed.hop_times``: a kind's own link inside one kind,
+the pool's fabric between two, whole activations copied to every TP rank where the degrees
+differ). One pipeline, one DP degree and micro-batch count m on every stage; stage j holds
+dp t_j ranks (``Mesh.stage_tp``). Plain 1F1B / GPipe (v = 1: stage j is pp rank j).
 
 Variables:
-    y[j,k]     in {0,1}   stage j runs on kind k
-    n[j,k,s,o] in Z+      blocks of segment s on stage j with option o of kind k
+    y[j,v]     in {0,1}   stage j runs variant v
+    n[j,v,s,o] in Z+      blocks of segment s on stage j with option o of variant v
     a[j,s]     in {0,1}   stage j holds some block of segment s
-    w[j,k,l]   in {0,1}   stage j is of kind k and stage j+1 of kind l (j < J-1)
-    h[j,k]     in {0,1}   stage j is of kind k and holds parameters
-    u[j,k,s,o] in {0,1}   stage j runs some block of (s, o) of kind k (for the max terms)
+    w[j,v,u]   >= 0       stage j is of variant v and stage j+1 of variant u (j < J-1)
+    h[j,v]     in {0,1}   stage j is of variant v and holds parameters
+    u[j,v,s,o] in {0,1}   stage j runs some block of (s, o) of variant v (for the max terms)
+    P_g                   the TP degree of tied group g's stages
     T_j, Tmax, E_j^1, E_j^2, E, X_j, Z_j, Opt, Off >= 0
 
 Constraints (names in the code):
-    kind:      sum_k y[j,k] = 1
-    avail:     sum_j y[j,k] <= floor(G_k / (dp tp))       (G_k: GPUs of kind k in the pool;
-               caps that add up to J fix each kind's stage count, as the cost-objective
-               search sets them: every stage has a kind)
-    link:      n[j,k,s,o] <= L_s allow[k,s,o] y[j,k]
-    place, nonempty, has, order_a, order_b: as stage_milp, on cnt[j,s] = sum_{k,o} n[j,k,s,o]
-    pair:      w[j,k,l] >= y[j,k] + y[j+1,l] - 1;  sum_{k,l} w[j,k,l] = 1  (so w is the product)
-               w[j,k,l] <= linked[k,l]   (no hop between kinds the pool joins by no fabric)
-    time:      T_j = sum n t[k,s,o] + sum_k y[j,k] c[k,j] + sum_{k,l} w[j,k,l] hop[j,k,l]
+    variant:   sum_v y[j,v] = 1
+    needs:     sum_j sum_{v: t_v = d} y[j,v] >= 1  for each degree d some stage must take
+               (the search's cell of placements whose least and largest degrees are given)
+    units:     lo_k <= sum_j sum_{v of kind k} t_v y[j,v] <= hi_k
+               (TP units: a kind's GPUs over dp. The time search has lo = 0, hi = G_k // dp,
+               G_k the pool's GPUs of kind k; the rate search fixes lo = hi, or a range over
+               which its rate does not change)
+    link:      n[j,v,s,o] <= L_s allow[v,s,o] y[j,v]
+    place, nonempty, has, order_a, order_b: as stage_milp, on cnt[j,s] = sum_{v,o} n[j,v,s,o]
+    pair:      sum_u w[j,v,u] = y[j,v];  sum_v w[j,v,u] = y[j+1,u]  (with y binary, w is the
+               product y[j,v] y[j+1,u]);  w[j,v,u] <= linked[v,u]  (no hop between kinds the
+               pool joins by no fabric)
+    tied:      |sum_v t_v y[j,v] - P_g| <= (t_max - t_min) (1 - a[j,s])  for s in group g
+               (every stage holding a block of a tied group's segments has one TP degree: the
+               runtime sums a tied weight's gradient between matching TP shards)
+    time:      T_j = sum n t[v,s,o] + sum_v y[j,v] c[v,j] + sum_{v,u} w[j,v,u] hop[j,v,u]
                Tmax >= T_j
-    dp:        h[j,k] >= a[j,s] + y[j,k] - 1 (s with parameters);  h[j,k] <= y[j,k]
-               E_j^i >= sum n d^i[k,s,o] + sum_k h[j,k] d^i_once[k];  E >= E_j^1 + E_j^2
-    memory:    sum n (state + inflight_j act)[k,s,o] + X_j + Z_j <= sum_k y[j,k] (cap_k - r[k,j])
-               X_j >= ws[k,s,o] u;  Z_j >= gather[k,s,o] u;  L_s u >= n
-    host:      sum n host[k,s,o] <= sum_k y[j,k] hostcap_k
-    optimizer: Opt >= sum n opt[k,s,o];  Off >= sum n off[k,s,o]   (per stage)
+    dp:        h[j,v] >= a[j,s] + y[j,v] - 1 (s with parameters);  h[j,v] <= y[j,v]
+               E_j^i >= sum n d^i[v,s,o] + sum_v h[j,v] d^i_once[v];  E >= E_j^1 + E_j^2
+    memory:    sum n (state + inflight_j act)[v,s,o] + X_j + Z_j <= sum_v y[j,v] (cap_v - r[v,j])
+               X_j >= ws[v,s,o] u;  Z_j >= gather[v,s,o] u;  L_s u >= n
+    host:      sum n host[v,s,o] <= sum_v y[j,v] hostcap_v
+    optimizer: Opt >= sum n opt[v,s,o];  Off >= sum n off[v,s,o]   (per stage)
+    split:     Tmax >= T*;  sum_j T_j >= S*;  (m - 1) Tmax + Opt + Off >= P*  (mixed_bound's
+               cuts, which every placement meets)
 Objective (= mixed_cost.step_time):
     sum_j T_j + (m - 1) Tmax + E + Opt + Off + K
-    (K: the tied weights' gradient sum, priced at the slowest kind's: an upper bound when the
-    first and last stages differ, the same whatever the placement)
+    (K: the tied weights' gradient sum, priced at the slowest variant's: an upper bound when
+    the first and last stages differ, the same whatever the placement)
 
-c[k,j] is what stage j pays per micro-batch besides its blocks and its outgoing hop (the loss
-on the last stage); r[k,j] the rank's memory besides its blocks (reserved, p2p buffers, loss).
+c[v,j] is what stage j pays per micro-batch besides its blocks and its outgoing hop (the loss
+on the last stage); r[v,j] the rank's memory besides its blocks (reserved, p2p buffers, loss).
+A tied group is a set of segments joined by tied weights (``MixedProblem.tied``): exact for the
+usual tie of an embedding and a head that are segments of their own, stricter (every block of
+a repeated segment) otherwise.
 """
 
 from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import cvxpy as cp
 import numpy as np
@@ -66,81 +77,136 @@ NODE_LIMIT = 5_000  # a work limit (never the clock): the same plan on any machi
 
 @dataclass
 class MixedProblem:
-    """One outer candidate's numbers under every kind, and the hops between kinds."""
+    """One outer candidate's numbers under every variant (device kind, TP degree), the hops
+    between variants, and what the pool lets each kind's stages add up to."""
 
     kinds: list[str]
-    per_kind: list[StageProblem]  # same pp, m, segments; v = 1
-    base_time: np.ndarray  # (K, J) per micro-batch besides blocks and the outgoing hop
-    hop: np.ndarray  # (J-1, K, K): hop j -> j+1, activations forward and gradients back;
+    variants: list[tuple[int, int]]  # (kind index, TP degree) of each variant
+    per_variant: list[StageProblem]  # same pp, m, segments; v = 1
+    base_time: np.ndarray  # (V, J) per micro-batch besides blocks and the outgoing hop
+    hop: np.ndarray  # (J-1, V, V): hop j -> j+1, activations forward and gradients back;
     # inf where no fabric joins the two kinds (the pair is then forbidden)
-    stage_cap: list[int]  # per kind: how many stages of dp*tp GPUs the pool holds
+    units: list[int]  # per kind: the most its stages' TP degrees may add up to (GPUs // dp)
     const_step: float = 0.0
+    units_low: list[int] | None = None  # per kind: the least they may add up to (None: 0)
+    tied: list[tuple[int, int]] = field(default_factory=list)  # segments a weight ties
+    needs: list[int] = field(default_factory=list)  # TP degrees some stage must take
 
     @property
     def J(self) -> int:
-        return self.per_kind[0].pp
+        return self.per_variant[0].pp
 
     @property
     def m(self) -> int:
-        return self.per_kind[0].m
+        return self.per_variant[0].m
 
     @property
     def seg_len(self) -> list[int]:
-        return self.per_kind[0].seg_len
+        return self.per_variant[0].seg_len
+
+    @property
+    def low(self) -> list[int]:
+        return list(self.units_low) if self.units_low is not None else [0] * len(self.kinds)
+
+    def kind_of(self, v: int) -> int:
+        return self.variants[v][0]
+
+    def tp_of(self, v: int) -> int:
+        return self.variants[v][1]
 
 
 @dataclass
 class MixedSolution:
     status: str  # optimal | node_limit | infeasible | cutoff | no_solution
     objective: float
-    kinds: list[int]  # kind index per stage
-    counts: list[list[list[int]]]  # [stage][segment][option of that stage's kind]
+    variants: list[int]  # variant index per stage
+    counts: list[list[list[int]]]  # [stage][segment][option of that stage's variant]
     solve_time_s: float = 0.0
     nodes: int = 0
+    kinds: list[int] = field(default_factory=list)  # kind index per stage
+    tps: list[int] = field(default_factory=list)  # TP degree per stage
+
+
+def tied_groups(tied: list[tuple[int, int]], n_segments: int) -> list[tuple[int, ...]]:
+    """The segments tied weights join, as groups (a union of the pairs): every stage holding
+    a block of one group must run one TP degree."""
+    parent = list(range(n_segments))
+
+    def root(s: int) -> int:
+        while parent[s] != s:
+            s = parent[s]
+        return s
+
+    for a, b in tied:
+        parent[root(a)] = root(b)
+    members: dict[int, list[int]] = {}
+    for a, b in tied:
+        for s in (a, b):
+            group = members.setdefault(root(s), [])
+            if s not in group:
+                group.append(s)
+    return [tuple(sorted(g)) for g in members.values()]
 
 
 class _Structure:
-    """One cvxpy problem per shape (stages, kinds, option counts), re-solved with new parameter
-    values, as stage_milp does, so the outer loop pays canonicalisation once per shape."""
+    """One cvxpy problem per shape (stages, variants, option counts, tied groups), re-solved
+    with new parameter values, as stage_milp does, so the outer loop pays canonicalisation once
+    per shape."""
 
-    def __init__(self, J: int, seg_len: list[int], n_opts: list[list[int]], has_params) -> None:
-        K, S = len(n_opts), len(seg_len)
+    def __init__(
+        self,
+        J: int,
+        seg_len: list[int],
+        n_opts: list[list[int]],
+        has_params,
+        variants: tuple[tuple[int, int], ...],
+        n_kinds: int,
+        groups: tuple[tuple[int, ...], ...],
+    ) -> None:
+        V, S, K = len(n_opts), len(seg_len), n_kinds
         widths = [sum(row) for row in n_opts]
         C = sum(widths)
-        self.J, self.K, self.S, self.C = J, K, S, C
-        self.kcols = np.cumsum([0, *widths])
+        self.J, self.V, self.S, self.C = J, V, S, C
+        self.vcols = np.cumsum([0, *widths])
         self.scols = [np.cumsum([0, *row]) for row in n_opts]
         seg_of = np.concatenate([np.repeat(np.arange(S), row) for row in n_opts])
-        kind_of = np.repeat(np.arange(K), widths)
+        variant_of = np.repeat(np.arange(V), widths)
         L = np.asarray(seg_len, dtype=float)
         Lcol = L[seg_of]
         Gs = np.zeros((C, S))
         Gs[np.arange(C), seg_of] = 1.0
-        Gk = np.zeros((C, K))
-        Gk[np.arange(C), kind_of] = 1.0
+        Gv = np.zeros((C, V))
+        Gv[np.arange(C), variant_of] = 1.0
+        tps = np.array([t for _, t in variants], dtype=float)
+        units_of = np.zeros((V, K))  # y[j,v] -> TP units of kind k_v
+        for v, (k, t) in enumerate(variants):
+            units_of[v, k] = t
+        self.degrees = sorted({t for _, t in variants})
+        degree_of = np.array([[float(t == d) for d in self.degrees] for _, t in variants])
         low = np.tril(np.ones((J, J)))
         par = cp.Parameter
         self.time, self.host = par(C), par(C)
         self.optim, self.offl = par(C), par(C)
         self.ws, self.gather = par((J, C), nonneg=True), par((J, C), nonneg=True)
-        self.limit = par((J, C), nonneg=True)  # L_s allow[k,s,o], per row
+        self.limit = par((J, C), nonneg=True)  # L_s allow[v,s,o], per row
         self.memco, self.k1, self.k2 = par((J, C)), par((J, C)), par((J, C))
         self.stepco = par((J, C), nonneg=True)  # the optimizer step's states, GiB
         self.loss = par(J, nonneg=True)  # the loss's peak on the last stage, GiB
-        self.k1h, self.k2h = par((J, K)), par((J, K))
-        self.base = par((J, K))
-        self.room = par((J, K))  # capacity less the rank's other memory, GiB
-        self.hostcap = par((J, K))
-        self.stage_cap = par(K, nonneg=True)
+        self.k1h, self.k2h = par((J, V)), par((J, V))
+        self.base = par((J, V))
+        self.room = par((J, V))  # capacity less the rank's other memory, GiB
+        self.hostcap = par((J, V))
+        self.units_hi, self.units_lo = par(K, nonneg=True), par(K, nonneg=True)
+        self.need = par(len(self.degrees), nonneg=True)
         self.c_t = par(nonneg=True)
         self.const_step = par(nonneg=True)
         # mixed_bound's T*, S*, P*: cuts every placement satisfies
         self.tmax_floor, self.sum_floor = par(nonneg=True), par(nonneg=True)
         self.weighted_floor = par(nonneg=True)
         n = cp.Variable((J, C), integer=True)
-        y = cp.Variable((J, K), boolean=True)
+        y = cp.Variable((J, V), boolean=True)
         a = cp.Variable((J, S), boolean=True)
-        h = cp.Variable((J, K), boolean=True)
+        h = cp.Variable((J, V), boolean=True)
         u = cp.Variable((J, C), boolean=True)
         T = cp.Variable(J, nonneg=True)
         tmax, E = cp.Variable(nonneg=True), cp.Variable(nonneg=True)
@@ -150,11 +216,14 @@ class _Structure:
         onesC = np.ones((1, C))
         cnt = n @ Gs
         cum = low @ cnt
+        units = cp.sum(y, axis=0) @ units_of
         cons = [
             n >= 0,
-            cp.sum(y, axis=1) == 1,  # kind
-            cp.sum(y, axis=0) <= self.stage_cap,  # avail
-            n <= cp.multiply(y @ Gk.T, self.limit),  # link
+            cp.sum(y, axis=1) == 1,  # variant
+            cp.sum(y, axis=0) @ degree_of >= self.need,  # needs
+            units <= self.units_hi,  # units
+            units >= self.units_lo,
+            n <= cp.multiply(y @ Gv.T, self.limit),  # link
             cp.sum(n, axis=0) @ Gs == L,  # place
             cp.sum(n, axis=1) >= 1,  # nonempty
             a <= cnt,
@@ -168,21 +237,28 @@ class _Structure:
                 )  # order_a / order_b
         T_expr = n @ self.time + cp.sum(cp.multiply(y, self.base), axis=1)
         if J > 1:
-            self.hop = par((J - 1, K * K), nonneg=True)
-            w = cp.Variable((J - 1, K * K), boolean=True)
-            A = np.kron(np.eye(K), np.ones((1, K)))  # y[j,k] -> columns (k, *)
-            B = np.kron(np.ones((1, K)), np.eye(K))  # y[j+1,l] -> columns (*, l)
-            self.linked = par((J - 1, K * K), nonneg=True)  # 1 where a fabric joins k and l
-            cons += [w >= y[:-1] @ A + y[1:] @ B - 1, cp.sum(w, axis=1) == 1]  # pair
-            cons.append(w <= self.linked)  # no hop between kinds without a fabric
-            hops = cp.sum(cp.multiply(w, self.hop), axis=1)
-            T_expr = T_expr + cp.hstack([hops, np.zeros(1)])
+            self.hop = par((J - 1, V * V), nonneg=True)
+            self.linked = par((J - 1, V * V), nonneg=True)  # 1 where the pair may meet
+            w = cp.Variable((J - 1, V * V), nonneg=True)
+            rows = np.kron(np.eye(V), np.ones((V, 1)))  # column (v, u) -> v
+            cols = np.kron(np.ones((V, 1)), np.eye(V))  # column (v, u) -> u
+            cons += [w @ rows == y[:-1], w @ cols == y[1:], w <= self.linked]  # pair
+            T_expr = T_expr + cp.hstack([cp.sum(cp.multiply(w, self.hop), axis=1), np.zeros(1)])
+        spread = float(tps.max() - tps.min())
+        if groups and spread > 0:
+            degree = y @ tps  # stage j's TP degree
+            P = cp.Variable(len(groups))
+            for g, segs in enumerate(groups):
+                for s in segs:
+                    slack = spread * (1 - a[:, s])
+                    cons += [degree - P[g] <= slack, P[g] - degree <= slack]  # tied
         cons += [T == T_expr, tmax >= T]  # time
+
         cons += [tmax >= self.tmax_floor, cp.sum(T) >= self.sum_floor]  # split
         cons.append(self.c_t * tmax + opt + off >= self.weighted_floor)
         for s in range(S):
             if has_params[s]:
-                cons.append(h >= a[:, s : s + 1] @ np.ones((1, K)) + y - 1)
+                cons.append(h >= a[:, s : s + 1] @ np.ones((1, V)) + y - 1)
         cons.append(h <= y)
         k1 = cp.sum(cp.multiply(n, self.k1), axis=1) + cp.sum(cp.multiply(h, self.k1h), axis=1)
         k2 = cp.sum(cp.multiply(n, self.k2), axis=1) + cp.sum(cp.multiply(h, self.k2h), axis=1)
@@ -205,24 +281,26 @@ class _Structure:
         self.problem = cp.Problem(cp.Minimize(objective), cons)
 
     def load(self, mp: MixedProblem, keep: list[list[list[int]]], split: SplitBound) -> None:
-        J, K = self.J, self.K
+        J, V = self.J, self.V
         self.tmax_floor.value = split.max_stage
         self.sum_floor.value = split.sum_stages
         self.weighted_floor.value = split.weighted_max
         cat = np.concatenate
-        ks = mp.per_kind
+        sps = mp.per_variant
 
         def col(field: str) -> np.ndarray:
-            return cat([cat(getattr(sp, field)) for sp in ks])
+            return cat([cat(getattr(sp, field)) for sp in sps])
 
         allow = cat(
             [
-                cat([np.isin(np.arange(len(t)), keep[k][s]) for s, t in enumerate(sp.time)])
-                for k, sp in enumerate(ks)
+                cat([np.isin(np.arange(len(t)), keep[v][s]) for s, t in enumerate(sp.time)])
+                for v, sp in enumerate(sps)
             ]
         ).astype(float)
         seg_len = np.asarray(mp.seg_len, dtype=float)
-        lcol = cat([cat([np.full(len(t), seg_len[s]) for s, t in enumerate(sp.time)]) for sp in ks])
+        lcol = cat(
+            [cat([np.full(len(t), seg_len[s]) for s, t in enumerate(sp.time)]) for sp in sps]
+        )
         self.limit.value = np.tile(lcol * allow, (J, 1))
         self.time.value = col("time")
         self.host.value = col("host") / GIB
@@ -231,40 +309,42 @@ class _Structure:
         self.ws.value = np.tile(col("ws") / GIB, (J, 1))
         self.gather.value = np.tile(col("gather") / GIB, (J, 1))
         state, act = col("state"), col("act")
-        inflight = np.asarray(ks[0].inflight, dtype=float)[:, None]
+        inflight = np.asarray(sps[0].inflight, dtype=float)[:, None]
         self.memco.value = (state[None, :] + inflight * act[None, :]) / GIB
         steps = [
-            cat(sp.step) if sp.step is not None else np.zeros(sum(map(len, sp.time))) for sp in ks
+            cat(sp.step) if sp.step is not None else np.zeros(sum(map(len, sp.time))) for sp in sps
         ]
         self.stepco.value = np.tile(cat(steps) / GIB, (J, 1))
-        self.loss.value = np.asarray(ks[0].loss_mem, dtype=float) / GIB
+        self.loss.value = np.asarray(sps[0].loss_mem, dtype=float) / GIB
         self.k1.value = np.tile(col("dp_first"), (J, 1))
         self.k2.value = np.tile(col("dp_second"), (J, 1))
-        self.k1h.value = np.tile([sp.dp_once[0] for sp in ks], (J, 1))
-        self.k2h.value = np.tile([sp.dp_once[1] for sp in ks], (J, 1))
+        self.k1h.value = np.tile([sp.dp_once[0] for sp in sps], (J, 1))
+        self.k2h.value = np.tile([sp.dp_once[1] for sp in sps], (J, 1))
         self.base.value = np.asarray(mp.base_time, dtype=float).T
         self.room.value = np.stack(
-            [(sp.capacity - np.asarray(sp.const_mem, dtype=float)) / GIB for sp in ks], axis=1
+            [(sp.capacity - np.asarray(sp.const_mem, dtype=float)) / GIB for sp in sps], axis=1
         )
-        self.hostcap.value = np.tile([sp.host_capacity / GIB for sp in ks], (J, 1))
-        self.stage_cap.value = np.asarray(mp.stage_cap, dtype=float)
+        self.hostcap.value = np.tile([sp.host_capacity / GIB for sp in sps], (J, 1))
+        self.units_hi.value = np.asarray(mp.units, dtype=float)
+        self.units_lo.value = np.asarray(mp.low, dtype=float)
+        self.need.value = np.array([float(d in mp.needs) for d in self.degrees])
         self.c_t.value = mp.m - 1.0
         self.const_step.value = mp.const_step
         if J > 1:
-            hop = np.asarray(mp.hop, dtype=float).reshape(J - 1, K * K)
+            hop = np.asarray(mp.hop, dtype=float).reshape(J - 1, V * V)
             self.linked.value = np.isfinite(hop).astype(float)
             self.hop.value = np.where(np.isfinite(hop), hop, 0.0)
 
     def read(self) -> tuple[list[int], list[list[list[int]]]]:
         y = np.rint(np.asarray(self.y.value)).astype(int)
         n = np.rint(np.asarray(self.n.value)).astype(int)
-        kinds = [int(np.argmax(y[j])) for j in range(self.J)]
+        variants = [int(np.argmax(y[j])) for j in range(self.J)]
         counts = []
-        for j, k in enumerate(kinds):
-            row = n[j, self.kcols[k] : self.kcols[k + 1]]
-            sc = self.scols[k]
+        for j, v in enumerate(variants):
+            row = n[j, self.vcols[v] : self.vcols[v + 1]]
+            sc = self.scols[v]
             counts.append([row[sc[s] : sc[s + 1]].tolist() for s in range(self.S)])
-        return kinds, counts
+        return variants, counts
 
 
 def solve_mixed(
@@ -277,16 +357,31 @@ def solve_mixed(
     """Solve one candidate's mixed MILP; ``cutoff``: only placements faster than it matter
     (the best plan so far, a single kind's included), and HiGHS prunes with it. ``split``:
     mixed_bound's cuts, when the caller computed them (else none: all zero)."""
-    if any(sp.v != 1 for sp in mp.per_kind):
+    if any(sp.v != 1 for sp in mp.per_variant):
         raise ValueError("the mixed-kind MILP covers plain 1F1B / GPipe pipelines (v = 1)")
-    keep = [undominated(sp) for sp in mp.per_kind]
-    n_opts = [[len(t) for t in sp.time] for sp in mp.per_kind]
-    has_params = tuple(mp.per_kind[0].has_params)
-    key = ("mixed", mp.J, tuple(mp.seg_len), tuple(map(tuple, n_opts)), has_params)
+    if split is not None and not split.feasible:  # no split fits: nothing to solve
+        return MixedSolution("infeasible", float("inf"), [], [])
+    keep = [undominated(sp) for sp in mp.per_variant]
+    n_opts = [[len(t) for t in sp.time] for sp in mp.per_variant]
+    has_params = tuple(mp.per_variant[0].has_params)
+    variants = tuple(map(tuple, mp.variants))
+    groups = tuple(tied_groups(mp.tied, len(mp.seg_len)))
+    key = (
+        "mixed",
+        mp.J,
+        tuple(mp.seg_len),
+        tuple(map(tuple, n_opts)),
+        has_params,
+        variants,
+        len(mp.kinds),
+        groups,
+    )
     structures = {} if structures is None else structures
     st = structures.get(key)
     if st is None:
-        st = structures[key] = _Structure(mp.J, mp.seg_len, n_opts, has_params)
+        st = structures[key] = _Structure(
+            mp.J, mp.seg_len, n_opts, has_params, variants, len(mp.kinds), groups
+        )
     st.load(mp, keep, split or SplitBound(0.0, 0.0, 0.0))
     has_cutoff = cutoff is not None and np.isfinite(cutoff)
     opts = {
@@ -316,6 +411,8 @@ def solve_mixed(
     if has_cutoff and value >= cutoff:  # proven only when HiGHS finished
         status = "cutoff" if status == "optimal" else "no_solution"
         return MixedSolution(status, float("inf"), [], [], elapsed, nodes)
-    kinds, counts = st.read()
+    chosen, counts = st.read()
     status = "optimal" if status == "optimal" else "node_limit"
-    return MixedSolution(status, value, kinds, counts, elapsed, nodes)
+    kinds = [mp.kind_of(v) for v in chosen]
+    tps = [mp.tp_of(v) for v in chosen]
+    return MixedSolution(status, value, chosen, counts, elapsed, nodes, kinds, tps)

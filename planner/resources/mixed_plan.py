@@ -2,10 +2,12 @@
 then the mixed search with the best single kind's step time as its cutoff, and the winner
 written as an ordinary plan.json plus the kind of every stage and rank.
 
-A mixed plan is one (pp, dp, tp) mesh: torch.distributed runs it unchanged, stage j on ranks
-[j dp tp, (j+1) dp tp). Its stages' numbers are the cost model's under each stage's kind (the
-kind's own ``evaluate``), the hops between kinds priced on the pool's fabric, and the step time
-the mixed MILP's (``mixed_cost.step_time``).
+A mixed plan is one (pp, dp, tp) mesh, with ``stage_tp`` each stage's own TP degree when they
+differ (``Mesh.stage_tp``: stage j on the dp t_j ranks after those of stages < j); with one
+degree for all it is the plain mesh, written as before. Its stages' numbers are the cost
+model's under each stage's variant (its kind's own ``evaluate`` at its degree), the hops
+between kinds priced on the pool's fabric, and the step time the mixed MILP's
+(``mixed_cost.step_time``).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from planner.assemble import (
     model_info,
 )
 from planner.cost.eager_probe import EagerShardProbe
-from planner.cost.model import Config, CostInputs, Training, evaluate
+from planner.cost.model import Config, Training, evaluate
 from planner.errors import InfeasibleError, UserInputError
 from planner.hardware.cluster import Cluster
 from planner.hardware.profiles import load_profile
@@ -87,6 +89,7 @@ def plan_mixed(
     single: dict[str, float] | None = None,
     rate: RunRate | None = None,
     objective_cutoff: float = math.inf,
+    stage_degrees: bool | None = None,
 ) -> MixedPlanResult:
     """The fastest plan over ``kinds``: a mixed pipeline when one beats every kind alone.
     With ``rate`` (``mixed.RunRate``), the mixed pipeline of least objective instead, when it
@@ -96,7 +99,9 @@ def plan_mixed(
     two kinds without a link never share a pipeline. ``single``: each kind's best step time
     alone when the caller planned them already (a pool's options); else each kind is planned
     here on all its GPUs. ``pins`` default to no offload: the runtime cannot offload on CPU
-    ranks, and a mixed pipeline is for when more devices, not host memory, are the gain."""
+    ranks, and a mixed pipeline is for when more devices, not host memory, are the gain.
+    ``stage_degrees``: search_mixed's (stages with TP degrees of their own: True, False, or
+    None, where that search is small); the plan's notes say when it was left out."""
     if len(kinds) < 2 or len({k.name for k in kinds}) != len(kinds):
         raise UserInputError("a mixed plan needs at least two device kinds with distinct names")
     mf = (
@@ -150,20 +155,35 @@ def plan_mixed(
     ]
     cutoff = min(single.values()) if rate is None else objective_cutoff
     result = search_mixed(
-        traced.graph, traced.blocks, training, built, pairs, variants, cutoff, pins, progress, rate
+        traced.graph,
+        traced.blocks,
+        training,
+        built,
+        pairs,
+        variants,
+        cutoff,
+        pins,
+        progress,
+        rate,
+        stage_degrees,
     )
     doc = None
     if result.best is not None:
         doc = mixed_plan_record(traced, training, float(cfg.get("lr", 3e-4)), result)
-    return MixedPlanResult(single, single_plans, result, doc, notes)
+    return MixedPlanResult(single, single_plans, result, doc, notes + result.notes)
 
 
 def counts_to_config(
-    cand_config: Config, blocks, counts: list[list[list[int]]], kind_of_stage: list[int], K: int
+    cand_config: Config,
+    blocks,
+    counts: list[list[list[int]]],
+    variant_of_stage: list[int],
+    meshes: list[Mesh],
 ) -> tuple[list[int], list[int], list[Config]]:
-    """Blocks in model order: (stage of each block, option of each under its stage's kind,
-    and per kind a Config whose blocks on that kind's stages carry their options; blocks on
-    other kinds' stages carry option 0 there, which only those other stages' numbers read)."""
+    """Blocks in model order: (stage of each block, option of each under its stage's variant,
+    and per variant a Config at its own mesh whose blocks on that variant's stages carry their
+    options; blocks on other variants' stages carry option 0 there, which only those other
+    stages' numbers read)."""
     segs = segments(blocks)
     stage_of, choice = [0] * len(blocks), [0] * len(blocks)
     nxt = [first for first, _ in segs]
@@ -174,11 +194,11 @@ def counts_to_config(
                     stage_of[nxt[s]], choice[nxt[s]] = j, o
                     nxt[s] += 1
     configs = []
-    for k in range(K):
-        mine = [choice[i] if kind_of_stage[stage_of[i]] == k else 0 for i in range(len(blocks))]
+    for v, mesh in enumerate(meshes):
+        mine = [choice[i] if variant_of_stage[stage_of[i]] == v else 0 for i in range(len(blocks))]
         configs.append(
             Config(
-                cand_config.mesh,
+                mesh,
                 cand_config.micro_batch_size,
                 cand_config.schedule,
                 1,
@@ -190,30 +210,38 @@ def counts_to_config(
     return stage_of, choice, configs
 
 
+def plan_mesh(pp: int, dp: int, tps: list[int]) -> Mesh:
+    """The plan's mesh: each stage's degree in ``stage_tp`` when they differ, else the plain
+    (pp, dp, tp) mesh, so a uniform plan's file is what it was before per-stage degrees."""
+    if len(set(tps)) == 1:
+        return Mesh(pp, dp, tps[0])
+    return Mesh(pp, dp, max(tps), stage_tp=tuple(tps))
+
+
 def mixed_plan_record(traced, training: Training, lr: float, result: MixedResult) -> Plan:
     """The mixed search's best candidate as a Plan: the usual records, each stage's from its
-    kind's evaluation, plus the kinds and the rank-to-kind map."""
+    variant's evaluation, plus the kinds and the rank-to-kind map."""
     best: MixedCandidate | None = result.best
     assert best is not None and best.solution is not None and best.problem is not None
     c, sol, mp = best.cand, best.solution, best.problem
-    K = len(result.kinds)
-    mesh = Mesh(c.pp, c.dp, c.tp)
+    mesh = plan_mesh(c.pp, c.dp, sol.tps)
     base = Config(mesh, c.micro_batch_size, c.schedule, 1, c.zero, [], [])
     blocks = traced.blocks
-    stage_of, choice, configs = counts_to_config(base, blocks, sol.counts, sol.kinds, K)
-    ins: list[CostInputs] = [result.inputs[k, c.tp, c.micro_batch_size] for k in range(K)]
-    costs = [evaluate(ins[k], configs[k]) for k in range(K)]
-    step = step_time(mp, sol.kinds, sol.counts)
+    meshes = [Mesh(c.pp, c.dp, t) for _, t in mp.variants]
+    stage_of, choice, configs = counts_to_config(base, blocks, sol.counts, sol.variants, meshes)
+    ins = [result.inputs[k, t, c.micro_batch_size] for k, t in mp.variants]
+    costs = {v: evaluate(ins[v], configs[v]) for v in set(sol.variants)}
+    step = step_time(mp, sol.variants, sol.counts)
     rep: dict[str, list[str]] = {}
     for b in blocks:
         rep.setdefault(b.cls, b.modules)
     stages, memory, times = [], [], []
-    for j, k in enumerate(sol.kinds):
-        st = costs[k].stages[j]
-        hop = float(mp.hop[j][k][sol.kinds[j + 1]]) if j < c.pp - 1 else 0.0
+    for j, (v, k) in enumerate(zip(sol.variants, sol.kinds, strict=True)):
+        st = costs[v].stages[j]
+        hop = float(mp.hop[j][v][sol.variants[j + 1]]) if j < c.pp - 1 else 0.0
         t = st.compute_s + st.tp_comm_s + hop
         times.append(t)
-        memory.append(memory_record(costs[k].rank_memory[j]))
+        memory.append(memory_record(costs[v].rank_memory[j]))
         stages.append(
             StagePlan(
                 index=j,
@@ -236,26 +264,28 @@ def mixed_plan_record(traced, training: Training, lr: float, result: MixedResult
         )
     rows = []
     for i, blk in enumerate(blocks):
-        k = sol.kinds[stage_of[i]]
-        o = ins[k].options[i][choice[i]]
-        held = costs[k].stages[stage_of[i]].held
-        memory_i = block_memory(o, configs[k], training, held)
+        v = sol.variants[stage_of[i]]
+        o = ins[v].options[i][choice[i]]
+        held = costs[v].stages[stage_of[i]].held
+        memory_i = block_memory(o, configs[v], training, held)
         rows.append(block_record(blk, o, stage_of[i], rep[blk.cls], memory_i))
-    width = c.dp * c.tp
-    used = [sol.kinds.count(k) * width for k in range(K)]
+    used = [0] * len(result.kinds)
+    for j, k in enumerate(sol.kinds):
+        used[k] += len(mesh.stage_ranks(j))
     kinds = [
         KindInfo(kd.name, kd.cluster.profile.name, kd.cluster.gpus_per_node, used[k])
         for k, kd in enumerate(result.kinds)
         if used[k]
     ]
     peak_flops = sum(
-        width * result.kinds[k].cluster.profile.peak_flops[training.dtype] for k in sol.kinds
+        len(mesh.stage_ranks(j)) * result.kinds[k].cluster.profile.peak_flops[training.dtype]
+        for j, k in enumerate(sol.kinds)
     )
-    flops = costs[0].model_flops_per_step
+    flops = costs[sol.variants[0]].model_flops_per_step
     m = mp.m
     pipeline = sum(times) + (m - 1) * max(times)
     peaks = [mm.total for mm in memory]
-    caps = [mp.per_kind[k].capacity for k in sol.kinds]
+    caps = [mp.per_variant[v].capacity for v in sol.variants]
     worst = max(range(c.pp), key=lambda j: (peaks[j] / caps[j], j))
     gpn = min(kd.cluster.gpus_per_node for kd in result.kinds)
     samples = training.global_batch_size / step
@@ -298,5 +328,5 @@ def mixed_plan_record(traced, training: Training, lr: float, result: MixedResult
             candidates_pruned=sum(1 for x in result.candidates if x.status == "pruned-bound"),
         ),
         kinds=kinds,
-        rank_kinds=[result.kinds[sol.kinds[r // width]].name for r in range(mesh.size)],
+        rank_kinds=[result.kinds[sol.kinds[mesh.coords(r)[0]]].name for r in range(mesh.size)],
     )

@@ -116,7 +116,11 @@ def placement_rate(
 
     Time and money are exact. Energy and carbon are priced at busy power, the search's
     ranking (exact where the pool gives no idle draw, an upper bound otherwise: the chosen
-    plan is then priced at its own busy share)."""
+    plan is then priced at its own busy share).
+
+    ``per_gpu``, the rate each GPU adds at least (``RunRate``): a kind's whole node alone per
+    GPU, since money is linear in GPUs and energy and carbon add a node's power per begun node
+    (at least its share per GPU); 0 by wall time, which GPUs do not change."""
 
     def per_second(gpus: list[int]) -> RunCost:
         used = [(t, g) for t, g in zip(pool.node_types, gpus) if g]
@@ -134,7 +138,11 @@ def placement_rate(
             longest = min(longest, budget_usd / run.cost_usd)
         return longest
 
-    return RunRate(per_step_s, max_step_s)
+    per_gpu = []
+    for k, t in enumerate(pool.node_types):
+        node = [t.gpus_per_node if i == k else 0 for i in range(len(pool.node_types))]
+        per_gpu.append(0.0 if objective == "time" else per_step_s(node) / t.gpus_per_node)
+    return RunRate(per_step_s, max_step_s, tuple(per_gpu))
 
 
 def mixed_option(
@@ -148,6 +156,7 @@ def mixed_option(
     objective: str = "time",
     deadline_h: float | None = None,
     budget_usd: float | None = None,
+    stage_degrees: bool | None = None,
 ) -> tuple[Option | None, MixedPlanResult | None]:
     """The pool's mixed option, planned against the single-kind options already priced; None
     when the pool has no fabric or no mixed plan beats every kind alone.
@@ -180,6 +189,7 @@ def mixed_option(
         progress=progress,
         rate=rate,
         objective_cutoff=cutoff,
+        stage_degrees=stage_degrees,
         **plan_kwargs,
     )
     plan = res.plan
@@ -192,6 +202,6 @@ def mixed_option(
     run, nodes = mixed_run_cost(pool, plan, k, pool.effective_time_fraction)
     m = plan.mesh
     kinds_by_stage = "/".join(st.kind or "" for st in plan.stages)
-    mesh = f"pp{m.pp} dp{m.dp} tp{m.tp} ({kinds_by_stage})"
+    mesh = f"pp{m.pp} dp{m.dp} tp{m.tp_label} ({kinds_by_stage})"
     point = PlanPoint(p.step_time_s, p.mfu, tokens_per_step, mesh, prediction_busy_share(p))
     return Option(mixed_node_type(pool, plan, nodes), nodes, point, run), res

@@ -1,0 +1,186 @@
+"""A TP degree per pipeline stage in the heterogeneous search, on a real model: one fast CPU
+rank and two slow ones (``runs.cpu_profile``: half the fp32 peak, half the memory). The
+fastest pipeline gives the slow kind one stage at TP 2 and the fast rank one at TP 1, which
+no plan of one degree for all stages can: the fast kind holds one rank. Checks: the plan is
+faster than either kind alone and than the best mixed plan of one degree (searched with the
+cutoff off), its step is the MILP's optimum and the brute force's over every variant, split and
+option choice of its cell, and its file records the degrees (``Mesh.stage_tp``), ranks and
+kinds stage by stage.
+
+``stage_tp_plan`` writes that plan.json for the runtime's tests (3 ranks, stage_tp (2, 1))."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from oracle import (
+    checkpoint_model_state,
+    parameter_mismatches,
+    reference_for_plan,
+    unmoved_parameters,
+)
+from runs import cpu_profile, launch, losses_of
+from test_mixed_milp import brute_force
+
+from planner.hardware.collectives import p2p_time
+from planner.resources import mixed
+from planner.resources.mixed import (
+    TP_DEGREES,
+    cell_variants,
+    hop_time,
+    mixed_problem,
+    stage_variants,
+)
+from planner.resources.mixed_cost import step_time
+from planner.resources.mixed_milp import solve_mixed
+from planner.resources.mixed_plan import KindSpec, MixedPlanResult, plan_mixed
+from planner.schema import load_plan, write_plan
+from planner.schema.mesh import Mesh
+from planner.search import Pins
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = ROOT / "examples" / "gpt.py"
+ARGS = {"size": "tiny", "layers": 2, "hidden": 512, "seq_len": 128}
+LINK = (4.4e9, 3.1e-4)  # the cpu profile's loopback: the fabric between the two "kinds"
+COMMON = dict(model_args=ARGS, global_batch_size=8, dtype="fp32", optimizer="sgd", lr=0.5)
+
+
+def kinds_of(tmp: Path) -> list[KindSpec]:
+    """One rank of profiles/cpu.toml, two of a copy with half its fp32 peak and memory."""
+    slow = cpu_profile(tmp, "cpu-half", peak_flops_fp32="5.0e10", capacity_bytes=4294967296)
+    return [KindSpec("fast", "cpu", 1), KindSpec("slow", slow, 2)]
+
+
+def plan_stage_tp(tmp: Path, **kwargs) -> MixedPlanResult:
+    """The mixed search over the two kinds (``kwargs``: plan_mixed's, e.g. pins, single)."""
+    kwargs.setdefault("pins", Pins(offload="none"))
+    return plan_mixed(MODEL, kinds_of(tmp), {("fast", "slow"): LINK}, **COMMON, **kwargs)
+
+
+def stage_tp_plan(out_dir: Path, tmp: Path) -> Path:
+    """plan.json of the gpt example (2 layers, hidden 512) over 3 CPU ranks: stage 0 on the
+    two slow ranks at TP 2, stage 1 on the fast rank at TP 1 (``Mesh.stage_tp`` (2, 1)).
+    ``tmp``: where the slow kind's profile is written."""
+    res = plan_stage_tp(tmp)
+    assert res.plan is not None and res.plan.mesh.stage_tp == (2, 1), res.plan
+    return write_plan(res.plan, out_dir)
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("stage_tp")
+    return plan_stage_tp(tmp), tmp
+
+
+def test_stage_degrees_differ_and_beat_one_degree_for_all(searched):
+    res, tmp = searched
+    plan = res.plan
+    assert plan is not None, f"no mixed plan beat {res.single}"
+    assert plan.solver.status == "optimal" and res.search.proven
+    assert plan.mesh.stage_tp == (2, 1) and plan.mesh.tp == 2 and plan.mesh.dp == 1
+    assert [st.kind for st in plan.stages] == ["slow", "fast"]
+    assert plan.predicted.step_time_s < min(res.single.values())
+    # The best mixed plan of one degree, the cutoff off (every kind alone priced at inf): at
+    # TP 1 the slow ranks hold a stage each; TP 2 is out, the fast kind has one rank.
+    off = {"fast": math.inf, "slow": math.inf}
+    one = plan_stage_tp(tmp, pins=Pins(offload="none", tp=1), single=off).plan
+    assert one is not None and one.mesh.stage_tp is None and one.mesh.tp == 1
+    assert plan.predicted.step_time_s < one.predicted.step_time_s * 0.95
+    assert plan_stage_tp(tmp, pins=Pins(offload="none", tp=2), single=off).plan is None
+
+
+def test_stage_degrees_are_searched_where_few_cells_could_win(searched, monkeypatch):
+    """By default (None) the cells of several degrees are searched when few have a floor
+    below the best one-degree plan, as here; past STAGE_DEGREE_CELLS they are left, the plan
+    is the best of one degree for all stages and a note says what was not searched; True
+    searches them whatever their number, False never."""
+    res, tmp = searched
+    assert res.search.skipped == 0 and res.notes == []
+    monkeypatch.setattr(mixed, "STAGE_DEGREE_CELLS", 0)
+    left = plan_stage_tp(tmp)
+    assert left.search.skipped > 0 and "--stage-degrees on" in left.notes[-1]
+    assert left.plan is None  # no plan of one degree for all stages beats the fast rank alone
+    assert all(mc.degrees[0] == mc.degrees[1] for mc in left.search.candidates)
+    forced = plan_stage_tp(tmp, stage_degrees=True)
+    assert forced.plan.mesh.stage_tp == (2, 1) and forced.search.skipped == 0
+    assert forced.plan.predicted.step_time_s == res.plan.predicted.step_time_s
+    monkeypatch.undo()
+    never = plan_stage_tp(tmp, stage_degrees=False)
+    assert never.plan is None and never.search.skipped == 0 and never.notes == []
+
+
+def test_step_is_the_cells_brute_force_optimum(searched):
+    """The plan's step is its placement priced directly, the MILP's optimum of its cell, and
+    the brute force's over every (kind, degree) per stage, split and option choice of it."""
+    res, _ = searched
+    best = res.search.best
+    mp, sol = best.problem, best.solution
+    assert sol.tps == [2, 1] and mp.needs == [1, 2]
+    assert step_time(mp, sol.variants, sol.counts) == pytest.approx(res.plan.predicted.step_time_s)
+    c, (lo, hi) = best.cand, best.degrees
+    vs = cell_variants(stage_variants(res.search.kinds, c.dp, list(TP_DEGREES)), lo, hi)
+    ins = [res.search.inputs[k, t, c.micro_batch_size] for k, t in vs]
+    fresh = mixed_problem(ins, c, vs, res.search.kinds, {(0, 1): LINK, (1, 0): LINK}, [lo, hi])
+    assert brute_force(fresh) == pytest.approx(solve_mixed(fresh).objective, rel=2e-4)
+    assert solve_mixed(fresh).objective == pytest.approx(sol.objective, rel=2e-4)
+
+
+def test_plan_file_records_each_stages_degree(searched, tmp_path):
+    res, tmp = searched
+    path = stage_tp_plan(tmp_path / "plan", tmp)
+    data = json.loads(path.read_text())
+    assert data["mesh"]["stage_tp"] == [2, 1] and data["mesh"]["tp"] == 2
+    assert [st["ranks"] for st in data["stages"]] == [[0, 1], [2]]
+    assert data["rank_kinds"] == ["slow", "slow", "fast"]
+    assert {k["name"]: k["gpus"] for k in data["kinds"]} == {"slow": 2, "fast": 1}
+    assert data["cluster"]["gpus"] == 3
+    assert load_plan(path).to_dict() == data
+    # each stage's blocks carry their own degree's sharding: the TP 2 stage's layer is split
+    # (Megatron's column/row pairs), the TP 1 stage's blocks are whole
+    rows = {b["name"]: b for b in data["blocks"]}
+    assert rows["layers.0"]["stage"] == 0 and rows["layers.0"]["tp_variant"].startswith("tp2")
+    assert rows["layers.0"]["tp_plan"]["layers.0.mlp.fc1"] == "colwise"
+    assert all(not b["tp_plan"] for b in data["blocks"] if b["stage"] == 1)
+
+
+@pytest.mark.distributed
+@pytest.mark.long  # a torchrun launch of its own (about a minute): CI runs it after the suite
+def test_runtime_trains_the_searched_degrees_like_one_process(searched, tmp_path):
+    """The plan the search chose (stage 0 on the two slow ranks at TP 2, stage 1 on the fast
+    rank at TP 1) runs under torchrun as written: every step's loss and the final parameters
+    equal one process training the same model."""
+    res, _ = searched
+    run_dir = tmp_path / "run"
+    path = write_plan(res.plan, run_dir)
+    steps = 3
+    rc, log = launch([path], [run_dir], 3, "--checkpoint-every", str(steps), steps=steps)
+    got = losses_of(run_dir)
+    assert len(got) == steps, f"torchrun exit {rc}\n{log[-6000:]}"
+    ref = reference_for_plan(json.loads(path.read_text()), steps)
+    assert not unmoved_parameters(ref)
+    for g, w in zip(got, ref.losses, strict=True):
+        assert abs(g - w) <= 1e-4 * abs(w)
+    state = checkpoint_model_state(run_dir / "checkpoints" / f"step_{steps:06d}")
+    assert not parameter_mismatches(state, ref)
+
+
+@pytest.mark.parametrize("t, u", [(1, 1), (4, 4), (1, 2), (2, 1), (2, 8), (8, 2), (1, 8)])
+def test_hop_prices_the_copies_the_runtime_sends(t, u):
+    """A hop between stages of TP degrees t and u costs what the runtime's routing
+    (``Mesh.neighbours``) sends over the busiest rank's link: forward, the most copies of the
+    whole activation one rank of the first stage sends, in one transfer; backward, the same
+    with the stages' roles swapped (gradients go back along the same links)."""
+    mesh = Mesh(2, 1, t) if t == u else Mesh(2, 1, max(t, u), stage_tp=(t, u))
+
+    def busiest(sender: int, receiver: int) -> int:
+        return max(len(mesh.neighbours(r, receiver)[1]) for r in mesh.stage_ranks(sender))
+
+    nbytes, bw, lat = 3e6, 2e10, 4e-6
+    want = p2p_time(nbytes * busiest(0, 1), bw, lat) + p2p_time(nbytes * busiest(1, 0), bw, lat)
+    assert hop_time(nbytes, t, u, bw, lat, shards=False) == pytest.approx(want, rel=1e-12)
+    if t == u:  # one degree, shards sent: each TP rank sends its 1/t to its peer
+        shard = 2 * p2p_time(nbytes / t, bw, lat)
+        assert hop_time(nbytes, t, u, bw, lat, shards=True) == pytest.approx(shard, rel=1e-12)
