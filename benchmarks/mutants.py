@@ -1288,7 +1288,7 @@ MUTANTS: list[Mutant] = [
     M(
         "mixed-counts-left-free",
         "planner/resources/mixed.py",
-        "            mp = replace(mp, stage_cap=list(mc.counts))\n",
+        "            mp = replace(mp, units=list(mc.units), units_low=list(mc.units_low))\n",
         "            pass\n",
         "tests/test_mixed_plan.py::test_by_cost_the_cheapest_run_can_be_a_slower_mixed_pipeline",
         "a placement priced at one count of GPUs per kind while its MILP may use others",
@@ -1304,8 +1304,8 @@ MUTANTS: list[Mutant] = [
     M(
         "mixed-search-ignores-the-rate",
         "planner/resources/mixed.py",
-        "        return 1.0 if rate is None else rate.per_step_s(gpus_of(mc))\n",
-        "        return 1.0\n",
+        "        return self.rate.per_step_s(gpus) if any(gpus) else 0.0\n",
+        "        return 1.0 if any(gpus) else 0.0\n",
         "tests/test_mixed_plan.py::test_by_cost_the_cheapest_run_can_be_a_slower_mixed_pipeline",
         "the cost search ranks placements by step time, whatever their GPUs cost",
     ),
@@ -1422,6 +1422,46 @@ MUTANTS: list[Mutant] = [
         "-m 'not zoo' "
         "tests/test_stage_tp.py::test_a_tied_weight_across_two_degrees_is_refused_in_one_line",
         "a weight tied across stages of two TP degrees summed between unlike shards",
+    ),
+    M(
+        "mixed-hop-one-copy-between-degrees",
+        "planner/resources/mixed.py",
+        "    forward = p2p_time(nbytes * max(1, t_next // t), bw, lat)\n",
+        "    forward = p2p_time(nbytes, bw, lat)\n",
+        "tests/test_mixed_stage_tp.py::test_hop_prices_the_copies_the_runtime_sends",
+        "a sender feeding more TP ranks than it has priced as sending one copy",
+    ),
+    M(
+        "mixed-stage-degrees-never-searched",
+        "planner/resources/mixed.py",
+        "        if stage_degrees is False:\n            return\n",
+        "        if stage_degrees is not True:\n            return\n",
+        "tests/test_mixed_stage_tp.py::test_stage_degrees_differ_and_beat_one_degree_for_all",
+        "by default the stages of a mixed pipeline never get degrees of their own",
+    ),
+    M(
+        "mixed-stage-degrees-skipped-silently",
+        "planner/resources/mixed.py",
+        "    if search.skipped:\n",
+        "    if False:\n",
+        "tests/test_mixed_stage_tp.py::test_stage_degrees_are_searched_where_few_cells_could_win",
+        "the cells of several degrees left out with no word to the user",
+    ),
+    M(
+        "mixed-tied-stages-any-degree",
+        "planner/resources/mixed_milp.py",
+        "        if groups and spread > 0:\n",
+        "        if False:\n",
+        "tests/test_mixed_milp.py::test_tied_segments_share_one_degree",
+        "a tied embedding and head on stages of different TP degrees, which the runtime refuses",
+    ),
+    M(
+        "mixed-plan-mesh-one-degree",
+        "planner/resources/mixed_plan.py",
+        "    if len(set(tps)) == 1:\n        return Mesh(pp, dp, tps[0])\n",
+        "    if True:\n        return Mesh(pp, dp, max(tps))\n",
+        "tests/test_mixed_stage_tp.py::test_plan_file_records_each_stages_degree",
+        "plan.json gives every stage the largest degree the search chose for any",
     ),
 ]
 

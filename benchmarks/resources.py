@@ -159,7 +159,7 @@ def mixed_main() -> None:
             "gpus": {k.name: k.gpus for k in kinds},
             "single_kind_step_s": res.single,
             "mixed_step_s": p.predicted.step_time_s if p else None,
-            "mixed_mesh": f"pp{p.mesh.pp} dp{p.mesh.dp} tp{p.mesh.tp}" if p else None,
+            "mixed_mesh": f"pp{p.mesh.pp} dp{p.mesh.dp} tp{p.mesh.tp_label}" if p else None,
             "mixed_stages": [
                 {"kind": st.kind, "blocks": len(st.blocks)} for st in (p.stages if p else [])
             ],
@@ -167,6 +167,7 @@ def mixed_main() -> None:
             "mixed_zero": p.zero_stage if p else None,
             "mixed_mfu": p.predicted.mfu if p else None,
             "candidates": statuses,
+            "stage_degree_cells_skipped": res.search.skipped,
             "planning_cpu_s": round(cpu, 1),
             "planning_wall_s": round(wall, 1),
         }

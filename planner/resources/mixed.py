@@ -618,9 +618,10 @@ def search_mixed(
     notes = []
     if search.skipped:
         notes.append(
-            f"stages share one TP degree: {search.skipped} cells of stages with their own "
-            f"degrees have floors below the plan (more than {STAGE_DEGREE_CELLS}), too many "
-            "to search in seconds; --stage-degrees on searches them (minutes on large pools)"
+            f"a pipeline across kinds gives its stages one TP degree here: {search.skipped} "
+            "cells of stages with degrees of their own could beat the best plan found by their "
+            f"lower bounds, more than the {STAGE_DEGREE_CELLS} searched in seconds; "
+            "--stage-degrees on searches them (minutes on large pools)"
         )
     elapsed = time.perf_counter() - start
     return MixedResult(
