@@ -1434,17 +1434,17 @@ MUTANTS: list[Mutant] = [
     M(
         "mixed-stage-degrees-never-searched",
         "planner/resources/mixed.py",
-        "        if stage_degrees is False:\n            return\n",
-        "        if stage_degrees is not True:\n            return\n",
+        "        if not stage_degrees:\n",
+        "        if True:\n",
         "tests/test_mixed_stage_tp.py::test_stage_degrees_differ_and_beat_one_degree_for_all",
         "by default the stages of a mixed pipeline never get degrees of their own",
     ),
     M(
         "mixed-stage-degrees-skipped-silently",
         "planner/resources/mixed.py",
-        "    if search.skipped:\n",
+        "    if skipped:\n",
         "    if False:\n",
-        "tests/test_mixed_stage_tp.py::test_stage_degrees_are_searched_where_few_cells_could_win",
+        "tests/test_mixed_stage_tp.py::test_stage_degrees_are_searched_by_default_on_small_pools",
         "the cells of several degrees left out with no word to the user",
     ),
     M(
@@ -1462,6 +1462,14 @@ MUTANTS: list[Mutant] = [
         "    if True:\n        return Mesh(pp, dp, max(tps))\n",
         "tests/test_mixed_stage_tp.py::test_plan_file_records_each_stages_degree",
         "plan.json gives every stage the largest degree the search chose for any",
+    ),
+    M(
+        "mixed-fluid-floor-doubled",
+        "planner/resources/mixed.py",
+        "        fluid = (self.m - 1) * self.rank_s / weight + self.fastest if weight > 0 else",
+        "        fluid = 2 * (self.m - 1) * self.rank_s / weight + self.fastest if weight > 0 else",
+        "tests/test_mixed_stage_tp.py::test_pruned_search_equals_every_cell_solved",
+        "a cell's floor from the kinds' rank-seconds twice what any placement of it can reach",
     ),
 ]
 

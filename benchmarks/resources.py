@@ -161,13 +161,14 @@ def mixed_main() -> None:
             "mixed_step_s": p.predicted.step_time_s if p else None,
             "mixed_mesh": f"pp{p.mesh.pp} dp{p.mesh.dp} tp{p.mesh.tp_label}" if p else None,
             "mixed_stages": [
-                {"kind": st.kind, "blocks": len(st.blocks)} for st in (p.stages if p else [])
+                {"kind": st.kind, "tp": p.mesh.tp_of(j), "blocks": len(st.blocks)}
+                for j, st in enumerate(p.stages if p else [])
             ],
             "mixed_micro_batch": p.micro_batch_size if p else None,
             "mixed_zero": p.zero_stage if p else None,
             "mixed_mfu": p.predicted.mfu if p else None,
             "candidates": statuses,
-            "stage_degree_cells_skipped": res.search.skipped,
+            "stage_degrees_searched": not res.search.skipped,
             "planning_cpu_s": round(cpu, 1),
             "planning_wall_s": round(wall, 1),
         }
@@ -177,14 +178,16 @@ def mixed_main() -> None:
     results["model_load_cpu_s"] = round(load_plan_cpu, 1)
     (out / "resources_mixed.json").write_text(json.dumps(results, indent=2))
     lines = [
-        "| pool | GPUs | best kind alone: step s | mixed plan | stages (kind: blocks) "
+        "| pool | GPUs | best kind alone: step s | mixed plan | stages (kind TP: blocks) "
         "| mixed step s | speed-up | planning CPU s |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for name in ("onprem", "mixed-3x256"):
         r = results[name]
         alone = min(r["single_kind_step_s"].items(), key=lambda kv: kv[1])
-        stages = ", ".join(f"{s['kind']}: {s['blocks']}" for s in r["mixed_stages"]) or "-"
+        stages = (
+            ", ".join(f"{s['kind']} tp{s['tp']}: {s['blocks']}" for s in r["mixed_stages"]) or "-"
+        )
         mixed = r["mixed_step_s"]
         gain = f"{alone[1] / mixed:.2f}x" if mixed else "none (no mixed plan is faster)"
         lines.append(

@@ -161,7 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         choices=("auto", "on", "off"),
         help="with --resources: whether a pipeline across kinds may give each stage its own "
-        "TP degree (auto: where that search is small; on: always, minutes on large pools)",
+        "TP degree (auto: on pools of at most 2 kinds and 64 GPUs; on: always, minutes on "
+        "large pools)",
     )
     p.add_argument("--out", help="output directory (default: reports/<model file stem>/)")
     p.add_argument("--run", action="store_true", help="after planning, run the plan")

@@ -92,24 +92,45 @@ def test_stage_degrees_differ_and_beat_one_degree_for_all(searched):
     assert plan_stage_tp(tmp, pins=Pins(offload="none", tp=2), single=off).plan is None
 
 
-def test_stage_degrees_are_searched_where_few_cells_could_win(searched, monkeypatch):
-    """By default (None) the cells of several degrees are searched when few have a floor
-    below the best one-degree plan, as here; past STAGE_DEGREE_CELLS they are left, the plan
-    is the best of one degree for all stages and a note says what was not searched; True
-    searches them whatever their number, False never."""
+def test_pruned_search_equals_every_cell_solved(searched, monkeypatch):
+    """With pruning off (REL_TOL so negative that no bound prunes and no MILP has a cutoff)
+    every cell of every outer candidate is built and solved: the least of them is the plan
+    the pruned search returned, and no cell's bound, as it stood when its MILP ran, is above
+    that MILP's optimum (the floors, the split bound and the pipeline floor on real numbers)."""
     res, tmp = searched
-    assert res.search.skipped == 0 and res.notes == []
-    monkeypatch.setattr(mixed, "STAGE_DEGREE_CELLS", 0)
+    monkeypatch.setattr(mixed, "REL_TOL", -1e12)
+    every = plan_stage_tp(tmp, stage_degrees=True)
+    solved = [mc for mc in every.search.candidates if mc.status == "solved"]
+    for mc in every.search.candidates:  # pruned only where nothing fits (an infinite bound)
+        assert mc.status in ("solved", "pruned-memory") or math.isinf(mc.bound), mc.status
+    # TP 2 alone is the slow kind's only: a cell of one kind is no mixed pipeline
+    assert {mc.degrees for mc in solved} == {(1, 1), (1, 2)}
+    best = min(mc.value for mc in solved)
+    assert best == pytest.approx(res.plan.predicted.step_time_s, rel=1e-6)
+    for mc in solved:
+        assert mc.bound <= mc.value * (1 + 1e-9), (mc.label(), mc.bound, mc.value)
+
+
+def test_stage_degrees_are_searched_by_default_on_small_pools(searched, monkeypatch):
+    """By default (None) the cells of several degrees are searched on pools of at most
+    STAGE_DEGREE_KINDS kinds and STAGE_DEGREE_GPUS GPUs, as this one; on a larger pool they are
+    left, the plan is the best of one degree for all stages and a note says what was not
+    searched and how to search it; True searches them whatever the pool, False never (and
+    says nothing: the user chose)."""
+    res, tmp = searched
+    assert not res.search.skipped and res.notes == []
+    monkeypatch.setattr(mixed, "STAGE_DEGREE_GPUS", 2)  # the pool holds 3
     left = plan_stage_tp(tmp)
-    assert left.search.skipped > 0 and "--stage-degrees on" in left.notes[-1]
+    assert left.search.skipped and "2 kinds, 3 GPUs" in left.notes[-1]
+    assert "--stage-degrees on" in left.notes[-1]
     assert left.plan is None  # no plan of one degree for all stages beats the fast rank alone
     assert all(mc.degrees[0] == mc.degrees[1] for mc in left.search.candidates)
     forced = plan_stage_tp(tmp, stage_degrees=True)
-    assert forced.plan.mesh.stage_tp == (2, 1) and forced.search.skipped == 0
+    assert forced.plan.mesh.stage_tp == (2, 1) and not forced.search.skipped
     assert forced.plan.predicted.step_time_s == res.plan.predicted.step_time_s
     monkeypatch.undo()
     never = plan_stage_tp(tmp, stage_degrees=False)
-    assert never.plan is None and never.search.skipped == 0 and never.notes == []
+    assert never.plan is None and not never.search.skipped and never.notes == []
 
 
 def test_step_is_the_cells_brute_force_optimum(searched):

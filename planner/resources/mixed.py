@@ -18,9 +18,9 @@ of several; each set is drained least bound first and every cell in it settled: 
 pruned by a bound no placement of it beats, never left for lack of time or work. The result is
 the cost model's optimum (to REL_TOL) over the cells searched, unless a MILP stops at its node
 limit (``MixedResult.proven``). The cells of several degrees are the large ones (up to 12
-variants a stage, looser bounds); by default they are searched where at most
-STAGE_DEGREE_CELLS of them could beat the best one-degree plan, else left whole and a note says
-so (``search_mixed``'s ``stage_degrees``).
+variants a stage, looser bounds); by default they are searched on pools of at most
+STAGE_DEGREE_KINDS kinds and STAGE_DEGREE_GPUS GPUs, else left whole and a note says so
+(``search_mixed``'s ``stage_degrees``).
 
 Cells go cheapest lower bound first (a heap), F_v[s] being variant v's fastest option time on
 segment s and m the micro-batches:
@@ -106,12 +106,13 @@ from planner.trace.graph import pipeline_refusal
 REL_TOL = 1e-3
 TP_DEGREES = (1, 2, 4, 8)
 # search_mixed's stage_degrees None: the cells whose stages take two TP degrees or more are
-# searched when at most this many have a floor below the best one-degree plan. Their MILPs are
-# large (up to 12 variants a stage) and their bounds loose: on the 3 x 256 pool 2,010 of them
-# were, and settling them all took 759 s on the 2-core machine (the optimum unchanged); the
-# small pools of the tests have a few. A deterministic count (never the clock): the same plan
-# on any machine, and the note says what was not searched.
-STAGE_DEGREE_CELLS = 100
+# searched on pools of at most this many kinds and GPUs. Their MILPs are large (a variant per
+# kind and degree) and their bounds loose, and the work grows fastest with the kinds: Llama-3-8B
+# on the 2-core machine, every cell settled, took 23 s over 8 A100 + 8 H100 (the plan 0.65% faster
+# than one degree for all stages), 50 s over profiles/pools/onprem.toml (32 A100 + 16 H100, 2.4%
+# faster), more than 10 minutes over 16 A100 + 16 H100 + 16 H200, and 759 s over the 3 x 256
+# pool (the same plan). A rule on the pool, never the clock: the same plan on any machine.
+STAGE_DEGREE_KINDS, STAGE_DEGREE_GPUS = 2, 64
 
 Variant = tuple[int, int]  # (kind index, TP degree)
 Links = dict[tuple[int, int], tuple[float, float]]
@@ -185,7 +186,7 @@ class MixedResult:
     kinds: list[Kind]
     solve_time_s: float
     notes: list[str] = field(default_factory=list)
-    skipped: int = 0  # cells of several TP degrees not searched (search_mixed's stage_degrees)
+    skipped: bool = False  # cells of several TP degrees left out (search_mixed's stage_degrees)
 
     @property
     def solved(self) -> int:
@@ -597,7 +598,7 @@ def search_mixed(
     the fabric, both orders. ``variants``: per kind, the intra-block sharding variants.
     ``pins.tp`` restricts every stage to that TP degree; ``pins.pp`` the pipeline's depth.
     ``stage_degrees``: whether stages may take TP degrees of their own (True), share one
-    (False), or take their own where that search is small (None: STAGE_DEGREE_CELLS).
+    (False), or take their own on small pools (None: STAGE_DEGREE_KINDS, STAGE_DEGREE_GPUS).
 
     With ``rate``, the least objective instead (``cutoff`` in its units: the best single-kind
     option's), over pipelines using two kinds at least: each cell's TP units per kind are
@@ -614,19 +615,20 @@ def search_mixed(
     wide = wide_kinds(kinds, [c for c, _ in cells])
     prices = _Prices(graph, blocks, training, wide, variants, pins)
     search = _Search(prices, kinds, links, degrees, training, rate, cutoff, progress)
-    search.run(cells, stage_degrees)
+    small = len(kinds) <= STAGE_DEGREE_KINDS and sum(k.gpus for k in kinds) <= STAGE_DEGREE_GPUS
+    search.run(cells, small if stage_degrees is None else stage_degrees)
+    skipped = stage_degrees is None and search.skipped  # by the default rule
     notes = []
-    if search.skipped:
+    if skipped:
+        gpus = sum(k.gpus for k in kinds)
         notes.append(
-            f"a pipeline across kinds gives its stages one TP degree here: {search.skipped} "
-            "cells of stages with degrees of their own could beat the best plan found by their "
-            f"lower bounds, more than the {STAGE_DEGREE_CELLS} searched in seconds; "
+            f"a pipeline across kinds gives its stages one TP degree here: stages of their own "
+            f"degree are searched by default on pools of at most {STAGE_DEGREE_KINDS} kinds and "
+            f"{STAGE_DEGREE_GPUS} GPUs (this one: {len(kinds)} kinds, {gpus} GPUs); "
             "--stage-degrees on searches them (minutes on large pools)"
         )
     elapsed = time.perf_counter() - start
-    return MixedResult(
-        search.best, search.entries, prices.inputs, kinds, elapsed, notes, search.skipped
-    )
+    return MixedResult(search.best, search.entries, prices.inputs, kinds, elapsed, notes, skipped)
 
 
 @dataclass
@@ -656,7 +658,7 @@ class _Search:
         self.built: dict[tuple, _Built] = {}
         self.floors: dict[tuple, Floors] = {}
         self.roots: dict[tuple, tuple[Floors, tuple[int, ...]]] = {}
-        self.skipped = 0  # cells of several degrees left whole (run's stage_degrees None)
+        self.skipped = False  # cells of several degrees left whole (run's stage_degrees)
         self.fastest: dict[tuple, tuple[float, float]] = {}  # fastest_floor's, by cell
         self.structures: dict = {}
         self.tick = itertools.count()
@@ -678,26 +680,21 @@ class _Search:
         order = (mc.bound, c.pp * c.dp * c.tp, mc.label(), mc.units_low or (), mc.units or ())
         heapq.heappush(self.heap, (order, next(self.tick), mc))
 
-    def run(self, cells: list[tuple[Candidate, int]], stage_degrees: bool | None) -> None:
+    def run(self, cells: list[tuple[Candidate, int]], stage_degrees: bool) -> None:
         """The cells of one degree first, then (``stage_degrees``) those of several, each
         set drained least bound first until its heap empties: each cell is solved or pruned
         by a bound no placement of it beats. A cell's bound only rises as it is refined,
         built and piped, each time back into the heap, so the cell popped is the least
         bounded of those left. One-degree cells' bounds are the tighter (no change of
         degree, whose hops the bounds price at the cheapest), so they set the incumbent that
-        prunes most of the rest. ``stage_degrees`` None: the cells of several degrees are
-        searched when at most STAGE_DEGREE_CELLS of them have a floor below the incumbent,
-        else left whole (``skipped``)."""
+        prunes most of the rest."""
         one = [(c, lo) for c, lo in cells if lo == c.tp]
         self.drain([self.root(MixedCandidate(c, 0.0, tp_low=lo)) for c, lo in one])
-        if stage_degrees is False:
+        several = [(c, lo) for c, lo in cells if lo != c.tp]
+        if not stage_degrees:
+            self.skipped = bool(several)
             return
-        several = [self.root(MixedCandidate(c, 0.0, tp_low=lo)) for c, lo in cells if lo != c.tp]
-        live = [mc for mc in several if mc.bound < self.incumbent * (1 - REL_TOL)]
-        if stage_degrees is None and len(live) > STAGE_DEGREE_CELLS:
-            self.skipped = len(live)
-            return
-        self.drain(several)
+        self.drain([self.root(MixedCandidate(c, 0.0, tp_low=lo)) for c, lo in several])
 
     def drain(self, cells: list[MixedCandidate]) -> None:
         for mc in cells:
