@@ -1471,6 +1471,14 @@ MUTANTS: list[Mutant] = [
         "tests/test_mixed_stage_tp.py::test_pruned_search_equals_every_cell_solved",
         "a cell's floor from the kinds' rank-seconds twice what any placement of it can reach",
     ),
+    M(
+        "mixed-stage-degrees-by-rate-default",
+        "planner/resources/mixed.py",
+        "small and rate is None if stage_degrees is None",
+        "small if stage_degrees is None",
+        "tests/test_mixed_plan.py::test_by_cost_the_cheapest_run_can_be_a_slower_mixed_pipeline",
+        "a search by money or under a deadline searching every degree's boxes by default (minutes)",
+    ),
 ]
 
 

@@ -99,7 +99,7 @@ def test_by_cost_the_cheapest_run_can_be_a_slower_mixed_pipeline(tmp_path):
     for the whole model) at $0.01. Two fast ranks step fastest, so the search by time (its
     cutoff the fastest kind) finds no mixed plan; by money, a pipeline over one fast and the
     slow rank costs less than either fast run, though it is slower. The search's value is the
-    least over every candidate and stage count, each re-solved here without a cutoff."""
+    least over every candidate and GPU count per kind, each re-solved here without a cutoff."""
     slow = cpu_profile(tmp_path, "cpu-slow", peak_flops_fp32="5.0e10", capacity_bytes=260 * 2**20)
     kinds = [KindSpec("fast", "cpu", 2), KindSpec("slow", slow, 1)]
     links = {("fast", "slow"): LINK}
@@ -126,6 +126,16 @@ def test_by_cost_the_cheapest_run_can_be_a_slower_mixed_pipeline(tmp_path):
     assert exhaustive_by_rate(res.search, {(0, 1): LINK, (1, 0): LINK}, dollars) == pytest.approx(
         res.search.best.value, rel=2e-3
     )
+    # priced by a rate, stages of their own degree are left by default (a note says so); with
+    # them searched (boxes of GPUs per kind over the cells of several degrees too) the least
+    # is the same, the exhaustive's over every (kind, degree) per stage
+    assert res.search.skipped and "priced by a rate" in res.notes[-1]
+    every = plan_mixed(
+        MODEL, kinds, links, rate=rate, objective_cutoff=singles, stage_degrees=True, **common
+    )
+    assert not every.search.skipped
+    assert any(mc.degrees[0] != mc.degrees[1] for mc in every.search.candidates)
+    assert every.search.best.value == pytest.approx(res.search.best.value, rel=2e-3)
 
 
 def exhaustive_by_rate(search, links, rate) -> float:

@@ -19,8 +19,8 @@ pruned by a bound no placement of it beats, never left for lack of time or work.
 the cost model's optimum (to REL_TOL) over the cells searched, unless a MILP stops at its node
 limit (``MixedResult.proven``). The cells of several degrees are the large ones (up to 12
 variants a stage, looser bounds); by default they are searched on pools of at most
-STAGE_DEGREE_KINDS kinds and STAGE_DEGREE_GPUS GPUs, else left whole and a note says so
-(``search_mixed``'s ``stage_degrees``).
+STAGE_DEGREE_KINDS kinds and STAGE_DEGREE_GPUS GPUs by time with no rate, else left whole and a
+note says so (``search_mixed``'s ``stage_degrees``).
 
 Cells go cheapest lower bound first (a heap), F_v[s] being variant v's fastest option time on
 segment s and m the micro-batches:
@@ -111,7 +111,10 @@ TP_DEGREES = (1, 2, 4, 8)
 # on the 2-core machine, every cell settled, took 23 s over 8 A100 + 8 H100 (the plan 0.65% faster
 # than one degree for all stages), 50 s over profiles/pools/onprem.toml (32 A100 + 16 H100, 2.4%
 # faster), more than 10 minutes over 16 A100 + 16 H100 + 16 H200, and 759 s over the 3 x 256
-# pool (the same plan). A rule on the pool, never the clock: the same plan on any machine.
+# pool (the same plan). By another objective, or under a deadline or budget, each cell is split
+# further into boxes of GPUs per kind (RunRate), which multiplies the work: the onprem pool under
+# a deadline no option meets ran past 5 minutes with them, 25.6 s without; so that search keeps
+# one degree by default. A rule on the request, never the clock: the same plan on any machine.
 STAGE_DEGREE_KINDS, STAGE_DEGREE_GPUS = 2, 64
 
 Variant = tuple[int, int]  # (kind index, TP degree)
@@ -598,7 +601,8 @@ def search_mixed(
     the fabric, both orders. ``variants``: per kind, the intra-block sharding variants.
     ``pins.tp`` restricts every stage to that TP degree; ``pins.pp`` the pipeline's depth.
     ``stage_degrees``: whether stages may take TP degrees of their own (True), share one
-    (False), or take their own on small pools (None: STAGE_DEGREE_KINDS, STAGE_DEGREE_GPUS).
+    (False), or take their own on small pools searched by time (None: STAGE_DEGREE_KINDS,
+    STAGE_DEGREE_GPUS, no ``rate``).
 
     With ``rate``, the least objective instead (``cutoff`` in its units: the best single-kind
     option's), over pipelines using two kinds at least: each cell's TP units per kind are
@@ -615,16 +619,17 @@ def search_mixed(
     wide = wide_kinds(kinds, [c for c, _ in cells])
     prices = _Prices(graph, blocks, training, wide, variants, pins)
     search = _Search(prices, kinds, links, degrees, training, rate, cutoff, progress)
-    small = len(kinds) <= STAGE_DEGREE_KINDS and sum(k.gpus for k in kinds) <= STAGE_DEGREE_GPUS
-    search.run(cells, small if stage_degrees is None else stage_degrees)
+    gpus = sum(k.gpus for k in kinds)
+    small = len(kinds) <= STAGE_DEGREE_KINDS and gpus <= STAGE_DEGREE_GPUS
+    search.run(cells, small and rate is None if stage_degrees is None else stage_degrees)
     skipped = stage_degrees is None and search.skipped  # by the default rule
     notes = []
     if skipped:
-        gpus = sum(k.gpus for k in kinds)
+        this = f"{len(kinds)} kinds, {gpus} GPUs" + (", priced by a rate" if rate else "")
         notes.append(
-            f"a pipeline across kinds gives its stages one TP degree here: stages of their own "
+            "a pipeline across kinds gives its stages one TP degree here: stages of their own "
             f"degree are searched by default on pools of at most {STAGE_DEGREE_KINDS} kinds and "
-            f"{STAGE_DEGREE_GPUS} GPUs (this one: {len(kinds)} kinds, {gpus} GPUs); "
+            f"{STAGE_DEGREE_GPUS} GPUs, by time with no deadline or budget (this one: {this}); "
             "--stage-degrees on searches them (minutes on large pools)"
         )
     elapsed = time.perf_counter() - start
