@@ -184,8 +184,8 @@ MUTANTS: list[Mutant] = [
     M(
         "cost-p2p-one-way",
         "planner/cost/model.py",
-        "p2p += 2 * p2p_time(nbytes, bw, lat)",
-        "p2p += p2p_time(nbytes, bw, lat)",
+        "        return 2 * p2p_time(per, bw, lat)\n",
+        "        return p2p_time(per, bw, lat)\n",
         COST,
         "pipeline sends activations forward but not gradients back",
     ),
@@ -1425,7 +1425,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "mixed-hop-one-copy-between-degrees",
-        "planner/resources/mixed.py",
+        "planner/cost/model.py",
         "    forward = p2p_time(nbytes * max(1, t_next // t), bw, lat)\n",
         "    forward = p2p_time(nbytes, bw, lat)\n",
         "tests/test_mixed_stage_tp.py::test_hop_prices_the_copies_the_runtime_sends",

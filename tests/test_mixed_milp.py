@@ -155,16 +155,24 @@ def problem(case) -> MixedProblem:
     return random_problem(seed, pp, seg_len, n_opts, units, degrees, tied)
 
 
+def solved_as_brute_force(mp: MixedProblem, expected: float, split=None):
+    """The MILP's solution of ``mp`` against the brute force's optimum ``expected``:
+    infeasible where that is inf (None returned), else at that value."""
+    sol = solve_mixed(mp, split=split)
+    if math.isinf(expected):
+        assert sol.status == "infeasible"
+        return None
+    assert sol.objective == pytest.approx(expected, rel=2e-4)
+    return sol
+
+
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_mixed_milp_matches_brute_force(case):
     mp = problem(case)
-    expected = brute_force(mp)
-    sol = solve_mixed(mp)
-    if math.isinf(expected):
-        assert sol.status == "infeasible"
+    sol = solved_as_brute_force(mp, brute_force(mp))
+    if sol is None:
         return
     assert sol.status == "optimal"
-    assert sol.objective == pytest.approx(expected, rel=2e-4)
     # the placement the MILP returns is priced at what it claims
     assert step_time(mp, sol.variants, sol.counts) == pytest.approx(sol.objective, rel=1e-6)
     assert sol.kinds == [mp.kind_of(v) for v in sol.variants]
@@ -255,12 +263,9 @@ def test_kinds_without_a_fabric_never_meet():
         for a, b in itertools.product(range(len(mp.variants)), repeat=2):
             if {mp.kind_of(a), mp.kind_of(b)} == {0, 1}:
                 mp.hop[:, a, b] = math.inf
-        expected = brute_force(mp)
-        sol = solve_mixed(mp, split=mixed_split_bound(mp))
-        if math.isinf(expected):
-            assert sol.status == "infeasible"
+        sol = solved_as_brute_force(mp, brute_force(mp), mixed_split_bound(mp))
+        if sol is None:
             continue
-        assert sol.objective == pytest.approx(expected, rel=2e-4)
         assert all({a, b} != {0, 1} for a, b in zip(sol.kinds, sol.kinds[1:]))
         checked += 1
     assert checked >= 8
@@ -293,10 +298,7 @@ def test_tied_groups_join_pairs():
 
 
 def fixed_units(mp: MixedProblem, units) -> MixedProblem:
-    return MixedProblem(
-        mp.kinds, mp.variants, mp.per_variant, mp.base_time, mp.hop, list(units),
-        mp.const_step, units_low=list(units), tied=mp.tied,
-    )  # fmt: skip
+    return replace(mp, units=list(units), units_low=list(units))
 
 
 def test_fixed_units_match_brute_force_over_those_units():
@@ -322,12 +324,9 @@ def test_fixed_units_match_brute_force_over_those_units():
         for units, expected in sorted(by_units.items()):
             if any(u > cap for u, cap in zip(units, mp.units)):
                 continue  # beyond the pool: priced inf above
-            fixed = fixed_units(mp, units)
-            sol = solve_mixed(fixed)
-            if math.isinf(expected):
-                assert sol.status == "infeasible"
+            sol = solved_as_brute_force(fixed_units(mp, units), expected)
+            if sol is None:
                 continue
-            assert sol.objective == pytest.approx(expected, rel=2e-4)
             assert units_of(mp, sol.variants) == list(units)
             least = min(least, sol.objective)
             checked += 1
@@ -362,11 +361,9 @@ def test_cells_part_the_placements():
         for lo, hi in itertools.combinations_with_replacement(degrees, 2):
             part = cell(mp, lo, hi)
             expected = brute_force(part)
-            sol = solve_mixed(part, split=mixed_split_bound(part))
-            if math.isinf(expected):
-                assert sol.status == "infeasible"
+            sol = solved_as_brute_force(part, expected, mixed_split_bound(part))
+            if sol is None:
                 continue
-            assert sol.objective == pytest.approx(expected, rel=2e-4)
             assert step_bound(part, mixed_split_bound(part)) <= expected * (1 + 1e-9)
             assert min(sol.tps) == lo and max(sol.tps) == hi
             least = min(least, expected)

@@ -1,5 +1,5 @@
 """A TP degree per pipeline stage in the heterogeneous search, on a real model: one fast CPU
-rank and two slow ones (``runs.cpu_profile``: half the fp32 peak, half the memory). The
+rank and two slow ones (``test_mixed_plan.half_profile``: half the fp32 peak, half the memory). The
 fastest pipeline gives the slow kind one stage at TP 2 and the fast rank one at TP 1, which
 no plan of one degree for all stages can: the fast kind holds one rank. Checks: the plan is
 faster than either kind alone and than the best mixed plan of one degree (searched with the
@@ -22,18 +22,14 @@ from oracle import (
     reference_for_plan,
     unmoved_parameters,
 )
-from runs import cpu_profile, launch, losses_of
+from runs import launch, losses_of
 from test_mixed_milp import brute_force
+from test_mixed_plan import LINK, MODEL, half_profile
 
+from planner.cost.model import hop_time
 from planner.hardware.collectives import p2p_time
 from planner.resources import mixed
-from planner.resources.mixed import (
-    TP_DEGREES,
-    cell_variants,
-    hop_time,
-    mixed_problem,
-    stage_variants,
-)
+from planner.resources.mixed import TP_DEGREES, cell_variants, mixed_problem, stage_variants
 from planner.resources.mixed_cost import step_time
 from planner.resources.mixed_milp import solve_mixed
 from planner.resources.mixed_plan import KindSpec, MixedPlanResult, plan_mixed
@@ -41,17 +37,13 @@ from planner.schema import load_plan, write_plan
 from planner.schema.mesh import Mesh
 from planner.search import Pins
 
-ROOT = Path(__file__).resolve().parent.parent
-MODEL = ROOT / "examples" / "gpt.py"
 ARGS = {"size": "tiny", "layers": 2, "hidden": 512, "seq_len": 128}
-LINK = (4.4e9, 3.1e-4)  # the cpu profile's loopback: the fabric between the two "kinds"
 COMMON = dict(model_args=ARGS, global_batch_size=8, dtype="fp32", optimizer="sgd", lr=0.5)
 
 
 def kinds_of(tmp: Path) -> list[KindSpec]:
     """One rank of profiles/cpu.toml, two of a copy with half its fp32 peak and memory."""
-    slow = cpu_profile(tmp, "cpu-half", peak_flops_fp32="5.0e10", capacity_bytes=4294967296)
-    return [KindSpec("fast", "cpu", 1), KindSpec("slow", slow, 2)]
+    return [KindSpec("fast", "cpu", 1), KindSpec("slow", half_profile(tmp), 2)]
 
 
 def plan_stage_tp(tmp: Path, **kwargs) -> MixedPlanResult:

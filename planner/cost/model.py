@@ -1229,6 +1229,20 @@ def stage_sync_time(inp: CostInputs, opts: list[BlockOption], config: Config, s:
     return sum(block_extra_time(inp, o, config, s % config.mesh.pp) for o in opts)
 
 
+def hop_time(nbytes: float, t: int, t_next: int, bw: float, lat: float, shards: bool) -> float:
+    """A pipeline boundary's activations forward and their gradient back, ``nbytes`` the whole
+    activation per micro-batch, between stages of TP degrees ``t`` and ``t_next``. One
+    degree: each TP rank sends to its peer (1/t of it when the runtime sends shards). Two
+    degrees (a heterogeneous plan's ``Mesh.stage_tp``): every receiving rank takes a whole
+    copy from one sending rank, so a sender with more receivers than senders sends several
+    in turn (``Mesh.neighbours``)."""
+    if t == t_next:
+        per = nbytes / t if shards else nbytes
+        return 2 * p2p_time(per, bw, lat)
+    forward = p2p_time(nbytes * max(1, t_next // t), bw, lat)
+    return forward + p2p_time(nbytes * max(1, t // t_next), bw, lat)
+
+
 def stage_time_parts(
     inp: CostInputs,
     opts: list[BlockOption],
@@ -1253,11 +1267,10 @@ def stage_time_parts(
     if n_stages > 1:
         r, p = s % mesh.pp, mesh.pp
         nbytes = inp.boundary_bytes * sample_share(config) / inp.traced_mbs
-        if inp.training.pipeline_sends_shards:
-            nbytes /= mesh.tp
         if s < n_stages - 1:  # activations to the next stage, gradients back from it
             bw, lat = inp.cluster.link([mesh.rank(r, 0, 0), mesh.rank((s + 1) % p, 0, 0)])
-            p2p += 2 * p2p_time(nbytes, bw, lat)
+            shards = inp.training.pipeline_sends_shards
+            p2p += hop_time(nbytes, mesh.tp, mesh.tp, bw, lat, shards)
         if inp.training.p2p_overlap:
             p2p = max(0.0, p2p - inp.cluster.profile.comm_overlap * compute)
     return compute, tp_comm, p2p

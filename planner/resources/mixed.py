@@ -76,13 +76,13 @@ from planner.cost.model import (
     Config,
     CostInputs,
     Training,
+    hop_time,
     num_microbatches,
     sample_share,
     stage_time_parts,
     tied_sync_time,
 )
 from planner.hardware.cluster import Cluster
-from planner.hardware.collectives import p2p_time
 from planner.resources.mixed_bound import (
     Costs,
     fastest_floor,
@@ -277,25 +277,13 @@ def wide_kinds(kinds: list[Kind], cands: list[Candidate]) -> list[Kind]:
     """The kinds with clusters as large as any variant's pipeline laid out alone needs (pp
     stages of dp t ranks, t at most the candidate's largest degree): the cost model prices a
     variant's stage j at ranks j dp t onward."""
+    span = max((c.pp * c.dp * c.tp for c in cands), default=0)
     out = []
     for kind in kinds:
         cl = kind.cluster
-        span = max((c.pp * c.dp * c.tp for c in cands), default=0)
         nodes = max(cl.nodes, -(-span // cl.gpus_per_node))
         out.append(replace(kind, cluster=Cluster(cl.profile, nodes, cl.gpus_per_node)))
     return out
-
-
-def hop_time(nbytes: float, t: int, t_next: int, bw: float, lat: float, shards: bool) -> float:
-    """A boundary's activations forward and their gradient back, ``nbytes`` the whole
-    activation per micro-batch. One TP degree: each TP rank sends to its peer (1/t of it when
-    the runtime sends shards). Two degrees: every receiving rank takes a whole copy from one
-    sending rank, so a sender with more receivers than senders sends several in turn."""
-    if t == t_next:
-        per = nbytes / t if shards else nbytes
-        return 2 * p2p_time(per, bw, lat)
-    forward = p2p_time(nbytes * max(1, t_next // t), bw, lat)
-    return forward + p2p_time(nbytes * max(1, t // t_next), bw, lat)
 
 
 def hop_times(
@@ -673,6 +661,12 @@ class _Search:
         c = mc.cand
         return (c.pp, c.dp, c.micro_batch_size, c.schedule, c.zero, *mc.degrees)
 
+    @staticmethod
+    def shared(mc: MixedCandidate) -> tuple:
+        """What a cell's floors depend on: not its ZeRO stage nor its schedule."""
+        c = mc.cand
+        return (c.pp, c.dp, c.micro_batch_size, *mc.degrees)
+
     def variants(self, mc: MixedCandidate) -> list[Variant]:
         allowed = stage_variants(self.kinds, mc.cand.dp, self.degrees)
         return cell_variants(allowed, *mc.degrees)
@@ -713,8 +707,7 @@ class _Search:
 
     def root(self, mc: MixedCandidate) -> MixedCandidate:
         """The cell whole: all its units (a RunRate search's root box), at its floor."""
-        c = mc.cand
-        shared = (c.pp, c.dp, c.micro_batch_size, *mc.degrees)  # every ZeRO stage's, schedule's
+        c, shared = mc.cand, self.shared(mc)
         if shared not in self.roots:
             vs = self.variants(mc)
             m = num_microbatches(self.training, c.dp, c.micro_batch_size)
@@ -789,10 +782,10 @@ class _Search:
         fl = self.floors[key]
         if fl.split is not None:
             return False
-        c, vs = mc.cand, self.variants(mc)
-        caps = unit_caps(self.kinds, c.dp, vs, c.pp)
-        shared = (c.pp, c.dp, c.micro_batch_size, *mc.degrees)  # every ZeRO stage's
+        c, shared = mc.cand, self.shared(mc)
+        caps = list(self.roots[shared][1])
         if shared not in self.fastest:
+            vs = self.variants(mc)
             fastest = self.prices.fastest(vs, c.micro_batch_size)
             seg_len = [n for _, n in self.prices.segs]
             self.fastest[shared] = fastest_floor(fastest, seg_len, vs, caps, c.pp, mc.degrees)
