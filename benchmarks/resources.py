@@ -159,9 +159,14 @@ def mixed_main() -> None:
             "gpus": {k.name: k.gpus for k in kinds},
             "single_kind_step_s": res.single,
             "mixed_step_s": p.predicted.step_time_s if p else None,
-            "mixed_mesh": f"pp{p.mesh.pp} dp{p.mesh.dp} tp{p.mesh.tp_label}" if p else None,
+            "mixed_mesh": f"pp{p.mesh.pp} dp{p.mesh.dp_label} tp{p.mesh.tp_label}" if p else None,
             "mixed_stages": [
-                {"kind": st.kind, "tp": p.mesh.tp_of(j), "blocks": len(st.blocks)}
+                {
+                    "kind": st.kind,
+                    "tp": p.mesh.tp_of(j),
+                    "dp": p.mesh.dp_of(j),
+                    "blocks": len(st.blocks),
+                }
                 for j, st in enumerate(p.stages if p else [])
             ],
             "mixed_micro_batch": p.micro_batch_size if p else None,

@@ -161,8 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         choices=("auto", "on", "off"),
         help="with --resources: whether a pipeline across kinds may give each stage its own "
-        "TP degree (auto: on pools of at most 2 kinds and 64 GPUs; on: always, minutes on "
-        "large pools)",
+        "TP and DP degree (auto: TP on pools of at most 2 kinds and 64 GPUs, DP on at most 8, "
+        "by time; on: always, minutes on large pools)",
     )
     p.add_argument("--out", help="output directory (default: reports/<model file stem>/)")
     p.add_argument("--run", action="store_true", help="after planning, run the plan")
@@ -236,7 +236,7 @@ def cmd_plan(argv: list[str]) -> int:
             raise UserInputError(f"--{flag} needs --resources POOL.toml")
     if args.stage_degrees != "auto":
         raise UserInputError(
-            "--stage-degrees needs --resources POOL.toml (stages of their own TP "
+            "--stage-degrees needs --resources POOL.toml (stages of their own TP and DP "
             "degree are for pipelines across device kinds)"
         )
     return run_planning(args, mf, shlex.join(["plan", *argv]))

@@ -1,8 +1,9 @@
-"""The mixed stage MILP against brute force: every variant (device kind, TP degree) per stage,
-every contiguous split, every multiset of options per stage, priced by mixed_cost.step_time;
-the MILP must find the least step time. The pools are small and random: some give a kind
-several TP degrees, some tie the first segment's weight to the last's, some cap a kind's TP
-units so that it cannot hold its widest stage everywhere."""
+"""The mixed stage MILP against brute force: every variant (device kind, TP degree, DP multiple)
+per stage, every contiguous split, every multiset of options per stage, priced by
+mixed_cost.step_time; the MILP must find the least step time. The pools are small and random:
+some give a kind several TP degrees, some several DP degrees (a stage of DP multiple r runs
+m / r micro-batches per replica, under GPipe), some tie the first segment's weight to the
+last's, some cap a kind's units so that it cannot hold its widest stage everywhere."""
 
 from __future__ import annotations
 
@@ -13,17 +14,22 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from planner.resources.mixed_bound import mixed_split_bound, step_bound
+from planner.resources.mixed import floors_of
+from planner.resources.mixed_bound import fastest_floor, mixed_split_bound, step_bound
 from planner.resources.mixed_cost import step_time
 from planner.resources.mixed_milp import MixedProblem, solve_mixed, tied_groups
+from planner.search.candidates import Candidate
 from planner.search.stage_data import GIB, StageProblem
 
 SPEEDS, CAPACITIES = (1.0, 1.8, 1.3), (14.0, 9.0, 11.0)
 
 
-def stage_problem(rng, seg_len, n_opts, pp, m, speed, capacity_gib, tp=1) -> StageProblem:
+def stage_problem(
+    rng, seg_len, n_opts, pp, m, speed, capacity_gib, tp=1, gpipe=False
+) -> StageProblem:
     """Random per-option numbers for one variant; ``speed`` scales its times down, and TP
-    degree ``tp`` splits the time (less than perfectly) and the states and activations."""
+    degree ``tp`` splits the time (less than perfectly) and the states and activations.
+    ``m``: its micro-batches per replica, all in flight under ``gpipe``."""
 
     def per_opt(lo, hi):
         return [rng.uniform(lo, hi, n) for n in n_opts]
@@ -44,7 +50,7 @@ def stage_problem(rng, seg_len, n_opts, pp, m, speed, capacity_gib, tp=1) -> Sta
         offl=[np.zeros(n) for n in n_opts],
         has_params=[True] * len(seg_len),
         const_time=[0.0] * pp,
-        inflight=[min(m, pp - j) for j in range(pp)],
+        inflight=[m if gpipe else min(m, pp - j) for j in range(pp)],
         const_mem=[0.2 * GIB] * pp,
         capacity=capacity_gib * GIB,
         host_capacity=1e3 * GIB,
@@ -55,14 +61,17 @@ def stage_problem(rng, seg_len, n_opts, pp, m, speed, capacity_gib, tp=1) -> Sta
 
 
 def random_problem(
-    seed: int, pp: int, seg_len, n_opts, units, degrees=(1,), tied=()
+    seed: int, pp: int, seg_len, n_opts, units, degrees=(1,), tied=(), mults=(1,)
 ) -> MixedProblem:
-    """Variants (k, t) for every kind k and degree t; ``units``: each kind's TP units."""
+    """Variants (k, t, r) for every kind k, degree t and DP multiple r; ``units``: each
+    kind's units (t r added up). Four micro-batches per replica at r = 1, 4 / r at r."""
     rng = np.random.default_rng(seed)
     K = len(units)
-    variants = [(k, t) for k in range(K) for t in degrees]
+    variants = [(k, t, r) for k in range(K) for r in mults for t in degrees]
+    gpipe = len(mults) > 1
     per_variant = [
-        stage_problem(rng, seg_len, n_opts, pp, 4, SPEEDS[k], CAPACITIES[k], t) for k, t in variants
+        stage_problem(rng, seg_len, n_opts, pp, 4 // r, SPEEDS[k], CAPACITIES[k], t, gpipe)
+        for k, t, r in variants
     ]
     V = len(variants)
     base = rng.uniform(0.0, 0.2, (V, pp))
@@ -125,8 +134,8 @@ def brute_force(mp: MixedProblem) -> float:
 
 
 CASES = [
-    # (seed, stages, blocks per segment, options per segment, TP units per kind, degrees,
-    #  tied segment pairs)
+    # (seed, stages, blocks per segment, options per segment, units per kind, TP degrees,
+    #  tied segment pairs[, DP multiples])
     (0, 2, [1, 3, 1], [2, 2, 2], [2, 2], (1,), ()),
     (1, 2, [1, 4, 1], [1, 3, 1], [1, 1], (1,), ()),
     (2, 3, [1, 3, 1], [2, 2, 1], [2, 1], (1,), ()),
@@ -146,13 +155,19 @@ CASES = [
     # the tie binds: untied, these optima's first and last stages differ in degree
     (16, 2, [1, 3, 1], [2, 2, 1], [3, 3], (1, 2), ((0, 2),)),
     (21, 3, [1, 3, 1], [1, 2, 1], [4, 3], (1, 2), ((0, 2),)),
+    # two DP degrees per kind (GPipe), with and without two TP degrees and a tie
+    (30, 2, [1, 3, 1], [2, 2, 1], [3, 2], (1,), (), (1, 2)),
+    (31, 3, [1, 3, 1], [1, 2, 1], [4, 2], (1,), (), (1, 2)),
+    (32, 2, [1, 3, 1], [1, 2, 1], [4, 4], (1, 2), ((0, 2),), (1, 2)),
+    (33, 2, [4], [2], [3, 2, 2], (1,), (), (1, 2)),
+    (34, 3, [2, 3], [2, 2], [2, 3], (1,), ((0, 1),), (1, 2)),
 ]
 IDS = [f"seed{c[0]}" for c in CASES]
 
 
 def problem(case) -> MixedProblem:
-    seed, pp, seg_len, n_opts, units, degrees, tied = case
-    return random_problem(seed, pp, seg_len, n_opts, units, degrees, tied)
+    seed, pp, seg_len, n_opts, units, degrees, tied, *mults = case
+    return random_problem(seed, pp, seg_len, n_opts, units, degrees, tied, *mults)
 
 
 def solved_as_brute_force(mp: MixedProblem, expected: float, split=None):
@@ -177,26 +192,30 @@ def test_mixed_milp_matches_brute_force(case):
     assert step_time(mp, sol.variants, sol.counts) == pytest.approx(sol.objective, rel=1e-6)
     assert sol.kinds == [mp.kind_of(v) for v in sol.variants]
     assert sol.tps == [mp.tp_of(v) for v in sol.variants]
+    assert sol.dps == [mp.dp_of(v) for v in sol.variants]
 
 
 def test_some_case_mixes_kinds_and_degrees_and_some_does_not():
     """The cases above would not test the variant decision if every optimum used one kind,
-    or one TP degree: some optimum mixes kinds, some mixes degrees, and some does neither."""
-    kinds, degrees = [], []
+    one TP degree or one DP degree: some optimum mixes kinds, some TP degrees, some DP
+    degrees, and some does none of these."""
+    kinds, degrees, dps = [], [], []
     for case in CASES:
         sol = solve_mixed(problem(case))
         if sol.variants:
             kinds.append(len(set(sol.kinds)) > 1)
             degrees.append(len(set(sol.tps)) > 1)
+            dps.append(len(set(sol.dps)) > 1)
     assert any(kinds) and not all(kinds)
     assert any(degrees) and not all(degrees)
+    assert any(dps) and not all(dps)
 
 
 def units_of(mp: MixedProblem, variants: list[int]) -> list[int]:
-    """Each kind's TP units: its stages' degrees added up."""
+    """Each kind's units: its stages' widths (TP degree times DP multiple) added up."""
     units = [0] * len(mp.kinds)
     for v in variants:
-        units[mp.kind_of(v)] += mp.tp_of(v)
+        units[mp.kind_of(v)] += mp.width(v)
     return units
 
 
@@ -273,21 +292,22 @@ def test_kinds_without_a_fabric_never_meet():
 
 def test_tied_segments_share_one_degree():
     """A weight tied between the first and last segments: the MILP's stages holding them run
-    one TP degree, the brute force prices any other placement at inf, and without the tie the
-    optimum is lower on some case (the constraint binds)."""
+    one TP and one DP degree, the brute force prices any other placement at inf, and without
+    the tie the optimum is lower on some case (the constraint binds)."""
     binds = 0
     for case in CASES:
         if not case[6]:
             continue
         mp = problem(case)
         sol = solve_mixed(mp)
-        assert sol.tps[0] == sol.tps[-1]
-        free = problem(case[:6] + ((),))
+        assert (sol.tps[0], sol.dps[0]) == (sol.tps[-1], sol.dps[-1])
+        free = problem(case[:6] + ((),) + case[7:])
         unconstrained = solve_mixed(free)
         assert unconstrained.objective <= sol.objective * (1 + 2e-4)
-        binds += unconstrained.tps[0] != unconstrained.tps[-1]
+        ends = [(unconstrained.tps[j], unconstrained.dps[j]) for j in (0, -1)]
+        binds += ends[0] != ends[-1]
         v, c = unconstrained.variants, unconstrained.counts
-        if unconstrained.tps[0] != unconstrained.tps[-1]:
+        if ends[0] != ends[-1]:
             assert math.isinf(step_time(mp, v, c))
     assert binds >= 1
 
@@ -334,9 +354,10 @@ def test_fixed_units_match_brute_force_over_those_units():
     assert checked >= 40
 
 
-def cell(mp: MixedProblem, lo: int, hi: int) -> MixedProblem:
-    """The search's cell of ``mp``: variants of degrees lo .. hi, both taken by some stage."""
-    keep = [v for v, (_, t) in enumerate(mp.variants) if lo <= t <= hi]
+def cell(mp: MixedProblem, lo: int, hi: int, top: int = 1) -> MixedProblem:
+    """The search's cell of ``mp``: variants of degrees lo .. hi and DP multiples 1 .. top,
+    each of lo, hi, 1 and top taken by some stage."""
+    keep = [v for v, (_, t, r) in enumerate(mp.variants) if lo <= t <= hi and r <= top]
     return replace(
         mp,
         variants=[mp.variants[v] for v in keep],
@@ -344,29 +365,66 @@ def cell(mp: MixedProblem, lo: int, hi: int) -> MixedProblem:
         base_time=mp.base_time[keep],
         hop=mp.hop[:, keep][:, :, keep],
         needs=sorted({lo, hi}),
+        dp_needs=sorted({1, top}),
     )
 
 
 def test_cells_part_the_placements():
-    """The cells (least degree, largest degree) of a problem: each cell's MILP optimum is the
-    brute force's over its placements (the needed degrees priced inf when missing), and the
-    least over the cells is the problem's optimum (they cover every placement)."""
+    """The cells (least and largest TP degree, largest DP multiple) of a problem: each cell's
+    MILP optimum is the brute force's over its placements (the needed degrees priced inf when
+    missing), and the least over the cells is the problem's optimum over the placements with a
+    stage at DP multiple 1 (they cover every such placement)."""
     checked = 0
     for case in CASES:
         mp = problem(case)
-        degrees = sorted({t for _, t in mp.variants})
-        if len(degrees) < 2:
+        degrees = sorted({t for _, t, _ in mp.variants})
+        tops = sorted({r for _, _, r in mp.variants})
+        if len(degrees) < 2 and len(tops) < 2:
             continue
         least = math.inf
         for lo, hi in itertools.combinations_with_replacement(degrees, 2):
-            part = cell(mp, lo, hi)
-            expected = brute_force(part)
-            sol = solved_as_brute_force(part, expected, mixed_split_bound(part))
-            if sol is None:
-                continue
-            assert step_bound(part, mixed_split_bound(part)) <= expected * (1 + 1e-9)
-            assert min(sol.tps) == lo and max(sol.tps) == hi
-            least = min(least, expected)
-            checked += 1
-        assert least == pytest.approx(brute_force(mp), rel=2e-4)
-    assert checked >= 12
+            for top in tops:
+                part = cell(mp, lo, hi, top)
+                expected = brute_force(part)
+                sol = solved_as_brute_force(part, expected, mixed_split_bound(part))
+                if sol is None:
+                    continue
+                assert step_bound(part, mixed_split_bound(part)) <= expected * (1 + 1e-9)
+                assert min(sol.tps) == lo and max(sol.tps) == hi
+                assert min(sol.dps) == 1 and max(sol.dps) == top
+                least = min(least, expected)
+                checked += 1
+        # the placements with no stage at multiple 1 are another candidate's (of a larger dp)
+        assert least == pytest.approx(brute_force(replace(mp, dp_needs=[1])), rel=2e-4)
+    assert checked >= 20
+
+
+def test_cell_floors_never_exceed_the_cells_optimum():
+    """The search's cheap floors of a cell, from each variant's fastest options alone
+    (``mixed.floors_of``: F (1 + (m / top - 1) / pp) and the kinds' rank-seconds, and
+    mixed_bound.fastest_floor's recurrences with each variant's own micro-batches), are at
+    most the cell's optimum: with stages of several DP degrees, each replica of a stage at
+    multiple r runs m / r micro-batches, not m."""
+    checked = 0
+    for case in CASES:
+        mp = problem(case)
+        tops = sorted({r for _, _, r in mp.variants})
+        degrees = sorted({t for _, t, _ in mp.variants})
+        for lo, hi in itertools.combinations_with_replacement(degrees, 2):
+            for top in tops:
+                part = cell(mp, lo, hi, top)
+                expected = brute_force(part)
+                if math.isinf(expected):
+                    continue
+                fastest = [np.array([float(np.min(t)) for t in sp.time]) for sp in part.per_variant]
+                cand = Candidate(part.J, 1, hi, 1, "gpipe", 1, 0)
+                fl = floors_of(fastest, part.seg_len, part.variants, len(part.kinds), cand, 4, ())
+                assert fl.step(part.units) <= expected * (1 + 1e-9), (case[0], lo, hi, top)
+                scale = [4 // r - 1.0 for _, _, r in part.variants]
+                least_sum, busiest = fastest_floor(
+                    fastest, part.seg_len, part.variants, part.units, part.J, scale,
+                    part.needs, part.dp_needs,
+                )  # fmt: skip
+                assert least_sum + busiest <= expected * (1 + 1e-9), (case[0], lo, hi, top)
+                checked += 1
+    assert checked >= 40

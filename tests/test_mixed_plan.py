@@ -30,6 +30,7 @@ from planner.resources.mixed import (
     TP_DEGREES,
     RunRate,
     cell_variants,
+    dp_multiples,
     mixed_problem,
     stage_variants,
 )
@@ -144,7 +145,7 @@ def exhaustive_by_rate(search, links, rate) -> float:
     best = math.inf
     for c in {id(mc.cand): mc.cand for mc in search.candidates}.values():
         vs = stage_variants(search.kinds, c.dp, list(TP_DEGREES))
-        ins = [search.inputs[k, t, c.micro_batch_size] for k, t in vs]
+        ins = [search.inputs[k, t, c.micro_batch_size] for k, t, _ in vs]
         mp = mixed_problem(ins, c, vs, search.kinds, links)
         for units in itertools.product(*(range(cap + 1) for cap in mp.units)):
             if sum(1 for u in units if u) < 2:
@@ -157,11 +158,12 @@ def exhaustive_by_rate(search, links, rate) -> float:
 
 def cell_problem(search, mc, links=None):
     """The MixedProblem of the search's cell ``mc``, built afresh from its priced options."""
-    c, (lo, hi) = mc.cand, mc.degrees
-    vs = cell_variants(stage_variants(search.kinds, c.dp, list(TP_DEGREES)), lo, hi)
-    ins = [search.inputs[k, t, c.micro_batch_size] for k, t in vs]
+    c, (lo, hi), top = mc.cand, mc.degrees, mc.dp_top
+    allowed = stage_variants(search.kinds, c.dp, list(TP_DEGREES), dp_multiples(top))
+    vs = cell_variants(allowed, lo, hi, top)
+    ins = [search.inputs[k, t, c.micro_batch_size] for k, t, _ in vs]
     links = links or {(0, 1): LINK, (1, 0): LINK}
-    return mixed_problem(ins, c, vs, search.kinds, links, [lo, hi])
+    return mixed_problem(ins, c, vs, search.kinds, links, [lo, hi], dp_needs=[1, top])
 
 
 def test_real_problem_milp_matches_brute_force(mixed):

@@ -1,7 +1,9 @@
 """A TP degree per pipeline stage in the heterogeneous search, on a real model: one fast CPU
-rank and two slow ones (``test_mixed_plan.half_profile``: half the fp32 peak, half the memory). The
-fastest pipeline gives the slow kind one stage at TP 2 and the fast rank one at TP 1, which
-no plan of one degree for all stages can: the fast kind holds one rank. Checks: the plan is
+rank and two slow ones (``test_mixed_plan.half_profile``: half the fp32 peak, half the memory),
+every stage pinned to one replica (``Pins.dp`` 1: test_mixed_stage_dp gives the slow kind's
+two ranks to DP instead). The fastest pipeline gives the slow kind one stage at TP 2 and the
+fast rank one at TP 1, which no plan of one degree for all stages can: the fast kind holds one
+rank. Checks: the plan is
 faster than either kind alone and than the best mixed plan of one degree (searched with the
 cutoff off), its step is the MILP's optimum and the brute force's over every variant, split and
 option choice of its cell, and its file records the degrees (``Mesh.stage_tp``), ranks and
@@ -47,8 +49,9 @@ def kinds_of(tmp: Path) -> list[KindSpec]:
 
 
 def plan_stage_tp(tmp: Path, **kwargs) -> MixedPlanResult:
-    """The mixed search over the two kinds (``kwargs``: plan_mixed's, e.g. pins, single)."""
-    kwargs.setdefault("pins", Pins(offload="none"))
+    """The mixed search over the two kinds, one replica a stage (``kwargs``: plan_mixed's,
+    e.g. pins, single)."""
+    kwargs.setdefault("pins", Pins(offload="none", dp=1))
     return plan_mixed(MODEL, kinds_of(tmp), {("fast", "slow"): LINK}, **COMMON, **kwargs)
 
 
@@ -78,10 +81,10 @@ def test_stage_degrees_differ_and_beat_one_degree_for_all(searched):
     # The best mixed plan of one degree, the cutoff off (every kind alone priced at inf): at
     # TP 1 the slow ranks hold a stage each; TP 2 is out, the fast kind has one rank.
     off = {"fast": math.inf, "slow": math.inf}
-    one = plan_stage_tp(tmp, pins=Pins(offload="none", tp=1), single=off).plan
+    one = plan_stage_tp(tmp, pins=Pins(offload="none", tp=1, dp=1), single=off).plan
     assert one is not None and one.mesh.stage_tp is None and one.mesh.tp == 1
     assert plan.predicted.step_time_s < one.predicted.step_time_s * 0.95
-    assert plan_stage_tp(tmp, pins=Pins(offload="none", tp=2), single=off).plan is None
+    assert plan_stage_tp(tmp, pins=Pins(offload="none", tp=2, dp=1), single=off).plan is None
 
 
 def test_pruned_search_equals_every_cell_solved(searched, monkeypatch):
@@ -135,7 +138,7 @@ def test_step_is_the_cells_brute_force_optimum(searched):
     assert step_time(mp, sol.variants, sol.counts) == pytest.approx(res.plan.predicted.step_time_s)
     c, (lo, hi) = best.cand, best.degrees
     vs = cell_variants(stage_variants(res.search.kinds, c.dp, list(TP_DEGREES)), lo, hi)
-    ins = [res.search.inputs[k, t, c.micro_batch_size] for k, t in vs]
+    ins = [res.search.inputs[k, t, c.micro_batch_size] for k, t, _ in vs]
     fresh = mixed_problem(ins, c, vs, res.search.kinds, {(0, 1): LINK, (1, 0): LINK}, [lo, hi])
     assert brute_force(fresh) == pytest.approx(solve_mixed(fresh).objective, rel=2e-4)
     assert solve_mixed(fresh).objective == pytest.approx(sol.objective, rel=2e-4)

@@ -1,39 +1,45 @@
 """The heterogeneous search: one pipeline over several device kinds, when it beats every kind
-alone, each stage with its own TP degree.
+alone, each stage with its own TP and DP degree.
 
-Outer loop: (pp >= 2, dp, micro-batch, schedule, ZeRO stage), the DP degree the same on every
-stage, plain 1F1B / GPipe. A stage takes a variant v = (kind k, TP degree t): t one of 1, 2, 4,
-8 up to the kind's node, dp t GPUs within the kind's and inside one node or on whole nodes
-(``stage_variants``). Each variant is priced by the cost model's own functions
-(``planner.search.problem.stage_problem`` with the kind's cluster at TP t), and the mixed MILP
-(``mixed_milp``) picks each stage's variant, blocks and options; the plan's mesh is
-(pp, dp, max t) with ``stage_tp`` the stages' degrees where they differ.
+Outer loop: (pp >= 2, dp, micro-batch, schedule, ZeRO stage), dp the least DP degree of any
+stage, plain 1F1B / GPipe. A stage takes a variant v = (kind k, TP degree t, DP multiple r):
+t one of 1, 2, 4, 8 up to the kind's node, r a power of two (the stage's dp r replicas take
+the step's n micro-batches in turns, m_v = n / (dp r) each), its dp r t GPUs within the kind's
+and inside one node or on whole nodes (``stage_variants``). Each variant is priced by the cost
+model's own functions (``planner.search.problem.stage_problem`` with the kind's cluster at TP
+t and DP dp r), and the mixed MILP (``mixed_milp``) picks each stage's variant, blocks and
+options; the plan's mesh is (pp, max dp r, max t) with ``stage_tp`` and ``stage_dp`` the
+stages' degrees where they differ. The runtime runs stages of different DP degrees under
+GPipe only, so only GPipe candidates take r > 1.
 
 The placements of one outer candidate are parted into cells by their stages' least and
-largest degree (lo, hi): a cell's MILP has the variants of degrees lo .. hi and needs a stage
-at each of lo and hi (``MixedProblem.needs``), so every placement lies in one cell. A cell is
-a ``Candidate`` whose ``tp`` is hi, with lo beside it (``MixedCandidate.tp_low``). The cells of
-one degree (every stage the same TP: the search before per-stage degrees) go first, then those
-of several; each set is drained least bound first and every cell in it settled: solved, or
+largest TP degree (lo, hi) and largest DP multiple top: a cell's MILP has the variants of
+degrees lo .. hi and multiples 1 .. top, and needs a stage at each of lo, hi, 1 and top
+(``MixedProblem.needs``, ``dp_needs``), so every placement lies in one cell (one with no stage
+at multiple 1 is a cell of a larger dp). A cell is a ``Candidate`` whose ``tp`` is hi, with lo
+and top beside it (``MixedCandidate.tp_low``, ``dp_top``). The cells of one degree (every
+stage the same TP and DP: the search before per-stage degrees) go first, then those of
+several; each set is drained least bound first and every cell in it settled: solved, or
 pruned by a bound no placement of it beats, never left for lack of time or work. The result is
 the cost model's optimum (to REL_TOL) over the cells searched, unless a MILP stops at its node
 limit (``MixedResult.proven``). The cells of several degrees are the large ones (up to 12
-variants a stage, looser bounds); by default they are searched on pools of at most
-STAGE_DEGREE_KINDS kinds and STAGE_DEGREE_GPUS GPUs by time with no rate, else left whole and a
-note says so (``search_mixed``'s ``stage_degrees``).
+variants a stage per DP multiple, looser bounds); by default they are searched on pools of at
+most STAGE_DEGREE_KINDS kinds and STAGE_DEGREE_GPUS GPUs by time with no rate, else left whole
+and a note says so (``search_mixed``'s ``stage_degrees``).
 
 Cells go cheapest lower bound first (a heap), F_v[s] being variant v's fastest option time on
-segment s and m the micro-batches:
+segment s (a micro-batch's, the same at any DP degree), m the micro-batches per replica at dp
+and top the cell's largest DP multiple (stage j's replicas run m_j = m / r_j >= m / top each):
 
-    step >= F (1 + (m - 1) / pp),              F = sum_s L_s min_v F_v[s]
-    step >= (m - 1) W / (sum_k s_k U_k) + F,   W = sum_s L_s min_v s_{k_v} t_v F_v[s]
+    step >= F (1 + (m / top - 1) / pp),          F = sum_s L_s min_v F_v[s]
+    step >= (m - top) W / (sum_k s_k U_k) + F,   W = sum_s L_s min_v s_{k_v} t_v F_v[s]
 
-The first is 1F1B / GPipe's sum_j T_j + (m - 1) max_j T_j with max >= mean. The second holds
+The first is 1F1B / GPipe's sum_j T_j + max_j (m_j - 1) T_j with max >= mean. The second holds
 for any weights s_k >= 0 (here 1 / kind k's own least rank-seconds, so the kinds' speeds
-weigh in): step >= sum_i T_i + (m - 1) T_j on every stage j, so with w_j = s_{k_j} t_j,
-(sum_j w_j) step >= (m - 1) sum_j w_j T_j + (sum_j w_j) F >= (m - 1) W + (sum_j w_j) F, and
-sum_j w_j = sum_k s_k U_k with U_k the TP units (sum of degrees) of kind k's stages, at most
-its GPUs over dp. Every other term is >= 0. A cell first reached is then priced by
+weigh in): step >= sum_i T_i + (m_j - 1) T_j on every stage j, so with w_j = s_{k_j} t_j r_j,
+(sum_j w_j) step >= sum_j s t_j (m - r_j) T_j + (sum_j w_j) F >= (m - top) W + (sum_j w_j) F,
+and sum_j w_j = sum_k s_k U_k with U_k the units (sum of t r) of kind k's stages, at most its
+GPUs over dp. Every other term is >= 0. A cell first reached is then priced by
 mixed_bound.fastest_floor (the split recurrences on the fastest options alone, within the
 units), then built (StageProblems, mixed_bound's split bound), then given
 mixed_bound.pipeline_floor, and solved, each time back into the heap at its tighter bound. The
@@ -43,12 +49,12 @@ incumbent is never built.
 
 By another objective (``RunRate``: money, energy, carbon, or wall time under a deadline or
 budget) the objective is rate(g) step, g the GPUs per kind, g_k = dp U_k. The search divides
-each cell's TP units into boxes lo <= U <= hi, split in halves (a kind's units, the box with
+each cell's units into boxes lo <= U <= hi, split in halves (a kind's units, the box with
 the fewer kinds used first) until the rate and the longest step allowed are the same over the
 box: the MILP then finds the box's least step under ``lo <= U <= hi`` (``MixedProblem.units``
 and ``units_low``), which gives the box's least objective. A box is bounded by
 
-    objective >= max(dp ((m - 1) W_rho + F pp min_v rho_{k_v} t_v), rate(dp lo) step_lb(hi))
+    objective >= max(dp ((m - top) W_rho + F pp min_v rho_{k_v} t_v r_v), rate(dp lo) step_lb(hi))
 
 with rho_k ``RunRate.per_gpu`` (the rate grows at least rho_k per GPU of kind k: the same
 argument with weights rho) and step_lb the bounds above at U = hi (the built cell's too); it
@@ -57,7 +63,7 @@ GPUs. The optimum over the boxes is so the optimum over all placements, as each 
 units lie in exactly one leaf box.
 
 Pricing a variant uses one cluster per kind, as many nodes as that variant's pipeline would
-need laid out alone (ranks fill nodes in order); a stage of g = dp t ranks lies inside one node
+need laid out alone (ranks fill nodes in order); a stage of g = dp r t ranks lies inside one node
 or on whole nodes, so its links are the same wherever it sits.
 """
 
@@ -67,7 +73,7 @@ import heapq
 import itertools
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -116,8 +122,20 @@ TP_DEGREES = (1, 2, 4, 8)
 # a deadline no option meets ran past 5 minutes with them, 25.6 s without; so that search keeps
 # one degree by default. A rule on the request, never the clock: the same plan on any machine.
 STAGE_DEGREE_KINDS, STAGE_DEGREE_GPUS = 2, 64
+# The largest DP multiple a stage may take over the least DP degree of its pipeline: stages'
+# DP degrees within this factor of each other, enough to balance kinds of a generation apart;
+# each doubling adds a variant per kind and TP degree and a cell per (dp, lo, hi).
+STAGE_DP_RATIO = 4
+# search_mixed's stage_degrees None: stages of their own DP degree are searched on pools within
+# the rule above of at most this many GPUs. Each DP multiple adds a variant per kind and TP
+# degree, and the cells' fastest-option floors and split bounds (a units recurrence each)
+# are the work: Llama-3-8B over 8 A100 + 8 H100 took 73 s with them against 23 s without (the
+# same plan), GPT 1.3B over the same kinds 101 s against 8 s (tests/test_mixed_pool.py), and
+# profiles/pools/onprem.toml (48 GPUs) ran past 400 s unfinished (the first two while the
+# 2-core machine ran other work too).
+STAGE_DP_GPUS = 8
 
-Variant = tuple[int, int]  # (kind index, TP degree)
+Variant = tuple[int, int, int]  # (kind index, TP degree, DP multiple)
 Links = dict[tuple[int, int], tuple[float, float]]
 
 
@@ -165,15 +183,25 @@ class MixedCandidate:
     units_low: tuple[int, ...] | None = None  # and at least
     value: float = math.inf  # the solved placement's objective
     tp_low: int | None = None  # the cell's least TP degree (None: cand.tp, one degree)
+    dp_top: int = 1  # the cell's largest DP multiple: its stages' DP degrees dp .. dp dp_top
 
     @property
     def degrees(self) -> tuple[int, int]:
         """The cell: (least, largest) TP degree of its placements' stages."""
         return (self.tp_low or self.cand.tp, self.cand.tp)
 
+    @property
+    def several(self) -> bool:
+        """Whether the cell's stages differ in TP or DP degree."""
+        lo, hi = self.degrees
+        return lo != hi or self.dp_top > 1
+
     def label(self) -> str:
         lo, hi = self.degrees
-        text = self.cand.label()
+        c = self.cand
+        text = c.label()
+        if self.dp_top > 1:
+            text = text.replace(f" dp{c.dp} ", f" dp{c.dp}..{c.dp * self.dp_top} ", 1)
         return text if lo == hi else text.replace(f" tp{hi},", f" tp{lo}..{hi},", 1)
 
     def gpus(self, units: tuple[int, ...] | None = None) -> list[int]:
@@ -189,7 +217,7 @@ class MixedResult:
     kinds: list[Kind]
     solve_time_s: float
     notes: list[str] = field(default_factory=list)
-    skipped: bool = False  # cells of several TP degrees left out (search_mixed's stage_degrees)
+    skipped: bool = False  # stages' own TP or DP degrees left out (search_mixed's stage_degrees)
 
     @property
     def solved(self) -> int:
@@ -209,75 +237,102 @@ class MixedResult:
         )
 
 
-def stage_variants(kinds: list[Kind], dp: int, degrees: list[int]) -> list[Variant]:
-    """The (kind, TP degree) a stage of ``dp`` replicas may take: the degree within the kind's
-    node, its dp t GPUs within the kind's, and inside one node or on whole nodes."""
+def stage_variants(
+    kinds: list[Kind], dp: int, degrees: list[int], mults: Sequence[int] = (1,)
+) -> list[Variant]:
+    """The (kind, TP degree t, DP multiple r) a stage of a ``dp``-replica candidate may take:
+    the degree within the kind's node, its dp r t GPUs within the kind's, and inside one node
+    or on whole nodes."""
     out = []
     for k, kind in enumerate(kinds):
         gpn = kind.cluster.gpus_per_node
-        for t in degrees:
-            width = dp * t
-            aligned = gpn % width == 0 or width % gpn == 0
-            if t <= gpn and width <= kind.gpus and aligned:
-                out.append((k, t))
+        for r in mults:
+            for t in degrees:
+                width = dp * r * t
+                aligned = gpn % width == 0 or width % gpn == 0
+                if t <= gpn and width <= kind.gpus and aligned:
+                    out.append((k, t, r))
     return out
 
 
 def unit_caps(kinds: list[Kind], dp: int, variants: list[Variant], pp: int) -> list[int]:
-    """Per kind, the most TP units (sum of stage degrees) a ``pp``-stage pipeline can give it:
-    its GPUs over dp, and no more than pp stages of its largest degree."""
+    """Per kind, the most units (sum of stage widths t r) a ``pp``-stage pipeline can give it:
+    its GPUs over dp, and no more than pp stages of its widest variant."""
     caps = []
     for k, kind in enumerate(kinds):
-        tps = [t for kk, t in variants if kk == k]
-        caps.append(min(kind.gpus // dp, pp * max(tps)) if tps else 0)
+        widths = [t * r for kk, t, r in variants if kk == k]
+        caps.append(min(kind.gpus // dp, pp * max(widths)) if widths else 0)
     return caps
 
 
-def cell_variants(variants: list[Variant], lo: int, hi: int) -> list[Variant]:
-    return [(k, t) for k, t in variants if lo <= t <= hi]
+def cell_variants(variants: list[Variant], lo: int, hi: int, most: int = 1) -> list[Variant]:
+    """The variants of a cell: TP degrees lo .. hi, DP multiples up to ``most``."""
+    return [(k, t, r) for k, t, r in variants if lo <= t <= hi and r <= most]
+
+
+def dp_multiples(most: int) -> list[int]:
+    """The DP multiples of a cell whose largest is ``most``: 1, 2, 4 .. most."""
+    return [1 << i for i in range(most.bit_length())]
 
 
 def outer_candidates(
-    kinds: list[Kind], n_blocks: int, training: Training, degrees: list[int], pins: Pins
-) -> list[tuple[Candidate, int]]:
+    kinds: list[Kind],
+    n_blocks: int,
+    training: Training,
+    degrees: list[int],
+    pins: Pins,
+    stage_dp: bool = True,
+) -> list[tuple[Candidate, int, int]]:
     """Every (pp >= 2, dp, micro-batch, schedule, ZeRO) a mixed pipeline may use, as cells
-    (candidate, least degree lo), the candidate's tp the largest degree hi: the placements
-    whose stages' degrees run from lo to hi, each at least once (so the cells of a candidate
-    part its placements). A cell has variants of two kinds at least, and the pool holds pp
-    stages (each kind's GPUs over its narrowest stage in the cell)."""
+    (candidate, least degree lo, largest DP multiple r), the candidate's tp the largest degree
+    hi and its dp the least DP degree: the placements whose stages' degrees run from lo to hi
+    and whose DP degrees from dp to dp r, each taken at least once (so the cells part the
+    placements). A cell has variants of two kinds at least, and the pool holds pp stages (each
+    kind's GPUs over its narrowest stage in the cell). Stages of different DP degrees run
+    GPipe only (the runtime's one schedule for them), so a cell of r > 1 is GPipe; without
+    ``stage_dp``, or with ``pins.dp`` (every stage that DP degree), every cell has r = 1."""
     gbs = training.global_batch_size
+    largest = max(k.gpus for k in kinds)
+    stage_dp = stage_dp and not pins.dp
     out = []
     for dp in divisors(gbs):
-        allowed = stage_variants(kinds, dp, degrees)
-        tps = sorted({t for _, t in allowed})
+        if pins.dp and dp != pins.dp:
+            continue
+        tops = [r for r in dp_multiples(STAGE_DP_RATIO) if dp * r <= largest]
+        allowed = stage_variants(kinds, dp, degrees, tops if stage_dp else [1])
+        tps = sorted({t for _, t, _ in allowed})
         for lo, hi in itertools.combinations_with_replacement(tps, 2):
-            variants = cell_variants(allowed, lo, hi)
-            able = sorted({k for k, _ in variants})
-            if len(able) < 2:
-                continue
-            most = sum(
-                kinds[k].gpus // (dp * min(t for kk, t in variants if kk == k)) for k in able
-            )
-            for pp in range(2, min(n_blocks, most) + 1):
-                if pins.pp and pp != pins.pp:
+            for top in sorted({r for _, _, r in allowed}):
+                variants = cell_variants(allowed, lo, hi, top)
+                able = sorted({k for k, _, _ in variants})
+                if len(able) < 2 or all(r != top for _, _, r in variants):
                     continue
-                for mbs in divisors(gbs // dp):
-                    m = gbs // dp // mbs
-                    # With m >= pp, 1F1B holds no more in flight than GPipe at the same time
-                    # (inflight_microbatches): GPipe is dominated, left out.
-                    for schedule in ("1f1b",) if m >= pp else ("gpipe",):
-                        for zero in range(4) if dp > 1 else (0,):
+                room = sum(
+                    kinds[k].gpus // (dp * min(t * r for kk, t, r in variants if kk == k))
+                    for k in able
+                )
+                for pp in range(2, min(n_blocks, room) + 1):
+                    if pins.pp and pp != pins.pp:
+                        continue
+                    for mbs in divisors(gbs // dp):
+                        m = gbs // dp // mbs
+                        if m % top:
+                            continue  # each replica of a stage at DP dp top takes m / top
+                        # With m >= pp, 1F1B holds no more in flight than GPipe at the same
+                        # time (inflight_microbatches): GPipe is dominated, left out.
+                        one = "1f1b" if m >= pp and top == 1 else "gpipe"
+                        for zero in range(4) if dp * top > 1 else (0,):
                             if zero == 1:
                                 continue  # the runtime has no ZeRO-1 for pipeline stages
-                            out.append((Candidate(pp, dp, hi, mbs, schedule, 1, zero), lo))
+                            out.append((Candidate(pp, dp, hi, mbs, one, 1, zero), lo, top))
     return out
 
 
-def wide_kinds(kinds: list[Kind], cands: list[Candidate]) -> list[Kind]:
+def wide_kinds(kinds: list[Kind], cells: list[tuple[Candidate, int, int]]) -> list[Kind]:
     """The kinds with clusters as large as any variant's pipeline laid out alone needs (pp
-    stages of dp t ranks, t at most the candidate's largest degree): the cost model prices a
-    variant's stage j at ranks j dp t onward."""
-    span = max((c.pp * c.dp * c.tp for c in cands), default=0)
+    stages of dp r t ranks, t and r at most the cell's largest): the cost model prices a
+    variant's stage j at ranks j dp r t onward."""
+    span = max((c.pp * c.dp * top * c.tp for c, _, top in cells), default=0)
     out = []
     for kind in kinds:
         cl = kind.cluster
@@ -296,11 +351,11 @@ def hop_times(
     J, V = configs[0].num_stages, len(variants)
     hop = np.full((max(J - 1, 0), V, V), np.inf)
     for j in range(J - 1):
-        for a, (ka, ta) in enumerate(variants):
+        for a, (ka, ta, _) in enumerate(variants):
             inp, mesh = inputs[a], configs[a].mesh
             nbytes = inp.boundary_bytes * sample_share(configs[a]) / inp.traced_mbs
             own = inp.cluster.link([mesh.rank(j, 0, 0), mesh.rank(j + 1, 0, 0)])
-            for b, (kb, tb) in enumerate(variants):
+            for b, (kb, tb, _) in enumerate(variants):
                 link = own if ka == kb else links.get((ka, kb))
                 if link is not None:
                     shards = inp.training.pipeline_sends_shards
@@ -326,9 +381,10 @@ class VariantParts:
     tied_sync: float
 
 
-def variant_parts(inp: CostInputs, cand: Candidate, t: int) -> VariantParts:
-    """``inp``: the variant's kind's options at degree ``t``."""
-    c = replace(cand, tp=t)
+def variant_parts(inp: CostInputs, cand: Candidate, t: int, r: int = 1) -> VariantParts:
+    """``inp``: the variant's kind's options at degree ``t``; ``r`` its DP multiple (the
+    candidate's dp r replicas, each taking its share of the step's micro-batches)."""
+    c = replace(cand, tp=t, dp=cand.dp * r)
     config = Config(c.mesh, c.micro_batch_size, c.schedule, 1, c.zero, [], [])
     base = [sum(stage_time_parts(inp, [], config, j)[:2]) for j in range(c.pp)]
     return VariantParts(stage_problem(inp, c), config, base, tied_sync_time(inp, config))
@@ -343,13 +399,16 @@ def mixed_problem(
     needs: list[int] | None = None,
     parts: list[VariantParts] | None = None,
     hop: np.ndarray | None = None,
+    dp_needs: list[int] | None = None,
 ) -> MixedProblem:
     """The mixed MILP's numbers for one candidate: each variant's StageProblem (``inputs``:
     its kind's options at its degree), the constants a stage pays besides its blocks and hop,
-    the hops, how many TP units each kind's GPUs hold, and the degrees some stage must take.
+    the hops, how many units each kind's GPUs hold, and the TP degrees and DP multiples some
+    stage must take. ``variants``: (kind, TP, DP multiple), or (kind, TP) for multiple 1.
     ``parts`` and ``hop``: each variant's, and the hops, where the caller has them."""
+    variants = [tuple(v) if len(v) == 3 else (*v, 1) for v in variants]
     if parts is None:
-        parts = [variant_parts(inp, cand, t) for inp, (_, t) in zip(inputs, variants)]
+        parts = [variant_parts(inp, cand, t, r) for inp, (_, t, r) in zip(inputs, variants)]
     if hop is None:
         hop = hop_times(inputs, [p.config for p in parts], variants, links)
     return MixedProblem(
@@ -362,6 +421,7 @@ def mixed_problem(
         const_step=max(p.tied_sync for p in parts),
         tied=tied_segments(inputs[0]),
         needs=sorted(set(needs or [])),
+        dp_needs=sorted(set(dp_needs or [])),
     )
 
 
@@ -370,7 +430,7 @@ def fits_at_all(mp: MixedProblem) -> bool:
     activations (each at its least option and variant, activations at the fewest in-flight
     micro-batches of any stage) within the rooms of the pp largest stages the pool can hold
     (per kind, its largest room, as many times as its narrowest variant fits its units)."""
-    fewest = min(mp.per_variant[0].inflight)
+    fewest = min(min(sp.inflight) for sp in mp.per_variant)
     need = 0.0
     for s, length in enumerate(mp.seg_len):
         least = min(float(np.min(sp.state[s] + fewest * sp.act[s])) for sp in mp.per_variant)
@@ -380,7 +440,7 @@ def fits_at_all(mp: MixedProblem) -> bool:
         mine = [v for v in range(len(mp.variants)) if mp.kind_of(v) == k]
         if mine:
             room = max(mp.per_variant[v].capacity - min(mp.per_variant[v].const_mem) for v in mine)
-            rooms += [room] * min(units // min(mp.tp_of(v) for v in mine), mp.J)
+            rooms += [room] * min(units // min(mp.width(v) for v in mine), mp.J)
     rooms.sort(reverse=True)
     return len(rooms) >= mp.J and need <= sum(rooms[: mp.J]) * (1 + 1e-9)
 
@@ -391,27 +451,29 @@ class Floors:
     W with weights s_k, and W_rho with weights rho_k), every placement's; ``split`` the
     fastest-option recurrences' (mixed_bound.fastest_floor), once the search computed it."""
 
-    m: int
+    m: int  # micro-batches per replica at the cell's least DP degree
     pp: int
     dp: int
     fastest: float  # F
     rank_s: float  # W: sum_s L_s min_v s_{k_v} t_v F_v[s]
     speed: tuple[float, ...]  # s_k
     priced_rank_s: float  # W_rho
-    least_rho_t: float  # min_v rho_{k_v} t_v
+    least_rho_t: float  # min_v rho_{k_v} t_v r_v
     split: float | None = None
+    top: int = 1  # the cell's largest DP multiple r
 
     def step(self, units_hi: list[int]) -> float:
-        """No placement whose kinds' TP units are at most ``units_hi`` steps faster."""
-        pipeline = self.fastest * (1 + (self.m - 1) / self.pp)
+        """No placement whose kinds' units are at most ``units_hi`` steps faster."""
+        pipeline = self.fastest * (1 + (self.m // self.top - 1) / self.pp)
         weight = sum(s * u for s, u in zip(self.speed, units_hi, strict=True))
-        fluid = (self.m - 1) * self.rank_s / weight + self.fastest if weight > 0 else math.inf
+        busy = (self.m - self.top) * self.rank_s
+        fluid = busy / weight + self.fastest if weight > 0 else math.inf
         return max(pipeline, fluid, self.split or 0.0)
 
     def priced(self) -> float:
-        """No placement's objective is lower: dp ((m - 1) W_rho + F pp min_v rho t)."""
+        """No placement's objective is lower: dp ((m - r) W_rho + F pp min_v rho t r)."""
         return self.dp * (
-            (self.m - 1) * self.priced_rank_s + self.fastest * self.pp * self.least_rho_t
+            (self.m - self.top) * self.priced_rank_s + self.fastest * self.pp * self.least_rho_t
         )
 
 
@@ -426,13 +488,13 @@ def floors_of(
 ) -> Floors:
     """Floors from each variant's fastest option time per segment (``fastest[v][s]``)."""
     L = np.asarray(seg_len, dtype=float)
-    tf = np.array([t * f for (_, t), f in zip(variants, fastest, strict=True)])  # (V, S)
+    tf = np.array([t * f for (_, t, _), f in zip(variants, fastest, strict=True)])  # (V, S)
     speed = []
     for k in range(n_kinds):
-        rows = [v for v, (kk, _) in enumerate(variants) if kk == k]
+        rows = [v for v, (kk, _, _) in enumerate(variants) if kk == k]
         own = float(L @ tf[rows].min(axis=0)) if rows else 0.0
         speed.append(1.0 / own if own > 0 else 0.0)
-    kinds = [k for k, _ in variants]
+    kinds = [k for k, _, _ in variants]
     weights = np.array([speed[k] for k in kinds])[:, None]
     rho = np.array([per_gpu[k] if per_gpu else 0.0 for k in kinds])
     return Floors(
@@ -443,14 +505,15 @@ def floors_of(
         rank_s=float(L @ (weights * tf).min(axis=0)),
         speed=tuple(speed),
         priced_rank_s=float(L @ (rho[:, None] * tf).min(axis=0)),
-        least_rho_t=float(min(r * t for r, (_, t) in zip(rho, variants, strict=True))),
+        least_rho_t=float(min(p * t * r for p, (_, t, r) in zip(rho, variants, strict=True))),
+        top=max(r for _, _, r in variants),
     )
 
 
 def unit_counts(variants: list[Variant], kind: int, cap: int, pp: int) -> list[int]:
-    """Per TP-unit total u <= cap of ``kind``, a bit mask of the stage counts whose degrees
+    """Per unit total u <= cap of ``kind``, a bit mask of the stage counts whose widths t r
     (the kind's variants') can add up to u: bit n set when n stages can."""
-    degrees = [t for k, t in variants if k == kind]
+    degrees = sorted({t * r for k, t, r in variants if k == kind})
     masks = [0] * (cap + 1)
     masks[0] = 1
     for n in range(1, pp + 1):  # masks of exactly n stages, grown one stage at a time
@@ -524,12 +587,12 @@ class _Prices:
 
     def fastest(self, variants: list[Variant], mbs: int) -> list[np.ndarray]:
         """Per variant, per segment: the least time of any option."""
-        for k, t in variants:
+        for k, t, _ in variants:  # a micro-batch's time is the same at any DP degree
             if ((k, t), mbs) not in self.least:
                 opts = self.of(k, t, mbs).options
                 times = [min(o.time_s for o in opts[f]) for f, _ in self.segs]
                 self.least[(k, t), mbs] = np.array(times)
-        return [self.least[v, mbs] for v in variants]
+        return [self.least[(k, t), mbs] for k, t, _ in variants]
 
 
 class _Base:
@@ -537,22 +600,35 @@ class _Base:
     first needs it: each variant's numbers and split-bound costs, and the hops between every
     two variants the DP degree allows."""
 
-    def __init__(self, cand: Candidate, variants: list[Variant], prices: _Prices, links) -> None:
+    def __init__(
+        self, cand: Candidate, variants: list[Variant], prices: _Prices, links, parts: dict
+    ) -> None:
+        """``parts``: each (candidate, variant)'s VariantParts so far, shared by the bases of
+        one candidate with different largest DP multiples."""
         self.cand, self.variants, self.prices = cand, variants, prices
-        self.inputs = [prices.of(k, t, cand.micro_batch_size) for k, t in variants]
-        self.parts = [variant_parts(inp, cand, t) for inp, (_, t) in zip(self.inputs, variants)]
+        self.inputs = [prices.of(k, t, cand.micro_batch_size) for k, t, _ in variants]
+        self.parts = []
+        for inp, v in zip(self.inputs, variants):
+            key = (cand.pp, cand.dp, cand.micro_batch_size, cand.schedule, cand.zero, v)
+            if key not in parts:
+                parts[key] = variant_parts(inp, cand, v[1], v[2])
+            self.parts.append(parts[key])
         configs = [p.config for p in self.parts]
         self.hop = hop_times(self.inputs, configs, variants, links)
         self.whole: MixedProblem | None = None  # every variant: the split bound's costs
         self.priced: dict[int, tuple[list[np.ndarray], list[np.ndarray]]] = {}
 
-    def problem(self, cell: list[Variant], needs: list[int], kinds: list[Kind]) -> MixedProblem:
-        """The cell's MixedProblem: the variants ``cell``, the degrees ``needs`` taken."""
+    def problem(
+        self, cell: list[Variant], needs: list[int], dp_needs: list[int], kinds: list[Kind]
+    ) -> MixedProblem:
+        """The cell's MixedProblem: the variants ``cell``, the TP degrees ``needs`` and DP
+        multiples ``dp_needs`` taken."""
         idx = [self.variants.index(v) for v in cell]
-        c = replace(self.cand, tp=max(t for _, t in cell))
+        c = replace(self.cand, tp=max(t for _, t, _ in cell))
         return mixed_problem(
             [self.inputs[i] for i in idx], c, cell, kinds, {}, needs,
             parts=[self.parts[i] for i in idx], hop=self.hop[:, idx][:, :, idx],
+            dp_needs=dp_needs,
         )  # fmt: skip
 
     def costs(self, mp: MixedProblem) -> Costs:
@@ -587,10 +663,12 @@ def search_mixed(
     """The fastest mixed pipeline faster than ``cutoff`` (the best single-kind step time), or
     ``best`` None when none is. ``links``: (kind a, kind b) -> (bandwidth B/s, latency s) of
     the fabric, both orders. ``variants``: per kind, the intra-block sharding variants.
-    ``pins.tp`` restricts every stage to that TP degree; ``pins.pp`` the pipeline's depth.
-    ``stage_degrees``: whether stages may take TP degrees of their own (True), share one
-    (False), or take their own on small pools searched by time (None: STAGE_DEGREE_KINDS,
-    STAGE_DEGREE_GPUS, no ``rate``).
+    ``pins.tp`` and ``pins.dp`` restrict every stage to that TP and DP degree; ``pins.pp`` the
+    pipeline's depth.
+    ``stage_degrees``: whether stages may take TP and DP degrees of their own (True), share
+    one of each (False), or take their own on small pools searched by time (None: TP degrees
+    within STAGE_DEGREE_KINDS and STAGE_DEGREE_GPUS, DP degrees within STAGE_DP_GPUS too, no
+    ``rate``).
 
     With ``rate``, the least objective instead (``cutoff`` in its units: the best single-kind
     option's), over pipelines using two kinds at least: each cell's TP units per kind are
@@ -603,21 +681,29 @@ def search_mixed(
     # torch's pipelining runs stages as the exported graph: where there is none (a
     # module-level trace) or it drops a backward of the model's own, no pipeline would run
     runnable = not pipeline_refusal(graph)
-    cells = outer_candidates(kinds, len(blocks), training, degrees, pins) if runnable else []
-    wide = wide_kinds(kinds, [c for c, _ in cells])
+    gpus = sum(k.gpus for k in kinds)
+    small = len(kinds) <= STAGE_DEGREE_KINDS and gpus <= STAGE_DEGREE_GPUS and rate is None
+    several = small if stage_degrees is None else stage_degrees
+    own_dp = small and gpus <= STAGE_DP_GPUS if stage_degrees is None else stage_degrees
+    cells = (
+        outer_candidates(kinds, len(blocks), training, degrees, pins, own_dp) if runnable else []
+    )
+    wide = wide_kinds(kinds, cells)
     prices = _Prices(graph, blocks, training, wide, variants, pins)
     search = _Search(prices, kinds, links, degrees, training, rate, cutoff, progress)
-    gpus = sum(k.gpus for k in kinds)
-    small = len(kinds) <= STAGE_DEGREE_KINDS and gpus <= STAGE_DEGREE_GPUS
-    search.run(cells, small and rate is None if stage_degrees is None else stage_degrees)
-    skipped = stage_degrees is None and search.skipped  # by the default rule
+    search.run(cells, several)
+    # by the default rule: a pool where some stage could have had two replicas or more
+    dp_left = not own_dp and not pins.dp and max(k.gpus for k in kinds) >= 2
+    skipped = stage_degrees is None and (search.skipped or dp_left)
     notes = []
     if skipped:
         this = f"{len(kinds)} kinds, {gpus} GPUs" + (", priced by a rate" if rate else "")
+        left = "DP degree" if several else "TP and DP degree"
         notes.append(
-            "a pipeline across kinds gives its stages one TP degree here: stages of their own "
+            f"a pipeline across kinds gives its stages one {left} here: stages of their own TP "
             f"degree are searched by default on pools of at most {STAGE_DEGREE_KINDS} kinds and "
-            f"{STAGE_DEGREE_GPUS} GPUs, by time with no deadline or budget (this one: {this}); "
+            f"{STAGE_DEGREE_GPUS} GPUs, of their own DP degree on at most {STAGE_DP_GPUS} GPUs, "
+            f"by time with no deadline or budget (this one: {this}); "
             "--stage-degrees on searches them (minutes on large pools)"
         )
     elapsed = time.perf_counter() - start
@@ -654,22 +740,26 @@ class _Search:
         self.skipped = False  # cells of several degrees left whole (run's stage_degrees)
         self.fastest: dict[tuple, tuple[float, float]] = {}  # fastest_floor's, by cell
         self.structures: dict = {}
+        self.parts: dict = {}  # (candidate, variant) -> VariantParts, for every base
         self.tick = itertools.count()
 
     @staticmethod
     def key(mc: MixedCandidate) -> tuple:
         c = mc.cand
-        return (c.pp, c.dp, c.micro_batch_size, c.schedule, c.zero, *mc.degrees)
+        return (c.pp, c.dp, c.micro_batch_size, c.schedule, c.zero, mc.dp_top, *mc.degrees)
 
     @staticmethod
     def shared(mc: MixedCandidate) -> tuple:
         """What a cell's floors depend on: not its ZeRO stage nor its schedule."""
         c = mc.cand
-        return (c.pp, c.dp, c.micro_batch_size, *mc.degrees)
+        return (c.pp, c.dp, c.micro_batch_size, mc.dp_top, *mc.degrees)
+
+    def allowed(self, mc: MixedCandidate) -> list[Variant]:
+        """The variants of the cell's candidate with DP multiples up to the cell's largest."""
+        return stage_variants(self.kinds, mc.cand.dp, self.degrees, dp_multiples(mc.dp_top))
 
     def variants(self, mc: MixedCandidate) -> list[Variant]:
-        allowed = stage_variants(self.kinds, mc.cand.dp, self.degrees)
-        return cell_variants(allowed, *mc.degrees)
+        return cell_variants(self.allowed(mc), *mc.degrees, mc.dp_top)
 
     def push(self, mc: MixedCandidate, again: bool = False) -> None:
         """Into the heap at its bound (``again``: an entry already listed, re-bounded)."""
@@ -679,7 +769,7 @@ class _Search:
         order = (mc.bound, c.pp * c.dp * c.tp, mc.label(), mc.units_low or (), mc.units or ())
         heapq.heappush(self.heap, (order, next(self.tick), mc))
 
-    def run(self, cells: list[tuple[Candidate, int]], stage_degrees: bool) -> None:
+    def run(self, cells: list[tuple[Candidate, int, int]], stage_degrees: bool) -> None:
         """The cells of one degree first, then (``stage_degrees``) those of several, each
         set drained least bound first until its heap empties: each cell is solved or pruned
         by a bound no placement of it beats. A cell's bound only rises as it is refined,
@@ -687,13 +777,13 @@ class _Search:
         bounded of those left. One-degree cells' bounds are the tighter (no change of
         degree, whose hops the bounds price at the cheapest), so they set the incumbent that
         prunes most of the rest."""
-        one = [(c, lo) for c, lo in cells if lo == c.tp]
-        self.drain([self.root(MixedCandidate(c, 0.0, tp_low=lo)) for c, lo in one])
-        several = [(c, lo) for c, lo in cells if lo != c.tp]
+        made = [MixedCandidate(c, 0.0, tp_low=lo, dp_top=top) for c, lo, top in cells]
+        self.drain([self.root(mc) for mc in made if not mc.several])
+        several = [mc for mc in made if mc.several]
         if not stage_degrees:
             self.skipped = bool(several)
             return
-        self.drain([self.root(MixedCandidate(c, 0.0, tp_low=lo)) for c, lo in several])
+        self.drain([self.root(mc) for mc in several])
 
     def drain(self, cells: list[MixedCandidate]) -> None:
         for mc in cells:
@@ -730,12 +820,13 @@ class _Search:
             if self.progress:
                 self.progress(mc.label())
             c = mc.cand
-            base_key = key[:5]
+            base_key = key[:6]
             if base_key not in self.bases:
-                allowed = stage_variants(self.kinds, c.dp, self.degrees)
-                self.bases[base_key] = _Base(c, allowed, self.prices, self.links)
+                allowed = self.allowed(mc)
+                self.bases[base_key] = _Base(c, allowed, self.prices, self.links, self.parts)
             base = self.bases[base_key]
-            mp = base.problem(self.variants(mc), list(mc.degrees), self.kinds)
+            needs, dp_needs = list(mc.degrees), [1, mc.dp_top]
+            mp = base.problem(self.variants(mc), needs, dp_needs, self.kinds)
             costs = base.costs(mp) if fits_at_all(mp) else None
             split = mixed_split_bound(mp, costs) if costs else None
             if split is not None and not split.feasible:
@@ -788,9 +879,12 @@ class _Search:
             vs = self.variants(mc)
             fastest = self.prices.fastest(vs, c.micro_batch_size)
             seg_len = [n for _, n in self.prices.segs]
-            self.fastest[shared] = fastest_floor(fastest, seg_len, vs, caps, c.pp, mc.degrees)
-        least_sum, longest = self.fastest[shared]
-        fl = replace(fl, split=least_sum + (fl.m - 1) * longest)
+            scale = [fl.m // r - 1.0 for _, _, r in vs]
+            self.fastest[shared] = fastest_floor(
+                fastest, seg_len, vs, caps, c.pp, scale, mc.degrees, (1, mc.dp_top)
+            )
+        least_sum, busiest = self.fastest[shared]
+        fl = replace(fl, split=least_sum + busiest)
         self.floors[key] = fl
         step = fl.step(list(mc.units or caps))
         bound = step if self.rate is None else max(fl.priced(), self.rate_at(mc.gpus()) * step)

@@ -1,17 +1,18 @@
 """split_bound's exact dynamic program over contiguous splits, with each stage's variant (device
-kind, TP degree) free: lower bounds of the mixed MILP's max stage time, sum of stage times, and
-step time.
+kind, TP degree, DP multiple) free: lower bounds of the mixed MILP's max stage time, sum of
+stage times, and step time.
 
 For stage j and range [a, b), variant v's least time tau^v_j(a, b) and least
-(m - 1) T_j + Opt_j + Off_j, psi^v_j(a, b), are split_bound.stage_costs under v's numbers
-(options fractional under v's memory; inf where the range cannot fit on v). A mixed placement
-runs stage j on some variant v_j, and its hop to the next stage costs >= 0, so
+(m_v - 1) T_j + Opt_j + Off_j, psi^v_j(a, b), are split_bound.stage_costs under v's numbers
+(options fractional under v's memory; inf where the range cannot fit on v; m_v the variant's
+micro-batches per replica). A mixed placement runs stage j on some variant v_j, and its hop to
+the next stage costs >= 0, so
 
-    T_j >= min_v tau^v_j(a_j, a_{j+1}),   (m - 1) T_j + Opt_j + Off_j >= min_v psi^v_j(...)
+    T_j >= min_v tau^v_j(a_j, a_{j+1}),   (m_j - 1) T_j + Opt_j + Off_j >= min_v psi^v_j(...)
 
 and split_bound's recurrences over these minima give T*, S* and P* every placement satisfies.
-The recurrences carry the TP units used so far, so no split gives the kinds more stages'
-degrees than their GPUs hold: P*'s each kind's (counted coarsely where the state space would
+The recurrences carry the units (t r) used so far, so no split gives the kinds more stages'
+GPUs than they hold: P*'s each kind's (counted coarsely where the state space would
 be large: a relaxation, ``unit_moves``), T*'s and S*'s their sum (``total_moves``). The tied
 weights' one degree is dropped (a relaxation, still a bound). Variant v's stage constant is
 priced as base[v, j] + min_u hop[j, v, u], the cheapest hop it could have (its own link or
@@ -60,7 +61,7 @@ def variant_costs(mp: MixedProblem, v: int) -> tuple[list[np.ndarray], list[np.n
     taus, psis = [], []
     for j in range(J):
         tau = stage_costs(sp, j, counts, 1.0, 0.0)
-        psi = stage_costs(sp, j, counts, mp.m - 1.0, 1.0)
+        psi = stage_costs(sp, j, counts, sp.m - 1.0, 1.0)
         tau[empty] = psi[empty] = math.inf
         taus.append(tau)
         psis.append(psi)
@@ -86,13 +87,13 @@ def mixed_split_bound(mp: MixedProblem, costs: Costs | None = None) -> SplitBoun
         return SplitBound(0.0, 0.0, 0.0)
     taus, psis = costs or _all_costs(mp)
     # T* and S* (cuts) over the kinds' units added up; P*, the bound's main term, per kind
-    total = total_moves(mp.variants, mp.units, mp.needs)
+    total = total_moves(mp.variants, mp.units, mp.needs, mp.dp_needs)
     max_stage, sum_stages = (
         units_recurrence(taus, *total, n, combine) for combine in (np.maximum, np.add)
     )
     if not math.isfinite(max_stage):
         return SplitBound(math.inf, math.inf)
-    per_kind = unit_moves(mp.variants, mp.units, mp.needs)
+    per_kind = unit_moves(mp.variants, mp.units, mp.needs, mp.dp_needs)
     weighted = units_recurrence(psis, *per_kind, n, np.maximum)
     return SplitBound(max_stage, sum_stages, weighted)
 
@@ -103,79 +104,93 @@ def fastest_floor(
     variants: Variants,
     units: list[int],
     J: int,
+    scale: Sequence[float],
     needs: Sequence[int] = (),
+    dp_needs: Sequence[int] = (),
 ) -> tuple[float, float]:
-    """(S_f, T_f): no placement's sum_j T_j is below S_f nor its max_j T_j below T_f, so none
-    steps faster than S_f + (m - 1) T_f. The recurrences over each variant's fastest option
-    on every block (``fastest[v][s]``), with no memory, constant or hop (each dropped: a
-    relaxation), within the units (T_f each kind's, S_f their sum). It needs no StageProblem,
-    nor the ZeRO stage or the micro-batch count: the search's cheap test of a cell before it
-    builds one."""
+    """(S_f, Q_f): no placement's sum_j T_j is below S_f nor its max_j (m_j - 1) T_j below
+    Q_f (``scale[v]``: variant v's m_v - 1), so none steps faster than S_f + Q_f. The
+    recurrences over each variant's fastest option on every block (``fastest[v][s]``), with no
+    memory, constant or hop (each dropped: a relaxation), within the units (Q_f each kind's,
+    S_f their sum). It needs no StageProblem, nor the ZeRO stage: the search's cheap test of a
+    cell before it builds one."""
     n = sum(seg_len)
     if n < J:
         return math.inf, math.inf
     empty = np.tril(np.ones((n + 1, n + 1), bool))
-    ranges = []
-    for f in fastest:
+    ranges, scaled = [], []
+    for f, c in zip(fastest, scale, strict=True):
         ends = np.concatenate([[0.0], np.cumsum(np.repeat(f, seg_len))])
-        tau = ends[None, :] - ends[:, None]
-        tau[empty] = math.inf
-        ranges.append(tau)
-    costs = [ranges] * J
-    longest = units_recurrence(costs, *unit_moves(variants, units, needs), n, np.maximum)
-    if not math.isfinite(longest):
+        span = ends[None, :] - ends[:, None]
+        ranges.append(np.where(empty, math.inf, span))
+        scaled.append(np.where(empty, math.inf, span * c))
+    per_kind = unit_moves(variants, units, needs, dp_needs)
+    busiest = units_recurrence([scaled] * J, *per_kind, n, np.maximum)
+    if not math.isfinite(busiest):
         return math.inf, math.inf
-    return units_recurrence(costs, *total_moves(variants, units, needs), n, np.add), longest
+    total = total_moves(variants, units, needs, dp_needs)
+    return units_recurrence([ranges] * J, *total, n, np.add), busiest
 
 
-Variants = list[tuple[int, int]]
-# per variant (units axis, step, needed-degree flag or -1); the units state's sizes; flags
-Moves = tuple[list[tuple[int, int, int]], tuple[int, ...], int]
+Variants = list[tuple[int, int, int]]
+# per variant (units axis, step, the needed flags it sets); the units state's sizes; flags
+Moves = tuple[list[tuple[int, int, tuple[int, ...]]], tuple[int, ...], int]
 
 
-def needed_flags(variants: Variants, needs: Sequence[int]) -> dict[int, int]:
-    """The needed degrees the recurrences must track (a flag each): those some variant lacks
-    (where every variant has the degree, every placement takes it)."""
-    tracked = [d for d in sorted(set(needs)) if any(t != d for _, t in variants)]
-    return {d: i for i, d in enumerate(tracked)}
+def variant_flags(
+    variants: Variants, needs: Sequence[int], dp_needs: Sequence[int] = ()
+) -> tuple[list[tuple[int, ...]], int]:
+    """Per variant, the needed flags it sets, and how many there are: one per needed TP degree
+    and per needed DP multiple that some variant lacks (where every variant has it, every
+    placement takes it)."""
+    tracked = [(1, d) for d in sorted(set(needs)) if any(v[1] != d for v in variants)]
+    tracked += [(2, d) for d in sorted(set(dp_needs)) if any(v[2] != d for v in variants)]
+    flags = [tuple(i for i, (axis, d) in enumerate(tracked) if v[axis] == d) for v in variants]
+    return flags, len(tracked)
 
 
-def total_moves(variants: Variants, units: list[int], needs: Sequence[int] = ()) -> Moves:
-    """Per variant, (0, its degree) against the kinds' units added up, in steps of the
-    degrees' greatest common divisor: the per-kind caps relaxed to their sum."""
-    g = math.gcd(*(t for _, t in variants))
-    flags = needed_flags(variants, needs)
-    moves = [(0, t // g, flags.get(t, -1)) for _, t in variants]
-    return moves, (sum(u // g for u in units) + 1,), len(flags)
+def total_moves(
+    variants: Variants, units: list[int], needs: Sequence[int] = (), dp_needs: Sequence[int] = ()
+) -> Moves:
+    """Per variant, (0, its units t r) against the kinds' units added up, in steps of the
+    units' greatest common divisor: the per-kind caps relaxed to their sum."""
+    g = math.gcd(*(t * r for _, t, r in variants))
+    flags, count = variant_flags(variants, needs, dp_needs)
+    moves = [(0, t * r // g, f) for (_, t, r), f in zip(variants, flags, strict=True)]
+    return moves, (sum(u // g for u in units) + 1,), count
 
 
 def unit_moves(
-    variants: Variants, units: list[int], needs: Sequence[int] = (), states: int = 0
+    variants: Variants,
+    units: list[int],
+    needs: Sequence[int] = (),
+    dp_needs: Sequence[int] = (),
+    states: int = 0,
 ) -> Moves:
     """Per variant, the (kind, step) its stage adds to the units state, and the state's sizes:
-    kind k counts floor(t / q_k) per stage against floor(cap_k / q_k), which every placement
+    kind k counts floor(t r / q_k) per stage against floor(cap_k / q_k), which every placement
     meets (a sum of floors is at most the floor of the sum): exact where q_k divides every
-    degree of k, else a relaxation. q_k starts at the degrees' greatest common divisor and
+    width t r of k, else a relaxation. q_k starts at the widths' greatest common divisor and
     doubles, the kind with the most states first, until the states are few (``states``, by
     default UNIT_STATES)."""
     K = len(units)
     q = []
     for k in range(K):
-        tps = [t for kk, t in variants if kk == k]
-        q.append(math.gcd(*tps) if tps else 1)
+        widths = [t * r for kk, t, r in variants if kk == k]
+        q.append(math.gcd(*widths) if widths else 1)
     caps = [u // qk for u, qk in zip(units, q, strict=True)]
     while math.prod(c + 1 for c in caps) > (states or UNIT_STATES):
         k = max(range(K), key=lambda i: (caps[i], -i))
         q[k] *= 2
         caps[k] = units[k] // q[k]
-    flags = needed_flags(variants, needs)
-    moves = [(k, t // q[k], flags.get(t, -1)) for k, t in variants]
-    return moves, tuple(c + 1 for c in caps), len(flags)
+    flags, count = variant_flags(variants, needs, dp_needs)
+    moves = [(k, t * r // q[k], f) for (k, t, r), f in zip(variants, flags, strict=True)]
+    return moves, tuple(c + 1 for c in caps), count
 
 
 def units_recurrence(
     costs: list[list[np.ndarray]],
-    moves: list[tuple[int, int, int]],
+    moves: list[tuple[int, int, tuple[int, ...]]],
     dims: tuple[int, ...],
     flags: int,
     n: int,
@@ -195,11 +210,11 @@ def units_recurrence(
     ]
     best = np.full(shape, math.inf)
     first = slice(1, n - J + 2)  # stage 0 ends after 1 .. n - J + 1 blocks
-    for (axis, step, flag), cost in zip(steps, per_step[0]):
+    for (axis, step, sets), cost in zip(steps, per_step[0]):
         if step < dims[axis]:
             at = [first] + [0] * (U + flags)
             at[1 + axis] = step
-            if flag >= 0:
+            for flag in sets:
                 at[1 + U + flag] = 1
             best[tuple(at)] = np.minimum(best[tuple(at)], cost[0, first])
     pad = (None,) * (len(shape) - 1)
@@ -207,7 +222,7 @@ def units_recurrence(
         # stage j starts after j .. n - J + j blocks and ends after j + 1 .. n - J + j + 1
         starts, ends = slice(j, n - J + j + 1), slice(j + 1, n - J + j + 2)
         new = np.full(shape, math.inf)
-        for (axis, step, flag), cost in zip(steps, stage):
+        for (axis, step, sets), cost in zip(steps, stage):
             if step >= dims[axis]:
                 continue
             src = [starts] + [slice(None)] * (len(shape) - 1)
@@ -215,7 +230,7 @@ def units_recurrence(
             src[1 + axis] = slice(0, dims[axis] - step)
             dst[1 + axis] = slice(step, None)
             prev = best[tuple(src)]  # (a, *units, *flags)
-            if flag >= 0:  # the stage takes a needed degree: its flag is set whatever it was
+            for flag in sets:  # the stage takes a needed degree: set whatever it was
                 prev = prev.min(axis=1 + U + flag, keepdims=True)
                 dst[1 + U + flag] = slice(1, 2)
             window = cost[starts, ends][(slice(None), slice(None), *pad)]
@@ -251,7 +266,7 @@ def pipeline_floor(mp: MixedProblem, split: SplitBound, costs: Costs | None = No
     if costs is None:
         costs = _all_costs(mp)
     taus, psis = costs
-    moves = unit_moves(mp.variants, mp.units, mp.needs)
+    moves = unit_moves(mp.variants, mp.units, mp.needs, mp.dp_needs)
     grid = [split.weighted_max * (1 + PHI_STEP * i) for i in range(PHI_POINTS + 1)]
     best = split.sum_stages + grid[-1]
     for low, high in itertools.pairwise(grid):

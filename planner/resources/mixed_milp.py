@@ -1,15 +1,18 @@
-"""The mixed-kind stage MILP: which variant, a device kind and a TP degree, runs each pipeline
-stage, and which blocks and options each stage runs, exactly minimizing the heterogeneous step
-time of one outer candidate.
+"""The mixed-kind stage MILP: which variant, a device kind, a TP degree and a DP degree, runs
+each pipeline stage, and which blocks and options each stage runs, exactly minimizing the
+heterogeneous step time of one outer candidate.
 
-The homogeneous MILP (planner.search.stage_milp) prices every stage with one profile and one
-TP degree. Here both are a stage's decision: each variant v = (kind k_v, TP degree t_v) has its
-own numbers for the same candidate (its StageProblem: the cost model's per-option time, memory,
-DP and optimizer terms under k_v's profile at TP t_v), and the hop from stage j to j+1 costs
-what the two stages' variants make it (``mixed.hop_times``: a kind's own link inside one kind,
-the pool's fabric between two, whole activations copied to every TP rank where the degrees
-differ). One pipeline, one DP degree and micro-batch count m on every stage; stage j holds
-dp t_j ranks (``Mesh.stage_tp``). Plain 1F1B / GPipe (v = 1: stage j is pp rank j).
+The homogeneous MILP (planner.search.stage_milp) prices every stage with one profile, one TP
+and one DP degree. Here they are a stage's decision: each variant v = (kind k_v, TP degree t_v,
+DP multiple r_v) has its own numbers for the same candidate (its StageProblem: the cost model's
+per-option time, memory, DP and optimizer terms under k_v's profile at TP t_v and DP dp r_v,
+with its own micro-batches per replica m_v = n / (dp r_v), n the step's), and the hop from
+stage j to j+1 costs what the two stages' variants make it (``mixed.hop_times``: a kind's own
+link inside one kind, the pool's fabric between two, whole activations copied to every TP rank
+where the degrees differ). One pipeline and micro-batch size; stage j holds dp r_j t_j ranks
+(``Mesh.stage_tp``, ``stage_dp``), its replicas taking the step's micro-batches in turns.
+Plain 1F1B / GPipe (v = 1: stage j is pp rank j); the runtime runs DP degrees that differ under
+GPipe only, so the search gives r_v > 1 only to GPipe candidates.
 
 Variables:
     y[j,v]     in {0,1}   stage j runs variant v
@@ -19,14 +22,15 @@ Variables:
     h[j,v]     in {0,1}   stage j is of variant v and holds parameters
     u[j,v,s,o] in {0,1}   stage j runs some block of (s, o) of variant v (for the max terms)
     P_g                   the TP degree of tied group g's stages
-    T_j, Tmax, E_j^1, E_j^2, E, X_j, Z_j, Opt, Off >= 0
+    T_j, Q, E_j^1, E_j^2, E, X_j, Z_j, Opt, Off >= 0
 
 Constraints (names in the code):
     variant:   sum_v y[j,v] = 1
-    needs:     sum_j sum_{v: t_v = d} y[j,v] >= 1  for each degree d some stage must take
-               (the search's cell of placements whose least and largest degrees are given)
-    units:     lo_k <= sum_j sum_{v of kind k} t_v y[j,v] <= hi_k
-               (TP units: a kind's GPUs over dp. The time search has lo = 0, hi = G_k // dp,
+    needs:     sum_j sum_{v: t_v = d} y[j,v] >= 1  for each degree d some stage must take,
+               and likewise for each DP multiple in dp_needs (the search's cell of
+               placements whose least and largest degrees and multiples are given)
+    units:     lo_k <= sum_j sum_{v of kind k} t_v r_v y[j,v] <= hi_k
+               (units: a kind's GPUs over dp. The time search has lo = 0, hi = G_k // dp,
                G_k the pool's GPUs of kind k; the rate search fixes lo = hi, or a range over
                which its rate does not change)
     link:      n[j,v,s,o] <= L_s allow[v,s,o] y[j,v]
@@ -34,21 +38,22 @@ Constraints (names in the code):
     pair:      sum_u w[j,v,u] = y[j,v];  sum_v w[j,v,u] = y[j+1,u]  (with y binary, w is the
                product y[j,v] y[j+1,u]);  w[j,v,u] <= linked[v,u]  (no hop between kinds the
                pool joins by no fabric)
-    tied:      |sum_v t_v y[j,v] - P_g| <= (t_max - t_min) (1 - a[j,s])  for s in group g
-               (every stage holding a block of a tied group's segments has one TP degree: the
-               runtime sums a tied weight's gradient between matching TP shards)
-    time:      T_j = sum n t[v,s,o] + sum_v y[j,v] c[v,j] + sum_{v,u} w[j,v,u] hop[j,v,u]
-               Tmax >= T_j
+    tied:      |sum_v g_v y[j,v] - P_g| <= (g_max - g_min) (1 - a[j,s])  for s in group g,
+               g_v = t_v + 16 r_v a code of (TP, DP) (every stage holding a block of a tied
+               group's segments has one TP and one DP degree: the runtime sums a tied
+               weight's gradient between matching shards)
+    time:      T_j = sum_v T_jv,  T_jv = sum n t[v,s,o] + y[j,v] c[v,j] + sum_u w[j,v,u] hop[j,v,u]
+               Q >= sum_v (m_v - 1) T_jv   (= (m_j - 1) T_j: one variant's part is nonzero)
     dp:        h[j,v] >= a[j,s] + y[j,v] - 1 (s with parameters);  h[j,v] <= y[j,v]
                E_j^i >= sum n d^i[v,s,o] + sum_v h[j,v] d^i_once[v];  E >= E_j^1 + E_j^2
     memory:    sum n (state + inflight_j act)[v,s,o] + X_j + Z_j <= sum_v y[j,v] (cap_v - r[v,j])
                X_j >= ws[v,s,o] u;  Z_j >= gather[v,s,o] u;  L_s u >= n
     host:      sum n host[v,s,o] <= sum_v y[j,v] hostcap_v
     optimizer: Opt >= sum n opt[v,s,o];  Off >= sum n off[v,s,o]   (per stage)
-    split:     Tmax >= T*;  sum_j T_j >= S*;  (m - 1) Tmax + Opt + Off >= P*  (mixed_bound's
-               cuts, which every placement meets)
+    split:     Q >= (m_min - 1) T*;  sum_j T_j >= S*;  Q + Opt + Off >= P*  (mixed_bound's
+               cuts, which every placement meets: m_min the fewest micro-batches per replica)
 Objective (= mixed_cost.step_time):
-    sum_j T_j + (m - 1) Tmax + E + Opt + Off + K
+    sum_j T_j + Q + E + Opt + Off + K
     (K: the tied weights' gradient sum, priced at the slowest variant's: an upper bound when
     the first and last stages differ, the same whatever the placement)
 
@@ -77,28 +82,29 @@ NODE_LIMIT = 5_000  # a work limit (never the clock): the same plan on any machi
 
 @dataclass
 class MixedProblem:
-    """One outer candidate's numbers under every variant (device kind, TP degree), the hops
-    between variants, and what the pool lets each kind's stages add up to."""
+    """One outer candidate's numbers under every variant (device kind, TP degree, DP multiple),
+    the hops between variants, and what the pool lets each kind's stages add up to."""
 
     kinds: list[str]
-    variants: list[tuple[int, int]]  # (kind index, TP degree) of each variant
-    per_variant: list[StageProblem]  # same pp, m, segments; v = 1
+    # (kind index, TP degree, DP multiple) of each variant; a (kind, TP) pair has multiple 1
+    variants: list[tuple[int, ...]]
+    per_variant: list[StageProblem]  # same pp, segments; v = 1; m its own (n / (dp r))
     base_time: np.ndarray  # (V, J) per micro-batch besides blocks and the outgoing hop
     hop: np.ndarray  # (J-1, V, V): hop j -> j+1, activations forward and gradients back;
     # inf where no fabric joins the two kinds (the pair is then forbidden)
-    units: list[int]  # per kind: the most its stages' TP degrees may add up to (GPUs // dp)
+    units: list[int]  # per kind: the most its stages' t r may add up to (GPUs // dp)
     const_step: float = 0.0
     units_low: list[int] | None = None  # per kind: the least they may add up to (None: 0)
     tied: list[tuple[int, int]] = field(default_factory=list)  # segments a weight ties
     needs: list[int] = field(default_factory=list)  # TP degrees some stage must take
+    dp_needs: list[int] = field(default_factory=list)  # DP multiples some stage must take
+
+    def __post_init__(self) -> None:
+        self.variants = [tuple(v) if len(v) == 3 else (*v, 1) for v in self.variants]
 
     @property
     def J(self) -> int:
         return self.per_variant[0].pp
-
-    @property
-    def m(self) -> int:
-        return self.per_variant[0].m
 
     @property
     def seg_len(self) -> list[int]:
@@ -114,6 +120,23 @@ class MixedProblem:
     def tp_of(self, v: int) -> int:
         return self.variants[v][1]
 
+    def dp_of(self, v: int) -> int:
+        """Variant v's DP multiple r_v: its stage has dp r_v replicas."""
+        return self.variants[v][2]
+
+    def width(self, v: int) -> int:
+        """Variant v's units: t_v r_v, its stage's GPUs over dp."""
+        return self.variants[v][1] * self.variants[v][2]
+
+    def m_of(self, v: int) -> int:
+        """Variant v's micro-batches per replica."""
+        return self.per_variant[v].m
+
+    @property
+    def m_min(self) -> int:
+        """The fewest micro-batches per replica of any variant."""
+        return min(sp.m for sp in self.per_variant)
+
 
 @dataclass
 class MixedSolution:
@@ -125,6 +148,7 @@ class MixedSolution:
     nodes: int = 0
     kinds: list[int] = field(default_factory=list)  # kind index per stage
     tps: list[int] = field(default_factory=list)  # TP degree per stage
+    dps: list[int] = field(default_factory=list)  # DP multiple per stage
 
 
 def tied_groups(tied: list[tuple[int, int]], n_segments: int) -> list[tuple[int, ...]]:
@@ -159,7 +183,7 @@ class _Structure:
         seg_len: list[int],
         n_opts: list[list[int]],
         has_params,
-        variants: tuple[tuple[int, int], ...],
+        variants: tuple[tuple[int, int, int], ...],
         n_kinds: int,
         groups: tuple[tuple[int, ...], ...],
     ) -> None:
@@ -177,15 +201,18 @@ class _Structure:
         Gs[np.arange(C), seg_of] = 1.0
         Gv = np.zeros((C, V))
         Gv[np.arange(C), variant_of] = 1.0
-        tps = np.array([t for _, t in variants], dtype=float)
-        units_of = np.zeros((V, K))  # y[j,v] -> TP units of kind k_v
-        for v, (k, t) in enumerate(variants):
-            units_of[v, k] = t
-        self.degrees = sorted({t for _, t in variants})
-        degree_of = np.array([[float(t == d) for d in self.degrees] for _, t in variants])
+        codes = np.array([t + 16 * r for _, t, r in variants], dtype=float)  # (TP, DP)
+        units_of = np.zeros((V, K))  # y[j,v] -> units of kind k_v
+        for v, (k, t, r) in enumerate(variants):
+            units_of[v, k] = t * r
+        self.degrees = sorted({t for _, t, _ in variants})
+        degree_of = np.array([[float(t == d) for d in self.degrees] for _, t, _ in variants])
+        self.mults = sorted({r for _, _, r in variants})
+        mult_of = np.array([[float(r == d) for d in self.mults] for _, _, r in variants])
         low = np.tril(np.ones((J, J)))
         par = cp.Parameter
         self.time, self.host = par(C), par(C)
+        self.time_q = par(C)  # time (m_v - 1), v the column's variant
         self.optim, self.offl = par(C), par(C)
         self.ws, self.gather = par((J, C), nonneg=True), par((J, C), nonneg=True)
         self.limit = par((J, C), nonneg=True)  # L_s allow[v,s,o], per row
@@ -193,15 +220,15 @@ class _Structure:
         self.stepco = par((J, C), nonneg=True)  # the optimizer step's states, GiB
         self.loss = par(J, nonneg=True)  # the loss's peak on the last stage, GiB
         self.k1h, self.k2h = par((J, V)), par((J, V))
-        self.base = par((J, V))
+        self.base, self.base_q = par((J, V)), par((J, V))
         self.room = par((J, V))  # capacity less the rank's other memory, GiB
         self.hostcap = par((J, V))
         self.units_hi, self.units_lo = par(K, nonneg=True), par(K, nonneg=True)
         self.need = par(len(self.degrees), nonneg=True)
-        self.c_t = par(nonneg=True)
+        self.need_r = par(len(self.mults), nonneg=True)
         self.const_step = par(nonneg=True)
-        # mixed_bound's T*, S*, P*: cuts every placement satisfies
-        self.tmax_floor, self.sum_floor = par(nonneg=True), par(nonneg=True)
+        # mixed_bound's T*, S*, P* (the first as (m_min - 1) T*): cuts every placement meets
+        self.q_floor, self.sum_floor = par(nonneg=True), par(nonneg=True)
         self.weighted_floor = par(nonneg=True)
         n = cp.Variable((J, C), integer=True)
         y = cp.Variable((J, V), boolean=True)
@@ -209,7 +236,7 @@ class _Structure:
         h = cp.Variable((J, V), boolean=True)
         u = cp.Variable((J, C), boolean=True)
         T = cp.Variable(J, nonneg=True)
-        tmax, E = cp.Variable(nonneg=True), cp.Variable(nonneg=True)
+        Q, E = cp.Variable(nonneg=True), cp.Variable(nonneg=True)
         e1, e2 = cp.Variable(J, nonneg=True), cp.Variable(J, nonneg=True)
         X, Z = cp.Variable(J, nonneg=True), cp.Variable(J, nonneg=True)
         opt, off = cp.Variable(nonneg=True), cp.Variable(nonneg=True)
@@ -221,6 +248,7 @@ class _Structure:
             n >= 0,
             cp.sum(y, axis=1) == 1,  # variant
             cp.sum(y, axis=0) @ degree_of >= self.need,  # needs
+            cp.sum(y, axis=0) @ mult_of >= self.need_r,
             units <= self.units_hi,  # units
             units >= self.units_lo,
             n <= cp.multiply(y @ Gv.T, self.limit),  # link
@@ -236,26 +264,29 @@ class _Structure:
                     cum[: J - 1, 1:] <= cp.multiply(1 - a[1:, : S - 1], np.tile(L[1:], (J - 1, 1)))
                 )  # order_a / order_b
         T_expr = n @ self.time + cp.sum(cp.multiply(y, self.base), axis=1)
+        Q_expr = n @ self.time_q + cp.sum(cp.multiply(y, self.base_q), axis=1)
         if J > 1:
             self.hop = par((J - 1, V * V), nonneg=True)
+            self.hop_q = par((J - 1, V * V), nonneg=True)  # hop (m_v - 1), v the sender
             self.linked = par((J - 1, V * V), nonneg=True)  # 1 where the pair may meet
             w = cp.Variable((J - 1, V * V), nonneg=True)
             rows = np.kron(np.eye(V), np.ones((V, 1)))  # column (v, u) -> v
             cols = np.kron(np.ones((V, 1)), np.eye(V))  # column (v, u) -> u
             cons += [w @ rows == y[:-1], w @ cols == y[1:], w <= self.linked]  # pair
             T_expr = T_expr + cp.hstack([cp.sum(cp.multiply(w, self.hop), axis=1), np.zeros(1)])
-        spread = float(tps.max() - tps.min())
+            Q_expr = Q_expr + cp.hstack([cp.sum(cp.multiply(w, self.hop_q), axis=1), np.zeros(1)])
+        spread = float(codes.max() - codes.min())
         if groups and spread > 0:
-            degree = y @ tps  # stage j's TP degree
+            degree = y @ codes  # stage j's (TP, DP) code
             P = cp.Variable(len(groups))
             for g, segs in enumerate(groups):
                 for s in segs:
                     slack = spread * (1 - a[:, s])
                     cons += [degree - P[g] <= slack, P[g] - degree <= slack]  # tied
-        cons += [T == T_expr, tmax >= T]  # time
+        cons += [T == T_expr, Q >= Q_expr]  # time
 
-        cons += [tmax >= self.tmax_floor, cp.sum(T) >= self.sum_floor]  # split
-        cons.append(self.c_t * tmax + opt + off >= self.weighted_floor)
+        cons += [Q >= self.q_floor, cp.sum(T) >= self.sum_floor]  # split
+        cons.append(Q + opt + off >= self.weighted_floor)
         for s in range(S):
             if has_params[s]:
                 cons.append(h >= a[:, s : s + 1] @ np.ones((1, V)) + y - 1)
@@ -276,13 +307,13 @@ class _Structure:
             opt >= n @ self.optim,
             off >= n @ self.offl,
         ]
-        objective = cp.sum(T) + self.c_t * tmax + E + opt + off + self.const_step
+        objective = cp.sum(T) + Q + E + opt + off + self.const_step
         self.n, self.y = n, y
         self.problem = cp.Problem(cp.Minimize(objective), cons)
 
     def load(self, mp: MixedProblem, keep: list[list[list[int]]], split: SplitBound) -> None:
         J, V = self.J, self.V
-        self.tmax_floor.value = split.max_stage
+        self.q_floor.value = (mp.m_min - 1.0) * split.max_stage
         self.sum_floor.value = split.sum_stages
         self.weighted_floor.value = split.weighted_max
         cat = np.concatenate
@@ -303,13 +334,16 @@ class _Structure:
         )
         self.limit.value = np.tile(lcol * allow, (J, 1))
         self.time.value = col("time")
+        scale = np.array([mp.m_of(v) - 1.0 for v in range(V)])  # m_v - 1
+        widths = [sum(map(len, sp.time)) for sp in sps]
+        self.time_q.value = self.time.value * np.repeat(scale, widths)
         self.host.value = col("host") / GIB
         self.optim.value = col("optim")
         self.offl.value = col("offl")
         self.ws.value = np.tile(col("ws") / GIB, (J, 1))
         self.gather.value = np.tile(col("gather") / GIB, (J, 1))
         state, act = col("state"), col("act")
-        inflight = np.asarray(sps[0].inflight, dtype=float)[:, None]
+        inflight = np.repeat(np.array([sp.inflight for sp in sps], dtype=float).T, widths, axis=1)
         self.memco.value = (state[None, :] + inflight * act[None, :]) / GIB
         steps = [
             cat(sp.step) if sp.step is not None else np.zeros(sum(map(len, sp.time))) for sp in sps
@@ -321,6 +355,7 @@ class _Structure:
         self.k1h.value = np.tile([sp.dp_once[0] for sp in sps], (J, 1))
         self.k2h.value = np.tile([sp.dp_once[1] for sp in sps], (J, 1))
         self.base.value = np.asarray(mp.base_time, dtype=float).T
+        self.base_q.value = self.base.value * scale[None, :]
         self.room.value = np.stack(
             [(sp.capacity - np.asarray(sp.const_mem, dtype=float)) / GIB for sp in sps], axis=1
         )
@@ -328,12 +363,13 @@ class _Structure:
         self.units_hi.value = np.asarray(mp.units, dtype=float)
         self.units_lo.value = np.asarray(mp.low, dtype=float)
         self.need.value = np.array([float(d in mp.needs) for d in self.degrees])
-        self.c_t.value = mp.m - 1.0
+        self.need_r.value = np.array([float(d in mp.dp_needs) for d in self.mults])
         self.const_step.value = mp.const_step
         if J > 1:
             hop = np.asarray(mp.hop, dtype=float).reshape(J - 1, V * V)
             self.linked.value = np.isfinite(hop).astype(float)
             self.hop.value = np.where(np.isfinite(hop), hop, 0.0)
+            self.hop_q.value = self.hop.value * np.repeat(scale, V)[None, :]
 
     def read(self) -> tuple[list[int], list[list[list[int]]]]:
         y = np.rint(np.asarray(self.y.value)).astype(int)
@@ -415,4 +451,5 @@ def solve_mixed(
     status = "optimal" if status == "optimal" else "node_limit"
     kinds = [mp.kind_of(v) for v in chosen]
     tps = [mp.tp_of(v) for v in chosen]
-    return MixedSolution(status, value, chosen, counts, elapsed, nodes, kinds, tps)
+    dps = [mp.dp_of(v) for v in chosen]
+    return MixedSolution(status, value, chosen, counts, elapsed, nodes, kinds, tps, dps)

@@ -2,8 +2,9 @@
 then the mixed search with the best single kind's step time as its cutoff, and the winner
 written as an ordinary plan.json plus the kind of every stage and rank.
 
-A mixed plan is one (pp, dp, tp) mesh, with ``stage_tp`` each stage's own TP degree when they
-differ (``Mesh.stage_tp``: stage j on the dp t_j ranks after those of stages < j); with one
+A mixed plan is one (pp, dp, tp) mesh, with ``stage_tp`` and ``stage_dp`` each stage's own TP
+and DP degree when they differ (``Mesh.stage_tp``, ``stage_dp``: stage j on the dp_j t_j ranks
+after those of stages < j, its replicas taking the step's micro-batches in turns); with one
 degree for all it is the plain mesh, written as before. Its stages' numbers are the cost
 model's under each stage's variant (its kind's own ``evaluate`` at its degree), the hops
 between kinds priced on the pool's fabric, and the step time the mixed MILP's
@@ -100,8 +101,8 @@ def plan_mixed(
     alone when the caller planned them already (a pool's options); else each kind is planned
     here on all its GPUs. ``pins`` default to no offload: the runtime cannot offload on CPU
     ranks, and a mixed pipeline is for when more devices, not host memory, are the gain.
-    ``stage_degrees``: search_mixed's (stages with TP degrees of their own: True, False, or
-    None, where that search is small); the plan's notes say when it was left out."""
+    ``stage_degrees``: search_mixed's (stages with TP and DP degrees of their own: True,
+    False, or None, where that search is small); the plan's notes say when it was left out."""
     if len(kinds) < 2 or len({k.name for k in kinds}) != len(kinds):
         raise UserInputError("a mixed plan needs at least two device kinds with distinct names")
     mf = (
@@ -210,12 +211,14 @@ def counts_to_config(
     return stage_of, choice, configs
 
 
-def plan_mesh(pp: int, dp: int, tps: list[int]) -> Mesh:
-    """The plan's mesh: each stage's degree in ``stage_tp`` when they differ, else the plain
-    (pp, dp, tp) mesh, so a uniform plan's file is what it was before per-stage degrees."""
-    if len(set(tps)) == 1:
-        return Mesh(pp, dp, tps[0])
-    return Mesh(pp, dp, max(tps), stage_tp=tuple(tps))
+def plan_mesh(pp: int, dp: int, tps: list[int], dps: list[int] | None = None) -> Mesh:
+    """The plan's mesh: each stage's TP degree in ``stage_tp`` and DP degree (``dp`` times its
+    multiple in ``dps``) in ``stage_dp`` when they differ, else the plain (pp, dp, tp) mesh, so
+    a uniform plan's file is what it was before per-stage degrees."""
+    dps = [dp * r for r in dps] if dps else [dp] * pp
+    stage_tp = tuple(tps) if len(set(tps)) > 1 else None
+    stage_dp = tuple(dps) if len(set(dps)) > 1 else None
+    return Mesh(pp, max(dps), max(tps), stage_tp=stage_tp, stage_dp=stage_dp)
 
 
 def mixed_plan_record(traced, training: Training, lr: float, result: MixedResult) -> Plan:
@@ -224,12 +227,12 @@ def mixed_plan_record(traced, training: Training, lr: float, result: MixedResult
     best: MixedCandidate | None = result.best
     assert best is not None and best.solution is not None and best.problem is not None
     c, sol, mp = best.cand, best.solution, best.problem
-    mesh = plan_mesh(c.pp, c.dp, sol.tps)
+    mesh = plan_mesh(c.pp, c.dp, sol.tps, sol.dps)
     base = Config(mesh, c.micro_batch_size, c.schedule, 1, c.zero, [], [])
     blocks = traced.blocks
-    meshes = [Mesh(c.pp, c.dp, t) for _, t in mp.variants]
+    meshes = [Mesh(c.pp, c.dp * r, t) for _, t, r in mp.variants]
     stage_of, choice, configs = counts_to_config(base, blocks, sol.counts, sol.variants, meshes)
-    ins = [result.inputs[k, t, c.micro_batch_size] for k, t in mp.variants]
+    ins = [result.inputs[k, t, c.micro_batch_size] for k, t, _ in mp.variants]
     costs = {v: evaluate(ins[v], configs[v]) for v in set(sol.variants)}
     step = step_time(mp, sol.variants, sol.counts)
     rep: dict[str, list[str]] = {}
@@ -282,8 +285,8 @@ def mixed_plan_record(traced, training: Training, lr: float, result: MixedResult
         for j, k in enumerate(sol.kinds)
     )
     flops = costs[sol.variants[0]].model_flops_per_step
-    m = mp.m
-    pipeline = sum(times) + (m - 1) * max(times)
+    m = training.global_batch_size // (mesh.dp * c.micro_batch_size)  # the widest stage's
+    pipeline = sum(times) + max((mp.m_of(v) - 1) * t for v, t in zip(sol.variants, times))
     peaks = [mm.total for mm in memory]
     caps = [mp.per_variant[v].capacity for v in sol.variants]
     worst = max(range(c.pp), key=lambda j: (peaks[j] / caps[j], j))

@@ -202,6 +202,6 @@ def mixed_option(
     run, nodes = mixed_run_cost(pool, plan, k, pool.effective_time_fraction)
     m = plan.mesh
     kinds_by_stage = "/".join(st.kind or "" for st in plan.stages)
-    mesh = f"pp{m.pp} dp{m.dp} tp{m.tp_label} ({kinds_by_stage})"
+    mesh = f"pp{m.pp} dp{m.dp_label} tp{m.tp_label} ({kinds_by_stage})"
     point = PlanPoint(p.step_time_s, p.mfu, tokens_per_step, mesh, prediction_busy_share(p))
     return Option(mixed_node_type(pool, plan, nodes), nodes, point, run), res
