@@ -131,7 +131,7 @@ STAGE_DP_RATIO = 4
 # degree, and the cells' fastest-option floors and split bounds (a units recurrence each)
 # are the work: Llama-3-8B over 8 A100 + 8 H100 took 73 s with them against 23 s without (the
 # same plan), GPT 1.3B over the same kinds 101 s against 8 s (tests/test_mixed_pool.py), and
-# profiles/pools/onprem.toml (48 GPUs) ran past 400 s unfinished (the first two while the
+# profiles/pools/onprem.toml (48 GPUs) ran past 400 s unfinished (the Llama runs while the
 # 2-core machine ran other work too).
 STAGE_DP_GPUS = 8
 
