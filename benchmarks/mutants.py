@@ -1491,8 +1491,8 @@ MUTANTS: list[Mutant] = [
     M(
         "mixed-dp-step-one-micro-batch-count",
         "planner/resources/mixed_cost.py",
-        "        busy.append((sp.m - 1) * t)\n",
-        "        busy.append((mp.per_variant[0].m - 1) * t)\n",
+        "    busy = max((mp.m_of(v) - 1) * t for v, t in",
+        "    busy = max((mp.m_of(0) - 1) * t for v, t in",
         "tests/test_mixed_milp.py",
         "the direct step time ignores that a stage of more replicas runs fewer micro-batches each",
     ),

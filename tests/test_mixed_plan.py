@@ -235,14 +235,17 @@ def test_plan_step_is_the_milp_optimum_and_kinds_cannot_swap(mixed):
 @pytest.mark.long  # a torchrun launch of its own (about a minute): CI runs it after the suite
 def test_runtime_runs_the_mixed_plan_like_one_process(mixed):
     res, tmp = mixed
-    run_dir = tmp / "run"
-    path = write_plan(res.plan, run_dir)
-    steps = 5
-    rc, log = launch([path], [run_dir], 2, "--checkpoint-every", str(steps), steps=steps)
+    trains_like_one_process(res.plan, tmp / "run", 2, 5)
+
+
+def trains_like_one_process(plan, run_dir: Path, ranks: int, steps: int) -> None:
+    """``plan`` written to ``run_dir`` and trained under torchrun on ``ranks`` ranks: every
+    step's loss and the final parameters equal one process training the same model."""
+    path = write_plan(plan, run_dir)
+    rc, log = launch([path], [run_dir], ranks, "--checkpoint-every", str(steps), steps=steps)
     got = losses_of(run_dir)
     assert len(got) == steps, f"torchrun exit {rc}\n{log[-6000:]}"
-    plan = json.loads(path.read_text())
-    ref = reference_for_plan(plan, steps)
+    ref = reference_for_plan(json.loads(path.read_text()), steps)
     assert not unmoved_parameters(ref)
     for g, w in zip(got, ref.losses, strict=True):
         assert abs(g - w) <= 1e-4 * abs(w)

@@ -15,15 +15,8 @@ import json
 import math
 
 import pytest
-from oracle import (
-    checkpoint_model_state,
-    parameter_mismatches,
-    reference_for_plan,
-    unmoved_parameters,
-)
-from runs import launch, losses_of
 from test_mixed_milp import brute_force
-from test_mixed_plan import LINK
+from test_mixed_plan import LINK, trains_like_one_process
 from test_mixed_stage_tp import COMMON, plan_stage_tp
 
 from planner.resources import mixed
@@ -146,15 +139,4 @@ def test_runtime_trains_the_searched_dp_degrees_like_one_process(searched, tmp_p
     the fast rank) runs under torchrun as written: every step's loss and the final parameters
     equal one process training the same model."""
     res, _ = searched
-    run_dir = tmp_path / "run"
-    path = write_plan(res.plan, run_dir)
-    steps = 3
-    rc, log = launch([path], [run_dir], 3, "--checkpoint-every", str(steps), steps=steps)
-    got = losses_of(run_dir)
-    assert len(got) == steps, f"torchrun exit {rc}\n{log[-6000:]}"
-    ref = reference_for_plan(json.loads(path.read_text()), steps)
-    assert not unmoved_parameters(ref)
-    for g, w in zip(got, ref.losses, strict=True):
-        assert abs(g - w) <= 1e-4 * abs(w)
-    state = checkpoint_model_state(run_dir / "checkpoints" / f"step_{steps:06d}")
-    assert not parameter_mismatches(state, ref)
+    trains_like_one_process(res.plan, tmp_path / "run", 3, 3)

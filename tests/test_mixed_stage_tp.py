@@ -18,15 +18,8 @@ import math
 from pathlib import Path
 
 import pytest
-from oracle import (
-    checkpoint_model_state,
-    parameter_mismatches,
-    reference_for_plan,
-    unmoved_parameters,
-)
-from runs import launch, losses_of
 from test_mixed_milp import brute_force
-from test_mixed_plan import LINK, MODEL, half_profile
+from test_mixed_plan import LINK, MODEL, half_profile, trains_like_one_process
 
 from planner.cost.model import hop_time
 from planner.hardware.collectives import p2p_time
@@ -169,18 +162,7 @@ def test_runtime_trains_the_searched_degrees_like_one_process(searched, tmp_path
     rank at TP 1) runs under torchrun as written: every step's loss and the final parameters
     equal one process training the same model."""
     res, _ = searched
-    run_dir = tmp_path / "run"
-    path = write_plan(res.plan, run_dir)
-    steps = 3
-    rc, log = launch([path], [run_dir], 3, "--checkpoint-every", str(steps), steps=steps)
-    got = losses_of(run_dir)
-    assert len(got) == steps, f"torchrun exit {rc}\n{log[-6000:]}"
-    ref = reference_for_plan(json.loads(path.read_text()), steps)
-    assert not unmoved_parameters(ref)
-    for g, w in zip(got, ref.losses, strict=True):
-        assert abs(g - w) <= 1e-4 * abs(w)
-    state = checkpoint_model_state(run_dir / "checkpoints" / f"step_{steps:06d}")
-    assert not parameter_mismatches(state, ref)
+    trains_like_one_process(res.plan, tmp_path / "run", 3, 3)
 
 
 @pytest.mark.parametrize("t, u", [(1, 1), (4, 4), (1, 2), (2, 1), (2, 8), (8, 2), (1, 8)])

@@ -97,7 +97,13 @@ from planner.resources.mixed_bound import (
     step_bound,
     variant_costs,
 )
-from planner.resources.mixed_milp import NODE_LIMIT, MixedProblem, MixedSolution, solve_mixed
+from planner.resources.mixed_milp import (
+    NODE_LIMIT,
+    MixedProblem,
+    MixedSolution,
+    solve_mixed,
+    variant_triples,
+)
 from planner.search.bounds import quiet_highs
 from planner.search.candidates import Candidate, Pins, divisors
 from planner.search.options import price_options
@@ -292,14 +298,12 @@ def outer_candidates(
     GPipe only (the runtime's one schedule for them), so a cell of r > 1 is GPipe; without
     ``stage_dp``, or with ``pins.dp`` (every stage that DP degree), every cell has r = 1."""
     gbs = training.global_batch_size
-    largest = max(k.gpus for k in kinds)
-    stage_dp = stage_dp and not pins.dp
+    mults = dp_multiples(STAGE_DP_RATIO) if stage_dp and not pins.dp else [1]
     out = []
     for dp in divisors(gbs):
         if pins.dp and dp != pins.dp:
             continue
-        tops = [r for r in dp_multiples(STAGE_DP_RATIO) if dp * r <= largest]
-        allowed = stage_variants(kinds, dp, degrees, tops if stage_dp else [1])
+        allowed = stage_variants(kinds, dp, degrees, mults)
         tps = sorted({t for _, t, _ in allowed})
         for lo, hi in itertools.combinations_with_replacement(tps, 2):
             for top in sorted({r for _, _, r in allowed}):
@@ -406,7 +410,7 @@ def mixed_problem(
     the hops, how many units each kind's GPUs hold, and the TP degrees and DP multiples some
     stage must take. ``variants``: (kind, TP, DP multiple), or (kind, TP) for multiple 1.
     ``parts`` and ``hop``: each variant's, and the hops, where the caller has them."""
-    variants = [tuple(v) if len(v) == 3 else (*v, 1) for v in variants]
+    variants = variant_triples(variants)
     if parts is None:
         parts = [variant_parts(inp, cand, t, r) for inp, (_, t, r) in zip(inputs, variants)]
     if hop is None:

@@ -51,6 +51,13 @@ def fits_pool(mp: MixedProblem, variants: list[int], counts: list[list[list[int]
     return True
 
 
+def pipeline_time(mp: MixedProblem, variants: list[int], times: list[float]) -> float:
+    """sum_j T_j + max_j (m_j - 1) T_j: stage j of variant ``variants[j]`` taking ``times[j]``
+    a micro-batch."""
+    busy = max((mp.m_of(v) - 1) * t for v, t in zip(variants, times, strict=True))
+    return sum(times) + busy
+
+
 def step_time(mp: MixedProblem, variants: list[int], counts: list[list[list[int]]]) -> float:
     """The step time of the placement (a variant per stage), or inf when it does not fit
     (memory, host, pool, tied degrees)."""
@@ -62,7 +69,7 @@ def step_time(mp: MixedProblem, variants: list[int], counts: list[list[list[int]
         raise ValueError(f"placement puts {placed} blocks per segment, not {L}")
     if not fits_pool(mp, variants, counts):
         return math.inf
-    times, busy, exposed, optim, offl = [], [], [], [], []
+    times, exposed, optim, offl = [], [], [], []
     for j, (v, row) in enumerate(zip(variants, counts, strict=True)):
         sp = mp.per_variant[v]
         t = mp.base_time[v][j] + (mp.hop[j][v][variants[j + 1]] if j < J - 1 else 0.0)
@@ -92,8 +99,8 @@ def step_time(mp: MixedProblem, variants: list[int], counts: list[list[list[int]
         if over_device or host > sp.host_capacity * (1 + 1e-9):
             return math.inf
         times.append(t)
-        busy.append((sp.m - 1) * t)
         exposed.append(max(0.0, e1) + max(0.0, e2))
         optim.append(opt)
         offl.append(off)
-    return float(sum(times) + max(busy) + max(exposed) + max(optim) + max(offl) + mp.const_step)
+    pipeline = pipeline_time(mp, variants, times)
+    return float(pipeline + max(exposed) + max(optim) + max(offl) + mp.const_step)

@@ -80,6 +80,11 @@ from planner.search.stage_milp import MIP_REL_GAP, undominated
 NODE_LIMIT = 5_000  # a work limit (never the clock): the same plan on any machine
 
 
+def variant_triples(variants) -> list[tuple[int, int, int]]:
+    """Variants as (kind, TP degree, DP multiple): a (kind, TP) pair has multiple 1."""
+    return [tuple(v) if len(v) == 3 else (*v, 1) for v in variants]
+
+
 @dataclass
 class MixedProblem:
     """One outer candidate's numbers under every variant (device kind, TP degree, DP multiple),
@@ -100,7 +105,7 @@ class MixedProblem:
     dp_needs: list[int] = field(default_factory=list)  # DP multiples some stage must take
 
     def __post_init__(self) -> None:
-        self.variants = [tuple(v) if len(v) == 3 else (*v, 1) for v in self.variants]
+        self.variants = variant_triples(self.variants)
 
     @property
     def J(self) -> int:

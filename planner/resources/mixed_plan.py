@@ -34,7 +34,7 @@ from planner.hardware.cluster import Cluster
 from planner.hardware.profiles import load_profile
 from planner.modelfile import ModelFile, load_model_file
 from planner.resources.mixed import Kind, MixedCandidate, MixedResult, RunRate, search_mixed
-from planner.resources.mixed_cost import step_time
+from planner.resources.mixed_cost import pipeline_time, step_time
 from planner.schema import SCHEMA
 from planner.schema.mesh import Mesh
 from planner.schema.plan import (
@@ -286,7 +286,7 @@ def mixed_plan_record(traced, training: Training, lr: float, result: MixedResult
     )
     flops = costs[sol.variants[0]].model_flops_per_step
     m = training.global_batch_size // (mesh.dp * c.micro_batch_size)  # the widest stage's
-    pipeline = sum(times) + max((mp.m_of(v) - 1) * t for v, t in zip(sol.variants, times))
+    pipeline = pipeline_time(mp, sol.variants, times)
     peaks = [mm.total for mm in memory]
     caps = [mp.per_variant[v].capacity for v in sol.variants]
     worst = max(range(c.pp), key=lambda j: (peaks[j] / caps[j], j))
