@@ -380,6 +380,7 @@ def baseline_candidates(traced, cluster, training, pins, variants_of, memo=None)
     from dataclasses import replace
 
     from planner.search import search
+    from planner.search.candidates import divisors, enumerate_candidates
 
     found = []
     rules = [
@@ -396,6 +397,11 @@ def baseline_candidates(traced, cluster, training, pins, variants_of, memo=None)
         p = replace(pins, **fixed)
         if name.startswith("Megatron"):
             p = replace(p, recompute="full", pp=cluster.nodes if cluster.nodes > 1 else None)
+        layouts = enumerate_candidates(
+            cluster.gpus, len(traced.blocks), training, p, divisors(cluster.gpus), traced.blocks
+        )
+        if not layouts:  # the rule contradicts the user's pins: nothing to price
+            continue
         try:
             res = search(traced.graph, traced.blocks, cluster, training, p, variants_of, memo=memo)
         except Exception:  # a baseline that cannot be formed is simply not listed

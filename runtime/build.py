@@ -356,3 +356,16 @@ def release(built: Built) -> None:
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     dist.barrier()
+
+
+def freeze_launch_state() -> None:
+    """Exempt what outlives a plan of a batch from every later collection (``gc.freeze``).
+
+    ``release`` runs a full collection after each plan, and a full collection walks every
+    tracked object: with torch and transformers imported, some 400,000, 0.2-0.3 s a plan, a
+    fifth of a tiny model's whole run on the CPU. Called between plans, once a plan and its
+    modules are dropped and collected, what is still alive lives until the launch ends
+    (imports, meshes and process groups, traced pipelines in ``RuntimeCache``): frozen, each
+    later collection walks only what the next plan made."""
+    gc.collect()
+    gc.freeze()

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from planner.errors import MeshplanError, brief
 from planner.modelfile import load_model_file
 from planner.schema import load_plan
-from runtime.build import RuntimeCache
+from runtime.build import RuntimeCache, freeze_launch_state
 from runtime.checkpoint import latest_checkpoint
 from runtime.stop import ENV as STOP_ENV
 from runtime.stop import RunStopped, exit_worker, read_stop, write_stop
@@ -120,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
             )
             if rank == 0:
                 print(f"done {plan_path} in {time.perf_counter() - t0:.1f} s", flush=True)
+            del plan, mf  # so that only what the launch keeps is frozen
+            freeze_launch_state()
     except MeshplanError as exc:
         # Every rank raises the same error at the same point (the loss is all-reduced, the plan
         # is the same): meet before tearing down, so no rank closes its connections while a

@@ -163,7 +163,13 @@ def search_space(
 def _candidates(graph, blocks, cluster, training, pins, variants_of) -> list[Candidate]:
     """Every outer candidate the pins allow, or a one-line error saying why there is none."""
     gpus = cluster.gpus
-    tp_degrees = [t for t in divisors(gpus) if _tp_useful(graph, blocks, t, variants_of)]
+
+    def useful(degrees: list[int]) -> list[int]:
+        return [t for t in degrees if _tp_useful(graph, blocks, t, variants_of)]
+
+    # a pinned degree is the only one priced (each other degree is a sharding ILP per block
+    # and an eager probe of the model's code); the error below names every possible one
+    tp_degrees = useful([t for t in divisors(gpus) if not pins.tp or t == pins.tp])
     check_ep_pin(blocks, pins)
     sequence = attention_sequence(graph)
     if pins.cp and pins.cp > 1 and not sequence:
@@ -194,6 +200,7 @@ def _candidates(graph, blocks, cluster, training, pins, variants_of) -> list[Can
                 f"{floor} or more, or more data-parallel replicas (--dp)"
             )
     if not cands:
+        tp_degrees = useful(divisors(gpus))
         message = no_candidate_message(gpus, training, pins, tp_degrees, blocks)
         if graph.graph.get("method") == "hooks" and tp_degrees == [1]:
             message += (
