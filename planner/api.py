@@ -224,8 +224,16 @@ def plan(
     pins: Any = None,
     use_cache: bool = True,
     progress: Any = None,
+    compare_baselines: bool = True,
+    memo: Any = None,
 ) -> PlanResult:
     """Trace, price and solve: the plan dict of docs/plan-format.md, plus what made it.
+
+    ``compare_baselines``: also solve the hand-written baselines the plan's alternatives list
+    (pure DP, FSDP, Megatron's rule), a quarter of a pinned plan's planning time; a caller that
+    only runs the plan (the runtime's tests) leaves them out. ``memo`` (a SearchMemo): the
+    sharding ILP's solutions of earlier plans of the same model, to plan it again under other
+    pins or on other clusters without solving them again (refused for another model's trace).
 
     Raises UserInputError for bad input and InfeasibleError when nothing fits."""
     from planner.assemble import build_plan
@@ -250,7 +258,12 @@ def plan(
     traced = trace(mf, micro_batch_size=1, dtype=training.dtype, use_cache=use_cache)
     if traced.note:
         notes.append(traced.note)
-    memo = SearchMemo()
+    if memo is not None and memo.trace not in ("", traced.cache_key):
+        raise ValueError("this SearchMemo holds another model's solutions: keep one per model")
+    shared = {} if memo is None else memo.variants
+    if memo is not None:
+        memo.trace = traced.cache_key
+    memo = SearchMemo(variants=shared, trace=traced.cache_key)
     probe = EagerShardProbe(mf, training.dtype, traced.cache_key if use_cache else None)
     variants_of = variants_for(traced.graph, cluster, pins.tp_variant, memo.variants, probe)
     result = search(
@@ -259,8 +272,10 @@ def plan(
     if result.best is None:
         raise InfeasibleError(infeasible_message(traced, cluster, training, result, pins))
     # Hand-written baselines as published (Narayanan et al. 2021: no sequence parallelism).
-    hand = variants_for(traced.graph, cluster, "no-sequence", memo.variants, probe)
-    baselines = baseline_candidates(traced, cluster, training, pins, hand, memo)
+    baselines = []
+    if compare_baselines:
+        hand = variants_for(traced.graph, cluster, "no-sequence", memo.variants, probe)
+        baselines = baseline_candidates(traced, cluster, training, pins, hand, memo)
     notes += probe.notes()
     probe.save()
     lr = float(training_cfg.get("lr", 3e-4))

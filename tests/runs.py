@@ -10,6 +10,7 @@ from pathlib import Path
 from planner.api import plan as make_plan
 from planner.schema import write_plan
 from planner.search import Pins
+from planner.search.memo import SearchMemo
 from runtime.launch import torchrun_command, worker_env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,11 +47,13 @@ def forced_plan(
     optimizer: str | None = None,
     lr: float | None = None,
     model_args: dict | None = None,
+    memo: SearchMemo | None = None,
     **pins,
 ) -> Path:
     """A plan.json with the mesh, schedule, ZeRO stage and recompute pinned (fp32, batch 8), of
     the tiny model (with ``layers`` layers when given; ``model`` a name or a model file's path,
-    ``model_args`` more arguments for its build_model)."""
+    ``model_args`` more arguments for its build_model; ``memo``, the sharding ILP's solutions
+    the model's earlier plans found, the same for all of them)."""
     pins.setdefault("offload", "none")
     if pins.get("tp", 1) > 1:
         pins.setdefault("tp_variant", "sharded")
@@ -64,6 +67,8 @@ def forced_plan(
         optimizer=optimizer,
         lr=lr,
         pins=Pins(**pins),
+        compare_baselines=False,  # the runs need the plan alone
+        memo=memo,
     )
     return write_plan(result.plan, out)
 
