@@ -225,15 +225,16 @@ def plan(
     use_cache: bool = True,
     progress: Any = None,
     compare_baselines: bool = True,
-    memo: Any = None,
+    solved: dict | None = None,
 ) -> PlanResult:
     """Trace, price and solve: the plan dict of docs/plan-format.md, plus what made it.
 
     ``compare_baselines``: also solve the hand-written baselines the plan's alternatives list
     (pure DP, FSDP, Megatron's rule), a quarter of a pinned plan's planning time; a caller that
-    only runs the plan (the runtime's tests) leaves them out. ``memo`` (a SearchMemo): the
-    sharding ILP's solutions of earlier plans of the same model, to plan it again under other
-    pins or on other clusters without solving them again (refused for another model's trace).
+    only runs the plan (the runtime's tests) leaves them out. ``solved``: a dict the caller
+    keeps across plans, where each traced model's sharding ILP solutions are kept (by the
+    trace's cache key), so that planning a model again, under other pins or on another
+    cluster, solves none of them twice.
 
     Raises UserInputError for bad input and InfeasibleError when nothing fits."""
     from planner.assemble import build_plan
@@ -258,12 +259,7 @@ def plan(
     traced = trace(mf, micro_batch_size=1, dtype=training.dtype, use_cache=use_cache)
     if traced.note:
         notes.append(traced.note)
-    if memo is not None and memo.trace not in ("", traced.cache_key):
-        raise ValueError("this SearchMemo holds another model's solutions: keep one per model")
-    shared = {} if memo is None else memo.variants
-    if memo is not None:
-        memo.trace = traced.cache_key
-    memo = SearchMemo(variants=shared, trace=traced.cache_key)
+    memo = SearchMemo(variants={} if solved is None else solved.setdefault(traced.cache_key, {}))
     probe = EagerShardProbe(mf, training.dtype, traced.cache_key if use_cache else None)
     variants_of = variants_for(traced.graph, cluster, pins.tp_variant, memo.variants, probe)
     result = search(

@@ -10,10 +10,10 @@ from pathlib import Path
 from planner.api import plan as make_plan
 from planner.schema import write_plan
 from planner.search import Pins
-from planner.search.memo import SearchMemo
 from runtime.launch import torchrun_command, worker_env
 
 ROOT = Path(__file__).resolve().parent.parent
+SOLVED: dict = {}  # planner.api.plan's sharding solutions, by traced model, for every forced plan
 
 
 def cpu_profile(tmp: Path, name: str, peak_flops_fp32: str = "", capacity_bytes: int = 0) -> str:
@@ -47,13 +47,12 @@ def forced_plan(
     optimizer: str | None = None,
     lr: float | None = None,
     model_args: dict | None = None,
-    memo: SearchMemo | None = None,
     **pins,
 ) -> Path:
     """A plan.json with the mesh, schedule, ZeRO stage and recompute pinned (fp32, batch 8), of
     the tiny model (with ``layers`` layers when given; ``model`` a name or a model file's path,
-    ``model_args`` more arguments for its build_model; ``memo``, the sharding ILP's solutions
-    the model's earlier plans found, the same for all of them)."""
+    ``model_args`` more arguments for its build_model). Planned without baselines, and with
+    the sharding solutions of the session's earlier plans of the model (``SOLVED``)."""
     pins.setdefault("offload", "none")
     if pins.get("tp", 1) > 1:
         pins.setdefault("tp_variant", "sharded")
@@ -68,7 +67,7 @@ def forced_plan(
         lr=lr,
         pins=Pins(**pins),
         compare_baselines=False,  # the runs need the plan alone
-        memo=memo,
+        solved=SOLVED,
     )
     return write_plan(result.plan, out)
 

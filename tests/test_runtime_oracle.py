@@ -33,7 +33,6 @@ from oracle import (
 )
 from runs import forced_plan, launch, losses_of, selected
 
-from planner.search.memo import SearchMemo
 from planner.vocab import split_factor
 
 pytestmark = pytest.mark.distributed
@@ -413,7 +412,6 @@ def runs(request, tmp_path_factory) -> OracleRuns:
     chosen = selected(request, "case", Case)
     base = tmp_path_factory.mktemp("oracle")
     by_world: dict[int, list[tuple[str, Path, Path]]] = {}
-    memos: dict[str, SearchMemo] = {}  # per model and arguments: the sharding solutions
     for case in CASES:
         if case.id not in chosen:
             continue
@@ -425,7 +423,6 @@ def runs(request, tmp_path_factory) -> OracleRuns:
             optimizer=case.optimizer,
             lr=case.lr,
             model_args=case.model_args,
-            memo=memos.setdefault(json.dumps([case.model, case.model_args]), SearchMemo()),
             **case.pins,
         )
         by_world.setdefault(case.world, []).append((case.id, path, run_dir))

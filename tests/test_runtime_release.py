@@ -22,7 +22,7 @@ CHILD = textwrap.dedent(
     import torch.distributed as dist
     from torch.distributed._composable.replicate_with_fsdp import replicate
     from torch.distributed.device_mesh import init_device_mesh
-    from runtime.build import release
+    from runtime.build import freeze_launch_state, release
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -44,7 +44,20 @@ CHILD = textwrap.dedent(
         built.optimizers.clear()
     else:
         release(built)
-    print("freed" if gone() is None else "held")
+    freed = gone() is None
+    if sys.argv[1] == "frozen":  # a second plan after the first's survivors are frozen
+        del built
+        freeze_launch_state()
+        frozen = gc.get_freeze_count()
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8))
+        replicate(model, mesh=mesh)
+        model(torch.randn(2, 8)).sum().backward()
+        gone = weakref.ref(model)
+        built = types.SimpleNamespace(parts=[model], optimizers=[], schedule=None)
+        del model
+        release(built)
+        freed = freed and gone() is None and frozen > 10000
+    print("freed" if freed else "held")
     dist.destroy_process_group()
     """
 )
@@ -66,3 +79,10 @@ def _run(mode: str) -> str:
 def test_release_frees_a_replicated_model_that_dropping_references_does_not():
     assert _run("plain") == "held"  # the cycle is real: references alone do not free it
     assert _run("release") == "freed"
+
+
+def test_after_the_launch_state_is_frozen_the_next_plan_is_still_freed():
+    """``freeze_launch_state`` exempts what outlives a plan (torch, the process group) from
+    later collections, so that each walks only the next plan's objects: that plan's cycles
+    are still collected."""
+    assert _run("frozen") == "freed"

@@ -96,31 +96,29 @@ def test_same_inputs_give_byte_identical_plans(tmp_path):
     assert load_plan(path) == a
 
 
-def test_a_memo_gives_later_plans_of_the_same_model_the_same_plan_and_no_other_model(
-    monkeypatch,
-):
-    """A SearchMemo carries the sharding ILP's solutions to the model's next plan (here other
-    pins), which solves none again and comes out byte-identical to one planned afresh; a memo
-    of one model is refused for another (its block classes' solutions are that model's)."""
+def test_solved_carries_sharding_solutions_to_later_plans_of_the_same_model(monkeypatch):
+    """``solved`` keeps each traced model's sharding ILP solutions: the model's next plan
+    (here under other pins) solves none again and comes out byte-identical to one planned
+    afresh; another model's plan solves its own."""
     import planner.cost.sharding as sharding
-    from planner.search.memo import SearchMemo
 
     built = []
     real = sharding.build_problem
     monkeypatch.setattr(sharding, "build_problem", lambda *a, **k: built.append(1) or real(*a, **k))
     args = dict(model_args={"size": "small"}, global_batch_size=64)
-    memo = SearchMemo()
-    plan(GPT, 8, **args, memo=memo)
-    assert built and memo.trace
+    solved: dict = {}
+    plan(GPT, 8, **args, solved=solved)
+    assert built and len(solved) == 1
     built.clear()
-    again = plan(GPT, 8, **args, pins=Pins(tp=2), memo=memo).plan
+    again = plan(GPT, 8, **args, pins=Pins(tp=2), solved=solved).plan
     assert not built  # every sharding ILP it needed was solved by the first plan
     fresh = plan(GPT, 8, **args, pins=Pins(tp=2)).plan
     assert built  # afresh, they are solved again
     again.solver.solve_time_s = fresh.solver.solve_time_s = 0.0
     assert dumps(again) == dumps(fresh)
-    with pytest.raises(ValueError, match="another model"):
-        plan(GPT, 8, model_args={"size": "1.3b"}, global_batch_size=64, memo=memo)
+    built.clear()
+    plan(GPT, 8, model_args={"size": "1.3b"}, global_batch_size=64, solved=solved)
+    assert built and len(solved) == 2  # another model: its own solutions
 
 
 def test_leaving_the_baselines_out_changes_only_the_alternatives():

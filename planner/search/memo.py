@@ -11,6 +11,5 @@ class SearchMemo:
     # (block class, tp, micro-batch, ep, cp, variants source, cluster, training) -> options
     priced: dict = field(default_factory=dict)
     # (block class, tp, cost rates) -> the sharding ILP's variants of that class: the same for
-    # every plan of one traced model, so ``planner.api.plan`` may carry them to the next
+    # every plan of one traced model, so ``planner.api.plan(solved=...)`` may carry them on
     variants: dict = field(default_factory=dict)
-    trace: str = ""  # the TracedModel.cache_key the variants belong to ("" until first used)

@@ -41,7 +41,6 @@ from runs import ROOT, forced_plan, launch, losses_of, selected  # noqa: E402
 from planner.api import plan, trace  # noqa: E402
 from planner.errors import UserInputError  # noqa: E402
 from planner.modelfile import load_model_file  # noqa: E402
-from planner.search.memo import SearchMemo  # noqa: E402
 
 pytestmark = [pytest.mark.zoo, pytest.mark.distributed]
 
@@ -114,17 +113,15 @@ def zoo_runs(request, tmp_path_factory) -> ZooRuns:
     base = tmp_path_factory.mktemp("zoo")
     by_world: dict[int, list[tuple[str, Path, Path]]] = {}
     plan_errors: dict[str, str] = {}
-    memos: dict[str, SearchMemo] = {}  # per model: its four forms' sharding solutions
     for cell in CELLS:
         if cell.id not in chosen:
             continue
         path, args = cell.path_and_args()
         run_dir = base / cell.id
         pins = {**FORMS[cell.form][1], "recompute": "none"}
-        memo = memos.setdefault(cell.model, SearchMemo())
         try:
             out = forced_plan(path, cell.world, run_dir, optimizer="sgd", lr=SGD_LR,
-                              model_args=args, memo=memo, **pins)  # fmt: skip
+                              model_args=args, **pins)  # fmt: skip
         except UserInputError as exc:  # this cell fails its test; the others still run
             plan_errors[cell.id] = str(exc)
             continue
