@@ -1576,6 +1576,38 @@ MUTANTS: list[Mutant] = [
         "tests/test_mixed_stage_dp.py::test_stage_dp_is_searched_by_default_on_small_pools_only",
         "stages of their own DP degree left out with no word to the user",
     ),
+    M(
+        "worker-freeze-before-collect",
+        "runtime/build.py",
+        "    gc.collect()\n    gc.freeze()\n",
+        "    gc.freeze()\n    gc.collect()\n",
+        "tests/test_runtime_release.py",
+        "a batch's worker freezes what was garbage between plans, which then lives to the end",
+    ),
+    M(
+        "search-pinned-tp-not-priced",
+        "planner/search/driver.py",
+        "if not pins.tp or t == pins.tp])",
+        "if not pins.tp or t == 1])",
+        "tests/test_solver_plans.py",
+        "a pinned TP degree is left unpriced, so the pin is refused as unshardable",
+    ),
+    M(
+        "plan-baselines-never-compared",
+        "planner/api.py",
+        "    if compare_baselines:\n",
+        "    if False:\n",
+        "tests/test_solver_plans.py::test_leaving_the_baselines_out_changes_only_the_alternatives",
+        "the plan's alternatives lose the hand-written baselines even when asked for",
+    ),
+    M(
+        "plan-solved-shared-across-models",
+        "planner/api.py",
+        "solved.setdefault(traced.cache_key, {})",
+        'solved.setdefault("", {})',
+        "tests/test_solver_plans.py::test_solved_carries_sharding_solutions_to_later_plans_of_the_same_model",
+        "one model's sharding solutions reused for another model's blocks of the same class name",
+    ),
 ]
 
 

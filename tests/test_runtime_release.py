@@ -47,8 +47,12 @@ CHILD = textwrap.dedent(
     freed = gone() is None
     if sys.argv[1] == "frozen":  # a second plan after the first's survivors are frozen
         del built
+        stray = torch.nn.Linear(2, 2)  # garbage in a cycle when the launch state is frozen
+        stray.me, gone_stray = [stray], weakref.ref(stray)
+        del stray
         freeze_launch_state()
         frozen = gc.get_freeze_count()
+        freed = freed and gone_stray() is None  # collected, not frozen for good
         model = torch.nn.Sequential(torch.nn.Linear(8, 8))
         replicate(model, mesh=mesh)
         model(torch.randn(2, 8)).sum().backward()
@@ -83,6 +87,6 @@ def test_release_frees_a_replicated_model_that_dropping_references_does_not():
 
 def test_after_the_launch_state_is_frozen_the_next_plan_is_still_freed():
     """``freeze_launch_state`` exempts what outlives a plan (torch, the process group) from
-    later collections, so that each walks only the next plan's objects: that plan's cycles
-    are still collected."""
+    later collections, so that each walks only the next plan's objects: what was garbage when
+    it froze is collected first, and the next plan's cycles are still collected."""
     assert _run("frozen") == "freed"
