@@ -366,6 +366,9 @@ def freeze_launch_state() -> None:
     fifth of a tiny model's whole run on the CPU. Called between plans, once a plan and its
     modules are dropped and collected, what is still alive lives until the launch ends
     (imports, meshes and process groups, traced pipelines in ``RuntimeCache``): frozen, each
-    later collection walks only what the next plan made."""
+    later collection walks only what the next plan made. What was alive here and becomes
+    garbage later is never freed: a model file's module, executed again for the file's next
+    plan (over 30 zoo plans, 15,440 objects, no tensor). On 30 plans of two ranks: 27.2 s to
+    19.4 s."""
     gc.collect()
     gc.freeze()
