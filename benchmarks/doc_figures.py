@@ -5,6 +5,7 @@ python benchmarks/doc_figures.py
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -64,5 +65,6 @@ def write_doc_figures(root: Path, names: tuple[str, ...] = REPORT_NAMES) -> list
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__.strip().splitlines()[0]).parse_args()
     for path in write_doc_figures(ROOT):
         print(path)

@@ -13,6 +13,7 @@ per micro-batch is read from plan.json.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -41,6 +42,7 @@ def layer_time(kind: str, attn: str, tp: int) -> tuple[float, dict]:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.strip().splitlines()[0]).parse_args()
     rows = []
     for tp in DEGREES:
         row = {"tp": tp}

@@ -27,6 +27,7 @@ cost models; docs and README may quote reports/planner/planner.md.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -403,8 +404,13 @@ def figure(cases: list[dict[str, Any]], path: Path) -> None:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser.add_argument(
+        "--render", action="store_true", help="redraw the table and figure from planner.json"
+    )
+    render = parser.parse_args().render  # anything else: argparse's one-line error
     OUT.mkdir(parents=True, exist_ok=True)
-    if "--render" in sys.argv:  # redraw the table and figure from planner.json
+    if render:
         cases = json.loads((OUT / "planner.json").read_text())
     else:
         only = os.environ.get("PLANNER_BENCH_CASES")  # e.g. "0,1" to rerun a subset

@@ -27,6 +27,7 @@ with resource.getrusage because the machine is shared.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -205,7 +206,13 @@ def mixed_main() -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--mixed"]:
+    parser = argparse.ArgumentParser(
+        description="Which GPUs, and how many, should train Llama-3-8B (writes reports/benchmarks)"
+    )
+    parser.add_argument(
+        "--mixed", action="store_true", help="heterogeneous jobs: resources_mixed.{json,md}"
+    )
+    if parser.parse_args().mixed:  # anything else: argparse's one-line error, nothing written
         mixed_main()
     else:
         main()
