@@ -197,6 +197,11 @@ class MixedCandidate:
         return (self.tp_low or self.cand.tp, self.cand.tp)
 
     @property
+    def dp_needs(self) -> list[int]:
+        """The DP multiples some stage of the cell takes: 1 and its largest."""
+        return [1, self.dp_top]
+
+    @property
     def several(self) -> bool:
         """Whether the cell's stages differ in TP or DP degree."""
         lo, hi = self.degrees
@@ -475,7 +480,7 @@ class Floors:
         return max(pipeline, fluid, self.split or 0.0)
 
     def priced(self) -> float:
-        """No placement's objective is lower: dp ((m - r) W_rho + F pp min_v rho t r)."""
+        """No placement's objective is lower: dp ((m - top) W_rho + F pp min_v rho t r)."""
         return self.dp * (
             (self.m - self.top) * self.priced_rank_s + self.fastest * self.pp * self.least_rho_t
         )
@@ -829,8 +834,7 @@ class _Search:
                 allowed = self.allowed(mc)
                 self.bases[base_key] = _Base(c, allowed, self.prices, self.links, self.parts)
             base = self.bases[base_key]
-            needs, dp_needs = list(mc.degrees), [1, mc.dp_top]
-            mp = base.problem(self.variants(mc), needs, dp_needs, self.kinds)
+            mp = base.problem(self.variants(mc), list(mc.degrees), mc.dp_needs, self.kinds)
             costs = base.costs(mp) if fits_at_all(mp) else None
             split = mixed_split_bound(mp, costs) if costs else None
             if split is not None and not split.feasible:
@@ -885,7 +889,7 @@ class _Search:
             seg_len = [n for _, n in self.prices.segs]
             scale = [fl.m // r - 1.0 for _, _, r in vs]
             self.fastest[shared] = fastest_floor(
-                fastest, seg_len, vs, caps, c.pp, scale, mc.degrees, (1, mc.dp_top)
+                fastest, seg_len, vs, caps, c.pp, scale, mc.degrees, mc.dp_needs
             )
         least_sum, busiest = self.fastest[shared]
         fl = replace(fl, split=least_sum + busiest)

@@ -21,7 +21,7 @@ Variables:
     w[j,v,u]   >= 0       stage j is of variant v and stage j+1 of variant u (j < J-1)
     h[j,v]     in {0,1}   stage j is of variant v and holds parameters
     u[j,v,s,o] in {0,1}   stage j runs some block of (s, o) of variant v (for the max terms)
-    P_g                   the TP degree of tied group g's stages
+    P_g                   the (TP, DP) code of tied group g's stages
     T_j, Q, E_j^1, E_j^2, E, X_j, Z_j, Opt, Off >= 0
 
 Constraints (names in the code):
@@ -350,9 +350,7 @@ class _Structure:
         state, act = col("state"), col("act")
         inflight = np.repeat(np.array([sp.inflight for sp in sps], dtype=float).T, widths, axis=1)
         self.memco.value = (state[None, :] + inflight * act[None, :]) / GIB
-        steps = [
-            cat(sp.step) if sp.step is not None else np.zeros(sum(map(len, sp.time))) for sp in sps
-        ]
+        steps = [cat(sp.step) if sp.step is not None else np.zeros(w) for sp, w in zip(sps, widths)]
         self.stepco.value = np.tile(cat(steps) / GIB, (J, 1))
         self.loss.value = np.asarray(sps[0].loss_mem, dtype=float) / GIB
         self.k1.value = np.tile(col("dp_first"), (J, 1))

@@ -28,7 +28,7 @@ from planner.assemble import (
     model_info,
 )
 from planner.cost.eager_probe import EagerShardProbe
-from planner.cost.model import Config, Training, evaluate
+from planner.cost.model import Config, Training, evaluate, num_microbatches
 from planner.errors import InfeasibleError, UserInputError
 from planner.hardware.cluster import Cluster
 from planner.hardware.profiles import load_profile
@@ -285,7 +285,7 @@ def mixed_plan_record(traced, training: Training, lr: float, result: MixedResult
         for j, k in enumerate(sol.kinds)
     )
     flops = costs[sol.variants[0]].model_flops_per_step
-    m = training.global_batch_size // (mesh.dp * c.micro_batch_size)  # the widest stage's
+    m = num_microbatches(training, mesh.dp, c.micro_batch_size)  # the widest stage's
     pipeline = pipeline_time(mp, sol.variants, times)
     peaks = [mm.total for mm in memory]
     caps = [mp.per_variant[v].capacity for v in sol.variants]
