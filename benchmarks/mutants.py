@@ -1608,6 +1608,15 @@ MUTANTS: list[Mutant] = [
         "tests/test_solver_plans.py::test_solved_carries_sharding_solutions_to_later_plans_of_the_same_model",
         "one model's sharding solutions reused for another model's blocks of the same class name",
     ),
+    M(
+        "search-pipelines-solved-in-cheap-bound-order",
+        "planner/search/driver.py",
+        "                    heapq.heappush(line, (c.bound, r, c))\n                    continue\n",
+        "                    self._solve_first(c, pins)\n",
+        "tests/test_search_certificates.py",
+        "a pipeline's MILP is built as soon as its split bound is, before candidates whose "
+        "bounds are lower: the order of the cheap bound, not of the strongest",
+    ),
 ]
 
 

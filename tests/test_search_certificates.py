@@ -123,3 +123,54 @@ def test_a_plan_without_certificates_still_loads(gpt_plan):
         plan_from_dict(gpt_plan).solver.certificates[0].label
         == gpt_plan["solver"]["certificates"][0]["label"]
     )
+
+
+def test_pipelines_are_solved_in_order_of_their_strongest_bound(monkeypatch):
+    """The first pass orders pipelines by their first (cheap) bound, but solves one only when
+    it comes up again at its stronger bounds (LP relaxation, split bound): a deep pipeline
+    whose cheap bound is low and whose split bound is not waits, and the MILP of the
+    candidate that wins meanwhile prunes it unsolved. Solving in the cheap order (what the
+    search did before) builds both MILPs. Each candidate here states its bounds and its
+    optimum; the search's own code decides which MILPs run."""
+    from types import SimpleNamespace
+
+    import planner.search.driver as driver
+
+    def cand(mbs: int, cheap: float, strong: float, optimum: float) -> Candidate:
+        c = Candidate(pp=2, dp=1, tp=1, micro_batch_size=mbs, schedule="1f1b",
+                      virtual_stages=1, zero=0, bound=cheap)  # fmt: skip
+        facts[id(c)] = (strong, optimum)
+        return c
+
+    facts: dict[int, tuple[float, float]] = {}
+    deep = cand(1, cheap=1.0, strong=3.0, optimum=3.5)
+    wins = cand(2, cheap=2.0, strong=2.2, optimum=2.5)
+    never = cand(4, cheap=2.6, strong=2.6, optimum=2.7)
+    solved: list[int] = []
+
+    def relaxed(sp, bound):
+        return max(bound, facts[id(sp)][0] - 0.1)
+
+    def split(sp):
+        return SimpleNamespace(feasible=True, step_bound=lambda _sp: facts[id(sp)][0])
+
+    def solve(inp, c, cutoff, nodes, sp=None, split=None):
+        solved.append(c.micro_batch_size)
+        optimum = facts[id(c)][1]
+        if cutoff is not None and optimum >= cutoff:
+            c.status, c.bound = "pruned-bound", max(c.bound, cutoff)
+            return
+        c.status, c.proven, c.bound = "solved", True, optimum
+        c.cost = SimpleNamespace(step_time_s=optimum, peak_memory_bytes=1.0, feasible=True)
+
+    monkeypatch.setattr(driver, "stage_problem", lambda inp, c: c)  # sp is the candidate
+    monkeypatch.setattr(driver, "relaxed_bound", relaxed)
+    monkeypatch.setattr(driver, "split_bound", split)
+    monkeypatch.setattr(driver, "solve_candidate", solve)
+    cands = [deep, wins, never]
+    state = driver._Incumbent({c.key: None for c in cands})
+    state.first_pass(cands, cands, driver.Pins(), None)
+    assert solved == [2]
+    assert state.best is wins
+    assert (deep.status, deep.bound) == ("pruned-bound", 3.0)
+    assert (never.status, never.bound) == ("pruned-bound", 2.6)
