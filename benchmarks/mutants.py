@@ -1617,6 +1617,22 @@ MUTANTS: list[Mutant] = [
         "a pipeline's MILP is built as soon as its split bound is, before candidates whose "
         "bounds are lower: the order of the cheap bound, not of the strongest",
     ),
+    M(
+        "trace-direct-forward-unrecorded",
+        "planner/trace/export.py",
+        'graph.graph["direct_forward"] = direct_forwards(model, called)',
+        'graph.graph["direct_forward"] = []',
+        "tests/test_trace.py " + oracle("direct_forward"),
+        "layers whose forward the model calls directly go unnamed, so their hooks never fire",
+    ),
+    M(
+        "run-direct-forward-not-routed",
+        "runtime/build.py",
+        "route_direct_forwards(model, plan.model.direct_forward or [])",
+        "route_direct_forwards(model, [])",
+        oracle("direct_forward"),
+        "a layer called by its forward keeps FSDP2's shards: its forward meets DTensors",
+    ),
 ]
 
 

@@ -175,6 +175,7 @@ def model_info(traced) -> ModelInfo:
         blocks=len(traced.blocks),
         trace=g["method"],
         unread_params=list(g.get("unread_params", [])),
+        direct_forward=list(g.get("direct_forward", [])) or None,
     )
 
 

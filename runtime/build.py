@@ -31,6 +31,7 @@ from runtime.parallelize import (
     ddp_autocast_dtype,
     grad_sum_modules,
     make_optimizers,
+    route_direct_forwards,
     shard_experts,
     sum_partial_gradients,
 )
@@ -176,6 +177,9 @@ def build(
     check_runnable(plan)  # plan run checked it before launching; a batch of plans did not
     ep = mesh_cfg.ep
     if mesh_cfg.pp == 1:
+        # (not in a pipeline: its stages run the traced graph, where a direct call is inlined;
+        # torch's split points also replace the forward of the modules where stages begin)
+        route_direct_forwards(model, plan.model.direct_forward or [])
         model.to(device)
         experts, edp_group = [], None
         if ep > 1:

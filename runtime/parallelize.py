@@ -47,6 +47,38 @@ def find_module(root: nn.Module, fqn: str) -> nn.Module | None:
         return None
 
 
+def route_direct_forwards(root: nn.Module, paths: list[str]) -> None:
+    """Make ``module.forward(x)``, called directly by the model's code (``plan.model.
+    direct_forward``: SqueezeBERT's encoder calls its layers so), go through ``module(x)``.
+    FSDP2 gathers a unit's weights, the composable checkpoint saves and recomputes, and
+    sequence parallelism slices and gathers, all in the module's forward hooks, which a
+    direct call skips: a ZeRO-3 SqueezeBERT ran its layer on the shards and failed ("mixed
+    torch.Tensor and DTensor"). The instance's ``forward`` becomes a function that enters
+    ``__call__`` when called from outside it and runs the class's forward when ``__call__``
+    calls it (a pre-hook marks the call). Hooks registered later (FSDP2's, the checkpoint's)
+    fire as for any other module."""
+    for path in paths:
+        module = find_module(root, path)
+        if module is None or "forward" in vars(module):
+            continue
+        inner = module.forward  # the class's forward, bound
+        calls: list[bool] = []
+
+        def enter(_m, _args, calls=calls) -> None:
+            calls.append(True)
+
+        def leave(_m, _args, _out, calls=calls) -> None:
+            if calls:
+                calls.pop()
+
+        def forward(*args, module=module, inner=inner, calls=calls, **kwargs):
+            return inner(*args, **kwargs) if calls else module(*args, **kwargs)
+
+        module.register_forward_pre_hook(enter, prepend=True)
+        module.register_forward_hook(leave, always_call=True)
+        module.forward = forward
+
+
 def called_paths(root: nn.Module, fqn: str) -> list[str]:
     """The paths of the modules a block's path stands for when it runs, in order: the module
     itself, or for a ModuleList or ModuleDict, which is never called (ConvNeXt's one-layer

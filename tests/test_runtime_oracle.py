@@ -304,6 +304,14 @@ EXTRA: list[tuple] = [
         2,
         dict(tp=1, dp=1, pp=2, zero=0, schedule="1f1b", micro_batch_size=2),
     ),
+    # the model calls its layers' forward directly (SqueezeBERT's encoder), skipping their
+    # hooks: FSDP2 must still gather each layer's shards and the checkpoint still recompute it
+    (
+        "direct-forward-zero3-dp2",
+        "direct_forward",
+        2,
+        dict(tp=1, dp=2, pp=1, zero=3, micro_batch_size=2, recompute="full"),
+    ),
 ]
 
 
@@ -358,6 +366,7 @@ CORE_EXTRA = (
     "inplace_residual-inplace-received-pp2",
     "multi_input-inputs-pp2",
     "masked_logits-inplace-logits-tp2",
+    "direct_forward-direct-forward-zero3-dp2",
 )
 
 

@@ -449,6 +449,28 @@ def test_parameters_the_forward_never_reads_are_listed_in_the_plan(tmp_path, mon
     assert plan(f, 2, profile="cpu", dtype="fp32").plan.model.unread_params == ["mask_token"]
 
 
+def test_layers_whose_forward_the_model_calls_directly_are_named_in_the_plan():
+    """``layer.forward(h)`` skips the layer's hooks (the runtime's FSDP2, checkpoint and
+    sequence-parallel styles live there): the trace names the layers so called, only them
+    (not the ModuleList holding them, nor their submodules, called as usual), and plan.json
+    carries the names and loads them back; a model calling everything through ``__call__``
+    writes no such key."""
+    import json
+
+    from planner.api import plan
+    from planner.schema import dumps, plan_from_dict
+
+    models = Path(__file__).parent / "models"
+    layers = [f"encoder.layers.{i}" for i in range(3)]
+    assert trace(models / "direct_forward.py", dtype="fp32").graph.graph["direct_forward"] == layers
+    written = json.loads(dumps(plan(models / "direct_forward.py", 2, profile="cpu").plan))
+    assert written["model"]["direct_forward"] == layers
+    assert plan_from_dict(written).model.direct_forward == layers
+    usual = plan(models / "masked_logits.py", 2, profile="cpu").plan
+    assert usual.model.direct_forward is None
+    assert "direct_forward" not in json.loads(dumps(usual))["model"]
+
+
 def test_a_parameter_made_by_a_legacy_constructor_is_traced_on_meta(tmp_path, monkeypatch):
     """``torch.FloatTensor(...)`` allocates on the CPU whatever the default device (XLNet
     builds its attention weights so): the meta trace met a CPU weight and refused the model.

@@ -32,6 +32,9 @@ class ModelInfo:
     trace: str = "export"  # "export" or "hooks" (the coarser fallback)
     # parameters the traced forward never reads (no gradient reaches them); unknown under hooks
     unread_params: list[str] = field(default_factory=list)
+    # modules whose forward the model calls directly, not through __call__ (their hooks never
+    # fire: the runtime routes those calls through it); written only when there are some
+    direct_forward: list[str] | None = field(default=None, metadata={OMIT_NONE: True})
 
 
 @dataclass

@@ -166,13 +166,14 @@ def _trace_model(mf: ModelFile, micro_batch_size: int, dtype: str) -> TraceResul
     micro_batch_size = max(micro_batch_size, batch_statistics_samples(model))
     inputs = meta_inputs(mf, micro_batch_size, dtype)
     functions: set[str] = set()
+    called: set[str] = set()
     try:
         # torch.export prints the graph it gave up on (a data-dependent size): its words to
         # itself, not to the user, who gets one line
         with (
             contextlib.redirect_stdout(io.StringIO()),
             contextlib.redirect_stderr(io.StringIO()),
-            _custom_functions(model, functions),
+            _watch_forward(model, functions, called),
         ):
             exported = torch.export.export(model, inputs, strict=False)
         _drop_traced_causal_masks(exported)
@@ -181,7 +182,7 @@ def _trace_model(mf: ModelFile, micro_batch_size: int, dtype: str) -> TraceResul
         graph = _graph_from_export(exported, model)
         method, note = "export", ""
     except Exception as export_exc:  # export fails on data-dependent control flow and more
-        with _custom_functions(model, functions):
+        with _watch_forward(model, functions, called):
             graph = _trace_with_hooks(mf, model, inputs, export_exc)
         reason = " ".join(str(export_exc).split())[:160]
         method, note = (
@@ -193,6 +194,7 @@ def _trace_model(mf: ModelFile, micro_batch_size: int, dtype: str) -> TraceResul
         )
     _annotate_model(graph, mf, model, micro_batch_size, dtype, method)
     graph.graph["custom_backward"] = sorted(functions)
+    graph.graph["direct_forward"] = direct_forwards(model, called)
     before = buffer_versions(model)  # the loss check runs the model on the meta device
     graph.graph["loss_samples"] = loss_sample_check(mf, model, lambda n: meta_inputs(mf, n, dtype))
     graph.graph["forward_state"] = forward_state(model, before)
@@ -200,8 +202,10 @@ def _trace_model(mf: ModelFile, micro_batch_size: int, dtype: str) -> TraceResul
 
 
 @contextlib.contextmanager
-def _custom_functions(model: torch.nn.Module, found: set[str]) -> Iterator[None]:
-    """Record the model's own ``torch.autograd.Function`` classes whose backward a pipeline
+def _watch_forward(model: torch.nn.Module, found: set[str], called: set[str]) -> Iterator[None]:
+    """Record in ``called`` the modules whose forward ran through ``__call__`` (the others'
+    hooks never fire: ``direct_forwards``), and in ``found`` the model's own
+    ``torch.autograd.Function`` classes whose backward a pipeline
     would lose (YOSO's attention, straight-through estimators). torch's pipelining runs each
     stage as the exported graph and differentiates its ops, except inside a module it runs
     eagerly (``runtime.stages.adopt_eager_modules``: one tensor in, one out, a forward of one
@@ -222,6 +226,7 @@ def _custom_functions(model: torch.nn.Module, found: set[str]) -> Iterator[None]
     def enter(m: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         name = names.get(id(m), "")
         stack.append(name)
+        called.add(name)
         one = len(args) == 1 and isinstance(args[0], torch.Tensor) and not kwargs
         plain[name] = plain.get(name, True) and one and forward_takes_one_argument(m)
 
@@ -240,6 +245,21 @@ def _custom_functions(model: torch.nn.Module, found: set[str]) -> Iterator[None]
         for h in handles:
             h.remove()
         found.update(fn for fn, around in applied if not any(plain.get(n) for n in around if n))
+
+
+def direct_forwards(model: torch.nn.Module, called: set[str]) -> list[str]:
+    """The modules whose ``forward`` the model calls directly (``layer.forward(x)``, as
+    SqueezeBERT's encoder does), not through ``__call__``: never entered (``called``), though
+    a module inside them was. Their hooks never fire, and FSDP2's gathers, the composable
+    checkpoint and sequence parallelism's slicing all work through a module's hooks: a block
+    sharded by FSDP2 then ran its forward on its shards ("mixed torch.Tensor and DTensor").
+    The runtime routes these calls through ``__call__`` (``runtime.parallelize``)."""
+    inside = {
+        name
+        for name, m in model.named_modules()
+        if name and not isinstance(m, (torch.nn.ModuleList, torch.nn.ModuleDict))
+    }
+    return sorted(name for name in inside - called if any(c.startswith(name + ".") for c in called))
 
 
 def _drop_traced_causal_masks(exported: torch.export.ExportedProgram) -> None:
