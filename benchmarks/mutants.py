@@ -1633,6 +1633,14 @@ MUTANTS: list[Mutant] = [
         oracle("direct_forward"),
         "a layer called by its forward keeps FSDP2's shards: its forward meets DTensors",
     ),
+    M(
+        "run-sparse-embedding-gradient-kept-sparse",
+        "runtime/build.py",
+        "    sparse = dense_embedding_gradients(model)\n",
+        "    sparse = []\n",
+        oracle("sparse_embedding"),
+        "a sparse=True embedding keeps its sparse gradient, which FSDP2 cannot reduce",
+    ),
 ]
 
 

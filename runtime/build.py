@@ -29,6 +29,7 @@ from runtime.parallelize import (
     apply_recompute,
     apply_tensor_parallel,
     ddp_autocast_dtype,
+    dense_embedding_gradients,
     grad_sum_modules,
     make_optimizers,
     route_direct_forwards,
@@ -174,6 +175,13 @@ def build(
     model.train()
     blocks = plan.blocks
     notes = _notes(plan, device)
+    sparse = dense_embedding_gradients(model)
+    if sparse:
+        notes.append(
+            f"{', '.join(sparse[:3])}{' ...' if len(sparse) > 3 else ''}: sparse=True "
+            "embeddings train with dense gradients (the same numbers, zeros where no sample "
+            "looked up a row): FSDP2 and DTensor hold no sparse gradients"
+        )
     check_runnable(plan)  # plan run checked it before launching; a batch of plans did not
     ep = mesh_cfg.ep
     if mesh_cfg.pp == 1:

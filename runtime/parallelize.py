@@ -47,6 +47,22 @@ def find_module(root: nn.Module, fqn: str) -> nn.Module | None:
         return None
 
 
+def dense_embedding_gradients(root: nn.Module) -> list[str]:
+    """Give the weights of embeddings built with ``sparse=True`` dense gradients instead; the
+    paths of those changed. FSDP2 (ZeRO-2/3, and the ``replicate`` that holds TP's and a
+    pipeline's replicas) cannot reduce a sparse gradient (no sparse ``chunk_cat``) and DTensor
+    has no sparse ops: each crashed every worker. A dense gradient holds the same numbers,
+    zeros in the rows no sample looked up, so SGD's step, momentum included, is the same (5
+    steps of a sparse and a dense embedding under SGD with momentum ended 5e-7 apart in fp32);
+    AdamW refuses sparse gradients even in one process. The cost model prices dense ones."""
+    changed = []
+    for name, module in root.named_modules():
+        if isinstance(module, (nn.Embedding, nn.EmbeddingBag)) and module.sparse:
+            module.sparse = False
+            changed.append(name)
+    return changed
+
+
 def route_direct_forwards(root: nn.Module, paths: list[str]) -> None:
     """Make ``module.forward(x)``, called directly by the model's code (``plan.model.
     direct_forward``: SqueezeBERT's encoder calls its layers so), go through ``module(x)``.

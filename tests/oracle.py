@@ -156,7 +156,11 @@ GRADIENT_SHARE = 1e-6
 
 
 def _receiving_gradient(model: torch.nn.Module, aliases: dict[int, list[str]]) -> set[str]:
-    grads = [(p, p.grad) for p in model.parameters() if p.grad is not None]
+    grads = [  # (a sparse=True embedding's gradient is sparse)
+        (p, p.grad.to_dense() if p.grad.is_sparse else p.grad)
+        for p in model.parameters()
+        if p.grad is not None
+    ]
     if not grads:
         return set()
     total = sum(float(g.double().pow(2).sum()) for _, g in grads)

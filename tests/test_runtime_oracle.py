@@ -312,6 +312,22 @@ EXTRA: list[tuple] = [
         2,
         dict(tp=1, dp=2, pp=1, zero=3, micro_batch_size=2, recompute="full"),
     ),
+    # the same under sequence-parallel TP 2: the layers' slicing and gathering hooks run
+    # (the calls routed), or are both skipped; either way one process's numbers
+    (
+        "direct-forward-sp-tp2",
+        "direct_forward",
+        2,
+        dict(tp=2, dp=1, pp=1, zero=0, micro_batch_size=4, tp_variant="sequence"),
+    ),
+    # an embedding built with sparse=True: FSDP2 cannot reduce its sparse gradient (every
+    # worker crashed); the runtime gives it a dense one, the same numbers (SGD: this index)
+    (
+        "sparse-embedding-zero3-dp2",
+        "sparse_embedding",
+        2,
+        dict(tp=1, dp=2, pp=1, zero=3, micro_batch_size=2),
+    ),
 ]
 
 
@@ -367,6 +383,7 @@ CORE_EXTRA = (
     "multi_input-inputs-pp2",
     "masked_logits-inplace-logits-tp2",
     "direct_forward-direct-forward-zero3-dp2",
+    "sparse_embedding-sparse-embedding-zero3-dp2",
 )
 
 
