@@ -1641,6 +1641,15 @@ MUTANTS: list[Mutant] = [
         oracle("sparse_embedding"),
         "a sparse=True embedding keeps its sparse gradient, which FSDP2 cannot reduce",
     ),
+    M(
+        "trace-forward-weight-updates-unseen",
+        "planner/trace/export.py",
+        "tensors = [*model.named_buffers(), *model.named_parameters()]",
+        "tensors = [*model.named_buffers()]",
+        "tests/test_trace.py",
+        "a weight the forward renormalises in place (max_norm) goes unnamed, and data-parallel "
+        "replicas silently train another model",
+    ),
 ]
 
 

@@ -326,15 +326,15 @@ def loss_sample_notes(graph, doc) -> list[str]:
 
 def forward_state_notes(graph, doc) -> list[str]:
     """Where data-parallel replicas each run only their own micro-batches' forwards on buffers
-    the forward updates (``planner.trace.export.forward_state``): said, since it changes what
-    is trained, with the pin that avoids it."""
+    or weights the forward updates (``planner.trace.export.forward_state``): said, since it
+    changes what is trained, with the pin that avoids it."""
     state = graph.graph.get("forward_state", [])
     if not state or doc.mesh.dp <= 1:
         return []
     shown = ", ".join(state[:3]) + (", ..." if len(state) > 3 else "")
     m = doc.num_microbatches
     return [
-        f"buffers the forward updates ({shown}): one process runs all "
+        f"buffers or weights the forward updates in place ({shown}): one process runs all "
         f"{m * doc.mesh.dp} micro-batches' forwards on them each step, each of the "
         f"{doc.mesh.dp} data-parallel replicas only its {m}, so they, and any output reading "
         "them, drift from one process; pin --dp 1 to keep them"

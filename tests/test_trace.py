@@ -641,13 +641,65 @@ def test_buffers_the_forward_updates_are_found_and_named_under_data_parallelism(
         "a.parametrizations.weight.0._v",
     ]
     replicas = plan(f, 2, profile="cpu", dtype="fp32", pins=Pins(dp=2))
-    notes = [n for n in replicas.notes if n.startswith("buffers the forward updates")]
+    notes = [n for n in replicas.notes if n.startswith("buffers or weights the forward updates")]
     assert len(notes) == 1 and "a.parametrizations.weight.0._u" in notes[0]
     assert "--dp 1" in notes[0]
     one = plan(f, 2, profile="cpu", dtype="fp32", pins=Pins(dp=1))
-    assert not [n for n in one.notes if n.startswith("buffers the forward updates")]
+    assert not [n for n in one.notes if n.startswith("buffers or weights the forward updates")]
     resnet = trace(Path(__file__).parent.parent / "examples" / "resnet.py", dtype="fp32")
     assert resnet.graph.graph["forward_state"] == []
+
+
+MAX_NORM = """
+import torch
+from torch import nn
+
+TRAINING = {"global_batch_size": 8, "optimizer": "sgd", "dtype": "fp32", "lr": 0.1}
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(64, 16, max_norm=1.0)
+        self.head = nn.Linear(16, 64)
+
+    def forward(self, x):
+        return self.head(self.embed(x))
+
+
+def build_model():
+    return Net()
+
+
+def make_batch(batch_size, step=0):
+    g = torch.Generator().manual_seed(step)
+    x = torch.randint(0, 64, (batch_size, 4), generator=g)
+    return x, torch.randint(0, 64, (batch_size, 4), generator=g)
+
+
+def loss_fn(out, y):
+    return nn.functional.cross_entropy(out.reshape(-1, 64), y.reshape(-1))
+"""
+
+
+def test_a_weight_the_forward_renormalises_in_place_is_named_under_data_parallelism(
+    tmp_path, monkeypatch
+):
+    """An ``nn.Embedding(max_norm=...)`` rescales the rows it looks up in place in every
+    forward: each data-parallel replica renormalises only its own samples' rows, so the
+    replicas and one process part (DDP at DP 2 ended 7.35 from one process in the embedding,
+    exit 0). The trace finds the weight among what the forward updates, and a plan with
+    replicas says so with the pin that keeps one process's numbers."""
+    from planner.api import plan
+    from planner.search import Pins
+
+    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path))
+    f = tmp_path / "max_norm.py"
+    f.write_text(MAX_NORM)
+    assert trace(f, dtype="fp32").graph.graph["forward_state"] == ["embed.weight"]
+    notes = plan(f, 2, profile="cpu", dtype="fp32", pins=Pins(dp=2)).notes
+    said = [n for n in notes if n.startswith("buffers or weights the forward updates")]
+    assert len(said) == 1 and "embed.weight" in said[0] and "--dp 1" in said[0]
 
 
 def test_long_messages_are_cut_at_a_word_with_an_ellipsis():

@@ -195,7 +195,7 @@ def _trace_model(mf: ModelFile, micro_batch_size: int, dtype: str) -> TraceResul
     _annotate_model(graph, mf, model, micro_batch_size, dtype, method)
     graph.graph["custom_backward"] = sorted(functions)
     graph.graph["direct_forward"] = direct_forwards(model, called)
-    before = buffer_versions(model)  # the loss check runs the model on the meta device
+    before = state_versions(model)  # the loss check runs the model on the meta device
     graph.graph["loss_samples"] = loss_sample_check(mf, model, lambda n: meta_inputs(mf, n, dtype))
     graph.graph["forward_state"] = forward_state(model, before)
     return TraceResult(graph=graph, method=method, note=note)
@@ -567,17 +567,21 @@ def _graph_from_export(exported: torch.export.ExportedProgram, model: torch.nn.M
     return graph
 
 
-def buffer_versions(model: torch.nn.Module) -> dict[str, tuple[int, int]]:
-    """Each buffer's identity and version: what an update in place or a reassignment changes."""
-    return {n: (id(b), b._version) for n, b in model.named_buffers()}
+def state_versions(model: torch.nn.Module) -> dict[str, tuple[int, int]]:
+    """Each buffer's and parameter's identity and version: what an update in place or a
+    reassignment changes."""
+    tensors = [*model.named_buffers(), *model.named_parameters()]
+    return {n: (id(t), t._version) for n, t in tensors}
 
 
 def forward_state(model: torch.nn.Module, before: dict[str, tuple[int, int]]) -> list[str]:
-    """Buffers the training forward updated since ``before`` (``buffer_versions``, taken
-    before the loss check's meta forwards): a spectral norm's power-iteration vectors, an EMA
-    codebook. One process runs every micro-batch's forward on them in turn; a data-parallel
-    replica runs only its own, so they, and the outputs that read them, drift
-    (spectral-normalized linears at DP 2: the first loss off by 9e-5). BatchNorm's running
+    """Buffers and weights the training forward updated since ``before`` (``state_versions``,
+    taken before the loss check's meta forwards): a spectral norm's power-iteration vectors,
+    an EMA codebook, the rows an ``nn.Embedding(max_norm=...)`` renormalises in place. One
+    process runs every micro-batch's forward on them in turn; a data-parallel replica runs
+    only its own, so they, and the outputs that read them, drift (spectral-normalized linears
+    at DP 2: the first loss off by 9e-5; a max-norm embedding at DP 2 under DDP ended 7.35
+    from one process, exit 0). BatchNorm's running
     statistics are left out: each plan's ``batchnorm`` field says how they are kept, and in
     training no output reads them. torch.export does not list such updates when they run
     under no_grad with ``out=`` (the spectral norm's). Where the meta forward failed nothing
@@ -588,7 +592,7 @@ def forward_state(model: torch.nn.Module, before: dict[str, tuple[int, int]]) ->
         if isinstance(mod, _BatchNorm)
         for b in ("running_mean", "running_var", "num_batches_tracked")
     }
-    now = buffer_versions(model)
+    now = state_versions(model)
     return sorted(n for n in now if n not in stats and before.get(n) != now[n])
 
 
