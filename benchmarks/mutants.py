@@ -1650,6 +1650,14 @@ MUTANTS: list[Mutant] = [
         "a weight the forward renormalises in place (max_norm) goes unnamed, and data-parallel "
         "replicas silently train another model",
     ),
+    M(
+        "sharding-updated-weight-split",
+        "planner/cost/sharding.py",
+        "    updated = updated_parameters(graph)\n",
+        "    updated = frozenset()\n",
+        "tests/test_trace.py " + oracle("max_norm"),
+        "a weight the forward renormalises in place is split by TP: every worker crashes",
+    ),
 ]
 
 

@@ -700,6 +700,11 @@ def test_a_weight_the_forward_renormalises_in_place_is_named_under_data_parallel
     notes = plan(f, 2, profile="cpu", dtype="fp32", pins=Pins(dp=2)).notes
     said = [n for n in notes if n.startswith("buffers or weights the forward updates")]
     assert len(said) == 1 and "embed.weight" in said[0] and "--dp 1" in said[0]
+    # under TP the weight stays whole (DTensor has no embedding_renorm_: a vocabulary-parallel
+    # split crashed every worker); the head still splits
+    blocks = plan(f, 2, profile="cpu", dtype="fp32", pins=Pins(tp=2, tp_variant="sharded"))
+    styles = {b.name: b.tp_plan for b in blocks.plan.blocks}
+    assert styles["embed"] == {} and styles["head"]
 
 
 def test_long_messages_are_cut_at_a_word_with_an_ellipsis():

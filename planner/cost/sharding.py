@@ -837,10 +837,11 @@ def build_problem(
     param_numel: dict[str, int] = {}
     pshapes = graph.graph.get("param_shapes", {})
     pdtype = graph.graph.get("param_dtype_bytes", {})
+    updated = updated_parameters(graph)
     allowed = _Runnable(
-        tied_parameters(graph),
+        tied_parameters(graph) | updated,
         frozenset(graph.graph.get("tp_modules", [])),
-        vocab_parallel_tied(graph, tp) if vocab_tied else frozenset(),
+        (vocab_parallel_tied(graph, tp) if vocab_tied else frozenset()) - updated,
     )
     operands_of = {n: _operands(graph, graph.nodes[n]) for n in nodes}
     factors = block_factors(
@@ -944,6 +945,18 @@ def tied_parameters(graph: nx.DiGraph) -> frozenset[str]:
     found = frozenset(shared)
     graph.graph[key] = found
     return found
+
+
+def updated_parameters(graph: nx.DiGraph) -> frozenset[str]:
+    """Canonical names of the weights the training forward changes in place (the trace's
+    ``forward_state``: an ``nn.Embedding(max_norm=...)`` renormalises the rows it looks up).
+    They stay whole under TP, as a tied weight that no split suits: the in-place update runs
+    on the weight itself, and DTensor has no such ops (a vocabulary-parallel max-norm
+    embedding crashed every worker at TP 2)."""
+    alias = graph.graph.get("param_owner", {})
+    names = set(graph.graph.get("param_shapes", {})) | set(alias.values())
+    state = graph.graph.get("forward_state", [])
+    return frozenset(alias.get(n, n) for n in state if alias.get(n, n) in names)
 
 
 def vocab_parallel_tied(graph: nx.DiGraph, tp: int) -> frozenset[str]:
