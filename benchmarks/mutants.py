@@ -1658,6 +1658,23 @@ MUTANTS: list[Mutant] = [
         "tests/test_trace.py " + oracle("max_norm"),
         "a weight the forward renormalises in place is split by TP: every worker crashes",
     ),
+    M(
+        "run-scalar-parameters-wrapped",
+        "runtime/build.py",
+        "        scalars = scalar_parameters(model, set(experts))\n",
+        "        scalars = []\n",
+        oracle("scalar_params"),
+        "0-dim parameters handed to fully_shard, which refuses them: every worker crashes",
+    ),
+    M(
+        "run-scalar-gradients-not-averaged",
+        "runtime/build.py",
+        "            average_gradients(params, group)\n",
+        "            pass\n",
+        oracle("scalar_params"),
+        "0-dim parameters left out of the wrappers keep each replica's own gradient: the "
+        "replicas train apart",
+    ),
 ]
 
 

@@ -28,11 +28,13 @@ from runtime.parallelize import (
     apply_data_parallel,
     apply_recompute,
     apply_tensor_parallel,
+    average_gradients,
     ddp_autocast_dtype,
     dense_embedding_gradients,
     grad_sum_modules,
     make_optimizers,
     route_direct_forwards,
+    scalar_parameters,
     shard_experts,
     sum_partial_gradients,
 )
@@ -116,6 +118,8 @@ class Built:
     # a pipeline stage's traced module registers one, a checkpoint writes them all
     aliases: dict[str, list[str]] = field(default_factory=dict)
     tp_grad_sums: list = field(default_factory=list)  # modules: see sum_partial_gradients
+    # (0-dim parameters, their replicas' group): no wrapper takes them (scalar_parameters)
+    scalars: list = field(default_factory=list)
     autocast: torch.dtype | None = None  # the forward's torch.autocast dtype (ddp_autocast_dtype)
 
     def sync_gradients(self) -> None:
@@ -124,6 +128,8 @@ class Built:
         whole_gradients(self.parts)  # after: the sums above skip DTensor gradients
         if self.expert_params:
             sync_expert_grads(self.expert_params, self.edp_group, self.plan.mesh.dp)
+        for params, group in self.scalars:
+            average_gradients(params, group)
         self.tied.sum_gradients(self.parts)
 
     @property
@@ -206,7 +212,10 @@ def build(
         replicas = replica_mesh(mesh)
         if ep > 1:
             experts = shard_experts(model, experts, emesh["edp"], plan, device)
-        model = apply_data_parallel(model, blocks, plan, replicas, device, set(experts))
+        scalars = scalar_parameters(model, set(experts))
+        model = apply_data_parallel(
+            model, blocks, plan, replicas, device, set(experts) | set(scalars)
+        )
         autocast = ddp_autocast_dtype(model, plan, device)
         parts = [model]
         optimizers = make_optimizers(parts, plan, replicas, experts)
@@ -220,6 +229,7 @@ def build(
             edp_group=edp_group,
             tp_grad_sums=grad_sums,
             autocast=autocast,
+            scalars=[(scalars, replicas.get_group())] if scalars else [],
         )
     return _build_pipeline(plan, mf, model, mesh, device, notes, cache)
 
@@ -263,6 +273,7 @@ def _build_pipeline(
     mesh_cfg = plan.mesh
     ep = mesh_cfg.ep
     experts: list = []
+    scalars: list = []  # (a stage's 0-dim parameters, its replicas' group)
     edp_group = None
     stage_mods = [pipe.get_stage_module(i) for i in indices]
     one_tensor = one_tensor_calls(model, example)
@@ -302,7 +313,12 @@ def _build_pipeline(
         apply_recompute(stage_mod, blocks)
         if ep > 1:
             experts += shard_experts(stage_mod, stage_experts, emesh["edp"], plan, device)
-        wrapped = apply_data_parallel(stage_mod, blocks, plan, mesh["dp"], device, set(experts))
+        stage_scalars = scalar_parameters(stage_mod, set(experts))
+        if stage_scalars:
+            scalars.append((stage_scalars, mesh["dp"].get_group()))
+        wrapped = apply_data_parallel(
+            stage_mod, blocks, plan, mesh["dp"], device, set(experts) | set(stage_scalars)
+        )
         if ddp_autocast_dtype(wrapped, plan, device) is not None:
             notes.append(
                 f"stage {i}: ZeRO-1 holds it in DDP, which casts nothing, and the pipeline's "
@@ -337,6 +353,7 @@ def _build_pipeline(
         tied,
         aliases,
         grad_sums,
+        scalars=scalars,
     )
 
 

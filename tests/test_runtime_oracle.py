@@ -331,6 +331,14 @@ EXTRA: list[tuple] = [
     # an embedding that renormalises the rows it looks up in place (max_norm) stays whole
     # under TP, the layers after it split (a vocabulary split crashed every worker)
     ("max-norm-tp2", "max_norm_embedding", 2, dict(tp=2, dp=1, pp=1, zero=0, micro_batch_size=4)),
+    # 0-dim parameters (gates, a temperature): FSDP2 refuses them (every worker crashed); they
+    # stay out of every wrapper and their gradients are averaged over the replicas by hand
+    (
+        "scalar-params-zero3-dp2",
+        "scalar_params",
+        2,
+        dict(tp=1, dp=2, pp=1, zero=3, micro_batch_size=2),
+    ),
 ]
 
 
@@ -387,6 +395,7 @@ CORE_EXTRA = (
     "masked_logits-inplace-logits-tp2",
     "direct_forward-direct-forward-zero3-dp2",
     "sparse_embedding-sparse-embedding-zero3-dp2",
+    "scalar_params-scalar-params-zero3-dp2",
 )
 
 
