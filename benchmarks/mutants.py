@@ -1675,6 +1675,14 @@ MUTANTS: list[Mutant] = [
         "0-dim parameters left out of the wrappers keep each replica's own gradient: the "
         "replicas train apart",
     ),
+    M(
+        "trace-listed-twice-unseen",
+        "planner/trace/export.py",
+        'graph.graph["shared_modules"] = shared_modules(model)',
+        'graph.graph["shared_modules"] = []',
+        "tests/test_trace.py",
+        "a block listed twice in one container is planned into a pipeline torch cannot cut",
+    ),
 ]
 
 

@@ -707,6 +707,72 @@ def test_a_weight_the_forward_renormalises_in_place_is_named_under_data_parallel
     assert styles["embed"] == {} and styles["head"]
 
 
+LISTED_TWICE = """
+import torch
+from torch import nn
+
+TRAINING = {"global_batch_size": 8, "optimizer": "sgd", "dtype": "fp32", "lr": 0.1}
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.LayerNorm(16)
+        self.proj = nn.Linear(16, 16)
+
+    def forward(self, h):
+        return h + self.proj(self.norm(h))
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(64, 16)
+        shared = Block()
+        self.layers = nn.ModuleList([Block(), shared, shared, shared, Block()])
+        self.head = nn.Linear(16, 64)
+
+    def forward(self, x):
+        h = self.embed(x)
+        for layer in self.layers:
+            h = layer(h)
+        return self.head(h)
+
+
+def build_model():
+    return Net()
+
+
+def make_batch(batch_size, step=0):
+    g = torch.Generator().manual_seed(step)
+    x = torch.randint(0, 64, (batch_size, 4), generator=g)
+    return x, torch.randint(0, 64, (batch_size, 4), generator=g)
+
+
+def loss_fn(out, y):
+    return nn.functional.cross_entropy(out.reshape(-1, 64), y.reshape(-1))
+"""
+
+
+def test_a_block_listed_twice_gets_no_pipeline(tmp_path, monkeypatch):
+    """``nn.ModuleList([block] * n)`` lists one module under several names; torch.export's
+    unflatten, with which torch's pipelining cuts stages, then refuses cuts at the blocks
+    (every worker stopped with "cannot cut"): the trace names the listing, the search plans
+    no pipeline for it, and a pinned --pp is refused in one line naming it."""
+    from planner.api import plan
+    from planner.errors import UserInputError
+    from planner.search import Pins
+
+    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path))
+    f = tmp_path / "listed_twice.py"
+    f.write_text(LISTED_TWICE)
+    listed = [["layers.1", "layers.2", "layers.3"]]
+    assert trace(f, dtype="fp32").graph.graph["shared_modules"] == listed
+    assert plan(f, 4, profile="cpu", dtype="fp32").plan.mesh.pp == 1
+    with pytest.raises(UserInputError, match=r"--pp 2: .*layers\.1, layers\.2, layers\.3"):
+        plan(f, 2, profile="cpu", dtype="fp32", pins=Pins(pp=2))
+
+
 def test_long_messages_are_cut_at_a_word_with_an_ellipsis():
     """torch's messages are cut for one-line errors at a word boundary, marked, never mid-word;
     short ones stay whole and on one line."""

@@ -195,6 +195,7 @@ def _trace_model(mf: ModelFile, micro_batch_size: int, dtype: str) -> TraceResul
     _annotate_model(graph, mf, model, micro_batch_size, dtype, method)
     graph.graph["custom_backward"] = sorted(functions)
     graph.graph["direct_forward"] = direct_forwards(model, called)
+    graph.graph["shared_modules"] = shared_modules(model)
     before = state_versions(model)  # the loss check runs the model on the meta device
     graph.graph["loss_samples"] = loss_sample_check(mf, model, lambda n: meta_inputs(mf, n, dtype))
     graph.graph["forward_state"] = forward_state(model, before)
@@ -245,6 +246,24 @@ def _watch_forward(model: torch.nn.Module, found: set[str], called: set[str]) ->
         for h in handles:
             h.remove()
         found.update(fn for fn, around in applied if not any(plain.get(n) for n in around if n))
+
+
+def shared_modules(model: torch.nn.Module) -> list[list[str]]:
+    """The paths of each module holding weights that one container lists under more than one
+    name (``nn.ModuleList([block] * n)``: one block listed n times). torch.export's
+    unflatten, which torch's pipelining cuts stages with, refuses such a model at most cuts
+    ("Child module 'norm' is not a descendant of parent module 'layers.4'", even at a block
+    that is not itself listed twice). (One module registered in two containers, an
+    embedding table beside its encoder's, is not what this finds.)"""
+    paths: dict[int, list[str]] = {}
+    for name, m in model.named_modules(remove_duplicate=False):
+        if name and any(True for _ in m.parameters()):
+            paths.setdefault(id(m), []).append(name)
+    return sorted(
+        names
+        for names in paths.values()
+        if len(names) > 1 and len({n.rpartition(".")[0] for n in names}) == 1
+    )
 
 
 def direct_forwards(model: torch.nn.Module, called: set[str]) -> list[str]:

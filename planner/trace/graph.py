@@ -146,12 +146,20 @@ def check_op_graph(graph: nx.DiGraph) -> list[str]:
 def pipeline_refusal(graph: nx.DiGraph) -> str:
     """Why torch's pipelining could not run this model as traced ("" when it can). Its stages
     are cut from and run as the graph torch.export makes of the model: a model export could
-    not trace has no such graph, and in one that applies its own autograd.Function the
-    function's backward is not kept (the stage differentiates the forward's ops instead)."""
+    not trace has no such graph, one listing a module under two names cannot be unflattened,
+    and in one that applies its own autograd.Function the function's backward is not kept
+    (the stage differentiates the forward's ops instead)."""
     if graph.graph.get("method") == "hooks":
         return (
             "torch.export could not trace the model (its note says why), and torch's "
             "pipelining cuts a model into stages by tracing it with torch.export"
+        )
+    shared = graph.graph.get("shared_modules") or []
+    if shared:
+        return (
+            f"the model lists one module under several names ({', '.join(shared[0])}), and "
+            "torch.export's unflatten, with which torch's pipelining cuts stages, refuses such "
+            "a model"
         )
     functions = graph.graph.get("custom_backward") or []
     if functions:
