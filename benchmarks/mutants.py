@@ -1683,6 +1683,14 @@ MUTANTS: list[Mutant] = [
         "tests/test_trace.py",
         "a block listed twice in one container is planned into a pipeline torch cannot cut",
     ),
+    M(
+        "run-weight-read-outside-own-unit",
+        "runtime/parallelize.py",
+        "    read_outside = frozenset(plan.model.read_outside or [])\n",
+        "    read_outside = frozenset()\n",
+        oracle("manual_tie"),
+        "a weight the model's own code reads keeps its module's FSDP unit, resharded by then",
+    ),
 ]
 
 

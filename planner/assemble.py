@@ -18,6 +18,7 @@ from planner.cost.model import (
     num_microbatches,
     option_states,
 )
+from planner.cost.sharding import tied_parameters
 from planner.hardware.cluster import Cluster
 from planner.schema import (
     SCHEMA,
@@ -176,6 +177,7 @@ def model_info(traced) -> ModelInfo:
         trace=g["method"],
         unread_params=list(g.get("unread_params", [])),
         direct_forward=list(g.get("direct_forward", [])) or None,
+        read_outside=sorted(tied_parameters(traced.graph)) or None,
     )
 
 

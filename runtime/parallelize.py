@@ -620,16 +620,25 @@ def _trained(module: nn.Module) -> bool:
 
 
 def block_units(
-    root: nn.Module, blocks: list[BlockPlan], keep_empty: bool = False
+    root: nn.Module,
+    blocks: list[BlockPlan],
+    keep_empty: bool = False,
+    read_outside: frozenset[str] = frozenset(),
 ) -> list[list[nn.Module]]:
     """Per block, the modules that form its data-parallel unit (FSDP2's fully_shard or
     replicate): the block's trained modules, less any that hold a tied weight (those join the
-    root unit with the weight's other holders). ``keep_empty``: one entry per block, an empty
-    list where nothing is left."""
+    root unit with the weight's other holders) or a weight code outside them reads
+    (``read_outside``, ``plan.model.read_outside``: ``h @ self.embed.weight.T`` in the
+    model's own forward met the embedding's unit resharded, a DTensor, under ZeRO-3).
+    ``keep_empty``: one entry per block, an empty list where nothing is left."""
     ties = tied_groups(root)
     units: list = []
     for block in blocks:
-        fqns = [f for f in block.modules if not splits_tie(f, ties)]
+        fqns = [
+            f
+            for f in block.modules
+            if not splits_tie(f, ties) and not any(p.startswith(f + ".") for p in read_outside)
+        ]
         modules = [m for f in fqns for m in called_modules(root, f) if _trained(m)]
         if modules or keep_empty:
             units.append(modules)
@@ -656,6 +665,7 @@ def apply_data_parallel(
     3: fully_shard per block, resharded after forward. ``ignored``: parameters that keep their
     own gradient sync (expert-parallel experts). Returns the module to call."""
     ignored = ignored or set()
+    read_outside = frozenset(plan.model.read_outside or [])
     zero = plan.zero_stage
     on_gpu = device.type == "cuda"
     mp = MixedPrecisionPolicy()
@@ -681,7 +691,7 @@ def apply_data_parallel(
         # buffers live one block at a time. One unit over the whole model reduced everything
         # after the last backward and held every 16-bit gradient beside its fp32 reduce
         # buffer: a Llama-3B step on an H200 peaked 6.9 GiB above its forward (2026-11-26).
-        for modules in block_units(root, blocks):
+        for modules in block_units(root, blocks, read_outside=read_outside):
             replicate(_unit(modules), mesh=dp_mesh, mp_policy=mp, ignored_params=ignored or None)
         return replicate(root, mesh=dp_mesh, mp_policy=mp, ignored_params=ignored or None)
     if zero in (0, 1):
@@ -709,7 +719,8 @@ def apply_data_parallel(
         )
     reshard = zero == 3
     offloaded = []
-    for block, modules in zip(blocks, block_units(root, blocks, keep_empty=True)):
+    units = block_units(root, blocks, keep_empty=True, read_outside=read_outside)
+    for block, modules in zip(blocks, units):
         if not modules:
             continue
         offload = block.offload == "optimizer+params"

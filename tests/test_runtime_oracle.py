@@ -339,6 +339,9 @@ EXTRA: list[tuple] = [
         2,
         dict(tp=1, dp=2, pp=1, zero=3, micro_batch_size=2),
     ),
+    # the model's own forward reads the embedding's weight (a hand-made tie): under ZeRO-3 the
+    # embedding's own unit was resharded by then (a DTensor met a tensor); it joins the root's
+    ("manual-tie-zero3-dp2", "manual_tie", 2, dict(tp=1, dp=2, pp=1, zero=3, micro_batch_size=2)),
 ]
 
 
@@ -396,6 +399,7 @@ CORE_EXTRA = (
     "direct_forward-direct-forward-zero3-dp2",
     "sparse_embedding-sparse-embedding-zero3-dp2",
     "scalar_params-scalar-params-zero3-dp2",
+    "manual_tie-manual-tie-zero3-dp2",
 )
 
 

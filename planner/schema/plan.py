@@ -35,6 +35,9 @@ class ModelInfo:
     # modules whose forward the model calls directly, not through __call__ (their hooks never
     # fire: the runtime routes those calls through it); written only when there are some
     direct_forward: list[str] | None = field(default=None, metadata={OMIT_NONE: True})
+    # weights an op outside their own module reads, or several modules hold (a data-parallel
+    # unit of their module's own would hand that code a shard); written only when some are
+    read_outside: list[str] | None = field(default=None, metadata={OMIT_NONE: True})
 
 
 @dataclass
