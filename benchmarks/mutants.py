@@ -1669,7 +1669,7 @@ MUTANTS: list[Mutant] = [
     M(
         "run-scalar-gradients-not-averaged",
         "runtime/build.py",
-        "            average_gradients(params, group)\n",
+        "            sync_expert_grads(params, group, dist.get_world_size(group))\n",
         "            pass\n",
         oracle("scalar_params"),
         "0-dim parameters left out of the wrappers keep each replica's own gradient: the "

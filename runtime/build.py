@@ -28,7 +28,6 @@ from runtime.parallelize import (
     apply_data_parallel,
     apply_recompute,
     apply_tensor_parallel,
-    average_gradients,
     ddp_autocast_dtype,
     dense_embedding_gradients,
     grad_sum_modules,
@@ -128,8 +127,8 @@ class Built:
         whole_gradients(self.parts)  # after: the sums above skip DTensor gradients
         if self.expert_params:
             sync_expert_grads(self.expert_params, self.edp_group, self.plan.mesh.dp)
-        for params, group in self.scalars:
-            average_gradients(params, group)
+        for params, group in self.scalars:  # summed over their replicas, averaged as DP does
+            sync_expert_grads(params, group, dist.get_world_size(group))
         self.tied.sum_gradients(self.parts)
 
     @property
@@ -149,6 +148,11 @@ class Built:
     @property
     def holds_last(self) -> bool:
         return self.schedule is None or len(self.plan.stages) - 1 in self.stage_indices
+
+
+def _first_names(names: list[str]) -> str:
+    """The first three of ``names`` for a note, and " ..." when there are more."""
+    return ", ".join(names[:3]) + (" ..." if len(names) > 3 else "")
 
 
 def _notes(plan: Plan, device: torch.device) -> list[str]:
@@ -184,7 +188,7 @@ def build(
     sparse = dense_embedding_gradients(model)
     if sparse:
         notes.append(
-            f"{', '.join(sparse[:3])}{' ...' if len(sparse) > 3 else ''}: sparse=True "
+            f"{_first_names(sparse)}: sparse=True "
             "embeddings train with dense gradients (the same numbers, zeros where no sample "
             "looked up a row): FSDP2 and DTensor hold no sparse gradients"
         )
@@ -284,7 +288,7 @@ def _build_pipeline(
         kept = keep_unused_tensors(every, model, stage_mods[indices.index(0)])
         if kept:
             notes.append(
-                f"stage 0 keeps {', '.join(kept[:3])}{' ...' if len(kept) > 3 else ''}: "
+                f"stage 0 keeps {_first_names(kept)}: "
                 "the forward reads them nowhere, so no stage's code holds them; they are "
                 "checkpointed as they are"
             )

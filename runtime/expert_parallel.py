@@ -133,7 +133,8 @@ def _with_local_weights(module, names, own_forward, *args) -> torch.Tensor:
 def sync_expert_grads(params: list[nn.Parameter], edp_group, dp: int) -> None:
     """Average expert gradients like DP averages the rest: each rank's expert gradient already
     sums the contributions of its ep group's tokens; sum over the dp / ep ranks holding the same
-    experts, then divide by dp."""
+    experts, then divide by dp. (The 0-dim parameters no data-parallel wrapper takes are
+    averaged the same way, over their replicas: ``Built.sync_gradients``.)"""
     for p in params:
         if p.grad is None:
             continue

@@ -11,7 +11,6 @@ import weakref
 from functools import partial
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed._composable import checkpoint as composable_checkpoint
 from torch.distributed._composable.replicate_with_fsdp import ReplicateModule, replicate
@@ -52,24 +51,9 @@ def scalar_parameters(root: nn.Module, besides: set | None = None) -> list[nn.Pa
     """The 0-dim parameters (a gate, CLIP's logit scale, a temperature), less ``besides``.
     FSDP2's ``fully_shard`` and ``replicate`` refuse them ("doesn't support scalar
     parameters"; a ZeRO-3 plan of such a model crashed every worker), so every data-parallel
-    wrapper leaves them out and ``average_gradients`` reduces theirs."""
+    wrapper leaves them out and ``Built.sync_gradients`` averages theirs over the replicas."""
     besides = besides or set()
     return [p for p in root.parameters() if p.dim() == 0 and p not in besides]
-
-
-def average_gradients(params: list[nn.Parameter], group) -> None:
-    """What a data-parallel wrapper does for the parameters it was told to leave alone: each
-    gradient summed over ``group``'s replicas and divided by their number (a DTensor's local
-    tensor, as a wrapper would). Collective over ``group``."""
-    size = dist.get_world_size(group)
-    if size == 1:
-        return
-    for p in params:
-        if p.grad is None:
-            continue
-        g = p.grad._local_tensor if isinstance(p.grad, DTensor) else p.grad
-        dist.all_reduce(g, group=group)
-        g.div_(size)
 
 
 def dense_embedding_gradients(root: nn.Module) -> list[str]:

@@ -83,24 +83,6 @@ class NormFirst(nn.Module):
         return self.head(self.norm(self.enc(self.embed(x), mask=mask, is_causal=True)))
 
 
-class DictOut(nn.Module):
-    """returns a dict; loss reads logits"""
-
-    def __init__(self):
-        super().__init__()
-        self.embed = nn.Embedding(VOCAB, 64)
-        self.layers = nn.ModuleList(
-            nn.Sequential(nn.Linear(64, 128), nn.SiLU(), nn.Linear(128, 64)) for _ in range(3)
-        )
-        self.head = nn.Linear(64, VOCAB)
-
-    def forward(self, x):
-        h = self.embed(x)
-        for layer in self.layers:
-            h = h + layer(h)
-        return self.head(h)
-
-
 class ModuleDictNet(nn.Module):
     def __init__(self):
         super().__init__()
