@@ -1691,6 +1691,65 @@ MUTANTS: list[Mutant] = [
         oracle("manual_tie"),
         "a weight the model's own code reads keeps its module's FSDP unit, resharded by then",
     ),
+    M(
+        "run-tied-copy-without-gradient",
+        "runtime/tied.py",
+        "                if p.grad is None:\n                    p.grad = torch.zeros_like(p)\n",
+        "                pass\n",
+        oracle("ema_teacher"),
+        "a weight copy a later stage reads under no_grad has no gradient: the tied sum crashes",
+    ),
+    M(
+        "run-later-call-holder-kept",
+        "runtime/stages.py",
+        "else stage, name, eager[base])",
+        "else stage, name, find_module(stage, base))",
+        oracle("reused_layer"),
+        "a stage running a later call of a module keeps torch's holder of its weights, which "
+        "TP cannot shard",
+    ),
+    M(
+        "run-tp-style-under-unreached-path",
+        "runtime/parallelize.py",
+        "            styles[reached.get(id(module), fqn)] = _sharing_inputs(",
+        "            styles[fqn] = _sharing_inputs(",
+        oracle("reused_layer"),
+        "a module held at two paths gets its style under the one parallelize_module never "
+        "reaches: that stage's copy stays whole and the tied sum mismatches",
+    ),
+    M(
+        "run-alone-rank-waits-for-rank-0",
+        "runtime/worker.py",
+        "        alone.start()\n",
+        "",
+        "tests/test_worker_alone.py",
+        "a rank whose own stage erred waits at a barrier rank 0 never reaches: plan run hangs",
+    ),
+    M(
+        "run-peers-not-watching-stop-file",
+        "runtime/stop.py",
+        '    threading.Thread(target=watch, name="meshplan-stop-watch", daemon=True).start()\n',
+        "",
+        "tests/test_worker_alone.py",
+        "the ranks waiting for a stage that stopped alone are never ended: plan run hangs",
+    ),
+    M(
+        "trace-dropout-off-counted-as-draw",
+        "planner/trace/randomness.py",
+        '            if not _dropout_on(data.get("args") or []):\n',
+        "            if False:\n",
+        "tests/test_random_draws.py",
+        "dropout at p=0 (or in eval) is said to draw random numbers: a false alarm on every model",
+    ),
+    M(
+        "note-random-draws-unsaid",
+        "planner/api.py",
+        "    notes += random_draw_notes(traced.graph, doc)\n",
+        "",
+        "tests/test_random_draws.py",
+        "a plan of a model with dropout on says nothing, and its losses' difference from one "
+        "device looks like a bug",
+    ),
 ]
 
 

@@ -279,6 +279,7 @@ def plan(
     notes += batch_statistics_notes(traced.graph, doc)
     notes += loss_sample_notes(traced.graph, doc)
     notes += forward_state_notes(traced.graph, doc)
+    notes += random_draw_notes(traced.graph, doc)
     return PlanResult(doc, traced, cluster, training, result, notes)
 
 
@@ -338,6 +339,25 @@ def forward_state_notes(graph, doc) -> list[str]:
         f"{m * doc.mesh.dp} micro-batches' forwards on them each step, each of the "
         f"{doc.mesh.dp} data-parallel replicas only its {m}, so they, and any output reading "
         "them, drift from one process; pin --dp 1 to keep them"
+    ]
+
+
+def random_draw_notes(graph, doc) -> list[str]:
+    """Where the forward draws random numbers (``planner.trace.randomness``) and the plan runs
+    it on more than one rank or micro-batch: each draws its own numbers, so the plan trains
+    like one process in distribution only. Said, as a user comparing a plan's losses with one
+    device's would otherwise take the difference for a bug."""
+    from planner.trace.randomness import random_draws
+
+    draws = random_draws(graph)
+    if not draws or doc.mesh.size * doc.num_microbatches <= 1:
+        return []
+    shown = ", ".join(f"{op} in {module}" for op, module in draws[:3])
+    more = f" and {len(draws) - 3} more" if len(draws) > 3 else ""
+    return [
+        f"the forward draws random numbers ({shown}{more}): each rank and micro-batch of this "
+        "plan draws its own, so it trains like one process in distribution, not number for "
+        "number; set dropout and other noise to 0 to compare its losses with one device's"
     ]
 
 

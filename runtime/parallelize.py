@@ -515,6 +515,12 @@ def apply_tensor_parallel(
     styles: dict[str, ParallelStyle] = {}
     gathered: list[str] = []
     scopes: set[str] = set()  # modules running on DTensors (runtime.dtensor_blocks)
+    # parallelize_module walks named_children, which name a module held twice once (a stage
+    # running a later call of a module holds it at ``layers.0@1`` and ``layers.0``): a style
+    # goes under the path that walk reaches
+    reached: dict[int, str] = {}
+    for path, m in root.named_modules():
+        reached.setdefault(id(m), path)
     for block in blocks:
         for fqn, style in block.tp_plan.items():
             module = find_module(root, fqn)
@@ -532,7 +538,9 @@ def apply_tensor_parallel(
                 # tensor there (its recompute gathers again anyway)
                 gather_sequence(module, regather_in_backward=block.recompute == "none")
                 continue
-            styles[fqn] = _sharing_inputs(tp_style(module, style, fqn, traced))
+            styles[reached.get(id(module), fqn)] = _sharing_inputs(
+                tp_style(module, style, fqn, traced)
+            )
             if traced:
                 gathered.append(fqn)
             elif base_style(style) == "colwise_dtensor":

@@ -33,7 +33,7 @@ from torch.distributed.pipelining._IR import annotate_split_points
 from planner.errors import UserInputError, brief
 from planner.modelfile import forward_takes_one_argument, one_call_site
 from planner.schema import Plan
-from runtime.parallelize import called_paths
+from runtime.parallelize import called_paths, find_module
 
 
 class PipelineCutError(UserInputError):
@@ -570,6 +570,16 @@ def adopt_eager_modules(
             original.register_forward_hook(_the_traced_output)
             original._meshplan_one_tensor = True
         swapped.append(fqn)
+    for fqn in swapped:
+        # A stage that runs only a later call of a module (``layers.0@1``) also has torch's
+        # holder of that module's tensors at its own path (a bare nn.Module): it becomes the
+        # eager module as well, so that every path to them (the TP plan's names, the
+        # checkpoint's) reaches one module, not a holder TP cannot shard
+        base = one_call_site(fqn)
+        if base == fqn or type(find_module(stage, base)) is not nn.Module:
+            continue
+        parent_path, _, name = base.rpartition(".")
+        setattr(stage.get_submodule(parent_path) if parent_path else stage, name, eager[base])
     sources = dict(model.named_parameters(remove_duplicate=False))
     sources.update(dict(model.named_buffers(remove_duplicate=False)))
     held = [

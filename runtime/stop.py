@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
+import time
 from pathlib import Path
 
 from planner.atomic import write_text_atomic
@@ -50,6 +52,21 @@ def read_stop(run_dir: Path) -> RunStopped | None:
         return RunStopped(str(payload["message"]), int(payload["exit_code"]))
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def watch_stop(run_dir: Path, interval_s: float = 0.5) -> None:
+    """Under ``plan run``, end this worker cleanly once the stop file appears. A rank that errs
+    alone (an error of its own stage's) writes it and leaves; its peers may be waiting for
+    its pipeline messages, which never come, and torchrun would wait with them."""
+    if os.environ.get(ENV) != "1":
+        return
+
+    def watch() -> None:
+        while read_stop(run_dir) is None:
+            time.sleep(interval_s)
+        exit_worker(0)
+
+    threading.Thread(target=watch, name="meshplan-stop-watch", daemon=True).start()
 
 
 def clear_stop(run_dir: Path) -> None:

@@ -79,7 +79,11 @@ class TiedGrads:
         by_part = [_parameters(p) for p in parts]
         for key in sorted(self.names):
             params = [by_part[i][name] for i, name in self.names[key]]
-            # every copy is read in its stage's forward, so each has a gradient by now
+            for p in params:
+                # a copy read only under no_grad (an EMA update from it) has no gradient: it
+                # takes the sum too, or the optimizer would skip it and the copies part
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
             grads = [_local(p.grad) for p in params]
             total = torch.stack(grads).sum(0) if len(grads) > 1 else grads[0].clone()
             group = self.groups.get(key)

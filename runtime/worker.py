@@ -15,6 +15,7 @@ import datetime
 import logging
 import os
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -28,7 +29,7 @@ from planner.schema import load_plan
 from runtime.build import RuntimeCache, freeze_launch_state
 from runtime.checkpoint import latest_checkpoint
 from runtime.stop import ENV as STOP_ENV
-from runtime.stop import RunStopped, exit_worker, read_stop, write_stop
+from runtime.stop import RunStopped, exit_worker, read_stop, watch_stop, write_stop
 from runtime.train import train_plan
 
 
@@ -37,6 +38,11 @@ def restarted(run_dir: Path) -> bool:
     checkpoint exists: continue from it instead of starting over."""
     again = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
     return again and latest_checkpoint(run_dir) is not None
+
+
+# How long a rank that raised a MeshplanError waits for its peers at the closing barrier before
+# it ends alone (gloo's barrier times out after 30 s on rank 0 only)
+ALONE_AFTER_S = 35.0
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -90,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         "ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning
     )
     cache = RuntimeCache()  # meshes and traces the plans of this launch share
+    watch_stop(Path(args.run_dirs[0]))  # plan run: one plan, one run directory
     try:
         for plan_path, run_dir in zip(args.plans, args.run_dirs):
             plan = load_plan(plan_path)
@@ -127,10 +134,19 @@ def main(argv: list[str] | None = None) -> int:
         # is the same): meet before tearing down, so no rank closes its connections while a
         # peer still uses them and dies of it (which torchrun would retry). Bounded: a rank
         # that errs alone is not waited for long.
+        # A rank whose peers do not all come (the error was its stage's alone, and the others
+        # wait in a pipeline message) says it itself, as rank 0 may never get there, and exits
+        # failed so that torchrun ends the waiting ranks. The barrier's own timeout holds on
+        # rank 0 alone (the others wait for rank 0's answer), hence the timer.
+        alone = threading.Timer(ALONE_AFTER_S, _err_alone, (exc, Path(run_dir)))
+        alone.daemon = True
+        alone.start()
         try:  # gloo's; NCCL has no monitored barrier, and there it is left out
             dist.monitored_barrier(timeout=datetime.timedelta(seconds=30))
         except Exception:  # noqa: BLE001 - a peer that never comes is what the timeout is for
-            pass
+            if dist.get_backend() == "gloo":
+                _err_alone(exc, Path(run_dir))
+        alone.cancel()
         dist.destroy_process_group()
         if os.environ.get(STOP_ENV) != "1":
             if rank == 0:
@@ -151,6 +167,18 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _err_alone(exc: MeshplanError, run_dir: Path) -> None:
+    """End this rank with its error, though its peers did not meet it: under ``plan run`` through
+    the stop file (the launcher says it; the peers' ``watch_stop`` ends them), otherwise said
+    here, with a failed exit that has torchrun end the peers."""
+    if os.environ.get(STOP_ENV) == "1":
+        if read_stop(run_dir) is None:
+            write_stop(run_dir, exc)
+        exit_worker(0)
+    print(f"error: {exc}", file=sys.stderr, flush=True)
+    exit_worker(exc.exit_code)
+
+
 def report_bug(rank: int, exc: Exception, run_dir: Path) -> int:
     """One line for an unexpected error, as the CLI gives one for its own (the rank, the
     exception and its first words, how to see the traceback), and the worker's exit status.
@@ -164,12 +192,14 @@ def report_bug(rank: int, exc: Exception, run_dir: Path) -> int:
         f"rank {rank}: internal error: {type(exc).__name__}: {brief(exc)} (run again with "
         "--debug for the traceback, and please report it)"
     )
-    print(f"error: {message}", file=sys.stderr, flush=True)
     restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
-    if os.environ.get(STOP_ENV) != "1" or restarts > 0:
+    stopping = os.environ.get(STOP_ENV) == "1" and restarts == 0
+    if stopping and read_stop(run_dir) is not None:
+        return 0  # a peer stopped first: this is its consequence, and the launcher says that
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    if not stopping:
         return 1
-    if read_stop(run_dir) is None:
-        write_stop(run_dir, RunStopped(message, 1))
+    write_stop(run_dir, RunStopped(message, 1))
     # gloo's peers see this process's sockets close and fail at once, down the same path;
     # NCCL's may wait in a collective until its timeout, so there torchrun ends them now
     return 0 if dist.get_backend() == "gloo" else 1

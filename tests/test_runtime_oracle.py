@@ -342,6 +342,17 @@ EXTRA: list[tuple] = [
     # the model's own forward reads the embedding's weight (a hand-made tie): under ZeRO-3 the
     # embedding's own unit was resharded by then (a DTensor met a tensor); it joins the root's
     ("manual-tie-zero3-dp2", "manual_tie", 2, dict(tp=1, dp=2, pp=1, zero=3, micro_batch_size=2)),
+    # the last stage reads a first-stage weight under no_grad (an EMA teacher update): its copy
+    # there had no gradient and the tied-gradient sum crashed the last rank (SGD: this index)
+    ("ema-pp2", "ema_teacher", 2, dict(tp=1, dp=1, pp=2, zero=0, micro_batch_size=8)),
+    # the first block called again after the last: its second call runs on the last stage,
+    # where torch's holder of its weights was sharded by path and failed (AdamW: this index)
+    (
+        "reuse-pp2xtp2",
+        "reused_layer",
+        4,
+        dict(tp=2, dp=1, pp=2, zero=0, schedule="1f1b", micro_batch_size=2),
+    ),
 ]
 
 
@@ -400,6 +411,8 @@ CORE_EXTRA = (
     "sparse_embedding-sparse-embedding-zero3-dp2",
     "scalar_params-scalar-params-zero3-dp2",
     "manual_tie-manual-tie-zero3-dp2",
+    "ema_teacher-ema-pp2",
+    "reused_layer-reuse-pp2xtp2",
 )
 
 
