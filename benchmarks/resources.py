@@ -1,17 +1,29 @@
-"""Which GPUs, and how many, should train Llama-3-8B on its published token budget?
+"""Which GPUs, and how many, should train a model on its published token budget?
 
-    python benchmarks/resources.py      # writes reports/benchmarks/resources.{json,md,png}
+    python benchmarks/resources.py      # writes reports/benchmarks/resources.{json,md} and
+                                        # resources-<model>.png
 
-Llama-3-8B (examples/llama.py size llama3-8b, sequence 8192) on 15T tokens, the pre-training
-budget Meta published for Llama 3 ("over 15T tokens", Dubey et al. 2024), at 512 sequences per
-step (4.2M tokens; the Llama 3 report's 405B run starts at 4M tokens per batch), over the cloud
-pool profiles/pools/cloud.toml (A100 80GB, H100 SXM, H200; up to 8 nodes of 8 each, at the prices
-and power figures with the sources in that file). Under a $2.5M budget (this benchmark's figure,
-not from a source: a first run at $2M showed that no H200 option fits it, which left (a) empty)
-meshplan's choice by cost is set against
+Three models at their published budgets, each over the cloud price list
+profiles/pools/cloud.toml (8-GPU nodes of A100 80GB, H100 SXM and H200 at the on-demand prices,
+power figures and sources in that file), with each kind's availability raised from the file's 8
+nodes to 256 (2,048 GPUs of each kind: this benchmark's figure, so that the 70B and 175B runs
+have counts that finish within a year; every other figure is the file's):
 
-  (a) the newest GPU (H200) at as many nodes as the budget allows, and
-  (b) the fastest plan on everything available (the option with the least time, any kind).
+  Llama-3-8B   examples/llama.py size llama3-8b, 15T tokens ("over 15T tokens", Dubey et al.
+               2024), 512 sequences of 8192 per step (4.2M tokens; the Llama 3 report's 405B run
+               starts at 4M tokens per batch)
+  Llama-3-70B  size llama3-70b, the same 15T tokens and batch
+  GPT-3 175B   examples/gpt.py size gpt3-175b, 300B tokens (Brown et al. 2020, every GPT-3
+               model), 1536 sequences of 2048 per step (3.2M tokens, their Table 2.1)
+
+For each, meshplan's choice by cost within a one-year deadline and a budget (both this
+benchmark's figures; each budget was set after a first run, so that some H200 option fits
+it), and its choice by carbon within the same limits, are set against
+
+  (a) the newest GPU (H200) at as many nodes as the budget allows (Megatron's rule: the newest
+      device, as many as one can pay for), and
+  (b) the fastest plan on everything available (the option with the least time, any kind,
+      whatever it costs).
 
 Every number is the cost model's prediction, not a measured training run.
 
@@ -28,6 +40,7 @@ with resource.getrusage because the machine is shared.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -40,91 +53,143 @@ from planner.resources.choose import choose, evaluate, pareto, plan_option  # no
 from planner.resources.figure import draw_front  # noqa: E402
 from planner.resources.pool import load_pool  # noqa: E402
 
-TOKENS = 15 * 10**12
-GLOBAL_BATCH = 512
-BUDGET_USD = 2_500_000.0
+NODES_PER_KIND = 256
+DEADLINE_H = 365 * 24.0
 NEWEST = "h200"
+GLOBAL_BATCH = 512  # the --mixed runs' Llama-3-8B batch
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    name: str
+    model_file: str
+    size: str
+    tokens: int
+    global_batch: int
+    budget_usd: float
+
+
+JOBS = (
+    Job("Llama-3-8B", "examples/llama.py", "llama3-8b", 15 * 10**12, 512, 2_500_000.0),
+    Job("Llama-3-70B", "examples/llama.py", "llama3-70b", 15 * 10**12, 512, 20_000_000.0),
+    Job("GPT-3 175B", "examples/gpt.py", "gpt3-175b", 300 * 10**9, 1536, 1_000_000.0),
+)
+
+
+def _row(role: str, o) -> dict:
+    r = o.run
+    return {
+        "role": role,
+        "option": o.label,
+        "gpus": o.gpus,
+        "mesh": o.point.mesh,
+        "step_time_s": o.point.step_time_s,
+        "mfu": o.point.mfu,
+        "busy": o.point.busy,
+        "days": r.wall_h / 24,
+        "usd": r.cost_usd,
+        "mwh": r.energy_kwh / 1000,
+        "tco2": r.carbon_kg / 1000,
+    }
+
+
+def run_job(job: Job, pool, out: Path) -> dict:
+    """Plan every option of the pool for one model and compare the three choices."""
+    from planner.modelfile import load_model_file
+
+    mf = load_model_file(ROOT / job.model_file, {"size": job.size})
+    planner = plan_option(mf, {"global_batch_size": job.global_batch})
+    start = time.perf_counter()
+    options = evaluate(
+        pool,
+        planner,
+        tokens=job.tokens,
+        progress=lambda s: print(f"{job.name}: planning {s}", flush=True),
+    )
+    elapsed = time.perf_counter() - start
+    chosen = choose(options, "cost", deadline_h=DEADLINE_H, budget_usd=job.budget_usd)
+    greenest = choose(options, "carbon", deadline_h=DEADLINE_H, budget_usd=job.budget_usd)
+    newest = [o for o in options if o.node.name == NEWEST and o.run]
+    in_budget = [o for o in newest if o.run.cost_usd <= job.budget_usd]
+    if not in_budget:
+        raise SystemExit(
+            f"{job.name}: no {NEWEST} option fits ${job.budget_usd:,.0f}: (a) is empty"
+        )
+    a = max(in_budget, key=lambda o: o.nodes)
+    b = min((o for o in options if o.run), key=lambda o: (o.run.wall_s, o.run.cost_usd))
+    slug = job.size.replace(".", "")
+    draw_front(options, chosen, pareto(options), out / f"resources-{slug}.png")
+    return {
+        "model": job.name,
+        "tokens": job.tokens,
+        "global_batch": job.global_batch,
+        "budget_usd": job.budget_usd,
+        "deadline_days": DEADLINE_H / 24,
+        "planning_s": round(elapsed, 1),
+        "figure": f"reports/benchmarks/resources-{slug}.png",
+        "compare": [
+            _row(f"meshplan (cost, 1 year, ${job.budget_usd / 1e6:g}M)", chosen),
+            _row("(a) newest GPU, most nodes in budget", a),
+            _row("(b) fastest plan", b),
+            _row("meshplan (carbon, same limits)", greenest),
+        ],
+        "options": [
+            {
+                "option": o.label,
+                "gpus": o.gpus,
+                "mesh": o.point.mesh if o.point else None,
+                "step_time_s": o.point.step_time_s if o.point else None,
+                "mfu": o.point.mfu if o.point else None,
+                "busy": o.point.busy if o.point else None,
+                "days": o.run.wall_h / 24 if o.run else None,
+                "usd": o.run.cost_usd if o.run else None,
+                "mwh": o.run.energy_kwh / 1000 if o.run else None,
+                "tco2": o.run.carbon_kg / 1000 if o.run else None,
+                "why_not": o.why_not,
+            }
+            for o in options
+        ],
+    }
+
+
+def _saving(m: dict, r: dict) -> str:
+    return (
+        f"{m['role']} vs {r['role']} ({r['option']}): ${m['usd'] - r['usd']:+,.0f} "
+        f"({m['usd'] / r['usd'] - 1:+.0%}), {m['mwh'] - r['mwh']:+,.0f} MWh "
+        f"({m['mwh'] / r['mwh'] - 1:+.0%}), {m['tco2'] - r['tco2']:+,.0f} tCO2, "
+        f"{m['days'] - r['days']:+,.0f} days."
+    )
 
 
 def main() -> None:
-    pool = load_pool(ROOT / "profiles/pools/cloud.toml")
-    model = ROOT / "examples/llama.py"
-    from planner.modelfile import load_model_file
-
-    mf = load_model_file(model, {"size": "llama3-8b"})
-    planner = plan_option(mf, {"global_batch_size": GLOBAL_BATCH})
-    start = time.perf_counter()
-    options = evaluate(
-        pool, planner, tokens=TOKENS, progress=lambda s: print(f"planning {s}", flush=True)
+    base = load_pool(ROOT / "profiles/pools/cloud.toml")
+    pool = dataclasses.replace(
+        base,
+        node_types=tuple(dataclasses.replace(n, nodes=NODES_PER_KIND) for n in base.node_types),
     )
-    elapsed = time.perf_counter() - start
-    chosen = choose(options, "cost", budget_usd=BUDGET_USD)
-    newest = [o for o in options if o.node.name == NEWEST and o.run]
-    in_budget = [o for o in newest if o.run.cost_usd <= BUDGET_USD]
-    if not in_budget:
-        raise SystemExit(f"no {NEWEST} option fits ${BUDGET_USD:,.0f}: (a) is empty")
-    a = max(in_budget, key=lambda o: o.nodes)
-    b = min((o for o in options if o.run), key=lambda o: (o.run.wall_s, o.run.cost_usd))
-    rows = []
-    for role, o in (
-        ("meshplan (cost, $2.5M budget)", chosen),
-        ("(a) newest GPU, most nodes in budget", a),
-        ("(b) fastest plan", b),
-    ):
-        r = o.run
-        rows.append(
-            {
-                "role": role,
-                "option": o.label,
-                "gpus": o.gpus,
-                "mesh": o.point.mesh,
-                "step_time_s": o.point.step_time_s,
-                "mfu": o.point.mfu,
-                "days": r.wall_h / 24,
-                "usd": r.cost_usd,
-                "mwh": r.energy_kwh / 1000,
-                "tco2": r.carbon_kg / 1000,
-            }
-        )
     out = ROOT / "reports/benchmarks"
     out.mkdir(parents=True, exist_ok=True)
-    all_rows = [
-        {
-            "option": o.label,
-            "gpus": o.gpus,
-            "mesh": o.point.mesh if o.point else None,
-            "step_time_s": o.point.step_time_s if o.point else None,
-            "mfu": o.point.mfu if o.point else None,
-            "days": o.run.wall_h / 24 if o.run else None,
-            "usd": o.run.cost_usd if o.run else None,
-            "mwh": o.run.energy_kwh / 1000 if o.run else None,
-            "tco2": o.run.carbon_kg / 1000 if o.run else None,
-            "why_not": o.why_not,
-        }
-        for o in options
-    ]
+    results = [run_job(job, pool, out) for job in JOBS]
     (out / "resources.json").write_text(
-        json.dumps({"planning_s": elapsed, "compare": rows, "options": all_rows}, indent=2)
+        json.dumps({"nodes_per_kind": NODES_PER_KIND, "jobs": results}, indent=2) + "\n"
     )
-    draw_front(options, chosen, pareto(options), out / "resources.png")
     lines = [
-        "| | option | GPUs | mesh | step s | MFU | days | $ | MWh | tCO2 |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| model | | option | GPUs | mesh | step s | MFU | days | $ | MWh | tCO2 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in rows:
+    for res in results:
+        for r in res["compare"]:
+            lines.append(
+                f"| {res['model']} | {r['role']} | {r['option']} | {r['gpus']} | {r['mesh']} "
+                f"| {r['step_time_s']:.2f} | {r['mfu']:.3f} | {r['days']:,.0f} | {r['usd']:,.0f} "
+                f"| {r['mwh']:,.0f} | {r['tco2']:,.0f} |"
+            )
+    for res in results:
+        m, a, b, green = res["compare"]
         lines.append(
-            f"| {r['role']} | {r['option']} | {r['gpus']} | {r['mesh']} | {r['step_time_s']:.2f} "
-            f"| {r['mfu']:.3f} | {r['days']:,.0f} | {r['usd']:,.0f} | {r['mwh']:,.0f} "
-            f"| {r['tco2']:,.0f} |"
+            f"\n{res['model']} ({res['planning_s']:.0f} s to plan {len(res['options'])} options):"
         )
-    m = rows[0]
-    for r in rows[1:]:
-        lines.append(
-            f"\nmeshplan vs {r['role']} ({r['option']}): ${m['usd'] - r['usd']:+,.0f} "
-            f"({m['usd'] / r['usd'] - 1:+.0%}), {m['mwh'] - r['mwh']:+,.0f} MWh, "
-            f"{m['tco2'] - r['tco2']:+,.0f} tCO2, {m['days'] - r['days']:+,.0f} days."
-        )
-    lines.append(f"\nPlanning {len(options)} options took {elapsed:.0f} s.")
+        lines += [f"- {_saving(mine, r)}" for mine in (m, green) for r in (a, b)]
     (out / "resources.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
@@ -207,7 +272,7 @@ def mixed_main() -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(
-        description="Which GPUs, and how many, should train Llama-3-8B (writes reports/benchmarks)"
+        description="Which GPUs, and how many, should train Llama-3-8B, Llama-3-70B and GPT-3 175B"
     )
     parser.add_argument(
         "--mixed", action="store_true", help="heterogeneous jobs: resources_mixed.{json,md}"
