@@ -135,17 +135,19 @@ def main(argv: list[str] | None = None) -> int:
         # peer still uses them and dies of it (which torchrun would retry). Bounded: a rank
         # that errs alone is not waited for long.
         # A rank whose peers do not all come (the error was its stage's alone, and the others
-        # wait in a pipeline message) says it itself, as rank 0 may never get there, and exits
-        # failed so that torchrun ends the waiting ranks. The barrier's own timeout holds on
-        # rank 0 alone (the others wait for rank 0's answer), hence the timer.
+        # wait in a pipeline message) ends the run itself (``_err_alone``), as rank 0 may never
+        # get here. The barrier's own timeout holds on rank 0 alone (the others wait for rank
+        # 0's answer), hence the timer.
         alone = threading.Timer(ALONE_AFTER_S, _err_alone, (exc, Path(run_dir)))
         alone.daemon = True
         alone.start()
-        try:  # gloo's; NCCL has no monitored barrier, and there it is left out
-            dist.monitored_barrier(timeout=datetime.timedelta(seconds=30))
-        except Exception:  # noqa: BLE001 - a peer that never comes is what the timeout is for
+        try:  # NCCL has no monitored barrier: its plain one, bounded by the timer alone
             if dist.get_backend() == "gloo":
-                _err_alone(exc, Path(run_dir))
+                dist.monitored_barrier(timeout=datetime.timedelta(seconds=30))
+            else:
+                dist.barrier()
+        except Exception:  # noqa: BLE001 - a peer that never comes is what the timeout is for
+            _err_alone(exc, Path(run_dir))
         alone.cancel()
         dist.destroy_process_group()
         if os.environ.get(STOP_ENV) != "1":
