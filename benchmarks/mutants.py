@@ -1750,6 +1750,14 @@ MUTANTS: list[Mutant] = [
         "a plan of a model with dropout on says nothing, and its losses' difference from one "
         "device looks like a bug",
     ),
+    M(
+        "pool-figure-lines-off-by-one",
+        "planner/resources/pool.py",
+        "    for number, line in enumerate(text.splitlines(), start=1):\n",
+        "    for number, line in enumerate(text.splitlines()):\n",
+        "tests/test_resources.py",
+        "the choice cites each price and power figure one line above where it is typed",
+    ),
 ]
 
 

@@ -179,6 +179,8 @@ def test_cli_adds_the_mixed_option_when_it_is_faster(tmp_path, capsys, monkeypat
     assert main([*args, "--out", str(out_dir)]) == 0
     out = capsys.readouterr().out
     assert "chosen: a+h x2 has the least time" in out
+    said = next(line for line in out.splitlines() if line.startswith("figures: "))
+    assert "a: price_per_gpu_hour" in said and "; h: price_per_gpu_hour" in said
     plan = load_plan(out_dir / "mixed" / "plan.json")
     assert {st.kind for st in plan.stages} == {"a", "h"}
     assert sorted(k.name for k in plan.kinds) == ["a", "h"]

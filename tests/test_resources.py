@@ -263,6 +263,47 @@ def test_shipped_pools_load():
         assert load_pool(path).node_types
 
 
+def test_every_figure_of_the_shipped_pools_names_the_line_it_is_typed_on():
+    """The line ``figure_sources`` cites for each figure holds that field and that value."""
+    from pathlib import Path
+
+    from planner.resources.pool import figure_sources, load_pool
+
+    for path in sorted(Path("profiles/pools").glob("*.toml")):
+        pool = load_pool(path)
+        text = path.read_text().splitlines()
+        for t in pool.node_types:
+            cited = pool.lines[t.name]
+            assert cited["price_per_gpu_hour"] and cited["pue"]
+            for key, line in cited.items():
+                if key in ("name", "profile"):
+                    continue
+                field, _, value = text[line - 1].split("#")[0].partition("=")
+                assert field.strip() == key
+                assert float(value) == getattr(t, key), (path, t.name, key)
+            said = figure_sources(pool, [t.name])
+            assert (
+                f"price_per_gpu_hour {t.price_per_gpu_hour:g} (line {cited['price_per_gpu_hour']})"
+                in said
+            )
+
+
+def test_figure_lines_keep_nodes_top_level_keys_and_fabric_apart():
+    from planner.resources.pool import figure_lines
+
+    text = (
+        "effective_time_fraction = 0.8  # a comment = not a key\n"
+        '[[node]]\nname = "x"\npue = 1.1\n'
+        '[[fabric]]\nbetween = ["x", "y"]\nlatency_s = 1e-5\n'
+        '[[node]]\npue = 1.3\nname = "y"\n'
+    )
+    assert figure_lines(text) == {
+        "": {"effective_time_fraction": 1},
+        "x": {"name": 3, "pue": 4},
+        "y": {"pue": 9, "name": 10},
+    }
+
+
 # --------------------------------------------------------------------------- end to end
 
 
@@ -284,6 +325,10 @@ def test_cli_chooses_and_a_missed_deadline_exits_3(tmp_path, capsys, monkeypatch
     out = capsys.readouterr().out
     assert code == 0
     assert "chosen: a x1 has the least cost" in out
+    # every figure the choice was priced with names its line of the pool file
+    said = next(line for line in out.splitlines() if line.startswith("figures: "))
+    assert "a: price_per_gpu_hour 1 (line 5), gpu_busy_watts 500 (line 6)" in said
+    assert "gpu_idle_watts 500 (not set: gpu_busy_watts)" in said and "h: " not in said
     assert (tmp_path / "out" / "resources.png").stat().st_size > 10_000
     steps = ["--steps", "1000"]  # a step budget instead of tokens
     code = main([*base, *steps, "--deadline", "1e-9", "--out", str(tmp_path / "out"), "--quiet"])

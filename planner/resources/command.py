@@ -19,7 +19,7 @@ from planner.errors import InfeasibleError, UserInputError
 from planner.resources.choose import choose, evaluate, meets, pareto, plan_option, why_chosen
 from planner.resources.figure import draw_front, print_table, table_rows
 from planner.resources.mixed_pool import mixed_option
-from planner.resources.pool import load_pool
+from planner.resources.pool import figure_sources, load_pool
 from planner.schema import write_plan
 
 
@@ -82,5 +82,15 @@ def run_resources(args: argparse.Namespace, mf: Any, steps: int | None) -> int:
         print_table(rows, f"{pool.path}: objective {args.objective}")
         ok = sum(1 for o in options if meets(o, args.deadline, args.budget))
         print(f"chosen: {why_chosen(chosen, options, args.objective, ok)}")
+        print(f"figures: {figure_sources(pool, _kinds_of(chosen))}")
         print(f"figure: {fig}")
     return 0
+
+
+def _kinds_of(option: Any) -> list[str]:
+    """The node types an option runs on: its own, or a mixed plan's stages' (the mesh label
+    ends "(kind/kind/...)", ``mixed_pool.mixed_option``)."""
+    mesh = option.point.mesh if option.point else ""
+    if mesh.endswith(")") and "(" in mesh:
+        return mesh.rpartition("(")[2][:-1].split("/")
+    return [option.node.name]

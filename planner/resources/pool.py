@@ -28,7 +28,9 @@ boundary's activations over it); without one, each kind is planned on its own.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import os
+import re
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +76,8 @@ class Pool:
     node_types: tuple[NodeType, ...]
     effective_time_fraction: float = DEFAULT_EFFECTIVE_TIME_FRACTION
     fabric: tuple[Fabric, ...] = ()
+    # where each figure is typed: node name -> field -> line of ``path`` ("" holds top-level keys)
+    lines: dict[str, dict[str, int]] = field(default_factory=dict, compare=False)
 
     def link(self, a: str, b: str) -> Fabric | None:
         """The fabric between node types ``a`` and ``b`` (either order), None when absent."""
@@ -100,7 +104,60 @@ def load_pool(path: str | Path) -> Pool:
         raise UserInputError(f"--resources {p}: no such file; give a pool .toml (profiles/pools/)")
     from planner.hardware.profiles import read_toml
 
-    return pool_from_dict(read_toml(p, "pool"), str(p))
+    pool = pool_from_dict(read_toml(p, "pool"), str(p))
+    return replace(pool, lines=figure_lines(p.read_text()))
+
+
+_KEY = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*=")
+_NAME = re.compile(r'^\s*name\s*=\s*"([^"]*)"')
+
+
+def figure_lines(text: str) -> dict[str, dict[str, int]]:
+    """The line each figure of a pool file is typed on, by node name and field ("" holds the
+    top-level keys): every number the choice prints can name the line it came from."""
+    found: dict[str, dict[str, int]] = {"": {}}
+    table: dict[str, int] | None = found[""]  # where keys go: top level, a [[node]], or nowhere
+    name = ""
+    for number, line in enumerate(text.splitlines(), start=1):
+        head = line.split("#", 1)[0].strip()
+        if head.startswith("["):
+            table, name = ({}, "") if head == "[[node]]" else (None, "")
+            continue
+        key = _KEY.match(line)
+        if key is None or table is None:
+            continue
+        table[key.group(1)] = number
+        named = _NAME.match(line)
+        if named and table is not found[""]:
+            name = named.group(1)
+            found[name] = table
+    return found
+
+
+def figure_sources(pool: Pool, kinds: list[str]) -> str:
+    """One line naming, for each node type of ``kinds``, each figure the run's time, money,
+    energy and carbon were priced with and the line of the pool file it came from."""
+    from planner.hardware.profiles import profiles_dir
+
+    parts = []
+    for t in pool.node_types:
+        if t.name not in kinds:
+            continue
+        at = pool.lines.get(t.name, {})
+        figures = []
+        for key in _NUMBERS:
+            value = getattr(t, key)
+            if key in at:
+                figures.append(f"{key} {value:g} (line {at[key]})")
+            elif key == "gpu_idle_watts":
+                figures.append(f"{key} {value:g} (not set: gpu_busy_watts)")
+        profile = os.path.relpath(profiles_dir() / f"{t.profile}.toml")
+        figures.append(f"step time from profile {t.profile} ({profile})")
+        parts.append(f"{t.name}: " + ", ".join(figures))
+    frac = pool.lines.get("", {}).get("effective_time_fraction")
+    where = f"line {frac}" if frac else "the default, planner/resources/pool.py"
+    parts.append(f"effective_time_fraction {pool.effective_time_fraction:g} ({where})")
+    return f"{pool.path}: " + "; ".join(parts)
 
 
 def pool_from_dict(data: dict[str, Any], source: str) -> Pool:
