@@ -76,21 +76,25 @@ JOBS = (
 )
 
 
-def _row(role: str, o) -> dict:
-    r = o.run
+def _figures(o) -> dict:
+    """One option's plan and run, None where nothing fits."""
+    p, r = o.point, o.run
     return {
-        "role": role,
         "option": o.label,
         "gpus": o.gpus,
-        "mesh": o.point.mesh,
-        "step_time_s": o.point.step_time_s,
-        "mfu": o.point.mfu,
-        "busy": o.point.busy,
-        "days": r.wall_h / 24,
-        "usd": r.cost_usd,
-        "mwh": r.energy_kwh / 1000,
-        "tco2": r.carbon_kg / 1000,
+        "mesh": p.mesh if p else None,
+        "step_time_s": p.step_time_s if p else None,
+        "mfu": p.mfu if p else None,
+        "busy": p.busy if p else None,
+        "days": r.wall_h / 24 if r else None,
+        "usd": r.cost_usd if r else None,
+        "mwh": r.energy_kwh / 1000 if r else None,
+        "tco2": r.carbon_kg / 1000 if r else None,
     }
+
+
+def _row(role: str, o) -> dict:
+    return {"role": role, **_figures(o)}
 
 
 def run_job(job: Job, pool, out: Path) -> dict:
@@ -133,22 +137,7 @@ def run_job(job: Job, pool, out: Path) -> dict:
             _row("(b) fastest plan", b),
             _row("meshplan (carbon, same limits)", greenest),
         ],
-        "options": [
-            {
-                "option": o.label,
-                "gpus": o.gpus,
-                "mesh": o.point.mesh if o.point else None,
-                "step_time_s": o.point.step_time_s if o.point else None,
-                "mfu": o.point.mfu if o.point else None,
-                "busy": o.point.busy if o.point else None,
-                "days": o.run.wall_h / 24 if o.run else None,
-                "usd": o.run.cost_usd if o.run else None,
-                "mwh": o.run.energy_kwh / 1000 if o.run else None,
-                "tco2": o.run.carbon_kg / 1000 if o.run else None,
-                "why_not": o.why_not,
-            }
-            for o in options
-        ],
+        "options": [{**_figures(o), "why_not": o.why_not} for o in options],
     }
 
 

@@ -132,12 +132,10 @@ def main(argv: list[str] | None = None) -> int:
     except MeshplanError as exc:
         # Every rank raises the same error at the same point (the loss is all-reduced, the plan
         # is the same): meet before tearing down, so no rank closes its connections while a
-        # peer still uses them and dies of it (which torchrun would retry). Bounded: a rank
-        # that errs alone is not waited for long.
-        # A rank whose peers do not all come (the error was its stage's alone, and the others
-        # wait in a pipeline message) ends the run itself (``_err_alone``), as rank 0 may never
-        # get here. The barrier's own timeout holds on rank 0 alone (the others wait for rank
-        # 0's answer), hence the timer.
+        # peer still uses them and dies of it (which torchrun would retry). A rank whose peers
+        # do not all come (the error was its stage's alone, and the others wait in a pipeline
+        # message) ends the run itself (``_err_alone``), as rank 0 may never get here; the
+        # barrier's own timeout holds on rank 0 alone, hence the timer.
         alone = threading.Timer(ALONE_AFTER_S, _err_alone, (exc, Path(run_dir)))
         alone.daemon = True
         alone.start()

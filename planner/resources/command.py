@@ -82,15 +82,9 @@ def run_resources(args: argparse.Namespace, mf: Any, steps: int | None) -> int:
         print_table(rows, f"{pool.path}: objective {args.objective}")
         ok = sum(1 for o in options if meets(o, args.deadline, args.budget))
         print(f"chosen: {why_chosen(chosen, options, args.objective, ok)}")
-        print(f"figures: {figure_sources(pool, _kinds_of(chosen))}")
+        kinds = [chosen.node.name]
+        if chosen is mixed and mixed_res is not None and mixed_res.plan is not None:
+            kinds = [k.name for k in mixed_res.plan.kinds or []]
+        print(f"figures: {figure_sources(pool, kinds)}")
         print(f"figure: {fig}")
     return 0
-
-
-def _kinds_of(option: Any) -> list[str]:
-    """The node types an option runs on: its own, or a mixed plan's stages' (the mesh label
-    ends "(kind/kind/...)", ``mixed_pool.mixed_option``)."""
-    mesh = option.point.mesh if option.point else ""
-    if mesh.endswith(")") and "(" in mesh:
-        return mesh.rpartition("(")[2][:-1].split("/")
-    return [option.node.name]

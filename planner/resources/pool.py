@@ -117,11 +117,10 @@ def figure_lines(text: str) -> dict[str, dict[str, int]]:
     top-level keys): every number the choice prints can name the line it came from."""
     found: dict[str, dict[str, int]] = {"": {}}
     table: dict[str, int] | None = found[""]  # where keys go: top level, a [[node]], or nowhere
-    name = ""
     for number, line in enumerate(text.splitlines(), start=1):
         head = line.split("#", 1)[0].strip()
         if head.startswith("["):
-            table, name = ({}, "") if head == "[[node]]" else (None, "")
+            table = {} if head == "[[node]]" else None
             continue
         key = _KEY.match(line)
         if key is None or table is None:
@@ -129,8 +128,7 @@ def figure_lines(text: str) -> dict[str, dict[str, int]]:
         table[key.group(1)] = number
         named = _NAME.match(line)
         if named and table is not found[""]:
-            name = named.group(1)
-            found[name] = table
+            found[named.group(1)] = table
     return found
 
 
