@@ -18,6 +18,7 @@ import shlex
 import sys
 import traceback
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from planner.errors import MeshplanError, UserInputError
 from planner.flags import (
@@ -44,30 +45,11 @@ def _lazy(module: str) -> Callable[[list[str]], int]:
     return call
 
 
-def cmd_run(argv: list[str]) -> int:
-    """``plan run PLAN.json [flags]``: train a saved plan (see runtime.launch)."""
-    from pathlib import Path
-
-    parser = CommandParser(
-        prog="plan run", description="Train a saved plan with torch.distributed."
-    )
-    parser.add_argument("plan", help="a plan.json written by `plan MODEL.py`")
-    add_run_flags(parser)
-    parser.add_argument("--debug", action="store_true", help="show tracebacks, the workers' too")
-    opts = parser.parse_args(argv)
-    from planner.recsys.plan import is_recplan
-
-    if is_recplan(Path(opts.plan)):  # a recommendation plan runs on TorchRec
-        from runtime.recsys import run_recplan
-
-        return run_recplan(Path(opts.plan), opts)
-    from runtime.launch import run_plan
-
-    return run_plan(Path(opts.plan), opts)
-
+# Runs a written plan: (plan.json path, the parsed flags) -> exit status. The planner never
+# imports the runtime; the entry (meshplan.cli) hands it this function.
+RunPlan = Callable[[Path, argparse.Namespace], int]
 
 SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
-    "run": cmd_run,
     "show": _lazy("planner.report.show"),
     "calibrate": _lazy("planner.calibrate"),
 }
@@ -194,8 +176,11 @@ def resolve_training(mf, args: argparse.Namespace) -> dict:
     return training
 
 
-def cmd_plan(argv: list[str]) -> int:
+def cmd_plan(argv: list[str], run: RunPlan | None = None) -> int:
+    """``plan MODEL.py [flags]``; ``run`` trains the plan when ``--run`` asks (None: refused)."""
     args = build_parser().parse_args(argv)
+    if args.run and run is None:
+        raise UserInputError("--run needs the runtime: use the `plan` command (meshplan.cli)")
     from planner.api import graph_summary, trace
     from planner.modelfile import load_model_file
 
@@ -209,7 +194,11 @@ def cmd_plan(argv: list[str]) -> int:
 
         command = shlex.join(["plan", *argv])
         return run_recsys(
-            args, mf, training, draw=lambda doc, out: write_recplan_report(doc, out, command)
+            args,
+            mf,
+            training,
+            draw=lambda doc, out: write_recplan_report(doc, out, command),
+            run=run,
         )
     if args.graph:
         traced = trace(
@@ -239,7 +228,7 @@ def cmd_plan(argv: list[str]) -> int:
             "--stage-degrees needs --resources POOL.toml (stages of their own TP and DP "
             "degree are for pipelines across device kinds)"
         )
-    return run_planning(args, mf, shlex.join(["plan", *argv]))
+    return run_planning(args, mf, shlex.join(["plan", *argv]), run)
 
 
 def pins_from(args: argparse.Namespace):
@@ -264,9 +253,7 @@ def pins_from(args: argparse.Namespace):
     )
 
 
-def run_planning(args: argparse.Namespace, mf, command: str) -> int:
-    from pathlib import Path
-
+def run_planning(args: argparse.Namespace, mf, command: str, run: RunPlan | None = None) -> int:
     from planner.api import plan
     from planner.report.console import Progress, print_plan
     from planner.schema import write_plan
@@ -302,10 +289,8 @@ def run_planning(args: argparse.Namespace, mf, command: str) -> int:
         for note in notes + result.notes:
             print(f"note: {note}", file=sys.stderr)
     print_plan(result.plan, written, quiet=args.quiet)
-    if args.run:
-        from runtime.launch import run_plan
-
-        return run_plan(path, args)
+    if args.run and run is not None:
+        return run(path, args)
     return 0
 
 
@@ -316,7 +301,7 @@ def _run_profile_default(args: argparse.Namespace) -> list[str]:
     and choose a layout for memory the run does not have."""
     if not args.run or args.profile is not None:
         return []
-    from runtime.launch import choose_device
+    from planner.device import choose_device
 
     if choose_device(args.device) != "cpu":
         return []
@@ -327,12 +312,20 @@ def _run_profile_default(args: argparse.Namespace) -> list[str]:
     ]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(
+    argv: Sequence[str] | None = None,
+    run: RunPlan | None = None,
+    subcommands: dict[str, Callable[[list[str]], int]] | None = None,
+) -> int:
+    """The command line, every error one line. ``run`` and ``subcommands`` are what the entry
+    (meshplan.cli) adds: training a plan and ``plan run``; without them the planner alone
+    plans, shows and calibrates."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get("MESHPLAN_DEBUG") == "1"
-    command = SUBCOMMANDS.get(argv[0]) if argv else None
+    commands = {**SUBCOMMANDS, **(subcommands or {})}
+    command = commands.get(argv[0]) if argv else None
     try:
-        return command(argv[1:]) if command else cmd_plan(argv)
+        return command(argv[1:]) if command else cmd_plan(argv, run)
     except MeshplanError as exc:
         if debug:
             traceback.print_exc()
@@ -357,4 +350,4 @@ def _one_line(text: str) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main())  # the planner alone: `plan` (meshplan.cli) also runs plans

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from planner.device import choose_device
 from planner.errors import UserInputError
 from planner.modelfile import file_sha256
 from planner.schema import Plan, load_plan
@@ -22,14 +23,6 @@ from runtime.stop import ENV as STOP_ENV
 from runtime.stop import clear_stop, read_stop
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-def choose_device(requested: str | None) -> str:
-    import torch
-
-    if requested == "cuda" and not torch.cuda.is_available():
-        raise UserInputError("--device cuda: no CUDA device is visible here; use --device cpu")
-    return requested or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def check_model_file(plan: Plan, plan_path: Path) -> None:

@@ -327,7 +327,8 @@ def run_recplan(plan_path: Path, opts: argparse.Namespace) -> int:
     model file, then start torchrun with this module as the worker."""
     import subprocess
 
-    from runtime.launch import choose_device, worker_env
+    from planner.device import choose_device
+    from runtime.launch import worker_env
 
     plan = load_recplan(plan_path)
     for flag, value in (("--checkpoint-every", getattr(opts, "checkpoint_every", 0)),

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.cli import main
+from meshplan.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 GPT = str(ROOT / "examples" / "gpt.py")

@@ -286,7 +286,7 @@ def test_existing_out_is_refused_without_force(tmp_path, monkeypatch):
 
 
 def test_cli_refusal_is_one_line(tmp_path, capsys):
-    from planner.cli import main as cli_main
+    from meshplan.cli import main as cli_main
 
     out = tmp_path / "mine.toml"
     out.write_text("keep me")

@@ -8,7 +8,7 @@ import sys
 import pytest
 from test_bad_input import FORWARD_RAISES, SHAPE_MISMATCH
 
-from planner.cli import main
+from meshplan.cli import main
 
 CASES = {
     "missing_file": (None, "does not exist"),
@@ -57,7 +57,7 @@ def test_real_process_exit_status_and_stderr(tmp_path):
     import os
 
     proc = subprocess.run(
-        [sys.executable, "-m", "planner.cli", str(tmp_path / "nope.py"), "--graph"],
+        [sys.executable, "-m", "meshplan", str(tmp_path / "nope.py"), "--graph"],
         capture_output=True,
         text=True,
         env={**os.environ, **env_cache},
@@ -76,7 +76,7 @@ def test_a_failing_forward_prints_no_torch_log_lines(tmp_path):
     model = tmp_path / "m.py"
     model.write_text(SHAPE_MISMATCH)
     proc = subprocess.run(
-        [sys.executable, "-m", "planner.cli", str(model), "--gpus", "2", "--out", str(tmp_path)],
+        [sys.executable, "-m", "meshplan", str(model), "--gpus", "2", "--out", str(tmp_path)],
         capture_output=True,
         text=True,
         env={**os.environ, "MESHPLAN_CACHE": str(tmp_path / "cache")},
@@ -95,7 +95,7 @@ def test_planning_a_moe_model_prints_no_torch_log_lines(tmp_path):
     import os
 
     proc = subprocess.run(
-        [sys.executable, "-m", "planner.cli", "tests/models/qwen2_moe.py", "--gpus", "2",
+        [sys.executable, "-m", "meshplan", "tests/models/qwen2_moe.py", "--gpus", "2",
          "--tp", "2", "--tp-variant", "sharded", "--profile", "cpu", "--dtype", "fp32",
          "--out", str(tmp_path), "--quiet"],
         capture_output=True,

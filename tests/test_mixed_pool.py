@@ -159,7 +159,7 @@ def test_cli_adds_the_mixed_option_when_it_is_faster(tmp_path, capsys, monkeypat
     is written with its kinds."""
     import json
 
-    from planner.cli import main
+    from meshplan.cli import main
     from planner.schema import load_plan
 
     monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path / "cache"))

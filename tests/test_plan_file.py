@@ -116,7 +116,7 @@ def test_byte_identical_across_hash_seeds_and_threads(tmp_path):
             "OMP_NUM_THREADS": threads,
             "MESHPLAN_CACHE": str(tmp_path / f"cache{i}"),
         }
-        cmd = [sys.executable, "-m", "planner.cli", str(GPT), "--model-arg", "size=small"]
+        cmd = [sys.executable, "-m", "meshplan", str(GPT), "--model-arg", "size=small"]
         cmd += ["--gpus", "8", "--out", str(out), "--quiet"]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tmp_path)
         assert proc.returncode == 0, proc.stderr

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torchrec  # noqa: F401  (no skip: the README's test command installs the recsys extra)
 
-from planner.cli import main
+from meshplan.cli import main
 from planner.recsys.plan import load_recplan
 
 ROOT = Path(__file__).resolve().parent.parent

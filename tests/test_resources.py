@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from planner.cli import main
+from meshplan.cli import main
 from planner.errors import InfeasibleError, UserInputError
 from planner.resources.choose import (
     OBJECTIVES,

@@ -28,7 +28,7 @@ EVERY = 2
 
 
 def plan_run(plan: Path, run_dir: Path, *extra: str, env: dict | None = None) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "planner.cli", "run", str(plan), "--steps", str(STEPS)]
+    cmd = [sys.executable, "-m", "meshplan", "run", str(plan), "--steps", str(STEPS)]
     cmd += ["--device", "cpu", "--checkpoint-every", str(EVERY), "--run-dir", str(run_dir)]
     cmd += ["--hang-timeout", "240"]
     return subprocess.Popen(

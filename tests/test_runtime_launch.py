@@ -13,7 +13,7 @@ import pytest
 from oracle import reference_for_plan
 from runs import forced_plan, launch, losses_of
 
-from planner.cli import main as plan_main
+from meshplan.cli import main as plan_main
 from planner.errors import UserInputError
 from runtime.launch import run_plan
 

@@ -22,7 +22,7 @@ from oracle import (
 )
 from runs import forced_plan, launch, losses_of, model_path
 
-from planner.cli import main as plan_main
+from meshplan.cli import main as plan_main
 from planner.errors import UserInputError
 from planner.schema import dumps, load_plan, plan_from_dict, write_plan
 from planner.schema.mesh import Mesh

@@ -37,7 +37,10 @@ def run(
     mf: ModelFile,
     training: dict[str, Any],
     draw: Callable[[dict[str, Any], Path], list[Path]] | None = None,
+    run: Callable[[Path, argparse.Namespace], int] | None = None,
 ) -> int:
+    """Plan, write plan.json and print; ``draw`` renders the report (planner.report) and ``run``
+    trains the plan with ``--run`` (the runtime, handed in by the entry meshplan.cli)."""
     from planner.recsys.planning import plan_recsys
 
     if args.graph:
@@ -75,10 +78,8 @@ def run(
         print_summary(doc, path)
         for figure in drawn:
             print(f"wrote {figure}")
-    if args.run:
-        from runtime.recsys import run_recplan
-
-        return run_recplan(path, args)
+    if args.run and run is not None:
+        return run(path, args)
     return 0
 
 

@@ -1,0 +1,53 @@
+"""``plan``: the planner's command line (planner.cli) with the runtime plugged in.
+
+    plan MODEL.py [flags] [--run]      plan, and with --run train the plan (runtime.launch)
+    plan run PLAN.json [--steps K]     train a saved plan
+    plan show | calibrate | ...        the planner's other subcommands
+
+Why a package of its own: this is the one place where the planner and the runtime meet, so
+that every module under ``planner`` can be held to "never imports the runtime" by machine."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from planner import cli
+
+
+def run_saved_plan(path: Path, opts: argparse.Namespace) -> int:
+    """Train the plan at ``path``: a recommendation plan on TorchRec, any other on torchrun."""
+    from planner.recsys.plan import is_recplan
+
+    if is_recplan(path):
+        from runtime.recsys import run_recplan
+
+        return run_recplan(path, opts)
+    from runtime.launch import run_plan
+
+    return run_plan(path, opts)
+
+
+def cmd_run(argv: list[str]) -> int:
+    """``plan run PLAN.json [flags]``: train a saved plan (see runtime.launch)."""
+    from planner.flags import CommandParser, add_run_flags
+
+    parser = CommandParser(
+        prog="plan run", description="Train a saved plan with torch.distributed."
+    )
+    parser.add_argument("plan", help="a plan.json written by `plan MODEL.py`")
+    add_run_flags(parser)
+    parser.add_argument("--debug", action="store_true", help="show tracebacks, the workers' too")
+    opts = parser.parse_args(argv)
+    return run_saved_plan(Path(opts.plan), opts)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    return cli.main(argv, run=run_saved_plan, subcommands={"run": cmd_run})
+
+
+if __name__ == "__main__":
+    sys.exit(main())
