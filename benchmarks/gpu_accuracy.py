@@ -440,7 +440,7 @@ def _phase_memory(built, mf, step: int, device) -> dict:
             torch.cuda.reset_peak_memory_stats(device)
 
     batch = mf.batch(gbs, step=step)
-    inputs, targets = dp_slice(batch, 0, 1, gbs)
+    inputs, targets = dp_slice(batch, 0, gbs)
     chunks = micro_batches((inputs, targets), gbs, mbs)
     model = built.parts[0]
     out: dict = {"start": now(), "micro_batches": []}

@@ -6,7 +6,7 @@
 The cost model prices a product over inner dimension K at ``matmul_efficiency`` of the peak
 times K / (K + ``matmul_half_inner_dim``), and a weight's backward as two GEMMs of the forward's
 FLOPs, one over N (the input's gradient) and one over the tokens M (the weight's)
-(``cost.model.inner_dim_slowdowns``). ``plan calibrate`` fits both from square products and
+(``cost.compute.inner_dim_slowdowns``). ``plan calibrate`` fits both from square products and
 short-K ones; this measures what a training step's own shapes reach: ``F.linear`` forward, then
 its backward through autograd (both GEMMs), each timed with CUDA events (median of repeats after
 a warm-up), in bf16, on fresh random data. ``report`` sets each against the model's time for
@@ -94,7 +94,7 @@ def measure(args: argparse.Namespace) -> int:
 
 def model_times(m: int, k: int, n: int, profile: str) -> tuple[float, float]:
     """(forward, backward) seconds the cost model gives a bf16 linear of this shape."""
-    from planner.cost.model import achievable_peak, inner_dim_slowdowns
+    from planner.cost.compute import achievable_peak, inner_dim_slowdowns
     from planner.hardware.cluster import make_cluster
 
     cluster, _ = make_cluster(1, profile, None, None)

@@ -63,7 +63,7 @@ MUTANTS: list[Mutant] = [
     # ------------------------------------------------------------------ cost model
     M(
         "cost-roofline-sum",
-        "planner/cost/model.py",
+        "planner/cost/compute.py",
         "return max(flops * slowdown / achievable_peak(cluster, dtype, rate), nbytes / bw)",
         "return flops * slowdown / achievable_peak(cluster, dtype, rate) + nbytes / bw",
         COST,
@@ -71,7 +71,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "cost-step-always-fused",
-        "planner/cost/model.py",
+        "planner/cost/optimizer.py",
         "    per_param = 2 * wb + gb + 2 * ob if inp.training.fused_step else unfused",
         "    per_param = 2 * wb + gb + 2 * ob",
         "tests/test_cost_terms.py",
@@ -79,7 +79,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "cost-offload-compute-width",
-        "planner/cost/model.py",
+        "planner/cost/optimizer.py",
         "            t += shard * m * (2 * FP32_BYTES + gb) / bw",
         "            t += shard * m * (2 * wb + gb) / bw",
         "tests/test_cost_terms.py",
@@ -87,7 +87,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "cost-batchnorm-sync-free",
-        "planner/cost/model.py",
+        "planner/cost/data_parallel.py",
         "    if mesh.replicas == 1 or not o.norm_channels:\n        return 0.0",
         "    if True:\n        return 0.0",
         "tests/test_cost_terms.py",
@@ -95,7 +95,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "cost-weights-scale-with-batch",
-        "planner/cost/model.py",
+        "planner/cost/compute.py",
         'd["fwd_flops"] * work_f * scale, act_f * scale + weights,',
         'd["fwd_flops"] * work_f * scale, (act_f + weights) * scale,',
         COST,
@@ -103,7 +103,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "cost-backward-weight-bytes",
-        "planner/cost/model.py",
+        "planner/cost/compute.py",
         'bw_w = min(2 * weights, d["bwd_bytes"])',
         'bw_w = min(weights, d["bwd_bytes"])',
         COST,
@@ -111,7 +111,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "cost-selective-recompute-free",
-        "planner/cost/model.py",
+        "planner/cost/block_options.py",
         '"selective": sel_fwd + ovh_sel,',
         '"selective": ovh_sel,',
         COST,
@@ -119,7 +119,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "cost-full-recompute-no-comm",
-        "planner/cost/model.py",
+        "planner/cost/block_options.py",
         '"full": fwd + comm_f}[rc]',
         '"full": fwd}[rc]',
         COST,
@@ -127,7 +127,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "cost-full-recompute-peak",
-        "planner/cost/model.py",
+        "planner/cost/block_options.py",
         '"full": v.saved_bytes,\n            }[rc]',
         '"full": v.saved_selective_bytes,\n            }[rc]',
         COST,
@@ -135,7 +135,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "cost-moe-capacity-ignored",
-        "planner/cost/model.py",
+        "planner/cost/block_options.py",
         "factor = training.moe_capacity_factor * (training.moe_imbalance if ep > 1 else 1.0)",
         "factor = training.moe_imbalance if ep > 1 else 1.0",
         COST,
@@ -143,7 +143,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "cost-a2a-combine-forgotten",
-        "planner/cost/model.py",
+        "planner/cost/block_options.py",
         "a2a_f = a2a_b = 2 * one",
         "a2a_f = a2a_b = one",
         COST + " tests/test_moe.py",
@@ -151,7 +151,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "cost-zero2-grads-whole",
-        "planner/cost/model.py",
+        "planner/cost/memory.py",
         "g = z * gb / dp if zero >= 2 else params * gb",
         "g = z * gb / dp if zero >= 3 else params * gb",
         COST,
@@ -159,7 +159,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "cost-1f1b-inflight",
-        "planner/cost/model.py",
+        "planner/cost/pipeline.py",
         '    if schedule == "1f1b":\n        return min(m, pp - pp_rank)',
         '    if schedule == "1f1b":\n        return min(m, pp)',
         COST,
@@ -167,7 +167,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "cost-interleaved-inflight",
-        "planner/cost/model.py",
+        "planner/cost/pipeline.py",
         "return min(m * v, (v - 1) * pp + 2 * (pp - pp_rank - 1) + 1)",
         "return min(m * v, (v - 1) * pp + 2 * (pp - pp_rank - 1))",
         COST,
@@ -175,7 +175,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "cost-logits-half",
-        "planner/cost/model.py",
+        "planner/cost/records.py",
         "return 3 * 4 * last.output_bytes / dtype_bytes",
         "return 4 * last.output_bytes / dtype_bytes",
         COST,
@@ -183,7 +183,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "cost-p2p-one-way",
-        "planner/cost/model.py",
+        "planner/cost/pipeline.py",
         "        return 2 * p2p_time(per, bw, lat)\n",
         "        return p2p_time(per, bw, lat)\n",
         COST,
@@ -191,7 +191,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "cost-loss-one-pass",
-        "planner/cost/model.py",
+        "planner/cost/compute.py",
         "return 2 * nbytes / (p.memory_bandwidth * p.elementwise_efficiency) + ops",
         "return nbytes / (p.memory_bandwidth * p.elementwise_efficiency) + ops",
         COST,
@@ -199,7 +199,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "cost-zero0-hides-behind-forward",
-        "planner/cost/model.py",
+        "planner/cost/data_parallel.py",
         "        return ar[0] * p - bwd, 0.0, ar[0] * p",
         "        return ar[0] * p - bwd - fwd, 0.0, ar[0] * p",
         COST,
@@ -207,7 +207,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "cost-zero1-broadcast-hidden",
-        "planner/cost/model.py",
+        "planner/cost/data_parallel.py",
         "        return ar[0] * p - bwd, ag[0] * o.dense_params,",
         "        return ar[0] * p + ag[0] * o.dense_params - bwd, 0.0,",
         COST,
@@ -215,7 +215,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "cost-zero3-one-gather",
-        "planner/cost/model.py",
+        "planner/cost/data_parallel.py",
         "    return m * (2 * ag_t + rs_t + unit - fwd - bwd), 0.0, m * (2 * ag_t + rs_t + unit)",
         "    return m * (ag_t + rs_t + unit - fwd - bwd), 0.0, m * (ag_t + rs_t + unit)",
         COST,
@@ -223,7 +223,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "cost-optimizer-bytes",
-        "planner/cost/model.py",
+        "planner/cost/optimizer.py",
         "per_param = 2 * wb + gb + 2 * ob",
         "per_param = wb + gb + ob",
         COST,
@@ -231,7 +231,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "cost-zero1-optimizer-whole",
-        "planner/cost/model.py",
+        "planner/cost/optimizer.py",
         "dp = mesh.replicas if config.zero_stage >= 1 else 1\n    local",
         "dp = mesh.replicas if config.zero_stage >= 2 else 1\n    local",
         COST,
@@ -239,7 +239,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "cost-offload-once-per-step",
-        "planner/cost/model.py",
+        "planner/cost/optimizer.py",
         "t += shard * m * (2 * FP32_BYTES + gb) / bw",
         "t += shard * (2 * FP32_BYTES + gb) / bw",
         COST,
@@ -247,7 +247,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "cost-p2p-buffers-one",
-        "planner/cost/model.py",
+        "planner/cost/memory.py",
         "        return 2 * b\n",
         "        return b\n",
         COST,
@@ -255,7 +255,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "cost-recv-buffers-in-flight-only",
-        "planner/cost/model.py",
+        "planner/cost/memory.py",
         "            total += (m + held) * b",
         "            total += 2 * held * b",
         COST,
@@ -263,7 +263,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "cost-gather-buffer-one",
-        "planner/cost/model.py",
+        "planner/cost/memory.py",
         "        return 2 * o.params * training.state_bytes[0]",
         "        return o.params * training.state_bytes[0]",
         COST,
@@ -271,7 +271,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "cost-no-logits-memory",
-        "planner/cost/model.py",
+        "planner/cost/memory.py",
         "    if not last:\n        return 0.0",
         "    if not last or True:\n        return 0.0",
         COST,
@@ -279,7 +279,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "cost-pipeline-mean-stage",
-        "planner/cost/model.py",
+        "planner/cost/pipeline.py",
         "        return sum(T) + (m - 1) * max(T), sum(T) - max(T)",
         "        return sum(T) + (m - 1) * sum(T) / len(T), sum(T) - max(T)",
         COST,
@@ -287,7 +287,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "cost-interleaved-bubble-fastest",
-        "planner/cost/model.py",
+        "planner/cost/pipeline.py",
         "    return m * max(R) + (p - 1) * max(T), (p - 1) * max(T)",
         "    return m * max(R) + (p - 1) * min(T), (p - 1) * min(T)",
         COST,
@@ -295,7 +295,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "cost-host-capacity-per-node",
-        "planner/cost/model.py",
+        "planner/cost/step.py",
         "host_capacity = profile.host_memory_bytes / max(profile.gpus_per_node, 1)",
         "host_capacity = profile.host_memory_bytes",
         COST + " " + MILP,
@@ -303,7 +303,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "cost-ep-ring-ratio",
-        "planner/cost/model.py",
+        "planner/cost/records.py",
         "ratio = ((n - 1) / n) / ((dp - 1) / dp)",
         "ratio = 1.0",
         COST + " " + MILP,
@@ -311,7 +311,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "cost-cp-ring-backward",
-        "planner/cost/model.py",
+        "planner/cost/compute.py",
         "ring_b = (cp - 1) * p2p_time(2 * kv, bw, lat)",
         "ring_b = (cp - 1) * p2p_time(kv, bw, lat)",
         COST + " tests/test_long_context.py",
@@ -319,7 +319,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "cost-zero1-experts-sharded",
-        "planner/cost/model.py",
+        "planner/cost/memory.py",
         "experts = state_memory(o.expert_params, 0, 1, o.offload, training)",
         "experts = state_memory(o.expert_params, 1, dp, o.offload, training)",
         COST + " " + MILP,
@@ -327,7 +327,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "cost-grad-accumulation-m",
-        "planner/cost/model.py",
+        "planner/cost/optimizer.py",
         "per_acc = (m - 1) * 3 * gb",
         "per_acc = m * 3 * gb",
         COST,
@@ -335,7 +335,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "cost-tp-overhead-forward",
-        "planner/cost/model.py",
+        "planner/cost/compute.py",
         "        fwd += per_step / 3\n",
         "        fwd += per_step\n",
         COST,
@@ -575,7 +575,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "cost-interleaved-chunks-hold-every-chunk-micro-batch",
-        "planner/cost/model.py",
+        "planner/cost/pipeline.py",
         '    return count / v if schedule == "interleaved_1f1b" and pp > 1 else float(count)',
         "    return float(count)",
         COST,
@@ -584,7 +584,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "cost-loss-beside-the-working-set",
-        "planner/cost/model.py",
+        "planner/cost/memory.py",
         "gathered + max(working, loss)",
         "gathered + working + loss",
         COST,
@@ -593,7 +593,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "cost-grads-always-held",
-        "planner/cost/model.py",
+        "planner/cost/records.py",
         "    return training.persistent_grad_buffers or m > 1",
         "    return True",
         COST,
@@ -602,7 +602,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "cost-optimizer-step-peak-ignored",
-        "planner/cost/model.py",
+        "planner/cost/memory.py",
         '        memory.append(step if step["total"] > mem["total"] else mem)',
         "        memory.append(mem)",
         COST,
@@ -721,8 +721,8 @@ MUTANTS: list[Mutant] = [
     M(
         "run-same-data-every-rank",
         "runtime/batching.py",
-        "return slice_tree(batch, dp_rank * per, (dp_rank + 1) * per)",
-        "return slice_tree(batch, 0, per)",
+        "return slice_tree(batch, dp_rank * local_batch_size, (dp_rank + 1) * local_batch_size)",
+        "return slice_tree(batch, 0, local_batch_size)",
         oracle("mlp-dp4"),
         "every data-parallel rank trains on the first slice",
     ),
@@ -883,7 +883,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "cost-dp-copies-zero3-gathers-once",
-        "planner/cost/model.py",
+        "planner/cost/data_parallel.py",
         "        gathers = 2 if zero == 3 else (",
         "        gathers = 1 if zero == 3 else (",
         "tests/test_cost_terms.py",
@@ -966,7 +966,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "cost-async-tp-hides-everything",
-        "planner/cost/model.py",
+        "planner/cost/compute.py",
         "    keep = 1.0 - share\n",
         "    keep = 0.0\n",
         "tests/test_published.py",
@@ -1207,7 +1207,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "cost-fsdp-accumulation-unpriced",
-        "planner/cost/model.py",
+        "planner/cost/data_parallel.py",
         "            per_param = gathers * gather + (reduce + acc) / m",
         "            per_param = gathers * gather + reduce / m",
         "tests/test_cost_terms.py::test_the_data_parallel_wrappers_copies",
@@ -1215,7 +1215,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "cost-fsdp-reduce-once-per-step",
-        "planner/cost/model.py",
+        "planner/cost/data_parallel.py",
         "        elif m > 1 and zero >= 2:",
         "        elif False:",
         "tests/test_cost_terms.py::test_the_data_parallel_wrappers_copies",
@@ -1223,7 +1223,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "cost-zero2-gathers-once-under-fsdp2",
-        "planner/cost/model.py",
+        "planner/cost/data_parallel.py",
         "        g = m if r.regather else 1",
         "        g = 1",
         "tests/test_cost_terms.py::test_zero2_reduce_scatters_every_micro_batch",
@@ -1231,7 +1231,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "cost-legacy-attention-ignored",
-        "planner/cost/model.py",
+        "planner/cost/compute.py",
         "        elif legacy and p.legacy_attention_efficiency > 0:",
         "        elif False:",
         "tests/test_published.py::test_a_flash_attention_build_older_than_the_chip_runs_at_its_fitted_rate",
@@ -1247,7 +1247,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "cost-deferred-zero2-gathers-each-micro-batch",
-        "planner/cost/model.py",
+        "planner/cost/data_parallel.py",
         "        gathers = 2 if zero == 3 else (1 / m if deferred else 1)\n",
         "        gathers = 2 if zero == 3 else 1\n",
         "tests/test_cost_terms.py::test_a_deferring_zero2_pipeline_gathers_once_per_step",
@@ -1255,7 +1255,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "cost-fused-accumulation-unpriced",
-        "planner/cost/model.py",
+        "planner/cost/optimizer.py",
         "                n -= o.product_params  # the weight-gradient GEMMs accumulated them",
         "                n -= 0.0",
         "tests/test_costmodel.py::test_fused_weight_gradient_accumulation_adds_only_the_other_gradients",
@@ -1271,7 +1271,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "cost-reduction-bucket-unpriced",
-        "planner/cost/model.py",
+        "planner/cost/memory.py",
         "    total += inp.training.reduce_bucket_bytes\n",
         "",
         "tests/test_cost_terms.py::test_reduction_bucket_sits_on_every_rank_beside_the_activation_peak",
@@ -1425,7 +1425,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "mixed-hop-one-copy-between-degrees",
-        "planner/cost/model.py",
+        "planner/cost/pipeline.py",
         "    forward = p2p_time(nbytes * max(1, t_next // t), bw, lat)\n",
         "    forward = p2p_time(nbytes, bw, lat)\n",
         "tests/test_mixed_stage_tp.py::test_hop_prices_the_copies_the_runtime_sends",

@@ -9,7 +9,7 @@ peak memory, where the row gives it) with the measurement. Writes
 ``reports/published/published.{json,md,png}``.
 
 Nothing here is fitted per row or per source: a row is read into a ``Setup`` (shape, layout,
-precision, recompute, hardware), priced by ``planner.cost.model.evaluate`` on a ``Config`` built
+precision, recompute, hardware), priced by ``planner.cost.step.evaluate`` on a ``Config`` built
 from it, and compared. A row whose shape or parallel layout is not stated is skipped with the
 reason. Where a row leaves a setting unstated that its framework fixes by default, the default
 is used and named in the row's ``assumed`` list (it is printed with the table):
@@ -118,25 +118,25 @@ class Setup:
     fp8: bool  # linears in fp8 (attention stays in 16 bits)
     tp_overlap: bool  # TP collectives overlapped with the GEMMs (async TP, --tp-comm-overlap)
     recompute: str  # none | selective | full
-    selective_policy: str  # what selective recompute keeps (cost.model.Training)
+    selective_policy: str  # what selective recompute keeps (training.Training)
     vocab_parallel_loss: bool  # logits stay sharded over TP ranks for the loss
     fp32_grad_accumulation: bool  # DeepSpeed BF16_Optimizer's whole fp32 gradient buffer
     fp32_grad_partition: bool  # DeepSpeed's fp16 step: its gradient shard cast to fp32
-    reduce_bucket_bytes: float  # DeepSpeed's gradient-reduction buffer (cost.model.Training)
+    reduce_bucket_bytes: float  # DeepSpeed's gradient-reduction buffer (training.Training)
     native_attention: bool  # the chip's own fused attention kernel (Transformer Engine)
     legacy_attention: bool  # a flash-attention build older than the chip (llm-foundry, 2023)
     fused_elementwise: bool  # element-wise chains fused (Megatron-Core/TE, torch.compile)
     pipeline_sends_shards: bool  # Megatron sends each TP rank's sequence shard between stages
     p2p_overlap: bool  # Megatron's interleaved schedule overlaps its sends with compute
     dp_overlap: bool  # the DP gradient reduction overlaps the backward (not DeepSpeed's)
-    dp_copies: str  # the DP wrapper's weight and gradient copies (cost.model.Training)
+    dp_copies: str  # the DP wrapper's weight and gradient copies (training.Training)
     profile: str
     inter_node_bytes_per_s: float | None  # per GPU, from the row's interconnect text
     measured_step_s: float
     measured_mem_gib: float | None
     hardware: str  # the hardware kind the summary groups by
     assumed: tuple[str, ...] = field(default=())
-    tp_overlap_async: bool = False  # the overlap is torch's async TP (cost.model.Training)
+    tp_overlap_async: bool = False  # the overlap is torch's async TP (training.Training)
     fused_grad_accumulation: bool = False  # Megatron's weight-gradient GEMMs accumulate
     tied_head: bool = True  # the output projection is the token embedding (gpt family)
     allocated_memory: bool = False  # the published peak is torch's allocated one, not reserved
@@ -450,7 +450,7 @@ def parse_framework_memory(row: dict, tp: int, dtype: str, assumed: list[str]):
     framework keeps in memory where meshplan's runtime keeps something else.
 
     - torchtitan's "selective" is its per-op policy (``selective_ac_option = "op"``, the
-      default of its train configs): ``cost.model.selective_kept``'s "torchtitan-op".
+      default of its train configs): ``cost.block_options.selective_kept``'s "torchtitan-op".
     - Megatron's vocab-parallel cross-entropy (Megatron-LM, NeMo, Megatron-DeepSpeed) and
       torchtitan's loss_parallel (on unless disabled) keep the logits sharded over TP.
     - BLOOM's bf16 runs use DeepSpeed's BF16_Optimizer ("bf16 must use z0! it implements its
@@ -872,10 +872,12 @@ def cluster_for(s: Setup, **overrides: float):
 def price(s: Setup, **overrides: float):
     """The cost model's StepCost of the row's configuration."""
     from planner.api import variants_for
-    from planner.cost.model import Config, CostInputs, Training, evaluate
+    from planner.cost.records import Config, CostInputs
+    from planner.cost.step import evaluate
     from planner.schema.mesh import Mesh
     from planner.search.candidates import Pins
     from planner.search.options import price_options
+    from planner.training import Training
 
     path, args = model_args(s)
     traced = _traced(str(path), json.dumps(args, sort_keys=True), s.dtype)
@@ -985,7 +987,7 @@ def record(s: Setup, cost) -> dict[str, Any]:
     # style figures): the allocated peak the cost model predicts, plus what the caching
     # allocator holds beyond it; a row that says it quotes the allocated peak (torch's
     # max_memory_allocated, Megatron's "max allocated") is compared with that peak itself
-    from planner.cost.model import reserved_peak
+    from planner.cost.memory import reserved_peak
 
     peak = cost.peak_memory_bytes
     mem = (peak if s.allocated_memory else reserved_peak(peak, cluster_for(s).profile)) / GIB
@@ -1019,7 +1021,7 @@ def record(s: Setup, cost) -> dict[str, Any]:
 # What is fitted: per chip, the share of the dense peak a training step reaches in each of
 # three op classes, GEMMs (``matmul_efficiency``), fused attention kernels
 # (``attention_efficiency``) and 16-bit products off Tensor Cores' 8-element alignment
-# (``misaligned_matmul_efficiency``, cost.model.misaligned); the best-shape microbenchmarks
+# (``misaligned_matmul_efficiency``, cost.compute.misaligned); the best-shape microbenchmarks
 # (MAMF, FlashAttention's own benchmarks) are ceilings that real steps do not reach, but on
 # Hopper the attention rows priced at tritonbench's SDPA rate fit it (FITTED_BY_CHIP). Profiles
 # of one chip share them. A chip whose profile has no unaligned class (0) keeps none.

@@ -32,6 +32,7 @@ from planner.recsys.cost import price  # noqa: E402
 from planner.recsys.milp import step_time  # noqa: E402
 from planner.recsys.planning import plan_recsys  # noqa: E402
 from planner.recsys.tables import read_model, with_dense_ops  # noqa: E402
+from planner.training import training_from  # noqa: E402
 from runtime.launch import worker_env  # noqa: E402
 
 TRAINING = {"global_batch_size": 256, "optimizer": "sgd", "dtype": "fp32", "lr": 0.5}
@@ -77,7 +78,9 @@ def main() -> int:
     ap.add_argument("--out", default=str(ROOT / "reports" / "benchmarks" / "recsys_cpu.json"))
     args = ap.parse_args()
     mf = load_model_file(DLRM, {"size": "tiny"})
-    base, _ = plan_recsys(mf, args.ranks, profile="cpu", training=TRAINING, device="cpu")
+    base, _ = plan_recsys(
+        mf, args.ranks, profile="cpu", training=training_from(TRAINING, "recsys_cpu"), device="cpu"
+    )
     plans = variants(base, args.ranks)
     work = Path(tempfile.mkdtemp(prefix="meshplan-recsys-cpu-"))
     paths, dirs = [], []

@@ -9,11 +9,11 @@ from typing import Any
 
 import networkx as nx
 
-from planner.errors import UserInputError
 from planner.modelfile import ModelFile, load_model_file
 from planner.trace.blocks import Block, make_blocks
 from planner.trace.cache import load_graph, save_graph, trace_key
 from planner.trace.export import trace_model
+from planner.training import Training, on_devices, training_from
 
 
 @dataclass
@@ -217,6 +217,7 @@ def plan(
     profile: str | None = None,
     gpus_per_node: int | None = None,
     nodes: int | None = None,
+    training: Training | None = None,
     global_batch_size: int | None = None,
     dtype: str | None = None,
     optimizer: str | None = None,
@@ -236,6 +237,9 @@ def plan(
     trace's cache key), so that planning a model again, under other pins or on another
     cluster, solves none of them twice.
 
+    ``training``: the settings (planner.training); without it they are built from the model
+    file's TRAINING with ``global_batch_size``, ``dtype``, ``optimizer`` and ``lr`` over it.
+
     Raises UserInputError for bad input and InfeasibleError when nothing fits."""
     from planner.assemble import build_plan
     from planner.cost.eager_probe import EagerShardProbe
@@ -250,9 +254,16 @@ def plan(
         else load_model_file(model_file, model_args or {})
     )
     cluster, notes = make_cluster(gpus, profile, gpus_per_node, nodes)
-    training_cfg, training = training_of(
-        mf, global_batch_size, dtype, optimizer, lr, cluster.profile.device == "gpu"
-    )
+    if training is None:
+        training = training_from(
+            mf.training,
+            mf.path.name,
+            global_batch_size=global_batch_size,
+            dtype=dtype,
+            optimizer=optimizer,
+            lr=lr,
+        )
+    training = on_devices(training, cluster.profile.device == "gpu")
     pins = pins or Pins()
     if progress:
         progress("trace", 0, 1)
@@ -274,8 +285,7 @@ def plan(
         baselines = baseline_candidates(traced, cluster, training, pins, hand, memo)
     notes += probe.notes()
     probe.save()
-    lr = float(training_cfg.get("lr", 3e-4))
-    doc = build_plan(traced, cluster, training, lr, result, baselines)
+    doc = build_plan(traced, cluster, training, result, baselines)
     notes += batch_statistics_notes(traced.graph, doc)
     notes += loss_sample_notes(traced.graph, doc)
     notes += forward_state_notes(traced.graph, doc)
@@ -288,7 +298,7 @@ def batch_statistics_notes(graph, doc) -> list[str]:
     normalises one micro-batch (over the replicas when synchronized), so the model trains as
     one process would with that micro-batch and gradient accumulation, not with the whole
     batch at once. Said, since it changes what is trained, with the pin that avoids it."""
-    from planner.cost.model import batch_statistics_shapes
+    from planner.cost.block_options import batch_statistics_shapes
 
     if not batch_statistics_shapes(graph):
         return []
@@ -359,51 +369,6 @@ def random_draw_notes(graph, doc) -> list[str]:
         "plan draws its own, so it trains like one process in distribution, not number for "
         "number; set dropout and other noise to 0 to compare its losses with one device's"
     ]
-
-
-def training_of(
-    mf: ModelFile,
-    global_batch_size: int | None = None,
-    dtype: str | None = None,
-    optimizer: str | None = None,
-    lr: float | None = None,
-    gpu: bool = True,
-) -> tuple[dict, Any]:
-    """The model file's TRAINING with the command line's values over it, and the cost
-    model's ``Training`` from it. ``gpu``: the ranks are GPUs, where the runtime steps with
-    torch's fused kernel (``Training.fused_optimizer``) and casts parameters to the 16-bit
-    compute dtype on the device (``Training.device_casts``)."""
-    from planner.cost.model import Training
-
-    cfg = dict(mf.training)
-    for key, value in (
-        ("global_batch_size", global_batch_size),
-        ("dtype", dtype),
-        ("optimizer", optimizer),
-        ("lr", lr),
-    ):
-        if value is not None:
-            cfg[key] = value
-    training = Training(
-        int(cfg["global_batch_size"]),
-        str(cfg["dtype"]),
-        str(cfg["optimizer"]),
-        moe_factor(cfg, "moe_capacity_factor"),
-        moe_factor(cfg, "moe_imbalance"),
-        fused_optimizer=gpu,
-        device_casts=gpu,
-    )
-    return cfg, training
-
-
-def moe_factor(training_cfg: dict, key: str) -> float:
-    """TRAINING's mixture-of-experts factors: numbers >= 1 (1.0 when absent)."""
-    value = training_cfg.get(key, 1.0)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 1:
-        raise UserInputError(
-            f"TRAINING[{key!r}] must be a number >= 1 (1.0 = dropless and balanced), got {value!r}"
-        )
-    return float(value)
 
 
 def baseline_candidates(traced, cluster, training, pins, variants_of, memo=None) -> list:

@@ -7,17 +7,8 @@ from __future__ import annotations
 
 import math
 
-from planner.cost.model import (
-    Config,
-    CostInputs,
-    StepCost,
-    Training,
-    deferred_reduce,
-    forward_state_bytes,
-    grads_held,
-    num_microbatches,
-    option_states,
-)
+from planner.cost.memory import forward_state_bytes, option_states
+from planner.cost.records import Config, CostInputs, StepCost, deferred_reduce, grads_held
 from planner.cost.sharding import tied_parameters
 from planner.hardware.cluster import Cluster
 from planner.schema import (
@@ -36,6 +27,7 @@ from planner.schema import (
 )
 from planner.schema.plan import Certificate
 from planner.search.driver import WORK_LIMITS, Candidate, SearchResult
+from planner.training import Training, num_microbatches, replica_counts
 
 
 def _r(x: float) -> float:
@@ -135,7 +127,6 @@ def build_plan(
     traced,
     cluster: Cluster,
     training: Training,
-    lr: float,
     result: SearchResult,
     baselines: list[tuple[str, Candidate]],
 ) -> Plan:
@@ -158,8 +149,8 @@ def build_plan(
         zero_stage=config.zero_stage,
         dtype=training.dtype,
         optimizer=training.optimizer,
-        lr=lr,
-        stages=stage_records(best, traced.blocks),
+        lr=training.lr,
+        stages=stage_records(best, traced.blocks, training),
         blocks=block_records(best, result.inputs[best.key], traced.blocks, training),
         predicted=prediction(best.cost, traced),
         solver=solver_record(result, baselines),
@@ -181,8 +172,15 @@ def model_info(traced) -> ModelInfo:
     )
 
 
-def stage_records(best: Candidate, blocks) -> list[StagePlan]:
-    mesh = best.config.mesh
+def stage_records(best: Candidate, blocks, training: Training) -> list[StagePlan]:
+    config = best.config
+    mesh = config.mesh
+
+    def counts(pp_rank: int) -> tuple[int, int]:
+        return replica_counts(
+            training.global_batch_size, mesh.dp_of(pp_rank), config.micro_batch_size
+        )
+
     return [
         StagePlan(
             index=st.index,
@@ -200,6 +198,8 @@ def stage_records(best: Candidate, blocks) -> list[StagePlan]:
             optimizer_s=_r(st.optimizer_s),
             offload_s=_r(st.offload_s),
             inflight_microbatches=st.inflight,
+            local_batch_size=counts(st.pp_rank)[0],
+            num_microbatches=counts(st.pp_rank)[1],
         )
         for st in best.cost.stages
     ]

@@ -30,8 +30,9 @@ from planner.flags import (
     positive_int,
     token_count,
 )
-from planner.modelfile import DTYPES, OPTIMIZERS, parse_model_args
-from planner.vocab import OFFLOAD, RECOMPUTE, SCHEDULES
+from planner.modelfile import parse_model_args
+from planner.training import Training, training_from
+from planner.vocab import DTYPES, OFFLOAD, OPTIMIZERS, RECOMPUTE, SCHEDULES
 
 
 def _lazy(module: str) -> Callable[[list[str]], int]:
@@ -153,29 +154,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def resolve_training(mf, args: argparse.Namespace) -> dict:
-    """TRAINING defaults from the model file, overridden by flags."""
-    training = dict(mf.training)
-    for key in ("global_batch_size", "dtype", "optimizer", "lr"):
-        value = getattr(args, key, None)
-        if value is not None:
-            training[key] = value
-    if training.get("dtype") not in DTYPES:
-        raise UserInputError(
-            f"{mf.path.name}: TRAINING dtype {training.get('dtype')!r} is not one of "
-            f"{', '.join(DTYPES)}"
-        )
-    if training.get("optimizer") not in OPTIMIZERS:
-        raise UserInputError(
-            f"{mf.path.name}: TRAINING optimizer {training.get('optimizer')!r} is not one of "
-            f"{', '.join(OPTIMIZERS)}"
-        )
-    gbs = training.get("global_batch_size")
-    if not isinstance(gbs, int) or gbs <= 0:
-        raise UserInputError(f"{mf.path.name}: global_batch_size must be a positive integer")
-    return training
-
-
 def cmd_plan(argv: list[str], run: RunPlan | None = None) -> int:
     """``plan MODEL.py [flags]``; ``run`` trains the plan when ``--run`` asks (None: refused)."""
     args = build_parser().parse_args(argv)
@@ -185,7 +163,14 @@ def cmd_plan(argv: list[str], run: RunPlan | None = None) -> int:
     from planner.modelfile import load_model_file
 
     mf = load_model_file(args.model, parse_model_args(args.model_arg))
-    training = resolve_training(mf, args)
+    training = training_from(
+        mf.training,
+        mf.path.name,
+        global_batch_size=args.global_batch_size,
+        dtype=args.dtype,
+        optimizer=args.optimizer,
+        lr=args.lr,
+    )
     from planner.recsys.tables import uses_torchrec
 
     if uses_torchrec(mf):  # embedding tables: the recommendation planner (planner/recsys)
@@ -204,7 +189,7 @@ def cmd_plan(argv: list[str], run: RunPlan | None = None) -> int:
         traced = trace(
             mf,
             micro_batch_size=args.micro_batch_size or 1,
-            dtype=training["dtype"],
+            dtype=training.dtype,
             use_cache=not args.no_cache,
         )
         summary = graph_summary(traced)
@@ -219,7 +204,7 @@ def cmd_plan(argv: list[str], run: RunPlan | None = None) -> int:
         from planner.resources.command import run_resources
 
         explicit = any(a == "--steps" or a.startswith("--steps=") for a in argv)
-        return run_resources(args, mf, args.steps if explicit else None)
+        return run_resources(args, mf, training, args.steps if explicit else None)
     for flag in ("tokens", "deadline", "budget"):
         if getattr(args, flag) is not None:
             raise UserInputError(f"--{flag} needs --resources POOL.toml")
@@ -228,7 +213,7 @@ def cmd_plan(argv: list[str], run: RunPlan | None = None) -> int:
             "--stage-degrees needs --resources POOL.toml (stages of their own TP and DP "
             "degree are for pipelines across device kinds)"
         )
-    return run_planning(args, mf, shlex.join(["plan", *argv]), run)
+    return run_planning(args, mf, training, shlex.join(["plan", *argv]), run)
 
 
 def pins_from(args: argparse.Namespace):
@@ -253,7 +238,9 @@ def pins_from(args: argparse.Namespace):
     )
 
 
-def run_planning(args: argparse.Namespace, mf, command: str, run: RunPlan | None = None) -> int:
+def run_planning(
+    args: argparse.Namespace, mf, training: Training, command: str, run: RunPlan | None = None
+) -> int:
     from planner.api import plan
     from planner.report.console import Progress, print_plan
     from planner.schema import write_plan
@@ -272,10 +259,7 @@ def run_planning(args: argparse.Namespace, mf, command: str, run: RunPlan | None
             profile=args.profile,
             gpus_per_node=args.gpus_per_node,
             nodes=args.nodes,
-            global_batch_size=args.global_batch_size,
-            dtype=args.dtype,
-            optimizer=args.optimizer,
-            lr=args.lr,
+            training=training,
             pins=pins,
             use_cache=not args.no_cache,
             progress=progress.update,

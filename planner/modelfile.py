@@ -25,14 +25,9 @@ from torch.utils._pytree import tree_map
 
 from planner import vocab
 from planner.errors import UserInputError
+from planner.training import TRAINING_DEFAULTS
 from planner.vocab import TENSOR_DTYPE
 
-TRAINING_DEFAULTS: dict[str, Any] = {
-    "global_batch_size": 8,
-    "optimizer": "adamw",
-    "dtype": "bf16",
-    "lr": 3e-4,
-}
 DTYPES = {name: getattr(torch, TENSOR_DTYPE[name]) for name in vocab.DTYPES}
 OPTIMIZERS = vocab.OPTIMIZERS
 

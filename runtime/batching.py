@@ -17,27 +17,29 @@ import torch
 from torch.utils._pytree import tree_map
 
 from planner.modelfile import slice_tree
-from planner.schema.mesh import Mesh
+from planner.schema import Plan
 
 
-def dp_slice(batch: Any, dp_rank: int, dp: int, global_batch_size: int) -> Any:
-    """Data-parallel rank ``dp_rank``'s contiguous share of the global batch."""
-    per = global_batch_size // dp
-    return slice_tree(batch, dp_rank * per, (dp_rank + 1) * per)
+def dp_slice(batch: Any, dp_rank: int, local_batch_size: int) -> Any:
+    """Data-parallel rank ``dp_rank``'s contiguous share of the global batch, ``local_batch_size``
+    rows (the plan's ``StagePlan.local_batch_size``)."""
+    return slice_tree(batch, dp_rank * local_batch_size, (dp_rank + 1) * local_batch_size)
 
 
-def replica_share(batch: Any, mesh: Mesh, rank: int, global_batch_size: int, mbs: int) -> Any:
+def replica_share(batch: Any, plan: Plan, rank: int) -> Any:
     """The rows ``rank``'s replica runs, in the order it runs them: its contiguous DP share,
     or, where the stages' DP degrees differ (``Mesh.round_robin``), its turns of the step's
-    micro-batches put one after another (the schedule then cuts them back apart)."""
+    micro-batches put one after another (the schedule then cuts them back apart). The counts
+    are the plan's own (``StagePlan.local_batch_size``, ``num_microbatches``)."""
+    mesh, mbs = plan.mesh, plan.micro_batch_size
     pp_i, dp_i, _, _ = mesh.coords(rank)
-    dp = mesh.dp_of(pp_i)
+    stage = plan.stages_of(pp_i)[0]
     if not mesh.round_robin:
-        return dp_slice(batch, dp_i, dp, global_batch_size)
-    n = global_batch_size // mbs
+        return dp_slice(batch, dp_i, stage.local_batch_size)
+    n = stage.num_microbatches * mesh.dp_of(pp_i)  # the step's micro-batches
     rows = [
         r
-        for k in range(n // dp)
+        for k in range(stage.num_microbatches)
         for g in (mesh.local_micro_batch(rank, k, n),)
         for r in range(g * mbs, (g + 1) * mbs)
     ]

@@ -264,10 +264,9 @@ def _build_pipeline(
     )
 
     inputs, _ = mf.batch(plan.global_batch_size, step=0)
+    first = plan.stages_of(0)[0]
     example = micro_batches(
-        dp_slice(inputs, 0, plan.mesh.dp_of(0), plan.global_batch_size),
-        plan.global_batch_size // plan.mesh.dp_of(0),
-        plan.micro_batch_size,
+        dp_slice(inputs, 0, first.local_batch_size), first.local_batch_size, plan.micro_batch_size
     )[0]
     pipe = traced_pipe(plan, model, example, cache.pipes)
     pp_rank = plan.mesh.coords(dist.get_rank())[0]
@@ -332,11 +331,13 @@ def _build_pipeline(
         pipe.split_gm.register_module(stage_module_name(i), wrapped)
         stage = pipe.build_stage(i, device, group=mesh["pp"].get_group())
         if plan.mesh.uneven:
-            stage = uneven_stage(stage, plan.mesh, plan.global_batch_size // plan.micro_batch_size)
+            own = plan.stages_of(pp_rank)[0]
+            step_microbatches = own.num_microbatches * plan.mesh.dp_of(pp_rank)
+            stage = uneven_stage(stage, plan.mesh, step_microbatches)
         stages.append(stage)
         parts.append(wrapped)
     loss = _loss_fn(mf)
-    m = plan.global_batch_size // (plan.mesh.dp_of(pp_rank) * plan.micro_batch_size)
+    m = plan.stages_of(pp_rank)[0].num_microbatches
     if plan.schedule == "interleaved_1f1b":
         schedule = ScheduleInterleaved1F1B(stages, n_microbatches=m, loss_fn=loss)
     else:

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 # SGD keeps a momentum buffer, as the cost model prices it (one state per parameter,
-# planner.cost.model.STATE_BYTES): plain SGD without momentum is rarely what anyone trains with.
+# planner.training.STATE_BYTES): plain SGD without momentum is rarely what anyone trains with.
 SGD_MOMENTUM = 0.9
 
 
@@ -27,7 +27,7 @@ def step_kwargs(params: list[torch.nn.Parameter]) -> dict[str, Any]:
     is on a GPU: a 1.5B Llama's AdamW step took 15.0 ms fused against 34.3 ms for torch's
     default foreach step on one H200 (benchmarks/gpu_accuracy.py probe). Parameters on the
     host (gloo ranks, FSDP2's CPU offload) keep torch's default step, as the cost model prices
-    (planner.cost.model.UNFUSED_STEP_ACCESSES)."""
+    (planner.cost.optimizer.UNFUSED_STEP_ACCESSES)."""
     on_gpu = bool(params) and all(p.device.type == "cuda" for p in params)
     return {"fused": True} if on_gpu else {}
 

@@ -53,11 +53,11 @@ def _local_step(built: Built, mf: ModelFile, step: int, device: torch.device) ->
     when this rank computes losses (the last pipeline stage), else None."""
     plan = built.plan
     pp_rank = built.coords[0]
-    dp, gbs, mbs = plan.mesh.dp_of(pp_rank), plan.global_batch_size, plan.micro_batch_size
-    share = replica_share(mf.batch(gbs, step=step), plan.mesh, dist.get_rank(), gbs, mbs)
+    local, mbs = plan.stages_of(pp_rank)[0].local_batch_size, plan.micro_batch_size
+    share = replica_share(mf.batch(plan.global_batch_size, step=step), plan, dist.get_rank())
     inputs, targets = _to(share, device)
     if built.schedule is None:
-        chunks = micro_batches((inputs, targets), gbs // dp, mbs)
+        chunks = micro_batches((inputs, targets), local, mbs)
         model, total = built.parts[0], None
         for j, (x, y) in enumerate(chunks):
             gradient_sync(built.parts, j == len(chunks) - 1)

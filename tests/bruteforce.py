@@ -10,7 +10,10 @@ from __future__ import annotations
 import itertools
 import math
 
-from planner.cost.model import Config, CostInputs, Mesh, StepCost, evaluate
+from planner.schema.mesh import Mesh
+
+from planner.cost.records import Config, CostInputs, StepCost
+from planner.cost.step import evaluate
 
 
 def splits(n_blocks: int, n_stages: int):

@@ -20,7 +20,7 @@ os.environ["MESHPLAN_CACHE"] = os.environ.get("MESHPLAN_TEST_CACHE") or tempfile
     prefix="meshplan-test-cache-"
 )
 
-from planner.cost.model import BlockOption  # noqa: E402
+from planner.cost.records import BlockOption  # noqa: E402
 from planner.hardware.cluster import Cluster  # noqa: E402
 from planner.hardware.profiles import load_profile  # noqa: E402
 from planner.trace.blocks import Block  # noqa: E402

@@ -15,7 +15,7 @@ import planner.calibrate.command as calibrate_mod
 import planner.calibrate.workers as workers_mod
 from planner.calibrate import main
 from planner.calibrate.fit import fit_alpha_beta, fit_each, ring_factors
-from planner.cost.model import compute_time
+from planner.cost.compute import compute_time
 from planner.errors import UserInputError
 from planner.hardware.cluster import Cluster
 from planner.hardware.collectives import collective_time

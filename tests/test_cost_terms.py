@@ -15,26 +15,18 @@ from pathlib import Path
 import networkx as nx
 import pytest
 from conftest import make_block, make_option
+from planner.schema.mesh import Mesh
 from torch import nn
 
-from planner.cost.model import (
-    Config,
-    CostInputs,
-    DPRates,
-    Mesh,
-    Training,
-    compute_time,
-    dp_block_terms,
-    dp_copy_bytes,
-    dp_rates,
-    evaluate,
-    fusion_shares,
-    node_times,
-    optimizer_time,
-)
+from planner.cost.compute import compute_time, fusion_shares, node_times
+from planner.cost.data_parallel import DPRates, dp_block_terms, dp_copy_bytes, dp_rates
+from planner.cost.optimizer import optimizer_time
+from planner.cost.records import Config, CostInputs
+from planner.cost.step import evaluate
 from planner.hardware.cluster import Cluster
 from planner.hardware.profiles import DeviceProfile
 from planner.trace.blocks import Block
+from planner.training import Training
 
 PEAK32 = 1e12 * 0.5  # achievable fp32 FLOP/s
 PEAK16 = 4e12 * 0.5
@@ -598,7 +590,7 @@ FP32 = Training16(8, "fp32")
 
 def options_by_recompute(graph, block, tp: int, training=FP32, **kw):
     from planner.api import variants_for
-    from planner.cost.model import block_options
+    from planner.cost.block_options import block_options
 
     cl = cluster(4, 4)
     variants = variants_for(graph, cl, "sharded" if tp > 1 else "auto")(block, tp)
@@ -708,7 +700,7 @@ def test_tensor_parallel_shrinks_compute_and_memory_bound_work_by_their_own_shar
     whole for a replicated norm or residual add. A block's average fractions would scale the
     norms' time by the sharded products' share (its bytes are mostly theirs)."""
     from planner.api import variants_for
-    from planner.cost.model import block_options
+    from planner.cost.block_options import block_options
 
     graph, layer = traced_layer("examples/llama.py", {})
     cl = cluster(4, 4)
@@ -934,7 +926,7 @@ def test_the_trace_finds_the_batch_norms_that_use_batch_statistics():
     """examples/resnet.py: the stem's and first bottleneck's four BatchNorms in block 0, one in
     each shortcut; a model in eval mode normalises with running statistics (none to sync)."""
     from planner.api import trace
-    from planner.cost.model import batch_norm_channels
+    from planner.cost.block_options import batch_norm_channels
     from planner.modelfile import load_model_file
 
     root = Path(__file__).resolve().parent.parent
@@ -947,7 +939,7 @@ def test_the_trace_finds_the_batch_norms_that_use_batch_statistics():
     assert sorted(c for f in found for c in f) == sorted(widths)
 
 
-# The data-parallel wrapper's copies (cost.model.dp_copy_bytes), by hand per parameter; w is
+# The data-parallel wrapper's copies (cost.data_parallel.dp_copy_bytes), by hand per parameter; w is
 # the gathered width (2 when cast to bf16, 4 in fp32), f = 1 / replicas.
 @pytest.mark.parametrize(
     "zero, tp, dp, m, casts, per_param",

@@ -8,19 +8,15 @@ from dataclasses import replace
 
 import pytest
 from conftest import cluster_of, make_block, make_option
+from planner.schema.mesh import Mesh
 
-from planner.cost.model import (
-    Config,
-    CostInputs,
-    Mesh,
-    Training,
-    evaluate,
-    inflight_microbatches,
-    state_memory,
-    step_state_bytes,
-)
+from planner.cost.memory import state_memory, step_state_bytes
+from planner.cost.pipeline import inflight_microbatches
+from planner.cost.records import Config, CostInputs
+from planner.cost.step import evaluate
 from planner.hardware.cluster import Cluster
 from planner.hardware.collectives import collective_time
+from planner.training import Training
 
 # The ZeRO paper counts DeepSpeed's states: 16-bit gradients in buffers kept all step.
 ADAM_MIXED = Training(64, "bf16", "adamw", persistent_grad_buffers=True)
@@ -193,7 +189,7 @@ def test_full_and_selective_recompute_options_from_a_traced_gpt(tmp_path, monkey
     """Full recompute keeps only the layer input, 2sbh; selective keeps sbh*34 (Korthikanti)."""
     monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path))
     from planner.api import trace
-    from planner.cost.model import block_options
+    from planner.cost.block_options import block_options
     from planner.cost.sharding import tp_variants
 
     s, h, a, b = 2048, 2048, 16, 1
@@ -235,7 +231,7 @@ def test_torchtitan_op_sac_keeps_inputs_attention_and_every_other_product(
     token. FP8 linears call aten._scaled_mm, which the policy does not save: 2 x 512 + 32."""
     monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path))
     from planner.api import trace
-    from planner.cost.model import block_options, selective_kept
+    from planner.cost.block_options import block_options, selective_kept
     from planner.cost.sharding import tp_variants
 
     args = dict(size="tiny", layers=2, hidden=256, heads=8, kv_heads=2, ffn=512, seq_len=64)
@@ -258,7 +254,7 @@ def test_short_inner_dimensions_slow_a_gemm_down():
     """rate = R * K / (K + half): a K=96 linear forward at half=32 takes 4/3 of its K->inf time;
     backward averages its two GEMMs (over N, and over the M tokens, which scale with the
     micro-batch for a weight's gradient)."""
-    from planner.cost.model import inner_dim_slowdowns
+    from planner.cost.compute import inner_dim_slowdowns
 
     assert inner_dim_slowdowns([96, 64, 512, True], 1.0, 32.0) == pytest.approx(
         (128 / 96, ((64 + 32) / 64 + (512 + 32) / 512) / 2)
@@ -321,7 +317,7 @@ def test_gradient_accumulation_adds_m_minus_1_passes_over_the_accumulated_gradie
     """torch adds every micro-batch's gradient after the first into .grad (read both, write
     one): (m - 1) * 3 * gradient bytes at the element-wise rate, over whole gradients under
     ZeRO 0/1 or a deferring pipeline, over the dp shard under ZeRO 2/3 otherwise."""
-    from planner.cost.model import optimizer_time
+    from planner.cost.optimizer import optimizer_time
 
     psi, dp = 4e8, 4
     cl = cluster_of(8)
@@ -346,7 +342,7 @@ def test_fused_weight_gradient_accumulation_adds_only_the_other_gradients(zero):
     whole gradient buffer as it writes, so of the (m - 1) passes only the gradients of weights
     no product reads (here a quarter: an embedding table, norms) remain; FSDP's sharded
     accumulation adds each reduce-scattered shard after the GEMM, fused or not."""
-    from planner.cost.model import optimizer_time
+    from planner.cost.optimizer import optimizer_time
 
     psi, dp, m = 4e8, 4, 8
     cl = cluster_of(8)
@@ -375,7 +371,7 @@ def test_the_products_weights_are_what_a_weight_gradient_gemm_writes():
     """A Llama block's linear weights are products' weights; its norm weights, and the
     embedding table a lookup reads, are not; the head is (a linear)."""
     from planner.api import trace
-    from planner.cost.model import block_options
+    from planner.cost.block_options import block_options
     from planner.cost.sharding import tp_variants
     from planner.trace.blocks import product_params
 
@@ -410,7 +406,7 @@ def test_the_products_weights_are_what_a_weight_gradient_gemm_writes():
 def test_a_gathered_tp_module_pays_the_gather_overhead():
     """tp_module_overhead_s per column/row-parallel module, tp_gather_overhead_s per
     column-parallel module whose output is gathered; a third forward, two thirds backward."""
-    from planner.cost.model import OpCounts, overhead_times
+    from planner.cost.compute import OpCounts, overhead_times
 
     cl = cluster_of(8, tp_module_overhead=3e-4, tp_gather_overhead=9e-4, op_overhead=0.0)
     cl = Cluster(replace(cl.profile, backward_op_overhead=0.0), cl.nodes, cl.gpus_per_node)

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from planner.api import plan, trace, variants_for
-from planner.cost.model import Training, block_options, node_times
+from planner.cost.block_options import block_options
+from planner.cost.compute import node_times
 from planner.errors import UserInputError
 from planner.hardware.cluster import Cluster, make_cluster
 from planner.hardware.collectives import p2p_time
@@ -18,6 +19,7 @@ from planner.modelfile import load_model_file
 from planner.search import Pins
 from planner.search.candidates import attention_sequence
 from planner.trace.opcost import ATTENTION_OPS
+from planner.training import Training
 
 ROOT = Path(__file__).resolve().parent.parent
 LLAMA = ROOT / "examples" / "llama.py"

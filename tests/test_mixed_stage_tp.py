@@ -21,7 +21,7 @@ import pytest
 from test_mixed_milp import brute_force
 from test_mixed_plan import LINK, MODEL, half_profile, trains_like_one_process
 
-from planner.cost.model import hop_time
+from planner.cost.pipeline import hop_time
 from planner.hardware.collectives import p2p_time
 from planner.resources import mixed
 from planner.resources.mixed import TP_DEGREES, cell_variants, mixed_problem, stage_variants

@@ -9,11 +9,13 @@ from pathlib import Path
 import pytest
 
 from planner.api import plan, trace, variants_for
-from planner.cost.model import Training, block_options, dispatch_bytes, option_states
+from planner.cost.block_options import block_options, dispatch_bytes
+from planner.cost.memory import option_states
 from planner.hardware.cluster import make_cluster
 from planner.hardware.collectives import collective_time
 from planner.modelfile import load_model_file
 from planner.search import Pins
+from planner.training import Training
 
 ROOT = Path(__file__).resolve().parent.parent
 MOE = ROOT / "examples" / "moe.py"

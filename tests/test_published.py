@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.cost.model import FLASH_BACKWARD, misaligned, op_rate, tp_exposed
+from planner.cost.compute import FLASH_BACKWARD, misaligned, op_rate, tp_exposed
 from planner.hardware.cluster import Cluster
 from planner.hardware.profiles import load_profile
 

@@ -29,6 +29,7 @@ import torchrec  # noqa: F401  (no skip: the README's test command installs the 
 
 from planner.modelfile import load_model_file
 from planner.recsys.planning import plan_recsys
+from planner.training import training_from
 from runtime.launch import worker_env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,7 +44,8 @@ pytestmark = pytest.mark.distributed
 
 def _plans(world: int, out: Path, training: dict = TRAINING) -> dict[str, Path]:
     mf = load_model_file(DLRM, {"size": "tiny"})
-    base, _ = plan_recsys(mf, world, profile="cpu", training=training, device="cpu")
+    settings = training_from(training, "test")
+    base, _ = plan_recsys(mf, world, profile="cpu", training=settings, device="cpu")
     # fbgemm's CPU kernels fuse no Adam: its sharded tables run TorchRec's dense kernel
     kernel = "fused" if training["optimizer"] == "sgd" else "dense"
     paths = {}

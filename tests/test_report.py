@@ -421,7 +421,7 @@ def test_gpipe_and_1f1b_take_m_plus_pp_minus_1_slots(pp, m):
 
 @pytest.mark.parametrize("pp, m, v", [(2, 4, 2), (4, 8, 2), (4, 8, 4), (8, 16, 2)])
 def test_interleaved_matches_the_cost_models_formula(pp, m, v):
-    from planner.cost.model import inflight_microbatches
+    from planner.cost.pipeline import inflight_microbatches
 
     t_f, t_b = 1.0 / v, 2.0 / v  # a rank's v chunks together take as long as one 1F1B stage
     boxes = simulate("interleaved_1f1b", [t_f] * (pp * v), [t_b] * (pp * v), pp, m, v)

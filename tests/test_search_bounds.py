@@ -38,9 +38,10 @@ def test_the_step_time_bound_is_exact_for_balanced_stages(pp, m, v):
     a balanced split needs: the best placement reaches the bound, so the bound is tight."""
     from conftest import cluster_of, make_block, make_option
 
-    from planner.cost.model import CostInputs, Training
+    from planner.cost.records import CostInputs
     from planner.search import Candidate
     from planner.search.problem import solve_candidate
+    from planner.training import Training
 
     n = 2 * pp * v
     blocks = [make_block(i, "L", params=0, boundary=0, out=0) for i in range(n)]

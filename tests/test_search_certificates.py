@@ -20,12 +20,13 @@ import pytest
 from conftest import cluster_of, make_block, make_option
 
 from planner.api import plan
-from planner.cost.model import CostInputs, Training
+from planner.cost.records import CostInputs
 from planner.schema import plan_from_dict
 from planner.search import Candidate
 from planner.search.driver import SEARCH_REL_TOL
 from planner.search.problem import stage_problem
 from planner.search.stage_milp import solve_stage_milp
+from planner.training import Training
 
 ROOT = Path(__file__).resolve().parent.parent
 GPT = ROOT / "examples" / "gpt.py"

@@ -18,10 +18,13 @@ from dataclasses import replace
 import pytest
 from bruteforce import brute_force, every_config
 from conftest import cluster_of, make_block, make_option
+from planner.schema.mesh import Mesh
 
-from planner.cost.model import CostInputs, Mesh, Training, evaluate
+from planner.cost.records import CostInputs
+from planner.cost.step import evaluate
 from planner.search import Candidate
 from planner.search.problem import solve_candidate
+from planner.training import Training
 
 RECOMPUTE = ("none", "selective", "full")
 OFFLOAD = ("none", "optimizer", "optimizer+params")

@@ -143,8 +143,8 @@ def test_only_runnable_schedules_and_zero_stages_are_searched():
     """What the runtime can run: torch's Schedule1F1B needs m >= pp (GPipe covers m < pp, at the
     same cost), and ZeroRedundancyOptimizer holds neither DTensors nor pipeline stages, so
     ZeRO-1 is searched with tp = pp = 1 only unless --zero 1 pins it."""
-    from planner.cost.model import Training
     from planner.search.candidates import enumerate_candidates
+    from planner.training import Training
 
     training = Training(8, "bf16", "adamw")
     cands = enumerate_candidates(8, 6, training, Pins(), [1, 2, 4, 8])
@@ -188,7 +188,7 @@ def test_why_a_layout_lost_names_batchnorm_synchronization_apart_from_compute():
     communication" for a layout with no TP. The synchronization is its own part now, and the
     per-micro-batch work names TP only where a layout has it."""
     from planner.assemble import why_lost
-    from planner.cost.model import StepCost
+    from planner.cost.records import StepCost
     from planner.search.candidates import Candidate
 
     def cost(step: float, pipeline: float, sync: float) -> StepCost:

@@ -16,10 +16,11 @@ from bruteforce import every_config
 from conftest import cluster_of, make_block, make_option
 from test_solver_exact import SITUATIONS, configs, instances, reference
 
-from planner.cost.model import CostInputs, Training
+from planner.cost.records import CostInputs
 from planner.search import Candidate
 from planner.search.problem import stage_problem
 from planner.search.split_bound import split_bound
+from planner.training import Training
 
 
 def _least(inp: CostInputs, cand: Candidate) -> tuple[float, float, float]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from planner.cost.model import FLASH_BACKWARD
+from planner.cost.compute import FLASH_BACKWARD
 
 DTYPES = {
     "fp32": torch.float32,
@@ -174,7 +174,7 @@ def attention_forward_flops(shape) -> float:
 
 def attention_work(shape) -> float:
     """Causal attention's forward and backward as the cost model prices them
-    (``planner.cost.model.op_rate``): the forward and a backward of 2 · FLASH_BACKWARD times it
+    (``planner.cost.compute.op_rate``): the forward and a backward of 2 · FLASH_BACKWARD times it
     (it recomputes the scores)."""
     return attention_forward_flops(shape) * (1 + 2 * FLASH_BACKWARD)
 

@@ -98,7 +98,7 @@ OPTIONAL: dict[str, float] = {
     "peak_flops_fp8": 0.0,
     "fp8_matmul_efficiency": 1.0,
     # A fused attention kernel's achieved share of the 16-bit peak on the work it does
-    # (cost.model.op_rate); 0: priced as any matrix product (no separate measurement).
+    # (cost.compute.op_rate); 0: priced as any matrix product (no separate measurement).
     "attention_efficiency": 0.0,
     # The same for the chip's own fused attention kernel (cuDNN/FlashAttention-3 on Hopper),
     # where a framework runs it (Training.native_attention); 0: none beyond attention_efficiency.
@@ -109,7 +109,7 @@ OPTIONAL: dict[str, float] = {
     "legacy_attention_efficiency": 0.0,
     # A 16-bit product of two activations with a dimension that is not a multiple of 8
     # elements (16 bytes) runs cuBLAS's unaligned path at this share of the 16-bit peak
-    # (cost.model.misaligned); 0: at matmul_efficiency like any product.
+    # (cost.compute.misaligned); 0: at matmul_efficiency like any product.
     "misaligned_matmul_efficiency": 0.0,
     # A GEMM reducing over K runs at K / (K + this) of matmul_efficiency's asymptotic rate.
     "matmul_half_inner_dim": 0.0,
@@ -130,7 +130,7 @@ OPTIONAL: dict[str, float] = {
     # no measurement of it and keep 0.
     "collective_sync_s": 0.0,
     # The most of the TP collectives torch's async TP hides behind the products it
-    # micro-pipelines (cost.model.tp_exposed); 1: no measurement, bounded by compute alone.
+    # micro-pipelines (cost.compute.tp_exposed); 1: no measurement, bounded by compute alone.
     "async_tp_overlap": 1.0,
 }
 # What a written profile says of the keys no measurement fills (plan calibrate times neither

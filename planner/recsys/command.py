@@ -13,6 +13,7 @@ from typing import Any
 
 from planner.modelfile import ModelFile
 from planner.recsys.plan import write_recplan
+from planner.training import Training
 
 GIB = 2.0**30
 DENSE_LABELS = {"ddp": "DDP", "fsdp": "ZeRO-3 (FSDP2)"}
@@ -35,7 +36,7 @@ def plan_device(args: argparse.Namespace) -> str:
 def run(
     args: argparse.Namespace,
     mf: ModelFile,
-    training: dict[str, Any],
+    training: Training,
     draw: Callable[[dict[str, Any], Path], list[Path]] | None = None,
     run: Callable[[Path, argparse.Namespace], int] | None = None,
 ) -> int:

@@ -69,7 +69,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from planner.cost.model import OPTIMIZER_OPS
+from planner.cost.optimizer import OPTIMIZER_OPS
 from planner.hardware.cluster import Cluster
 from planner.hardware.collectives import ring_factors
 from planner.recsys.tables import RecModel, TableBlock

@@ -23,6 +23,7 @@ from planner.recsys.milp import (
 )
 from planner.recsys.plan import OPTIMIZERS, SCHEMA
 from planner.recsys.tables import RecModel, read_model, with_dense_ops
+from planner.training import Training
 
 GIB = 2.0**30
 MAX_GPUS = 1 << 16
@@ -35,18 +36,18 @@ def plan_recsys(
     profile: str | None = None,
     gpus_per_node: int | None = None,
     nodes: int | None = None,
-    training: dict[str, Any],
+    training: Training,
     device: str = "cuda",
     memory_fraction: float = 1.0,
 ) -> tuple[dict[str, Any], list[str]]:
     """(plan dict of ``planner.recsys.plan``, notes for the user)."""
-    if training["optimizer"] not in OPTIMIZERS:
+    if training.optimizer not in OPTIMIZERS:
         raise UserInputError(
             f"{mf.path.name}: recommendation models train with --optimizer one of {OPTIMIZERS} "
-            f"(TorchRec's fused EXACT_SGD or Adam for the tables), not {training['optimizer']!r}"
+            f"(TorchRec's fused EXACT_SGD or Adam for the tables), not {training.optimizer!r}"
         )
     cluster, notes = make_cluster(gpus, profile, gpus_per_node, nodes)
-    gbs = int(training["global_batch_size"])
+    gbs = training.global_batch_size
     if gbs % cluster.gpus:
         raise UserInputError(
             f"global batch {gbs} does not split over {cluster.gpus} ranks: use a multiple of "
@@ -61,7 +62,7 @@ def plan_recsys(
         )
 
     def priced(c: Cluster, strategy: str) -> Costed:
-        return price(model, c, gbs, training["optimizer"], training["dtype"], device,
+        return price(model, c, gbs, training.optimizer, training.dtype, device,
                      memory_fraction, strategy)  # fmt: skip
 
     def costed_for(c: Cluster) -> Costed:
@@ -157,7 +158,7 @@ def assemble(
     costed: Costed,
     cluster: Cluster,
     found: Assignment,
-    training: dict[str, Any],
+    training: Training,
     device: str,
     notes: list[str],
 ) -> dict[str, Any]:
@@ -191,7 +192,7 @@ def assemble(
         }
         for r, v in enumerate(loads)
     ]
-    gbs = int(training["global_batch_size"])
+    gbs = training.global_batch_size
     return {
         "schema": SCHEMA,
         "model": {
@@ -205,9 +206,9 @@ def assemble(
         "cluster": cluster_to_dict(cluster),
         "device": device,
         "global_batch_size": gbs,
-        "optimizer": training["optimizer"],
-        "lr": float(training["lr"]),
-        "dtype": training["dtype"],
+        "optimizer": training.optimizer,
+        "lr": training.lr,
+        "dtype": training.dtype,
         "dense": {
             "strategy": d.strategy,
             "params": d.params,

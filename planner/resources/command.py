@@ -21,10 +21,12 @@ from planner.resources.figure import draw_front, print_table, table_rows
 from planner.resources.mixed_pool import mixed_option
 from planner.resources.pool import figure_sources, load_pool
 from planner.schema import write_plan
+from planner.training import Training
 
 
-def run_resources(args: argparse.Namespace, mf: Any, steps: int | None) -> int:
-    """Choose among the pool's options for ``mf``; ``steps`` is an explicit --steps budget."""
+def run_resources(args: argparse.Namespace, mf: Any, training: Training, steps: int | None) -> int:
+    """Choose among the pool's options for ``mf`` trained as ``training``; ``steps`` is an
+    explicit --steps budget."""
     for flag in ("gpus", "nodes", "profile", "gpus_per_node"):
         if getattr(args, flag, None) is not None:
             raise UserInputError(
@@ -36,13 +38,7 @@ def run_resources(args: argparse.Namespace, mf: Any, steps: int | None) -> int:
         if value is not None and value <= 0:
             raise UserInputError(f"--{flag} must be positive, got {value}")
     pool = load_pool(args.resources)
-    kwargs = dict(
-        global_batch_size=args.global_batch_size,
-        dtype=args.dtype,
-        optimizer=args.optimizer,
-        lr=args.lr,
-        use_cache=not args.no_cache,
-    )
+    kwargs = dict(training=training, use_cache=not args.no_cache)
     say = (lambda s: None) if args.quiet else (lambda s: print(f"planning {s}", file=sys.stderr))
     options = evaluate(pool, plan_option(mf, kwargs), args.tokens, steps, say)
     mixed, mixed_res = mixed_option(

@@ -78,16 +78,9 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from planner.cost.model import (
-    Config,
-    CostInputs,
-    Training,
-    hop_time,
-    num_microbatches,
-    sample_share,
-    stage_time_parts,
-    tied_sync_time,
-)
+from planner.cost.data_parallel import tied_sync_time
+from planner.cost.pipeline import hop_time, stage_time_parts
+from planner.cost.records import Config, CostInputs, sample_share
 from planner.hardware.cluster import Cluster
 from planner.resources.mixed_bound import (
     Costs,
@@ -112,6 +105,7 @@ from planner.search.split_bound import SplitBound
 from planner.search.stage_data import StageProblem
 from planner.trace.blocks import Block
 from planner.trace.graph import pipeline_refusal
+from planner.training import Training, num_microbatches
 
 # Stop proving improvements smaller than this share of the incumbent (as the homogeneous
 # search's SEARCH_REL_TOL): a candidate whose bound is within it is not solved.

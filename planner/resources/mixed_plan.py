@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from planner.api import plan, trace, training_of, variants_for
+from planner.api import plan, trace, variants_for
 from planner.assemble import (
     _r,
     _tokens_per_sample,
@@ -28,7 +28,8 @@ from planner.assemble import (
     model_info,
 )
 from planner.cost.eager_probe import EagerShardProbe
-from planner.cost.model import Config, Training, evaluate, num_microbatches
+from planner.cost.records import Config
+from planner.cost.step import evaluate
 from planner.errors import InfeasibleError, UserInputError
 from planner.hardware.cluster import Cluster
 from planner.hardware.profiles import load_profile
@@ -48,6 +49,7 @@ from planner.schema.plan import (
 from planner.search import Pins
 from planner.search.memo import SearchMemo
 from planner.search.problem import segments
+from planner.training import Training, num_microbatches, on_devices, replica_counts, training_from
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,7 @@ def plan_mixed(
     links: dict[tuple[str, str], tuple[float, float]],
     *,
     model_args: dict[str, Any] | None = None,
+    training: Training | None = None,
     global_batch_size: int | None = None,
     dtype: str | None = None,
     optimizer: str | None = None,
@@ -102,7 +105,8 @@ def plan_mixed(
     here on all its GPUs. ``pins`` default to no offload: the runtime cannot offload on CPU
     ranks, and a mixed pipeline is for when more devices, not host memory, are the gain.
     ``stage_degrees``: search_mixed's (stages with TP and DP degrees of their own: True,
-    False, or None, where that search is small); the plan's notes say when it was left out."""
+    False, or None, where that search is small); the plan's notes say when it was left out.
+    ``training`` as api.plan's (built from the model file and the flags when None)."""
     if len(kinds) < 2 or len({k.name for k in kinds}) != len(kinds):
         raise UserInputError("a mixed plan needs at least two device kinds with distinct names")
     mf = (
@@ -112,7 +116,16 @@ def plan_mixed(
     )
     pins = pins or Pins(offload="none")
     gpus_only = all(load_profile(k.profile).device == "gpu" for k in kinds)
-    cfg, training = training_of(mf, global_batch_size, dtype, optimizer, lr, gpus_only)
+    if training is None:
+        training = training_from(
+            mf.training,
+            mf.path.name,
+            global_batch_size=global_batch_size,
+            dtype=dtype,
+            optimizer=optimizer,
+            lr=lr,
+        )
+    settings, training = training, on_devices(training, gpus_only)
     single_plans: dict[str, dict] = {}
     notes: list[str] = []
     given = single is not None
@@ -124,10 +137,7 @@ def plan_mixed(
                 k.gpus,
                 profile=k.profile,
                 gpus_per_node=k.gpus_per_node,
-                global_batch_size=training.global_batch_size,
-                dtype=training.dtype,
-                optimizer=training.optimizer,
-                lr=lr,
+                training=settings,
                 pins=pins,
                 use_cache=use_cache,
             )
@@ -170,7 +180,7 @@ def plan_mixed(
     )
     doc = None
     if result.best is not None:
-        doc = mixed_plan_record(traced, training, float(cfg.get("lr", 3e-4)), result)
+        doc = mixed_plan_record(traced, training, result)
     return MixedPlanResult(single, single_plans, result, doc, notes + result.notes)
 
 
@@ -221,7 +231,7 @@ def plan_mesh(pp: int, dp: int, tps: list[int], dps: list[int] | None = None) ->
     return Mesh(pp, max(dps), max(tps), stage_tp=stage_tp, stage_dp=stage_dp)
 
 
-def mixed_plan_record(traced, training: Training, lr: float, result: MixedResult) -> Plan:
+def mixed_plan_record(traced, training: Training, result: MixedResult) -> Plan:
     """The mixed search's best candidate as a Plan: the usual records, each stage's from its
     variant's evaluation, plus the kinds and the rank-to-kind map."""
     best: MixedCandidate | None = result.best
@@ -245,6 +255,9 @@ def mixed_plan_record(traced, training: Training, lr: float, result: MixedResult
         t = st.compute_s + st.tp_comm_s + hop
         times.append(t)
         memory.append(memory_record(costs[v].rank_memory[j]))
+        local, per_replica = replica_counts(
+            training.global_batch_size, mesh.dp_of(j), c.micro_batch_size
+        )
         stages.append(
             StagePlan(
                 index=j,
@@ -262,6 +275,8 @@ def mixed_plan_record(traced, training: Training, lr: float, result: MixedResult
                 optimizer_s=_r(st.optimizer_s),
                 offload_s=_r(st.offload_s),
                 inflight_microbatches=st.inflight,
+                local_batch_size=local,
+                num_microbatches=per_replica,
                 kind=result.kinds[k].name,
             )
         )
@@ -307,7 +322,7 @@ def mixed_plan_record(traced, training: Training, lr: float, result: MixedResult
         zero_stage=c.zero,
         dtype=training.dtype,
         optimizer=training.optimizer,
-        lr=lr,
+        lr=training.lr,
         stages=stages,
         blocks=rows,
         predicted=Prediction(

@@ -28,6 +28,7 @@ from planner.schema.plan import (
     SolverRecord,
     StagePlan,
 )
+from planner.training import replica_counts
 from planner.vocab import (
     BATCHNORM_STATS,
     DTYPES,
@@ -125,9 +126,15 @@ def plan_from_dict(data: Any, where: str = "(in memory)") -> Plan:
     """A validated plan record from plan.json's dict."""
     validate_plan(data, where)
     try:
-        return Plan.from_dict(data)
+        plan = Plan.from_dict(data)
     except SchemaError as exc:
         raise UserInputError(f"plan {where}: {exc}") from None
+    for st in plan.stages:  # written before the counts were stored
+        if not st.num_microbatches:
+            st.local_batch_size, st.num_microbatches = replica_counts(
+                plan.global_batch_size, plan.mesh.dp_of(st.pp_rank), plan.micro_batch_size
+            )
+    return plan
 
 
 def validate_plan(plan: Any, where: str) -> None:
@@ -317,6 +324,15 @@ def _check_stages(plan: dict, where: str) -> None:
         want = dims.stage_ranks(i % pp)
         if st.get("ranks") != want:
             raise UserInputError(f"plan {where}: stage {i} ranks are not {want}")
+        counts = replica_counts(
+            plan["global_batch_size"], dims.dp_of(i % pp), plan["micro_batch_size"]
+        )
+        stored = (st.get("local_batch_size", counts[0]), st.get("num_microbatches", counts[1]))
+        if stored != counts:
+            raise UserInputError(
+                f"plan {where}: stage {i} local_batch_size and num_microbatches are "
+                f"{stored}, not the global batch's share {counts}"
+            )
         for key in ("forward_s", "backward_s"):
             _number(st, key, f"plan {where}: stage {i}")
 

@@ -67,6 +67,11 @@ class StagePlan:
     optimizer_s: float = 0.0  # per step, gradient accumulation included
     offload_s: float = 0.0  # per step
     inflight_microbatches: int = 1
+    # What each data-parallel replica of this stage runs a step (planner.training.
+    # replica_counts): its samples and its micro-batches, read by the runtime. Plans written
+    # before they were stored get them on load (planner.schema.plan_from_dict).
+    local_batch_size: int = 0
+    num_microbatches: int = 0
     # The device kind (a name of Plan.kinds) its ranks are, in a heterogeneous plan; absent
     # in a single-kind one.
     kind: str | None = field(default=None, metadata={OMIT_NONE: True})

@@ -8,20 +8,16 @@ import math
 
 import numpy as np
 
-from planner.cost.model import (
-    CostInputs,
-    forward_state_bytes,
-    num_microbatches,
-    offload_allowed,
-    option_states,
-    step_state_bytes,
-)
+from planner.cost.memory import forward_state_bytes, option_states, step_state_bytes
+from planner.cost.optimizer import offload_allowed
+from planner.cost.records import CostInputs
 from planner.highs import pass_model, quiet_highs
 from planner.search import relaxation
 from planner.search.candidates import Candidate
 from planner.search.dominance import LP_FIELDS, undominated
 from planner.search.split_bound import SplitBound
 from planner.search.stage_data import GIB, StageProblem
+from planner.training import num_microbatches
 
 
 def _min_device_bytes(inp: CostInputs, zero: int, dp: int) -> float:

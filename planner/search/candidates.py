@@ -7,14 +7,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from planner.cost.model import (
-    Config,
-    Mesh,
-    StepCost,
-    Training,
-)
+from planner.schema.mesh import Mesh
+from planner.cost.records import Config, StepCost
 from planner.errors import UserInputError
 from planner.trace.blocks import Block
+from planner.training import Training
 from planner.vocab import Offload
 
 INTERLEAVE = (2, 4)

@@ -26,15 +26,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from planner.cost.model import (
-    Config,
-    CostInputs,
-    Training,
-    batch_statistics_floor,
-    evaluate,
-    num_microbatches,
-    offload_allowed,
-)
+from planner.cost.block_options import batch_statistics_floor
+from planner.cost.optimizer import offload_allowed
+from planner.cost.records import Config, CostInputs
+from planner.cost.step import evaluate
 from planner.errors import UserInputError
 from planner.hardware.cluster import Cluster
 from planner.highs import quiet_highs
@@ -54,6 +49,7 @@ from planner.search.problem import solve_candidate, stage_problem
 from planner.search.split_bound import split_bound
 from planner.trace.blocks import Block
 from planner.trace.graph import pipeline_refusal
+from planner.training import Training, num_microbatches
 
 # Work limits (branch-and-bound nodes), never the clock, so the same inputs give the same plan
 # and certificates on any machine, idle or loaded. First pass: each MILP gets FIRST_PASS_NODES;

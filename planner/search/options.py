@@ -6,15 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from planner.cost.model import (
-    BlockOption,
-    Mesh,
-    Training,
-    block_options,
-)
+from planner.cost.block_options import block_options
+from planner.schema.mesh import Mesh
+from planner.cost.records import BlockOption
 from planner.hardware.cluster import Cluster
 from planner.search.candidates import Pins
 from planner.trace.blocks import Block
+from planner.training import Training
 from planner.vocab import Offload
 
 AUTO_OFFLOAD = (Offload.NONE.value, Offload.PARAMS.value)

@@ -9,36 +9,31 @@ import time
 
 import numpy as np
 
-from planner.cost.model import (
-    Config,
-    CostInputs,
+from planner.cost.data_parallel import (
     block_extra_time,
-    chunk_held,
-    deferred_reduce,
     dp_block_terms,
     dp_rates,
     dp_stage_terms,
-    evaluate,
+    tied_sync_time,
+)
+from planner.cost.memory import (
     fixed_memory,
     forward_state_bytes,
     gathered_weight_bytes,
-    grads_held,
-    last_rank,
     loss_memory,
-    num_microbatches,
-    offload_allowed,
-    offload_time,
-    optimizer_time,
     option_states,
-    stage_time_parts,
     step_state_bytes,
-    tied_sync_time,
 )
+from planner.cost.optimizer import offload_allowed, offload_time, optimizer_time
+from planner.cost.pipeline import chunk_held, stage_time_parts
+from planner.cost.records import Config, CostInputs, deferred_reduce, grads_held, last_rank
+from planner.cost.step import evaluate
 from planner.search.candidates import Candidate
 from planner.search.split_bound import SplitBound
 from planner.search.stage_data import StageProblem
 from planner.search.stage_milp import DEFAULT_NODE_LIMIT, solve_stage_milp
 from planner.trace.blocks import Block
+from planner.training import num_microbatches
 
 
 def segments(blocks: list[Block]) -> list[tuple[int, int]]:

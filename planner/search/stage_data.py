@@ -40,7 +40,7 @@ class StageProblem:
     dp_once: tuple[float, float] = (0.0, 0.0)
     const_step: float = 0.0  # per step, whatever the placement: tied weights' gradient sum
     allowed: list[np.ndarray] | None = None  # per segment: options this candidate may use
-    # device bytes per block during the optimizer step (cost.model.step_state_bytes); with
+    # device bytes per block during the optimizer step (cost.memory.step_state_bytes); with
     # const_mem they must fit too. None: the step never peaks above the activations.
     step: list[np.ndarray] | None = None
     # per rank: the loss's peak, which shares the working set's slot (X_r >= it); None: 0

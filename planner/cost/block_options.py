@@ -1,0 +1,251 @@
+"""A block's options: every (tensor-parallel variant x recompute x offload) way to run one
+block, each priced in time and memory from the traced graph (``block_options``), with what
+selective recompute keeps, mixture-of-experts dispatch and the batch statistics a BatchNorm
+synchronises."""
+
+from __future__ import annotations
+
+import math
+
+from planner.cost.compute import (
+    NodeTimes,
+    block_node_times,
+    node_times,
+    op_counts,
+    overhead_times,
+    ring_attention_times,
+    tp_exposed,
+    tp_shares,
+)
+from planner.cost.records import BlockOption
+from planner.hardware.cluster import Cluster
+from planner.hardware.collectives import collective_time
+from planner.trace.blocks import Block, cached_core_nodes, product_share
+from planner.training import FP32_BYTES, Training
+from planner.vocab import OFFLOAD, RECOMPUTE
+
+
+def block_options(
+    graph,
+    block: Block,
+    variants: list,
+    micro_batch_size: int,
+    cluster: Cluster,
+    tp_ranks: list[int],
+    training: Training,
+    offload_allowed: bool = True,
+    ep_ranks: list[int] | None = None,
+    cp_ranks: list[int] | None = None,
+) -> list[BlockOption]:
+    """Every (TP variant x recompute x offload) option of a block, priced. ``ep_ranks``: the
+    expert-parallel group a mixture-of-experts block's experts are spread over; ``cp_ranks``:
+    the context-parallel group each sample's sequence is split over (every token-local op and
+    every query's attention run on 1/cp of the tokens, plus the ring of key/value chunks).
+
+    Long because every option of a block shares the same per-op sums; computing them once here keeps
+    each option a few lines.
+    """
+    traced_mbs = graph.graph["micro_batch_size"]
+    cp = len(cp_ranks) if cp_ranks else 1
+    scale = micro_batch_size / traced_mbs / cp
+    kernels = {
+        "fp8": training.fp8_linears,
+        "native": training.native_attention,
+        "legacy": training.legacy_attention,
+        "fused": training.fused_elementwise,
+    }
+    times = block_node_times(graph, block, scale, cluster, training.dtype, None, **kernels)
+    # compute-bound time outside the per-op sums (ring attention, the busiest expert rank's
+    # excess), shrinking with the block's compute fraction
+    ring_f, ring_b = ring_attention_times(graph, block, scale, cluster, training, cp_ranks)
+    more_f, more_b = ring_f, ring_b
+    counts = op_counts(graph, block)
+    ep = len(ep_ranks) if ep_ranks else 1
+    moe = block.extra.get("moe")
+    expert_total = float(moe["expert_params"]) if moe else 0.0
+    a2a_f = a2a_b = 0.0
+    if moe:
+        # The busiest expert rank computes ``factor`` times the mean routed rows.
+        factor = training.moe_capacity_factor * (training.moe_imbalance if ep > 1 else 1.0)
+        experts = expert_nodes(graph, block)
+        e_fwd, e_bwd, _ = node_times(
+            graph, block, scale, cluster, training.dtype, experts, **kernels
+        )
+        more_f += e_fwd * (factor - 1)
+        more_b += e_bwd * (factor - 1)
+        # dispatch + combine in forward, their gradients in backward
+        buffer = dispatch_bytes(moe, scale, training) if ep > 1 else 0.0
+        one = collective_time("all_to_all", buffer, cluster, ep_ranks or [0])
+        a2a_f = a2a_b = 2 * one
+    policy = selective_kept(graph, block, training)
+    norms = batch_norm_channels(graph, block)
+    products = product_share(graph, block)
+    core = [n for n in block.nodes if n in cached_core_nodes(graph)]
+    compute_only = NodeTimes(ops={n: (fc, 0.0, bc, 0.0) for n, (fc, _, bc, _) in times.ops.items()})
+    options: list[BlockOption] = []
+    for v in variants:
+        cf = v.compute_fraction
+        ovh_f, ovh_b, ovh_sel = overhead_times(counts, v.tp_plan, len(tp_ranks), cluster)
+        shares = tp_shares(v, times, graph)
+        if shares is None:  # the block's average fractions
+            mbf = v.memory_bound_fraction
+            ops_f = times.fwd_compute * cf + times.fwd_memory * mbf
+            ops_b = times.bwd_compute * cf + times.bwd_memory * mbf
+            gemm_f, gemm_b = times.fwd_compute * cf, times.bwd_compute * cf
+            core_f = times.core_fwd * cf
+        else:
+            ops_f, ops_b = times.sharded(shares)
+            gemm_f, gemm_b = compute_only.sharded(shares)
+            core_f = times.sharded(shares, core)[0]
+        fwd = ops_f + more_f * cf + ovh_f + a2a_f
+        bwd = ops_b + more_b * cf + ovh_b + a2a_b
+        comm_f = sum(collective_time(k, b * scale, cluster, tp_ranks) for k, b in v.comm_fwd)
+        comm_b = sum(collective_time(k, b * scale, cluster, tp_ranks) for k, b in v.comm_bwd)
+        if training.tp_overlap:
+            comm_f, comm_b = tp_exposed(
+                comm_f, comm_b, gemm_f + more_f * cf, gemm_b + more_b * cf, cluster,
+                cluster.profile.async_tp_overlap if training.tp_overlap_async else 1.0,
+            )  # fmt: skip
+        # Experts are not split by TP (a grouped product has no sharding rule), but by EP.
+        params = block.params * v.param_fraction - expert_total * (1 - 1 / ep)
+        sel_bytes, sel_fwd = v.saved_selective_bytes, core_f
+        if policy is not None:
+            # The traced block's kept share, applied to the variant's saved bytes (exact
+            # without TP; with TP it assumes the kept tensors shard as the saved ones do).
+            kept_bytes, recomputed = policy
+            share = kept_bytes / block.saved_bytes if block.saved_bytes else 0.0
+            re_f = (
+                sum(times.ops[n][0] + times.ops[n][1] for n in recomputed if n in times.ops) * cf
+                if shares is None
+                else times.sharded(shares, recomputed)[0]
+            )
+            sel_bytes, sel_fwd = v.saved_bytes * min(share, 1.0), re_f
+        for rc in RECOMPUTE:
+            if rc == "selective" and sel_bytes >= v.saved_bytes:
+                continue  # nothing to drop: identical to "none"
+            if rc == "full" and v.input_bytes >= v.saved_bytes:
+                continue
+            extra = {"none": 0.0, "selective": sel_fwd + ovh_sel, "full": fwd + comm_f}[rc]
+            ep_comm = a2a_f + a2a_b + (a2a_f if rc == "full" else 0.0)
+            act = {"none": v.saved_bytes, "selective": sel_bytes, "full": v.input_bytes}[rc]
+            recompute_peak = {
+                "none": 0.0,
+                "selective": v.saved_bytes - sel_bytes,
+                "full": v.saved_bytes,
+            }[rc]
+            for off in OFFLOAD if (offload_allowed and block.params > 0) else ("none",):
+                options.append(
+                    BlockOption(
+                        variant=v.name,
+                        recompute=rc,
+                        offload=off,
+                        fwd_s=fwd + comm_f,
+                        bwd_s=bwd + extra + comm_b,
+                        tp_comm_s=comm_f + comm_b + (comm_f if rc == "full" else 0.0),
+                        params=params,
+                        param_tensors=len(block.param_names),
+                        product_params=params * products,
+                        act_bytes=act * scale,
+                        recompute_peak_bytes=recompute_peak * scale,
+                        transient_bytes=block.transient_bytes * scale * cf,
+                        tp_plan=tuple(sorted(v.tp_plan.items())),
+                        tp_grad_sums=v.grad_sums,
+                        ep=ep,
+                        expert_params=expert_total / ep,
+                        ep_comm_s=ep_comm,
+                        norm_channels=norms,
+                    )
+                )
+    return options
+
+
+def _batch_statistics_input(d: dict) -> list[int] | None:
+    """The input shape of a BatchNorm op that normalises with the batch's statistics (training
+    mode; eval-mode and frozen ones use running statistics), else None."""
+    from planner.trace.opcost import BATCH_NORM_OPS
+
+    args = d.get("args") or []
+    if d["op"] in BATCH_NORM_OPS and len(args) > 5 and args[5] is True and d.get("shapes"):
+        return list(d["shapes"][0])
+    return None
+
+
+def batch_norm_channels(graph, block: Block) -> tuple[int, ...]:
+    """Channels (dimension 1 of the input) of each BatchNorm of ``block`` that normalises with
+    the batch's statistics (eval-mode and frozen ones synchronize nothing)."""
+    shapes = [_batch_statistics_input(graph.nodes[n]) for n in block.nodes]
+    return tuple(int(s[1]) if len(s) > 1 else 1 for s in shapes if s is not None)
+
+
+def batch_statistics_shapes(graph) -> list[list[int]]:
+    """Input shapes of the model's BatchNorms that normalise with the batch's statistics."""
+    shapes = (_batch_statistics_input(d) for _, d in graph.nodes(data=True))
+    return [s for s in shapes if s is not None]
+
+
+def batch_statistics_floor(graph) -> int:
+    """Samples the statistics of every training-mode BatchNorm must span together: 2 where one
+    normalises a single value per channel per sample (a [batch, features] input, or one left
+    1 x 1 by pooling), since one value has no variance and torch refuses it; else 1. A
+    synchronized BatchNorm spans the data-parallel replicas' micro-batches together."""
+    shapes = batch_statistics_shapes(graph)
+    return 2 if any(math.prod(shape[2:]) == 1 for shape in shapes) else 1
+
+
+def selective_kept(graph, block: Block, training: Training) -> tuple[float, list[str]] | None:
+    """(bytes kept for backward per traced micro-batch, ops recomputed) under
+    ``Training.selective_policy``, or None for the planner's own "core" policy (the traced
+    ``saved_selective_bytes`` and the core's forward).
+
+    "torchtitan-op" is torchtitan's per-op selective activation checkpointing
+    (torchtitan/models/llama3/parallelize_llama.py, ``_apply_ac_to_transformer_block`` at
+    commit b5bcd76, the version of its published benchmarks): a torch selective-checkpoint
+    policy that must-saves the outputs of the ops in its save list (``aten.mm``, the flash and
+    memory-efficient attention kernels, reduce-scatter, ``aten.max``) except every second
+    ``aten.mm`` of the block, and recomputes everything else; the checkpoint keeps the block's
+    input to re-run it. A flash attention kernel's outputs are its result and its fp32
+    log-sum-exp per head and query. FP8 linears call ``aten._scaled_mm``, which the list does
+    not name, so with them no product is saved."""
+    from planner.trace.opcost import ATTENTION_OPS, MATMUL_OPS
+
+    if training.selective_policy == "core":
+        return None
+    if training.selective_policy != "torchtitan-op":
+        raise ValueError(f"unknown selective recompute policy {training.selective_policy!r}")
+    kept = float(block.input_bytes)
+    recomputed: list[str] = []
+    products = 0
+    for n in block.nodes:
+        d = graph.nodes[n]
+        if d["op"] in ATTENTION_OPS:
+            shape = d["shapes"][0] or []
+            lse = math.prod(shape[:-1]) * FP32_BYTES if len(shape) >= 2 else 0
+            kept += d["out_bytes"] + lse
+            continue
+        if d["op"] in MATMUL_OPS and d.get("params") and not training.fp8_linears:
+            products += 1
+            if products % 2 == 1:
+                kept += d["out_bytes"]
+                continue
+        recomputed.append(n)
+    return kept, recomputed
+
+
+def expert_nodes(graph, block: Block) -> list[str]:
+    """The block's ops that run inside its expert modules (their compute scales with the
+    routed rows each expert rank receives)."""
+    from planner.trace.blocks import in_modules
+
+    mods = block.extra.get("moe", {}).get("modules", [])
+    return [n for n in block.nodes if in_modules(graph.nodes[n]["module"], mods)]
+
+
+def dispatch_bytes(moe: dict, scale: float, training: Training) -> float:
+    """One rank's buffer of one expert-parallel all-to-all (a dispatch or a combine, in one
+    pass): its routed rows (tokens x top-k, times the capacity factor and, under expert
+    parallelism, the imbalance) x width x activation bytes. The ring formula sends
+    (ep - 1)/ep of it to other ranks: Switch Transformer Sec. 5.4's E * C * d per direction,
+    C the per-expert capacity."""
+    act = 2 if training.mixed else 4
+    rows = moe["routed_rows"] * scale * training.moe_capacity_factor * training.moe_imbalance
+    return rows * moe["width"] * act
