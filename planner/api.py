@@ -14,6 +14,7 @@ from planner.trace.blocks import Block, make_blocks
 from planner.trace.cache import load_graph, save_graph, trace_key
 from planner.trace.export import trace_model
 from planner.training import Training, on_devices, training_from
+from planner.vocab import Offload, Recompute
 
 
 @dataclass
@@ -392,7 +393,9 @@ def baseline_candidates(traced, cluster, training, pins, variants_of, memo=None)
     for name, fixed in rules:
         p = replace(pins, **fixed)
         if name.startswith("Megatron"):
-            p = replace(p, recompute="full", pp=cluster.nodes if cluster.nodes > 1 else None)
+            p = replace(
+                p, recompute=Recompute.FULL, pp=cluster.nodes if cluster.nodes > 1 else None
+            )
         layouts = enumerate_candidates(
             cluster.gpus, len(traced.blocks), training, p, divisors(cluster.gpus), traced.blocks
         )
@@ -424,9 +427,9 @@ def infeasible_message(traced, cluster, training, result, pins) -> str:
     fewest = int(-(-states // room)) if room > 0 else 0
     hints = [f"at least {max(fewest, cluster.gpus + 1)} GPUs of {cluster.profile.name}"]
     hints.append("a profile with more memory (e.g. --profile h200)")
-    if pins.offload == "none":
+    if pins.offload == Offload.NONE:
         hints.append("allowing offload (--offload auto)")
-    if pins.recompute not in ("auto", "full"):
+    if pins.recompute not in ("auto", Recompute.FULL):
         hints.append("--recompute auto")
     if need > cap:
         miss = (

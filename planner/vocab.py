@@ -20,6 +20,24 @@ class Schedule(Word):
     ONE_F_ONE_B = "1f1b"
     INTERLEAVED = "interleaved_1f1b"
 
+    def label(self, virtual_stages: int = 1) -> str:
+        """How figures, pages and the terminal name it: GPipe, 1F1B, interleaved 1F1B × v."""
+        if self is Schedule.INTERLEAVED:
+            return f"interleaved 1F1B × {virtual_stages}"
+        return "GPipe" if self is Schedule.GPIPE else "1F1B"
+
+    def tag(self, virtual_stages: int = 1) -> str:
+        """Its compact form in a candidate's label (plan.json's alternatives): the value, the
+        interleaved schedule with its chunks per rank."""
+        if self is Schedule.INTERLEAVED:
+            return f"interleaved 1F1B x{virtual_stages}"
+        return self.value
+
+
+def schedule_label(schedule: str, virtual_stages: int, pp: int) -> str:
+    """``Schedule.label`` of a plan's schedule, or "no pipeline" for one stage."""
+    return Schedule(schedule).label(virtual_stages) if pp > 1 else "no pipeline"
+
 
 class Recompute(Word):
     NONE = "none"
@@ -121,6 +139,16 @@ class Optimizer(Word):
     SGD = "sgd"  # SGD with momentum 0.9
 
 
+class DenseStrategy(Word):
+    """How a recommendation model's dense part is data-parallel (planner.recsys)."""
+
+    DDP = "ddp"  # replicated, gradients all-reduced
+    FSDP = "fsdp"  # ZeRO-3 under FSDP2
+
+    def label(self) -> str:
+        return "DDP" if self is DenseStrategy.DDP else "ZeRO-3 (FSDP2)"
+
+
 class BatchNormStats(Word):
     SYNCHRONIZED = "synchronized"  # over the data-parallel replicas together, as one process
     PER_REPLICA = "per_replica"  # each replica's own micro-batch (plain DDP)
@@ -128,6 +156,7 @@ class BatchNormStats(Word):
 
 SCHEDULES = tuple(s.value for s in Schedule)
 BATCHNORM_STATS = tuple(b.value for b in BatchNormStats)
+DENSE_STRATEGIES = tuple(d.value for d in DenseStrategy)
 RECOMPUTE = tuple(r.value for r in Recompute)
 OFFLOAD = tuple(o.value for o in Offload)
 TP_STYLES = tuple(s.value for s in TPStyle)

@@ -18,7 +18,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from planner.modelfile import ModelFile, parameter_names
 from planner.schema import Mesh, Plan
-from planner.vocab import BatchNormStats
+from planner.vocab import BatchNormStats, Offload, Schedule
 from runtime.batching import dp_slice, micro_batches
 from runtime.batchnorm import synchronize_batchnorm
 from runtime.capability import check_runnable
@@ -167,7 +167,7 @@ def _notes(plan: Plan, device: torch.device) -> list[str]:
             "offload 'optimizer': torch's FSDP2 offloads parameters and optimizer states "
             "together only, so optimizer-only offload is not applied"
         )
-    if "optimizer+params" in offloads and plan.zero_stage < 2:
+    if Offload.PARAMS in offloads and plan.zero_stage < 2:
         notes.append("offload 'optimizer+params' needs ZeRO 2 or 3 (FSDP2); not applied")
     return notes
 
@@ -338,10 +338,10 @@ def _build_pipeline(
         parts.append(wrapped)
     loss = _loss_fn(mf)
     m = plan.stages_of(pp_rank)[0].num_microbatches
-    if plan.schedule == "interleaved_1f1b":
+    if plan.schedule == Schedule.INTERLEAVED:
         schedule = ScheduleInterleaved1F1B(stages, n_microbatches=m, loss_fn=loss)
     else:
-        cls = ScheduleGPipe if plan.schedule == "gpipe" else Schedule1F1B
+        cls = ScheduleGPipe if plan.schedule == Schedule.GPIPE else Schedule1F1B
         schedule = cls(stages[0], n_microbatches=m, loss_fn=loss)
     optimizers = make_optimizers(parts, plan, mesh["dp"], experts)
     aliases = {first: others[1:] for first, others in names.items() if others[1:]}

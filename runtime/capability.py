@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from planner.errors import UserInputError
 from planner.schema import Plan
+from planner.vocab import Schedule
 
 
 def check_runnable(plan: Plan) -> None:
@@ -20,7 +21,7 @@ def check_runnable(plan: Plan) -> None:
             "this runtime runs context parallelism without pipelining or expert parallelism: "
             "plan again with --cp 1, or with --pp 1 --ep 1"
         )
-    if mesh.round_robin and plan.schedule != "gpipe":
+    if mesh.round_robin and plan.schedule != Schedule.GPIPE:
         raise UserInputError(
             f"stages of DP degrees {mesh.dp_label} run GPipe only: under 1F1B each replica's "
             "own warm-up waits for micro-batches its narrower neighbour sends later, and the "

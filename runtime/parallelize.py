@@ -32,7 +32,15 @@ from planner.checkpoint_policy import selective_context
 from planner.errors import UserInputError
 from planner.modelfile import DTYPES
 from planner.schema import BlockPlan, Plan
-from planner.vocab import HALF_DTYPES, SEQUENCE_STYLES, base_style, split_factor, weight_in_out
+from planner.vocab import (
+    HALF_DTYPES,
+    SEQUENCE_STYLES,
+    Offload,
+    Recompute,
+    base_style,
+    split_factor,
+    weight_in_out,
+)
 from runtime.batchnorm import recompute_context
 from runtime.dtensor_blocks import fsdp_placement, register_cpu_attention_sharding, run_on_dtensors
 from runtime.tied import splits_tie, tied_groups
@@ -536,7 +544,7 @@ def apply_tensor_parallel(
                     tp_style(module, style, fqn, True)  # raises: traced code cannot
                 # a checkpoint of the block holds its own saved-tensor hooks: keep the gathered
                 # tensor there (its recompute gathers again anyway)
-                gather_sequence(module, regather_in_backward=block.recompute == "none")
+                gather_sequence(module, regather_in_backward=block.recompute == Recompute.NONE)
                 continue
             styles[reached.get(id(module), fqn)] = _sharing_inputs(
                 tp_style(module, style, fqn, traced)
@@ -587,18 +595,19 @@ def is_sequence_parallel(block: BlockPlan) -> bool:
 
 
 def apply_recompute(root: nn.Module, blocks: list[BlockPlan], before_tp: bool = False) -> None:
-    """Non-reentrant checkpointing of each module of a recomputed block ("full"), or the same
-    with a policy that saves matrix-product outputs ("selective"). The composable ``checkpoint``
-    works through hooks, so module paths (and checkpoint keys) do not change.
+    """Non-reentrant checkpointing of each module of a recomputed block (``Recompute.FULL``),
+    or the same with a policy that saves matrix-product outputs (``Recompute.SELECTIVE``). The
+    composable ``checkpoint`` works through hooks, so module paths (and checkpoint keys) do not
+    change.
 
     A sequence-parallel block is checkpointed before its TP styles are applied (``before_tp``):
     the checkpoint's hooks then run outside the block's slice-at-entry and gather-at-exit, so
     the recompute slices the same replicated input again; the others after, torchtitan's order."""
     for block in blocks:
-        if block.recompute == "none" or is_sequence_parallel(block) != before_tp:
+        if block.recompute == Recompute.NONE or is_sequence_parallel(block) != before_tp:
             continue
         for module in (m for fqn in block.modules for m in called_modules(root, fqn)):
-            inner = None if block.recompute == "full" else selective_context
+            inner = None if block.recompute == Recompute.FULL else selective_context
             context = recompute_context(module, inner)
             composable_checkpoint(module, **({"context_fn": context} if context else {}))
 
@@ -715,7 +724,7 @@ def apply_data_parallel(
     for block, modules in zip(blocks, units):
         if not modules:
             continue
-        offload = block.offload == "optimizer+params"
+        offload = block.offload == Offload.PARAMS
         offloaded.append(offload)
         policy = CPUOffloadPolicy(pin_memory=on_gpu) if offload else None
         fully_shard(

@@ -41,6 +41,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from planner.errors import MeshplanError, UserInputError
 from planner.modelfile import ModelFile, file_sha256, load_model_file
 from planner.recsys.plan import ADAMW, is_recplan, load_recplan
+from planner.vocab import DenseStrategy
 from runtime.stop import exit_worker
 
 
@@ -108,8 +109,8 @@ def build(plan: dict[str, Any], mf: ModelFile, device: torch.device, seed: int):
             sharding.plan[t["module"]][t["name"]].cache_params = CacheParams(
                 load_factor=float(t["cache_ratio"])
             )
-    strategy = plan.get("dense", {}).get("strategy", "ddp")
-    wrapper = fully_shard_dense() if strategy == "fsdp" else None
+    strategy = plan.get("dense", {}).get("strategy", DenseStrategy.DDP)
+    wrapper = fully_shard_dense() if strategy == DenseStrategy.FSDP else None
     dmp = DistributedModelParallel(
         model, device=device, plan=sharding, sharders=[sharder], data_parallel_wrapper=wrapper
     )

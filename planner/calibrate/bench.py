@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from planner.cost.compute import FLASH_BACKWARD
+from planner.vocab import Recompute
 
 DTYPES = {
     "fp32": torch.float32,
@@ -325,7 +326,7 @@ def op_overheads(
     selective, _ = model_op_mix()
     checkpoint(selective.to(device), context_fn=selective_context)
     sel = 1.0 / timed_rate(_forward_backward(selective, x), 1.0, seconds, sync)
-    out["selective"] = max(sel - both, 0.0) / ops
+    out[Recompute.SELECTIVE] = max(sel - both, 0.0) / ops
 
     chain = _multiply_chain(torch.ones(8, device=device))
     out["optimizer"] = 1.0 / timed_rate(chain, 1.0, seconds, sync) / OVERHEAD_CHAIN

@@ -35,7 +35,7 @@ from planner.calibrate.bench import OVERHEAD_CHAIN, OVERLAP_BYTES, Settings, att
 from planner.calibrate.fit import fit_alpha_beta, fit_each
 from planner.errors import MeshplanError
 from planner.hardware.profiles import DeviceProfile, load_profile
-from planner.vocab import PEAK_DTYPES
+from planner.vocab import PEAK_DTYPES, Recompute
 
 REFERENCE_DTYPE = {"cpu": "fp32", "cuda": "bf16"}
 ELEMENTWISE_BYTES = {"add": 3.0, "gelu": 2.0, "layer_norm": 2.0, "softmax": 2.0}
@@ -405,7 +405,7 @@ def _overheads(
     if m.device == "cpu":
         op_ovh = overhead["forward"]
         bwd_ovh = overhead["backward"]
-        sel_ovh = overhead["selective"]
+        sel_ovh = overhead[Recompute.SELECTIVE]
         opt_ovh = overhead["optimizer"]
         dt_ovh = overhead.get("dtensor", opt_ovh)
         where = f"slowest rank, {share}"

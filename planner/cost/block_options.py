@@ -22,7 +22,7 @@ from planner.hardware.cluster import Cluster
 from planner.hardware.collectives import collective_time
 from planner.trace.blocks import Block, cached_core_nodes, product_share
 from planner.training import FP32_BYTES, Training
-from planner.vocab import OFFLOAD, RECOMPUTE
+from planner.vocab import OFFLOAD, RECOMPUTE, Offload, Recompute
 
 
 def block_options(
@@ -121,19 +121,27 @@ def block_options(
             )
             sel_bytes, sel_fwd = v.saved_bytes * min(share, 1.0), re_f
         for rc in RECOMPUTE:
-            if rc == "selective" and sel_bytes >= v.saved_bytes:
+            if rc == Recompute.SELECTIVE and sel_bytes >= v.saved_bytes:
                 continue  # nothing to drop: identical to "none"
-            if rc == "full" and v.input_bytes >= v.saved_bytes:
+            if rc == Recompute.FULL and v.input_bytes >= v.saved_bytes:
                 continue
-            extra = {"none": 0.0, "selective": sel_fwd + ovh_sel, "full": fwd + comm_f}[rc]
-            ep_comm = a2a_f + a2a_b + (a2a_f if rc == "full" else 0.0)
-            act = {"none": v.saved_bytes, "selective": sel_bytes, "full": v.input_bytes}[rc]
-            recompute_peak = {
-                "none": 0.0,
-                "selective": v.saved_bytes - sel_bytes,
-                "full": v.saved_bytes,
+            extra = {
+                Recompute.NONE: 0.0,
+                Recompute.SELECTIVE: sel_fwd + ovh_sel,
+                Recompute.FULL: fwd + comm_f,
             }[rc]
-            for off in OFFLOAD if (offload_allowed and block.params > 0) else ("none",):
+            ep_comm = a2a_f + a2a_b + (a2a_f if rc == Recompute.FULL else 0.0)
+            act = {
+                Recompute.NONE: v.saved_bytes,
+                Recompute.SELECTIVE: sel_bytes,
+                Recompute.FULL: v.input_bytes,
+            }[rc]
+            recompute_peak = {
+                Recompute.NONE: 0.0,
+                Recompute.SELECTIVE: v.saved_bytes - sel_bytes,
+                Recompute.FULL: v.saved_bytes,
+            }[rc]
+            for off in OFFLOAD if (offload_allowed and block.params > 0) else (Offload.NONE,):
                 options.append(
                     BlockOption(
                         variant=v.name,
@@ -141,7 +149,7 @@ def block_options(
                         offload=off,
                         fwd_s=fwd + comm_f,
                         bwd_s=bwd + extra + comm_b,
-                        tp_comm_s=comm_f + comm_b + (comm_f if rc == "full" else 0.0),
+                        tp_comm_s=comm_f + comm_b + (comm_f if rc == Recompute.FULL else 0.0),
                         params=params,
                         param_tensors=len(block.param_names),
                         product_params=params * products,

@@ -46,7 +46,7 @@ def state_memory(
     """Weights, gradients and optimizer states per device (ZeRO paper, Sec. 5), after offload.
 
     ZeRO-1 shards optimizer states over DP, ZeRO-2 also gradients, ZeRO-3 also weights.
-    Offload "optimizer" moves optimizer states to host memory (ZeRO-Offload); "optimizer+params"
+    ``Offload.OPTIMIZER`` moves optimizer states to host memory (ZeRO-Offload); ``Offload.PARAMS``
     also keeps the weights and gradients there between uses (FSDP2 CPUOffloadPolicy).
     ``sharded``: what ZeRO divides by dp when it differs from ``params`` (expert parallelism)."""
     wb, gb, ob = training.state_bytes
@@ -63,7 +63,7 @@ def state_memory(
     if offload in (Offload.OPTIMIZER, Offload.PARAMS):
         host += o
         o = temp = 0.0  # the step runs on the host
-    if offload == "optimizer+params":
+    if offload == Offload.PARAMS:
         host += w + g
         w = g = 0.0
     return {"params": w, "grads": g, "optimizer": o, "host": host, "step_temp": temp}

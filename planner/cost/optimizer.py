@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from planner.cost.records import BlockOption, Config, CostInputs, deferred_reduce
 from planner.training import FP32_BYTES, num_microbatches
+from planner.vocab import Offload
 
 # Eager ops per parameter tensor in torch's single-tensor optimizer steps: AdamW's step count,
 # decay, two moment updates, square root, bias-corrected denominator and update; SGD's momentum
@@ -29,7 +30,7 @@ UNFUSED_STEP_ACCESSES = {"adamw": 20, "sgd": 8}
 def offload_allowed(offload: str, zero: int) -> bool:
     """Weights live on the host only when ZeRO-3 shards them (FSDP2's CPUOffloadPolicy):
     otherwise every rank would fetch the full weights for every micro-batch."""
-    return offload != "optimizer+params" or zero >= 3
+    return offload != Offload.PARAMS or zero >= 3
 
 
 def optimizer_time(inp: CostInputs, opts: list[BlockOption], config: Config) -> float:
@@ -46,8 +47,8 @@ def optimizer_time(inp: CostInputs, opts: list[BlockOption], config: Config) -> 
     mesh = config.mesh
     dp = mesh.replicas if config.zero_stage >= 1 else 1
     local = [(_stepped_params(o, config.zero_stage, dp), o.offload) for o in opts]
-    device = sum(n for n, off in local if off == "none")
-    host = sum(n for n, off in local if off != "none")
+    device = sum(n for n, off in local if off == Offload.NONE)
+    host = sum(n for n, off in local if off != Offload.NONE)
     unfused = UNFUSED_STEP_ACCESSES[inp.training.optimizer] * FP32_BYTES
     per_param = 2 * wb + gb + 2 * ob if inp.training.fused_step else unfused
     m = num_microbatches(inp.training, mesh.dp, config.micro_batch_size)
@@ -58,7 +59,7 @@ def optimizer_time(inp: CostInputs, opts: list[BlockOption], config: Config) -> 
             n = o.zero_params / mesh.replicas if sharded and mesh.replicas > 1 else o.params
             if inp.training.fused_grad_accumulation and not sharded:
                 n -= o.product_params  # the weight-gradient GEMMs accumulated them
-            if o.offload == "optimizer+params":
+            if o.offload == Offload.PARAMS:
                 acc_host += n
             else:
                 acc_device += n
@@ -93,7 +94,7 @@ def _stepped_params(o: BlockOption, zero: int, dp: int) -> float:
 
 def offload_time(inp: CostInputs, opts: list[BlockOption], config: Config, m: int) -> float:
     """Host<->device traffic per step. "optimizer" (ZeRO-Offload): gradients down and updated
-    weights up once per step. "optimizer+params" (FSDP2's CPUOffloadPolicy): the weight shards
+    weights up once per step. ``Offload.PARAMS`` (FSDP2's CPUOffloadPolicy): the weight shards
     live on the host, are copied up for every micro-batch's forward and again for its backward,
     and each micro-batch's reduce-scattered gradient shard is copied down; the optimizer
     updates them where they live, so nothing goes up after the step. The weights that travel
@@ -105,8 +106,8 @@ def offload_time(inp: CostInputs, opts: list[BlockOption], config: Config, m: in
     t = 0.0
     for o in opts:
         shard = o.zero_params / dp if dp > 1 else o.params
-        if o.offload == "optimizer":
+        if o.offload == Offload.OPTIMIZER:
             t += shard * (gb + wb) / bw
-        elif o.offload == "optimizer+params":
+        elif o.offload == Offload.PARAMS:
             t += shard * m * (2 * FP32_BYTES + gb) / bw
     return t

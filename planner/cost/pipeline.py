@@ -8,6 +8,7 @@ from planner.cost.compute import loss_time
 from planner.cost.data_parallel import stage_sync_time
 from planner.cost.records import BlockOption, Config, CostInputs, StageCost, sample_share
 from planner.hardware.collectives import p2p_time
+from planner.vocab import Schedule
 
 
 def inflight_microbatches(schedule: str, m: int, pp: int, v: int, pp_rank: int) -> int:
@@ -16,9 +17,9 @@ def inflight_microbatches(schedule: str, m: int, pp: int, v: int, pp_rank: int) 
     GPipe: all m. 1F1B: min(m, pp - rank). Interleaved 1F1B with v chunks per rank (counted in
     chunk-micro-batches, each holding one chunk's activations): torch's warm-up of
     (v - 1) * pp + 2 * (pp - rank - 1) steps plus the one in flight, at most m * v."""
-    if schedule == "gpipe" or pp == 1:
-        return m if schedule == "gpipe" else min(m, pp - pp_rank)
-    if schedule == "1f1b":
+    if schedule == Schedule.GPIPE or pp == 1:
+        return m if schedule == Schedule.GPIPE else min(m, pp - pp_rank)
+    if schedule == Schedule.ONE_F_ONE_B:
         return min(m, pp - pp_rank)
     return min(m * v, (v - 1) * pp + 2 * (pp - pp_rank - 1) + 1)
 
@@ -32,7 +33,7 @@ def chunk_held(schedule: str, m: int, pp: int, v: int, pp_rank: int) -> float:
     whole count on every chunk priced v times the activations, where Korthikanti et al.'s
     first stage holds L layers' worth times 1 + (p - 1) / (p v)."""
     count = inflight_microbatches(schedule, m, pp, v, pp_rank)
-    return count / v if schedule == "interleaved_1f1b" and pp > 1 else float(count)
+    return count / v if schedule == Schedule.INTERLEAVED and pp > 1 else float(count)
 
 
 def hop_time(nbytes: float, t: int, t_next: int, bw: float, lat: float, shards: bool) -> float:

@@ -14,9 +14,9 @@ from typing import Any
 from planner.modelfile import ModelFile
 from planner.recsys.plan import write_recplan
 from planner.training import Training
+from planner.vocab import DenseStrategy
 
 GIB = 2.0**30
-DENSE_LABELS = {"ddp": "DDP", "fsdp": "ZeRO-3 (FSDP2)"}
 
 
 def plan_device(args: argparse.Namespace) -> str:
@@ -100,7 +100,7 @@ def print_summary(doc: dict[str, Any], path: Path) -> None:
     print("  tables: " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())))
     d = doc["dense"]
     print(
-        f"  dense part: {DENSE_LABELS.get(d['strategy'], d['strategy'])}, {d['params']:,} params, "
+        f"  dense part: {DenseStrategy(d['strategy']).label()}, {d['params']:,} params, "
         f"{d['compute_s'] * 1e3:.3f} ms compute, "
         f"{d['allreduce_exposed_s'] * 1e3:.3f} ms exposed gradient collectives, "
         f"{d['collective_latency_s'] * 1e3:.3f} ms collectives' latency"

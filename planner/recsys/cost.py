@@ -73,6 +73,7 @@ from planner.cost.optimizer import OPTIMIZER_OPS
 from planner.hardware.cluster import Cluster
 from planner.hardware.collectives import ring_factors
 from planner.recsys.tables import RecModel, TableBlock
+from planner.vocab import DenseStrategy
 
 EMB_BYTES = 4  # TorchRec's tables are fp32 (EmbeddingBagConfig.data_type default)
 ID_BYTES = 8  # int64 ids
@@ -124,7 +125,7 @@ class DenseCost:
     dp_allreduce_latency_s: float  # the data-parallel tables' own all-reduce's latency
     device_bytes: float
     params: int
-    strategy: str = "ddp"  # "ddp" or "fsdp" (ZeRO-3)
+    strategy: str = DenseStrategy.DDP  # vocab.DenseStrategy
     forward_exposed_s: float = 0.0  # ZeRO-3: the forward all-gather past what the forward hides
 
     @property
@@ -217,7 +218,7 @@ def price(
     dtype: str = "fp32",
     device: str = "cuda",
     memory_fraction: float = 1.0,
-    dense_strategy: str = "ddp",
+    dense_strategy: str = DenseStrategy.DDP,
 ) -> Costed:
     """Every option of every table and the dense part, on ``cluster`` (see module docstring)."""
     p = cluster.profile
@@ -320,7 +321,9 @@ def price(
     return Costed(model.tables, options, dense, n, g, cap, host, device, global_batch_size)
 
 
-def _dense(model, cluster, b, optimizer, dtype, hbm, bw, alpha, strategy: str = "ddp") -> DenseCost:
+def _dense(
+    model, cluster, b, optimizer, dtype, hbm, bw, alpha, strategy: str = DenseStrategy.DDP
+) -> DenseCost:
     p = cluster.profile
     s = STATE_ELEMENTS[optimizer]
     n = cluster.gpus
@@ -341,7 +344,9 @@ def _dense(model, cluster, b, optimizer, dtype, hbm, bw, alpha, strategy: str = 
     pooled = 2 * local * sum(t.dim for t in model.tables) * EMB_BYTES
     gather_c, gather_d = ring_factors("all_gather", n) if n > 1 else (0.0, 0.0)
     forward_exposed = 0.0
-    if strategy == "fsdp" and n > 1:  # 2 all-gathers + 1 reduce-scatter, 1/n of the states
+    if (
+        strategy == DenseStrategy.FSDP and n > 1
+    ):  # 2 all-gathers + 1 reduce-scatter, 1/n of the states
         one = gather_c * grad_bytes / bw + gather_d * alpha + sync
         forward_exposed = max(0.0, one - p.comm_overlap * fwd)  # hidden behind the forward
         collectives = 2 * one  # the backward's all-gather and reduce-scatter
@@ -364,6 +369,6 @@ def _dense(model, cluster, b, optimizer, dtype, hbm, bw, alpha, strategy: str = 
         dp_allreduce_latency_s=ar_d * alpha + sync,
         device_bytes=states + acts + pooled,
         params=model.dense_params,
-        strategy=strategy if n > 1 else "ddp",
+        strategy=strategy if n > 1 else DenseStrategy.DDP,
         forward_exposed_s=forward_exposed,
     )

@@ -29,6 +29,7 @@ from typing import Any
 
 from planner.atomic import write_text_atomic
 from planner.errors import UserInputError
+from planner.vocab import DENSE_STRATEGIES, DenseStrategy
 
 SCHEMA = "meshplan.recplan/1"
 SHARDINGS = ("data_parallel", "table_wise", "column_wise", "row_wise", "table_row_wise")
@@ -39,7 +40,6 @@ CPU_SHARDINGS = ("data_parallel", "table_wise", "column_wise")
 # decay on a GPU, torch's AdamW over TorchRec's dense kernel on a CPU; torch's AdamW defaults.
 OPTIMIZERS = ("sgd", "adamw")
 # The dense part: DDP, or ZeRO-3 (FSDP2's fully_shard on each MLP beside TorchRec's sharding).
-DENSE_STRATEGIES = ("ddp", "fsdp")
 ADAMW = {"betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}
 
 
@@ -90,7 +90,7 @@ def check_recplan(plan: Any, where: str = "plan") -> None:
         raise bad(f"global_batch_size {gbs!r} must be a positive multiple of {world} ranks")
     if plan["optimizer"] not in OPTIMIZERS:
         raise bad(f"optimizer {plan['optimizer']!r} is not one of {OPTIMIZERS}")
-    strategy = (plan.get("dense") or {}).get("strategy", "ddp")
+    strategy = (plan.get("dense") or {}).get("strategy", DenseStrategy.DDP)
     if strategy not in DENSE_STRATEGIES:
         raise bad(f"dense strategy {strategy!r} is not one of {DENSE_STRATEGIES}")
     names = set()

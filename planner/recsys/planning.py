@@ -24,6 +24,7 @@ from planner.recsys.milp import (
 from planner.recsys.plan import OPTIMIZERS, SCHEMA
 from planner.recsys.tables import RecModel, read_model, with_dense_ops
 from planner.training import Training
+from planner.vocab import DenseStrategy
 
 GIB = 2.0**30
 MAX_GPUS = 1 << 16
@@ -87,7 +88,7 @@ def plan_recsys(
 
 def dense_strategies(cluster: Cluster) -> tuple[str, ...]:
     """DDP, and ZeRO-3 (FSDP2) where there is more than one rank to shard over."""
-    return ("ddp", "fsdp") if cluster.gpus > 1 else ("ddp",)
+    return (DenseStrategy.DDP, DenseStrategy.FSDP) if cluster.gpus > 1 else (DenseStrategy.DDP,)
 
 
 def _fits_somewhere(costed: Costed, name: str) -> bool:

@@ -15,8 +15,9 @@ from matplotlib.ticker import MaxNLocator
 
 from planner.report.style import keep_apart, runs, stage_colors, text_color, text_width_in
 from planner.schema import Plan
+from planner.vocab import Offload, Recompute
 
-HATCH = {"none": "", "selective": "///", "full": "xxx"}
+HATCH = {Recompute.NONE: "", Recompute.SELECTIVE: "///", Recompute.FULL: "xxx"}
 VARIANT_COLORS = plt.get_cmap("Pastel2")
 MAX_NAMED = 32  # up to this many blocks, every block's name is an x tick
 
@@ -84,7 +85,7 @@ def blocks_figure(plan: Plan) -> Figure:
         ax.yaxis.set_major_locator(MaxNLocator(nbins=5, prune="upper"))
     ax_t.set_ylabel("share of compute\ntime per micro-batch (%)")
     ax_m.set_ylabel("share of device\nmemory (%)")
-    offl = [i for i, b in enumerate(blocks) if b.offload != "none"]
+    offl = [i for i, b in enumerate(blocks) if b.offload != Offload.NONE]
     if offl:
         top = max(mem_pct)
         ax_m.scatter(
@@ -163,7 +164,7 @@ def blocks_figure(plan: Plan) -> Figure:
     handles = [Patch(color=colors[i], label=f"{who} {i}") for i in range(min(pp, 8))]
     if pp > 8:
         handles.append(Patch(color="white", label=f"… {pp} ranks"))
-    for mode in ("selective", "full"):
+    for mode in (Recompute.SELECTIVE, Recompute.FULL):
         if any(b.recompute == mode for b in blocks):
             handles.append(
                 Patch(

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from planner.schema import Plan
+from planner.vocab import schedule_label
 
 
 def cp_label(mesh: dict) -> str:
@@ -129,9 +130,7 @@ def print_plan(plan: Plan, written: list, quiet: bool = False) -> None:
     out = console(quiet)
     mesh, pred, sol = plan.mesh, plan.predicted, plan.solver
     cl = plan.cluster
-    sched = plan.schedule if mesh.pp > 1 else "no pipeline"
-    if plan.schedule == "interleaved_1f1b":
-        sched += f" x{plan.virtual_stages}"
+    sched = schedule_label(plan.schedule, plan.virtual_stages, mesh.pp)
     out.print(
         f"[bold]plan[/bold] pp={mesh.pp} dp={mesh.dp_label}{ep_label(mesh)}{cp_label(mesh)} "
         f"tp={mesh.tp_label} on "

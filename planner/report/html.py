@@ -23,6 +23,7 @@ from planner.report.console import (
 )
 from planner.report.figures import CAPTIONS
 from planner.schema import Plan
+from planner.vocab import schedule_label
 
 ACCENT = "#6a1b9a"  # the bar left of each figure; tests find figures on a screenshot by it
 
@@ -72,11 +73,7 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], numeric: set[in
 
 
 def schedule_text(plan: Plan) -> str:
-    if plan.mesh.pp == 1:
-        return "no pipeline"
-    if plan.schedule == "interleaved_1f1b":
-        return f"interleaved 1F1B × {plan.virtual_stages}"
-    return {"gpipe": "GPipe", "1f1b": "1F1B"}[plan.schedule]
+    return schedule_label(plan.schedule, plan.virtual_stages, plan.mesh.pp)
 
 
 def summary_line(plan: Plan) -> str:

@@ -21,6 +21,7 @@ from rich.table import Table
 
 from planner.errors import UserInputError
 from planner.report.console import console, human_bytes, human_count, human_time
+from planner.vocab import DenseStrategy
 
 SCHEMA = "meshplan.recplan/1"
 TABLE_FIELDS = {"name": str, "option": str, "sharding": str, "kernel": str, "ranks": list,
@@ -139,7 +140,7 @@ def print_recplan(doc: dict[str, Any], quiet: bool = False) -> None:
     out.print(ranks)
     dense = doc.get("dense") or {}
     if isinstance(dense.get("strategy"), str):
-        label = {"ddp": "DDP", "fsdp": "ZeRO-3 (FSDP2)"}.get(dense["strategy"], dense["strategy"])
+        label = DenseStrategy(dense["strategy"]).label()
         out.print(f"dense part: {label}")
     solver = doc.get("solver") or {}
     gap = solver.get("gap")

@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from planner.vocab import Schedule
+
 
 @dataclass(frozen=True)
 class Box:
@@ -31,13 +33,13 @@ class Box:
 
 def rank_order(schedule: str, pp: int, m: int, v: int, rank: int) -> list[tuple[str, int, int]]:
     """The (kind, micro-batch, chunk) operations of ``rank`` in the order it runs them."""
-    if schedule == "gpipe":
+    if schedule == Schedule.GPIPE:
         return [("F", i, 0) for i in range(m)] + [("B", i, 0) for i in range(m)]
-    if schedule == "1f1b" or v == 1:
+    if schedule == Schedule.ONE_F_ONE_B or v == 1:
         fwd = [(i, 0) for i in range(m)]
         bwd = [(i, 0) for i in range(m)]
         warmup = min(pp - rank - 1, m)
-    elif schedule == "interleaved_1f1b":
+    elif schedule == Schedule.INTERLEAVED:
         # Micro-batches go round in groups of pp; within a group, every chunk in turn (forward in
         # chunk order, backward in reverse), as in Megatron-LM and torch's Interleaved1F1B.
         fwd, bwd = [], []
@@ -147,7 +149,7 @@ def steady_cuts(
     n = pp * v
     start = {(b.kind, b.microbatch, b.stage): b.start for b in boxes}
     cuts = [(start[("F", keep, 0)], start[("F", m - keep, 0)], m - 2 * keep)]
-    if schedule == "gpipe":
+    if schedule == Schedule.GPIPE:
         cuts.append((start[("B", keep, n - 1)], start[("B", m - keep, n - 1)], m - 2 * keep))
     return cuts
 

@@ -20,6 +20,7 @@ from matplotlib.ticker import MaxNLocator
 from planner.report.schedule import Box, compress, simulate, steady_cuts
 from planner.report.style import TIME_COLORS, keep_apart, text_width_in, time_unit
 from planner.schema import Plan
+from planner.vocab import Schedule, schedule_label
 
 
 def step_boxes(plan: Plan, m: int | None = None) -> list[Box]:
@@ -37,7 +38,7 @@ def step_boxes(plan: Plan, m: int | None = None) -> list[Box]:
 
 
 def schedule_of(plan: Plan) -> str:
-    return plan.schedule if plan.mesh.pp > 1 else "1f1b"
+    return plan.schedule if plan.mesh.pp > 1 else Schedule.ONE_F_ONE_B
 
 
 def tail_parts(plan: Plan, rank: int) -> list[tuple[str, float]]:
@@ -196,8 +197,7 @@ def timeline_figure(plan: Plan) -> Figure:
             handles.append(Patch(color=TIME_COLORS[color], label=label))
     handles.append(Patch(color=TIME_COLORS["idle"], label="idle (bubble)"))
     fig.legend(handles=handles, loc="upper left", bbox_to_anchor=(right + 0.01, 1 - 0.8 / height))
-    sched = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": f"interleaved 1F1B × {v}"}
-    name = sched[plan.schedule] if pp > 1 else "no pipeline"
+    name = schedule_label(plan.schedule, v, pp)
     fig.suptitle(
         f"Timeline of one step: {name}, {pp} rank{'s' * (pp > 1)}, {m} micro-batch"
         f"{'es' * (m > 1)} per replica",

@@ -106,6 +106,7 @@ from planner.search.stage_data import StageProblem
 from planner.trace.blocks import Block
 from planner.trace.graph import pipeline_refusal
 from planner.training import Training, num_microbatches
+from planner.vocab import Schedule
 
 # Stop proving improvements smaller than this share of the incumbent (as the homogeneous
 # search's SEARCH_REL_TOL): a candidate whose bound is within it is not solved.
@@ -202,12 +203,11 @@ class MixedCandidate:
         return lo != hi or self.dp_top > 1
 
     def label(self) -> str:
+        """The cell's candidate label, with the range of its stages' DP and TP degrees."""
         lo, hi = self.degrees
         c = self.cand
-        text = c.label()
-        if self.dp_top > 1:
-            text = text.replace(f" dp{c.dp} ", f" dp{c.dp}..{c.dp * self.dp_top} ", 1)
-        return text if lo == hi else text.replace(f" tp{hi},", f" tp{lo}..{hi},", 1)
+        dp = f"{c.dp}..{c.dp * self.dp_top}" if self.dp_top > 1 else None
+        return c.label(dp=dp, tp=f"{lo}..{hi}" if lo != hi else None)
 
     def gpus(self, units: tuple[int, ...] | None = None) -> list[int]:
         """GPUs per kind at ``units`` (default: the box's least)."""
@@ -323,7 +323,7 @@ def outer_candidates(
                             continue  # each replica of a stage at DP dp top takes m / top
                         # With m >= pp, 1F1B holds no more in flight than GPipe at the same
                         # time (inflight_microbatches): GPipe is dominated, left out.
-                        one = "1f1b" if m >= pp and top == 1 else "gpipe"
+                        one = Schedule.ONE_F_ONE_B if m >= pp and top == 1 else Schedule.GPIPE
                         for zero in range(4) if dp * top > 1 else (0,):
                             if zero == 1:
                                 continue  # the runtime has no ZeRO-1 for pipeline stages

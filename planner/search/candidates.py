@@ -7,12 +7,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from planner.schema.mesh import Mesh
 from planner.cost.records import Config, StepCost
 from planner.errors import UserInputError
+from planner.schema.mesh import Mesh
 from planner.trace.blocks import Block
 from planner.training import Training
-from planner.vocab import Offload
+from planner.vocab import Offload, Schedule
 
 INTERLEAVE = (2, 4)
 
@@ -78,15 +78,15 @@ class Candidate:
     def mesh(self) -> Mesh:
         return Mesh(self.pp, self.dp, self.tp, self.ep, self.cp)
 
-    def label(self) -> str:
-        sched = self.schedule if self.pp > 1 else "no pipeline"
-        if self.schedule == "interleaved_1f1b" and self.pp > 1:
-            sched = f"interleaved 1F1B x{self.virtual_stages}"
+    def label(self, dp: str | None = None, tp: str | None = None) -> str:
+        """The candidate in one line (plan.json's alternatives, the search's progress). ``dp``
+        and ``tp``: the degrees' text where a mixed cell's stages range over several."""
+        sched = Schedule(self.schedule).tag(self.virtual_stages) if self.pp > 1 else "no pipeline"
         ep = f" ep{self.ep}" if self.ep > 1 else ""
         cp = f" cp{self.cp}" if self.cp > 1 else ""
         return (
-            f"pp{self.pp} dp{self.dp}{ep}{cp} tp{self.tp}, micro-batch {self.micro_batch_size}, "
-            f"{sched}, ZeRO-{self.zero}"
+            f"pp{self.pp} dp{dp or self.dp}{ep}{cp} tp{tp or self.tp}, "
+            f"micro-batch {self.micro_batch_size}, {sched}, ZeRO-{self.zero}"
         )
 
 
@@ -186,15 +186,15 @@ def _zero_stages(replicas: int, pins: Pins) -> tuple[int, ...]:
 
 def _schedules(pp: int, m: int, n_blocks: int, pins: Pins) -> list[tuple[str, int]]:
     if pp == 1:
-        if pins.schedule and pins.schedule != "1f1b":
-            return [(pins.schedule, 1)] if pins.schedule == "gpipe" else []
-        return [("1f1b", 1)]
+        if pins.schedule and pins.schedule != Schedule.ONE_F_ONE_B:
+            return [(pins.schedule, 1)] if pins.schedule == Schedule.GPIPE else []
+        return [(Schedule.ONE_F_ONE_B, 1)]
     # torch's Schedule1F1B needs at least as many micro-batches as stages; with fewer, 1F1B
     # has no steady state and runs as GPipe does (same time and in-flight activations).
-    found = [("gpipe", 1)] + ([("1f1b", 1)] if m >= pp else [])
+    found = [(Schedule.GPIPE, 1)] + ([(Schedule.ONE_F_ONE_B, 1)] if m >= pp else [])
     for v in INTERLEAVE:
         if pp * v <= n_blocks and m % pp == 0:
-            found.append(("interleaved_1f1b", v))
+            found.append((Schedule.INTERLEAVED, v))
     if pins.schedule:
         found = [(s, v) for s, v in found if s == pins.schedule]
     if pins.virtual_stages:

@@ -50,6 +50,7 @@ from planner.search.split_bound import split_bound
 from planner.trace.blocks import Block
 from planner.trace.graph import pipeline_refusal
 from planner.training import Training, num_microbatches
+from planner.vocab import Offload, Recompute, Schedule
 
 # Work limits (branch-and-bound nodes), never the clock, so the same inputs give the same plan
 # and certificates on any machine, idle or loaded. First pass: each MILP gets FIRST_PASS_NODES;
@@ -240,7 +241,7 @@ def _order(cands: list[Candidate], training, pins: Pins, cluster) -> list[Candid
     capacity = cluster.profile.memory_bytes * pins.memory_fraction
     for c in cands:
         m = num_microbatches(training, c.dp, c.micro_batch_size)
-        if c.schedule == "gpipe" and not pins.schedule and c.pp > 1 and m >= c.pp:
+        if c.schedule == Schedule.GPIPE and not pins.schedule and c.pp > 1 and m >= c.pp:
             c.status, c.reason = "dominated", "GPipe: same time as 1F1B, more memory"
         elif c.min_memory > capacity:
             c.status, c.reason = "pruned-memory", "model states alone exceed memory"
@@ -452,7 +453,13 @@ def prefer_simpler(inp: CostInputs, cand: Candidate) -> None:
     blocks, switch them to the same TP variant with less recompute and offload when the cost
     model says the step is no slower and it still fits. The step time never grows, so an
     optimal plan stays optimal; it only stops recomputing when recomputing gains nothing."""
-    rank = {"none": 0, "selective": 1, "full": 2, "optimizer": 1, "optimizer+params": 2}
+    rank = {
+        Recompute.NONE: 0,
+        Recompute.SELECTIVE: 1,
+        Recompute.FULL: 2,
+        Offload.OPTIMIZER: 1,
+        Offload.PARAMS: 2,
+    }
     cfg = cand.config
     groups = sorted({(cfg.stage_of[i], k) for i, k in enumerate(cfg.choice)})
     for stage, k in groups:

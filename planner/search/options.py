@@ -7,13 +7,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from planner.cost.block_options import block_options
-from planner.schema.mesh import Mesh
 from planner.cost.records import BlockOption
 from planner.hardware.cluster import Cluster
+from planner.schema.mesh import Mesh
 from planner.search.candidates import Pins
 from planner.trace.blocks import Block
 from planner.training import Training
-from planner.vocab import Offload
+from planner.vocab import Offload, Recompute
 
 AUTO_OFFLOAD = (Offload.NONE.value, Offload.PARAMS.value)
 
@@ -69,10 +69,10 @@ def _filter(opts: list[BlockOption], pins: Pins) -> list[BlockOption]:
     keep = opts
     if pins.recompute != "auto":
         wanted = [o for o in keep if o.recompute == pins.recompute]
-        keep = wanted or [o for o in keep if o.recompute == "none"]
+        keep = wanted or [o for o in keep if o.recompute == Recompute.NONE]
     if pins.offload != "auto":
         wanted = [o for o in keep if o.offload == pins.offload]
-        keep = wanted or [o for o in keep if o.offload == "none"]
+        keep = wanted or [o for o in keep if o.offload == Offload.NONE]
     else:  # optimizer-only offload has no torch.distributed implementation to run it with
         keep = [o for o in keep if o.offload in AUTO_OFFLOAD]
     return keep
