@@ -280,8 +280,9 @@ MUTANTS: list[Mutant] = [
     M(
         "cost-pipeline-mean-stage",
         "planner/cost/pipeline.py",
-        "        return sum(T) + (m - 1) * max(T), sum(T) - max(T)",
-        "        return sum(T) + (m - 1) * sum(T) / len(T), sum(T) - max(T)",
+        "    return sum(times) + max((m - 1) * t for m, t in zip(microbatches, times, strict=True)"
+        ")",
+        "    return sum(times) + max(m - 1 for m in microbatches) * sum(times) / len(times)",
         COST,
         "steady state paced by the mean stage, not the slowest",
     ),
@@ -510,7 +511,7 @@ MUTANTS: list[Mutant] = [
     # ------------------------------------------------------------------ stage MILP, search
     M(
         "milp-inflight-ignored",
-        "planner/search/stage_model.py",
+        "planner/search/milp/rows.py",
         "np.asarray(sp.inflight, float)[:, None] * cat(sp.act)) / GIB",
         "np.ones(len(sp.inflight))[:, None] * cat(sp.act)) / GIB",
         MILP,
@@ -518,7 +519,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "milp-gather-ignored",
-        "planner/search/stage_model.py",
+        "planner/search/milp/rows.py",
         "(rs, lay.X + rs, 1.0),\n        (rs, lay.Z + rs, 1.0),\n    )",
         "(rs, lay.X + rs, 1.0),\n        (rs, lay.Z + rs, 0.0),\n    )",
         MILP,
@@ -526,7 +527,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "milp-host-unbounded",
-        "planner/search/stage_model.py",
+        "planner/search/milp/rows.py",
         "sp.host_capacity / GIB, (rank_rows, ncol, host[kk])",
         "1e6 * sp.host_capacity / GIB, (rank_rows, ncol, host[kk])",
         MILP,
@@ -534,7 +535,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "milp-interleaved-as-1f1b",
-        "planner/search/stage_model.py",
+        "planner/search/milp/rows.py",
         "c_t = sp.m - 1.0 if sp.v == 1 else sp.pp - 1.0",
         "c_t = sp.m - 1.0",
         MILP,
@@ -542,7 +543,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "milp-dp-exposure-dropped",
-        "planner/search/stage_model.py",
+        "planner/search/milp/rows.py",
         "(lay.e1, sp.dp_first, sp.dp_once[0]),",
         "(lay.e1, [0 * np.asarray(x, float) for x in sp.dp_first], sp.dp_once[0]),",
         MILP,
@@ -550,7 +551,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "milp-dp-once-second-dropped",
-        "planner/search/stage_model.py",
+        "planner/search/milp/rows.py",
         "(lay.e2, sp.dp_second, sp.dp_once[1]),",
         "(lay.e2, sp.dp_second, 0.0),",
         MILP,
@@ -558,7 +559,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "milp-dominance-ignores-gather",
-        "planner/search/dominance.py",
+        "planner/search/milp/dominance.py",
         '"time", "state", "host", "act", "ws", "gather", "optim", "offl", "dp_first", "dp_second",',
         '"time", "state", "host", "act", "ws", "optim", "offl", "dp_first", "dp_second",',
         MILP,
@@ -611,7 +612,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "milp-optimizer-step-rows-dropped",
-        "planner/search/stage_model.py",
+        "planner/search/milp/rows.py",
         "    if sp.step is not None:",
         "    if False:",
         MILP,
@@ -647,8 +648,8 @@ MUTANTS: list[Mutant] = [
     M(
         "search-bound-too-high",
         "planner/search/bounds.py",
-        "time_bound = total * (1 + (m - 1) / p)",
-        "time_bound = total * (1 + m / p)",
+        "time_bound = total * one_chunk_floor(m, p)",
+        "time_bound = total * one_chunk_floor(m + 1, p)",
         "tests/test_solver_plans.py tests/test_search_bounds.py",
         "a lower bound that is not one: prunes candidates that would win",
     ),
@@ -1287,7 +1288,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "mixed-counts-left-free",
-        "planner/resources/mixed.py",
+        "planner/search/mixed/search.py",
         "            mp = replace(mp, units=list(mc.units), units_low=list(mc.units_low))\n",
         "            pass\n",
         "tests/test_mixed_plan.py::test_by_cost_the_cheapest_run_can_be_a_slower_mixed_pipeline",
@@ -1303,7 +1304,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "mixed-search-ignores-the-rate",
-        "planner/resources/mixed.py",
+        "planner/search/mixed/search.py",
         "        return self.rate.per_step_s(gpus) if any(gpus) else 0.0\n",
         "        return 1.0 if any(gpus) else 0.0\n",
         "tests/test_mixed_plan.py::test_by_cost_the_cheapest_run_can_be_a_slower_mixed_pipeline",
@@ -1433,7 +1434,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "mixed-stage-degrees-never-searched",
-        "planner/resources/mixed.py",
+        "planner/search/mixed/search.py",
         "        if not stage_degrees:\n",
         "        if True:\n",
         "tests/test_mixed_stage_tp.py::test_stage_degrees_differ_and_beat_one_degree_for_all",
@@ -1441,7 +1442,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "mixed-stage-degrees-skipped-silently",
-        "planner/resources/mixed.py",
+        "planner/search/mixed/search.py",
         "    if skipped:\n",
         "    if False:\n",
         "tests/test_mixed_stage_tp.py::test_stage_degrees_are_searched_by_default_on_small_pools",
@@ -1449,7 +1450,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "mixed-tied-stages-any-degree",
-        "planner/resources/mixed_milp.py",
+        "planner/search/mixed/milp.py",
         "        if groups and spread > 0:\n",
         "        if False:\n",
         "tests/test_mixed_milp.py::test_tied_segments_share_one_degree",
@@ -1465,7 +1466,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "mixed-fluid-floor-doubled",
-        "planner/resources/mixed.py",
+        "planner/search/mixed/search.py",
         "        busy = (self.m - self.top) * self.rank_s\n",
         "        busy = 2 * (self.m - self.top) * self.rank_s\n",
         "tests/test_mixed_stage_tp.py::test_pruned_search_equals_every_cell_solved",
@@ -1473,7 +1474,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "mixed-stage-degrees-by-rate-default",
-        "planner/resources/mixed.py",
+        "planner/search/mixed/search.py",
         "STAGE_DEGREE_GPUS and rate is None\n",
         "STAGE_DEGREE_GPUS\n",
         "tests/test_mixed_plan.py::test_by_cost_the_cheapest_run_can_be_a_slower_mixed_pipeline",
@@ -1481,7 +1482,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "mixed-dp-milp-one-micro-batch-count",
-        "planner/resources/mixed_milp.py",
+        "planner/search/mixed/milp.py",
         "        scale = np.array([mp.m_of(v) - 1.0 for v in range(V)])  # m_v - 1\n",
         "        scale = np.array([mp.m_of(0) - 1.0 for v in range(V)])  # m_v - 1\n",
         "tests/test_mixed_milp.py",
@@ -1490,15 +1491,15 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "mixed-dp-step-one-micro-batch-count",
-        "planner/resources/mixed_cost.py",
-        "    busy = max((mp.m_of(v) - 1) * t for v, t in",
-        "    busy = max((mp.m_of(0) - 1) * t for v, t in",
+        "planner/search/mixed/cost.py",
+        "    return one_chunk_pipeline(times, [mp.m_of(v) for v in variants])",
+        "    return one_chunk_pipeline(times, [mp.m_of(0) for v in variants])",
         "tests/test_mixed_milp.py",
         "the direct step time ignores that a stage of more replicas runs fewer micro-batches each",
     ),
     M(
         "mixed-dp-units-tp-only",
-        "planner/resources/mixed_milp.py",
+        "planner/search/mixed/milp.py",
         "            units_of[v, k] = t * r\n",
         "            units_of[v, k] = t\n",
         "tests/test_mixed_milp.py",
@@ -1506,7 +1507,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "mixed-dp-tied-tp-only",
-        "planner/resources/mixed_milp.py",
+        "planner/search/mixed/milp.py",
         "        codes = np.array([t + 16 * r for _, t, r in variants], dtype=float)  # (TP, DP)\n",
         "        codes = np.array([t for _, t, r in variants], dtype=float)  # (TP, DP)\n",
         "tests/test_mixed_milp.py",
@@ -1514,7 +1515,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "mixed-dp-needs-ignored",
-        "planner/resources/mixed_milp.py",
+        "planner/search/mixed/milp.py",
         "            cp.sum(y, axis=0) @ mult_of >= self.need_r,\n",
         "",
         "tests/test_mixed_milp.py::test_cells_part_the_placements",
@@ -1522,7 +1523,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "mixed-dp-fastest-floor-unscaled",
-        "planner/resources/mixed.py",
+        "planner/search/mixed/search.py",
         "            scale = [fl.m // r - 1.0 for _, _, r in vs]\n",
         "            scale = [fl.m - 1.0 for _, _, r in vs]\n",
         "tests/test_mixed_stage_dp.py::test_pruned_search_equals_every_cell_solved",
@@ -1530,15 +1531,15 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "mixed-dp-pipeline-floor-top-ignored",
-        "planner/resources/mixed.py",
-        "        pipeline = self.fastest * (1 + (self.m // self.top - 1) / self.pp)\n",
-        "        pipeline = self.fastest * (1 + (self.m - 1) / self.pp)\n",
+        "planner/search/mixed/search.py",
+        "        pipeline = self.fastest * one_chunk_floor(self.m // self.top, self.pp)\n",
+        "        pipeline = self.fastest * one_chunk_floor(self.m, self.pp)\n",
         "tests/test_mixed_milp.py::test_cell_floors_never_exceed_the_cells_optimum",
         "a cell's pipeline floor ignores that its wider stages run fewer micro-batches",
     ),
     M(
         "mixed-dp-inflight-first-variant",
-        "planner/resources/mixed_milp.py",
+        "planner/search/mixed/milp.py",
         "np.array([sp.inflight for sp in sps], dtype=float)",
         "np.array([sps[0].inflight for sp in sps], dtype=float)",
         "tests/test_mixed_milp.py",
@@ -1554,15 +1555,16 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "mixed-dp-cells-under-1f1b",
-        "planner/resources/mixed.py",
-        "                        one = Schedule.ONE_F_ONE_B if m >= pp and top == 1 else Schedule.GPIPE\n",
+        "planner/search/mixed/search.py",
+        "                        one = Schedule.ONE_F_ONE_B if m >= pp and top == 1 "
+        "else Schedule.GPIPE\n",
         "                        one = Schedule.ONE_F_ONE_B if m >= pp else Schedule.GPIPE\n",
         "tests/test_mixed_stage_dp.py::test_stage_dp_degrees_differ_and_beat_one_replica_a_stage",
         "stages of different DP degrees planned under 1F1B, which the runtime refuses",
     ),
     M(
         "mixed-stage-dp-default-any-pool",
-        "planner/resources/mixed.py",
+        "planner/search/mixed/search.py",
         "    own_dp = small and gpus <= STAGE_DP_GPUS if",
         "    own_dp = small if",
         "tests/test_mixed_stage_dp.py::test_stage_dp_is_searched_by_default_on_small_pools_only",
@@ -1570,7 +1572,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "mixed-stage-dp-left-silently",
-        "planner/resources/mixed.py",
+        "planner/search/mixed/search.py",
         "    dp_left = not own_dp and not pins.dp and max(k.gpus for k in kinds) >= 2\n",
         "    dp_left = False\n",
         "tests/test_mixed_stage_dp.py::test_stage_dp_is_searched_by_default_on_small_pools_only",

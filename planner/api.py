@@ -241,7 +241,10 @@ def plan(
     ``training``: the settings (planner.training); without it they are built from the model
     file's TRAINING with ``global_batch_size``, ``dtype``, ``optimizer`` and ``lr`` over it.
 
-    Raises UserInputError for bad input and InfeasibleError when nothing fits."""
+    Raises UserInputError for bad input and InfeasibleError when nothing fits.
+
+    Long because it composes trace, probe, search, baselines and notes in the order they run, a
+    few lines each."""
     from planner.assemble import build_plan
     from planner.cost.eager_probe import EagerShardProbe
     from planner.errors import InfeasibleError

@@ -247,6 +247,9 @@ def _build_pipeline(
     notes,
     cache: RuntimeCache,
 ) -> Built:
+    """This rank's pipeline stages and their schedule from the plan's cut. Long because torch's
+    pipelining needs the traced pipe, each stage's wrapping (TP, recompute, data parallelism)
+    and the schedule built in this order over shared state."""
     from torch.distributed.pipelining import (
         Schedule1F1B,
         ScheduleGPipe,

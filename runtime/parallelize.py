@@ -664,7 +664,10 @@ def apply_data_parallel(
     1: DDP plus ZeroRedundancyOptimizer; 2: fully_shard per block, parameters kept unsharded
     between forward and backward;
     3: fully_shard per block, resharded after forward. ``ignored``: parameters that keep their
-    own gradient sync (expert-parallel experts). Returns the module to call."""
+    own gradient sync (expert-parallel experts). Returns the module to call.
+
+    Long because the choice of torch wrapper per ZeRO stage reads as one decision list in this
+    docstring's order."""
     ignored = ignored or set()
     read_outside = frozenset(plan.model.read_outside or [])
     zero = plan.zero_stage

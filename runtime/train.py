@@ -133,7 +133,9 @@ def train_plan(
     cache: RuntimeCache | None = None,
 ) -> list[float]:
     """Train ``steps`` steps (or the rest of them after a checkpoint); every rank returns the
-    same per-step losses, and rank 0 logs them to the terminal and ``run_dir/metrics.jsonl``."""
+    same per-step losses, and rank 0 logs them to the terminal and ``run_dir/metrics.jsonl``.
+
+    Long because the loop, its checkpoints, metrics and restart share the step's state."""
     rank, world = dist.get_rank(), dist.get_world_size()
     arm_watchdog(hang_timeout_s)
     built = build(plan, mf, device, seed, cache)

@@ -78,6 +78,10 @@ def init_process_group(backend: str, **kwargs) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """What torchrun starts on every rank: read the plan and the model, build this rank's share,
+    train, and end every rank with one line on an error. Long because the start, the run and
+    every way a rank can end (its own error, a peer's, the stop file) share the process's
+    state."""
     args = parse(sys.argv[1:] if argv is None else argv)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if args.device == "cuda":

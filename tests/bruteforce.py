@@ -10,10 +10,9 @@ from __future__ import annotations
 import itertools
 import math
 
-from planner.schema.mesh import Mesh
-
 from planner.cost.records import Config, CostInputs, StepCost
 from planner.cost.step import evaluate
+from planner.schema.mesh import Mesh
 
 
 def splits(n_blocks: int, n_stages: int):

@@ -15,7 +15,6 @@ from pathlib import Path
 import networkx as nx
 import pytest
 from conftest import make_block, make_option
-from planner.schema.mesh import Mesh
 from torch import nn
 
 from planner.cost.compute import compute_time, fusion_shares, node_times
@@ -25,6 +24,7 @@ from planner.cost.records import Config, CostInputs
 from planner.cost.step import evaluate
 from planner.hardware.cluster import Cluster
 from planner.hardware.profiles import DeviceProfile
+from planner.schema.mesh import Mesh
 from planner.trace.blocks import Block
 from planner.training import Training
 

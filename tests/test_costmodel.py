@@ -8,7 +8,6 @@ from dataclasses import replace
 
 import pytest
 from conftest import cluster_of, make_block, make_option
-from planner.schema.mesh import Mesh
 
 from planner.cost.memory import state_memory, step_state_bytes
 from planner.cost.pipeline import inflight_microbatches
@@ -16,6 +15,7 @@ from planner.cost.records import Config, CostInputs
 from planner.cost.step import evaluate
 from planner.hardware.cluster import Cluster
 from planner.hardware.collectives import collective_time
+from planner.schema.mesh import Mesh
 from planner.training import Training
 
 # The ZeRO paper counts DeepSpeed's states: 16-bit gradients in buffers kept all step.

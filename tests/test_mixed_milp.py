@@ -14,12 +14,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from planner.resources.mixed import floors_of
-from planner.resources.mixed_bound import fastest_floor, mixed_split_bound, step_bound
-from planner.resources.mixed_cost import step_time
-from planner.resources.mixed_milp import MixedProblem, solve_mixed, tied_groups
 from planner.search.candidates import Candidate
-from planner.search.stage_data import GIB, StageProblem
+from planner.search.milp.data import GIB, StageProblem
+from planner.search.mixed.bound import fastest_floor, mixed_split_bound, step_bound
+from planner.search.mixed.cost import step_time
+from planner.search.mixed.milp import MixedProblem, solve_mixed, tied_groups
+from planner.search.mixed.search import floors_of
 
 SPEEDS, CAPACITIES = (1.0, 1.8, 1.3), (14.0, 9.0, 11.0)
 

@@ -26,7 +26,14 @@ from test_mixed_milp import brute_force
 from test_trace import ODD_OUTPUT
 
 from planner.api import plan
-from planner.resources.mixed import (
+from planner.resources.mixed_plan import KindSpec, plan_mixed
+from planner.schema import load_plan, write_plan
+from planner.search import Pins
+from planner.search.milp.candidate import stage_problem
+from planner.search.milp.solve import solve_stage_milp
+from planner.search.mixed.cost import step_time
+from planner.search.mixed.milp import solve_mixed
+from planner.search.mixed.search import (
     TP_DEGREES,
     RunRate,
     cell_variants,
@@ -34,13 +41,6 @@ from planner.resources.mixed import (
     mixed_problem,
     stage_variants,
 )
-from planner.resources.mixed_cost import step_time
-from planner.resources.mixed_milp import solve_mixed
-from planner.resources.mixed_plan import KindSpec, plan_mixed
-from planner.schema import load_plan, write_plan
-from planner.search import Pins
-from planner.search.problem import stage_problem
-from planner.search.stage_milp import solve_stage_milp
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "examples" / "gpt.py"

@@ -20,17 +20,17 @@ from test_mixed_plan import LINK, trains_like_one_process
 from test_mixed_stage_tp import COMMON, plan_stage_tp
 
 from planner.resources import mixed
-from planner.resources.mixed import (
+from planner.schema import load_plan, write_plan
+from planner.search import Pins
+from planner.search.mixed.cost import step_time
+from planner.search.mixed.milp import solve_mixed
+from planner.search.mixed.search import (
     TP_DEGREES,
     cell_variants,
     dp_multiples,
     mixed_problem,
     stage_variants,
 )
-from planner.resources.mixed_cost import step_time
-from planner.resources.mixed_milp import solve_mixed
-from planner.schema import load_plan, write_plan
-from planner.search import Pins
 
 FREE = Pins(offload="none")  # the DP degree left to the search
 

@@ -24,13 +24,13 @@ from test_mixed_plan import LINK, MODEL, half_profile, trains_like_one_process
 from planner.cost.pipeline import hop_time
 from planner.hardware.collectives import p2p_time
 from planner.resources import mixed
-from planner.resources.mixed import TP_DEGREES, cell_variants, mixed_problem, stage_variants
-from planner.resources.mixed_cost import step_time
-from planner.resources.mixed_milp import solve_mixed
 from planner.resources.mixed_plan import KindSpec, MixedPlanResult, plan_mixed
 from planner.schema import load_plan, write_plan
 from planner.schema.mesh import Mesh
 from planner.search import Pins
+from planner.search.mixed.cost import step_time
+from planner.search.mixed.milp import solve_mixed
+from planner.search.mixed.search import TP_DEGREES, cell_variants, mixed_problem, stage_variants
 
 ARGS = {"size": "tiny", "layers": 2, "hidden": 512, "seq_len": 128}
 COMMON = dict(model_args=ARGS, global_batch_size=8, dtype="fp32", optimizer="sgd", lr=0.5)

@@ -11,7 +11,7 @@ from bruteforce import every_config
 from test_solver_exact import HUGE, SITUATIONS, configs, inputs, instances, reference
 
 from planner.search.bounds import lower_bounds, relaxed_bound
-from planner.search.problem import stage_problem
+from planner.search.milp.candidate import stage_problem
 
 
 @pytest.mark.parametrize("situation", SITUATIONS)
@@ -40,7 +40,7 @@ def test_the_step_time_bound_is_exact_for_balanced_stages(pp, m, v):
 
     from planner.cost.records import CostInputs
     from planner.search import Candidate
-    from planner.search.problem import solve_candidate
+    from planner.search.milp.candidate import solve_candidate
     from planner.training import Training
 
     n = 2 * pp * v

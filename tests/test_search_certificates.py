@@ -24,8 +24,8 @@ from planner.cost.records import CostInputs
 from planner.schema import plan_from_dict
 from planner.search import Candidate
 from planner.search.driver import SEARCH_REL_TOL
-from planner.search.problem import stage_problem
-from planner.search.stage_milp import solve_stage_milp
+from planner.search.milp.candidate import stage_problem
+from planner.search.milp.solve import solve_stage_milp
 from planner.training import Training
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -18,12 +18,12 @@ from dataclasses import replace
 import pytest
 from bruteforce import brute_force, every_config
 from conftest import cluster_of, make_block, make_option
-from planner.schema.mesh import Mesh
 
 from planner.cost.records import CostInputs
 from planner.cost.step import evaluate
+from planner.schema.mesh import Mesh
 from planner.search import Candidate
-from planner.search.problem import solve_candidate
+from planner.search.milp.candidate import solve_candidate
 from planner.training import Training
 
 RECOMPUTE = ("none", "selective", "full")
@@ -193,8 +193,8 @@ def test_dominance_keeps_an_option_that_needs_a_smaller_gather_buffer():
     only one that fits, so dominance must keep both; and identical options keep the first."""
     import numpy as np
 
-    from planner.search.stage_data import StageProblem
-    from planner.search.stage_milp import undominated
+    from planner.search.milp.data import StageProblem
+    from planner.search.milp.solve import undominated
 
     def rows(*values):
         return [np.array(values, dtype=float)]
@@ -221,9 +221,9 @@ def test_milp_objective_is_the_cost_models_step_time_on_random_configurations(si
     import numpy as np
 
     from planner.highs import pass_model, quiet_highs
-    from planner.search.problem import segments, stage_problem
-    from planner.search.split_bound import split_bound
-    from planner.search.stage_model import stage_model
+    from planner.search.milp.candidate import segments, stage_problem
+    from planner.search.milp.rows import stage_model
+    from planner.search.milp.split_bound import split_bound
 
     rng = random.Random(7)
     checked = 0

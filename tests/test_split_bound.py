@@ -18,8 +18,8 @@ from test_solver_exact import SITUATIONS, configs, instances, reference
 
 from planner.cost.records import CostInputs
 from planner.search import Candidate
-from planner.search.problem import stage_problem
-from planner.search.split_bound import split_bound
+from planner.search.milp.candidate import stage_problem
+from planner.search.milp.split_bound import split_bound
 from planner.training import Training
 
 

@@ -96,6 +96,21 @@ def forward_backward_split(
     return f + p2p / 2 + rest * share, b + p2p / 2 + rest * (1 - share)
 
 
+def one_chunk_pipeline(times: list[float], microbatches: list[int]) -> float:
+    """The step of a pipeline with one chunk per rank (GPipe / 1F1B) whose stage j takes
+    ``times[j]`` a micro-batch over ``microbatches[j]`` micro-batches per replica:
+    sum_j T_j + max_j (m_j - 1) T_j (every stage passes each micro-batch once; the busiest
+    one runs the rest back to back). Stages of one mesh share m; a mixed pool's stages of
+    their own DP degree each have theirs."""
+    return sum(times) + max((m - 1) * t for m, t in zip(microbatches, times, strict=True))
+
+
+def one_chunk_floor(m: int, pp: int) -> float:
+    """The least ratio of a one-chunk pipeline's step to the sum of its stages' times per
+    micro-batch: 1 + (m - 1) / p, since the busiest of p stages holds at least 1/p of it."""
+    return 1 + (m - 1) / pp
+
+
 def pipeline_time(stages: list[StageCost], config: Config, m: int) -> tuple[float, float]:
     """(pipeline, bubble) of one step. p ranks, m micro-batches, per-stage time T_j per
     micro-batch: GPipe / 1F1B: sum_j T_j + (m - 1) * max_j T_j. Interleaved with v chunks per
@@ -104,6 +119,6 @@ def pipeline_time(stages: list[StageCost], config: Config, m: int) -> tuple[floa
     p = config.mesh.pp
     T = [st.time_s for st in stages]
     if config.virtual_stages == 1:
-        return sum(T) + (m - 1) * max(T), sum(T) - max(T)
+        return one_chunk_pipeline(T, [m] * len(T)), sum(T) - max(T)
     R = [sum(T[c] for c in range(r, len(T), p)) for r in range(p)]
     return m * max(R) + (p - 1) * max(T), (p - 1) * max(T)

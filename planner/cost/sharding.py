@@ -828,7 +828,10 @@ def build_problem(
 ) -> BlockProblem:
     """The block's tensor-valued ops with their strategies, costs and saved tensors.
     ``vocab_tied``: tied weights split along their first dimension where every use can
-    (``vocab_parallel_tied``); off, they stay replicated."""
+    (``vocab_parallel_tied``); off, they stay replicated.
+
+    Long because it is one pass over the block's ops that records each op's operands,
+    strategies, costs and saved tensors together."""
     nodes = [n for n in block.nodes if _has_tensor(graph, n)]
     inside = set(nodes)
     ops: list[Op] = []
@@ -1320,187 +1323,240 @@ def sharding_milp(
     replicated block's time and memory, make the terms commensurate, so one lambda grid suits
     every block. The model is loaded into HiGHS once and re-solved per lambda with new costs.
 
-    One function on purpose, as torch's sac_ilp: the whole formulation reads top to bottom beside
-    its docstring's math.
+    The formulation reads top to bottom beside this math in four steps: ``_op_terms`` (each
+    op's compute, its operands' reshards and parameter uses, the gradients it leaves partial,
+    the activations it saves), ``_output_terms`` (block outputs replicated),
+    ``_gradient_terms`` (the reductions g and shardings h), ``_solve_lambdas`` (HiGHS).
     """
-    t = prob.tp
-    cols: list[tuple[int, int]] = [
-        (v, k) for v, op in enumerate(prob.ops) for k in range(len(op.strategies))
-    ]
-    col = {vk: j for j, vk in enumerate(cols)}
-    nx_ = len(cols)
-    z_names: list[tuple] = []
-    cz_time: list[float] = []
-    cz_mem: list[float] = []
-
-    def zvar(key: tuple, time_cost: float = 0.0, mem_cost: float = 0.0) -> int:
-        z_names.append(key)
-        cz_time.append(time_cost)
-        cz_mem.append(mem_cost)
-        return len(z_names) - 1
-
-    cx_time = np.zeros(nx_)
-    cx_mem = np.zeros(nx_)
-    mem_const = 0.0
-    eq_rows: dict[str, list[tuple[dict[int, float], dict[int, float], float]]] = {
-        "edge_out": [],
-        "edge_in": [],
-    }
-    rows: dict[str, list[tuple[dict[int, float], dict[int, float], float]]] = {
-        "reshard_legal": [],
-        "partial_grad": [],
-        "param_partial_grad": [],
-        "param_sharded": [],
-    }
-
-    def X(u: int, s: str) -> dict[int, float]:  # noqa: N802
-        return {col[(u, k)]: 1.0 for k, st in enumerate(prob.ops[u].strategies) if st.out == s}
-
-    def Q(v: int, i: int, r: str) -> dict[int, float]:  # noqa: N802
-        return {col[(v, k)]: 1.0 for k, st in enumerate(prob.ops[v].strategies) if st.req[i] == r}
-
-    def plus(*terms: dict[int, float]) -> dict[int, float]:
-        out: dict[int, float] = {}
-        for term in terms:
-            for j, a in term.items():
-                out[j] = out.get(j, 0.0) + a
-        return out
-
-    def coll(kind: str | None, nbytes: int) -> float:
-        return 0.0 if kind is None else nbytes * comm_seconds_per_byte * _ring(kind, t)
-
-    pgrad_node: dict[str, list[tuple[int, dict[int, float]]]] = {}
-    edge_vars: dict[tuple[int, int], dict[tuple[str, str], int]] = {}
-    pgrad_param: dict[str, list[dict[int, float]]] = {}
-    shard_uses: dict[str, list[dict[int, float]]] = {}
+    terms = _MilpTerms.of(prob, comm_seconds_per_byte)
     for v, op in enumerate(prob.ops):
+        _op_terms(terms, v, op)
+    _output_terms(terms)
+    _gradient_terms(terms)
+    return _solve_lambdas(terms, lambdas, time_scale, memory_scale)
+
+
+# A family of rows: (x terms, z terms, right-hand side) each.
+Rows = list[tuple[dict[int, float], dict[int, float], float]]
+
+
+@dataclass
+class _MilpTerms:
+    """sharding_milp's columns and rows as its steps collect them: x (an op's strategy) then
+    z (edges e, reductions g, shardings h), their time and memory costs, and the row
+    families of its docstring (``eq_rows`` equalities, ``rows`` at most their rhs)."""
+
+    prob: BlockProblem
+    seconds_per_byte: float
+    cols: list[tuple[int, int]]
+    col: dict[tuple[int, int], int]
+    cx_time: np.ndarray
+    cx_mem: np.ndarray
+    mem_const: float = 0.0
+    z_names: list[tuple] = field(default_factory=list)
+    cz_time: list[float] = field(default_factory=list)
+    cz_mem: list[float] = field(default_factory=list)
+    eq_rows: dict[str, Rows] = field(default_factory=lambda: {"edge_out": [], "edge_in": []})
+    rows: dict[str, Rows] = field(
+        default_factory=lambda: {
+            "reshard_legal": [],
+            "partial_grad": [],
+            "param_partial_grad": [],
+            "param_sharded": [],
+        }
+    )
+    # what later steps read: each edge's joint variables, the partial gradients a producer
+    # (by name) or a parameter gets from its consumers, and each parameter's sharded uses
+    edge_vars: dict[tuple[int, int], dict[tuple[str, str], int]] = field(default_factory=dict)
+    pgrad_node: dict[str, list[tuple[int, dict[int, float]]]] = field(default_factory=dict)
+    pgrad_param: dict[str, list[dict[int, float]]] = field(default_factory=dict)
+    shard_uses: dict[str, list[dict[int, float]]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, prob: BlockProblem, seconds_per_byte: float) -> _MilpTerms:
+        cols = [(v, k) for v, op in enumerate(prob.ops) for k in range(len(op.strategies))]
+        col = {vk: j for j, vk in enumerate(cols)}
+        return cls(prob, seconds_per_byte, cols, col, np.zeros(len(cols)), np.zeros(len(cols)))
+
+    @property
+    def t(self) -> int:
+        return self.prob.tp
+
+    def zvar(self, key: tuple, time_cost: float = 0.0, mem_cost: float = 0.0) -> int:
+        self.z_names.append(key)
+        self.cz_time.append(time_cost)
+        self.cz_mem.append(mem_cost)
+        return len(self.z_names) - 1
+
+    def X(self, u: int, s: str) -> dict[int, float]:  # noqa: N802
+        """The docstring's X_u(s): u's output is in state s."""
+        strategies = self.prob.ops[u].strategies
+        return {self.col[(u, k)]: 1.0 for k, st in enumerate(strategies) if st.out == s}
+
+    def Q(self, v: int, i: int, r: str) -> dict[int, float]:  # noqa: N802
+        """The docstring's Q_vi(r): v needs operand i in state r."""
+        strategies = self.prob.ops[v].strategies
+        return {self.col[(v, k)]: 1.0 for k, st in enumerate(strategies) if st.req[i] == r}
+
+    def coll(self, kind: str | None, nbytes: int) -> float:
+        return 0.0 if kind is None else nbytes * self.seconds_per_byte * _ring(kind, self.t)
+
+
+def _plus(*terms: dict[int, float]) -> dict[int, float]:
+    out: dict[int, float] = {}
+    for term in terms:
+        for j, a in term.items():
+            out[j] = out.get(j, 0.0) + a
+    return out
+
+
+def _op_terms(m: _MilpTerms, v: int, op) -> None:
+    """Op v's compute per strategy, its operands (reshards, parameter uses), the partial
+    gradients it leaves and the activations it saves."""
+    prob, col, t = m.prob, m.col, m.t
+    for k, s in enumerate(op.strategies):
+        m.cx_time[col[(v, k)]] += _share(op, s, t) * op.seconds
+    for i, o in enumerate(op.operands):
+        _operand_terms(m, v, op, i, o)
+    per_operand: dict[tuple[str, str], dict[int, float]] = {}
+    for k, s in enumerate(op.strategies):
+        for i in _partial_grads(op, s):
+            o = op.operands[i]
+            per_operand.setdefault((o.kind, o.name), {})[col[(v, k)]] = 1.0
+    for (kind, name), g in sorted(per_operand.items()):
+        if kind == "param":
+            m.pgrad_param.setdefault(name, []).append(g)
+        else:
+            m.pgrad_node.setdefault(name, []).append((v, g))
+    for how, key, nbytes, _kept in _saved_entries(prob, op):
+        if how == "const":
+            m.mem_const += nbytes
+        elif how == "node":
+            u = prob.index[key]
+            for k, s in enumerate(prob.ops[u].strategies):
+                m.cx_mem[col[(u, k)]] += nbytes / t if _dim(s.out) is not None else nbytes
+        else:
+            for k, s in enumerate(op.strategies):
+                sharded = _saved_state_sharded(op, s, how, key)
+                m.cx_mem[col[(v, k)]] += nbytes / t if sharded else nbytes
+
+
+def _operand_terms(m: _MilpTerms, v: int, op, i: int, o) -> None:
+    """Operand i of op v: a parameter's sharded uses, a block input's reshard from R, or an
+    edge's joint variables e with their two marginal rows."""
+    prob, col = m.prob, m.col
+    reqs = sorted({s.req[i] for s in op.strategies if s.req[i] is not None})
+    if o.kind == "param":
+        m.shard_uses.setdefault(o.name, []).append(
+            {col[(v, k)]: 1.0 for k, s in enumerate(op.strategies) if _dim(s.req[i]) is not None}
+        )
+        return
+    if o.kind != "node":
+        return
+    if o.name not in prob.index:  # block input, state R
+        nbytes = prob.external[o.name][0]
         for k, s in enumerate(op.strategies):
-            cx_time[col[(v, k)]] += _share(op, s, t) * op.seconds
-        # operands: resharding on edges, parameter sharding
-        for i, o in enumerate(op.operands):
-            reqs = sorted({s.req[i] for s in op.strategies if s.req[i] is not None})
-            if o.kind == "param":
-                shard_uses.setdefault(o.name, []).append(
-                    {
-                        col[(v, k)]: 1.0
-                        for k, s in enumerate(op.strategies)
-                        if _dim(s.req[i]) is not None
-                    }
-                )
+            moves = reshard(R, s.req[i])
+            if moves is None:
+                m.rows["reshard_legal"].append(({col[(v, k)]: 1.0}, {}, 0.0))
                 continue
-            if o.kind != "node":
-                continue
-            if o.name not in prob.index:  # block input, state R
-                nbytes = prob.external[o.name][0]
-                for k, s in enumerate(op.strategies):
-                    moves = reshard(R, s.req[i])
-                    if moves is None:
-                        rows["reshard_legal"].append(({col[(v, k)]: 1.0}, {}, 0.0))
-                        continue
-                    cx_time[col[(v, k)]] += coll(moves[0], nbytes) + (
-                        coll(moves[1], nbytes) if o.grad else 0.0
-                    )
-                continue
-            u = prob.index[o.name]
-            producer = prob.ops[u]
-            outs = sorted({s.out for s in producer.strategies})
-            pairs = [
-                (s_out, r)
-                for s_out in outs
-                for r in reqs
-                if reshard(s_out, r) is not None and (s_out == r or not producer.pinned)
-            ]
-            evars = edge_vars.setdefault((v, i), {})
-            for s_out, r in pairs:
-                fwd, bwd = reshard(s_out, r)
-                cost = coll(fwd, producer.nbytes) + (coll(bwd, producer.nbytes) if o.grad else 0)
-                evars[(s_out, r)] = zvar(("e", v, i, s_out, r), time_cost=cost)
-            for s_out in outs:
-                es = {evars[p]: 1.0 for p in pairs if p[0] == s_out}
-                eq_rows["edge_out"].append((X(u, s_out), {j: -a for j, a in es.items()}, 0.0))
-            for r in reqs:
-                es = {evars[p]: 1.0 for p in pairs if p[1] == r}
-                eq_rows["edge_in"].append((Q(v, i, r), {j: -a for j, a in es.items()}, 0.0))
-        # partial gradients this op leaves on its replicated operands
-        per_operand: dict[tuple[str, str], dict[int, float]] = {}
-        for k, s in enumerate(op.strategies):
-            for i in _partial_grads(op, s):
-                o = op.operands[i]
-                per_operand.setdefault((o.kind, o.name), {})[col[(v, k)]] = 1.0
-        for (kind, name), g in sorted(per_operand.items()):
-            if kind == "param":
-                pgrad_param.setdefault(name, []).append(g)
-            else:
-                pgrad_node.setdefault(name, []).append((v, g))
-        # saved activations
-        for how, key, nbytes, _kept in _saved_entries(prob, op):
-            if how == "const":
-                mem_const += nbytes
-            elif how == "node":
-                u = prob.index[key]
-                for k, s in enumerate(prob.ops[u].strategies):
-                    cx_mem[col[(u, k)]] += nbytes / t if _dim(s.out) is not None else nbytes
-            else:
-                for k, s in enumerate(op.strategies):
-                    sharded = _saved_state_sharded(op, s, how, key)
-                    cx_mem[col[(v, k)]] += nbytes / t if sharded else nbytes
-    # block outputs must be R
+            m.cx_time[col[(v, k)]] += m.coll(moves[0], nbytes) + (
+                m.coll(moves[1], nbytes) if o.grad else 0.0
+            )
+        return
+    u = prob.index[o.name]
+    producer = prob.ops[u]
+    outs = sorted({s.out for s in producer.strategies})
+    pairs = [
+        (s_out, r)
+        for s_out in outs
+        for r in reqs
+        if reshard(s_out, r) is not None and (s_out == r or not producer.pinned)
+    ]
+    evars = m.edge_vars.setdefault((v, i), {})
+    for s_out, r in pairs:
+        fwd, bwd = reshard(s_out, r)
+        cost = m.coll(fwd, producer.nbytes) + (m.coll(bwd, producer.nbytes) if o.grad else 0)
+        evars[(s_out, r)] = m.zvar(("e", v, i, s_out, r), time_cost=cost)
+    for s_out in outs:
+        es = {evars[p]: 1.0 for p in pairs if p[0] == s_out}
+        m.eq_rows["edge_out"].append((m.X(u, s_out), {j: -a for j, a in es.items()}, 0.0))
+    for r in reqs:
+        es = {evars[p]: 1.0 for p in pairs if p[1] == r}
+        m.eq_rows["edge_in"].append((m.Q(v, i, r), {j: -a for j, a in es.items()}, 0.0))
+
+
+def _output_terms(m: _MilpTerms) -> None:
+    """Block outputs must be R: each output strategy pays its gather."""
+    prob = m.prob
     for u_name in prob.outputs:
         u = prob.index[u_name]
         for k, s in enumerate(prob.ops[u].strategies):
             fwd, _ = reshard(s.out, R)
-            cx_time[col[(u, k)]] += coll(fwd, prob.ops[u].nbytes)
-    # one reduction per partially-differentiated producer
-    for name, gs in sorted(pgrad_node.items()):
+            m.cx_time[m.col[(u, k)]] += m.coll(fwd, prob.ops[u].nbytes)
+
+
+def _gradient_terms(m: _MilpTerms) -> None:
+    """One reduction g per partially-differentiated producer or parameter, and the sharding
+    indicator h of each owned parameter every use of which can take it sharded."""
+    prob = m.prob
+    for name, gs in sorted(m.pgrad_node.items()):
         if name not in prob.index:
-            g = zvar(("g", name), time_cost=coll("all_reduce", prob.external[name][0]))
+            g = m.zvar(("g", name), time_cost=m.coll("all_reduce", prob.external[name][0]))
             for _v, G in gs:
-                rows["partial_grad"].append((G, {g: -1.0}, 0.0))
+                m.rows["partial_grad"].append((G, {g: -1.0}, 0.0))
             continue
         u = prob.index[name]
         producer = prob.ops[u]
         for s_out in sorted({s.out for s in producer.strategies}):
             kind = "reduce_scatter" if _dim(s_out) is not None else "all_reduce"
-            g = zvar(("g", name, s_out), time_cost=coll(kind, producer.nbytes))
+            g = m.zvar(("g", name, s_out), time_cost=m.coll(kind, producer.nbytes))
             for v, G in gs:
                 slots = [i for i, o in enumerate(prob.ops[v].operands) if o.name == name]
-                e = edge_vars.get((v, slots[0]), {}).get((s_out, R)) if len(slots) == 1 else None
+                e = m.edge_vars.get((v, slots[0]), {}).get((s_out, R)) if len(slots) == 1 else None
                 if e is None:  # weak form: g >= X_u(s) + G_v(u) - 1
-                    rows["partial_grad"].append((plus(X(u, s_out), G), {g: -1.0}, 1.0))
+                    m.rows["partial_grad"].append((_plus(m.X(u, s_out), G), {g: -1.0}, 1.0))
                 else:  # tight form through the edge's joint variable e_{s,R}
-                    not_partial = {j: -a for j, a in Q(v, slots[0], R).items()}
-                    rows["partial_grad"].append((plus(not_partial, G), {e: 1.0, g: -1.0}, 0.0))
-    for name, gs in sorted(pgrad_param.items()):
-        g = zvar(("gp", name), time_cost=coll("all_reduce", prob.param_bytes[name]))
+                    not_partial = {j: -a for j, a in m.Q(v, slots[0], R).items()}
+                    m.rows["partial_grad"].append((_plus(not_partial, G), {e: 1.0, g: -1.0}, 0.0))
+    for name, gs in sorted(m.pgrad_param.items()):
+        g = m.zvar(("gp", name), time_cost=m.coll("all_reduce", prob.param_bytes[name]))
         for G in gs:
-            rows["param_partial_grad"].append((G, {g: -1.0}, 0.0))
-    mem_const += model_state_bytes(prob)
+            m.rows["param_partial_grad"].append((G, {g: -1.0}, 0.0))
+    m.mem_const += model_state_bytes(prob)
     owned = set(prob.owned)
-    for name, hs in sorted(shard_uses.items()):
+    for name, hs in sorted(m.shard_uses.items()):
         if name not in owned or not all(hs):
             continue  # not stored here, or some use cannot take it sharded
         saving = model_state_bytes(prob) - model_state_bytes(prob, [name])
-        h = zvar(("h", name), mem_cost=-saving)
+        h = m.zvar(("h", name), mem_cost=-saving)
         for H in hs:
-            rows["param_sharded"].append(({j: -a for j, a in H.items()}, {h: 1.0}, 0.0))
+            m.rows["param_sharded"].append(({j: -a for j, a in H.items()}, {h: 1.0}, 0.0))
 
-    nz = len(z_names)
-    n = nx_ + nz
+
+def _solve_lambdas(
+    m: _MilpTerms, lambdas: Sequence[float], time_scale: float, memory_scale: float
+) -> list[tuple[tuple[int, ...], float]]:
+    """Load the rows into HiGHS once and re-solve per lambda with new costs: (choice,
+    objective) for each lambda solved to optimality."""
+    prob, cols, col = m.prob, m.cols, m.col
+    nx_ = len(cols)
+    n = nx_ + len(m.z_names)
     # rows: one strategy per op (= 1), then each family (= rhs for the equalities, <= rhs else)
     rr, cc, vv = [np.array([u for u, _ in cols])], [np.arange(nx_)], [np.ones(nx_)]
     lower, upper = [np.ones(len(prob.ops))], [np.ones(len(prob.ops))]
     offset = len(prob.ops)
-    for name, family in list(eq_rows.items()) + list(rows.items()):
+    for name, family in list(m.eq_rows.items()) + list(m.rows.items()):
         r, c, v, rhs = _entries(family, nx_)
         rr.append(r + offset)
         cc.append(c)
         vv.append(v)
-        lower.append(rhs if name in eq_rows else np.full(len(rhs), -np.inf))
+        lower.append(rhs if name in m.eq_rows else np.full(len(rhs), -np.inf))
         upper.append(rhs)
         offset += len(rhs)
     pattern = Pattern.of(np.concatenate(rr), np.concatenate(cc), (offset, n))
-    cost_time = np.concatenate([cx_time, cz_time]) / time_scale
-    cost_mem = np.concatenate([cx_mem, cz_mem]) / memory_scale
+    cost_time = np.concatenate([m.cx_time, m.cz_time]) / time_scale
+    cost_mem = np.concatenate([m.cx_mem, m.cz_mem]) / memory_scale
     h = quiet_highs()
     h.setOptionValue("mip_rel_gap", 1e-9)
     h.setOptionValue("presolve", "off")  # the LP is tight and small: presolve costs more
@@ -1525,7 +1581,7 @@ def sharding_milp(
         for v, op in enumerate(prob.ops):
             scores = [xv[col[(v, k)]] for k in range(len(op.strategies))]
             choice.append(int(np.argmax(scores)))
-        choices.append((tuple(choice), value + lam * mem_const / memory_scale))
+        choices.append((tuple(choice), value + lam * m.mem_const / memory_scale))
     return choices
 
 

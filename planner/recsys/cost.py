@@ -220,7 +220,9 @@ def price(
     memory_fraction: float = 1.0,
     dense_strategy: str = DenseStrategy.DDP,
 ) -> Costed:
-    """Every option of every table and the dense part, on ``cluster`` (see module docstring)."""
+    """Every option of every table and the dense part, on ``cluster`` (see module docstring).
+
+    Long because each table's options are priced term by term, each term beside its source."""
     p = cluster.profile
     n, g, b = cluster.gpus, cluster.gpus_per_node, global_batch_size
     s = STATE_ELEMENTS[optimizer]

@@ -141,7 +141,10 @@ def _joint_size(costed: Costed) -> int:
 
 def _solve_model(costed: Costed, aggregate: bool, node_limit: int, rel_gap: float):
     """Build and solve the joint or the aggregate MILP: (choice, lower bound in seconds,
-    variables, ranks or None for the aggregate), or None when infeasible."""
+    variables, ranks or None for the aggregate), or None when infeasible.
+
+    Long because the joint and the aggregate models share their variables and rows; split, the
+    index arithmetic they share would pass between functions."""
     n, g = costed.ranks, costed.gpus_per_node
     nodes = n // g if n % g == 0 else 1
     flat = [(t.name, o) for t in costed.tables for o in usable(costed, t.name)]

@@ -163,7 +163,9 @@ def assemble(
     device: str,
     notes: list[str],
 ) -> dict[str, Any]:
-    """The plan dict (schema in planner.recsys.plan) from the solver's assignment."""
+    """The plan dict (schema in planner.recsys.plan) from the solver's assignment.
+
+    Long because the plan dict is written field by field."""
     d = costed.dense
     exposed = exposed_allreduce(costed, found.choice)
     latency = choice_latency(costed, found.choice)

@@ -40,9 +40,9 @@ def short(name: str, limit: int = 28) -> str:
 
 
 def blocks_figure(plan: Plan) -> Figure:
-    """
-    Long because a figure's layout reads best top to bottom, panel by panel.
-    """
+    """The block strip: per block its share of compute time and of memory, coloured by
+    stage, hatched by recompute, marked where offloaded, with the stage band above and the
+    TP-variant strip below."""
     blocks = plan.blocks
     n = len(blocks)
     pp, v = plan.mesh.pp, plan.virtual_stages
@@ -99,7 +99,30 @@ def blocks_figure(plan: Plan) -> Figure:
         )
         ax_m.set_ylim(0, top * 1.15)
     inch_per_block = ax_t.get_position().width * width / n
-    # stage band above the bars
+    _stage_band(band, blocks, colors, pp, v, inch_per_block)
+    _variant_strip(strip, blocks, names, flat, inch_per_block, width)
+    handles = _legend(blocks, colors, pp, v, offl)
+    fig.legend(
+        handles=handles,
+        loc="upper center",
+        bbox_to_anchor=(0.5, 1 - 0.42 / height),
+        ncol=min(len(handles), 8),
+    )
+    fig.suptitle(
+        f"Blocks: {n} blocks on {pp * v} stage{'s' * (pp * v > 1)}"
+        + (f" ({pp} ranks × {v} chunks)" if v > 1 else "")
+        + "  ·  stage colours as in the placement",
+        y=1 - 0.08 / height,
+        va="top",
+        fontsize=12,
+        fontweight="bold",
+    )
+    return fig
+
+
+def _stage_band(band, blocks, colors, pp: int, v: int, inch_per_block: float) -> None:
+    """The band above the bars: each stage's run of blocks in its colour, named where the
+    name fits."""
     stage_label = [b.stage for b in blocks]
     for first, last, s in runs(stage_label):
         band.add_patch(Rectangle((first - 0.5, 0), last - first + 1, 1, color=colors[s % pp]))
@@ -118,7 +141,13 @@ def blocks_figure(plan: Plan) -> Figure:
                 break
     band.set_ylim(0, 1)
     band.axis("off")
-    # TP-variant strip below the bars
+
+
+def _variant_strip(strip, blocks, names, flat: bool, inch_per_block: float, width: float) -> None:
+    """The strip below the bars: each run of one TP variant, and the blocks' names (every
+    name where they fit, else one label per run of a block class, end labels leaning in)."""
+    n = len(blocks)
+    xs = list(range(n))
     variants = [b.tp_variant for b in blocks]
     variant_names = sorted(set(variants))
     for first, last, var in runs(variants):
@@ -160,6 +189,10 @@ def blocks_figure(plan: Plan) -> Figure:
                 label.set_ha("right")
     strip.tick_params(axis="x", labelbottom=True, length=0)
     strip.set_xlabel(f"{n} blocks, input to output")
+
+
+def _legend(blocks, colors, pp: int, v: int, offl: list[int]) -> list:
+    """The figure's legend: stages (or pp ranks), recompute hatches, offload marks."""
     who = "stage" if v == 1 else "pp rank"
     handles = [Patch(color=colors[i], label=f"{who} {i}") for i in range(min(pp, 8))]
     if pp > 8:
@@ -181,19 +214,4 @@ def blocks_figure(plan: Plan) -> Figure:
                 [], [], marker="v", color="black", ls="", label="offload " + ", ".join(kinds)
             )
         )
-    fig.legend(
-        handles=handles,
-        loc="upper center",
-        bbox_to_anchor=(0.5, 1 - 0.42 / height),
-        ncol=min(len(handles), 8),
-    )
-    fig.suptitle(
-        f"Blocks: {n} blocks on {pp * v} stage{'s' * (pp * v > 1)}"
-        + (f" ({pp} ranks × {v} chunks)" if v > 1 else "")
-        + "  ·  stage colours as in the placement",
-        y=1 - 0.08 / height,
-        va="top",
-        fontsize=12,
-        fontweight="bold",
-    )
-    return fig
+    return handles

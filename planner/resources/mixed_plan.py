@@ -34,8 +34,6 @@ from planner.errors import InfeasibleError, UserInputError
 from planner.hardware.cluster import Cluster
 from planner.hardware.profiles import load_profile
 from planner.modelfile import ModelFile, load_model_file
-from planner.resources.mixed import Kind, MixedCandidate, MixedResult, RunRate, search_mixed
-from planner.resources.mixed_cost import pipeline_time, step_time
 from planner.schema import SCHEMA
 from planner.schema.mesh import Mesh
 from planner.schema.plan import (
@@ -48,7 +46,9 @@ from planner.schema.plan import (
 )
 from planner.search import Pins
 from planner.search.memo import SearchMemo
-from planner.search.problem import segments
+from planner.search.milp.candidate import segments
+from planner.search.mixed.cost import pipeline_time, step_time
+from planner.search.mixed.search import Kind, MixedCandidate, MixedResult, RunRate, search_mixed
 from planner.training import Training, num_microbatches, on_devices, replica_counts, training_from
 
 
@@ -106,7 +106,10 @@ def plan_mixed(
     ranks, and a mixed pipeline is for when more devices, not host memory, are the gain.
     ``stage_degrees``: search_mixed's (stages with TP and DP degrees of their own: True,
     False, or None, where that search is small); the plan's notes say when it was left out.
-    ``training`` as api.plan's (built from the model file and the flags when None)."""
+    ``training`` as api.plan's (built from the model file and the flags when None).
+
+    Long because it composes, in the order they run, the kinds alone, the trace, the kinds'
+    clusters, the fabric and the search, a few lines each."""
     if len(kinds) < 2 or len({k.name for k in kinds}) != len(kinds):
         raise UserInputError("a mixed plan needs at least two device kinds with distinct names")
     mf = (
@@ -233,7 +236,9 @@ def plan_mesh(pp: int, dp: int, tps: list[int], dps: list[int] | None = None) ->
 
 def mixed_plan_record(traced, training: Training, result: MixedResult) -> Plan:
     """The mixed search's best candidate as a Plan: the usual records, each stage's from its
-    variant's evaluation, plus the kinds and the rank-to-kind map."""
+    variant's evaluation, plus the kinds and the rank-to-kind map.
+
+    Long because each record of the plan is filled field by field from its variant's evaluation."""
     best: MixedCandidate | None = result.best
     assert best is not None and best.solution is not None and best.problem is not None
     c, sol, mp = best.cand, best.solution, best.problem

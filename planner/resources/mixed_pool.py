@@ -15,10 +15,10 @@ from typing import Any
 
 from planner.resources.choose import Option, PlanPoint, meets, objective_value
 from planner.resources.energy import RunCost, prediction_busy_share, run_cost, steps_for
-from planner.resources.mixed import RunRate
 from planner.resources.mixed_plan import KindSpec, MixedPlanResult, plan_mixed
 from planner.resources.pool import NodeType, Pool
 from planner.schema.plan import Plan
+from planner.search.mixed.search import RunRate
 
 
 def pool_kinds(pool: Pool) -> tuple[list[KindSpec], dict[tuple[str, str], tuple[float, float]]]:

@@ -10,13 +10,14 @@ import numpy as np
 
 from planner.cost.memory import forward_state_bytes, option_states, step_state_bytes
 from planner.cost.optimizer import offload_allowed
+from planner.cost.pipeline import one_chunk_floor
 from planner.cost.records import CostInputs
 from planner.highs import pass_model, quiet_highs
 from planner.search import relaxation
 from planner.search.candidates import Candidate
-from planner.search.dominance import LP_FIELDS, undominated
-from planner.search.split_bound import SplitBound
-from planner.search.stage_data import GIB, StageProblem
+from planner.search.milp.data import GIB, StageProblem
+from planner.search.milp.dominance import LP_FIELDS, undominated
+from planner.search.milp.split_bound import SplitBound
 from planner.training import num_microbatches
 
 
@@ -59,7 +60,7 @@ def lower_bounds(inp: CostInputs, cand: Candidate) -> tuple[float, float]:
         memo["least_time"] = sum(min(o.time_s for o in opts) for opts in inp.options)
     total = memo["least_time"]
     if v == 1:
-        time_bound = total * (1 + (m - 1) / p)
+        time_bound = total * one_chunk_floor(m, p)
     else:
         time_bound = m * total / p + (p - 1) * total / (p * v)
     replicas = cand.mesh.replicas

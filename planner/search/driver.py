@@ -44,9 +44,9 @@ from planner.search.candidates import (
     no_candidate_message,
 )
 from planner.search.memo import SearchMemo
+from planner.search.milp.candidate import solve_candidate, stage_problem
+from planner.search.milp.split_bound import split_bound
 from planner.search.options import price_options
-from planner.search.problem import solve_candidate, stage_problem
-from planner.search.split_bound import split_bound
 from planner.trace.blocks import Block
 from planner.trace.graph import pipeline_refusal
 from planner.training import Training, num_microbatches

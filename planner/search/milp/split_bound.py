@@ -57,7 +57,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.search.stage_data import GIB, StageProblem
+from planner.search.milp.data import GIB, StageProblem
 
 
 @dataclass(frozen=True)

@@ -50,10 +50,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.highs import pass_model, quiet_highs
-from planner.search.dominance import undominated
-from planner.search.split_bound import SplitBound, split_bound
-from planner.search.stage_data import StageProblem
-from planner.search.stage_model import StageModel, stage_model
+from planner.search.milp.data import StageProblem
+from planner.search.milp.dominance import undominated
+from planner.search.milp.rows import StageModel, stage_model
+from planner.search.milp.split_bound import SplitBound, split_bound
 
 __all__ = ["StageSolution", "solve_stage_milp", "undominated"]
 

@@ -35,8 +35,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from planner.resources.mixed_milp import MixedProblem
-from planner.search.split_bound import SplitBound, range_counts, stage_costs
+from planner.search.milp.split_bound import SplitBound, range_counts, stage_costs
+from planner.search.mixed.milp import MixedProblem
 
 # The units DP's state space at most: each kind's units are counted in steps of q_k (a power
 # of two) large enough that the states (per kind, cap_k // q_k + 1) multiply to no more.

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import math
 
-from planner.resources.mixed_milp import MixedProblem, tied_groups
+from planner.cost.pipeline import one_chunk_pipeline
+from planner.search.mixed.milp import MixedProblem, tied_groups
 
 
 def fits_pool(mp: MixedProblem, variants: list[int], counts: list[list[list[int]]]) -> bool:
@@ -54,8 +55,7 @@ def fits_pool(mp: MixedProblem, variants: list[int], counts: list[list[list[int]
 def pipeline_time(mp: MixedProblem, variants: list[int], times: list[float]) -> float:
     """sum_j T_j + max_j (m_j - 1) T_j: stage j of variant ``variants[j]`` taking ``times[j]``
     a micro-batch."""
-    busy = max((mp.m_of(v) - 1) * t for v, t in zip(variants, times, strict=True))
-    return sum(times) + busy
+    return one_chunk_pipeline(times, [mp.m_of(v) for v in variants])
 
 
 def step_time(mp: MixedProblem, variants: list[int], counts: list[list[list[int]]]) -> float:

@@ -6,7 +6,7 @@ stage, plain 1F1B / GPipe. A stage takes a variant v = (kind k, TP degree t, DP 
 t one of 1, 2, 4, 8 up to the kind's node, r a power of two (the stage's dp r replicas take
 the step's n micro-batches in turns, m_v = n / (dp r) each), its dp r t GPUs within the kind's
 and inside one node or on whole nodes (``stage_variants``). Each variant is priced by the cost
-model's own functions (``planner.search.problem.stage_problem`` with the kind's cluster at TP
+model's own functions (``planner.search.milp.candidate.stage_problem`` with the kind's cluster at TP
 t and DP dp r), and the mixed MILP (``mixed_milp``) picks each stage's variant, blocks and
 options; the plan's mesh is (pp, max dp r, max t) with ``stage_tp`` and ``stage_dp`` the
 stages' degrees where they differ. The runtime runs stages of different DP degrees under
@@ -79,10 +79,15 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from planner.cost.data_parallel import tied_sync_time
-from planner.cost.pipeline import hop_time, stage_time_parts
+from planner.cost.pipeline import hop_time, one_chunk_floor, stage_time_parts
 from planner.cost.records import Config, CostInputs, sample_share
 from planner.hardware.cluster import Cluster
-from planner.resources.mixed_bound import (
+from planner.search.bounds import quiet_highs
+from planner.search.candidates import Candidate, Pins, divisors
+from planner.search.milp.candidate import segments, stage_problem
+from planner.search.milp.data import StageProblem
+from planner.search.milp.split_bound import SplitBound
+from planner.search.mixed.bound import (
     Costs,
     fastest_floor,
     mixed_split_bound,
@@ -90,19 +95,14 @@ from planner.resources.mixed_bound import (
     step_bound,
     variant_costs,
 )
-from planner.resources.mixed_milp import (
+from planner.search.mixed.milp import (
     NODE_LIMIT,
     MixedProblem,
     MixedSolution,
     solve_mixed,
     variant_triples,
 )
-from planner.search.bounds import quiet_highs
-from planner.search.candidates import Candidate, Pins, divisors
 from planner.search.options import price_options
-from planner.search.problem import segments, stage_problem
-from planner.search.split_bound import SplitBound
-from planner.search.stage_data import StageProblem
 from planner.trace.blocks import Block
 from planner.trace.graph import pipeline_refusal
 from planner.training import Training, num_microbatches
@@ -467,7 +467,7 @@ class Floors:
 
     def step(self, units_hi: list[int]) -> float:
         """No placement whose kinds' units are at most ``units_hi`` steps faster."""
-        pipeline = self.fastest * (1 + (self.m // self.top - 1) / self.pp)
+        pipeline = self.fastest * one_chunk_floor(self.m // self.top, self.pp)
         weight = sum(s * u for s, u in zip(self.speed, units_hi, strict=True))
         busy = (self.m - self.top) * self.rank_s
         fluid = busy / weight + self.fastest if weight > 0 else math.inf

@@ -29,9 +29,9 @@ from planner.cost.pipeline import chunk_held, stage_time_parts
 from planner.cost.records import Config, CostInputs, deferred_reduce, grads_held, last_rank
 from planner.cost.step import evaluate
 from planner.search.candidates import Candidate
-from planner.search.split_bound import SplitBound
-from planner.search.stage_data import StageProblem
-from planner.search.stage_milp import DEFAULT_NODE_LIMIT, solve_stage_milp
+from planner.search.milp.data import StageProblem
+from planner.search.milp.solve import DEFAULT_NODE_LIMIT, solve_stage_milp
+from planner.search.milp.split_bound import SplitBound
 from planner.trace.blocks import Block
 from planner.training import num_microbatches
 

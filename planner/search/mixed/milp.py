@@ -2,7 +2,7 @@
 each pipeline stage, and which blocks and options each stage runs, exactly minimizing the
 heterogeneous step time of one outer candidate.
 
-The homogeneous MILP (planner.search.stage_milp) prices every stage with one profile, one TP
+The homogeneous MILP (planner.search.milp.solve) prices every stage with one profile, one TP
 and one DP degree. Here they are a stage's decision: each variant v = (kind k_v, TP degree t_v,
 DP multiple r_v) has its own numbers for the same candidate (its StageProblem: the cost model's
 per-option time, memory, DP and optimizer terms under k_v's profile at TP t_v and DP dp r_v,
@@ -73,9 +73,9 @@ from dataclasses import dataclass, field
 import cvxpy as cp
 import numpy as np
 
-from planner.search.split_bound import SplitBound
-from planner.search.stage_data import GIB, StageProblem
-from planner.search.stage_milp import MIP_REL_GAP, undominated
+from planner.search.milp.data import GIB, StageProblem
+from planner.search.milp.solve import MIP_REL_GAP, undominated
+from planner.search.milp.split_bound import SplitBound
 
 NODE_LIMIT = 5_000  # a work limit (never the clock): the same plan on any machine
 
@@ -192,6 +192,9 @@ class _Structure:
         n_kinds: int,
         groups: tuple[tuple[int, ...], ...],
     ) -> None:
+        """The cvxpy model of the module docstring for one cell shape. Long because the cvxpy
+        model's constraint families are written in the module docstring's order, each
+        beside its name, and built once per cell shape."""
         V, S, K = len(n_opts), len(seg_len), n_kinds
         widths = [sum(row) for row in n_opts]
         C = sum(widths)

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.highs import Pattern
-from planner.search.split_bound import SplitBound
-from planner.search.stage_data import GIB, StageProblem
+from planner.search.milp.data import GIB, StageProblem
+from planner.search.milp.split_bound import SplitBound
 
 
 @dataclass(frozen=True)
@@ -148,7 +148,10 @@ class _Rows:
 
 def stage_model(sp: StageProblem, keep: list[list[int]], split: SplitBound) -> StageModel:
     """The MILP of stage_milp's docstring for ``sp``, options outside ``keep`` fixed to 0 and
-    split_bound's T*, S* and P* as cuts."""
+    split_bound's T*, S* and P* as cuts.
+
+    Long because the row families are assembled in the order of stage_milp's docstring, one
+    numpy block each, so the code reads beside the formulation."""
     inf = np.inf
     n_opts = [len(t) for t in sp.time]
     J, P, S, K = sp.pp * sp.v, sp.pp, len(sp.seg_len), sum(n_opts)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from planner.search.stage_data import StageProblem
+from planner.search.milp.data import StageProblem
 
 # What the stage MILP reads of an option: time, memory rows, working set, gathered buffer,
 # host bytes, optimizer and offload time, and the exposed-DP coefficients (which fall as
