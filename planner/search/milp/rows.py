@@ -1,4 +1,4 @@
-"""The stage MILP of stage_milp's docstring as one HiGHS model, its rows assembled with numpy.
+"""The stage MILP of milp.solve's docstring as one HiGHS model, its rows assembled with numpy.
 
 Built straight from the StageProblem's arrays rather than through cvxpy: cvxpy's
 canonicalisation cost tens of milliseconds for each new MILP shape and about ten per solve
@@ -6,8 +6,9 @@ canonicalisation cost tens of milliseconds for each new MILP shape and about ten
 so the cutoff and the proven bound were compared without it.
 
 Columns, in this order (``Layout`` holds the offsets): n (J x K, stage-major, K = all options
-of all segments), a (J x S), h (J), u (P x K), T (J), tmax, rmax, E, e1 (J), e2 (J), X (P),
-Z (P), Opt, Off. The rows are those of stage_milp's docstring, one numpy block each.
+of all segments), a (J x S), h (J), u (P x K), T (J), tmax, rmax, E, dp_first (J),
+dp_second (J), X (P), Z (P), Opt, Off. The rows are those of milp.solve's docstring, one numpy
+block each.
 """
 
 from __future__ import annotations
@@ -64,16 +65,16 @@ class Layout:
         return self.tmax + 2
 
     @property
-    def e1(self) -> int:
+    def dp_first(self) -> int:
         return self.tmax + 3
 
     @property
-    def e2(self) -> int:
-        return self.e1 + self.J
+    def dp_second(self) -> int:
+        return self.dp_first + self.J
 
     @property
     def X(self) -> int:
-        return self.e2 + self.J
+        return self.dp_second + self.J
 
     @property
     def Z(self) -> int:
@@ -147,10 +148,10 @@ class _Rows:
 
 
 def stage_model(sp: StageProblem, keep: list[list[int]], split: SplitBound) -> StageModel:
-    """The MILP of stage_milp's docstring for ``sp``, options outside ``keep`` fixed to 0 and
+    """The MILP of milp.solve's docstring for ``sp``, options outside ``keep`` fixed to 0 and
     split_bound's T*, S* and P* as cuts.
 
-    Long because the row families are assembled in the order of stage_milp's docstring, one
+    Long because the row families are assembled in the order of milp.solve's docstring, one
     numpy block each, so the code reads beside the formulation."""
     inf = np.inf
     n_opts = [len(t) for t in sp.time]
@@ -210,10 +211,10 @@ def stage_model(sp: StageProblem, keep: list[list[int]], split: SplitBound) -> S
     zero3 = np.zeros(3, int)
     lead, c_lead = (lay.tmax, c_t) if sp.v == 1 else (lay.rmax, float(sp.m))
     rows.add([weighted], inf, (zero3, [lead, lay.opt, lay.off], [c_lead, 1.0, 1.0]))
-    # dp: e1_j >= n_j . k1 + k1h h_j, e2 likewise, E >= e1_j + e2_j
+    # dp: dp_first_j >= n_j . k1 + k1h h_j, dp_second_j likewise, E >= their sum
     for ecol, per_opt, once in (
-        (lay.e1, sp.dp_first, sp.dp_once[0]),
-        (lay.e2, sp.dp_second, sp.dp_once[1]),
+        (lay.dp_first, sp.dp_first, sp.dp_once[0]),
+        (lay.dp_second, sp.dp_second, sp.dp_once[1]),
     ):
         rows.add(
             np.zeros(J),
@@ -222,7 +223,13 @@ def stage_model(sp: StageProblem, keep: list[list[int]], split: SplitBound) -> S
             (jj, ncol, -cat(per_opt)[kk]),
             (js, lay.h + js, -once),
         )
-    rows.add(np.zeros(J), inf, (js, lay.E, 1.0), (js, lay.e1 + js, -1.0), (js, lay.e2 + js, -1.0))
+    rows.add(
+        np.zeros(J),
+        inf,
+        (js, lay.E, 1.0),
+        (js, lay.dp_first + js, -1.0),
+        (js, lay.dp_second + js, -1.0),
+    )
     # rmax >= sum of T_j over the rank's stages
     rows.add(np.zeros(P), inf, (rs, lay.rmax, 1.0), (rank_of, lay.T + js, -1.0))
     # u[r, k] L_k >= blocks running option k on rank r;  X_r >= ws_k u[r, k];  Z_r likewise

@@ -13,7 +13,7 @@ Variables:
     a[j,s]   in {0,1}   stage j holds some block of segment s
     u[r,s,o] in {0,1}   rank r runs some block of segment s with option o (for the max terms)
     h[j]     in {0,1}   stage j holds parameters (a collective's latency is paid once)
-    T_j, Tmax, Rmax, E_j^1, E_j^2, E, X_r, Z_r, Opt, Off >= 0
+    T_j, Tmax, Rmax, F_j, S_j, E, X_r, Z_r, Opt, Off >= 0  (F, S: dp_first, dp_second)
 
 Constraints (names in the code):
     place:       sum_{j,o} n[j,s,o] = L_s
