@@ -223,13 +223,8 @@ def stage_model(sp: StageProblem, keep: list[list[int]], split: SplitBound) -> S
             (jj, ncol, -cat(per_opt)[kk]),
             (js, lay.h + js, -once),
         )
-    rows.add(
-        np.zeros(J),
-        inf,
-        (js, lay.E, 1.0),
-        (js, lay.dp_first + js, -1.0),
-        (js, lay.dp_second + js, -1.0),
-    )
+    first, second = lay.dp_first + js, lay.dp_second + js
+    rows.add(np.zeros(J), inf, (js, lay.E, 1.0), (js, first, -1.0), (js, second, -1.0))
     # rmax >= sum of T_j over the rank's stages
     rows.add(np.zeros(P), inf, (rs, lay.rmax, 1.0), (rank_of, lay.T + js, -1.0))
     # u[r, k] L_k >= blocks running option k on rank r;  X_r >= ws_k u[r, k];  Z_r likewise
