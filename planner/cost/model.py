@@ -1279,8 +1279,11 @@ def stage_time_parts(
 def loss_time(inp: CostInputs, config: Config) -> float:
     """The loss on the last stage, per micro-batch: cross-entropy over fp32 logits is
     memory-bound, log-softmax and its gradient reading and writing the logits about three times
-    each way (``loss_bytes`` is three fp32 copies of the logits)."""
-    nbytes = inp.loss_bytes * sample_share(config) / inp.traced_mbs
+    each way (``loss_bytes`` is three fp32 copies of the logits). Under a vocab-parallel loss
+    each TP rank reads and writes only its share of the logits (``loss_shards``), as it holds
+    only that share (``loss_memory``)."""
+    shards = loss_shards(inp.training, config)
+    nbytes = inp.loss_bytes * sample_share(config) / inp.traced_mbs / shards
     p = inp.cluster.profile
     ops = LOSS_OPS * (p.op_overhead + p.backward_op_overhead)
     return 2 * nbytes / (p.memory_bandwidth * p.elementwise_efficiency) + ops
