@@ -6,6 +6,7 @@ no GPU: every number here is worked out by hand."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -838,3 +839,43 @@ def test_megatron_core_without_sequence_parallelism_sends_whole_activations():
     assert not P.parse_pipeline_shards(old, True, 1, False, assumed)
     assert not P.parse_pipeline_shards(old, False, 4, False, assumed)
     assert assumed == ["pipeline sends scattered over TP ranks (Megatron-LM's scatter/gather)"]
+
+
+def test_error_bars_come_from_the_dev_set_only(tmp_path, monkeypatch):
+    """The cross-validation's held-out errors become the planner's error bars when the dev set
+    is priced; pricing another file (the held-out papers) never writes them. The refits and
+    pricing are stubbed: three rows with held-out errors -0.1, 0.0 and +0.2."""
+    rows = [dict(BLOOM, id=f"x-{i}") for i in range(3)]
+    dev = tmp_path / "dev.json"
+    dev.write_text(json.dumps(rows))
+    errors = iter([-0.1, 0.0, 0.2])
+    monkeypatch.setattr(P, "evaluate_row", lambda r: {"status": "evaluated", "id": r["id"]})
+    monkeypatch.setattr(P, "summarize", lambda records: {"evaluated": 0})
+    monkeypatch.setattr(P, "write_markdown", lambda *a: None)
+    monkeypatch.setattr(P, "fit_async_tp", lambda setups: {})
+    monkeypatch.setattr(
+        P,
+        "cross_validate",
+        lambda setups: {
+            "held_out": [
+                {"id": s.id, "chip": "A100", "form": "pipelined", "error": next(errors)}
+                for s in setups
+            ]
+        },
+    )
+    bars = tmp_path / "bars.json"
+    monkeypatch.setattr(P, "ERROR_BARS", bars)
+    monkeypatch.setattr(P, "DEFAULT", str(dev))
+    other = tmp_path / "held_out.json"
+    other.write_text(dev.read_text())
+    assert P.main(["--measurements", str(other), "--out", str(tmp_path)]) == 0
+    assert not bars.exists()
+    errors = iter([-0.1, 0.0, 0.2])
+    assert P.main(["--out", str(tmp_path)]) == 0
+    cell = json.loads(bars.read_text())["spread"]["A100"]["pipelined"]
+    # three errors: the 10th percentile at position 0.2 (-0.1 + 0.2 x 0.1), the 90th at 1.8
+    assert (cell["low"], cell["high"], cell["runs"]) == (
+        pytest.approx(-0.08),
+        pytest.approx(0.16),
+        3,
+    )
