@@ -26,6 +26,7 @@ from planner.assemble import (
     block_record,
     memory_record,
     model_info,
+    with_error_bar,
 )
 from planner.cost.eager_probe import EagerShardProbe
 from planner.cost.model import Config, Training, evaluate, num_microbatches
@@ -292,7 +293,7 @@ def mixed_plan_record(traced, training: Training, lr: float, result: MixedResult
     worst = max(range(c.pp), key=lambda j: (peaks[j] / caps[j], j))
     gpn = min(kd.cluster.gpus_per_node for kd in result.kinds)
     samples = training.global_batch_size / step
-    return Plan(
+    out = Plan(
         schema=SCHEMA,
         model=model_info(traced),
         cluster=ClusterInfo(
@@ -333,3 +334,6 @@ def mixed_plan_record(traced, training: Training, lr: float, result: MixedResult
         kinds=kinds,
         rank_kinds=[result.kinds[sol.kinds[mesh.coords(r)[0]]].name for r in range(mesh.size)],
     )
+    # several chips: no cell of one chip's runs, so the spread of every published run
+    out.predicted = with_error_bar(out.predicted, out.cluster.profile, mesh)
+    return out
