@@ -71,6 +71,8 @@ sys.path.insert(0, str(_HERE.parent))
 ROOT = _HERE.parent
 DEFAULT_MEASUREMENTS = ROOT.parent / "shared" / "reference" / "measurements.json"
 OUT = ROOT / "reports" / "published"
+DEFAULT = str(DEFAULT_MEASUREMENTS)
+ERROR_BARS = ROOT / "profiles" / "error_bars.json"
 GIB = 2**30
 LLAMA_FILE = ROOT / "examples" / "llama.py"
 GPT_FILE = _HERE / "published_gpt.py"
@@ -268,8 +270,11 @@ def parse_family(
     candidates of one builder that differ only in the head's tie: the nearer count); skipped
     when none matches or candidates of two builders do."""
     name = model.lower()
-    # BLOOM's 2022 Megatron-DeepSpeed runs had no FlashAttention (fused softmax kernel)
-    attention = "fused" if "bloom" in name else "flash"
+    # BLOOM's 2022 Megatron-DeepSpeed runs had no FlashAttention (fused softmax kernel), nor
+    # had any row whose notes say so (Megatron-LM before FlashAttention, 2022)
+    notes = str(row.get("notes", "")).lower()
+    plain = "bloom" in name or re.search(r"no flash-?attention", notes) is not None
+    attention = "fused" if plain else "flash"
     kv_heads = _int(row, "kv_heads", "kv heads") if _stated(row.get("kv_heads")) else None
     ffn = _int(row, "ffn", "ffn width") if _stated(row.get("ffn")) else None
     named = next((f for f in NAMED_FAMILIES if re.search(f.pattern, name)), None)
@@ -512,6 +517,26 @@ def is_megatron_core(row: dict) -> bool:
     --no-overlap-p2p-communication); BLOOM's 2022 Megatron-DeepSpeed predates both."""
     source = str(row.get("source", "")).lower()
     return any(k in source for k in ("nemo", "megatron-bridge", "megatron-lm", "megatron-core"))
+
+
+def parse_pipeline_shards(
+    row: dict, megatron_core: bool, pp: int, sp: bool, assumed: list[str]
+) -> bool:
+    """Whether each TP rank sends only its 1/t share of a stage's output to the next stage:
+    Megatron-Core under sequence parallelism (its sequence shard, get_tensor_shapes), and
+    Megatron-LM of 2021-2022 with or without it (Narayanan et al. 2021, Sec. 4.1, the
+    scatter/gather optimization: split the output into t chunks, send one per rank over
+    InfiniBand, all-gather over NVLink; on by default until --no-scatter-gather-tensors-in-
+    pipeline)."""
+    if not megatron_core or pp == 1:
+        return False
+    if sp:
+        return True
+    year = source_year(row)
+    if year is not None and year <= 2022:
+        assumed.append("pipeline sends scattered over TP ranks (Megatron-LM's scatter/gather)")
+        return True
+    return False
 
 
 def is_deepspeed(row: dict, assumed: list[str]) -> bool:
@@ -761,7 +786,7 @@ def parse_row(row: dict) -> Setup:
         native_attention=parse_native_attention(row, profile, assumed),
         legacy_attention=parse_legacy_attention(row, profile, assumed),
         fused_elementwise=parse_fusion(row, megatron_core, assumed),
-        pipeline_sends_shards=megatron_core and pp > 1 and sp,
+        pipeline_sends_shards=parse_pipeline_shards(row, megatron_core, pp, sp, assumed),
         p2p_overlap=megatron_core and vpp > 1,
         fused_grad_accumulation=parse_grad_accumulation(megatron_core, gbs // (mbs * dp), assumed),
         dp_overlap=not deepspeed,
@@ -1154,14 +1179,23 @@ def priced_errors(setups: list[Setup], eff: dict[str, dict[str, float]]) -> list
 
 def cross_validate(setups: list[Setup]) -> dict[str, Any]:
     """Half-split cross-validation of the fitted factors: fit on one half of the evaluated rows
-    (alternate rows in id order), price the other half in full with them, both ways."""
+    (alternate rows in id order), price the other half in full with them, both ways. Every
+    row's held-out error, with its chip and parallel form, is kept (``held_out``): the planner's
+    error bars (``planner.cost.error_bars``) are their spread."""
+    from planner.cost.error_bars import parallel_form
+
     start = shipped_efficiencies()
     parts = {s.id: decompose(s, start) for s in setups}
     a, b = half_split(setups)
     eff_a = fit_efficiencies([parts[s.id] for s in a], start)
     eff_b = fit_efficiencies([parts[s.id] for s in b], start)
     err_b, err_a = priced_errors(b, eff_a), priced_errors(a, eff_b)
+    held_out = [
+        {"id": s.id, "chip": CHIPS[s.profile], "form": parallel_form(s.pp, s.tp), "error": e}
+        for s, e in zip(b + a, err_b + err_a)
+    ]
     return {
+        "held_out": held_out,
         "fit_on_first_half": eff_a,
         "median_abs_error_second_half": median_abs(err_b),
         "fit_on_second_half": eff_b,
@@ -1333,7 +1367,7 @@ def write_markdown(records: list[dict], summary: dict, path: Path, measurements:
     ]
     for k, v in summary["per_hardware"].items():
         lines.append(f"| {k} | {v['rows']} | {v['median_abs']:.1%} | {v['worst_abs']:.1%} |")
-    lines += ["", *source_table(records)]
+    lines += ["", *source_table(records), *error_bar_table(summary.get("error_bars"))]
     lines += [
         "",
         "| id | model | config | hardware | measured s | predicted s | error | mem GiB "
@@ -1359,6 +1393,27 @@ def write_markdown(records: list[dict], summary: dict, path: Path, measurements:
         if r["status"] in ("skipped", "failed"):
             lines.append(f"| {r['id']} | {str(r['model'])[:40]} | {r['reason']} |")
     path.write_text("\n".join(lines) + "\n")
+
+
+def error_bar_table(bars: dict | None) -> list[str]:
+    """The held-out errors' spread per chip and parallel form: what ``plan`` prints as the
+    range of its prediction (``planner.cost.error_bars``)."""
+    if not bars:
+        return []
+    out = [
+        "",
+        "Held-out step-time errors (predicted / measured - 1; half-split cross-validation), the "
+        "error bars `plan` prints:",
+        "",
+        "| chip | parallel form | runs | 10th percentile | 90th percentile |",
+        "|---|---|---|---|---|",
+    ]
+    for chip, forms in bars["spread"].items():
+        for form, cell in forms.items():
+            out.append(
+                f"| {chip} | {form} | {cell['runs']} | {cell['low']:+.1%} | {cell['high']:+.1%} |"
+            )
+    return out
 
 
 def source_table(records: list[dict]) -> list[str]:
@@ -1416,10 +1471,16 @@ def write_figure(records: list[dict], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--measurements", default=str(DEFAULT_MEASUREMENTS))
+    ap.add_argument("--measurements", default=DEFAULT)
     ap.add_argument("--only", default="", help="comma-separated row ids")
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--no-cv", action="store_true", help="skip the cross-validation refits")
+    ap.add_argument(
+        "--error-bars",
+        default=None,
+        help="where to write the held-out errors' spread per chip and parallel form (default: "
+        "profiles/error_bars.json, written only when pricing the default dev set)",
+    )
     args = ap.parse_args(argv)
     try:
         rows = load_rows(args.measurements)
@@ -1435,6 +1496,15 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_cv and len(setups) >= 2:
         summary["cv"] = cross_validate(setups)
         summary["async_tp"] = fit_async_tp(setups)
+        from planner.cost import error_bars
+
+        bars = error_bars.summarize(summary["cv"]["held_out"], CHIPS)
+        summary["error_bars"] = bars
+        # the planner's error bars come from the dev set only: a held-out file is priced
+        # against them, never written into them
+        target = args.error_bars or (ERROR_BARS if args.measurements == DEFAULT else None)
+        if target:
+            Path(target).write_text(json.dumps(bars, indent=1, sort_keys=True) + "\n")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     shown = Path(args.measurements).name

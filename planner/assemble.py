@@ -6,7 +6,9 @@ significant digits) except the solve time, which lives under ``solver``.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
+from planner.cost.error_bars import error_bar
 from planner.cost.memory import forward_state_bytes, option_states
 from planner.cost.records import Config, CostInputs, StepCost, deferred_reduce, grads_held
 from planner.cost.sharding import tied_parameters
@@ -152,8 +154,24 @@ def build_plan(
         lr=training.lr,
         stages=stage_records(best, traced.blocks, training),
         blocks=block_records(best, result.inputs[best.key], traced.blocks, training),
-        predicted=prediction(best.cost, traced),
+        predicted=with_error_bar(prediction(best.cost, traced), cluster.profile.name, mesh),
         solver=solver_record(result, baselines),
+    )
+
+
+def with_error_bar(pred: Prediction, profile: str, mesh) -> Prediction:
+    """``pred`` with the range of measured steps the published runs' held-out errors allow
+    for a layout of ``mesh``'s form on ``profile`` (``cost.error_bars``); unchanged when no
+    error-bar file is there."""
+    bar = error_bar(profile, mesh.pp, mesh.tp)
+    if bar is None:
+        return pred
+    lo, hi = bar.step_range(pred.step_time_s)
+    return replace(
+        pred,
+        step_time_range_s=[_r(lo), _r(hi)],
+        step_time_range_runs=bar.runs,
+        step_time_range_scope=bar.scope,
     )
 
 

@@ -298,7 +298,8 @@ def test_the_loss_and_its_logits_live_on_the_last_stage():
 def test_a_vocab_parallel_loss_keeps_a_tp_share_of_the_logits(vocab_parallel):
     """One stage, TP 4: gathered logits (meshplan's runtime) put all three fp32 copies on
     every rank, 3 x 4 / 2 x 5e6 bytes per sample; a vocab-parallel loss (Megatron, torchtitan's
-    loss_parallel) a quarter of them."""
+    loss_parallel) a quarter of them, and its three passes each way over one fp32 copy read
+    and write a quarter of the logits too (the last stage's time)."""
     blocks = [make_block(0, "L", params=0, boundary=0, out=0)]
     blocks.append(make_block(1, "L", params=0, boundary=0, out=5 * 10**6))
     opts = [make_option(1e-3, 0.0, 0.0) for _ in blocks]
@@ -306,6 +307,8 @@ def test_a_vocab_parallel_loss_keeps_a_tp_share_of_the_logits(vocab_parallel):
     cost = run(blocks, opts, Mesh(1, 1, 4), [0, 0], training=tr)
     logits = 3 * 4 / 2 * 5e6 / (4 if vocab_parallel else 1)
     assert cost.rank_memory[0]["other"] == pytest.approx(RESERVED + logits)
+    loss = 6 * (4 / 2 * 5e6 / (4 if vocab_parallel else 1)) / BW
+    assert cost.stages[0].compute_s == pytest.approx(2e-3 + loss)
 
 
 def test_bf16_optimizer_keeps_whole_fp32_gradients_beside_the_16_bit_ones():

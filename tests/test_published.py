@@ -6,6 +6,7 @@ no GPU: every number here is worked out by hand."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -798,3 +799,83 @@ def test_a_row_quoting_the_allocated_peak_is_compared_without_the_allocator_slac
     allocated = P.record(s, Cost())["predicted_peak_gib"]
     reserved = P.record(P.parse_row(BLOOM), Cost())["predicted_peak_gib"]
     assert allocated == pytest.approx(30.0) and reserved > allocated
+
+
+HELD_OUT = ROOT / "benchmarks/heldout/korthikanti2022.json"
+
+
+def test_the_held_out_megatron_rows_read_as_2022_megatron_ran_them():
+    """Korthikanti et al. 2022's rows: materialised attention scores (no FlashAttention then),
+    Table 3's layouts, and every TP rank sending its 1/t share between stages with or without
+    sequence parallelism (Narayanan et al. 2021's scatter/gather)."""
+    rows = {r["id"]: r for r in P.load_rows(str(HELD_OUT))}
+    assert len(rows) == 8
+    one = P.parse_row(rows["korthikanti-22b-full"])
+    assert (one.attention, one.tp, one.pp, one.mbs, one.gbs) == ("fused", 8, 1, 4, 4)
+    assert (one.sp, one.recompute, one.pipeline_sends_shards) == (False, "full", False)
+    deep = P.parse_row(rows["korthikanti-1t-full"])
+    assert (deep.pp, deep.vpp, deep.gbs // deep.mbs, deep.sp) == (64, 1, 512, False)
+    assert deep.pipeline_sends_shards and deep.zero == 0
+    assert deep.inter_node_bytes_per_s == pytest.approx(200e9 / 8)
+    sel = P.parse_row(rows["korthikanti-175b-selective"])
+    assert (sel.vpp, sel.sp, sel.recompute, sel.pipeline_sends_shards) == (
+        3,
+        True,
+        "selective",
+        True,
+    )
+    assert sel.measured_step_s == 13.75
+
+
+def test_megatron_core_without_sequence_parallelism_sends_whole_activations():
+    """The scatter/gather sends are Megatron-LM's of 2021-2022; Megatron-Core's stacks send a
+    shard only under sequence parallelism, and a one-stage layout sends nothing."""
+    assumed: list[str] = []
+    core = {"source": "NVIDIA Megatron-Bridge performance summary (26.02 container, DGX-H100)"}
+    old = {"source": "Korthikanti et al. 2022 (Megatron-LM, A100 80GB)"}
+    assert not P.parse_pipeline_shards(core, True, 4, False, assumed)
+    assert P.parse_pipeline_shards(core, True, 4, True, assumed)
+    assert P.parse_pipeline_shards(old, True, 4, False, assumed)
+    assert not P.parse_pipeline_shards(old, True, 1, False, assumed)
+    assert not P.parse_pipeline_shards(old, False, 4, False, assumed)
+    assert assumed == ["pipeline sends scattered over TP ranks (Megatron-LM's scatter/gather)"]
+
+
+def test_error_bars_come_from_the_dev_set_only(tmp_path, monkeypatch):
+    """The cross-validation's held-out errors become the planner's error bars when the dev set
+    is priced; pricing another file (the held-out papers) never writes them. The refits and
+    pricing are stubbed: three rows with held-out errors -0.1, 0.0 and +0.2."""
+    rows = [dict(BLOOM, id=f"x-{i}") for i in range(3)]
+    dev = tmp_path / "dev.json"
+    dev.write_text(json.dumps(rows))
+    errors = iter([-0.1, 0.0, 0.2])
+    monkeypatch.setattr(P, "evaluate_row", lambda r: {"status": "evaluated", "id": r["id"]})
+    monkeypatch.setattr(P, "summarize", lambda records: {"evaluated": 0})
+    monkeypatch.setattr(P, "write_markdown", lambda *a: None)
+    monkeypatch.setattr(P, "fit_async_tp", lambda setups: {})
+    monkeypatch.setattr(
+        P,
+        "cross_validate",
+        lambda setups: {
+            "held_out": [
+                {"id": s.id, "chip": "A100", "form": "pipelined", "error": next(errors)}
+                for s in setups
+            ]
+        },
+    )
+    bars = tmp_path / "bars.json"
+    monkeypatch.setattr(P, "ERROR_BARS", bars)
+    monkeypatch.setattr(P, "DEFAULT", str(dev))
+    other = tmp_path / "held_out.json"
+    other.write_text(dev.read_text())
+    assert P.main(["--measurements", str(other), "--out", str(tmp_path)]) == 0
+    assert not bars.exists()
+    errors = iter([-0.1, 0.0, 0.2])
+    assert P.main(["--out", str(tmp_path)]) == 0
+    cell = json.loads(bars.read_text())["spread"]["A100"]["pipelined"]
+    # three errors: the 10th percentile at position 0.2 (-0.1 + 0.2 x 0.1), the 90th at 1.8
+    assert (cell["low"], cell["high"], cell["runs"]) == (
+        pytest.approx(-0.08),
+        pytest.approx(0.16),
+        3,
+    )

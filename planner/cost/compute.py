@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from planner.cost.records import Config, CostInputs, sample_share
+from planner.cost.records import Config, CostInputs, loss_shards, sample_share
 from planner.cost.sharding import node_share
 from planner.hardware.cluster import Cluster
 from planner.hardware.collectives import p2p_time
@@ -413,8 +413,11 @@ def _causal(node: dict) -> bool:
 def loss_time(inp: CostInputs, config: Config) -> float:
     """The loss on the last stage, per micro-batch: cross-entropy over fp32 logits is
     memory-bound, log-softmax and its gradient reading and writing the logits about three times
-    each way (``loss_bytes`` is three fp32 copies of the logits)."""
-    nbytes = inp.loss_bytes * sample_share(config) / inp.traced_mbs
+    each way (``loss_bytes`` is three fp32 copies of the logits). Under a vocab-parallel loss
+    each TP rank reads and writes only its share of the logits (``loss_shards``), as it holds
+    only that share (``loss_memory``)."""
+    shards = loss_shards(inp.training, config)
+    nbytes = inp.loss_bytes * sample_share(config) / inp.traced_mbs / shards
     p = inp.cluster.profile
     ops = LOSS_OPS * (p.op_overhead + p.backward_op_overhead)
     return 2 * nbytes / (p.memory_bandwidth * p.elementwise_efficiency) + ops

@@ -14,6 +14,7 @@ from planner.cost.records import (
     deferred_reduce,
     grads_held,
     last_rank,
+    loss_shards,
     sample_share,
 )
 from planner.training import FP32_BYTES, Training, num_microbatches
@@ -201,12 +202,6 @@ def reserved_peak(peak_bytes: float, profile) -> float:
     1 + ``allocator_overhead`` (its fragmentation and cached blocks, measured)."""
     context = profile.reserved_bytes
     return context + max(0.0, peak_bytes - context) * (1 + profile.allocator_overhead)
-
-
-def loss_shards(training: Training, config: Config) -> int:
-    """How many ranks the loss's logits are split over: the TP degree under a vocab-parallel
-    loss (``Training.vocab_parallel_loss``), else one (every rank holds them all)."""
-    return config.mesh.tp if training.vocab_parallel_loss else 1
 
 
 def rank_memory(

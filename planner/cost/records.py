@@ -231,3 +231,9 @@ def tied_copies(blocks: list[Block]) -> list[TiedCopy]:
 def last_rank(config: Config) -> int:
     """The pipeline rank holding the last (virtual) stage: the loss's and the head's."""
     return (config.num_stages - 1) % config.mesh.pp
+
+
+def loss_shards(training: Training, config: Config) -> int:
+    """How many ranks the loss's logits are split over: the TP degree under a vocab-parallel
+    loss (``Training.vocab_parallel_loss``), else one (every rank holds them all)."""
+    return config.mesh.tp if training.vocab_parallel_loss else 1

@@ -48,6 +48,23 @@ def human_time(seconds: float) -> str:
     return f"{seconds * 1e6:.1f} µs"
 
 
+def step_with_range(pred) -> str:
+    """The predicted step and the range of measured steps its error bar allows:
+    "31.7 s (27-35 s, from 201 published runs)"; the step alone for a plan without one."""
+    step = human_time(pred.step_time_s)
+    rng = pred.step_time_range_s
+    if not rng:
+        return step
+    lo, hi = rng
+    if hi >= 1:
+        span = f"{lo:.3g}-{hi:.3g} s"
+    else:
+        span = f"{lo * 1e3:.3g}-{hi * 1e3:.3g} ms"
+    scope = pred.step_time_range_scope
+    which = f"{scope.replace(', ', ' ')} " if scope and scope != "all" else ""
+    return f"{step} ({span}, from {pred.step_time_range_runs} published {which}runs)"
+
+
 def human_count(n: float) -> str:
     for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
         if abs(n) >= scale:
@@ -165,7 +182,7 @@ def print_plan(plan: Plan, written: list, quiet: bool = False) -> None:
         )
     out.print(table)
     out.print(
-        f"predicted step {human_time(pred.step_time_s)}  ·  "
+        f"predicted step {step_with_range(pred)}  ·  "
         f"{pred.samples_per_s:,.1f} samples/s  ·  {pred.tokens_per_s:,.0f} tokens/s  ·  "
         f"MFU {pred.mfu:.1%}  ·  peak memory {human_bytes(pred.peak_memory_bytes)}"
     )

@@ -20,6 +20,7 @@ from planner.report.console import (
     human_bytes,
     human_count,
     human_time,
+    step_with_range,
 )
 from planner.report.figures import CAPTIONS
 from planner.schema import Plan
@@ -91,7 +92,7 @@ def summary_line(plan: Plan) -> str:
 def _facts(plan: Plan) -> str:
     pred = plan.predicted
     items = [
-        (human_time(pred.step_time_s), "predicted step"),
+        (step_with_range(pred), "predicted step"),
         (f"{pred.samples_per_s:,.1f}", "samples / s"),
         (f"{pred.tokens_per_s:,.0f}", "tokens / s"),
         (f"{pred.mfu:.1%}", "model FLOPs utilization"),

@@ -26,6 +26,7 @@ from planner.assemble import (
     block_record,
     memory_record,
     model_info,
+    with_error_bar,
 )
 from planner.cost.eager_probe import EagerShardProbe
 from planner.cost.records import Config
@@ -312,7 +313,7 @@ def mixed_plan_record(traced, training: Training, result: MixedResult) -> Plan:
     worst = max(range(c.pp), key=lambda j: (peaks[j] / caps[j], j))
     gpn = min(kd.cluster.gpus_per_node for kd in result.kinds)
     samples = training.global_batch_size / step
-    return Plan(
+    out = Plan(
         schema=SCHEMA,
         model=model_info(traced),
         cluster=ClusterInfo(
@@ -353,3 +354,6 @@ def mixed_plan_record(traced, training: Training, result: MixedResult) -> Plan:
         kinds=kinds,
         rank_kinds=[result.kinds[sol.kinds[mesh.coords(r)[0]]].name for r in range(mesh.size)],
     )
+    # several chips: no cell of one chip's runs, so the spread of every published run
+    out.predicted = with_error_bar(out.predicted, out.cluster.profile, mesh)
+    return out

@@ -253,6 +253,16 @@ def _check_prediction(plan: dict, where: str) -> None:
     pred = plan["predicted"]
     for key in ("step_time_s", "peak_memory_bytes", "capacity_bytes", "mfu"):
         _number(pred, key, f"plan {where}: predicted")
+    rng = pred.get("step_time_range_s")
+    if rng is not None and not (
+        isinstance(rng, list)
+        and len(rng) == 2
+        and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in rng)
+        and 0 <= rng[0] <= rng[1]
+    ):
+        raise UserInputError(
+            f"plan {where}: predicted.step_time_range_s must be [fastest, slowest] seconds"
+        )
     per_stage = pred.get("memory_per_stage")
     if not isinstance(per_stage, list) or len(per_stage) != pp:
         raise UserInputError(f"plan {where}: predicted.memory_per_stage needs {pp} entries")

@@ -137,6 +137,12 @@ class Prediction:
     tokens_per_s: float = 0.0
     model_flops_per_step: float = 0.0
     host_bytes_per_gpu: float = 0.0
+    # Added with error bars (plans without them still load): the measured step the published
+    # runs' held-out errors allow, [fastest, slowest], how many runs the spread is read from
+    # and which (cost.error_bars.ErrorBar)
+    step_time_range_s: list[float] | None = field(default=None, metadata={OMIT_NONE: True})
+    step_time_range_runs: int = 0
+    step_time_range_scope: str = ""
 
 
 @dataclass
