@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from planner.hardware.cluster import Cluster
-from planner.hardware.collectives import collective_time, p2p_time
+from planner.hardware.collectives import collective_time, p2p_time, ring_factors
 from planner.hardware.profiles import load_profile
 
 B = 360e9  # bytes/s
@@ -33,3 +33,9 @@ def test_an_all_to_all_of_one_byte_across_nodes_goes_through_each_ranks_nic():
     assert collective_time("all_to_all", 1.0, cluster, list(range(16))) == pytest.approx(
         want, rel=1e-12
     )
+
+
+def test_an_unknown_collective_kind_is_named_in_the_error():
+    """ring_factors says which kind it does not know (killed: ``ValueError(None)``)."""
+    with pytest.raises(ValueError, match="unknown collective 'allreduce'"):
+        ring_factors("allreduce", 4)
