@@ -1760,6 +1760,40 @@ MUTANTS: list[Mutant] = [
         "tests/test_resources.py",
         "the choice cites each price and power figure one line above where it is typed",
     ),
+    # ------------------------------------------- issue 53: bugs the default suite once missed
+    M(
+        "cost-backward-dispatch-for-frozen-ops",
+        "planner/cost/compute.py",
+        '        bwd += 1 if d.get("requires_grad") else 0\n',
+        "        bwd += 1\n",
+        "tests/test_live_terms.py",
+        "the CPU backward pays the per-op dispatch cost of forward ops without a gradient",
+    ),
+    M(
+        "cost-working-memory-at-traced-batch",
+        "planner/cost/block_options.py",
+        "transient_bytes=block.transient_bytes * scale * cf,",
+        "transient_bytes=block.transient_bytes * cf,",
+        "tests/test_live_terms.py",
+        "the largest op's working memory taken at the traced micro-batch of 1: peak memory "
+        "under-predicted at every micro-batch above 1",
+    ),
+    M(
+        "run-checkpoint-records-previous-step",
+        "runtime/checkpoint.py",
+        '    return {"step": torch.tensor(step), "model": model, "optim": optim}',
+        '    return {"step": torch.tensor(step - 1), "model": model, "optim": optim}',
+        "tests/test_resume_step.py",
+        "a checkpoint records the step before the one it holds: --resume trains it twice",
+    ),
+    M(
+        "run-resume-one-step-early",
+        "runtime/train.py",
+        "        start = load_checkpoint(built, found[1])\n",
+        "        start = load_checkpoint(built, found[1]) - 1\n",
+        "tests/test_resume_step.py",
+        "a resumed run starts at the checkpoint's step instead of the one after: trained twice",
+    ),
 ]
 
 

@@ -1,0 +1,220 @@
+"""Generated mutants: mutmut 3 over one module at a time, against the tests that cover it.
+
+    python benchmarks/generated_mutants.py planner/hardware/collectives.py
+    python benchmarks/generated_mutants.py --list      # the modules configured below
+
+benchmarks/mutants.py plants bugs written by hand; this one lets mutmut write them (every
+operator, constant, comparison and argument it knows how to change, inside every function), so
+that what the tests miss is not limited to what their authors thought of. Each run copies the
+tree to a scratch directory, writes pyproject's ``[tool.mutmut]`` there with ``only_mutate`` the
+module and the test selection its files below, and runs ``mutmut run`` (one collected pytest
+session, a forked child per mutant running the tests that reach the mutated function). A mutant
+that exceeds mutmut's limit on its child's CPU time (15 times its tests' measured time; CPU
+time, so another process's load does not trip it) counts as killed: it hangs or slows its
+tests 15-fold. ``--rerun-timeouts`` runs those once more at four times the limit (a test whose
+module fixture another test paid for in mutmut's timing run can exceed it unchanged).
+
+A survivor is then checked for equivalence on the shipped examples: the six example models are
+planned with the mutant active (``MUTANT_UNDER_TEST``) and without, and a survivor whose plans
+are all identical (planning time aside) is *equivalent on the examples*: it changes nothing a
+user of them would see. A survivor that changes a plan is a test gap. The result goes to
+reports/mutation/<module>.json; docs/mutation.md holds the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from mutants import ROOT, scratch_copy  # noqa: E402
+
+# module -> the test files that cover it (the default suite's, never the long or zoo ones)
+COST = ["tests/test_costmodel.py", "tests/test_cost_terms.py", "tests/test_live_terms.py"]
+MODULES: dict[str, list[str]] = {
+    "planner/schema/mesh.py": ["tests/test_plan_file.py", "tests/test_stage_tp.py"],
+    "planner/schema/plan.py": ["tests/test_plan_file.py", "tests/test_mixed_stage_dp.py"],
+    "planner/hardware/collectives.py": [
+        "tests/test_collectives.py",
+        "tests/test_mutant_kills.py",
+        *COST,
+    ],
+    "planner/hardware/cluster.py": ["tests/test_collectives.py", "tests/test_profiles.py", *COST],
+    "planner/cost/eager_probe.py": ["tests/test_sharding.py", "tests/test_dtensor_blocks.py"],
+    **{
+        f"planner/cost/{name}.py": [*COST, "tests/test_moe.py", "tests/test_long_context.py"]
+        for name in (
+            "records",
+            "compute",
+            "block_options",
+            "data_parallel",
+            "pipeline",
+            "memory",
+            "optimizer",
+            "step",
+        )
+    },
+    "planner/cost/sharding.py": ["tests/test_sharding.py", "tests/test_tied_tp.py"],
+}
+# the shipped example models, planned for the equivalence check (file, size, GPUs, profile)
+EXAMPLES = [
+    ("examples/gpt.py", "tiny", 8, "h100-sxm"),
+    ("examples/llama.py", "tiny", 4, "a100-80g"),
+    ("examples/mixtral.py", "tiny", 8, "h100-sxm"),
+    ("examples/moe.py", "tiny", 4, "h200"),
+    ("examples/mlp.py", "tiny", 4, "cpu"),
+    ("examples/resnet.py", "tiny", 2, "cpu"),
+]
+VOLATILE = re.compile(r'\s*"solve_time_s": [0-9.e+-]+,?\n')
+PLAN_SCRIPT = """
+import json, sys
+from planner.api import plan
+examples = json.loads(sys.argv[1])
+plans = {f: plan(f, g, model_args={"size": s}, profile=p).plan.to_dict() for f, s, g, p in examples}
+print(json.dumps(plans, indent=1, sort_keys=True, default=str))
+"""
+
+
+def markers(module: str) -> str:
+    """The default suite's tests; a planner module's without the multi-process ones (a
+    torchrun launch per mutant would take minutes each; they test the runtime)."""
+    runtime = module.startswith("runtime/")
+    return "not zoo and not long" + ("" if runtime else " and not distributed")
+
+
+def mutmut_config(module: str, tests: list[str], timeout_multiplier: float) -> str:
+    """The [tool.mutmut] table of one module's run (replacing the committed one)."""
+    return (
+        "\n[tool.mutmut]\n"
+        'source_paths = ["planner", "runtime"]\n'
+        f"only_mutate = {json.dumps([module])}\n"
+        'also_copy = ["tests", "examples", "profiles", "benchmarks", "pyproject.toml"]\n'
+        'pytest_add_cli_args = ["-p", "no:cacheprovider", "-p", "no:xdist", "-W", "ignore",'
+        f' "-m", "{markers(module)}"]\n'
+        f"pytest_add_cli_args_test_selection = {json.dumps(tests)}\n"
+        f"timeout_multiplier = {timeout_multiplier}\n"
+    )
+
+
+def write_config(root: Path, module: str, tests: list[str], timeout_multiplier: float) -> None:
+    text = (root / "pyproject.toml").read_text()
+    text = re.sub(r"\n\[tool\.mutmut\]\n(?:[^\[].*\n|\n)*", "\n", text)
+    (root / "pyproject.toml").write_text(text + mutmut_config(module, tests, timeout_multiplier))
+
+
+def statuses(root: Path, module: str) -> dict[str, str]:
+    """mutant name -> mutmut's status, from the .meta file mutmut writes beside the module."""
+    from mutmut.stats import status_by_exit_code
+
+    meta = json.loads((root / "mutants" / f"{module}.meta").read_text())
+    return {k: status_by_exit_code[v] for k, v in meta["exit_code_by_key"].items()}
+
+
+def mutmut(root: Path, env: dict, *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "mutmut", *args], cwd=root, env=env, capture_output=True, text=True
+    )
+    return done.stdout + done.stderr
+
+
+def example_plans(root: Path, env: dict, mutant: str) -> str:
+    """The examples' plans as JSON text (planning time dropped), with ``mutant`` active."""
+    mutants = root / "mutants"
+    run_env = {**env, "PYTHONPATH": str(mutants), "MUTANT_UNDER_TEST": mutant}
+    done = subprocess.run(
+        [sys.executable, "-c", PLAN_SCRIPT, json.dumps(EXAMPLES)],
+        cwd=mutants,
+        env=run_env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    if done.returncode != 0:
+        return f"planning failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}"
+    return VOLATILE.sub("\n", done.stdout)
+
+
+def run_module(module: str, tests: list[str], rerun_timeouts: bool = False) -> dict:
+    root = scratch_copy()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MUTANT_UNDER_TEST")}
+    env["OMP_NUM_THREADS"] = "1"  # forked children: no OpenMP pool inherited mid-flight
+    env["MESHPLAN_TEST_CACHE"] = str(root / ".mutant-cache")
+    start = time.perf_counter()
+    write_config(root, module, tests, 15.0)
+    log = mutmut(root, env, "run")
+    found = statuses(root, module)
+    timeouts = [k for k, s in found.items() if s == "timeout"]
+    if timeouts and rerun_timeouts:  # once more, four times the limit
+        write_config(root, module, tests, 60.0)
+        log += mutmut(root, env, "run", *timeouts)
+        found = statuses(root, module)
+    survivors = {}
+    clean = example_plans(root, env, "") if "survived" in found.values() else ""
+    for name in sorted(k for k, s in found.items() if s == "survived"):
+        diff = mutmut(root, env, "show", name)
+        changed = [
+            ln for ln in diff.splitlines() if ln[:1] in "+-" and ln[:3] not in ("+++", "---")
+        ]
+        plans = example_plans(root, env, name)
+        survivors[name] = {
+            "change": changed,
+            "equivalent_on_examples": plans == clean and not clean.startswith("planning failed"),
+        }
+    counts: dict[str, int] = {}
+    for s in found.values():
+        counts[s] = counts.get(s, 0) + 1
+    decided = counts.get("killed", 0) + counts.get("timeout", 0) + counts.get("survived", 0)
+    killed = counts.get("killed", 0) + counts.get("timeout", 0)
+    return {
+        "module": module,
+        "tests": tests,
+        "mutants": len(found),
+        "counts": counts,
+        "killed_share": round(killed / decided, 4) if decided else None,
+        "survivors": survivors,
+        "seconds": round(time.perf_counter() - start),
+        "log_tail": log[-1500:],
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("modules", nargs="*", help="modules to mutate (default: every one below)")
+    ap.add_argument("--tests", nargs="+", help="test files to run (default: the module's own)")
+    ap.add_argument("--list", action="store_true", help="print the configured modules and tests")
+    ap.add_argument(
+        "--rerun-timeouts", action="store_true", help="run timed-out mutants again at 4x the limit"
+    )
+    args = ap.parse_args()
+    if args.list:
+        for module, tests in MODULES.items():
+            print(f"{module}: {' '.join(tests)}")
+        return 0
+    for module in args.modules or list(MODULES):
+        tests = args.tests or MODULES.get(module)
+        if not tests:
+            ap.error(f"{module}: no tests configured; give --tests")
+        result = run_module(module, tests, args.rerun_timeouts)
+        out = ROOT / "reports" / "mutation" / (module.replace("/", ".")[:-3] + ".json")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1) + "\n")
+        c = result["counts"]
+        print(
+            f"{module}: {result['mutants']} mutants, {c.get('killed', 0)} killed, "
+            f"{c.get('timeout', 0)} timed out, {c.get('survived', 0)} survived "
+            f"({len([s for s in result['survivors'].values() if s['equivalent_on_examples']])} "
+            f"equivalent on the examples), {c.get('no tests', 0)} reached by no test; "
+            f"{result['seconds']} s; written {out}",
+            flush=True,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
