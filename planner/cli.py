@@ -25,12 +25,12 @@ from planner.flags import (
     add_run_flags,
     dollars,
     hours,
+    parse_model_args,
     positive_float,
     positive_int,
     token_count,
 )
-from planner.modelfile import DTYPES, OPTIMIZERS, parse_model_args
-from planner.vocab import OFFLOAD, RECOMPUTE, SCHEDULES
+from planner.vocab import DTYPES, OFFLOAD, OPTIMIZERS, RECOMPUTE, SCHEDULES
 
 
 def _lazy(module: str) -> Callable[[list[str]], int]:

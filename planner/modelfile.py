@@ -262,28 +262,6 @@ def _literal_training(tree: ast.Module) -> tuple[dict[str, Any] | None, bool]:
     return value, True
 
 
-def parse_model_args(items: list[str] | None) -> dict[str, Any]:
-    """``KEY=VALUE`` strings to kwargs; values become int, float, bool or str, in that order."""
-    result: dict[str, Any] = {}
-    for item in items or []:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise UserInputError(f"--model-arg {item!r} is not KEY=VALUE (e.g. size=1.3b)")
-        result[key.strip()] = parse_value(raw.strip())
-    return result
-
-
-def parse_value(raw: str) -> Any:
-    if raw.lower() in ("true", "false"):
-        return raw.lower() == "true"
-    for kind in (int, float):
-        try:
-            return kind(raw)
-        except ValueError:
-            pass
-    return raw
-
-
 def _check_args(path: Path, fn: Callable[..., Any], args: dict[str, Any]) -> None:
     try:
         sig = inspect.signature(fn)
