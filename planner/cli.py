@@ -12,6 +12,7 @@ has no feasible plan); ``--debug`` shows the traceback instead.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -87,6 +88,13 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--optimizer", choices=OPTIMIZERS, help="overrides TRAINING")
     p.add_argument("--lr", type=positive_float, help="learning rate; overrides TRAINING")
     p.add_argument("--no-cache", action="store_true", help="trace again even if cached")
+
+
+def add_report_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--svg", action="store_true", help="also write each figure as SVG")
+    p.add_argument(
+        "--no-report", action="store_true", help="write plan.json only: no figures or report.html"
+    )
 
 
 def add_common_flags(p: argparse.ArgumentParser) -> None:
@@ -165,6 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
         "by time; on: always, minutes on large pools)",
     )
     p.add_argument("--out", help="output directory (default: reports/<model file stem>/)")
+    add_report_flags(p)
     p.add_argument("--run", action="store_true", help="after planning, run the plan")
     add_run_flags(p)
     add_common_flags(p)
@@ -268,7 +277,9 @@ def run_planning(args: argparse.Namespace, mf, command: str) -> int:
     from pathlib import Path
 
     from planner.api import plan
+    from planner.report import report_files
     from planner.report.console import Progress, print_plan
+    from planner.report.worker import ReportWorker
     from planner.schema import write_plan
 
     if args.gpus is None and args.nodes is None:
@@ -278,30 +289,35 @@ def run_planning(args: argparse.Namespace, mf, command: str) -> int:
         raise UserInputError(f"--tp {pins.tp} does not divide --gpus {args.gpus}")
     out_dir = Path(args.out) if args.out else Path("reports") / mf.path.stem
     notes = _run_profile_default(args)
-    with Progress(quiet=args.quiet) as progress:
-        result = plan(
-            mf,
-            args.gpus,
-            profile=args.profile,
-            gpus_per_node=args.gpus_per_node,
-            nodes=args.nodes,
-            global_batch_size=args.global_batch_size,
-            dtype=args.dtype,
-            optimizer=args.optimizer,
-            lr=args.lr,
-            pins=pins,
-            use_cache=not args.no_cache,
-            progress=progress.update,
-        )
-    path = write_plan(result.plan, out_dir)
-    written = [path]
-    from planner.report import write_report
-
-    written += write_report(result.plan, out_dir, command)
-    if not args.quiet:
-        for note in notes + result.notes:
-            print(f"note: {note}", file=sys.stderr)
-    print_plan(result.plan, written, quiet=args.quiet)
+    with contextlib.ExitStack() as stack:
+        # the report's worker imports matplotlib while this process traces and searches
+        worker = None if args.no_report else stack.enter_context(ReportWorker())
+        with Progress(quiet=args.quiet) as progress:
+            result = plan(
+                mf,
+                args.gpus,
+                profile=args.profile,
+                gpus_per_node=args.gpus_per_node,
+                nodes=args.nodes,
+                global_batch_size=args.global_batch_size,
+                dtype=args.dtype,
+                optimizer=args.optimizer,
+                lr=args.lr,
+                pins=pins,
+                use_cache=not args.no_cache,
+                progress=progress.update,
+            )
+        path = write_plan(result.plan, out_dir)
+        written = [path]
+        if worker is not None:
+            worker.draw(path, out_dir, command, args.svg)
+            written += report_files(out_dir, args.svg)
+        if not args.quiet:
+            for note in notes + result.notes:
+                print(f"note: {note}", file=sys.stderr)
+        print_plan(result.plan, written, quiet=args.quiet)
+        if worker is not None and worker.result() != written[1:]:
+            raise RuntimeError(f"the report worker wrote other files than {written[1:]}")
     if args.run:
         from runtime.launch import run_plan
 
