@@ -210,9 +210,7 @@ def cmd_plan(argv: list[str]) -> int:
 
     mf = load_model_file(args.model, parse_model_args(args.model_arg))
     training = resolve_training(mf, args)
-    from planner.recsys.tables import uses_torchrec
-
-    if uses_torchrec(mf):  # embedding tables: the recommendation planner (planner/recsys)
+    if "torchrec" in mf.source and _uses_torchrec(mf):  # embedding tables: planner/recsys
         from planner.recsys.command import run as run_recsys
         from planner.report.recfigure import write_recplan_report
 
@@ -249,6 +247,13 @@ def cmd_plan(argv: list[str]) -> int:
             "degree are for pipelines across device kinds)"
         )
     return run_planning(args, mf, shlex.join(["plan", *argv]))
+
+
+def _uses_torchrec(mf) -> bool:
+    """``uses_torchrec``, imported (with torch) only for a file that names TorchRec."""
+    from planner.recsys.tables import uses_torchrec
+
+    return uses_torchrec(mf)
 
 
 def pins_from(args: argparse.Namespace):

@@ -35,7 +35,7 @@ def loaded_after(argv: list[str]) -> tuple[int, set[str], str]:
         f"heavy = [m for m in {HEAVY!r} if m in sys.modules]\n"
         "print(json.dumps([rc, heavy, printed.getvalue()]))\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # MESHPLAN_CACHE passes on
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, check=True
     )
@@ -65,3 +65,19 @@ def test_show_draws_a_saved_plan_without_torch(tmp_path, monkeypatch):
     assert rc == 0
     assert "torch" not in heavy and "cvxpy" not in heavy and "networkx" not in heavy
     assert (tmp_path / "r" / "report.html").stat().st_size > 10_000
+
+
+def test_a_replan_from_the_cache_imports_no_torch(tmp_path, monkeypatch):
+    """The trace, the sharding ILP's solutions and the probe's verdicts all come from the
+    cache: nothing left to run on a model, so torch stays unimported (warm 70B: -1.4 s)."""
+    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path / "cache"))
+    # a named profile: without one, torch is asked whether this machine has a GPU
+    argv = ["examples/gpt.py", "--gpus", "8", "--profile", "h100-sxm", "--no-report"]
+    argv += ["--out", str(tmp_path / "p")]
+    first = make_plan(ROOT / "examples" / "gpt.py", 8, profile="h100-sxm").plan  # fills the cache
+    rc, heavy, _ = loaded_after(argv)
+    assert rc == 0 and "torch" not in heavy
+    again = json.loads((tmp_path / "p" / "plan.json").read_text())
+    again["solver"]["solve_time_s"] = first.solver.solve_time_s
+    again["model"]["file"] = first.model.file
+    assert json.dumps(again, indent=2, sort_keys=True) + "\n" == dumps(first)
