@@ -202,16 +202,17 @@ def main() -> None:
     ap.add_argument("--out", default=str(OUT), help="folder for command.json and command.md")
     args = ap.parse_args()
     chosen = [c for c in CASES if not args.cases or c[0] in args.cases.split(",")]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     rows = []
     for case in chosen:
         rows.append(bench(case, args.warm_only))
         w = rows[-1]["warm"]
         cold = rows[-1].get("cold", {}).get("wall_s", float("nan"))
         print(f"{case[1]:28s} cold {cold:7.2f} s  warm {w['wall_s']:6.2f} s  {w['phases_s']}")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "command.json").write_text(json.dumps(rows, indent=2) + "\n")
-    (out / "command.md").write_text(markdown(rows))
+        # written after each case: a long run interrupted keeps what it measured
+        (out / "command.json").write_text(json.dumps(rows, indent=2) + "\n")
+        (out / "command.md").write_text(markdown(rows))
 
 
 if __name__ == "__main__":
