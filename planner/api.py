@@ -11,8 +11,7 @@ import networkx as nx
 
 from planner.modelfile import ModelFile, load_model_file
 from planner.trace.blocks import Block, make_blocks
-from planner.trace.cache import load_graph, save_graph, trace_key
-from planner.trace.export import trace_model
+from planner.trace.cache import load_trace, save_trace, trace_key
 from planner.training import Training, on_devices, training_from
 from planner.vocab import Offload, Recompute
 
@@ -49,19 +48,22 @@ def trace(
         else load_model_file(model_file, model_args or {})
     )
     key = trace_key(mf.sha256, mf.args, micro_batch_size, dtype)
-    graph = load_graph(key) if use_cache else None
-    note, cached = "", graph is not None
-    if graph is None:
+    cached = load_trace(key) if use_cache else None
+    if cached is None:
+        from planner.trace.export import trace_model
+
         result = trace_model(mf, micro_batch_size, dtype)
         graph, note = result.graph, result.note
         graph.graph["note"] = note
+        blocks = make_blocks(graph)
         if use_cache:
-            save_graph(key, graph)
+            save_trace(key, graph, blocks)
     else:
+        graph, blocks = cached
         note = graph.graph.get("note", "")
         # The key is the file's content: the same bytes may live at another path now.
         graph.graph["file"] = str(mf.path)
-    return TracedModel(mf, graph, make_blocks(graph), note, cached, key)
+    return TracedModel(mf, graph, blocks, note, cached is not None, key)
 
 
 def graph_summary(traced: TracedModel) -> dict[str, Any]:
@@ -247,6 +249,7 @@ def plan(
     few lines each."""
     from planner.assemble import build_plan
     from planner.cost.eager_probe import EagerShardProbe
+    from planner.cost.variant_cache import load_variants, save_variants
     from planner.errors import InfeasibleError
     from planner.hardware.cluster import make_cluster
     from planner.search import Pins, search
@@ -275,6 +278,9 @@ def plan(
     if traced.note:
         notes.append(traced.note)
     memo = SearchMemo(variants={} if solved is None else solved.setdefault(traced.cache_key, {}))
+    if use_cache and not memo.variants:  # the sharding ILP's solutions from an earlier plan
+        memo.variants.update(load_variants(traced.cache_key))
+    known = len(memo.variants)
     probe = EagerShardProbe(mf, training.dtype, traced.cache_key if use_cache else None)
     variants_of = variants_for(traced.graph, cluster, pins.tp_variant, memo.variants, probe)
     result = search(
@@ -289,6 +295,8 @@ def plan(
         baselines = baseline_candidates(traced, cluster, training, pins, hand, memo)
     notes += probe.notes()
     probe.save()
+    if use_cache and len(memo.variants) > known:
+        save_variants(traced.cache_key, memo.variants)
     doc = build_plan(traced, cluster, training, result, baselines)
     notes += batch_statistics_notes(traced.graph, doc)
     notes += loss_sample_notes(traced.graph, doc)

@@ -12,6 +12,7 @@ has no feasible plan); ``--debug`` shows the traceback instead.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -26,11 +27,11 @@ from planner.flags import (
     add_run_flags,
     dollars,
     hours,
+    parse_model_args,
     positive_float,
     positive_int,
     token_count,
 )
-from planner.modelfile import parse_model_args
 from planner.training import Training, training_from
 from planner.vocab import DTYPES, OFFLOAD, OPTIMIZERS, RECOMPUTE, SCHEDULES
 
@@ -70,6 +71,13 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--optimizer", choices=OPTIMIZERS, help="overrides TRAINING")
     p.add_argument("--lr", type=positive_float, help="learning rate; overrides TRAINING")
     p.add_argument("--no-cache", action="store_true", help="trace again even if cached")
+
+
+def add_report_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--svg", action="store_true", help="also write each figure as SVG")
+    p.add_argument(
+        "--no-report", action="store_true", help="write plan.json only: no figures or report.html"
+    )
 
 
 def add_common_flags(p: argparse.ArgumentParser) -> None:
@@ -148,6 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
         "by time; on: always, minutes on large pools)",
     )
     p.add_argument("--out", help="output directory (default: reports/<model file stem>/)")
+    add_report_flags(p)
     p.add_argument("--run", action="store_true", help="after planning, run the plan")
     add_run_flags(p)
     add_common_flags(p)
@@ -171,9 +180,7 @@ def cmd_plan(argv: list[str], run: RunPlan | None = None) -> int:
         optimizer=args.optimizer,
         lr=args.lr,
     )
-    from planner.recsys.tables import uses_torchrec
-
-    if uses_torchrec(mf):  # embedding tables: the recommendation planner (planner/recsys)
+    if "torchrec" in mf.source and _uses_torchrec(mf):  # embedding tables: planner/recsys
         from planner.recsys.command import run as run_recsys
         from planner.report.recfigure import write_recplan_report
 
@@ -216,6 +223,13 @@ def cmd_plan(argv: list[str], run: RunPlan | None = None) -> int:
     return run_planning(args, mf, training, shlex.join(["plan", *argv]), run)
 
 
+def _uses_torchrec(mf) -> bool:
+    """``uses_torchrec``, imported (with torch) only for a file that names TorchRec."""
+    from planner.recsys.tables import uses_torchrec
+
+    return uses_torchrec(mf)
+
+
 def pins_from(args: argparse.Namespace):
     from planner.search import Pins
 
@@ -242,7 +256,9 @@ def run_planning(
     args: argparse.Namespace, mf, training: Training, command: str, run: RunPlan | None = None
 ) -> int:
     from planner.api import plan
+    from planner.report import report_files
     from planner.report.console import Progress, print_plan
+    from planner.report.worker import ReportWorker
     from planner.schema import write_plan
 
     if args.gpus is None and args.nodes is None:
@@ -252,27 +268,32 @@ def run_planning(
         raise UserInputError(f"--tp {pins.tp} does not divide --gpus {args.gpus}")
     out_dir = Path(args.out) if args.out else Path("reports") / mf.path.stem
     notes = _run_profile_default(args)
-    with Progress(quiet=args.quiet) as progress:
-        result = plan(
-            mf,
-            args.gpus,
-            profile=args.profile,
-            gpus_per_node=args.gpus_per_node,
-            nodes=args.nodes,
-            training=training,
-            pins=pins,
-            use_cache=not args.no_cache,
-            progress=progress.update,
-        )
-    path = write_plan(result.plan, out_dir)
-    written = [path]
-    from planner.report import write_report
-
-    written += write_report(result.plan, out_dir, command)
-    if not args.quiet:
-        for note in notes + result.notes:
-            print(f"note: {note}", file=sys.stderr)
-    print_plan(result.plan, written, quiet=args.quiet)
+    with contextlib.ExitStack() as stack:
+        # the report's worker imports matplotlib while this process traces and searches
+        worker = None if args.no_report else stack.enter_context(ReportWorker())
+        with Progress(quiet=args.quiet) as progress:
+            result = plan(
+                mf,
+                args.gpus,
+                profile=args.profile,
+                gpus_per_node=args.gpus_per_node,
+                nodes=args.nodes,
+                training=training,
+                pins=pins,
+                use_cache=not args.no_cache,
+                progress=progress.update,
+            )
+        path = write_plan(result.plan, out_dir)
+        written = [path]
+        if worker is not None:
+            worker.draw(path, out_dir, command, args.svg)
+            written += report_files(out_dir, args.svg)
+        if not args.quiet:
+            for note in notes + result.notes:
+                print(f"note: {note}", file=sys.stderr)
+        print_plan(result.plan, written, quiet=args.quiet)
+        if worker is not None and worker.result() != written[1:]:
+            raise RuntimeError(f"the report worker wrote other files than {written[1:]}")
     if args.run and run is not None:
         return run(path, args)
     return 0

@@ -9,6 +9,7 @@ the solver; the runtime reads the flags from the parsed namespace.
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from planner.errors import UserInputError
 
@@ -37,6 +38,28 @@ def positive_int(text: str) -> int:
 
 def positive_float(text: str) -> float:
     return _number(text, float, lambda v: 0 < v < float("inf"), "a positive number")
+
+
+def parse_model_args(items: list[str] | None) -> dict[str, Any]:
+    """``KEY=VALUE`` strings to kwargs; values become int, float, bool or str, in that order."""
+    result: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise UserInputError(f"--model-arg {item!r} is not KEY=VALUE (e.g. size=1.3b)")
+        result[key.strip()] = parse_value(raw.strip())
+    return result
+
+
+def parse_value(raw: str) -> Any:
+    if raw.lower() in ("true", "false"):
+        return raw.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(raw)
+        except ValueError:
+            pass
+    return raw
 
 
 # Suffixes people write on large counts and sums ("15T tokens", "$1.5M"): powers of 1000.

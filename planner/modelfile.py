@@ -17,19 +17,27 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import torch
-import torch.nn.functional as F
-from torch.utils._pytree import tree_map
+from typing import TYPE_CHECKING, Any
 
 from planner import vocab
 from planner.errors import UserInputError
 from planner.training import TRAINING_DEFAULTS
 from planner.vocab import TENSOR_DTYPE
 
-DTYPES = {name: getattr(torch, TENSOR_DTYPE[name]) for name in vocab.DTYPES}
+if TYPE_CHECKING:  # torch is imported where a model is built or run (see ``__getattr__``)
+    import torch
+
 OPTIMIZERS = vocab.OPTIMIZERS
+
+
+def __getattr__(name: str) -> Any:
+    """``DTYPES`` (training dtype name -> torch dtype), made on first use: torch is imported
+    by what runs a model, not by loading a model file's hash for a cached trace (1.4 s)."""
+    if name == "DTYPES":
+        import torch
+
+        return {n: getattr(torch, TENSOR_DTYPE[n]) for n in vocab.DTYPES}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass
@@ -63,6 +71,8 @@ class ModelFile:
 
     def build(self) -> torch.nn.Module:
         """Call ``build_model(**args)``; a failure names the file and the exception."""
+        import torch
+
         try:
             model = self.module.build_model(**self.args)
         except TypeError as exc:
@@ -89,6 +99,8 @@ class ModelFile:
 
     def batch(self, batch_size: int, step: int = 0) -> tuple[tuple[torch.Tensor, ...], Any]:
         """``make_batch`` with its inputs normalised to a tuple of tensors."""
+        import torch
+
         try:
             result = self.module.make_batch(batch_size, step=step)
         except Exception as exc:
@@ -125,6 +137,9 @@ def slice_tree(obj: Any, start: int, stop: int) -> Any:
     """Rows ``start:stop`` of every batched tensor in ``obj`` (0-d tensors and non-tensors
     stay): how the runtime cuts a batch into replicas' shares and micro-batches, and how the
     planner checks the loss on parts of one (``planner.trace.loss_samples``)."""
+    import torch
+    from torch.utils._pytree import tree_map
+
     return tree_map(
         lambda t: t[start:stop] if isinstance(t, torch.Tensor) and t.dim() > 0 else t, obj
     )
@@ -136,6 +151,8 @@ def to_logits(outputs: Any) -> torch.Tensor:
     The rule: a tensor is itself; an object or dict with ``logits`` gives that; otherwise the
     first tensor of a tuple/list/dict (HuggingFace ``ModelOutput`` is both an object and a dict).
     """
+    import torch
+
     if isinstance(outputs, torch.Tensor):
         return outputs
     logits = getattr(outputs, "logits", None)
@@ -156,6 +173,8 @@ def to_logits(outputs: Any) -> torch.Tensor:
 
 def default_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Cross-entropy over the last dimension, averaged over every other position."""
+    import torch.nn.functional as F
+
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
 
 
@@ -255,28 +274,6 @@ def _literal_training(tree: ast.Module) -> tuple[dict[str, Any] | None, bool]:
             except (ValueError, SyntaxError):
                 return None, False
     return value, True
-
-
-def parse_model_args(items: list[str] | None) -> dict[str, Any]:
-    """``KEY=VALUE`` strings to kwargs; values become int, float, bool or str, in that order."""
-    result: dict[str, Any] = {}
-    for item in items or []:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise UserInputError(f"--model-arg {item!r} is not KEY=VALUE (e.g. size=1.3b)")
-        result[key.strip()] = parse_value(raw.strip())
-    return result
-
-
-def parse_value(raw: str) -> Any:
-    if raw.lower() in ("true", "false"):
-        return raw.lower() == "true"
-    for kind in (int, float):
-        try:
-            return kind(raw)
-        except ValueError:
-            pass
-    return raw
 
 
 def _check_args(path: Path, fn: Callable[..., Any], args: dict[str, Any]) -> None:

@@ -23,63 +23,17 @@ import copy
 import hashlib
 import json
 from pathlib import Path
-
-import torch
-from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils._python_dispatch import TorchDispatchMode
+from typing import TYPE_CHECKING
 
 from planner.atomic import write_text_atomic
 from planner.cost import sharding
 from planner.modelfile import ModelFile
 from planner.trace.cache import cache_dir
-from planner.trace.export import (
-    batch_statistics_samples,
-    build_meta_model,
-    meta_inputs,
-    quiet_torch_logs,
-)
 from planner.vocab import IN_OUT, base_style
 
-RESHAPE_OPS = {"aten.view.default", "aten._unsafe_view.default", "aten.reshape.default"}
-
-
-class _Reshapes(TorchDispatchMode):
-    """Records every reshape (op, input shape, output shape, the column-parallel modules its
-    input derives from). Provenance flows through every op: an output derives from whatever
-    its inputs derive from; ``mark`` seeds it with a column-parallel module's output."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: list[tuple[str, tuple, tuple, frozenset[str]]] = []
-        self.failed: frozenset[str] = frozenset()  # what the op that raised derives from
-        self.origin: dict[int, frozenset[str]] = {}
-        self._keep: list[torch.Tensor] = []  # ids stay unique while the forward runs
-
-    def mark(self, t: object, module: str) -> None:
-        if isinstance(t, torch.Tensor):
-            self.origin[id(t)] = self.origin.get(id(t), frozenset()) | {module}
-            self._keep.append(t)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
-        inputs = [
-            a
-            for a in torch.utils._pytree.tree_leaves((args, kwargs))
-            if isinstance(a, torch.Tensor)
-        ]
-        came = frozenset().union(*(self.origin.get(id(a), frozenset()) for a in inputs))
-        try:
-            out = func(*args, **(kwargs or {}))
-        except Exception:
-            self.failed = came  # StableLM's view(bsz, len, num_heads, head_dim) of a shard
-            raise
-        for o in torch.utils._pytree.tree_leaves(out):
-            if came and isinstance(o, torch.Tensor):
-                self.origin[id(o)] = self.origin.get(id(o), frozenset()) | came
-                self._keep.append(o)
-        if str(func) in RESHAPE_OPS and isinstance(out, torch.Tensor):
-            self.seen.append((str(func), tuple(args[0].shape), tuple(out.shape), came))
-        return out
+if TYPE_CHECKING:  # torch is imported where a probe runs: a re-plan reads cached verdicts
+    from torch import nn
+    from torch._subclasses.fake_tensor import FakeTensorMode
 
 
 class EagerShardProbe:
@@ -117,6 +71,10 @@ class EagerShardProbe:
         return [f"tensor parallelism: {r}" for _, r in sorted(first.items())]
 
     def _load(self) -> nn.Module:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        from planner.trace.export import build_meta_model
+
         if self._model is None:
             model = build_meta_model(self.mf, self.dtype)
             names = {m: n for n, m in model.named_modules()}
@@ -135,6 +93,10 @@ class EagerShardProbe:
     def _capture(self, model: nn.Module, names: dict, mode) -> bool:
         """Each module's first inputs in one forward under ``mode`` (None: plain meta
         tensors); whether the forward ran to the end."""
+        import torch
+
+        from planner.trace.export import batch_statistics_samples, meta_inputs
+
         captured = self._inputs
 
         def grab(module: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -175,6 +137,8 @@ class EagerShardProbe:
         plan = _relative(tp_plan, module)
         key = json.dumps([cls, t, sorted(plan.items())])
         if key not in self.verdicts:
+            from planner.trace.export import quiet_torch_logs
+
             with quiet_torch_logs():  # fake tensors log each failing meta kernel at ERROR
                 reason, blame = self._probe(module, plan, t)
             self.verdicts[key] = [reason, sorted(blame)]
@@ -182,6 +146,10 @@ class EagerShardProbe:
         return self.verdicts[key]
 
     def _probe(self, module: str, plan: dict[str, str], t: int) -> tuple[str, set[str]]:
+        import torch
+
+        from planner.cost.reshapes import Reshapes
+
         model = self._load()
         if module not in self._inputs:
             return "", set()
@@ -192,7 +160,7 @@ class EagerShardProbe:
             _cut(local.get_submodule(rel) if rel else local, style, t)
         ran = []
         for m in (whole, local):
-            rec = _Reshapes()
+            rec = Reshapes()
             handles = [
                 m.get_submodule(rel).register_forward_hook(
                     lambda _m, _a, out, rel=rel, rec=rec: rec.mark(out, rel)
@@ -246,6 +214,9 @@ def _join(module: str, rel: str) -> str:
 def _cut(m: nn.Module, style: str, t: int) -> None:
     """Give ``m`` the local weight shape torch's ColwiseParallel / RowwiseParallel leave (a
     gathered column-parallel module gives the code around it its whole output: left whole)."""
+    import torch
+    from torch import nn
+
     w = getattr(m, "weight", None)
     base = base_style(style)
     if base == "colwise_gather":
@@ -274,7 +245,8 @@ def _cut(m: nn.Module, style: str, t: int) -> None:
 
 def _verdicts_path(trace_key: str) -> Path:
     digest = hashlib.sha256()
-    for module in (__file__, sharding.__file__):  # the probe and the reshape rule it applies
+    # the probe, the reshapes it records and the reshape rule it applies
+    for module in (__file__, Path(__file__).with_name("reshapes.py"), sharding.__file__):
         digest.update(Path(module).read_bytes())
     return cache_dir() / "probes" / f"{trace_key}-{digest.hexdigest()[:16]}.json"
 

@@ -1,8 +1,10 @@
-"""The plan report: five figures (PNG and SVG) and a self-contained report.html beside plan.json.
+"""The plan report: five figures (PNG, and SVG when asked) and a self-contained report.html
+beside plan.json.
 
-``write_report`` is what ``plan`` and ``plan show`` call. The report reads a plan and nothing
-else: no trace, no solver (benchmarks/doc_figures.py plans the README's examples and draws them
-with the same figures).
+``write_report`` is what ``plan show`` calls, and ``plan`` through a worker process
+(``planner.report.worker``) that draws while the planner searches. The report reads a plan and
+nothing else: no trace, no solver (benchmarks/doc_figures.py plans the README's examples and
+draws them with the same figures).
 """
 
 from __future__ import annotations
@@ -16,15 +18,23 @@ from planner.schema import Plan
 REPORT_NAMES = ("placement", "blocks", "memory", "timeline", "candidates")
 
 
-def report_files(out_dir: Path) -> list[Path]:
+def figure_formats(svg: bool) -> tuple[str, ...]:
+    """The formats each figure is written in: PNG always (report.html inlines it); SVG only
+    when asked, since drawing it costs about as much again as the PNG."""
+    return ("png", "svg") if svg else ("png",)
+
+
+def report_files(out_dir: Path, svg: bool = False) -> list[Path]:
     """The only files the report ever writes: fixed names, so a user's own file is never hit."""
-    files = [out_dir / f"{name}.{ext}" for name in REPORT_NAMES for ext in ("png", "svg")]
+    formats = figure_formats(svg)
+    files = [out_dir / f"{name}.{ext}" for name in REPORT_NAMES for ext in formats]
     return files + [out_dir / "report.html"]
 
 
-def write_report(plan: Plan, out_dir: Path, command: str) -> list[Path]:
-    """Write the five figures as PNG and SVG and report.html into ``out_dir``; each file
-    atomically (a crash leaves the previous report intact). Returns the paths written."""
+def write_report(plan: Plan, out_dir: Path, command: str, svg: bool = False) -> list[Path]:
+    """Write the five figures as PNG (and SVG with ``svg``) and report.html into ``out_dir``;
+    each file atomically (a crash leaves the previous report intact). Returns the paths
+    written."""
     from planner.report.figures import render_all
     from planner.report.html import render_html
 
@@ -33,7 +43,7 @@ def write_report(plan: Plan, out_dir: Path, command: str) -> list[Path]:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UserInputError(f"cannot create output directory {out_dir}: {exc.strerror}") from exc
-    rendered = render_all(plan)
+    rendered = render_all(plan, figure_formats(svg))
     written: list[Path] = []
     try:
         for name, formats in rendered.items():
@@ -41,7 +51,7 @@ def write_report(plan: Plan, out_dir: Path, command: str) -> list[Path]:
                 path = out_dir / f"{name}.{ext}"
                 write_bytes_atomic(path, data)
                 written.append(path)
-        page = render_html(plan, {n: f["png"] for n, f in rendered.items()}, command)
+        page = render_html(plan, {n: f["png"] for n, f in rendered.items()}, command, svg)
         path = out_dir / "report.html"
         write_text_atomic(path, page)
         written.append(path)

@@ -1,4 +1,4 @@
-"""The five figures of a plan, built and rendered to PNG and SVG bytes.
+"""The five figures of a plan, built and rendered to PNG (and SVG) bytes.
 
 Builders return matplotlib Figures (tests inspect them); ``render`` turns one into bytes with
 fixed metadata, so the same plan gives the same files on every run.
@@ -55,13 +55,15 @@ def render(fig: Figure, fmt: str) -> bytes:
     return buf.getvalue()
 
 
-def render_all(plan: Plan) -> dict[str, dict[str, bytes]]:
-    """{name: {"png": bytes, "svg": bytes}} for the five figures; figures are closed after."""
+def render_all(
+    plan: Plan, formats: tuple[str, ...] = ("png", "svg")
+) -> dict[str, dict[str, bytes]]:
+    """{name: {format: bytes}} for the five figures; figures are closed after."""
     out: dict[str, dict[str, bytes]] = {}
     for name, build in FIGURES.items():
         fig = build(plan)
         try:
-            out[name] = {"png": render(fig, "png"), "svg": render(fig, "svg")}
+            out[name] = {fmt: render(fig, fmt) for fmt in formats}
         finally:
             plt.close(fig)
     return out

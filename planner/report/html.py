@@ -108,19 +108,22 @@ def _facts(plan: Plan) -> str:
     )
 
 
-def figure(name: str, png: bytes, caption: str) -> str:
-    """One figure, its PNG inlined, its caption linking the files beside the page."""
+def figure(name: str, png: bytes, caption: str, svg: bool = True) -> str:
+    """One figure, its PNG inlined, its caption linking the files beside the page (the SVG
+    only where one was written)."""
     data = base64.b64encode(png).decode("ascii")
+    links = f'<a href="{esc(name)}.png">PNG</a>'
+    if svg:
+        links = f'<a href="{esc(name)}.svg">SVG</a>, {links}'
     return (
         f'<figure id="fig-{esc(name)}"><img alt="{esc(name)} figure" '
-        f'src="data:image/png;base64,{data}"><figcaption>{esc(caption)} '
-        f'(<a href="{esc(name)}.svg">SVG</a>, <a href="{esc(name)}.png">PNG</a>)'
+        f'src="data:image/png;base64,{data}"><figcaption>{esc(caption)} ({links})'
         "</figcaption></figure>"
     )
 
 
-def _figures(images: Mapping[str, bytes]) -> str:
-    return "\n".join(figure(name, png, CAPTIONS[name]) for name, png in images.items())
+def _figures(images: Mapping[str, bytes], svg: bool) -> str:
+    return "\n".join(figure(name, png, CAPTIONS[name], svg) for name, png in images.items())
 
 
 def _stages(plan: Plan) -> str:
@@ -239,15 +242,16 @@ def _facts_list(plan: Plan) -> str:
     return "<dl>" + "".join(f"<dt>{esc(k)}</dt><dd>{esc(v)}</dd>" for k, v in items) + "</dl>"
 
 
-def render_html(plan: Plan, images: Mapping[str, bytes], command: str) -> str:
-    """The page: summary, figures, stage / block / alternative tables, facts, command."""
+def render_html(plan: Plan, images: Mapping[str, bytes], command: str, svg: bool = False) -> str:
+    """The page: summary, figures, stage / block / alternative tables, facts, command
+    (``svg``: the figures' SVG files were written beside it, and are linked)."""
     model = plan.model
     name = Path(model.file).name
     args = " ".join(f"{k}={v}" for k, v in sorted(model.args.items()))
     title = f"meshplan: {name}{' ' + args if args else ''} on {plan.cluster.gpus} GPUs"
     body = f"""{_facts(plan)}
 <h2>Figures</h2>
-{_figures(images)}
+{_figures(images, svg)}
 <h2>Stages</h2>
 {_stages(plan)}
 <h2>Blocks</h2>

@@ -20,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("plan", help="a plan.json written by `plan`")
     p.add_argument("--out", help="where to write the figures (default: beside the plan file)")
+    p.add_argument("--svg", action="store_true", help="also write each figure as SVG")
     p.add_argument("--quiet", action="store_true", help="print only errors")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     return p
@@ -50,6 +51,6 @@ def main(argv: list[str]) -> int:
     plan = load_plan(path)
     out_dir = Path(args.out) if args.out else path.parent
     command = shlex.join(["plan", "show", *argv])
-    written = write_report(plan, out_dir, command)
+    written = write_report(plan, out_dir, command, args.svg)
     print_plan(plan, written, quiet=args.quiet)
     return 0

@@ -21,13 +21,12 @@ import contextlib
 import io
 import math
 from collections.abc import Callable
-from typing import Any
-from unittest import mock
-
-import torch
-from torch.utils._pytree import tree_flatten, tree_unflatten
+from typing import TYPE_CHECKING, Any
 
 from planner.modelfile import ModelFile, slice_tree
+
+if TYPE_CHECKING:  # torch is imported by the check, not by a plan that reads its result
+    import torch
 
 # The outputs of two samples are drawn in full: a language model's logits over a large vocabulary
 # at full length would take gigabytes, so the check gives up above this many elements.
@@ -42,6 +41,8 @@ def loss_sample_check(
     """``{"checked": True, "together": L(2 samples), "apart": mean of L(each)}`` or
     ``{"checked": False, "reason": ...}``. ``model``: the traced model on the meta device;
     ``inputs_of(n)``: its inputs for ``n`` samples, on that device."""
+    import torch
+
     try:
         shapes = [_output_leaves(model, inputs_of(n)) for n in (1, 2)]
     except Exception as exc:  # the trace ran this model: any failure here is the check's
@@ -66,6 +67,9 @@ def loss_sample_check(
 
 def _compare(mf: ModelFile, one: list, two: list, spec: Any) -> tuple[float, float] | dict:
     """(loss of two samples together, mean of each alone), or why that was not computed."""
+    import torch
+    from torch.utils._pytree import tree_unflatten
+
     gen = torch.Generator().manual_seed(0)
     full, halves = [], ([], [])
     for a, b in zip(one, two):
@@ -101,6 +105,8 @@ def _default_loss_by_targets(mf: ModelFile) -> dict[str, Any]:
     its logits: it is the mean of per-position losses over the valid positions, so positions
     given random losses show how two samples weigh together and apart; they differ exactly
     when the samples hold different numbers of valid targets."""
+    import torch
+
     _, targets = mf.batch(2, step=1)
     if not isinstance(targets, torch.Tensor) or targets.is_floating_point():
         return _unchecked("the outputs of two samples are too large to draw")
@@ -131,6 +137,11 @@ def _output_leaves(model: torch.nn.Module, inputs: tuple) -> tuple[list, Any]:
     torch.export, which traced the model: ``torch.compiler.is_compiling()`` is true, so
     library code skips its value-dependent shortcuts (transformers' ``padding_mask.all()``),
     which meta tensors cannot answer."""
+    from unittest import mock
+
+    import torch
+    from torch.utils._pytree import tree_flatten
+
     with (
         torch.no_grad(),
         torch.device("meta"),
@@ -142,6 +153,8 @@ def _output_leaves(model: torch.nn.Module, inputs: tuple) -> tuple[list, Any]:
 
 
 def _draw(like: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    import torch
+
     if like.is_floating_point():
         return torch.randn(like.shape, generator=gen)
     return torch.zeros(like.shape, dtype=like.dtype)

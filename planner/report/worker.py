@@ -1,0 +1,114 @@
+"""The report drawn beside the search, in a process of its own.
+
+``plan MODEL.py`` starts this worker before it traces: the worker imports matplotlib and the
+figure modules (about a second of CPU) while the planner traces and searches on the other
+core, then waits for one request on its stdin (the plan file written, the report folder, the
+command line, whether SVG is wanted), draws, and answers with the files written (or the one-line
+error) on its stdout. The planner prints its summary as soon as plan.json is written, and waits
+for the report only at the end, so report.html is complete when the command returns.
+
+Started with ``python -m planner.report.worker``; a planner that ends before asking (an error,
+an infeasible request) closes the worker's stdin and it leaves without drawing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from planner.errors import UserInputError
+
+
+class ReportWorker:
+    """The running worker; ``draw`` sends the one request, ``result`` waits for its answer."""
+
+    def __init__(self) -> None:
+        root = str(Path(__file__).resolve().parents[2])  # the folder holding ``planner``
+        path = os.environ.get("PYTHONPATH")
+        env = {**os.environ, "PYTHONPATH": root + (os.pathsep + path if path else "")}
+        # its warnings go to a file, not a pipe nobody reads until the end (a full pipe would
+        # block it)
+        self._stderr = tempfile.TemporaryFile(mode="w+")
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "planner.report.worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            text=True,
+            env=env,
+        )
+        self._asked = False
+
+    def draw(self, plan_path: Path, out_dir: Path, command: str, svg: bool) -> None:
+        """Ask for the report of the plan at ``plan_path`` (already written)."""
+        request = {"plan": str(plan_path), "out": str(out_dir), "command": command, "svg": svg}
+        assert self._proc.stdin is not None
+        self._proc.stdin.write(json.dumps(request) + "\n")
+        self._proc.stdin.close()
+        self._asked = True
+
+    def result(self) -> list[Path]:
+        """The files the worker wrote; its UserInputError raised here, as one line."""
+        assert self._proc.stdout is not None
+        out = self._proc.stdout.read()
+        self._proc.wait()
+        try:
+            answer = json.loads(out.strip().splitlines()[-1])
+        except (IndexError, ValueError):
+            self._stderr.seek(0)
+            why = _last_line(self._stderr.read())
+            raise RuntimeError(f"the report worker failed: {why}") from None
+        if "error" in answer:
+            raise UserInputError(answer["error"])
+        return [Path(p) for p in answer["written"]]
+
+    def close(self) -> None:
+        """Let a worker that was never asked leave (it sees its stdin end)."""
+        if not self._asked and self._proc.poll() is None:
+            try:
+                assert self._proc.stdin is not None
+                self._proc.stdin.close()
+            except OSError:
+                pass
+            self._proc.wait()
+        self._stderr.close()
+
+    def __enter__(self) -> ReportWorker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else "no output"
+
+
+def serve() -> int:
+    """The worker's side: import the figures, then answer one request from stdin."""
+    import planner.report.figures  # noqa: F401  (matplotlib: the import this worker hides)
+    import planner.report.html  # noqa: F401
+    from planner.report import write_report
+    from planner.schema import load_plan
+
+    line = sys.stdin.readline()
+    if not line.strip():
+        return 0  # the planner ended without a plan
+    request = json.loads(line)
+    try:
+        plan = load_plan(request["plan"])
+        written = write_report(plan, Path(request["out"]), request["command"], request["svg"])
+    except UserInputError as exc:
+        print(json.dumps({"error": str(exc)}))
+        return 0
+    print(json.dumps({"written": [str(p) for p in written]}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(serve())

@@ -1,0 +1,83 @@
+"""The command imports only what it uses: ``plan --help`` and ``plan show`` never import torch
+(about 1.4 s of the whole command on the development machine), and ``plan --help`` imports
+neither the solver nor matplotlib. Each check runs the command in a fresh interpreter and reads
+``sys.modules`` when it returns."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from planner.api import plan as make_plan
+from planner.schema import dumps
+
+ROOT = Path(__file__).resolve().parent.parent
+HEAVY = ("torch", "matplotlib", "cvxpy", "highspy", "networkx", "scipy")
+
+
+def loaded_after(argv: list[str]) -> tuple[int, set[str], str]:
+    """Run ``plan ARGV`` in a fresh interpreter: its exit status, the heavy top-level packages
+    it imported and what it printed."""
+    code = (
+        "import contextlib, io, json, sys\n"
+        "from meshplan.cli import main\n"
+        "printed = io.StringIO()\n"
+        "with contextlib.redirect_stdout(printed):\n"
+        "    try:\n"
+        f"        rc = main({argv!r})\n"
+        "    except SystemExit as exc:  # argparse's --help\n"
+        "        rc = exc.code\n"
+        f"heavy = [m for m in {HEAVY!r} if m in sys.modules]\n"
+        "print(json.dumps([rc, heavy, printed.getvalue()]))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # MESHPLAN_CACHE passes on
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, check=True
+    )
+    rc, heavy, printed = json.loads(out.stdout.strip().splitlines()[-1])
+    return rc, set(heavy), printed
+
+
+@pytest.mark.parametrize(
+    "argv, status, says",
+    [
+        (["--help"], 0, "usage: plan"),
+        (["show", "--help"], 0, "usage: plan show"),
+        (["model.py", "--gpus", "zero"], 2, ""),
+    ],
+)
+def test_help_and_bad_flags_import_nothing_heavy(argv, status, says):
+    rc, heavy, printed = loaded_after(argv)
+    assert (rc, heavy) == (status, set())
+    assert says in printed
+
+
+def test_show_draws_a_saved_plan_without_torch(tmp_path, monkeypatch):
+    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path / "cache"))
+    doc = make_plan(ROOT / "examples" / "mlp.py", 8, model_args={"size": "small"}).plan
+    (tmp_path / "plan.json").write_text(dumps(doc))
+    rc, heavy, _ = loaded_after(["show", str(tmp_path / "plan.json"), "--out", str(tmp_path / "r")])
+    assert rc == 0
+    assert "torch" not in heavy and "cvxpy" not in heavy and "networkx" not in heavy
+    assert (tmp_path / "r" / "report.html").stat().st_size > 10_000
+
+
+def test_a_replan_from_the_cache_imports_no_torch(tmp_path, monkeypatch):
+    """The trace, the sharding ILP's solutions and the probe's verdicts all come from the
+    cache: nothing left to run on a model, so torch stays unimported (warm 70B: -1.4 s)."""
+    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path / "cache"))
+    # a named profile: without one, torch is asked whether this machine has a GPU
+    argv = ["examples/gpt.py", "--gpus", "8", "--profile", "h100-sxm", "--no-report"]
+    argv += ["--out", str(tmp_path / "p")]
+    first = make_plan(ROOT / "examples" / "gpt.py", 8, profile="h100-sxm").plan  # fills the cache
+    rc, heavy, _ = loaded_after(argv)
+    assert rc == 0 and "torch" not in heavy
+    again = json.loads((tmp_path / "p" / "plan.json").read_text())
+    again["solver"]["solve_time_s"] = first.solver.solve_time_s
+    again["model"]["file"] = first.model.file
+    assert json.dumps(again, indent=2, sort_keys=True) + "\n" == dumps(first)
