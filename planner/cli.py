@@ -48,13 +48,7 @@ def cmd_run(argv: list[str]) -> int:
     """``plan run PLAN.json [flags]``: train a saved plan (see runtime.launch)."""
     from pathlib import Path
 
-    parser = CommandParser(
-        prog="plan run", description="Train a saved plan with torch.distributed."
-    )
-    parser.add_argument("plan", help="a plan.json written by `plan MODEL.py`")
-    add_run_flags(parser)
-    parser.add_argument("--debug", action="store_true", help="show tracebacks, the workers' too")
-    opts = parser.parse_args(argv)
+    opts = build_run_parser().parse_args(argv)
     from planner.recsys.plan import is_recplan
 
     if is_recplan(Path(opts.plan)):  # a recommendation plan runs on TorchRec
@@ -66,6 +60,16 @@ def cmd_run(argv: list[str]) -> int:
     return run_plan(Path(opts.plan), opts)
 
 
+def build_run_parser() -> argparse.ArgumentParser:
+    parser = CommandParser(
+        prog="plan run", description="Train a saved plan with torch.distributed."
+    )
+    parser.add_argument("plan", help="a plan.json written by `plan MODEL.py`")
+    add_run_flags(parser)
+    parser.add_argument("--debug", action="store_true", help="show tracebacks, the workers' too")
+    return parser
+
+
 SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
     "run": cmd_run,
     "show": _lazy("planner.report.show"),
@@ -74,7 +78,7 @@ SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
 
 
 def add_model_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="the model file (see the model-file contract in README)")
+    p.add_argument("model", help="the model file (see docs/model-files.md)")
     p.add_argument(
         "--model-arg",
         action="append",

@@ -28,6 +28,10 @@ DEFAULT_MAX_CPU_RANKS = 8
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
+
+
+def build_parser() -> argparse.ArgumentParser:
     p = CommandParser(
         prog="plan calibrate", description="Measure this machine into a profile TOML."
     )
@@ -38,7 +42,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     p.add_argument("--quiet", action="store_true", help="print only errors")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
-    return p.parse_args(argv)
+    return p
 
 
 def default_nproc(device: str, cores: int) -> int:
