@@ -95,6 +95,7 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
 
 def add_common_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="print only errors")
+    p.add_argument("--verbose", action="store_true", help="also print each candidate searched")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
 
 
@@ -106,7 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_model_flags(p)
     p.add_argument("--graph", action="store_true", help="print the block table and stop")
-    p.add_argument("--json", action="store_true", help="with --graph: JSON on stdout")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="the result as JSON on stdout instead of tables: the block graph with --graph, "
+        "resources.json with --resources, else plan.json",
+    )
     c = p.add_argument_group("cluster")
     c.add_argument("--gpus", type=positive_int, help="number of devices")
     c.add_argument("--profile", help="device profile name (see profiles/) or a .toml path")
@@ -272,7 +278,8 @@ def run_planning(args: argparse.Namespace, mf, command: str) -> int:
     from pathlib import Path
 
     from planner.api import plan
-    from planner.report.console import Progress, print_plan
+    from planner.progress import Bars
+    from planner.report.console import print_plan
     from planner.schema import write_plan
 
     if args.gpus is None and args.nodes is None:
@@ -282,7 +289,8 @@ def run_planning(args: argparse.Namespace, mf, command: str) -> int:
         raise UserInputError(f"--tp {pins.tp} does not divide --gpus {args.gpus}")
     out_dir = Path(args.out) if args.out else Path("reports") / mf.path.stem
     notes = _run_profile_default(args)
-    with Progress(quiet=args.quiet) as progress:
+    quiet = args.quiet or args.json  # --json: plan.json on stdout, nothing else there
+    with Bars(quiet, args.verbose) as bars:
         result = plan(
             mf,
             args.gpus,
@@ -295,7 +303,7 @@ def run_planning(args: argparse.Namespace, mf, command: str) -> int:
             lr=args.lr,
             pins=pins,
             use_cache=not args.no_cache,
-            progress=progress.update,
+            progress=bars.search_callback(),
         )
     path = write_plan(result.plan, out_dir)
     written = [path]
@@ -305,7 +313,9 @@ def run_planning(args: argparse.Namespace, mf, command: str) -> int:
     if not args.quiet:
         for note in notes + result.notes:
             print(f"note: {note}", file=sys.stderr)
-    print_plan(result.plan, written, quiet=args.quiet)
+    if args.json:
+        print(path.read_text(), end="")
+    print_plan(result.plan, written, quiet=quiet)
     if args.run:
         from runtime.launch import run_plan
 

@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from planner.errors import MeshplanError
 from planner.modelfile import ModelFile
+from planner.progress import Bars
 from planner.schema import Plan
 from runtime.batching import micro_batches, replica_share, throughput_unit
 from runtime.build import Built, RuntimeCache, build, release
@@ -158,6 +159,10 @@ def train_plan(
     if device.type == "cuda":
         # one launch trains several plans in turn: each plan's peak is its own
         torch.cuda.reset_peak_memory_stats(device)
+    # rank 0 draws a bar where it may (planner.progress), else prints a line per step
+    bars = Bars(quiet=rank != 0).__enter__()
+    bar = bars.task("training", total=steps)
+    bar.update(completed=start)
     for step in range(start + 1, steps + 1):
         t0 = time.perf_counter()
         local = _local_step(built, mf, step, device)
@@ -192,7 +197,11 @@ def train_plan(
             record["peak_reserved_bytes"] = [int(v) for v in vec[1 + world :].tolist()]
         if rank == 0:
             append_metrics(metrics_path, record)
-            print(format_step(record, steps), flush=True)
+            bar.update(completed=step, info=f"loss {loss:.6f} · {elapsed:.3f} s/step")
+            if step == steps:
+                bars.__exit__()  # the bar goes; the last step's line stays
+            if not bars.enabled or step == steps:
+                print(format_step(record, steps), flush=True)
         if checkpoint_every and step % checkpoint_every == 0:
             where = save_checkpoint(built, run_dir, step)
             if rank == 0:
