@@ -37,8 +37,9 @@ def test_block_ranges_are_named_as_a_person_would():
     assert block_range(["layers.3", "layers.4", "layers.5"]) == "layers 3-5"
     assert block_range(["model.h.10", "model.h.11"]) == "model.h 10-11"
     assert block_range(["embed"]) == "embed"
-    assert block_range(["layers.3", "layers.5"]) == "layers.3 … layers.5 (2)"  # not consecutive
-    assert block_range(["wte+wpe", "layers.0"]) == "wte+wpe … layers.0 (2)"
+    assert block_range(["layers.3", "layers.5"]) == "layers.3, layers.5"  # not consecutive
+    assert block_range(["wte+wpe", "layers.0", "layers.1"]) == "wte+wpe, layers 0-1"
+    assert block_range(["enc.layers.1", "dec.layers.0"]) == "enc.layers.1, dec.layers.0"
 
 
 @pytest.fixture(scope="module")

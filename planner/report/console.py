@@ -161,21 +161,23 @@ MAX_STAGE_ROWS = 12  # a longer stage table keeps its ends and sums up its middl
 
 def block_range(names: list[str]) -> str:
     """Consecutive blocks as a person names them: ``layers 3-5`` for ``layers.3`` ...
-    ``layers.5`` (any common prefix before a trailing number), one name alone, else the first
-    and last with the count."""
-    if len(names) == 1:
-        return names[0]
-    heads, numbers = set(), []
+    ``layers.5`` (a common prefix before a trailing number), other blocks by their names,
+    joined by commas: ``wte+wpe+drop, layers 0-1``."""
+    parts: list[list] = []  # [prefix, first, last] for numbered runs, [name] otherwise
     for n in names:
         head, _, tail = n.rpartition(".")
-        if not tail.isdigit():
-            break
-        heads.add(head)
-        numbers.append(int(tail))
-    else:
-        if len(heads) == 1 and numbers == list(range(numbers[0], numbers[0] + len(names))):
-            return f"{heads.pop()} {numbers[0]}-{numbers[-1]}"
-    return f"{names[0]} … {names[-1]} ({len(names)})"
+        if head and tail.isdigit():
+            k = int(tail)
+            if parts and len(parts[-1]) == 3 and parts[-1][0] == head and parts[-1][2] == k - 1:
+                parts[-1][2] = k
+                continue
+            parts.append([head, k, k])
+        else:
+            parts.append([n])
+    return ", ".join(
+        p[0] if len(p) == 1 else f"{p[0]}.{p[1]}" if p[1] == p[2] else f"{p[0]} {p[1]}-{p[2]}"
+        for p in parts
+    )
 
 
 def _span(first: str, last: str) -> str:
@@ -249,6 +251,23 @@ def stage_table(plan: Plan, width: int) -> Table:
     return fitted_table(STAGE_HEADER, rows, width, shrink=(1, 2), right=right, title="stages")
 
 
+def alternative_lines(alts: list, width: int) -> list[str]:
+    """Two lines per alternative: its step, peak memory and layout, then why it lost, wrapped
+    under it (a table's four columns wrapped every cell at 80 columns)."""
+    import textwrap
+
+    lines = []
+    for a in alts:
+        step = human_time(a.step_time_s) if a.step_time_s else "—"
+        mem = human_bytes(a.peak_memory_bytes) if a.peak_memory_bytes else "—"
+        head = f"  {step:>9}  {mem:>9}  "
+        lines.append(head + middle(alternative_name(a), max(8, width - len(head))))
+        lines += textwrap.wrap(
+            a.why_not, width, initial_indent=" " * 24, subsequent_indent=" " * 24
+        )
+    return lines
+
+
 def print_plan(plan: Plan, written: list, quiet: bool = False) -> None:
     """The terminal summary of a plan: one line, the stage table, the prediction, the
     alternatives and where the files are."""
@@ -274,16 +293,9 @@ def print_plan(plan: Plan, written: list, quiet: bool = False) -> None:
     )
     alts = [a for a in sol.alternatives if a.why_not != "chosen"][:6]
     if alts:
-        from rich import box
-
-        t = Table(title="alternatives", title_justify="left", box=box.SIMPLE_HEAD)
-        for col in ("layout", "step", "peak memory", "why not"):
-            t.add_column(col)
-        for a in alts:
-            step = human_time(a.step_time_s) if a.step_time_s else "—"
-            mem = human_bytes(a.peak_memory_bytes) if a.peak_memory_bytes else "—"
-            t.add_row(alternative_name(a), step, mem, a.why_not)
-        out.print(t)
+        out.print("alternatives", markup=False)
+        for line in alternative_lines(alts, terminal_width()):
+            out.print(line, markup=False)
     out.print(
         f"solver: {sol.candidates_solved} of {sol.candidates_total} candidates solved "
         f"({sol.candidates_pruned} pruned by bounds) in {sol.solve_time_s:.2f} s"

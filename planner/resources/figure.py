@@ -70,7 +70,7 @@ def table_rows(
 
 
 HEADER = ["", "option", "GPUs", "mesh", "step", "time", "cost", "kWh", "tCO2"]
-LEGEND = "* chosen  + Pareto front (time, cost, carbon)  D misses the deadline  B over budget"
+LEGEND = "* chosen  + Pareto front (time, cost, carbon)  D past deadline  B over budget"
 
 
 def print_table(rows: list[list[str]], title: str, width: int | None = None) -> None:
