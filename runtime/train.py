@@ -1,4 +1,5 @@
-"""The training loop of one plan on this rank, defined to match ``runtime.reference``.
+"""The training loop of one plan on this rank, defined to match one-process training
+(``reference_run`` in tests/oracle.py).
 
 Step k trains on ``make_batch(global_batch_size, step=k)``; DP rank r takes its contiguous slice
 and splits it into contiguous micro-batches; the step loss is the mean of the loss over all

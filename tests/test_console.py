@@ -176,3 +176,19 @@ def test_resources_json_holds_every_option_and_reads_back(tmp_path):
     for fig in back["figures"]:
         if fig["line"] is not None:  # the cited line types that figure
             assert lines[fig["line"] - 1].split("=")[0].strip() == fig["figure"]
+
+
+def test_json_puts_the_plan_alone_on_stdout(tmp_path, capsys):
+    """``--json``: stdout is plan.json as written, nothing else (no table, no 'wrote' line);
+    ``plan show --json`` prints the same document."""
+    import json
+
+    from planner.cli import main
+
+    out = tmp_path / "tiny"
+    args = ["examples/gpt.py", "--model-arg", "size=tiny", "--gpus", "2", "--profile", "h100-sxm"]
+    assert main([str(ROOT / args[0]), *args[1:], "--out", str(out), "--json"]) == 0
+    printed = capsys.readouterr().out
+    assert json.loads(printed) == json.loads((out / "plan.json").read_text())
+    assert main(["show", str(out / "plan.json"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == json.loads(printed)
