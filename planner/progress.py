@@ -12,6 +12,7 @@ without importing the planner.
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 from collections.abc import Callable
@@ -56,6 +57,9 @@ class Bars:
                 transient=True,
             )
             self._progress.__enter__()
+            # a run that raises never reaches __exit__: stop the bar (and show the cursor
+            # again) when the process ends
+            atexit.register(self.__exit__)
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -192,3 +192,28 @@ def test_json_puts_the_plan_alone_on_stdout(tmp_path, capsys):
     assert json.loads(printed) == json.loads((out / "plan.json").read_text())
     assert main(["show", str(out / "plan.json"), "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == json.loads(printed)
+
+
+def test_bars_are_drawn_only_for_a_person_at_a_terminal(monkeypatch):
+    """Not with --quiet, not when stderr is a pipe or a file, not in CI."""
+    import sys
+
+    from planner.progress import Bars, bars_enabled
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    assert bars_enabled() and not bars_enabled(quiet=True)
+    monkeypatch.setenv("CI", "true")
+    assert not bars_enabled()
+    monkeypatch.delenv("CI")
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    assert not bars_enabled()
+    with Bars(verbose=True) as bars:  # disabled: every call is a no-op, --verbose still says
+        bars.task("x", total=2).advance(info="one")
+        bars.search_callback()("solve", 1, 4, pruned=2)
+        bars.say("planning pp2 dp1 tp1")
+    assert sys.stderr.getvalue() == "planning pp2 dp1 tp1\n"
