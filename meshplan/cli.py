@@ -32,15 +32,7 @@ def run_saved_plan(path: Path, opts: argparse.Namespace) -> int:
 
 def cmd_run(argv: list[str]) -> int:
     """``plan run PLAN.json [flags]``: train a saved plan (see runtime.launch)."""
-    from planner.flags import CommandParser, add_run_flags
-
-    parser = CommandParser(
-        prog="plan run", description="Train a saved plan with torch.distributed."
-    )
-    parser.add_argument("plan", help="a plan.json written by `plan MODEL.py`")
-    add_run_flags(parser)
-    parser.add_argument("--debug", action="store_true", help="show tracebacks, the workers' too")
-    opts = parser.parse_args(argv)
+    opts = cli.build_run_parser().parse_args(argv)
     return run_saved_plan(Path(opts.plan), opts)
 
 

@@ -51,6 +51,18 @@ def _lazy(module: str) -> Callable[[list[str]], int]:
 # imports the runtime; the entry (meshplan.cli) hands it this function.
 RunPlan = Callable[[Path, argparse.Namespace], int]
 
+
+def build_run_parser() -> argparse.ArgumentParser:
+    """``plan run``'s flags (the entry, meshplan.cli, runs it; the CLI reference reads it)."""
+    parser = CommandParser(
+        prog="plan run", description="Train a saved plan with torch.distributed."
+    )
+    parser.add_argument("plan", help="a plan.json written by `plan MODEL.py`")
+    add_run_flags(parser)
+    parser.add_argument("--debug", action="store_true", help="show tracebacks, the workers' too")
+    return parser
+
+
 SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
     "show": _lazy("planner.report.show"),
     "calibrate": _lazy("planner.calibrate"),
@@ -58,7 +70,7 @@ SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
 
 
 def add_model_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="the model file (see the model-file contract in README)")
+    p.add_argument("model", help="the model file (see docs/model-files.md)")
     p.add_argument(
         "--model-arg",
         action="append",
@@ -82,6 +94,7 @@ def add_report_flags(p: argparse.ArgumentParser) -> None:
 
 def add_common_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="print only errors")
+    p.add_argument("--verbose", action="store_true", help="also print each candidate searched")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
 
 
@@ -93,7 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_model_flags(p)
     p.add_argument("--graph", action="store_true", help="print the block table and stop")
-    p.add_argument("--json", action="store_true", help="with --graph: JSON on stdout")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="the result as JSON on stdout instead of tables: the block graph with --graph, "
+        "resources.json with --resources, else plan.json",
+    )
     c = p.add_argument_group("cluster")
     c.add_argument("--gpus", type=positive_int, help="number of devices")
     c.add_argument("--profile", help="device profile name (see profiles/) or a .toml path")
@@ -256,8 +274,9 @@ def run_planning(
     args: argparse.Namespace, mf, training: Training, command: str, run: RunPlan | None = None
 ) -> int:
     from planner.api import plan
+    from planner.progress import Bars
     from planner.report import report_files
-    from planner.report.console import Progress, print_plan
+    from planner.report.console import print_plan
     from planner.report.worker import ReportWorker
     from planner.schema import write_plan
 
@@ -268,10 +287,11 @@ def run_planning(
         raise UserInputError(f"--tp {pins.tp} does not divide --gpus {args.gpus}")
     out_dir = Path(args.out) if args.out else Path("reports") / mf.path.stem
     notes = _run_profile_default(args)
+    quiet = args.quiet or args.json  # --json: plan.json on stdout, nothing else there
     with contextlib.ExitStack() as stack:
         # the report's worker imports matplotlib while this process traces and searches
         worker = None if args.no_report else stack.enter_context(ReportWorker())
-        with Progress(quiet=args.quiet) as progress:
+        with Bars(quiet, args.verbose) as bars:
             result = plan(
                 mf,
                 args.gpus,
@@ -281,7 +301,7 @@ def run_planning(
                 training=training,
                 pins=pins,
                 use_cache=not args.no_cache,
-                progress=progress.update,
+                progress=bars.search_callback(),
             )
         path = write_plan(result.plan, out_dir)
         written = [path]
@@ -291,7 +311,9 @@ def run_planning(
         if not args.quiet:
             for note in notes + result.notes:
                 print(f"note: {note}", file=sys.stderr)
-        print_plan(result.plan, written, quiet=args.quiet)
+        if args.json:
+            print(path.read_text(), end="")
+        print_plan(result.plan, written, quiet=quiet)
         if worker is not None and worker.result() != written[1:]:
             raise RuntimeError(f"the report worker wrote other files than {written[1:]}")
     if args.run and run is not None:

@@ -1,4 +1,5 @@
-"""The training loop of one plan on this rank, defined to match ``runtime.reference``.
+"""The training loop of one plan on this rank, defined to match one-process training
+(``reference_run`` in tests/oracle.py).
 
 Step k trains on ``make_batch(global_batch_size, step=k)``; DP rank r takes its contiguous slice
 and splits it into contiguous micro-batches; the step loss is the mean of the loss over all
@@ -21,6 +22,7 @@ import torch.distributed as dist
 
 from planner.errors import MeshplanError
 from planner.modelfile import ModelFile
+from planner.progress import Bars
 from planner.schema import Plan
 from runtime.batching import micro_batches, replica_share, throughput_unit
 from runtime.build import Built, RuntimeCache, build, release
@@ -160,6 +162,10 @@ def train_plan(
     if device.type == "cuda":
         # one launch trains several plans in turn: each plan's peak is its own
         torch.cuda.reset_peak_memory_stats(device)
+    # rank 0 draws a bar where it may (planner.progress), else prints a line per step
+    bars = Bars(quiet=rank != 0).__enter__()
+    bar = bars.task("training", total=steps)
+    bar.update(completed=start)
     for step in range(start + 1, steps + 1):
         t0 = time.perf_counter()
         local = _local_step(built, mf, step, device)
@@ -194,7 +200,11 @@ def train_plan(
             record["peak_reserved_bytes"] = [int(v) for v in vec[1 + world :].tolist()]
         if rank == 0:
             append_metrics(metrics_path, record)
-            print(format_step(record, steps), flush=True)
+            bar.update(completed=step, info=f"loss {loss:.6f} · {elapsed:.3f} s/step")
+            if step == steps:
+                bars.__exit__()  # the bar goes; the last step's line stays
+            if not bars.enabled or step == steps:
+                print(format_step(record, steps), flush=True)
         if checkpoint_every and step % checkpoint_every == 0:
             where = save_checkpoint(built, run_dir, step)
             if rank == 0:

@@ -177,10 +177,13 @@ def test_cli_adds_the_mixed_option_when_it_is_faster(tmp_path, capsys, monkeypat
     args = ["examples/gpt.py", "--model-arg", "size=1.3b", "--global-batch-size", "64"]
     args += ["--resources", str(pool), "--tokens", "1000000000", "--objective", "time"]
     assert main([*args, "--out", str(out_dir)]) == 0
-    out = capsys.readouterr().out
+    out = " ".join(capsys.readouterr().out.split())  # lines wrapped to the terminal, as one
     assert "chosen: a+h x2 has the least time" in out
-    said = next(line for line in out.splitlines() if line.startswith("figures: "))
-    assert "a: price_per_gpu_hour" in said and "; h: price_per_gpu_hour" in said
+    said = out.split("figures from ", 1)[1]
+    assert " a: price_per_gpu_hour" in said and " h: price_per_gpu_hour" in said
+    doc = json.loads((out_dir / "resources.json").read_text())
+    assert doc["chosen"] == "a+h x2" and doc["plan"] == "plan.json"
+    assert [o["label"] for o in doc["options"] if o["mixed"]] == ["a+h x2"]
     plan = load_plan(out_dir / "mixed" / "plan.json")
     assert {st.kind for st in plan.stages} == {"a", "h"}
     assert sorted(k.name for k in plan.kinds) == ["a", "h"]

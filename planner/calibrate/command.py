@@ -13,9 +13,9 @@ the number of cores (at least 2, at most 8).
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import socket
-import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -28,6 +28,10 @@ DEFAULT_MAX_CPU_RANKS = 8
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
+
+
+def build_parser() -> argparse.ArgumentParser:
     p = CommandParser(
         prog="plan calibrate", description="Measure this machine into a profile TOML."
     )
@@ -36,9 +40,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--out", help="profile to write (default: profiles/measured/<name>.toml)")
     p.add_argument("--quick", action="store_true", help="short timings and small sizes (tests)")
     p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+    p.add_argument("--json", action="store_true", help="the written profile as JSON on stdout")
     p.add_argument("--quiet", action="store_true", help="print only errors")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
-    return p.parse_args(argv)
+    return p
 
 
 def default_nproc(device: str, cores: int) -> int:
@@ -121,13 +126,19 @@ def main(argv: list[str]) -> int:
         raise UserInputError(f"{out} exists: pass --force to overwrite it, or choose --out")
 
     from planner.calibrate.display import Display
+    from planner.progress import bars_enabled
 
-    with Display(args.quiet or not sys.stderr.isatty(), args.device, args.quick) as display:
+    quiet = args.quiet or args.json
+    with Display(not bars_enabled(quiet), args.device, args.quick) as display:
         result = calibrate(args.device, nproc, args.quick, name, display.update, argv)
     from planner.hardware.profiles import write_profile
 
     write_profile(result.profile, out, result.comments, result.header)
-    if not args.quiet:
+    if args.json:
+        from planner.hardware.profiles import profile_to_dict
+
+        print(json.dumps({"path": str(out), "profile": profile_to_dict(result.profile)}, indent=2))
+    elif not args.quiet:
         from planner.calibrate.display import print_summary
 
         print_summary(result, out, time.perf_counter() - started)

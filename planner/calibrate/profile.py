@@ -1,7 +1,7 @@
 """Turn raw calibration measurements into a profile the cost model reads as it reads the
 shipped ones.
 
-How each cost-model input is set (planner/costmodel.py, planner/cluster.py):
+How each cost-model input is set (planner/cost/model.py, planner/hardware/cluster.py):
 
 - Matmuls take ``FLOPs / (peak_flops[dtype] * matmul_efficiency)``. One efficiency serves every
   dtype, so it is fitted on the reference dtype (fp32 on a CPU, bf16 on a GPU) against a real

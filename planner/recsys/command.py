@@ -73,7 +73,9 @@ def run(
     out_dir = Path(args.out) if args.out else Path("reports") / mf.path.stem
     path = write_recplan(doc, out_dir)
     drawn = draw(doc, out_dir) if draw else []  # the report's figure (planner.report)
-    if not args.quiet:
+    if args.json:  # the recommendation plan on stdout, as written
+        print(path.read_text(), end="")
+    elif not args.quiet:
         for note in notes + more:
             print(f"note: {note}", file=sys.stderr)
         print_summary(doc, path)

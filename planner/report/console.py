@@ -26,6 +26,71 @@ def console(quiet: bool = False) -> Console:
     return Console(quiet=quiet, highlight=False, soft_wrap=False)
 
 
+def middle(text: str, width: int) -> str:
+    """``text`` cut to ``width`` characters by dropping its middle: the start and the end of a
+    module path or a node name tell them apart, the middle rarely does."""
+    if len(text) <= width:
+        return text
+    if width <= 1:
+        return text[:width]
+    head = (width - 1 + 1) // 2
+    tail = width - 1 - head
+    return text[:head] + "…" + (text[-tail:] if tail else "")
+
+
+MIN_SHRUNK = 8  # a shortened column keeps at least this many characters
+
+
+def fitted_table(
+    header: list[str],
+    rows: list[list[str]],
+    width: int,
+    shrink: tuple[int, ...] = (),
+    right: tuple[int, ...] = (),
+    title: str | None = None,
+) -> Table:
+    """A borderless table no wider than ``width``: the ``shrink`` columns give up characters,
+    widest first, and their cells are shortened from the middle, so no cell wraps onto a
+    second line (a wrapped cell is what made 80-column tables unreadable)."""
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    budget = width - len(header)  # one space after each column
+    while sum(widths) > budget:
+        candidates = [i for i in shrink if widths[i] > MIN_SHRUNK]
+        if not candidates:
+            break
+        widest = max(candidates, key=lambda i: widths[i])
+        widths[widest] -= 1
+    table = Table(
+        title=title,
+        title_justify="left",
+        box=None,
+        padding=(0, 1, 0, 0),
+        pad_edge=False,
+        header_style="bold",
+    )
+    for i, name in enumerate(header):
+        table.add_column(
+            middle(name, widths[i]),
+            justify="right" if i in right else "left",
+            no_wrap=True,
+            max_width=widths[i],
+            min_width=min(widths[i], len(name)),
+        )
+    for r in rows:
+        table.add_row(*(middle(c, widths[i]) for i, c in enumerate(r)))
+    return table
+
+
+def terminal_width(default: int = 100) -> int:
+    """The width tables are fitted to: $COLUMNS, else the terminal's, else ``default``."""
+    import os
+    import shutil
+
+    if os.environ.get("COLUMNS", "").isdigit():
+        return int(os.environ["COLUMNS"])
+    return shutil.get_terminal_size((default, 24)).columns
+
+
 def human_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
@@ -78,67 +143,147 @@ def print_graph(summary: dict[str, Any], note: str = "", quiet: bool = False) ->
     m = summary["model"]
     if note:
         print(f"note: {note}", file=sys.stderr)
-    table = Table(
-        title=(
-            f"{m['file'].rsplit('/', 1)[-1]}  ·  {human_count(m['params'])} parameters  ·  "
-            f"micro-batch {m['micro_batch_size']}  ·  {m['dtype']}  ·  traced by {m['trace']}"
-        )
+    title = (
+        f"{m['file'].rsplit('/', 1)[-1]}  ·  {human_count(m['params'])} parameters  ·  "
+        f"micro-batch {m['micro_batch_size']}  ·  {m['dtype']}  ·  traced by {m['trace']}"
     )
-    table.add_column("#", justify="right")
-    table.add_column("block")
-    table.add_column("class")
-    table.add_column("parameters", justify="right")
-    table.add_column("fwd GFLOPs", justify="right")
-    table.add_column("saved act. MB", justify="right")
-    for i, b in enumerate(summary["blocks"]):
-        table.add_row(
+    header = ["#", "block", "class", "parameters", "fwd GFLOPs", "saved act. MB"]
+    rows = [
+        [
             str(i),
             b["name"],
             b["class"],
             f"{b['params']:,}",
             f"{b['fwd_flops'] / 1e9:,.2f}",
             f"{b['saved_activation_bytes'] / 1e6:,.1f}",
-        )
-    table.add_section()
-    table.add_row(
-        "",
-        f"{len(summary['blocks'])} blocks",
-        f"{len(m['classes'])} classes",
-        f"{m['params']:,}",
-        f"{m['fwd_flops'] / 1e9:,.2f}",
-        f"{m['saved_activation_bytes'] / 1e6:,.1f}",
+        ]
+        for i, b in enumerate(summary["blocks"])
+    ]
+    rows.append(
+        [
+            "",
+            f"{len(summary['blocks'])} blocks",
+            f"{len(m['classes'])} classes",
+            f"{m['params']:,}",
+            f"{m['fwd_flops'] / 1e9:,.2f}",
+            f"{m['saved_activation_bytes'] / 1e6:,.1f}",
+        ]
     )
-    out.print(table)
+    width = terminal_width()
+    out.print(middle(title, width))
+    out.print(fitted_table(header, rows, width, shrink=(1, 2), right=(0, 3, 4, 5)))
 
 
-class Progress:
-    """A one-line live status while tracing and solving; silent when quiet or not a tty."""
+MAX_STAGE_ROWS = 12  # a longer stage table keeps its ends and sums up its middle in one row
 
-    def __init__(self, quiet: bool = False) -> None:
-        self.enabled = not quiet and sys.stderr.isatty()
-        self._status = None
 
-    def __enter__(self) -> Progress:
-        if self.enabled:
-            from rich.console import Console as _C
-
-            self._status = _C(stderr=True).status("tracing the model…")
-            self._status.__enter__()
-        return self
-
-    def update(self, phase: str, done: int, total: int, pruned: int = 0) -> None:
-        if self._status is None:
-            return
-        if phase == "trace":
-            self._status.update("tracing the model…")
-        elif phase == "price":
-            self._status.update(f"pricing block options: {done} of {total} (TP, micro-batch) pairs")
+def block_range(names: list[str]) -> str:
+    """Consecutive blocks as a person names them: ``layers 3-5`` for ``layers.3`` ...
+    ``layers.5`` (a common prefix before a trailing number), other blocks by their names,
+    joined by commas: ``wte+wpe+drop, layers 0-1``."""
+    parts: list[list] = []  # [prefix, first, last] for numbered runs, [name] otherwise
+    for n in names:
+        head, _, tail = n.rpartition(".")
+        if head and tail.isdigit():
+            k = int(tail)
+            if parts and len(parts[-1]) == 3 and parts[-1][0] == head and parts[-1][2] == k - 1:
+                parts[-1][2] = k
+                continue
+            parts.append([head, k, k])
         else:
-            self._status.update(f"solving: {done} solved · {pruned} pruned · {total} candidates")
+            parts.append([n])
+    return ", ".join(
+        p[0] if len(p) == 1 else f"{p[0]}.{p[1]}" if p[1] == p[2] else f"{p[0]} {p[1]}-{p[2]}"
+        for p in parts
+    )
 
-    def __exit__(self, *exc: object) -> None:
-        if self._status is not None:
-            self._status.__exit__(None, None, None)
+
+def _span(first: str, last: str) -> str:
+    return first if first == last else f"{first}-{last}"
+
+
+def stage_rows(plan: Plan) -> list[list[str]]:
+    """The stage table's rows: stage, blocks, ranks, compute and communication per
+    micro-batch, memory against capacity. Consecutive stages that show the same figures and
+    hold blocks of the same classes on the same kind collapse into one row (``1-33``,
+    ``layers 0-32``, each figure one stage's); when more than MAX_STAGE_ROWS rows remain, the
+    middle ones become one row that counts their distinct figures."""
+    blocks = {b.name: b for b in plan.blocks}
+    pred = plan.predicted
+    cap = pred.capacity_bytes
+    runs: list[tuple[tuple, list]] = []  # (what must be equal, stages)
+    for st in plan.stages:
+        names = st.blocks
+        modes = sorted({blocks[n].recompute for n in names} - {"none"})
+        offl = sorted({blocks[n].offload for n in names} - {"none"})
+        extra = "".join(f" [recompute {m}]" for m in modes) + "".join(
+            f" [offload {o}]" for o in offl
+        )
+        mem = pred.memory_per_stage[st.pp_rank].total
+        figures = (
+            human_time(st.compute_s),
+            human_time(st.tp_comm_s + st.p2p_s),
+            f"{human_bytes(mem)} / {human_bytes(cap)}",
+        )
+        same = (figures, extra, st.kind, len(names), tuple(blocks[n].block_class for n in names))
+        if runs and runs[-1][0] == same:
+            runs[-1][1].append(st)
+        else:
+            runs.append((same, [st]))
+    rows = []
+    for (figures, extra, kind, _, _), stages in runs:
+        names = [n for st in stages for n in st.blocks]
+        first, last = stages[0], stages[-1]
+        ranks = _span(str(first.ranks[0]), str(last.ranks[-1]))
+        where = f"{kind}: " if kind else ""
+        rows.append(
+            [_span(str(first.index), str(last.index)), where + block_range(names) + extra, ranks]
+            + list(figures)
+        )
+    if len(rows) > MAX_STAGE_ROWS:
+        keep = (MAX_STAGE_ROWS - 1) // 2
+        middle_rows = rows[keep : len(rows) - keep]
+        first_stage = middle_rows[0][0].split("-")[0]
+        last_stage = middle_rows[-1][0].split("-")[-1]
+        summary = [
+            _span(first_stage, last_stage),
+            f"{int(last_stage) - int(first_stage) + 1} stages of various blocks",
+            _span(middle_rows[0][2].split("-")[0], middle_rows[-1][2].split("-")[-1]),
+        ] + [_value_range([r[i] for r in middle_rows]) for i in (3, 4, 5)]
+        rows = rows[:keep] + [summary] + rows[len(rows) - keep :]
+    return rows
+
+
+def _value_range(cells: list[str]) -> str:
+    distinct = list(dict.fromkeys(cells))
+    return distinct[0] if len(distinct) == 1 else f"{distinct[0]} … ({len(distinct)})"
+
+
+STAGE_HEADER = ["stage", "blocks", "ranks", "compute/mb", "comm/mb", "memory / capacity"]
+
+
+def stage_table(plan: Plan, width: int) -> Table:
+    """The stages fitted to ``width`` columns; blocks names give way first, from the middle."""
+    rows = stage_rows(plan)
+    right = (0, 3, 4, 5)
+    return fitted_table(STAGE_HEADER, rows, width, shrink=(1, 2), right=right, title="stages")
+
+
+def alternative_lines(alts: list, width: int) -> list[str]:
+    """Two lines per alternative: its step, peak memory and layout, then why it lost, wrapped
+    under it (a table's four columns wrapped every cell at 80 columns)."""
+    import textwrap
+
+    lines = []
+    for a in alts:
+        step = human_time(a.step_time_s) if a.step_time_s else "—"
+        mem = human_bytes(a.peak_memory_bytes) if a.peak_memory_bytes else "—"
+        head = f"  {step:>9}  {mem:>9}  "
+        lines.append(head + middle(alternative_name(a), max(8, width - len(head))))
+        lines += textwrap.wrap(
+            a.why_not, width, initial_indent=" " * 24, subsequent_indent=" " * 24
+        )
+    return lines
 
 
 def print_plan(plan: Plan, written: list, quiet: bool = False) -> None:
@@ -156,31 +301,7 @@ def print_plan(plan: Plan, written: list, quiet: bool = False) -> None:
         f"{plan.micro_batch_size} x {plan.num_microbatches} micro-batches  ·  {sched}  ·  "
         f"ZeRO-{plan.zero_stage}  ·  {plan.dtype}"
     )
-    blocks = {b.name: b for b in plan.blocks}
-    table = Table(title="stages")
-    for col in ("stage", "blocks", "ranks", "compute/mb", "comm/mb", "memory / capacity"):
-        table.add_column(col, justify="right" if col != "blocks" else "left")
-    cap = pred.capacity_bytes
-    for st in plan.stages:
-        names = st.blocks
-        shown = names[0] if len(names) == 1 else f"{names[0]} … {names[-1]} ({len(names)})"
-        modes = sorted({blocks[n].recompute for n in names} - {"none"})
-        offl = sorted({blocks[n].offload for n in names} - {"none"})
-        extra = "".join(f" [recompute {m}]" for m in modes) + "".join(
-            f" [offload {o}]" for o in offl
-        )
-        ranks = st.ranks
-        rank_text = f"{ranks[0]}–{ranks[-1]}" if len(ranks) > 1 else str(ranks[0])
-        mem = pred.memory_per_stage[st.pp_rank].total
-        table.add_row(
-            str(st.index),
-            shown + extra,
-            rank_text,
-            human_time(st.compute_s),
-            human_time(st.tp_comm_s + st.p2p_s),
-            f"{human_bytes(mem)} / {human_bytes(cap)}",
-        )
-    out.print(table)
+    out.print(stage_table(plan, terminal_width()))
     out.print(
         f"predicted step {step_with_range(pred)}  ·  "
         f"{pred.samples_per_s:,.1f} samples/s  ·  {pred.tokens_per_s:,.0f} tokens/s  ·  "
@@ -188,14 +309,9 @@ def print_plan(plan: Plan, written: list, quiet: bool = False) -> None:
     )
     alts = [a for a in sol.alternatives if a.why_not != "chosen"][:6]
     if alts:
-        t = Table(title="alternatives")
-        for col in ("layout", "step", "peak memory", "why not"):
-            t.add_column(col)
-        for a in alts:
-            step = human_time(a.step_time_s) if a.step_time_s else "—"
-            mem = human_bytes(a.peak_memory_bytes) if a.peak_memory_bytes else "—"
-            t.add_row(alternative_name(a), step, mem, a.why_not)
-        out.print(t)
+        out.print("alternatives", markup=False)
+        for line in alternative_lines(alts, terminal_width()):
+            out.print(line, markup=False)
     out.print(
         f"solver: {sol.candidates_solved} of {sol.candidates_total} candidates solved "
         f"({sol.candidates_pruned} pruned by bounds) in {sol.solve_time_s:.2f} s"

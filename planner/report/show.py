@@ -21,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("plan", help="a plan.json written by `plan`")
     p.add_argument("--out", help="where to write the figures (default: beside the plan file)")
     p.add_argument("--svg", action="store_true", help="also write each figure as SVG")
+    p.add_argument("--json", action="store_true", help="the plan as JSON on stdout, no tables")
     p.add_argument("--quiet", action="store_true", help="print only errors")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     return p
@@ -41,16 +42,20 @@ def main(argv: list[str]) -> int:
     if rec is not None:  # a recommendation plan: its tables and ranks, and their figure
         from planner.report.recfigure import write_recplan_report
 
-        print_recplan(rec, quiet=args.quiet)
+        if args.json:
+            print(path.read_text(), end="")
+        print_recplan(rec, quiet=args.quiet or args.json)
         out_dir = Path(args.out) if args.out else path.parent
         command = shlex.join(["plan", "show", *argv])
         for figure in write_recplan_report(rec, out_dir, command):
-            if not args.quiet:
+            if not (args.quiet or args.json):
                 print(f"wrote {figure}")
         return 0
     plan = load_plan(path)
     out_dir = Path(args.out) if args.out else path.parent
     command = shlex.join(["plan", "show", *argv])
     written = write_report(plan, out_dir, command, args.svg)
-    print_plan(plan, written, quiet=args.quiet)
+    if args.json:
+        print(path.read_text(), end="")
+    print_plan(plan, written, quiet=args.quiet or args.json)
     return 0

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from planner.errors import InfeasibleError, UserInputError
@@ -28,6 +28,7 @@ class PlanPoint:
     tokens_per_step: int
     mesh: str  # e.g. "pp1 dp8 tp1", for the table
     busy: float = 1.0  # the share of the step the GPUs run kernels (energy.busy_share)
+    plan: Any = field(default=None, compare=False, repr=False)  # the schema.Plan, when kept
 
 
 @dataclass(frozen=True)
@@ -39,14 +40,29 @@ class Option:
     point: PlanPoint | None
     run: RunCost | None
     why_not: str = ""  # the planner's one-line reason when nothing fits
+    # A label of its own, where "<kind> x<nodes>" would read like another option: a pipeline
+    # whose stages all use one kind is named by its GPU count and stage degrees instead
+    # (mixed_label), so it is not mistaken for the single-kind option it beats.
+    name: str = ""
+    gpu_count: int = 0  # where the GPUs used are not nodes x GPUs per node (a mixed option)
 
     @property
     def gpus(self) -> int:
-        return self.nodes * self.node.gpus_per_node
+        return self.gpu_count or self.nodes * self.node.gpus_per_node
 
     @property
     def label(self) -> str:
-        return f"{self.node.name} x{self.nodes}"
+        return self.name or f"{self.node.name} x{self.nodes}"
+
+
+def mixed_label(kinds_by_stage: Sequence[str], gpus: int, tp: str, dp: str) -> str:
+    """How a pipeline across kinds is named: ``a100+h100 x<nodes>`` reads fine when its stages
+    use several kinds, but when they all use one it is named by what makes it differ from that
+    kind's own options: its GPU count and the stages' degrees (``h100 24 GPUs tp 2/1 dp 4``)."""
+    kinds = list(dict.fromkeys(kinds_by_stage))
+    if len(kinds) != 1:
+        return ""
+    return f"{kinds[0]} {gpus} GPUs tp {tp} dp {dp}"
 
 
 Planner = Callable[[NodeType, int], PlanPoint]
@@ -267,6 +283,7 @@ def plan_option(
         per_sample = pred.tokens_per_s / pred.samples_per_s if pred.samples_per_s else 1.0
         m = p.mesh
         return PlanPoint(
+            plan=p,
             step_time_s=pred.step_time_s,
             mfu=pred.mfu,
             busy=prediction_busy_share(pred),

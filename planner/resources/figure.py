@@ -13,6 +13,22 @@ from pathlib import Path
 from planner.resources.choose import Option
 
 
+def si(x: float) -> str:
+    """A number in at most six characters: 0.42, 37, 4,405, 14.0k, 1.56M."""
+    if abs(x) >= 1e6:
+        return f"{x / 1e6:.3g}M"
+    if abs(x) >= 1e4:
+        return f"{x / 1e3:.3g}k"
+    if abs(x) >= 100:
+        return f"{x:,.0f}"
+    return f"{x:.2g}" if x else "0"
+
+
+def duration(hours: float) -> str:
+    """Hours up to two days, then days."""
+    return f"{hours:.3g} h" if hours < 48 else f"{hours / 24:,.0f} d"
+
+
 def table_rows(
     options: Sequence[Option],
     chosen: Option | None,
@@ -20,71 +36,54 @@ def table_rows(
     deadline_h: float | None,
     budget_usd: float | None,
 ) -> list[list[str]]:
-    """One row per option: kind, nodes, GPUs, mesh, step, time, $, kWh, tCO2, marks."""
+    """One row per option: its marks, label, GPUs, mesh, step, run time, $, kWh, tCO2.
+
+    Marks (one character each, see ``LEGEND``): chosen, on the Pareto front, misses the
+    deadline, over the budget; an option that fits no plan says so in its mesh cell."""
+    from planner.report.console import human_time
+
     rows = []
     for o in options:
         if o.run is None or o.point is None:
-            rows.append(
-                [
-                    o.node.name,
-                    str(o.nodes),
-                    str(o.gpus),
-                    "-",
-                    "-",
-                    "-",
-                    "-",
-                    "-",
-                    "-",
-                    f"does not fit: {o.why_not}",
-                ]
-            )
+            rows.append(["", o.label, str(o.gpus), "does not fit", "-", "-", "-", "-", "-"])
             continue
-        marks = []
-        if o is chosen:
-            marks.append("CHOSEN")
-        if o in front:
-            marks.append("pareto")
+        marks = "*" if o is chosen else ""
+        marks += "+" if o in front else ""
         if deadline_h is not None and o.run.wall_h > deadline_h:
-            marks.append("misses deadline")
+            marks += "D"
         if budget_usd is not None and o.run.cost_usd > budget_usd:
-            marks.append("over budget")
+            marks += "B"
         rows.append(
             [
-                o.node.name,
-                str(o.nodes),
+                marks,
+                o.label,
                 str(o.gpus),
-                o.point.mesh,
-                f"{o.point.step_time_s:.3g}",
-                f"{o.run.wall_h:,.1f}",
-                f"{o.run.cost_usd:,.0f}",
-                f"{o.run.energy_kwh:,.0f}",
-                f"{o.run.carbon_kg / 1000:,.2f}",
-                " ".join(marks),
+                o.point.mesh.split(" (")[0],  # a mixed mesh's kinds by stage: in the label
+                human_time(o.point.step_time_s),
+                duration(o.run.wall_h),
+                "$" + si(o.run.cost_usd),
+                si(o.run.energy_kwh),
+                si(o.run.carbon_kg / 1000),
             ]
         )
     return rows
 
 
-HEADER = ["kind", "nodes", "GPUs", "mesh", "step s", "time h", "$", "kWh", "tCO2", ""]
+HEADER = ["", "option", "GPUs", "mesh", "step", "time", "cost", "kWh", "tCO2"]
+LEGEND = "* chosen  + Pareto front (time, cost, carbon)  D past deadline  B over budget"
 
 
-def print_table(rows: list[list[str]], title: str) -> None:
-    """Rich when it is installed, else aligned plain text: the same columns either way."""
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:
-        widths = [max(len(r[i]) for r in [HEADER, *rows]) for i in range(len(HEADER))]
-        print(title)
-        for r in [HEADER, *rows]:
-            print("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)))
-        return
-    table = Table(title=title)
-    for h in HEADER:
-        table.add_column(h, justify="left" if h in ("kind", "mesh", "") else "right")
-    for r in rows:
-        table.add_row(*r)
-    Console(width=160).print(table)
+def print_table(rows: list[list[str]], title: str, width: int | None = None) -> None:
+    """The options as a table fitted to the terminal (option and mesh names shortened from
+    the middle when it is narrow), with the marks' legend and the options that do not fit."""
+    from planner.report.console import console, fitted_table, middle, terminal_width
+
+    width = width or terminal_width()
+    out = console()
+    table = fitted_table(HEADER, rows, width, shrink=(1, 3), right=(2, 4, 5, 6, 7, 8))
+    out.print(middle(title, width))
+    out.print(table)
+    out.print(middle(LEGEND, width))
 
 
 def draw_front(

@@ -13,7 +13,7 @@ import math
 from dataclasses import replace
 from typing import Any
 
-from planner.resources.choose import Option, PlanPoint, meets, objective_value
+from planner.resources.choose import Option, PlanPoint, meets, mixed_label, objective_value
 from planner.resources.energy import RunCost, prediction_busy_share, run_cost, steps_for
 from planner.resources.mixed_plan import KindSpec, MixedPlanResult, plan_mixed
 from planner.resources.pool import NodeType, Pool
@@ -203,5 +203,8 @@ def mixed_option(
     m = plan.mesh
     kinds_by_stage = "/".join(st.kind or "" for st in plan.stages)
     mesh = f"pp{m.pp} dp{m.dp_label} tp{m.tp_label} ({kinds_by_stage})"
-    point = PlanPoint(p.step_time_s, p.mfu, tokens_per_step, mesh, prediction_busy_share(p))
-    return Option(mixed_node_type(pool, plan, nodes), nodes, point, run), res
+    point = PlanPoint(p.step_time_s, p.mfu, tokens_per_step, mesh, prediction_busy_share(p), plan)
+    gpus = sum(k.gpus for k in plan.kinds or [])
+    name = mixed_label([st.kind or "" for st in plan.stages], gpus, m.tp_label, m.dp_label)
+    node = mixed_node_type(pool, plan, nodes)
+    return Option(node, nodes, point, run, name=name, gpu_count=gpus), res

@@ -132,30 +132,51 @@ def figure_lines(text: str) -> dict[str, dict[str, int]]:
     return found
 
 
-def figure_sources(pool: Pool, kinds: list[str]) -> str:
-    """One line naming, for each node type of ``kinds``, each figure the run's time, money,
-    energy and carbon were priced with and the line of the pool file it came from."""
+def figure_records(pool: Pool, kinds: list[str]) -> list[dict[str, Any]]:
+    """For each node type of ``kinds``, each figure the run's time, money, energy and carbon
+    were priced with and where it came from: ``source`` is ``<pool file>:<line>``, the profile
+    file, or what stood in for a figure the file does not set."""
     from planner.hardware.profiles import profiles_dir
 
-    parts = []
+    records: list[dict[str, Any]] = []
     for t in pool.node_types:
         if t.name not in kinds:
             continue
         at = pool.lines.get(t.name, {})
-        figures = []
         for key in _NUMBERS:
             value = getattr(t, key)
             if key in at:
-                figures.append(f"{key} {value:g} (line {at[key]})")
+                records.append(_record(t.name, key, value, at[key], f"{pool.path}:{at[key]}"))
             elif key == "gpu_idle_watts":
-                figures.append(f"{key} {value:g} (not set: gpu_busy_watts)")
+                records.append(_record(t.name, key, value, None, "not set: gpu_busy_watts"))
         profile = os.path.relpath(profiles_dir() / f"{t.profile}.toml")
-        figures.append(f"step time from profile {t.profile} ({profile})")
-        parts.append(f"{t.name}: " + ", ".join(figures))
+        records.append(_record(t.name, "step time", t.profile, None, profile))
     frac = pool.lines.get("", {}).get("effective_time_fraction")
-    where = f"line {frac}" if frac else "the default, planner/resources/pool.py"
-    parts.append(f"effective_time_fraction {pool.effective_time_fraction:g} ({where})")
-    return f"{pool.path}: " + "; ".join(parts)
+    where = f"{pool.path}:{frac}" if frac else "the default, planner/resources/pool.py"
+    records.append(
+        _record("", "effective_time_fraction", pool.effective_time_fraction, frac, where)
+    )
+    return records
+
+
+def _record(kind: str, name: str, value: Any, line: int | None, source: str) -> dict[str, Any]:
+    return {"kind": kind, "figure": name, "value": value, "line": line, "source": source}
+
+
+def figure_sources(pool: Pool, kinds: list[str]) -> str:
+    """One line naming, for each node type of ``kinds``, each figure the run's time, money,
+    energy and carbon were priced with and the line of the pool file it came from."""
+    parts: dict[str, list[str]] = {}
+    for r in figure_records(pool, kinds):
+        if r["figure"] == "step time":
+            text = f"step time from profile {r['value']} ({r['source']})"
+        elif r["line"] is not None:
+            text = f"{r['figure']} {r['value']:g} (line {r['line']})"
+        else:
+            text = f"{r['figure']} {r['value']:g} ({r['source']})"
+        parts.setdefault(r["kind"], []).append(text)
+    shown = [f"{k}: " + ", ".join(v) for k, v in parts.items() if k] + parts[""]
+    return f"{pool.path}: " + "; ".join(shown)
 
 
 def pool_from_dict(data: dict[str, Any], source: str) -> Pool:
