@@ -19,9 +19,9 @@ from test_mixed_milp import brute_force
 from test_mixed_plan import LINK, trains_like_one_process
 from test_mixed_stage_tp import COMMON, plan_stage_tp
 
-from planner.resources import mixed
 from planner.schema import load_plan, write_plan
 from planner.search import Pins
+from planner.search.mixed import search as mixed
 from planner.search.mixed.cost import step_time
 from planner.search.mixed.milp import solve_mixed
 from planner.search.mixed.search import (

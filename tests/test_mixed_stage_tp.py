@@ -23,11 +23,11 @@ from test_mixed_plan import LINK, MODEL, half_profile, trains_like_one_process
 
 from planner.cost.pipeline import hop_time
 from planner.hardware.collectives import p2p_time
-from planner.resources import mixed
 from planner.resources.mixed_plan import KindSpec, MixedPlanResult, plan_mixed
 from planner.schema import load_plan, write_plan
 from planner.schema.mesh import Mesh
 from planner.search import Pins
+from planner.search.mixed import search as mixed
 from planner.search.mixed.cost import step_time
 from planner.search.mixed.milp import solve_mixed
 from planner.search.mixed.search import TP_DEGREES, cell_variants, mixed_problem, stage_variants

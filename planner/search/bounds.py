@@ -13,8 +13,8 @@ from planner.cost.optimizer import offload_allowed
 from planner.cost.pipeline import one_chunk_floor
 from planner.cost.records import CostInputs
 from planner.highs import pass_model, quiet_highs
-from planner.search import relaxation
 from planner.search.candidates import Candidate
+from planner.search.milp import relaxation
 from planner.search.milp.data import GIB, StageProblem
 from planner.search.milp.dominance import LP_FIELDS, undominated
 from planner.search.milp.split_bound import SplitBound
