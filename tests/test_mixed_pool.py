@@ -189,3 +189,4 @@ def test_cli_adds_the_mixed_option_when_it_is_faster(tmp_path, capsys, monkeypat
     assert sorted(k.name for k in plan.kinds) == ["a", "h"]
     data = json.loads((out_dir / "mixed" / "plan.json").read_text())
     assert len(data["rank_kinds"]) == plan.cluster.gpus == 16
+    assert plan.solver.objective == plan.predicted.step_time_s  # the certificate's step

@@ -16,7 +16,7 @@ import math
 
 import pytest
 from test_mixed_milp import brute_force
-from test_mixed_plan import LINK, trains_like_one_process
+from test_mixed_plan import LINK, certified, trains_like_one_process
 from test_mixed_stage_tp import COMMON, plan_stage_tp
 
 from planner.schema import load_plan, write_plan
@@ -39,6 +39,10 @@ FREE = Pins(offload="none")  # the DP degree left to the search
 def searched(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("stage_dp")
     return plan_stage_tp(tmp, pins=FREE), tmp
+
+
+def test_the_plan_certifies_the_step_it_reports(searched):
+    certified(searched[0])
 
 
 def test_stage_dp_degrees_differ_and_beat_one_replica_a_stage(searched):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from test_mixed_milp import brute_force
-from test_mixed_plan import LINK, MODEL, half_profile, trains_like_one_process
+from test_mixed_plan import LINK, MODEL, certified, half_profile, trains_like_one_process
 
 from planner.cost.pipeline import hop_time
 from planner.hardware.collectives import p2p_time
@@ -61,6 +61,10 @@ def stage_tp_plan(out_dir: Path, tmp: Path) -> Path:
 def searched(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("stage_tp")
     return plan_stage_tp(tmp), tmp
+
+
+def test_the_plan_certifies_the_step_it_reports(searched):
+    certified(searched[0])
 
 
 def test_stage_degrees_differ_and_beat_one_degree_for_all(searched):

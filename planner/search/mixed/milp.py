@@ -57,6 +57,11 @@ Objective (= mixed_cost.step_time):
     (K: the tied weights' gradient sum, priced at the slowest variant's: an upper bound when
     the first and last stages differ, the same whatever the placement)
 
+Every time is in units of ``time_unit`` (a lower bound of the step's sum of stage times):
+HiGHS's feasibility tolerances are absolute, and in seconds a step of tens of microseconds
+sat within them. The search then prices the placement returned by ``cost.step_time``, the
+number its plan reports, and takes it only where the two agree (``search.exact_objective``).
+
 c[v,j] is what stage j pays per micro-batch besides its blocks and its outgoing hop (the loss
 on the last stage); r[v,j] the rank's memory besides its blocks (reserved, p2p buffers, loss).
 A tied group is a set of segments joined by tied weights (``MixedProblem.tied``): exact for the
@@ -66,6 +71,7 @@ a repeated segment) otherwise.
 
 from __future__ import annotations
 
+import math
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -154,6 +160,9 @@ class MixedSolution:
     kinds: list[int] = field(default_factory=list)  # kind index per stage
     tps: list[int] = field(default_factory=list)  # TP degree per stage
     dps: list[int] = field(default_factory=list)  # DP multiple per stage
+    # the MILP's own value of its placement, where the search set ``objective`` to the
+    # placement's step time (search.exact_objective); nan until then
+    milp_objective: float = math.nan
 
 
 def tied_groups(tied: list[tuple[int, int]], n_segments: int) -> list[tuple[int, ...]]:
@@ -319,11 +328,14 @@ class _Structure:
         self.n, self.y = n, y
         self.problem = cp.Problem(cp.Minimize(objective), cons)
 
-    def load(self, mp: MixedProblem, keep: list[list[list[int]]], split: SplitBound) -> None:
+    def load(
+        self, mp: MixedProblem, keep: list[list[list[int]]], split: SplitBound, unit: float
+    ) -> None:
+        """The parameters of ``mp``, every time in units of ``unit`` seconds (``time_unit``)."""
         J, V = self.J, self.V
-        self.q_floor.value = (mp.m_min - 1.0) * split.max_stage
-        self.sum_floor.value = split.sum_stages
-        self.weighted_floor.value = split.weighted_max
+        self.q_floor.value = (mp.m_min - 1.0) * split.max_stage / unit
+        self.sum_floor.value = split.sum_stages / unit
+        self.weighted_floor.value = split.weighted_max / unit
         cat = np.concatenate
         sps = mp.per_variant
 
@@ -341,13 +353,13 @@ class _Structure:
             [cat([np.full(len(t), seg_len[s]) for s, t in enumerate(sp.time)]) for sp in sps]
         )
         self.limit.value = np.tile(lcol * allow, (J, 1))
-        self.time.value = col("time")
+        self.time.value = col("time") / unit
         scale = np.array([mp.m_of(v) - 1.0 for v in range(V)])  # m_v - 1
         widths = [sum(map(len, sp.time)) for sp in sps]
         self.time_q.value = self.time.value * np.repeat(scale, widths)
         self.host.value = col("host") / GIB
-        self.optim.value = col("optim")
-        self.offl.value = col("offl")
+        self.optim.value = col("optim") / unit
+        self.offl.value = col("offl") / unit
         self.ws.value = np.tile(col("ws") / GIB, (J, 1))
         self.gather.value = np.tile(col("gather") / GIB, (J, 1))
         state, act = col("state"), col("act")
@@ -356,11 +368,11 @@ class _Structure:
         steps = [cat(sp.step) if sp.step is not None else np.zeros(w) for sp, w in zip(sps, widths)]
         self.stepco.value = np.tile(cat(steps) / GIB, (J, 1))
         self.loss.value = np.asarray(sps[0].loss_mem, dtype=float) / GIB
-        self.k1.value = np.tile(col("dp_first"), (J, 1))
-        self.k2.value = np.tile(col("dp_second"), (J, 1))
-        self.k1h.value = np.tile([sp.dp_once[0] for sp in sps], (J, 1))
-        self.k2h.value = np.tile([sp.dp_once[1] for sp in sps], (J, 1))
-        self.base.value = np.asarray(mp.base_time, dtype=float).T
+        self.k1.value = np.tile(col("dp_first"), (J, 1)) / unit
+        self.k2.value = np.tile(col("dp_second"), (J, 1)) / unit
+        self.k1h.value = np.tile([sp.dp_once[0] / unit for sp in sps], (J, 1))
+        self.k2h.value = np.tile([sp.dp_once[1] / unit for sp in sps], (J, 1))
+        self.base.value = np.asarray(mp.base_time, dtype=float).T / unit
         self.base_q.value = self.base.value * scale[None, :]
         self.room.value = np.stack(
             [(sp.capacity - np.asarray(sp.const_mem, dtype=float)) / GIB for sp in sps], axis=1
@@ -370,11 +382,11 @@ class _Structure:
         self.units_lo.value = np.asarray(mp.low, dtype=float)
         self.need.value = np.array([float(d in mp.needs) for d in self.degrees])
         self.need_r.value = np.array([float(d in mp.dp_needs) for d in self.mults])
-        self.const_step.value = mp.const_step
+        self.const_step.value = mp.const_step / unit
         if J > 1:
             hop = np.asarray(mp.hop, dtype=float).reshape(J - 1, V * V)
             self.linked.value = np.isfinite(hop).astype(float)
-            self.hop.value = np.where(np.isfinite(hop), hop, 0.0)
+            self.hop.value = np.where(np.isfinite(hop), hop, 0.0) / unit
             self.hop_q.value = self.hop.value * np.repeat(scale, V)[None, :]
 
     def read(self) -> tuple[list[int], list[list[list[int]]]]:
@@ -387,6 +399,21 @@ class _Structure:
             sc = self.scols[v]
             counts.append([row[sc[s] : sc[s + 1]].tolist() for s in range(self.S)])
         return variants, counts
+
+
+def time_unit(mp: MixedProblem, split: SplitBound | None) -> float:
+    """The MILP's unit of time, in seconds: a lower bound of every placement's sum of stage
+    times (mixed_bound's S* when the caller computed it, else every block at its fastest
+    option of any variant), so that the step is a few units. HiGHS's feasibility tolerances
+    are absolute (1e-6 on a MILP's rows): priced in seconds, a step of 3e-5 s left the solver
+    free to count its optimizer term 1e-6 s short, a 3% error its certificate did not see."""
+    floor = split.sum_stages if split is not None else 0.0
+    if not (math.isfinite(floor) and floor > 0):
+        floor = sum(
+            length * min(float(np.min(sp.time[s])) for sp in mp.per_variant)
+            for s, length in enumerate(mp.seg_len)
+        )
+    return floor if math.isfinite(floor) and floor > 0 else 1.0
 
 
 def solve_mixed(
@@ -424,14 +451,15 @@ def solve_mixed(
         st = structures[key] = _Structure(
             mp.J, mp.seg_len, n_opts, has_params, variants, len(mp.kinds), groups
         )
-    st.load(mp, keep, split or SplitBound(0.0, 0.0, 0.0))
+    unit = time_unit(mp, split)
+    st.load(mp, keep, split or SplitBound(0.0, 0.0, 0.0), unit)
     has_cutoff = cutoff is not None and np.isfinite(cutoff)
     opts = {
         "mip_max_nodes": int(node_limit),
         "mip_rel_gap": MIP_REL_GAP,
         "mip_abs_gap": 1e-12,
         "time_limit": float("inf"),
-        "objective_bound": float(cutoff) if has_cutoff else float("inf"),
+        "objective_bound": float(cutoff) / unit if has_cutoff else float("inf"),
     }
     start = time.perf_counter()
     try:
@@ -449,7 +477,7 @@ def solve_mixed(
     if status in ("infeasible", "infeasible_inaccurate") or not feasible:
         done = status in ("infeasible", "infeasible_inaccurate", "optimal")
         return MixedSolution(none if done else "no_solution", float("inf"), [], [], elapsed, nodes)
-    value = float(st.problem.value)
+    value = float(st.problem.value) * unit
     if has_cutoff and value >= cutoff:  # proven only when HiGHS finished
         status = "cutoff" if status == "optimal" else "no_solution"
         return MixedSolution(status, float("inf"), [], [], elapsed, nodes)

@@ -95,6 +95,7 @@ from planner.search.mixed.bound import (
     step_bound,
     variant_costs,
 )
+from planner.search.mixed.cost import step_time
 from planner.search.mixed.milp import (
     NODE_LIMIT,
     MixedProblem,
@@ -177,6 +178,7 @@ class MixedCandidate:
     cand: Candidate  # its tp: the cell's largest TP degree
     bound: float  # in the search's objective: step seconds, or the RunRate's units
     # solved | pruned-bound | pruned-memory | cutoff | infeasible | no_solution | split
+    # | inexact (the MILP's value of its placement is not the placement's step time)
     status: str = "pending"
     solution: MixedSolution | None = None
     problem: MixedProblem | None = None
@@ -237,7 +239,7 @@ class MixedResult:
         )
         return best_ok and not any(
             c.status == "no_solution"
-            or (c.solution is not None and c.solution.status == "node_limit")
+            or (c.solution is not None and c.solution.status in ("node_limit", "inexact"))
             for c in self.candidates
         )
 
@@ -350,7 +352,9 @@ def hop_times(
     """(J-1, V, V): the hop from stage j of variant v to stage j+1 of variant u, priced as
     stage_time_parts prices a homogeneous pipeline's: on the sender's kind's own link between
     its stages j and j+1 inside one kind, on the pool's fabric (bandwidth, latency) between two
-    kinds, inf where the pool has no fabric between them."""
+    kinds, inf where the pool has no fabric between them. A fabric joins its kinds both ways
+    (``links`` may name it in either order): a pipeline may hand over from either kind to the
+    other, and the MILP searches both orders."""
     J, V = configs[0].num_stages, len(variants)
     hop = np.full((max(J - 1, 0), V, V), np.inf)
     for j in range(J - 1):
@@ -359,7 +363,7 @@ def hop_times(
             nbytes = inp.boundary_bytes * sample_share(configs[a]) / inp.traced_mbs
             own = inp.cluster.link([mesh.rank(j, 0, 0), mesh.rank(j + 1, 0, 0)])
             for b, (kb, tb, _) in enumerate(variants):
-                link = own if ka == kb else links.get((ka, kb))
+                link = own if ka == kb else links.get((ka, kb), links.get((kb, ka)))
                 if link is not None:
                     shards = inp.training.pipeline_sends_shards
                     hop[j, a, b] = hop_time(nbytes, ta, tb, *link, shards)
@@ -648,6 +652,22 @@ class _Base:
         taus = [[self.priced[i][0][j] for i in idx] for j in range(mp.J)]
         psis = [[self.priced[i][1][j] for i in idx] for j in range(mp.J)]
         return taus, psis
+
+
+# How far the MILP's value of its placement may stray from that placement's step time (HiGHS's
+# feasibility tolerances, relative once the MILP counts time in units of the step's size):
+# beyond it the MILP does not price what the plan reports, and its answer certifies nothing.
+MILP_AGREES = 1e-7
+
+
+def exact_objective(mp: MixedProblem, sol: MixedSolution) -> MixedSolution:
+    """``sol`` with its objective the step time of its placement (``mixed.cost.step_time``, the
+    number the plan reports) and the MILP's own value beside it; its status "inexact" (neither
+    a plan nor a certificate) where the two differ by more than MILP_AGREES."""
+    exact = step_time(mp, sol.variants, sol.counts)
+    agrees = math.isclose(exact, sol.objective, rel_tol=MILP_AGREES)
+    status = sol.status if agrees else "inexact"
+    return replace(sol, status=status, objective=exact, milp_objective=sol.objective)
 
 
 def search_mixed(
@@ -948,6 +968,8 @@ class _Search:
         mc.problem = mp
         step_cutoff = min(self.incumbent * (1 - REL_TOL) / r, longest * (1 + 1e-9))
         sol = solve_mixed(mp, step_cutoff, self.structures, NODE_LIMIT, built.split)
+        if sol.status in ("optimal", "node_limit"):
+            sol = exact_objective(mp, sol)
         mc.solution = sol
         if sol.status not in ("optimal", "node_limit"):
             mc.status = sol.status
