@@ -99,6 +99,8 @@ def add_common_flags(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """``plan MODEL.py``'s flags. Long because each flag is one statement beside its help text,
+    in the order ``plan --help`` lists them."""
     p = CommandParser(
         prog="plan",
         description="meshplan: plan data, tensor and pipeline parallelism for a PyTorch model.",
