@@ -24,6 +24,7 @@ from runtime.batchnorm import synchronize_batchnorm
 from runtime.capability import check_runnable
 from runtime.dtensor_blocks import whole_gradients
 from runtime.expert_parallel import apply_expert_parallel, sync_expert_grads
+from runtime.model_outputs import OutputLayout
 from runtime.parallelize import (
     apply_data_parallel,
     apply_recompute,
@@ -335,7 +336,7 @@ def _build_pipeline(
             stage = uneven_stage(stage, plan.mesh, plan.global_batch_size // plan.micro_batch_size)
         stages.append(stage)
         parts.append(wrapped)
-    loss = _loss_fn(mf)
+    loss = _loss_fn(mf, pipe.meshplan_outputs)
     m = plan.global_batch_size // (plan.mesh.dp_of(pp_rank) * plan.micro_batch_size)
     if plan.schedule == "interleaved_1f1b":
         schedule = ScheduleInterleaved1F1B(stages, n_microbatches=m, loss_fn=loss)
@@ -368,9 +369,12 @@ def _batchnorm(root: nn.Module, plan: Plan, mesh: DeviceMesh, device: torch.devi
         synchronize_batchnorm(root, replicas.get_group(), device)
 
 
-def _loss_fn(mf: ModelFile):
+def _loss_fn(mf: ModelFile, layout: OutputLayout | None):
+    """The model file's loss on the last stage, handed the model's output object as one
+    process's forward returns it (rebuilt from what the stage returns: ``layout``)."""
+
     def loss(outputs: Any, targets: Any) -> torch.Tensor:
-        return mf.loss(outputs, targets)
+        return mf.loss(layout.rebuild(outputs) if layout is not None else outputs, targets)
 
     return loss
 
