@@ -43,7 +43,7 @@ RTOL = 1e-4
 MODELS = ("gpt", "llama", "mlp")
 # SGD's learning rate per model: as large as keeps five steps stable, so every tensor moves
 # far beyond the comparison's tolerance; AdamW moves every weight by about lr per step.
-SGD_LR = {"mlp": 0.1, "clip": 0.1}
+SGD_LR = {"mlp": 0.1, "clip": 0.1, "wav2vec2": 0.1}
 SGD_LR_DEFAULT = 0.5
 ADAMW_LR = 3e-3
 
@@ -360,6 +360,30 @@ EXTRA: list[tuple] = [
         "clip",
         2,
         dict(tp=1, dp=1, pp=2, zero=0, schedule="gpipe", micro_batch_size=2),
+    ),
+    # raw audio through Wav2Vec2's convolutional feature encoder, a CTC loss over its
+    # CausalLMOutput's logits (it got a bare tensor): interleaved, a cut inside the conv stack
+    (
+        "ctc-interleaved-pp2",
+        "wav2vec2",
+        2,
+        dict(
+            tp=1,
+            dp=1,
+            pp=2,
+            zero=0,
+            schedule="interleaved_1f1b",
+            virtual_stages=2,
+            micro_batch_size=2,
+        ),
+        {"norm": "stable"},
+    ),
+    (
+        "ctc-full-encoder-pp2",
+        "wav2vec2",
+        2,
+        dict(tp=1, dp=1, pp=2, zero=0, schedule="1f1b", micro_batch_size=2),
+        {"conv": "full", "mask": True},
     ),
 ]
 
