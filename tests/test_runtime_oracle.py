@@ -43,7 +43,7 @@ RTOL = 1e-4
 MODELS = ("gpt", "llama", "mlp")
 # SGD's learning rate per model: as large as keeps five steps stable, so every tensor moves
 # far beyond the comparison's tolerance; AdamW moves every weight by about lr per step.
-SGD_LR = {"mlp": 0.1, "clip": 0.1, "wav2vec2": 0.1}
+SGD_LR = {"mlp": 0.1, "clip": 0.1, "wav2vec2": 0.1, "clip_global": 0.1}
 SGD_LR_DEFAULT = 0.5
 ADAMW_LR = 3e-3
 
@@ -385,6 +385,9 @@ EXTRA: list[tuple] = [
         dict(tp=1, dp=1, pp=2, zero=0, schedule="1f1b", micro_batch_size=2),
         {"conv": "full", "mask": True},
     ),
+    # a contrastive loss over the whole batch: loss_fn gathers the replicas' features
+    # (runtime/gather.py), one micro-batch per replica; one process takes all 8 at once
+    ("gather-zero3-dp2", "clip_global", 2, dict(tp=1, dp=2, pp=1, zero=3, micro_batch_size=4)),
 ]
 
 
@@ -446,6 +449,7 @@ CORE_EXTRA = (
     "ema_teacher-ema-pp2",
     "reused_layer-reuse-pp2xtp2",
     "clip-output-object-pp2",
+    "clip_global-gather-zero3-dp2",
 )
 
 
