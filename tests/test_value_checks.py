@@ -39,3 +39,18 @@ def test_the_check_still_runs_on_a_real_batch():
         assert "Image features and image tokens do not match" in str(exc)
     else:
         raise AssertionError("transformers' check did not run")
+
+
+def test_qwen2_vl_is_refused_in_one_line_saying_why():
+    """Qwen2-VL's vision attention splits its patches per image by sizes read from the image
+    grid (``lengths.tolist()``): no meta-device trace can size that; the refusal says so."""
+    import pytest
+
+    from planner.errors import UserInputError
+
+    mf = load_model_file(LLAVA.with_name("qwen2_vl.py"), {})
+    with pytest.raises(UserInputError) as refused:
+        trace(mf, dtype="fp32", use_cache=False)
+    message = str(refused.value)
+    assert "\n" not in message
+    assert "decides what to do from tensor values" in message

@@ -812,6 +812,7 @@ def _data_dependent(exc: BaseException) -> bool:
         "DataDependent" in type(exc).__name__
         or "data-dependent" in text
         or "item() cannot be called on meta" in text
+        or "Cannot copy out of meta tensor" in text  # .tolist() (Qwen2-VL's split sizes)
     )
 
 

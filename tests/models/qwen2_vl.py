@@ -57,8 +57,9 @@ def make_batch(batch_size: int, step: int = 0) -> tuple[tuple[torch.Tensor, ...]
     g = torch.Generator().manual_seed(9400 + step)
     text_len = SEQ - IMAGE_TOKENS - 1
     text = torch.randint(0, VISION_START, (batch_size, text_len + 1), generator=g)
-    ids = torch.cat([torch.full((batch_size, 1), VISION_START),
-                     torch.full((batch_size, IMAGE_TOKENS), IMAGE_TOKEN), text[:, :-1]], 1)  # fmt: skip
+    start = torch.full((batch_size, 1), VISION_START)
+    image = torch.full((batch_size, IMAGE_TOKENS), IMAGE_TOKEN)
+    ids = torch.cat([start, image, text[:, :-1]], 1)
     targets = torch.cat([torch.full((batch_size, IMAGE_TOKENS), -100), text], 1)
     patches = torch.randn(batch_size, GRID * GRID, PATCH_FEATURES, generator=g)
     return (ids, patches, mrope_positions(batch_size)), targets

@@ -8,6 +8,10 @@ wrote, each
   pinned), PP 2 (1F1B) and a 2x2 mesh (PP 2 x TP 2), matching one-process training parameter
   for parameter (``tests/oracle.py``).
 
+Six more families are model files of ``tests/models`` (``MODEL_FILES``: contrastive CLIP,
+Wav2Vec2 CTC, Whisper, PatchTST, LLaVA, Qwen2-VL), tiny only, in the same four forms; a family
+in ``REFUSED`` must be refused at planning in one line that says why.
+
 All plans of one world size train in one torchrun launch; a plan that crashes it costs one
 relaunch of the plans after it, not the others' results.
 
