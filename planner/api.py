@@ -299,7 +299,7 @@ def plan(
         save_variants(traced.cache_key, memo.variants)
     doc = build_plan(traced, cluster, training, result, baselines)
     notes += batch_statistics_notes(traced.graph, doc)
-    notes += loss_sample_notes(traced.graph, doc)
+    notes += loss_sample_notes(traced.graph, doc, mf.loss_gathers)
     notes += forward_state_notes(traced.graph, doc)
     notes += random_draw_notes(traced.graph, doc)
     return PlanResult(doc, traced, cluster, training, result, notes)
@@ -326,17 +326,27 @@ def batch_statistics_notes(graph, doc) -> list[str]:
     ]
 
 
-def loss_sample_notes(graph, doc) -> list[str]:
+def loss_sample_notes(graph, doc, gathers: bool = False) -> list[str]:
     """Where the plan splits the batch and the model file's loss is not a mean over samples
     (``planner.trace.loss_samples``): each micro-batch of each replica computes it over its own
     samples and the step averages those, which trains another model than one process taking
-    the global batch at once. Said with the numbers that showed it and the pin that avoids it."""
+    the global batch at once. Said with the numbers that showed it and the pin that avoids it.
+    ``gathers``: the ``loss_fn`` takes ``gather`` (``runtime/gather.py``), so the replicas'
+    micro-batches of one round are one batch: only several rounds split it."""
     from planner.trace.loss_samples import couples_samples
 
     check = graph.graph.get("loss_samples", {})
-    parts = doc.num_microbatches * doc.mesh.dp
+    parts = doc.num_microbatches * (1 if gathers else doc.mesh.dp)
     if parts <= 1 or not couples_samples(check):
         return []
+    if gathers:
+        return [
+            f"loss: not a mean over samples, and loss_fn gathers the {doc.mesh.dp} replicas' "
+            f"outputs: each of {parts} micro-batch rounds is a batch of its own of "
+            f"{doc.micro_batch_size * doc.mesh.dp} samples, not one process's "
+            f"{doc.global_batch_size}; pin --micro-batch-size "
+            f"{doc.global_batch_size // doc.mesh.dp} (one micro-batch per replica)"
+        ]
     return [
         f"loss: not a mean over samples (two samples together {check['together']:.6g}, the "
         f"mean of each alone {check['apart']:.6g}: a sum, in-batch negatives or a token mean "

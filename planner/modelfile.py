@@ -69,6 +69,14 @@ class ModelFile:
     def has_loss_fn(self) -> bool:
         return callable(getattr(self.module, "loss_fn", None))
 
+    @property
+    def loss_gathers(self) -> bool:
+        """Whether ``loss_fn`` takes ``gather`` (a loss over the whole batch under data
+        parallelism: ``runtime/gather.py``)."""
+        if not self.has_loss_fn:
+            return False
+        return "gather" in inspect.signature(self.module.loss_fn).parameters
+
     def build(self) -> torch.nn.Module:
         """Call ``build_model(**args)``; a failure names the file and the exception."""
         import torch
@@ -126,11 +134,19 @@ class ModelFile:
             )
         return inputs, targets
 
-    def loss(self, outputs: Any, targets: Any) -> torch.Tensor:
+    def loss(self, outputs: Any, targets: Any, gather: Callable | None = None) -> torch.Tensor:
+        """``loss_fn(outputs, targets)``; ``gather`` is passed to a ``loss_fn`` that takes it
+        (``loss_gathers``), the identity where None (one process)."""
+        if gather is not None or self.loss_gathers:
+            return self.module.loss_fn(outputs, targets, gather=gather or _whole)
         fn: Callable[[Any, Any], torch.Tensor] = getattr(self.module, "loss_fn", None) or (
             default_loss
         )
         return fn(outputs if fn is not default_loss else to_logits(outputs), targets)
+
+
+def _whole(t: torch.Tensor) -> torch.Tensor:
+    return t
 
 
 def slice_tree(obj: Any, start: int, stop: int) -> Any:

@@ -24,6 +24,7 @@ from runtime.batchnorm import synchronize_batchnorm
 from runtime.capability import check_runnable
 from runtime.dtensor_blocks import whole_gradients
 from runtime.expert_parallel import apply_expert_parallel, sync_expert_grads
+from runtime.model_outputs import OutputLayout
 from runtime.parallelize import (
     apply_data_parallel,
     apply_recompute,
@@ -120,6 +121,7 @@ class Built:
     # (0-dim parameters, their replicas' group): no wrapper takes them (scalar_parameters)
     scalars: list = field(default_factory=list)
     autocast: torch.dtype | None = None  # the forward's torch.autocast dtype (ddp_autocast_dtype)
+    gather: Any = None  # loss_fn's gather over the replicas (runtime/gather.py); None: one
 
     def sync_gradients(self) -> None:
         """What the data-parallel wrappers leave to do before the optimizer step."""
@@ -228,6 +230,7 @@ def build(
             mesh,
             parts,
             optimizers,
+            gather=_gather(mf, mesh),
             notes=notes,
             expert_params=experts,
             edp_group=edp_group,
@@ -339,7 +342,7 @@ def _build_pipeline(
             stage = uneven_stage(stage, plan.mesh, step_microbatches)
         stages.append(stage)
         parts.append(wrapped)
-    loss = _loss_fn(mf)
+    loss = _loss_fn(mf, pipe.meshplan_outputs, _gather(mf, mesh))
     m = plan.stages_of(pp_rank)[0].num_microbatches
     if plan.schedule == Schedule.INTERLEAVED:
         schedule = ScheduleInterleaved1F1B(stages, n_microbatches=m, loss_fn=loss)
@@ -372,9 +375,22 @@ def _batchnorm(root: nn.Module, plan: Plan, mesh: DeviceMesh, device: torch.devi
         synchronize_batchnorm(root, replicas.get_group(), device)
 
 
-def _loss_fn(mf: ModelFile):
+def _gather(mf: ModelFile, mesh: DeviceMesh) -> Any:
+    """``gather`` for a ``loss_fn`` that takes it, over this rank's data-parallel replicas."""
+    if not mf.loss_gathers or mesh["dp"].size() == 1:
+        return None
+    from runtime.gather import batch_gather
+
+    return batch_gather(mesh["dp"].get_group())
+
+
+def _loss_fn(mf: ModelFile, layout: OutputLayout | None, gather: Any = None):
+    """The model file's loss on the last stage, handed the model's output object as one
+    process's forward returns it (rebuilt from what the stage returns: ``layout``)."""
+
     def loss(outputs: Any, targets: Any) -> torch.Tensor:
-        return mf.loss(outputs, targets)
+        outputs = layout.rebuild(outputs) if layout is not None else outputs
+        return mf.loss(outputs, targets, gather)
 
     return loss
 

@@ -27,12 +27,13 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.pipelining import SplitPoint, pipeline
+from torch.distributed.pipelining import SplitPoint
 from torch.distributed.pipelining._IR import annotate_split_points
 
 from planner.errors import UserInputError, brief
 from planner.modelfile import forward_takes_one_argument, one_call_site
 from planner.schema import Plan
+from runtime.model_outputs import OutputLayout, traced_pipeline
 from runtime.parallelize import called_paths, find_module
 
 
@@ -68,7 +69,9 @@ def _called(model: nn.Module, path: str, last: bool = False) -> str:
 def traced_pipe(plan: Plan, model: nn.Module, example_inputs: tuple, traced: dict) -> Any:
     """A private copy of the traced, split model; ``traced`` keeps the trace (the slow part)
     for later plans of the same model, micro-batch and cut. Cut at each stage's first module,
-    or, where that makes more stages than the plan has, after each stage's last one."""
+    or, where that makes more stages than the plan has, after each stage's last one. The
+    pipe's ``meshplan_outputs`` rebuilds the model's output object from what its last stage
+    returns (``runtime.model_outputs``); None where that is the one tensor the model returns."""
     points = split_points(plan, model)
     key = json.dumps(
         [plan.model.sha256, plan.model.args, plan.micro_batch_size, points],
@@ -83,7 +86,9 @@ def traced_pipe(plan: Plan, model: nn.Module, example_inputs: tuple, traced: dic
             traced_model = copy.deepcopy(model)
             annotate_split_points(traced_model, spec)
             try:
-                pipe = pipeline(traced_model, example_inputs, split_policy=inline_grad_mode_regions)
+                pipe, out_spec = traced_pipeline(
+                    traced_model, example_inputs, inline_grad_mode_regions
+                )
             except Exception as exc:  # noqa: BLE001 - torch's splitter refuses the cut
                 failed.append(f"at {', '.join(spec)}: {type(exc).__name__}: {brief(exc, 200)}")
                 continue
@@ -101,6 +106,7 @@ def traced_pipe(plan: Plan, model: nn.Module, example_inputs: tuple, traced: dic
                 f"{len(plan.stages)}: a module where a stage begins or ends is not called once, "
                 "in forward order"
             )
+        pipe.meshplan_outputs = gather_model_outputs(pipe.split_gm, out_spec)
         relay_skip_connections(pipe.split_gm)
         contiguous_boundaries(pipe.split_gm)
         traced[key] = pipe
@@ -276,6 +282,68 @@ def inline_grad_mode_regions(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     return gm
 
 
+def gather_model_outputs(split_gm: torch.fx.GraphModule, spec: Any) -> OutputLayout | None:
+    """Make the last stage return every leaf of the model's output, in the order of
+    ``spec`` (the exported output's structure), and return how to rebuild the output from
+    them. torch's split leaves each output where it is computed: CLIP's vision hidden states
+    end on the stage that runs the vision tower, and the loss, on the last, never saw them.
+    The last stage now takes each such leaf as an input (``relay_skip_connections`` routes it
+    there); a model input returned as an output is relayed the same way. None where the
+    model returns one tensor and the last stage returns just it (nothing to rebuild)."""
+    graph = split_gm.graph
+    last = [n for n in graph.nodes if n.op == "call_module"][-1]
+    out_node = next(n for n in graph.nodes if n.op == "output")
+    flat = out_node.args[0]
+    flat = tuple(flat) if isinstance(flat, (tuple, list)) else (flat,)
+    if spec.is_leaf() and flat[0] is last:
+        return None
+    stage = split_gm.get_submodule(last.target)
+    inner_out = next(n for n in stage.graph.nodes if n.op == "output")
+    returned = inner_out.args[0]
+    returned = tuple(returned) if isinstance(returned, (tuple, list)) else (returned,)
+    constants: dict[int, Any] = {}
+    leaves: list[torch.fx.Node] = []
+    for pos, value in enumerate(flat):
+        if not isinstance(value, torch.fx.Node):
+            constants[pos] = value
+        elif value is last:
+            leaves.append(returned[0])
+        elif value.target is operator.getitem and value.args[0] is last:
+            leaves.append(returned[value.args[1]])
+        else:  # computed on an earlier stage, or a model input
+            leaves.append(_stage_input(split_gm, last, value))
+    inner_out.args = (tuple(leaves),)
+    stage.graph.lint()
+    stage.recompile()
+    old, fresh, anchor = list(last.users), [], last
+    for i, leaf in enumerate(leaves):
+        with graph.inserting_after(anchor):
+            anchor = graph.call_function(operator.getitem, (last, i))
+        if "val" in leaf.meta:
+            anchor.meta["val"] = leaf.meta["val"]
+        fresh.append(anchor)
+    outputs = iter(fresh)
+    out_node.args = (tuple(v if pos in constants else next(outputs) for pos, v in enumerate(flat)),)
+    for user in old:
+        if user is not out_node and not user.users:
+            graph.erase_node(user)
+    graph.lint()
+    split_gm.recompile()
+    return OutputLayout(spec, constants)
+
+
+def _traced_value(split_gm: torch.fx.GraphModule, value: torch.fx.Node) -> Any:
+    """The trace's example value of ``value``, an output of a stage (which the outer graph's
+    nodes do not record) or a model input."""
+    if "val" in value.meta:
+        return value.meta["val"]
+    index = value.args[1] if value.target is operator.getitem else None
+    stage_node = value.args[0] if index is not None else value
+    stage = split_gm.get_submodule(stage_node.target)
+    returned = next(n for n in stage.graph.nodes if n.op == "output").args[0]
+    return (returned[index] if index is not None else returned).meta.get("val")
+
+
 def relay_skip_connections(split_gm: torch.fx.GraphModule) -> None:
     """Route every value that skips stages through the stages in between.
 
@@ -394,6 +462,7 @@ def _stage_input(
     with inner.inserting_after(where) if where else inner.inserting_before(next(iter(inner.nodes))):
         ph = inner.placeholder(f"input_{len(placeholders)}")
     ph.meta = dict(value.meta)
+    ph.meta.setdefault("val", _traced_value(split_gm, value))
     stage_node.args = (*stage_node.args, value)
     return ph
 
@@ -422,7 +491,7 @@ def _pass_through(
     last = max(stage_node.users, key=_position(graph))
     with graph.inserting_after(last):
         got = graph.call_function(operator.getitem, (stage_node, len(outs)))
-    got.meta = dict(value.meta)
+    got.meta = dict(ph.meta)
     return got
 
 

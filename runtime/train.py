@@ -65,7 +65,7 @@ def _local_step(built: Built, mf: ModelFile, step: int, device: torch.device) ->
             gradient_sync(built.parts, j == len(chunks) - 1)
             with _sequence_share(built, x, y) as (x, kwargs, y):
                 with _autocast(built, device):
-                    loss = mf.loss(model(*x, **kwargs), y)
+                    loss = mf.loss(model(*x, **kwargs), y, built.gather)
                 with backward_replication(plan):
                     (loss / len(chunks)).backward()
             # Summed on the device: an .item() per micro-batch would make the host wait for

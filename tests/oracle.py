@@ -66,6 +66,7 @@ def reference_run(
     lr: float = 3e-4,
     seed: int = 0,
     synchronized_replicas: int = 1,
+    gathered_replicas: int = 1,
 ) -> Reference:
     """One-process training, steps 1..``steps``: losses, and the state before and after.
 
@@ -79,6 +80,8 @@ def reference_run(
     rounds = 1
     if any(isinstance(m, _BatchNorm) for m in model.modules()):
         rounds = synchronized_replicas
+    if mf.loss_gathers:
+        rounds = gathered_replicas
     initial = _snapshot(model)
     params = dict(model.named_parameters())
     aliases = {id(params[first]): names for first, names in parameter_names(model).items()}
@@ -131,7 +134,14 @@ def reference_key(plan: dict[str, Any]) -> str:
     return json.dumps(
         [plan["model"]["file"], plan["model"].get("args", {}), _synchronized_replicas(plan)]
         + [plan.get(f) for f in fields]
+        + [_gathered_replicas(plan)]
     )
+
+
+def _gathered_replicas(plan: dict[str, Any]) -> int:
+    """The replicas a ``loss_fn`` taking ``gather`` joins (1 for every other loss)."""
+    mf = load_model_file(plan["model"]["file"], plan["model"].get("args", {}))
+    return plan["mesh"]["dp"] if mf.has_loss_fn and mf.loss_gathers else 1
 
 
 def reference_for_plan(plan: dict[str, Any], steps: int, seed: int = 0) -> Reference:
@@ -146,6 +156,7 @@ def reference_for_plan(plan: dict[str, Any], steps: int, seed: int = 0) -> Refer
         lr=float(plan.get("lr", 3e-4)),
         seed=seed,
         synchronized_replicas=_synchronized_replicas(plan),
+        gathered_replicas=_gathered_replicas(plan),
     )
 
 

@@ -43,7 +43,7 @@ RTOL = 1e-4
 MODELS = ("gpt", "llama", "mlp")
 # SGD's learning rate per model: as large as keeps five steps stable, so every tensor moves
 # far beyond the comparison's tolerance; AdamW moves every weight by about lr per step.
-SGD_LR = {"mlp": 0.1}
+SGD_LR = {"mlp": 0.1, "clip": 0.1, "wav2vec2": 0.1, "clip_global": 0.1}
 SGD_LR_DEFAULT = 0.5
 ADAMW_LR = 3e-3
 
@@ -353,6 +353,41 @@ EXTRA: list[tuple] = [
         4,
         dict(tp=2, dp=1, pp=2, zero=0, schedule="1f1b", micro_batch_size=2),
     ),
+    # CLIP's loss reads its CLIPOutput's fields by name: the last stage hands it that object,
+    # rebuilt with the vision tower's outputs relayed from the first stage (it got a tuple)
+    (
+        "output-object-pp2",
+        "clip",
+        2,
+        dict(tp=1, dp=1, pp=2, zero=0, schedule="gpipe", micro_batch_size=2),
+    ),
+    # raw audio through Wav2Vec2's convolutional feature encoder, a CTC loss over its
+    # CausalLMOutput's logits (it got a bare tensor): interleaved, a cut inside the conv stack
+    (
+        "ctc-interleaved-pp2",
+        "wav2vec2",
+        2,
+        dict(
+            tp=1,
+            dp=1,
+            pp=2,
+            zero=0,
+            schedule="interleaved_1f1b",
+            virtual_stages=2,
+            micro_batch_size=2,
+        ),
+        {"norm": "stable"},
+    ),
+    (
+        "ctc-full-encoder-pp2",
+        "wav2vec2",
+        2,
+        dict(tp=1, dp=1, pp=2, zero=0, schedule="1f1b", micro_batch_size=2),
+        {"conv": "full", "mask": True},
+    ),
+    # a contrastive loss over the whole batch: loss_fn gathers the replicas' features
+    # (runtime/gather.py), one micro-batch per replica; one process takes all 8 at once
+    ("gather-zero3-dp2", "clip_global", 2, dict(tp=1, dp=2, pp=1, zero=3, micro_batch_size=4)),
 ]
 
 
@@ -413,6 +448,8 @@ CORE_EXTRA = (
     "manual_tie-manual-tie-zero3-dp2",
     "ema_teacher-ema-pp2",
     "reused_layer-reuse-pp2xtp2",
+    "clip-output-object-pp2",
+    "clip_global-gather-zero3-dp2",
 )
 
 

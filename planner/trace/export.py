@@ -49,6 +49,7 @@ from planner.trace.opcost import (
     is_view,
     numel,
 )
+from planner.trace.value_checks import drop_value_checks
 from planner.vocab import ELEMENT_BYTES
 
 
@@ -177,10 +178,17 @@ def _trace_model(mf: ModelFile, micro_batch_size: int, dtype: str) -> TraceResul
         ):
             exported = torch.export.export(model, inputs, strict=False)
         _drop_traced_causal_masks(exported)
+        value_checks = drop_value_checks(exported)
         # sizes that depend on the data (JetMoE's tokens per expert, split by their counts)
         # have no number to price: the export path cannot count that graph's ops
         graph = _graph_from_export(exported, model)
         method, note = "export", ""
+        if value_checks:
+            note = (
+                f"{len(value_checks)} input check(s) of {mf.path.name} read tensor values "
+                "(transformers' image-token count), which a trace without data cannot: not "
+                "priced, run on every real batch in training (planner/trace/value_checks.py)"
+            )
     except Exception as export_exc:  # export fails on data-dependent control flow and more
         with _watch_forward(model, functions, called):
             graph = _trace_with_hooks(mf, model, inputs, export_exc)
@@ -804,6 +812,7 @@ def _data_dependent(exc: BaseException) -> bool:
         "DataDependent" in type(exc).__name__
         or "data-dependent" in text
         or "item() cannot be called on meta" in text
+        or "Cannot copy out of meta tensor" in text  # .tolist() (Qwen2-VL's split sizes)
     )
 
 
