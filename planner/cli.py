@@ -29,6 +29,7 @@ from planner.flags import (
     positive_int,
     token_count,
 )
+from planner.hf_config import TASKS, apply_config_flags
 from planner.modelfile import DTYPES, OPTIMIZERS, parse_model_args
 from planner.vocab import OFFLOAD, RECOMPUTE, SCHEDULES
 
@@ -74,7 +75,15 @@ SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
 
 
 def add_model_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="the model file (see the model-file contract in README)")
+    p.add_argument(
+        "model",
+        help="the model file (see the model-file contract in README), or a Hugging Face "
+        "config: hf:ORG/NAME, a config.json or a directory holding one",
+    )
+    p.add_argument(
+        "--task", choices=TASKS, help="with a config: the task (default: its architecture's)"
+    )
+    p.add_argument("--seq-len", type=positive_int, help="with a config: tokens per sample")
     p.add_argument(
         "--model-arg",
         action="append",
@@ -199,7 +208,7 @@ def cmd_plan(argv: list[str]) -> int:
     from planner.api import graph_summary, trace
     from planner.modelfile import load_model_file
 
-    mf = load_model_file(args.model, parse_model_args(args.model_arg))
+    mf = load_model_file(args.model, apply_config_flags(args, parse_model_args(args.model_arg)))
     training = resolve_training(mf, args)
     from planner.recsys.tables import uses_torchrec
 
