@@ -20,6 +20,7 @@ import traceback
 from collections.abc import Callable, Sequence
 
 from planner.errors import MeshplanError, UserInputError
+from planner.export.engines import ENGINES
 from planner.flags import (
     CommandParser,
     add_run_flags,
@@ -71,6 +72,7 @@ SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
     "run": cmd_run,
     "show": _lazy("planner.report.show"),
     "calibrate": _lazy("planner.calibrate"),
+    "export": _lazy("planner.export.command"),
 }
 
 
@@ -175,6 +177,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", help="output directory (default: reports/<model file stem>/)")
     p.add_argument("--run", action="store_true", help="after planning, run the plan")
+    p.add_argument(
+        "--export",
+        action="append",
+        choices=ENGINES,
+        metavar="ENGINE",
+        help=f"also write the plan for an engine: {', '.join(ENGINES)} (repeatable)",
+    )
     add_run_flags(p)
     add_common_flags(p)
     return p
@@ -307,6 +316,10 @@ def run_planning(args: argparse.Namespace, mf, command: str) -> int:
     from planner.report import write_report
 
     written += write_report(result.plan, out_dir, command)
+    if args.export:  # engines' files beside plan.json (planner/export)
+        from planner.export.command import export_beside
+
+        written += export_beside(result.plan, out_dir, args.export, quiet=args.quiet)
     if not args.quiet:
         for note in notes + result.notes:
             print(f"note: {note}", file=sys.stderr)
