@@ -20,7 +20,7 @@ import traceback
 from collections.abc import Callable, Sequence
 
 from planner.errors import MeshplanError, UserInputError
-from planner.export.engines import ENGINES
+from planner.export.engines import DEFAULT_IMAGE, ENGINES, SCHEDULERS
 from planner.flags import (
     CommandParser,
     add_run_flags,
@@ -56,7 +56,18 @@ def cmd_run(argv: list[str]) -> int:
     parser.add_argument("plan", help="a plan.json written by `plan MODEL.py`")
     add_run_flags(parser)
     parser.add_argument("--debug", action="store_true", help="show tracebacks, the workers' too")
+    parser.add_argument(
+        "--emit",
+        action="append",
+        choices=SCHEDULERS,
+        help="write a launch file beside the plan instead of running (repeatable)",
+    )
+    parser.add_argument("--image", default=DEFAULT_IMAGE, help="with --emit kubernetes: the image")
     opts = parser.parse_args(argv)
+    if opts.emit:  # launch files for a scheduler (planner/export/launch.py)
+        from planner.export.command import emit_beside
+
+        return emit_beside(Path(opts.plan), opts)
     from planner.recsys.plan import is_recplan
 
     if is_recplan(Path(opts.plan)):  # a recommendation plan runs on TorchRec

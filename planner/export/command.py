@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from planner.errors import UserInputError
 from planner.export import ENGINES, write_exports
 from planner.flags import CommandParser
 from planner.schema import load_plan
@@ -49,3 +50,32 @@ def export_beside(plan: Plan, out_dir: Path, engines: list[str], quiet: bool = F
             print(f"  run: {result.command}")
     sys.stdout.flush()
     return paths
+
+
+def emit_beside(plan_path: Path, opts) -> int:
+    """``plan run PLAN.json --emit SCHEDULER``: the launch files beside the plan, each
+    starting ``plan run`` with this command's run flags on every node; nothing runs here."""
+    from planner.export.launch import LaunchSettings, launch_files
+
+    plan = load_plan(plan_path)
+    flags = ["--device", "cuda", "--steps", str(opts.steps)]
+    if opts.checkpoint_every:
+        flags += ["--checkpoint-every", str(opts.checkpoint_every)]
+    if opts.max_restarts:
+        flags += ["--max-restarts", str(opts.max_restarts)]
+    if opts.hang_timeout:
+        flags += ["--hang-timeout", str(opts.hang_timeout)]
+    settings = LaunchSettings(plan_path=str(plan_path), run_flags=tuple(flags), image=opts.image)
+    out_dir = plan_path.parent
+    for scheduler in dict.fromkeys(opts.emit):
+        result = launch_files(plan, scheduler, settings)
+        for name, text in result.files.items():
+            path = out_dir / name
+            if path.exists() and "meshplan" not in path.read_text()[:2000]:
+                raise UserInputError(f"{path} exists and was not written by meshplan: move it")
+            path.write_text(text)
+            print(f"{scheduler}: wrote {path}")
+        for change in result.changes:
+            print(f"  note: {change}")
+        print(f"  run: {result.command}")
+    return 0
