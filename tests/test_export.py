@@ -416,3 +416,6 @@ def test_per_layer_recompute_is_said_where_an_engine_cannot_express_it():
     args = megatron_kwargs(export_plan(plan, "megatron").files["megatron_args.txt"])
     assert (args["recompute_method"], args["recompute_num_layers"]) == ("block", 20)
     assert "20 of 80" in said["deepspeed"]
+    # it also offloads 2 of its 80 layers: every engine offloads all or nothing, and says so
+    for engine in ENGINES:
+        assert "offload of 2 of 80 layers became offload optimizer+params" in said[engine]

@@ -40,29 +40,38 @@ def export_plan(plan: Plan, engine: str) -> Export:
     return _EXPORTERS[engine](plan, facts)
 
 
+# Beside the exported files: the names meshplan wrote there, so a later export may replace
+# them (and only them, or files that name meshplan).
+MANIFEST = ".meshplan-exports"
+
+
 def write_exports(plan: Plan, engines: list[str], out_dir: Path) -> list[tuple[Export, list[Path]]]:
     """Each engine's files written into ``out_dir`` (beside plan.json); returns what was
     written per export. Files meshplan did not write are never replaced."""
-    written = []
-    for engine in dict.fromkeys(engines):
-        result = export_plan(plan, engine)
-        paths = []
-        for name, text in result.files.items():
-            path = out_dir / name
-            if path.exists() and not _ours(path):
-                raise UserInputError(
-                    f"{path} exists and was not written by meshplan: move it, or --out elsewhere"
-                )
-            path.write_text(text)
-            paths.append(path)
-        written.append((result, paths))
-    return written
+    return [(result, write_files(result, out_dir)) for result in
+            (export_plan(plan, e) for e in dict.fromkeys(engines))]  # fmt: skip
 
 
-def _ours(path: Path) -> bool:
-    """Whether a file is a previous export (it names meshplan, or sits beside a plan.json)."""
+def write_files(result: Export, out_dir: Path) -> list[Path]:
+    """An export's (or launch file's) files in ``out_dir``, refusing to replace a user's."""
+    manifest = out_dir / MANIFEST
+    ours = set(manifest.read_text().split()) if manifest.is_file() else set()
+    paths = []
+    for name, text in result.files.items():
+        path = out_dir / name
+        if path.exists() and name not in ours and not _names_meshplan(path):
+            raise UserInputError(
+                f"{path} exists and was not written by meshplan: move it, or --out elsewhere"
+            )
+        path.write_text(text)
+        paths.append(path)
+        ours.add(name)
+    manifest.write_text("\n".join(sorted(ours)) + "\n")
+    return paths
+
+
+def _names_meshplan(path: Path) -> bool:
     try:
-        head = path.read_text()[:400]
+        return "meshplan" in path.read_text()[:2000]
     except (OSError, UnicodeDecodeError):
         return False
-    return "meshplan" in head or (path.parent / "plan.json").exists()

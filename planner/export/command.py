@@ -6,8 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from planner.errors import UserInputError
-from planner.export import ENGINES, write_exports
+from planner.export import ENGINES, write_exports, write_files
 from planner.flags import CommandParser
 from planner.schema import load_plan
 from planner.schema.plan import Plan
@@ -69,11 +68,7 @@ def emit_beside(plan_path: Path, opts) -> int:
     out_dir = plan_path.parent
     for scheduler in dict.fromkeys(opts.emit):
         result = launch_files(plan, scheduler, settings)
-        for name, text in result.files.items():
-            path = out_dir / name
-            if path.exists() and "meshplan" not in path.read_text()[:2000]:
-                raise UserInputError(f"{path} exists and was not written by meshplan: move it")
-            path.write_text(text)
+        for path in write_files(result, out_dir):
             print(f"{scheduler}: wrote {path}")
         for change in result.changes:
             print(f"  note: {change}")

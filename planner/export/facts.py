@@ -18,6 +18,8 @@ from planner.vocab import SEQUENCE_STYLES, Offload, Recompute
 
 # Recompute modes from the most activation memory saved to the least.
 RECOMPUTE_STRENGTH = (Recompute.FULL, Recompute.SELECTIVE, Recompute.NONE)
+# Offload modes from the most moved to the host to the least.
+OFFLOAD_STRENGTH = (Offload.PARAMS, Offload.OPTIMIZER, Offload.NONE)
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,10 @@ class PlanFacts:
 
     @property
     def offload(self) -> str:
-        return Counter(self.layer_offload).most_common(1)[0][0]
+        """The layers' one offload mode; when they differ, the one moving the most to the
+        host among them (an engine offloading all or nothing then still fits in memory)."""
+        present = set(self.layer_offload)
+        return next(o for o in OFFLOAD_STRENGTH if o in present)
 
     @property
     def equal_stages(self) -> bool:
@@ -95,7 +100,7 @@ def _hf_config(plan: Plan) -> dict[str, Any] | None:
 
 def offload_changes(facts: PlanFacts) -> list[str]:
     """What an engine whose offload is all-or-nothing changes of a plan that offloads some
-    layers: it offloads every layer's states (the commonest mode, applied to all)."""
+    layers: it offloads every layer's states (the strongest mode present, applied to all)."""
     modes = set(facts.layer_offload)
     if len(modes) <= 1:
         return []
