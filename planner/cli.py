@@ -330,7 +330,7 @@ def run_planning(args: argparse.Namespace, mf, command: str) -> int:
     if args.export:  # engines' files beside plan.json (planner/export)
         from planner.export.command import export_beside
 
-        written += export_beside(result.plan, out_dir, args.export, quiet=args.quiet)
+        export_beside(result.plan, out_dir, args.export, quiet=args.quiet)
     if not args.quiet:
         for note in notes + result.notes:
             print(f"note: {note}", file=sys.stderr)

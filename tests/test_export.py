@@ -189,7 +189,8 @@ def megatron_config(args: dict, dims: tuple[int, ...] | None):
 
     layers, hidden, heads, groups, ffn = dims or (
         args["num_layers"], args["hidden_size"], args["num_attention_heads"],
-        args.get("num_query_groups", args["num_attention_heads"]), args["ffn_hidden_size"],
+        args.get("num_query_groups", args["num_attention_heads"]),
+        args.get("ffn_hidden_size"),  # unstated: TransformerConfig's 4h
     )  # fmt: skip
     pp = args["pipeline_model_parallel_size"]
     vpp = None

@@ -111,15 +111,25 @@ def offload_changes(facts: PlanFacts) -> list[str]:
     ]
 
 
-def hf_architecture(config: dict[str, Any]) -> dict[str, int]:
-    """The dimensions every engine's model arguments need, from a Llama-style config."""
-    heads = config.get("num_attention_heads")
-    return {
-        "num_layers": config.get("num_hidden_layers"),
-        "hidden_size": config.get("hidden_size"),
-        "ffn_hidden_size": config.get("intermediate_size"),
-        "num_attention_heads": heads,
-        "num_query_groups": config.get("num_key_value_heads") or heads,
-        "max_position_embeddings": config.get("max_position_embeddings"),
-        "vocab_size": config.get("vocab_size"),
+# The config.json keys families use for each dimension (transformers' attribute_map aliases:
+# GPT-2's n_layer, T5's d_model...), first match wins.
+ARCHITECTURE_KEYS = {
+    "num_layers": ("num_hidden_layers", "n_layer", "num_layers"),
+    "hidden_size": ("hidden_size", "n_embd", "d_model"),
+    "ffn_hidden_size": ("intermediate_size", "n_inner", "ffn_dim", "d_ff"),
+    "num_attention_heads": ("num_attention_heads", "n_head", "num_heads"),
+    "num_query_groups": ("num_key_value_heads", "multi_query_group_num"),
+    "max_position_embeddings": ("max_position_embeddings", "n_positions"),
+    "vocab_size": ("vocab_size",),
+}
+
+
+def hf_architecture(config: dict[str, Any]) -> dict[str, int | None]:
+    """The dimensions engines' model arguments need, from a config.json (None: not stated;
+    the query groups default to the heads, multi-head attention)."""
+    arch = {
+        name: next((config[k] for k in keys if isinstance(config.get(k), int)), None)
+        for name, keys in ARCHITECTURE_KEYS.items()
     }
+    arch["num_query_groups"] = arch["num_query_groups"] or arch["num_attention_heads"]
+    return arch

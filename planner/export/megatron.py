@@ -152,14 +152,15 @@ def _model(plan: Plan, facts: PlanFacts, changes: list[str]) -> list[str]:
         )
         return ["--num-layers", str(facts.layers)]
     arch = hf_architecture(config)
-    out = [
-        "--num-layers", str(arch["num_layers"]),
-        "--hidden-size", str(arch["hidden_size"]),
-        "--ffn-hidden-size", str(arch["ffn_hidden_size"]),
-        "--num-attention-heads", str(arch["num_attention_heads"]),
-        "--seq-length", str(plan.model.args.get("seq_len")),
-        "--max-position-embeddings", str(arch["max_position_embeddings"]),
-    ]  # fmt: skip
+    flags = {
+        "--num-layers": arch["num_layers"],
+        "--hidden-size": arch["hidden_size"],
+        "--ffn-hidden-size": arch["ffn_hidden_size"],  # unstated: Megatron's 4h
+        "--num-attention-heads": arch["num_attention_heads"],
+        "--seq-length": plan.model.args.get("seq_len"),
+        "--max-position-embeddings": arch["max_position_embeddings"],
+    }
+    out = [item for flag, v in flags.items() if v is not None for item in (flag, str(v))]
     if arch["num_query_groups"] != arch["num_attention_heads"]:
         out += ["--group-query-attention", "--num-query-groups", str(arch["num_query_groups"])]
     if config.get("model_type") in ("llama", "mistral", "qwen2", "qwen3"):
