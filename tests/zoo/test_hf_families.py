@@ -99,3 +99,42 @@ def test_there_are_at_least_ten_families():
         f for f in HF_FAMILIES if FAMILIES[f]["model"].endswith(("ForCausalLM", "LMHeadModel"))
     ]
     assert len(causal) >= 10, causal  # the families whose exports the engines read back
+
+
+TINY_BERT = dict(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 intermediate_size=128, max_position_embeddings=64)  # fmt: skip
+# The other tasks' heads, each from a config alone: (config class, fields, architecture, task)
+OTHER_TASKS = {
+    "whisper": ("WhisperConfig", dict(
+        vocab_size=128, d_model=64, encoder_layers=2, decoder_layers=2,
+        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
+        decoder_ffn_dim=128, num_mel_bins=16, max_source_positions=32, max_target_positions=32,
+        decoder_start_token_id=1, pad_token_id=0,
+    ), "WhisperForConditionalGeneration", "speech-seq2seq"),
+    "bert-sequence": ("BertConfig", {**TINY_BERT, "num_labels": 3},
+                      "BertForSequenceClassification", "sequence-classification"),
+    "bert-token": ("BertConfig", {**TINY_BERT, "num_labels": 5},
+                   "BertForTokenClassification", "token-classification"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(OTHER_TASKS))
+def test_other_tasks_trace_from_their_configs(case, tmp_path):
+    """Speech-to-text and classification heads: the task from ``architectures``, the traced
+    parameters the model class's own, and the batch's loss finite and differentiable."""
+    from planner.api import trace
+
+    config_cls, fields, arch, task = OTHER_TASKS[case]
+    config = getattr(transformers, config_cls)(**fields)
+    config.architectures = [arch]
+    config.save_pretrained(tmp_path)
+    mf = load_model_file(tmp_path)
+    assert mf.args["task"] == task
+    traced = trace(mf, micro_batch_size=2, dtype="fp32", use_cache=False)
+    reference = getattr(transformers, arch)(config)
+    assert traced.params == sum(p.numel() for p in reference.parameters())
+    model = mf.build()
+    inputs, targets = mf.batch(2)
+    loss = mf.loss(model(*inputs), targets)
+    loss.backward()
+    assert loss.isfinite() and loss.item() > 0
