@@ -240,6 +240,10 @@ def cmd_plan(argv: list[str]) -> int:
         return run_recsys(
             args, mf, training, draw=lambda doc, out: write_recplan_report(doc, out, command)
         )
+    if args.export and (args.graph or args.resources):  # planner/export reads one plan
+        raise UserInputError(
+            "--export needs a plan: drop --graph/--resources, or run plan export PLAN.json ENGINE"
+        )
     if args.graph:
         traced = trace(
             mf,

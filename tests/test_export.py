@@ -420,3 +420,9 @@ def test_per_layer_recompute_is_said_where_an_engine_cannot_express_it():
     # it also offloads 2 of its 80 layers: every engine offloads all or nothing, and says so
     for engine in ENGINES:
         assert "offload of 2 of 80 layers became offload optimizer+params" in said[engine]
+
+
+def test_export_with_graph_is_refused_in_one_line(capsys):
+    code = main(["examples/mlp.py", "--graph", "--export", "megatron"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--export needs a plan" in err and len(err.strip().splitlines()) == 1
