@@ -33,6 +33,10 @@ def run_saved_plan(path: Path, opts: argparse.Namespace) -> int:
 def cmd_run(argv: list[str]) -> int:
     """``plan run PLAN.json [flags]``: train a saved plan (see runtime.launch)."""
     opts = cli.build_run_parser().parse_args(argv)
+    if opts.emit:  # launch files for a scheduler instead of a run (planner/export/launch.py)
+        from planner.export.command import emit_beside
+
+        return emit_beside(Path(opts.plan), opts)
     return run_saved_plan(Path(opts.plan), opts)
 
 

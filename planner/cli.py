@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from planner.errors import MeshplanError, UserInputError
+from planner.export.engines import DEFAULT_IMAGE, ENGINES, SCHEDULERS
 from planner.flags import (
     CommandParser,
     add_run_flags,
@@ -32,6 +33,7 @@ from planner.flags import (
     positive_int,
     token_count,
 )
+from planner.hf_config import TASKS, apply_config_flags
 from planner.training import Training, training_from
 from planner.vocab import DTYPES, OFFLOAD, OPTIMIZERS, RECOMPUTE, SCHEDULES
 
@@ -60,17 +62,33 @@ def build_run_parser() -> argparse.ArgumentParser:
     parser.add_argument("plan", help="a plan.json written by `plan MODEL.py`")
     add_run_flags(parser)
     parser.add_argument("--debug", action="store_true", help="show tracebacks, the workers' too")
+    parser.add_argument(
+        "--emit",
+        action="append",
+        choices=SCHEDULERS,
+        help="write a launch file beside the plan instead of running (repeatable)",
+    )
+    parser.add_argument("--image", default=DEFAULT_IMAGE, help="with --emit kubernetes: the image")
     return parser
 
 
 SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
     "show": _lazy("planner.report.show"),
     "calibrate": _lazy("planner.calibrate"),
+    "export": _lazy("planner.export.command"),
 }
 
 
 def add_model_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="the model file (see docs/model-files.md)")
+    p.add_argument(
+        "model",
+        help="the model file (see docs/model-files.md), or a Hugging Face "
+        "config: hf:ORG/NAME, a config.json or a directory holding one",
+    )
+    p.add_argument(
+        "--task", choices=TASKS, help="with a config: the task (default: its architecture's)"
+    )
+    p.add_argument("--seq-len", type=positive_int, help="with a config: tokens per sample")
     p.add_argument(
         "--model-arg",
         action="append",
@@ -178,6 +196,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="output directory (default: reports/<model file stem>/)")
     add_report_flags(p)
     p.add_argument("--run", action="store_true", help="after planning, run the plan")
+    p.add_argument(
+        "--export",
+        action="append",
+        choices=ENGINES,
+        metavar="ENGINE",
+        help=f"also write the plan for an engine: {', '.join(ENGINES)} (repeatable)",
+    )
     add_run_flags(p)
     add_common_flags(p)
     return p
@@ -191,7 +216,7 @@ def cmd_plan(argv: list[str], run: RunPlan | None = None) -> int:
     from planner.api import graph_summary, trace
     from planner.modelfile import load_model_file
 
-    mf = load_model_file(args.model, parse_model_args(args.model_arg))
+    mf = load_model_file(args.model, apply_config_flags(args, parse_model_args(args.model_arg)))
     training = training_from(
         mf.training,
         mf.path.name,
@@ -211,6 +236,10 @@ def cmd_plan(argv: list[str], run: RunPlan | None = None) -> int:
             training,
             draw=lambda doc, out: write_recplan_report(doc, out, command),
             run=run,
+        )
+    if args.export and (args.graph or args.resources):  # planner/export reads one plan
+        raise UserInputError(
+            "--export needs a plan: drop --graph/--resources, or run plan export PLAN.json ENGINE"
         )
     if args.graph:
         traced = trace(
@@ -310,6 +339,10 @@ def run_planning(
         if worker is not None:
             worker.draw(path, out_dir, command, args.svg)
             written += report_files(out_dir, args.svg)
+        if args.export:  # engines' files beside plan.json (planner/export)
+            from planner.export.command import export_beside
+
+            export_beside(result.plan, out_dir, args.export, quiet=quiet)
         if not args.quiet:
             for note in notes + result.notes:
                 print(f"note: {note}", file=sys.stderr)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from planner import vocab
 from planner.errors import UserInputError
+from planner.hf_config import config_digest, is_config_source, load_config_model
 from planner.training import TRAINING_DEFAULTS
 from planner.vocab import TENSOR_DTYPE
 
@@ -199,7 +200,10 @@ def file_sha256(path: Path) -> str:
 
 
 def load_model_file(path: str | Path, args: dict[str, Any] | None = None) -> ModelFile:
-    """Import a model file by path (inside the repository or anywhere else)."""
+    """Import a model file by path (inside the repository or anywhere else); a Hugging Face
+    config (``hf:ORG/NAME``, a config.json or its directory) stands for one (planner.hf_config)."""
+    if is_config_source(path):
+        return _config_model_file(path, args)
     path = Path(path).expanduser()
     if not path.exists():
         raise UserInputError(f"model file {path} does not exist: give the path to a .py file")
@@ -233,6 +237,22 @@ def load_model_file(path: str | Path, args: dict[str, Any] | None = None) -> Mod
         raise UserInputError(f"model file {path}: TRAINING must be a dict")
     mf.training = {**TRAINING_DEFAULTS, **(user_training or {})}
     return mf
+
+
+def _config_model_file(source: str | Path, args: dict[str, Any] | None) -> ModelFile:
+    """A ModelFile whose module is a config's ConfigModel: its path and hash are the
+    config.json's, its args the resolved task, sequence length, Hub id and overrides."""
+    model = load_config_model(source, args)
+    text = model.path.read_text()
+    model.TRAINING = dict(TRAINING_DEFAULTS)
+    return ModelFile(
+        path=model.path,
+        sha256=config_digest(model.path),
+        source=text,
+        args=model.args,
+        training=dict(TRAINING_DEFAULTS),
+        _module=model,
+    )
 
 
 def _execute(path: Path, digest: str) -> Any:

@@ -1,0 +1,171 @@
+"""A plan as Megatron-LM / Megatron-Core runs it: the command-line arguments of
+``pretrain_gpt.py``, one per line in ``megatron_args.txt``::
+
+    torchrun ... pretrain_gpt.py $(cat megatron_args.txt) --data-path ... --tokenizer-type ...
+
+Each flag's destination is its ``TransformerConfig`` / ``ModelParallelConfig`` field (dashes
+to underscores), as Megatron-LM's ``core_transformer_config_from_args`` reads them.
+"""
+
+from __future__ import annotations
+
+from planner.export.facts import PlanFacts, hf_architecture, offload_changes
+from planner.export.types import Export
+from planner.schema.plan import Plan
+from planner.vocab import DType, Offload, Recompute, Schedule
+
+FILE = "megatron_args.txt"
+
+
+def export(plan: Plan, facts: PlanFacts) -> Export:
+    changes: list[str] = []
+    mesh = plan.mesh
+    args: list[str] = [
+        "--tensor-model-parallel-size", str(mesh.tp),
+        "--pipeline-model-parallel-size", str(mesh.pp),
+        "--context-parallel-size", str(mesh.cp),
+        "--expert-model-parallel-size", str(mesh.ep),
+        "--micro-batch-size", str(plan.micro_batch_size),
+        "--global-batch-size", str(plan.global_batch_size),
+    ]  # fmt: skip
+    if facts.sequence_parallel and mesh.tp > 1:
+        args.append("--sequence-parallel")
+    args += _pipeline(plan, facts, changes)
+    args += _recompute(facts, changes)
+    args += _zero(plan.zero_stage, changes)
+    args += _offload(facts, changes)
+    if plan.dtype in (DType.BF16, DType.FP16):
+        args.append(f"--{plan.dtype}")
+    args += _model(plan, facts, changes)
+    text = "\n".join(args) + "\n"
+    return Export(
+        engine="megatron",
+        files={FILE: text},
+        changes=changes,
+        command="torchrun ... pretrain_gpt.py $(cat megatron_args.txt) --data-path ...",
+    )
+
+
+def _pipeline(plan: Plan, facts: PlanFacts, changes: list[str]) -> list[str]:
+    """Virtual stages by layers per virtual stage; an unequal cut by the first and last
+    stages' layer counts when only they differ (Megatron's uneven pipeline)."""
+    pp, v = plan.mesh.pp, plan.virtual_stages
+    if pp == 1:
+        return []
+    per = facts.layers_per_stage
+    if plan.schedule == Schedule.INTERLEAVED and v > 1:
+        if not facts.equal_stages:
+            changes.append(
+                f"the interleaved stages' unequal layer counts {list(per)} became "
+                f"{facts.layers // (pp * v)} layers per virtual stage"
+            )
+        return ["--num-layers-per-virtual-pipeline-stage", str(facts.layers // (pp * v))]
+    if plan.schedule == Schedule.GPIPE:
+        changes.append("GPipe became Megatron's 1F1B (same bubble, less activation memory)")
+    if facts.equal_stages:
+        return []
+    middle = per[1:-1]
+    if len(set(middle)) <= 1:
+        out = []
+        if not middle or per[0] != middle[0]:
+            out += ["--decoder-first-pipeline-num-layers", str(per[0])]
+        if not middle or per[-1] != middle[0]:
+            out += ["--decoder-last-pipeline-num-layers", str(per[-1])]
+        return out
+    changes.append(
+        f"the stage cut {list(per)} (layers per stage) became Megatron's even split: "
+        "only the first and last stage may differ"
+    )
+    return []
+
+
+def _recompute(facts: PlanFacts, changes: list[str]) -> list[str]:
+    """Selective: the attention core (Megatron's and meshplan's selective are both
+    Korthikanti et al.'s). Full: ``block`` recomputes the first k layers of every stage, so a
+    plan recomputing k layers on each stage, at their start, is said exactly."""
+    mode = facts.recompute
+    if any(r != Recompute.NONE for r in facts.other_recompute):
+        changes.append("recompute of the embedding/head dropped (Megatron recomputes layers)")
+    if mode == Recompute.SELECTIVE:
+        if len(set(facts.layer_recompute)) > 1:
+            changes.append(
+                f"selective recompute of {facts.recomputed_layers} of {facts.layers} layers "
+                "became selective recompute of every layer"
+            )
+        return ["--recompute-granularity", "selective"]
+    full = [r == Recompute.FULL for r in facts.layer_recompute]
+    if not any(full):
+        return []
+    per_stage, start = [], 0
+    for count in facts.layers_per_stage:
+        stage = full[start : start + count]
+        k = sum(stage)
+        if stage != [True] * k + [False] * (count - k):
+            changes.append(
+                "full recompute of layers that are not the first of their stage became "
+                "recompute of the first ones (Megatron's block method)"
+            )
+        per_stage.append(k)
+        start += count
+    k = max(per_stage)
+    if len(set(per_stage)) > 1:
+        changes.append(
+            f"full recompute of {per_stage} layers per stage became {k} on every stage "
+            "(--recompute-num-layers is one number)"
+        )
+    if all(full):  # every layer: uniform groups of one
+        return ["--recompute-granularity", "full", "--recompute-method", "uniform",
+                "--recompute-num-layers", "1"]  # fmt: skip
+    return ["--recompute-granularity", "full", "--recompute-method", "block",
+            "--recompute-num-layers", str(k)]  # fmt: skip
+
+
+def _zero(zero: int, changes: list[str]) -> list[str]:
+    if zero == 0:
+        return []
+    if zero > 1:
+        changes.append(
+            f"ZeRO-{zero} became Megatron's distributed optimizer (ZeRO-1: full gradient "
+            "buffers and weights on every replica)"
+        )
+    return ["--use-distributed-optimizer"]
+
+
+def _offload(facts: PlanFacts, changes: list[str]) -> list[str]:
+    if facts.offload == Offload.NONE:
+        return []
+    if facts.offload == Offload.PARAMS:
+        changes.append("parameter offload became optimizer offload (Megatron offloads only the "
+                       "optimizer)")  # fmt: skip
+    changes += offload_changes(facts)
+    return ["--optimizer-cpu-offload", "--use-precision-aware-optimizer"]
+
+
+def _model(plan: Plan, facts: PlanFacts, changes: list[str]) -> list[str]:
+    """The architecture flags from the plan's Hugging Face config (Llama style), or the
+    layer count alone for a plan of a model file."""
+    config = facts.hf_config
+    if config is None:
+        changes.append(
+            "the model is a model file: only --num-layers is written; add your model's "
+            "--hidden-size, --num-attention-heads, --ffn-hidden-size, --seq-length"
+        )
+        return ["--num-layers", str(facts.layers)]
+    arch = hf_architecture(config)
+    flags = {
+        "--num-layers": arch["num_layers"],
+        "--hidden-size": arch["hidden_size"],
+        "--ffn-hidden-size": arch["ffn_hidden_size"],  # unstated: Megatron's 4h
+        "--num-attention-heads": arch["num_attention_heads"],
+        "--seq-length": plan.model.args.get("seq_len"),
+        "--max-position-embeddings": arch["max_position_embeddings"],
+    }
+    out = [item for flag, v in flags.items() if v is not None for item in (flag, str(v))]
+    if arch["num_query_groups"] != arch["num_attention_heads"]:
+        out += ["--group-query-attention", "--num-query-groups", str(arch["num_query_groups"])]
+    if config.get("model_type") in ("llama", "mistral", "qwen2", "qwen3"):
+        out += ["--swiglu", "--normalization", "RMSNorm", "--position-embedding-type", "rope",
+                "--disable-bias-linear"]  # fmt: skip
+        if not config.get("tie_word_embeddings", False):
+            out.append("--untie-embeddings-and-output-weights")
+    return out
