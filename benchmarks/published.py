@@ -830,7 +830,7 @@ def model_args(s: Setup) -> tuple[Path, dict[str, Any]]:
 def _traced(path: str, args_json: str, dtype: str):
     from planner.api import trace
 
-    return trace(path, json.loads(args_json), micro_batch_size=1, dtype=dtype)
+    return trace(path, json.loads(args_json), traced_batch_size=1, dtype=dtype)
 
 
 def full_blocks(traced_blocks: list, layers: int) -> list:
@@ -956,7 +956,7 @@ def price(s: Setup, **overrides: float):
         stage_split(s.layers, s.pp * s.vpp),
         choice,
     )
-    inputs = CostInputs(blocks, opts, traced.micro_batch_size, cluster, training)
+    inputs = CostInputs(blocks, opts, traced.traced_batch_size, cluster, training)
     return evaluate(inputs, config)
 
 

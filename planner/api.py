@@ -30,14 +30,15 @@ class TracedModel:
         return int(self.graph.graph["params"])
 
     @property
-    def micro_batch_size(self) -> int:
-        return int(self.graph.graph["micro_batch_size"])
+    def traced_batch_size(self) -> int:
+        """The samples the trace ran (FLOPs, bytes and activations scale from it)."""
+        return int(self.graph.graph["traced_batch_size"])
 
 
 def trace(
     model_file: str | Path | ModelFile,
     model_args: dict[str, Any] | None = None,
-    micro_batch_size: int = 1,
+    traced_batch_size: int = 1,
     dtype: str = "bf16",
     use_cache: bool = True,
 ) -> TracedModel:
@@ -47,12 +48,12 @@ def trace(
         if isinstance(model_file, ModelFile)
         else load_model_file(model_file, model_args or {})
     )
-    key = trace_key(mf.sha256, mf.args, micro_batch_size, dtype)
+    key = trace_key(mf.sha256, mf.args, traced_batch_size, dtype)
     cached = load_trace(key) if use_cache else None
     if cached is None:
         from planner.trace.export import trace_model
 
-        result = trace_model(mf, micro_batch_size, dtype)
+        result = trace_model(mf, traced_batch_size, dtype)
         graph, note = result.graph, result.note
         graph.graph["note"] = note
         blocks = make_blocks(graph)
@@ -78,7 +79,7 @@ def graph_summary(traced: TracedModel) -> dict[str, Any]:
             "sha256": g["sha256"],
             "args": g["args"],
             "params": g["params"],
-            "micro_batch_size": g["micro_batch_size"],
+            "traced_batch_size": g["traced_batch_size"],
             "dtype": g["dtype"],
             "trace": g["method"],
             "ops": traced.graph.number_of_nodes(),
@@ -274,7 +275,7 @@ def plan(
     pins = pins or Pins()
     if progress:
         progress("trace", 0, 1)
-    traced = trace(mf, micro_batch_size=1, dtype=training.dtype, use_cache=use_cache)
+    traced = trace(mf, traced_batch_size=1, dtype=training.dtype, use_cache=use_cache)
     if traced.note:
         notes.append(traced.note)
     memo = SearchMemo(variants={} if solved is None else solved.setdefault(traced.cache_key, {}))

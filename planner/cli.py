@@ -244,7 +244,7 @@ def cmd_plan(argv: list[str], run: RunPlan | None = None) -> int:
     if args.graph:
         traced = trace(
             mf,
-            micro_batch_size=args.micro_batch_size or 1,
+            traced_batch_size=args.micro_batch_size or 1,
             dtype=training.dtype,
             use_cache=not args.no_cache,
         )

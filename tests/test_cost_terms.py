@@ -571,7 +571,7 @@ def test_mfu_counts_model_flops_over_every_device():
 def traced_layer(path: str, args: dict, index: int = 1):
     from planner.api import trace
 
-    traced = trace(path, {"size": "tiny", **args}, micro_batch_size=1, dtype="fp32")
+    traced = trace(path, {"size": "tiny", **args}, traced_batch_size=1, dtype="fp32")
     return traced.graph, traced.blocks[index]
 
 
@@ -787,7 +787,7 @@ def test_megatrons_fused_qkv_layout_lets_tp_split_the_attention_core_by_heads():
 
     args = {"layers": 2, "hidden": 64, "heads": 4, "seq_len": 32, "vocab": 128}
     traced = trace("benchmarks/published_gpt.py", {**args, "attention": "fused", "tied": False},
-                   micro_batch_size=1, dtype="fp32")  # fmt: skip
+                   traced_batch_size=1, dtype="fp32")  # fmt: skip
     graph, layer = traced.graph, traced.blocks[1]
     v = variants_for(graph, cluster(4, 4), "sharded")(layer, 2)[0]
     core = [n for n in layer.nodes if graph.nodes[n]["op"] in ("aten.softmax.int",)]
@@ -822,7 +822,7 @@ def test_grouped_query_attention_in_megatrons_layout_is_attention_over_shared_he
     assert torch.allclose(attn(x), expected, atol=1e-6)
 
     args = {"layers": 2, "hidden": 64, "heads": 8, "kv_heads": 2, "seq_len": 32, "vocab": 128}
-    traced = trace(str(path), {**args, "tied": False}, micro_batch_size=1, dtype="fp32")
+    traced = trace(str(path), {**args, "tied": False}, traced_batch_size=1, dtype="fp32")
     graph, layer = traced.graph, traced.blocks[1]
     v2 = variants_for(graph, cluster(4, 4), "sharded")(layer, 2)[0]
     core = [n for n in layer.nodes if "scaled_dot_product" in graph.nodes[n]["op"]]
@@ -934,7 +934,7 @@ def test_the_trace_finds_the_batch_norms_that_use_batch_statistics():
 
     root = Path(__file__).resolve().parent.parent
     mf = load_model_file(str(root / "examples" / "resnet.py"), {})
-    traced = trace(mf, micro_batch_size=1, dtype="fp32")
+    traced = trace(mf, traced_batch_size=1, dtype="fp32")
     found = [batch_norm_channels(traced.graph, b) for b in traced.blocks]
     assert [len(f) for f in found] == [4, 0, 1, 3, 0, 1, 0]
     model = mf.build()

@@ -204,7 +204,7 @@ def test_full_and_selective_recompute_options_from_a_traced_gpt(tmp_path, monkey
             "vocab": 512,
             "dropout": 0.1,
         },
-        micro_batch_size=b,
+        traced_batch_size=b,
         dtype="bf16",
     )
     layer = traced.blocks[1]
@@ -235,7 +235,7 @@ def test_torchtitan_op_sac_keeps_inputs_attention_and_every_other_product(
     from planner.cost.sharding import tp_variants
 
     args = dict(size="tiny", layers=2, hidden=256, heads=8, kv_heads=2, ffn=512, seq_len=64)
-    traced = trace("examples/llama.py", {**args, "vocab": 1000}, micro_batch_size=1, dtype="bf16")
+    traced = trace("examples/llama.py", {**args, "vocab": 1000}, traced_batch_size=1, dtype="bf16")
     layer = traced.blocks[1]
     tr = Training(8, "bf16", "adamw", fp8_linears=fp8, selective_policy="torchtitan-op")
     kept, recomputed = selective_kept(traced.graph, layer, tr)

@@ -272,7 +272,7 @@ def test_a_linear_subclass_whose_forward_is_a_plain_product_still_shards():
     """Falcon's FalconLinear has its own forward, ``x @ self.weight.T`` (+ bias): the trace
     shows nothing but the product there, so it shards as an nn.Linear would."""
     mf = load_model_file(ROOT / "tests" / "zoo" / "zoo.py", {"family": "falcon"})
-    traced = trace(mf, micro_batch_size=1, dtype="fp32", use_cache=False)
+    traced = trace(mf, traced_batch_size=1, dtype="fp32", use_cache=False)
     assert {
         "transformer.h.0.mlp.dense_h_to_4h",
         "transformer.h.0.mlp.dense_4h_to_h",
@@ -306,7 +306,7 @@ def test_attention_with_complex_rotary_embeddings_shards_by_heads():
     from planner.cost.sharding import tp_variants
 
     mf = load_model_file(ROOT / "tests" / "zoo" / "sweep.py", {"family": "llama4"})
-    traced = trace(mf, micro_batch_size=4, dtype="fp32", use_cache=False)
+    traced = trace(mf, traced_batch_size=4, dtype="fp32", use_cache=False)
     layer = next(b for b in traced.blocks if b.name == "model.layers.0")
     p = "model.layers.0.self_attn."
     heads = [

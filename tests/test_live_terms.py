@@ -35,7 +35,7 @@ def frozen_mlp():
     """tests/models/frozen_mlp.py: blocks 0 (input projection) and 1 (linear, tanh) frozen,
     2 (linear, tanh) and 3 (addmm of a frozen weight with a trained bias, tanh) trained above
     them, 4 the trained head."""
-    return trace("tests/models/frozen_mlp.py", {"size": "tiny"}, micro_batch_size=1, dtype="fp32")
+    return trace("tests/models/frozen_mlp.py", {"size": "tiny"}, traced_batch_size=1, dtype="fp32")
 
 
 def _overheads(graph, block: Block, mbs: int = 1) -> tuple[float, float]:
@@ -88,7 +88,7 @@ def test_the_largest_ops_working_memory_is_taken_at_the_chosen_micro_batch(mbs):
     ``mbs`` times its traced bytes (its scores are per sample)."""
     args = {"size": "tiny", "layers": 2, "hidden": 64, "heads": HEADS, "seq_len": SEQ,
             "vocab": 128}  # fmt: skip
-    traced = trace("examples/gpt.py", args, micro_batch_size=1, dtype="fp32")
+    traced = trace("examples/gpt.py", args, traced_batch_size=1, dtype="fp32")
     layer = traced.blocks[1]
     assert layer.transient_bytes == MASKED_FILL_BYTES  # the trace's count, by hand
     for o in block_options(traced.graph, layer, tp_variants(traced.graph, layer, 1), mbs,

@@ -29,7 +29,7 @@ BF16 = Training(8, "bf16", "adamw")
 
 def _llama(seq: int):
     args = {"size": "tiny", "seq_len": seq}
-    return trace(load_model_file(LLAMA, args), micro_batch_size=1, dtype="bf16")
+    return trace(load_model_file(LLAMA, args), traced_batch_size=1, dtype="bf16")
 
 
 def test_traced_llama_runs_causal_attention_without_a_mask():
@@ -60,7 +60,7 @@ def test_fused_attention_saves_no_quadratic_activations():
 
 def test_attention_sequence_only_for_fused_attention():
     assert attention_sequence(_llama(64).graph) == 64
-    gpt = trace(load_model_file(GPT, {"size": "tiny"}), micro_batch_size=1, dtype="bf16")
+    gpt = trace(load_model_file(GPT, {"size": "tiny"}), traced_batch_size=1, dtype="bf16")
     assert attention_sequence(gpt.graph) == 0  # explicit softmax(QK^T)V: no ring to run
 
 

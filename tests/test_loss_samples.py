@@ -79,7 +79,7 @@ def _model_file(tmp_path, loss: str | None) -> str:
 def _check(tmp_path, monkeypatch, kind: str, loss: str | None, **args) -> dict:
     monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path / "cache"))
     mf = load_model_file(_model_file(tmp_path, loss), {"kind": kind, **args})
-    return trace(mf, micro_batch_size=1, dtype="fp32", use_cache=False).graph.graph["loss_samples"]
+    return trace(mf, traced_batch_size=1, dtype="fp32", use_cache=False).graph.graph["loss_samples"]
 
 
 @pytest.mark.parametrize(

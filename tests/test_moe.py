@@ -24,7 +24,7 @@ BF16 = Training(8, "bf16", "adamw")
 
 
 def _moe_blocks(path: Path, **args):
-    traced = trace(load_model_file(path, args), micro_batch_size=1, dtype="bf16")
+    traced = trace(load_model_file(path, args), traced_batch_size=1, dtype="bf16")
     return traced, [b for b in traced.blocks if b.extra.get("moe")]
 
 

@@ -54,7 +54,7 @@ MEGATRON_GPT = {
 
 @pytest.fixture(scope="module")
 def gpt_layer():
-    traced = trace(GPT, GPT_LAYER, micro_batch_size=B, dtype="bf16", use_cache=False)
+    traced = trace(GPT, GPT_LAYER, traced_batch_size=B, dtype="bf16", use_cache=False)
     return traced.graph, traced.blocks[1]
 
 
@@ -314,7 +314,7 @@ def _mlp_half_of_gpt_layer(traced):
 def test_milp_equals_brute_force(model, args, mbs, index, t):
     """Over every strategy combination, priced by the direct evaluator: the MILP's optimum is
     the true optimum of the same cost model at every lambda of the sweep."""
-    traced = trace(model, args, micro_batch_size=mbs, use_cache=False)
+    traced = trace(model, args, traced_batch_size=mbs, use_cache=False)
     block = _mlp_half_of_gpt_layer(traced) if index == "mlp" else traced.blocks[index]
     rate = 1 / 100e9
     prob = build_problem(traced.graph, block, t)
@@ -546,7 +546,7 @@ def test_multi_head_latent_attention_is_split_by_heads_on_dtensors():
     traced = trace(
         str(ROOT / "tests" / "models" / "deepseek_v3.py"),
         {"dense": True},
-        micro_batch_size=4,
+        traced_batch_size=4,
         dtype="fp32",
         use_cache=False,
     )

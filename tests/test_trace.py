@@ -35,7 +35,7 @@ def gpt_closed_form_flops(b: int, s: int, h: int, L: int, V: int) -> int:
 def test_gpt_flops_match_closed_form(dims, tmp_path, monkeypatch):
     monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path))
     b = 2
-    traced = trace(GPT, {"size": "tiny", **dims}, micro_batch_size=b)
+    traced = trace(GPT, {"size": "tiny", **dims}, traced_batch_size=b)
     total = sum(x.fwd_flops + x.bwd_flops for x in traced.blocks)
     expected = gpt_closed_form_flops(
         b, dims["seq_len"], dims["hidden"], dims["layers"], dims["vocab"]
@@ -55,7 +55,7 @@ def test_saved_activations_with_dropout_match_korthikanti(s, h, a, tmp_path, mon
     monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path))
     b = 1
     args = dict(size="tiny", layers=2, hidden=h, heads=a, seq_len=s, vocab=512, dropout=0.1)
-    traced = trace(GPT, args, micro_batch_size=b, dtype="bf16")
+    traced = trace(GPT, args, traced_batch_size=b, dtype="bf16")
     expected = s * b * h * (34 + 5 * a * s / h)
     assert abs(_layer(traced).saved_bytes - expected) / expected < 0.05
 
@@ -67,7 +67,7 @@ def test_saved_activations_without_dropout_match_derived_formula(tmp_path, monke
     monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path))
     s, h, a, b = 2048, 2048, 16, 1
     args = dict(size="tiny", layers=2, hidden=h, heads=a, seq_len=s, vocab=512, dropout=0.0)
-    traced = trace(GPT, args, micro_batch_size=b, dtype="bf16")
+    traced = trace(GPT, args, traced_batch_size=b, dtype="bf16")
     expected = s * b * h * (32 + 2 * a * s / h)
     assert abs(_layer(traced).saved_bytes - expected) / expected < 0.05
 
@@ -77,7 +77,7 @@ def test_selective_recompute_drops_the_attention_scores(tmp_path, monkeypatch):
     monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path))
     s, h, a, b = 2048, 2048, 16, 1
     args = dict(size="tiny", layers=2, hidden=h, heads=a, seq_len=s, vocab=512, dropout=0.1)
-    traced = trace(GPT, args, micro_batch_size=b, dtype="bf16")
+    traced = trace(GPT, args, traced_batch_size=b, dtype="bf16")
     expected = s * b * h * 34
     assert abs(_layer(traced).saved_selective_bytes - expected) / expected < 0.05
 
@@ -158,7 +158,7 @@ def test_cache_hit_returns_the_same_graph(tmp_path, monkeypatch):
     second = trace(GPT, {"size": "tiny"})
     assert not first.from_cache and second.from_cache
     assert graph_summary(first) == graph_summary(second)
-    other_batch = trace(GPT, {"size": "tiny"}, micro_batch_size=2)
+    other_batch = trace(GPT, {"size": "tiny"}, traced_batch_size=2)
     assert not other_batch.from_cache
     # activations scale with the batch; the s x s causal mask does not (it is 2% of this one)
     assert other_batch.blocks[1].saved_bytes == pytest.approx(
@@ -251,7 +251,7 @@ def test_hook_fallback_graph(tmp_path, monkeypatch):
     monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path))
     f = tmp_path / "odd.py"
     f.write_text(ODD_OUTPUT)
-    traced = trace(f, dtype="fp32", micro_batch_size=4)
+    traced = trace(f, dtype="fp32", traced_batch_size=4)
     assert "fell back to module-level tracing" in traced.note
     assert traced.params == 3 * (8 * 8 + 8)
     assert sum(b.params for b in traced.blocks) == traced.params
@@ -299,7 +299,7 @@ def test_attention_with_narrower_value_heads_has_the_value_head_size():
     traced = trace(
         "tests/models/deepseek_v3.py",
         {"dense": True},
-        micro_batch_size=2,
+        traced_batch_size=2,
         dtype="fp32",
         use_cache=False,
     )
@@ -386,9 +386,9 @@ def test_a_batchnorm_over_features_is_traced_and_never_given_one_sample(tmp_path
     f = tmp_path / "pooled_bn.py"
     f.write_text(POOLED_BATCHNORM)
     traced = trace(f, dtype="fp32")
-    assert traced.micro_batch_size == 2
-    four = trace(f, dtype="fp32", micro_batch_size=4)
-    assert four.micro_batch_size == 4
+    assert traced.traced_batch_size == 2
+    four = trace(f, dtype="fp32", traced_batch_size=4)
+    assert four.traced_batch_size == 4
     assert sum(b.fwd_flops for b in four.blocks) == 2 * sum(b.fwd_flops for b in traced.blocks)
     result = plan(f, 2, profile="cpu", pins=Pins(pp=2, dp=1))
     assert result.plan.micro_batch_size >= 2

@@ -80,7 +80,7 @@ FLOP_CASES = [
 
 @pytest.mark.parametrize("path", FLOP_CASES, ids=[p.stem for p in FLOP_CASES])
 def test_forward_and_backward_flops_equal_flop_counter_on_a_real_step(path):
-    traced = trace(path, {"size": "tiny"}, micro_batch_size=BATCH, dtype="fp32")
+    traced = trace(path, {"size": "tiny"}, traced_batch_size=BATCH, dtype="fp32")
     nodes = traced.graph.nodes
     fwd = sum(nodes[n]["fwd_flops"] for n in nodes)
     bwd = sum(nodes[n]["bwd_flops"] for n in nodes)
@@ -94,7 +94,7 @@ def test_forward_and_backward_flops_equal_flop_counter_on_a_real_step(path):
 def test_frozen_operands_cost_no_backward_products():
     """The frozen input projection and first block: no weight gradient, and no input gradient
     below the first trainable layer, so backward is far less than twice the forward."""
-    traced = trace(MODELS / "frozen_mlp.py", {"size": "tiny"}, micro_batch_size=BATCH)
+    traced = trace(MODELS / "frozen_mlp.py", {"size": "tiny"}, traced_batch_size=BATCH)
     by_param = {}
     for n in traced.graph.nodes:
         d = traced.graph.nodes[n]
@@ -155,7 +155,7 @@ SAVED_CASES = [
 
 @pytest.mark.parametrize("path,layers,rel", SAVED_CASES, ids=[p.stem for p, _, _ in SAVED_CASES])
 def test_saved_activations_per_layer_equal_a_real_forward(path, layers, rel):
-    traced = trace(path, {"size": "tiny"}, micro_batch_size=BATCH, dtype="fp32")
+    traced = trace(path, {"size": "tiny"}, traced_batch_size=BATCH, dtype="fp32")
     by_module = {b.modules[0]: b for b in traced.blocks}
     real = real_saved_bytes(path, layers)
     for name in layers:
@@ -174,7 +174,7 @@ def test_saved_activations_per_layer_equal_a_real_forward(path, layers, rel):
 def test_pipeline_cuts_carry_what_the_previous_block_returns(path, outputs):
     """In a model whose blocks pass one tensor on, the bytes crossing the cut after each block
     are that block's output, as a real forward returns it."""
-    traced = trace(path, {"size": "tiny"}, micro_batch_size=BATCH, dtype="fp32")
+    traced = trace(path, {"size": "tiny"}, traced_batch_size=BATCH, dtype="fp32")
     mf, model = real_model(path)
     sizes: dict[str, int] = {}
     for name in outputs:

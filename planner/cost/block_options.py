@@ -45,7 +45,7 @@ def block_options(
     Long because every option of a block shares the same per-op sums; computing them once here keeps
     each option a few lines.
     """
-    traced_mbs = graph.graph["micro_batch_size"]
+    traced_mbs = graph.graph["traced_batch_size"]
     cp = len(cp_ranks) if cp_ranks else 1
     scale = micro_batch_size / traced_mbs / cp
     kernels = {

@@ -145,7 +145,7 @@ def print_graph(summary: dict[str, Any], note: str = "", quiet: bool = False) ->
         print(f"note: {note}", file=sys.stderr)
     title = (
         f"{m['file'].rsplit('/', 1)[-1]}  ·  {human_count(m['params'])} parameters  ·  "
-        f"micro-batch {m['micro_batch_size']}  ·  {m['dtype']}  ·  traced by {m['trace']}"
+        f"micro-batch {m['traced_batch_size']}  ·  {m['dtype']}  ·  traced by {m['trace']}"
     )
     header = ["#", "block", "class", "parameters", "fwd GFLOPs", "saved act. MB"]
     rows = [

@@ -150,7 +150,7 @@ def plan_mixed(
         except InfeasibleError as exc:
             single[k.name] = math.inf
             notes.append(f"{k.name} alone: {str(exc).split(';')[0]}")
-    traced = trace(mf, micro_batch_size=1, dtype=training.dtype, use_cache=use_cache)
+    traced = trace(mf, traced_batch_size=1, dtype=training.dtype, use_cache=use_cache)
     total = sum(k.gpus for k in kinds)
     built: list[Kind] = []
     for k in kinds:

@@ -214,7 +214,7 @@ def _candidates(graph, blocks, cluster, training, pins, variants_of) -> list[Can
 
 def _price(graph, blocks, cluster, training, pins, variants_of, cands, progress, memo):
     """Priced options per (TP, micro-batch, EP, CP), and each candidate's lower bounds."""
-    traced_mbs = int(graph.graph["micro_batch_size"])
+    traced_mbs = int(graph.graph["traced_batch_size"])
     inputs: dict[tuple, CostInputs] = {}
     keys = len({d.key for d in cands})
     for c in cands:

@@ -59,7 +59,7 @@ def cache_dir() -> Path:
     return Path(base) / "meshplan"
 
 
-def trace_key(sha256: str, args: dict, micro_batch_size: int, dtype: str) -> str:
+def trace_key(sha256: str, args: dict, traced_batch_size: int, dtype: str) -> str:
     """The entry's key. Package versions come from their metadata: reading a cached trace
     imports neither torch nor transformers."""
     versions = {
@@ -72,7 +72,7 @@ def trace_key(sha256: str, args: dict, micro_batch_size: int, dtype: str) -> str
     except importlib.metadata.PackageNotFoundError:
         pass
     payload = json.dumps(
-        [sha256, args, micro_batch_size, dtype, versions], sort_keys=True, default=str
+        [sha256, args, traced_batch_size, dtype, versions], sort_keys=True, default=str
     )
     return hashlib.sha256(payload.encode()).hexdigest()[:32]
 

@@ -102,9 +102,9 @@ def _parameters_to_meta(model: torch.nn.Module) -> None:
             module._parameters[name] = moved[id(p)]
 
 
-def meta_inputs(mf: ModelFile, micro_batch_size: int, dtype: str) -> tuple[torch.Tensor, ...]:
+def meta_inputs(mf: ModelFile, traced_batch_size: int, dtype: str) -> tuple[torch.Tensor, ...]:
     """``make_batch``'s inputs on the meta device, floating ones in the training dtype."""
-    inputs, _ = mf.batch(micro_batch_size, step=0)
+    inputs, _ = mf.batch(traced_batch_size, step=0)
     return tuple(
         t.to("meta", DTYPES[dtype]) if t.is_floating_point() else t.to("meta") for t in inputs
     )
@@ -142,15 +142,15 @@ def quiet_torch_logs() -> Iterator[None]:
         top.setLevel(level)
 
 
-def trace_model(mf: ModelFile, micro_batch_size: int = 1, dtype: str = "bf16") -> TraceResult:
+def trace_model(mf: ModelFile, traced_batch_size: int = 1, dtype: str = "bf16") -> TraceResult:
     """Trace ``mf`` for one micro-batch; the OpGraph's numbers are for the batch size its
-    ``micro_batch_size`` records (``batch_statistics_samples`` may raise the one asked for).
+    ``traced_batch_size`` records (``batch_statistics_samples`` may raise the one asked for).
 
     The forward runs with the meta device as the default: a model that makes a tensor without
     naming a device (an unrolled RNN's ``torch.zeros(batch, hidden)`` initial state) makes it
     beside its meta weights, as it makes it beside its real ones when it trains."""
     with quiet_torch_logs(), torch.device("meta"):
-        return _trace_model(mf, micro_batch_size, dtype)
+        return _trace_model(mf, traced_batch_size, dtype)
 
 
 def batch_statistics_samples(model: torch.nn.Module) -> int:
@@ -161,11 +161,11 @@ def batch_statistics_samples(model: torch.nn.Module) -> int:
     return 2 if any(isinstance(m, _BatchNorm) for m in model.modules()) else 1
 
 
-def _trace_model(mf: ModelFile, micro_batch_size: int, dtype: str) -> TraceResult:
+def _trace_model(mf: ModelFile, traced_batch_size: int, dtype: str) -> TraceResult:
     model = build_meta_model(mf, dtype)
     # Costs are per sample times the micro-batch, whatever batch the trace ran on.
-    micro_batch_size = max(micro_batch_size, batch_statistics_samples(model))
-    inputs = meta_inputs(mf, micro_batch_size, dtype)
+    traced_batch_size = max(traced_batch_size, batch_statistics_samples(model))
+    inputs = meta_inputs(mf, traced_batch_size, dtype)
     functions: set[str] = set()
     called: set[str] = set()
     try:
@@ -200,7 +200,7 @@ def _trace_model(mf: ModelFile, micro_batch_size: int, dtype: str) -> TraceResul
                 f"{reason}); fell back to module-level tracing (coarser op graph)"
             ),
         )
-    _annotate_model(graph, mf, model, micro_batch_size, dtype, method)
+    _annotate_model(graph, mf, model, traced_batch_size, dtype, method)
     graph.graph["custom_backward"] = sorted(functions)
     graph.graph["direct_forward"] = direct_forwards(model, called)
     graph.graph["shared_modules"] = shared_modules(model)
@@ -400,7 +400,7 @@ def _annotate_model(
     graph: nx.DiGraph,
     mf: ModelFile,
     model: torch.nn.Module,
-    micro_batch_size: int,
+    traced_batch_size: int,
     dtype: str,
     method: str,
 ) -> None:
@@ -409,7 +409,7 @@ def _annotate_model(
         file=str(mf.path),
         sha256=mf.sha256,
         args=mf.args,
-        micro_batch_size=micro_batch_size,
+        traced_batch_size=traced_batch_size,
         dtype=dtype,
         method=method,
         params=sum(p.numel() for p in params.values()),

@@ -130,7 +130,7 @@ def test_other_tasks_trace_from_their_configs(case, tmp_path):
     config.save_pretrained(tmp_path)
     mf = load_model_file(tmp_path)
     assert mf.args["task"] == task
-    traced = trace(mf, micro_batch_size=2, dtype="fp32", use_cache=False)
+    traced = trace(mf, traced_batch_size=2, dtype="fp32", use_cache=False)
     reference = getattr(transformers, arch)(config)
     assert traced.params == sum(p.numel() for p in reference.parameters())
     model = mf.build()

@@ -572,7 +572,7 @@ class _Prices:
     def __init__(self, graph, blocks, training, kinds, variants_of, pins) -> None:
         self.graph, self.blocks, self.training = graph, blocks, training
         self.kinds, self.variants_of, self.pins = kinds, variants_of, pins
-        self.traced_mbs = int(graph.graph["micro_batch_size"])
+        self.traced_mbs = int(graph.graph["traced_batch_size"])
         self.inputs: dict[tuple[int, int, int], CostInputs] = {}
         self.priced: dict = {}
         self.segs = segments(blocks)
