@@ -121,7 +121,7 @@ class StageModel:
         ]
 
 
-class _Rows:
+class Rows:
     """Rows appended block by block as (row, column, coefficient) triplets with their bounds."""
 
     def __init__(self) -> None:
@@ -169,7 +169,7 @@ def stage_model(sp: StageProblem, keep: list[list[int]], split: SplitBound) -> S
     ucol = lay.u + rs[:, None] * K + ks[None, :]  # (P, K) column of u[r, k]
     time_k = cat(sp.time)
     memco = (cat(sp.state)[None, :] + np.asarray(sp.inflight, float)[:, None] * cat(sp.act)) / GIB
-    rows = _Rows()
+    rows = Rows()
     # place: every block of each segment on some stage
     rows.add(L, L, (seg_of[kk], ncol, 1.0))
     # nonempty: every stage holds a block
@@ -191,10 +191,10 @@ def stage_model(sp: StageProblem, keep: list[list[int]], split: SplitBound) -> S
         )
     if S > 1:
         # order_a: C[j, s] - L_s a[j, s+1] >= 0 (all j), C[j, s] = blocks of s on stages <= j
-        r, c, a_rows = _cumulative(lay, seg_of, J, S, 0)
+        r, c, a_rows = cumulative(lay, seg_of, J, S, 0)
         rows.add(np.zeros(J * (S - 1)), inf, (r, c, 1.0), (a_rows, acol[:, 1:], -L[: S - 1]))
         if J > 1:  # order_b: C[j, s+1] + L_{s+1} a[j+1, s] <= L_{s+1} (j < J - 1)
-            r, c, a_rows = _cumulative(lay, seg_of, J - 1, S, 1)
+            r, c, a_rows = cumulative(lay, seg_of, J - 1, S, 1)
             upper = np.tile(L[1:], J - 1)
             rows.add(
                 np.full(len(upper), -inf), upper, (r, c, 1.0), (a_rows, acol[1:, : S - 1], L[1:])
@@ -295,7 +295,7 @@ def stage_model(sp: StageProblem, keep: list[list[int]], split: SplitBound) -> S
     )
 
 
-def _cumulative(lay: Layout, seg_of: np.ndarray, n_rows: int, S: int, shift: int):
+def cumulative(lay: Layout, seg_of: np.ndarray, n_rows: int, S: int, shift: int):
     """The n terms of C[j, s + shift] for j < n_rows, s < S - 1 (row j (S - 1) + s): every
     n[j', k] with j' <= j and k an option of segment s + shift. Returns (rows, columns, the
     rows again as a (n_rows, S - 1) grid for the a terms)."""

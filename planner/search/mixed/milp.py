@@ -57,6 +57,10 @@ Objective (= mixed_cost.step_time):
     (K: the tied weights' gradient sum, priced at the slowest variant's: an upper bound when
     the first and last stages differ, the same whatever the placement)
 
+The model is HiGHS rows assembled with numpy, as the homogeneous MILP's
+(``planner.search.milp.rows``: its ``Rows`` blocks, its ``cumulative`` order terms), over the
+columns of ``MixedLayout``; one family of rows per line above, in this order.
+
 Every time is in units of ``time_unit`` (a lower bound of the step's sum of stage times):
 HiGHS's feasibility tolerances are absolute, and in seconds a step of tens of microseconds
 sat within them. The search then prices the placement returned by ``cost.step_time``, the
@@ -73,17 +77,20 @@ from __future__ import annotations
 
 import math
 import time
-import warnings
 from dataclasses import dataclass, field
 
-import cvxpy as cp
 import numpy as np
 
+from planner.highs import Pattern, pass_model, quiet_highs
 from planner.search.milp.data import GIB, StageProblem
+from planner.search.milp.rows import Rows, cumulative
 from planner.search.milp.solve import MIP_REL_GAP, undominated
 from planner.search.milp.split_bound import SplitBound
 
 NODE_LIMIT = 5_000  # a work limit (never the clock): the same plan on any machine
+# HiGHS's row tolerances, in the MILP's units of time (a lower bound of the step, time_unit):
+# at its defaults (1e-6 for a MILP) the solver may count a step that much of a unit short
+FEASIBILITY_TOLERANCE = 1e-9
 
 
 def variant_triples(variants) -> list[tuple[int, int, int]]:
@@ -186,219 +193,377 @@ def tied_groups(tied: list[tuple[int, int]], n_segments: int) -> list[tuple[int,
     return [tuple(sorted(g)) for g in members.values()]
 
 
-class _Structure:
-    """One cvxpy problem per shape (stages, variants, option counts, tied groups), re-solved
-    with new parameter values, as stage_milp does, so the outer loop pays canonicalisation once
-    per shape."""
+@dataclass(frozen=True)
+class MixedLayout:
+    """Where each variable's columns start: n (J x C, stage-major, C = every option of every
+    segment of every variant), y (J x V), a (J x S), h (J x V), u (J x C), w ((J-1) x V x V),
+    P (one per tied group), T (J), Q, E, e1 (J), e2 (J), X (J), Z (J), Opt, Off. ``n``, ``J``
+    and ``K`` (= C) are what rows.cumulative reads of a layout."""
 
-    def __init__(
-        self,
-        J: int,
-        seg_len: list[int],
-        n_opts: list[list[int]],
-        has_params,
-        variants: tuple[tuple[int, int, int], ...],
-        n_kinds: int,
-        groups: tuple[tuple[int, ...], ...],
-    ) -> None:
-        """The cvxpy model of the module docstring for one cell shape. Long because the cvxpy
-        model's constraint families are written in the module docstring's order, each
-        beside its name, and built once per cell shape."""
-        V, S, K = len(n_opts), len(seg_len), n_kinds
-        widths = [sum(row) for row in n_opts]
-        C = sum(widths)
-        self.J, self.V, self.S, self.C = J, V, S, C
-        self.vcols = np.cumsum([0, *widths])
-        self.scols = [np.cumsum([0, *row]) for row in n_opts]
-        seg_of = np.concatenate([np.repeat(np.arange(S), row) for row in n_opts])
-        variant_of = np.repeat(np.arange(V), widths)
-        L = np.asarray(seg_len, dtype=float)
-        Lcol = L[seg_of]
-        Gs = np.zeros((C, S))
-        Gs[np.arange(C), seg_of] = 1.0
-        Gv = np.zeros((C, V))
-        Gv[np.arange(C), variant_of] = 1.0
-        codes = np.array([t + 16 * r for _, t, r in variants], dtype=float)  # (TP, DP)
-        units_of = np.zeros((V, K))  # y[j,v] -> units of kind k_v
-        for v, (k, t, r) in enumerate(variants):
-            units_of[v, k] = t * r
-        self.degrees = sorted({t for _, t, _ in variants})
-        degree_of = np.array([[float(t == d) for d in self.degrees] for _, t, _ in variants])
-        self.mults = sorted({r for _, _, r in variants})
-        mult_of = np.array([[float(r == d) for d in self.mults] for _, _, r in variants])
-        low = np.tril(np.ones((J, J)))
-        par = cp.Parameter
-        self.time, self.host = par(C), par(C)
-        self.time_q = par(C)  # time (m_v - 1), v the column's variant
-        self.optim, self.offl = par(C), par(C)
-        self.ws, self.gather = par((J, C), nonneg=True), par((J, C), nonneg=True)
-        self.limit = par((J, C), nonneg=True)  # L_s allow[v,s,o], per row
-        self.memco, self.k1, self.k2 = par((J, C)), par((J, C)), par((J, C))
-        self.stepco = par((J, C), nonneg=True)  # the optimizer step's states, GiB
-        self.loss = par(J, nonneg=True)  # the loss's peak on the last stage, GiB
-        self.k1h, self.k2h = par((J, V)), par((J, V))
-        self.base, self.base_q = par((J, V)), par((J, V))
-        self.room = par((J, V))  # capacity less the rank's other memory, GiB
-        self.hostcap = par((J, V))
-        self.units_hi, self.units_lo = par(K, nonneg=True), par(K, nonneg=True)
-        self.need = par(len(self.degrees), nonneg=True)
-        self.need_r = par(len(self.mults), nonneg=True)
-        self.const_step = par(nonneg=True)
-        # mixed_bound's T*, S*, P* (the first as (m_min - 1) T*): cuts every placement meets
-        self.q_floor, self.sum_floor = par(nonneg=True), par(nonneg=True)
-        self.weighted_floor = par(nonneg=True)
-        n = cp.Variable((J, C), integer=True)
-        y = cp.Variable((J, V), boolean=True)
-        a = cp.Variable((J, S), boolean=True)
-        h = cp.Variable((J, V), boolean=True)
-        u = cp.Variable((J, C), boolean=True)
-        T = cp.Variable(J, nonneg=True)
-        Q, E = cp.Variable(nonneg=True), cp.Variable(nonneg=True)
-        e1, e2 = cp.Variable(J, nonneg=True), cp.Variable(J, nonneg=True)
-        X, Z = cp.Variable(J, nonneg=True), cp.Variable(J, nonneg=True)
-        opt, off = cp.Variable(nonneg=True), cp.Variable(nonneg=True)
-        onesC = np.ones((1, C))
-        cnt = n @ Gs
-        cum = low @ cnt
-        units = cp.sum(y, axis=0) @ units_of
-        cons = [
-            n >= 0,
-            cp.sum(y, axis=1) == 1,  # variant
-            cp.sum(y, axis=0) @ degree_of >= self.need,  # needs
-            cp.sum(y, axis=0) @ mult_of >= self.need_r,
-            units <= self.units_hi,  # units
-            units >= self.units_lo,
-            n <= cp.multiply(y @ Gv.T, self.limit),  # link
-            cp.sum(n, axis=0) @ Gs == L,  # place
-            cp.sum(n, axis=1) >= 1,  # nonempty
-            a <= cnt,
-            cnt <= cp.multiply(a, np.tile(L, (J, 1))),  # has
-        ]
-        if S > 1:
-            cons.append(cum[:, : S - 1] >= cp.multiply(a[:, 1:], np.tile(L[: S - 1], (J, 1))))
-            if J > 1:
-                cons.append(
-                    cum[: J - 1, 1:] <= cp.multiply(1 - a[1:, : S - 1], np.tile(L[1:], (J - 1, 1)))
-                )  # order_a / order_b
-        T_expr = n @ self.time + cp.sum(cp.multiply(y, self.base), axis=1)
-        Q_expr = n @ self.time_q + cp.sum(cp.multiply(y, self.base_q), axis=1)
-        if J > 1:
-            self.hop = par((J - 1, V * V), nonneg=True)
-            self.hop_q = par((J - 1, V * V), nonneg=True)  # hop (m_v - 1), v the sender
-            self.linked = par((J - 1, V * V), nonneg=True)  # 1 where the pair may meet
-            w = cp.Variable((J - 1, V * V), nonneg=True)
-            rows = np.kron(np.eye(V), np.ones((V, 1)))  # column (v, u) -> v
-            cols = np.kron(np.ones((V, 1)), np.eye(V))  # column (v, u) -> u
-            cons += [w @ rows == y[:-1], w @ cols == y[1:], w <= self.linked]  # pair
-            T_expr = T_expr + cp.hstack([cp.sum(cp.multiply(w, self.hop), axis=1), np.zeros(1)])
-            Q_expr = Q_expr + cp.hstack([cp.sum(cp.multiply(w, self.hop_q), axis=1), np.zeros(1)])
-        spread = float(codes.max() - codes.min())
-        if groups and spread > 0:
-            degree = y @ codes  # stage j's (TP, DP) code
-            P = cp.Variable(len(groups))
-            for g, segs in enumerate(groups):
-                for s in segs:
-                    slack = spread * (1 - a[:, s])
-                    cons += [degree - P[g] <= slack, P[g] - degree <= slack]  # tied
-        cons += [T == T_expr, Q >= Q_expr]  # time
+    J: int
+    V: int
+    S: int
+    K: int
+    G: int
 
-        cons += [Q >= self.q_floor, cp.sum(T) >= self.sum_floor]  # split
-        cons.append(Q + opt + off >= self.weighted_floor)
-        for s in range(S):
-            if has_params[s]:
-                cons.append(h >= a[:, s : s + 1] @ np.ones((1, V)) + y - 1)
-        cons.append(h <= y)
-        k1 = cp.sum(cp.multiply(n, self.k1), axis=1) + cp.sum(cp.multiply(h, self.k1h), axis=1)
-        k2 = cp.sum(cp.multiply(n, self.k2), axis=1) + cp.sum(cp.multiply(h, self.k2h), axis=1)
-        cons += [e1 >= k1, e2 >= k2, E >= e1 + e2]  # dp
-        cons += [
-            cp.multiply(u, np.tile(Lcol, (J, 1))) >= n,
-            cp.reshape(X, (J, 1), order="C") @ onesC >= cp.multiply(u, self.ws),
-            X >= self.loss,  # the loss and the largest op share the working set's slot
-            cp.reshape(Z, (J, 1), order="C") @ onesC >= cp.multiply(u, self.gather),
-            cp.sum(cp.multiply(n, self.memco), axis=1) + X + Z
-            <= cp.sum(cp.multiply(y, self.room), axis=1),  # memory
-            cp.sum(cp.multiply(n, self.stepco), axis=1)
-            <= cp.sum(cp.multiply(y, self.room), axis=1),  # memory during the optimizer step
-            n @ self.host <= cp.sum(cp.multiply(y, self.hostcap), axis=1),  # host
-            opt >= n @ self.optim,
-            off >= n @ self.offl,
-        ]
-        objective = cp.sum(T) + Q + E + opt + off + self.const_step
-        self.n, self.y = n, y
-        self.problem = cp.Problem(cp.Minimize(objective), cons)
+    n: int = 0
 
-    def load(
-        self, mp: MixedProblem, keep: list[list[list[int]]], split: SplitBound, unit: float
-    ) -> None:
-        """The parameters of ``mp``, every time in units of ``unit`` seconds (``time_unit``)."""
-        J, V = self.J, self.V
-        self.q_floor.value = (mp.m_min - 1.0) * split.max_stage / unit
-        self.sum_floor.value = split.sum_stages / unit
-        self.weighted_floor.value = split.weighted_max / unit
-        cat = np.concatenate
-        sps = mp.per_variant
+    @property
+    def y(self) -> int:
+        return self.J * self.K
 
-        def col(field: str) -> np.ndarray:
-            return cat([cat(getattr(sp, field)) for sp in sps])
+    @property
+    def a(self) -> int:
+        return self.y + self.J * self.V
 
-        allow = cat(
-            [
-                cat([np.isin(np.arange(len(t)), keep[v][s]) for s, t in enumerate(sp.time)])
-                for v, sp in enumerate(sps)
-            ]
-        ).astype(float)
-        seg_len = np.asarray(mp.seg_len, dtype=float)
-        lcol = cat(
-            [cat([np.full(len(t), seg_len[s]) for s, t in enumerate(sp.time)]) for sp in sps]
-        )
-        self.limit.value = np.tile(lcol * allow, (J, 1))
-        self.time.value = col("time") / unit
-        scale = np.array([mp.m_of(v) - 1.0 for v in range(V)])  # m_v - 1
-        widths = [sum(map(len, sp.time)) for sp in sps]
-        self.time_q.value = self.time.value * np.repeat(scale, widths)
-        self.host.value = col("host") / GIB
-        self.optim.value = col("optim") / unit
-        self.offl.value = col("offl") / unit
-        self.ws.value = np.tile(col("ws") / GIB, (J, 1))
-        self.gather.value = np.tile(col("gather") / GIB, (J, 1))
-        state, act = col("state"), col("act")
-        inflight = np.repeat(np.array([sp.inflight for sp in sps], dtype=float).T, widths, axis=1)
-        self.memco.value = (state[None, :] + inflight * act[None, :]) / GIB
-        steps = [cat(sp.step) if sp.step is not None else np.zeros(w) for sp, w in zip(sps, widths)]
-        self.stepco.value = np.tile(cat(steps) / GIB, (J, 1))
-        self.loss.value = np.asarray(sps[0].loss_mem, dtype=float) / GIB
-        self.k1.value = np.tile(col("dp_first"), (J, 1)) / unit
-        self.k2.value = np.tile(col("dp_second"), (J, 1)) / unit
-        self.k1h.value = np.tile([sp.dp_once[0] / unit for sp in sps], (J, 1))
-        self.k2h.value = np.tile([sp.dp_once[1] / unit for sp in sps], (J, 1))
-        self.base.value = np.asarray(mp.base_time, dtype=float).T / unit
-        self.base_q.value = self.base.value * scale[None, :]
-        self.room.value = np.stack(
-            [(sp.capacity - np.asarray(sp.const_mem, dtype=float)) / GIB for sp in sps], axis=1
-        )
-        self.hostcap.value = np.tile([sp.host_capacity / GIB for sp in sps], (J, 1))
-        self.units_hi.value = np.asarray(mp.units, dtype=float)
-        self.units_lo.value = np.asarray(mp.low, dtype=float)
-        self.need.value = np.array([float(d in mp.needs) for d in self.degrees])
-        self.need_r.value = np.array([float(d in mp.dp_needs) for d in self.mults])
-        self.const_step.value = mp.const_step / unit
-        if J > 1:
-            hop = np.asarray(mp.hop, dtype=float).reshape(J - 1, V * V)
-            self.linked.value = np.isfinite(hop).astype(float)
-            self.hop.value = np.where(np.isfinite(hop), hop, 0.0) / unit
-            self.hop_q.value = self.hop.value * np.repeat(scale, V)[None, :]
+    @property
+    def h(self) -> int:
+        return self.a + self.J * self.S
 
-    def read(self) -> tuple[list[int], list[list[list[int]]]]:
-        y = np.rint(np.asarray(self.y.value)).astype(int)
-        n = np.rint(np.asarray(self.n.value)).astype(int)
-        variants = [int(np.argmax(y[j])) for j in range(self.J)]
+    @property
+    def u(self) -> int:
+        return self.h + self.J * self.V
+
+    @property
+    def w(self) -> int:
+        return self.u + self.J * self.K
+
+    @property
+    def P(self) -> int:
+        return self.w + max(self.J - 1, 0) * self.V * self.V
+
+    @property
+    def T(self) -> int:
+        return self.P + self.G
+
+    @property
+    def Q(self) -> int:
+        return self.T + self.J
+
+    @property
+    def E(self) -> int:
+        return self.Q + 1
+
+    @property
+    def e1(self) -> int:
+        return self.E + 1
+
+    @property
+    def e2(self) -> int:
+        return self.e1 + self.J
+
+    @property
+    def X(self) -> int:
+        return self.e2 + self.J
+
+    @property
+    def Z(self) -> int:
+        return self.X + self.J
+
+    @property
+    def opt(self) -> int:
+        return self.Z + self.J
+
+    @property
+    def off(self) -> int:
+        return self.opt + 1
+
+    @property
+    def columns(self) -> int:
+        return self.off + 1
+
+
+@dataclass
+class MixedModel:
+    """One cell's MILP as HiGHS takes it (``planner.highs.pass_model``'s arguments), every
+    time in units of ``unit`` seconds."""
+
+    layout: MixedLayout
+    vcols: np.ndarray  # first column of each variant's options within C
+    scols: list[np.ndarray]  # per variant, first column of each segment's options
+    cost: np.ndarray
+    offset: float
+    pattern: Pattern
+    values: np.ndarray
+    row_lower: np.ndarray
+    row_upper: np.ndarray
+    col_lower: np.ndarray
+    col_upper: np.ndarray
+    integer: np.ndarray
+
+    def read(self, x: np.ndarray) -> tuple[list[int], list[list[list[int]]]]:
+        """Each stage's variant, and its blocks per segment and option of that variant."""
+        lay = self.layout
+        y = np.rint(x[lay.y : lay.a]).astype(int).reshape(lay.J, lay.V)
+        n = np.rint(x[lay.n : lay.y]).astype(int).reshape(lay.J, lay.K)
+        variants = [int(np.argmax(y[j])) for j in range(lay.J)]
         counts = []
         for j, v in enumerate(variants):
             row = n[j, self.vcols[v] : self.vcols[v + 1]]
             sc = self.scols[v]
-            counts.append([row[sc[s] : sc[s + 1]].tolist() for s in range(self.S)])
+            counts.append([row[sc[s] : sc[s + 1]].tolist() for s in range(lay.S)])
         return variants, counts
+
+
+@dataclass
+class _Grid:
+    """A cell's MILP shape and the column of every (stage, option) and (stage, variant) as
+    numpy grids, which each family of rows indexes: jj, cc (J x C) and jv, vv (J x V) the
+    stage and option or variant of each entry, ncol, ucol, ycol, hcol their columns of n, u,
+    y, h, acol (J x S) those of a, cell the (stage, option) row of J x C families."""
+
+    mp: MixedProblem
+    unit: float
+    lay: MixedLayout
+    n_opts: list[list[int]]
+    widths: list[int]
+    seg_of: np.ndarray
+    var_of: np.ndarray
+    L: np.ndarray
+    Lcol: np.ndarray
+    js: np.ndarray
+    jj: np.ndarray
+    cc: np.ndarray
+    jv: np.ndarray
+    vv: np.ndarray
+    cell: np.ndarray
+    ncol: np.ndarray
+    ucol: np.ndarray
+    ycol: np.ndarray
+    hcol: np.ndarray
+    acol: np.ndarray
+
+    def col(self, name: str) -> np.ndarray:
+        """A StageProblem field over every option of every variant (C entries)."""
+        return np.concatenate([np.concatenate(getattr(sp, name)) for sp in self.mp.per_variant])
+
+
+def _grid(mp: MixedProblem, unit: float) -> _Grid:
+    cat = np.concatenate
+    n_opts = [[len(t) for t in sp.time] for sp in mp.per_variant]
+    widths = [sum(row) for row in n_opts]
+    J, V, S = mp.J, len(mp.variants), len(mp.seg_len)
+    lay = MixedLayout(J, V, S, sum(widths), len(tied_groups(mp.tied, S)))
+    C = lay.K
+    seg_of = cat([np.repeat(np.arange(S), row) for row in n_opts])
+    L = np.asarray(mp.seg_len, dtype=float)
+    js = np.arange(J)
+    jj, cc = np.meshgrid(js, np.arange(C), indexing="ij")
+    jv, vv = np.meshgrid(js, np.arange(V), indexing="ij")
+    return _Grid(
+        mp, unit, lay, n_opts, widths, seg_of, np.repeat(np.arange(V), widths), L, L[seg_of],
+        js, jj, cc, jv, vv, jj * C + cc, lay.n + jj * C + cc, lay.u + jj * C + cc,
+        lay.y + jv * V + vv, lay.h + jv * V + vv, lay.a + js[:, None] * S + np.arange(S)[None, :],
+    )  # fmt: skip
+
+
+def _placement_rows(rows: Rows, g: _Grid, keep: list[list[list[int]]]) -> np.ndarray:
+    """variant, needs, units, link, place, nonempty, has, order_a, order_b; returns each
+    option column's most blocks (0 for an option outside ``keep``)."""
+    inf, cat = np.inf, np.concatenate
+    mp, sps, variants, lay = g.mp, g.mp.per_variant, g.mp.variants, g.lay
+    J, V, S, C = lay.J, lay.V, lay.S, lay.K
+    seg_of, var_of, L, Lcol = g.seg_of, g.var_of, g.L, g.Lcol
+    js, jj, cc, jv, vv, cell = g.js, g.jj, g.cc, g.jv, g.vv, g.cell
+    ncol, ycol, acol = g.ncol, g.ycol, g.acol
+    ss = np.arange(S)
+    # variant: one per stage
+    rows.add(np.ones(J), 1.0, (jv, ycol, 1.0))
+    # needs: some stage at each needed TP degree and DP multiple
+    for of, needed in ((1, mp.needs), (2, mp.dp_needs)):
+        for d in sorted({x[of] for x in variants}):
+            mine = np.array([float(x[of] == d) for x in variants])
+            rows.add([float(d in needed)], inf, (0, ycol, mine[vv]))
+    # units: lo_k <= sum_j sum_{v of k} t_v r_v y[j, v] <= hi_k
+    kind = np.array([mp.kind_of(v) for v in range(V)])
+    width = np.array([mp.width(v) for v in range(V)], dtype=float)
+    rows.add(np.asarray(mp.low, float), np.asarray(mp.units, float), (kind[vv], ycol, width[vv]))
+    # link: n[j, c] <= L_s allow[c] y[j, v(c)]
+    allow = cat(
+        [
+            cat([np.isin(np.arange(len(t)), keep[v][s]) for s, t in enumerate(sp.time)])
+            for v, sp in enumerate(sps)
+        ]
+    ).astype(float)
+    limit = Lcol * allow
+    cell = jj * C + cc
+    rows.add(
+        np.full(J * C, -inf), 0.0, (cell, ncol, 1.0), (cell, lay.y + jj * V + var_of[cc], -limit)
+    )
+    # place, nonempty, has, order_a, order_b: as the stage MILP's, on cnt[j, s]
+    rows.add(L, L, (seg_of[cc], ncol, 1.0))
+    rows.add(np.ones(J), inf, (jj, ncol, 1.0))
+    js_cell = jj * S + seg_of[cc]
+    grid = js[:, None] * S + ss
+    rows.add(np.full(J * S, -inf), 0.0, (js_cell, ncol, -1.0), (grid, acol, 1.0))
+    rows.add(np.full(J * S, -inf), 0.0, (js_cell, ncol, 1.0), (grid, acol, -L))
+    if S > 1:
+        r, c, a_rows = cumulative(lay, seg_of, J, S, 0)
+        rows.add(np.zeros(J * (S - 1)), inf, (r, c, 1.0), (a_rows, acol[:, 1:], -L[: S - 1]))
+        if J > 1:
+            r, c, a_rows = cumulative(lay, seg_of, J - 1, S, 1)
+            upper = np.tile(L[1:], J - 1)
+            rows.add(
+                np.full(len(upper), -inf), upper, (r, c, 1.0), (a_rows, acol[1:, : S - 1], L[1:])
+            )
+    return limit
+
+
+def _time_rows(rows: Rows, g: _Grid, split: SplitBound) -> np.ndarray:
+    """time, pair, tied and split; returns the upper bounds of w (0 where no fabric joins
+    the pair)."""
+    inf = np.inf
+    mp, variants, lay, unit = g.mp, g.mp.variants, g.lay, g.unit
+    J, V, S = lay.J, lay.V, lay.S
+    js, jj, cc, jv, vv, var_of = g.js, g.jj, g.cc, g.jv, g.vv, g.var_of
+    ncol, ycol, acol, col = g.ncol, g.ycol, g.acol, g.col
+    q = np.array([mp.m_of(v) - 1.0 for v in range(V)])  # m_v - 1
+    time_c = col("time") / unit
+    base = np.asarray(mp.base_time, dtype=float).T / unit  # (J, V)
+    groups = tied_groups(mp.tied, S)
+    # time: T_j = n_j . t + y_j . base_j + w_j . hop_j;  Q >= the same, each term (m_v - 1)
+    # times over, v the stage's (the sender's for the hop)
+    t_terms = [(js, lay.T + js, 1.0), (jj, ncol, -time_c[cc]), (jv, ycol, -base)]
+    q_terms = [
+        (js, lay.Q, 1.0),
+        (jj, ncol, -(time_c * q[var_of])[cc]),
+        (jv, ycol, -base * q[None, :]),
+    ]
+    w_upper = np.zeros(0)
+    if J > 1:
+        hop = np.asarray(mp.hop, dtype=float).reshape(J - 1, V * V)
+        w_upper = np.isfinite(hop).astype(float).ravel()
+        hop = np.where(np.isfinite(hop), hop, 0.0) / unit
+        jw, pw = np.meshgrid(js[:-1], np.arange(V * V), indexing="ij")
+        wcol = lay.w + jw * V * V + pw
+        t_terms.append((jw, wcol, -hop))
+        q_terms.append((jw, wcol, -hop * np.repeat(q, V)[None, :]))
+        # pair: sum_u w[j, v, u] = y[j, v];  sum_v w[j, v, u] = y[j+1, u]
+        sender, receiver = pw // V, pw % V
+        pairs = (J - 1) * V
+        rows.add(
+            np.zeros(pairs),
+            0.0,
+            (jw * V + sender, wcol, 1.0),
+            (jv[:-1] * V + vv[:-1], ycol[:-1], -1.0),
+        )
+        rows.add(
+            np.zeros(pairs),
+            0.0,
+            (jw * V + receiver, wcol, 1.0),
+            (jv[:-1] * V + vv[:-1], ycol[1:], -1.0),
+        )
+    rows.add(np.zeros(J), 0.0, *t_terms)
+    rows.add(np.zeros(J), inf, *q_terms)
+    # tied: |sum_v g_v y[j, v] - P_g| <= spread (1 - a[j, s]) for s in group g
+    codes = np.array([t + 16 * r for _, t, r in variants], dtype=float)
+    spread = float(codes.max() - codes.min())
+    if groups and spread > 0:
+        for g, segs in enumerate(groups):
+            for s in segs:
+                for sign in (1.0, -1.0):
+                    rows.add(
+                        np.full(J, -inf),
+                        spread,
+                        (jv, ycol, sign * codes[vv]),
+                        (js, lay.P + g, -sign),
+                        (js, acol[:, s], spread),
+                    )
+    # split: sum_j T_j >= S*;  Q + Opt + Off >= P*  (Q >= (m_min - 1) T* as Q's lower bound)
+    weighted = split.weighted_max if math.isfinite(split.weighted_max) else 0.0
+    rows.add([split.sum_stages / unit], inf, (np.zeros(J, int), lay.T + js, 1.0))
+    rows.add([weighted / unit], inf, (np.zeros(3, int), [lay.Q, lay.opt, lay.off], 1.0))
+    return w_upper
+
+
+def _resource_rows(rows: Rows, g: _Grid) -> None:
+    """dp, memory, host and optimizer."""
+    inf, cat = np.inf, np.concatenate
+    sps, lay, unit, widths = g.mp.per_variant, g.lay, g.unit, g.widths
+    J, V, S, C = lay.J, lay.V, lay.S, lay.K
+    js, jj, cc, jv, vv, cell, Lcol = g.js, g.jj, g.cc, g.jv, g.vv, g.cell, g.Lcol
+    ncol, ucol, ycol, hcol, acol, col = g.ncol, g.ucol, g.ycol, g.hcol, g.acol, g.col
+    # dp: h[j, v] >= a[j, s] + y[j, v] - 1 (s with parameters);  h <= y
+    for s in range(S):
+        if sps[0].has_params[s]:
+            rows.add(
+                np.full(J * V, -inf),
+                1.0,
+                (jv * V + vv, acol[:, s : s + 1], 1.0),
+                (jv * V + vv, ycol, 1.0),
+                (jv * V + vv, hcol, -1.0),
+            )
+    rows.add(np.full(J * V, -inf), 0.0, (jv * V + vv, hcol, 1.0), (jv * V + vv, ycol, -1.0))
+    # e^i_j >= n_j . d^i + h_j . d^i_once;  E >= e^1_j + e^2_j
+    for ecol, name, i in ((lay.e1, "dp_first", 0), (lay.e2, "dp_second", 1)):
+        once = np.array([sp.dp_once[i] for sp in sps]) / unit
+        rows.add(
+            np.zeros(J),
+            inf,
+            (js, ecol + js, 1.0),
+            (jj, ncol, -(col(name) / unit)[cc]),
+            (jv, hcol, -once[vv]),
+        )
+    rows.add(np.zeros(J), inf, (js, lay.E, 1.0), (js, lay.e1 + js, -1.0), (js, lay.e2 + js, -1.0))
+    # memory: L_s u >= n;  X_j >= ws u;  Z_j >= gather u;  blocks + X + Z <= room of y_j
+    rows.add(np.zeros(J * C), inf, (cell, ucol, Lcol[cc]), (cell, ncol, -1.0))
+    for xcol, name in ((lay.X, "ws"), (lay.Z, "gather")):
+        rows.add(np.zeros(J * C), inf, (cell, xcol + jj, 1.0), (cell, ucol, -(col(name) / GIB)[cc]))
+    inflight = np.repeat(np.array([sp.inflight for sp in sps], dtype=float).T, widths, axis=1)
+    memco = (col("state")[None, :] + inflight * col("act")[None, :]) / GIB
+    room = np.stack(
+        [(sp.capacity - np.asarray(sp.const_mem, dtype=float)) / GIB for sp in sps], axis=1
+    )  # (J, V)
+    rows.add(
+        np.full(J, -inf),
+        0.0,
+        (jj, ncol, memco),
+        (js, lay.X + js, 1.0),
+        (js, lay.Z + js, 1.0),
+        (jv, ycol, -room),
+    )
+    steps = [cat(sp.step) if sp.step is not None else np.zeros(w) for sp, w in zip(sps, widths)]
+    rows.add(np.full(J, -inf), 0.0, (jj, ncol, (cat(steps) / GIB)[cc]), (jv, ycol, -room))
+    hostcap = np.array([sp.host_capacity / GIB for sp in sps])
+    rows.add(np.full(J, -inf), 0.0, (jj, ncol, (col("host") / GIB)[cc]), (jv, ycol, -hostcap[vv]))
+    # optimizer: Opt >= n_j . opt;  Off >= n_j . off
+    for ocol, name in ((lay.opt, "optim"), (lay.off, "offl")):
+        rows.add(np.zeros(J), inf, (js, ocol, 1.0), (jj, ncol, -(col(name) / unit)[cc]))
+
+
+def mixed_model(
+    mp: MixedProblem, keep: list[list[list[int]]], split: SplitBound, unit: float
+) -> MixedModel:
+    """The MILP of the module docstring for ``mp``, options outside ``keep`` fixed to 0,
+    mixed_bound's cuts from ``split``, times in units of ``unit`` seconds: its rows
+    assembled family by family in the docstring's order (rows.Rows), one numpy block each."""
+    inf, cat = np.inf, np.concatenate
+    g = _grid(mp, unit)
+    lay, J, sps = g.lay, mp.J, mp.per_variant
+    rows = Rows()
+    limit = _placement_rows(rows, g, keep)
+    w_upper = _time_rows(rows, g, split)
+    _resource_rows(rows, g)
+    pattern = Pattern.of(cat(rows.rows), cat(rows.cols), (rows.count, lay.columns))
+    col_lower = np.zeros(lay.columns)
+    col_upper = np.full(lay.columns, inf)
+    col_upper[lay.n : lay.y] = np.tile(limit, J)
+    col_upper[lay.y : lay.w] = 1.0  # y, a, h, u binary
+    col_upper[lay.w : lay.P] = w_upper
+    col_lower[lay.P : lay.T] = -inf
+    col_lower[lay.Q] = (mp.m_min - 1.0) * split.max_stage / unit
+    col_lower[lay.X : lay.X + J] = np.asarray(sps[0].loss_mem, dtype=float) / GIB
+    integer = np.zeros(lay.columns, bool)
+    integer[lay.n : lay.w] = True
+    cost = np.zeros(lay.columns)
+    cost[lay.T : lay.T + J] = 1.0
+    cost[[lay.Q, lay.E, lay.opt, lay.off]] = 1.0
+    vcols = np.cumsum([0, *g.widths])
+    scols = [np.cumsum([0, *row]) for row in g.n_opts]
+    return MixedModel(
+        lay, vcols, scols, cost, mp.const_step / unit, pattern, cat(rows.vals),
+        cat(rows.lower), cat(rows.upper), col_lower, col_upper, integer,
+    )  # fmt: skip
 
 
 def time_unit(mp: MixedProblem, split: SplitBound | None) -> float:
@@ -419,71 +584,58 @@ def time_unit(mp: MixedProblem, split: SplitBound | None) -> float:
 def solve_mixed(
     mp: MixedProblem,
     cutoff: float | None = None,
-    structures: dict | None = None,
     node_limit: int = NODE_LIMIT,
     split: SplitBound | None = None,
 ) -> MixedSolution:
     """Solve one candidate's mixed MILP; ``cutoff``: only placements faster than it matter
     (the best plan so far, a single kind's included), and HiGHS prunes with it. ``split``:
-    mixed_bound's cuts, when the caller computed them (else none: all zero)."""
+    mixed_bound's cuts, when the caller computed them (else none: all zero). The statuses
+    are solve_stage_milp's."""
+    import highspy
+
     if any(sp.v != 1 for sp in mp.per_variant):
         raise ValueError("the mixed-kind MILP covers plain 1F1B / GPipe pipelines (v = 1)")
     if split is not None and not split.feasible:  # no split fits: nothing to solve
         return MixedSolution("infeasible", float("inf"), [], [])
     keep = [undominated(sp) for sp in mp.per_variant]
-    n_opts = [[len(t) for t in sp.time] for sp in mp.per_variant]
-    has_params = tuple(mp.per_variant[0].has_params)
-    variants = tuple(map(tuple, mp.variants))
-    groups = tuple(tied_groups(mp.tied, len(mp.seg_len)))
-    key = (
-        "mixed",
-        mp.J,
-        tuple(mp.seg_len),
-        tuple(map(tuple, n_opts)),
-        has_params,
-        variants,
-        len(mp.kinds),
-        groups,
-    )
-    structures = {} if structures is None else structures
-    st = structures.get(key)
-    if st is None:
-        st = structures[key] = _Structure(
-            mp.J, mp.seg_len, n_opts, has_params, variants, len(mp.kinds), groups
-        )
     unit = time_unit(mp, split)
-    st.load(mp, keep, split or SplitBound(0.0, 0.0, 0.0), unit)
+    model = mixed_model(mp, keep, split or SplitBound(0.0, 0.0, 0.0), unit)
     has_cutoff = cutoff is not None and np.isfinite(cutoff)
-    opts = {
-        "mip_max_nodes": int(node_limit),
-        "mip_rel_gap": MIP_REL_GAP,
-        "mip_abs_gap": 1e-12,
-        "time_limit": float("inf"),
-        "objective_bound": float(cutoff) / unit if has_cutoff else float("inf"),
-    }
+    h = quiet_highs()
+    for name, value in (
+        ("mip_max_nodes", int(node_limit)),
+        ("mip_rel_gap", MIP_REL_GAP),
+        ("mip_abs_gap", 1e-12),
+        ("mip_feasibility_tolerance", FEASIBILITY_TOLERANCE),
+        ("primal_feasibility_tolerance", FEASIBILITY_TOLERANCE),
+    ):
+        h.setOptionValue(name, value)
+    if has_cutoff:
+        h.setOptionValue("objective_bound", float(cutoff) / unit)
+    pass_model(
+        h, model.cost, model.pattern, model.values, model.row_lower, model.row_upper,
+        model.col_lower, model.col_upper, model.integer, model.offset,
+    )  # fmt: skip
     start = time.perf_counter()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            st.problem.solve(solver=cp.HIGHS, **opts)
-    except cp.error.SolverError:
-        return MixedSolution("error", float("inf"), [], [], time.perf_counter() - start)
+    h.run()
     elapsed = time.perf_counter() - start
-    info = st.problem.solver_stats.extra_stats
-    nodes = int(getattr(info, "mip_node_count", 0))
-    feasible = int(getattr(info, "primal_solution_status", 0)) == 2
-    status = st.problem.status
+    info = h.getInfo()
+    nodes = int(info.mip_node_count)
+    feasible = int(info.primal_solution_status) == 2  # kSolutionStatusFeasible
+    status = h.getModelStatus()
+    optimal = status == highspy.HighsModelStatus.kOptimal
     none = "cutoff" if has_cutoff else "infeasible"
-    if status in ("infeasible", "infeasible_inaccurate") or not feasible:
-        done = status in ("infeasible", "infeasible_inaccurate", "optimal")
+    if status == highspy.HighsModelStatus.kInfeasible or not feasible:
+        done = optimal or status == highspy.HighsModelStatus.kInfeasible
         return MixedSolution(none if done else "no_solution", float("inf"), [], [], elapsed, nodes)
-    value = float(st.problem.value) * unit
+    x = np.asarray(h.getSolution().col_value)
+    value = (float(model.cost @ x) + model.offset) * unit
     if has_cutoff and value >= cutoff:  # proven only when HiGHS finished
-        status = "cutoff" if status == "optimal" else "no_solution"
-        return MixedSolution(status, float("inf"), [], [], elapsed, nodes)
-    chosen, counts = st.read()
-    status = "optimal" if status == "optimal" else "node_limit"
+        kind = "cutoff" if optimal else "no_solution"
+        return MixedSolution(kind, float("inf"), [], [], elapsed, nodes)
+    chosen, counts = model.read(x)
+    kind = "optimal" if optimal else "node_limit"
     kinds = [mp.kind_of(v) for v in chosen]
     tps = [mp.tp_of(v) for v in chosen]
     dps = [mp.dp_of(v) for v in chosen]
-    return MixedSolution(status, value, chosen, counts, elapsed, nodes, kinds, tps, dps)
+    return MixedSolution(kind, value, chosen, counts, elapsed, nodes, kinds, tps, dps)

@@ -762,7 +762,6 @@ class _Search:
         self.roots: dict[tuple, tuple[Floors, tuple[int, ...]]] = {}
         self.skipped = False  # cells of several degrees left whole (run's stage_degrees)
         self.fastest: dict[tuple, tuple[float, float]] = {}  # fastest_floor's, by cell
-        self.structures: dict = {}
         self.parts: dict = {}  # (candidate, variant) -> VariantParts, for every base
         self.tick = itertools.count()
 
@@ -967,7 +966,7 @@ class _Search:
             r, longest = self.rate_at(mc.gpus()), self.limit_at(mc.gpus())
         mc.problem = mp
         step_cutoff = min(self.incumbent * (1 - REL_TOL) / r, longest * (1 + 1e-9))
-        sol = solve_mixed(mp, step_cutoff, self.structures, NODE_LIMIT, built.split)
+        sol = solve_mixed(mp, step_cutoff, NODE_LIMIT, built.split)
         if sol.status in ("optimal", "node_limit"):
             sol = exact_objective(mp, sol)
         mc.solution = sol
