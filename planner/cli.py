@@ -315,7 +315,7 @@ def run_planning(args: argparse.Namespace, mf, command: str) -> int:
         path = write_plan(result.plan, out_dir)
         written = [path]
         if worker is not None:
-            worker.draw(path, out_dir, command, args.svg)
+            worker.draw(result.plan, out_dir, command, args.svg)
             written += report_files(out_dir, args.svg)
         if not args.quiet:
             for note in notes + result.notes:
