@@ -337,7 +337,7 @@ def run_planning(
         path = write_plan(result.plan, out_dir)
         written = [path]
         if worker is not None:
-            worker.draw(path, out_dir, command, args.svg)
+            worker.draw(result.plan, out_dir, command, args.svg)
             written += report_files(out_dir, args.svg)
         if args.export:  # engines' files beside plan.json (planner/export)
             from planner.export.command import export_beside

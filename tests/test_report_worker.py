@@ -11,6 +11,7 @@ import pytest
 
 from meshplan.cli import main
 from planner.report import REPORT_NAMES, report_files, write_report
+from planner.report.worker import ReportWorker
 from planner.schema import load_plan
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,3 +52,18 @@ def test_an_infeasible_request_ends_the_worker(tmp_path, capsys):
     assert main(argv) == 3
     assert "no plan fits" in capsys.readouterr().err
     assert not tmp_path.exists() or not any(tmp_path.iterdir())
+
+
+def test_worker_draws_a_plan_that_plan_json_cannot_hold_back(tmp_path):
+    """An alternative whose lower bound is infinite (Llama-3-8B at 128K tokens on 8 GPUs has
+    one) is written to plan.json but refused when read back: the worker draws the planner's
+    own record, so such a plan still gets its report, as write_report gave it in-process."""
+    assert main([*MLP, "--out", str(tmp_path / "p"), "--no-report"]) == 0
+    doc = load_plan(tmp_path / "p" / "plan.json")
+    doc.solver.alternatives[-1].lower_bound_step_time_s = float("inf")
+    with ReportWorker() as worker:
+        worker.draw(doc, tmp_path / "r", "plan x", svg=False)
+        written = worker.result()
+    assert written == report_files(tmp_path / "r")
+    here = write_report(doc, tmp_path / "here", "plan x")
+    assert [p.read_bytes() for p in written] == [p.read_bytes() for p in here]

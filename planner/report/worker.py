@@ -2,10 +2,14 @@
 
 ``plan MODEL.py`` starts this worker before it traces: the worker imports matplotlib and the
 figure modules (about a second of CPU) while the planner traces and searches on the other
-core, then waits for one request on its stdin (the plan file written, the report folder, the
-command line, whether SVG is wanted), draws, and answers with the files written (or the one-line
-error) on its stdout. The planner prints its summary as soon as plan.json is written, and waits
-for the report only at the end, so report.html is complete when the command returns.
+core, then waits for one request on its stdin (the plan, the report folder, the command line,
+whether SVG is wanted), draws, and answers with the files written (or the one-line error) on
+its stdout. The plan travels as the planner's own record, pickled between these two processes
+of one command: the worker draws exactly what ``write_report`` would in the planner (reading
+plan.json back would also re-validate it, and refuse a plan the planner may write, such as one
+whose alternative has an infinite lower bound). The planner prints its summary as soon as
+plan.json is written, and waits for the report only at the end, so report.html is complete when
+the command returns.
 
 Started with ``python -m planner.report.worker``; a planner that ends before asking (an error,
 an infeasible request) closes the worker's stdin and it leaves without drawing.
@@ -15,12 +19,14 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from planner.errors import UserInputError
+from planner.schema import Plan
 
 
 class ReportWorker:
@@ -38,23 +44,22 @@ class ReportWorker:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,
-            text=True,
             env=env,
         )
         self._asked = False
 
-    def draw(self, plan_path: Path, out_dir: Path, command: str, svg: bool) -> None:
-        """Ask for the report of the plan at ``plan_path`` (already written)."""
-        request = {"plan": str(plan_path), "out": str(out_dir), "command": command, "svg": svg}
+    def draw(self, plan: Plan, out_dir: Path, command: str, svg: bool) -> None:
+        """Ask for the report of ``plan``."""
+        request = {"plan": plan, "out": str(out_dir), "command": command, "svg": svg}
         assert self._proc.stdin is not None
-        self._proc.stdin.write(json.dumps(request) + "\n")
+        self._proc.stdin.write(pickle.dumps(request))
         self._proc.stdin.close()
         self._asked = True
 
     def result(self) -> list[Path]:
         """The files the worker wrote; its UserInputError raised here, as one line."""
         assert self._proc.stdout is not None
-        out = self._proc.stdout.read()
+        out = self._proc.stdout.read().decode()
         self._proc.wait()
         try:
             answer = json.loads(out.strip().splitlines()[-1])
@@ -94,15 +99,15 @@ def serve() -> int:
     import planner.report.figures  # noqa: F401  (matplotlib: the import this worker hides)
     import planner.report.html  # noqa: F401
     from planner.report import write_report
-    from planner.schema import load_plan
 
-    line = sys.stdin.readline()
-    if not line.strip():
+    data = sys.stdin.buffer.read()
+    if not data:
         return 0  # the planner ended without a plan
-    request = json.loads(line)
+    request = pickle.loads(data)  # from the planner that started this process
     try:
-        plan = load_plan(request["plan"])
-        written = write_report(plan, Path(request["out"]), request["command"], request["svg"])
+        written = write_report(
+            request["plan"], Path(request["out"]), request["command"], request["svg"]
+        )
     except UserInputError as exc:
         print(json.dumps({"error": str(exc)}))
         return 0
