@@ -52,7 +52,7 @@ def candidate_summary(c: Candidate, best: Candidate | None) -> Alternative:
         virtual_stages=c.virtual_stages,
         zero_stage=c.zero,
         why_not=why_lost(c, best),
-        lower_bound_step_time_s=_r(c.bound),
+        lower_bound_step_time_s=_r(c.bound) if math.isfinite(c.bound) else None,
         step_time_s=_r(cost.step_time_s) if cost else None,
         peak_memory_bytes=_r(cost.peak_memory_bytes) if cost else None,
         feasible=cost.feasible if cost else None,

@@ -122,3 +122,24 @@ def test_byte_identical_across_hash_seeds_and_threads(tmp_path):
         assert proc.returncode == 0, proc.stderr
         outs.append(without_clock((out / "plan.json").read_text()))
     assert outs[0] == outs[1]
+
+
+def test_an_alternative_no_placement_fits_round_trips_as_null(valid_plans, tmp_path):
+    """A candidate whose bound is infinite (no placement fits: Llama-3-8B at 128K tokens on 8
+    GPUs has several) is written as null, so plan.json stays JSON that load_plan reads back;
+    a non-finite number reaching the writer is refused, never written as Infinity."""
+    from planner.assemble import candidate_summary
+    from planner.schema import write_plan
+    from planner.search.candidates import Candidate
+
+    doc = copy.deepcopy(valid_plans[0])
+    cand = Candidate(1, 1, 1, 1, "gpipe", 1, 0)
+    cand.bound = float("inf")
+    doc.solver.alternatives.append(candidate_summary(cand, None))
+    assert doc.solver.alternatives[-1].lower_bound_step_time_s is None
+    back = load_plan(write_plan(doc, tmp_path))
+    assert back.solver.alternatives[-1].lower_bound_step_time_s is None
+    assert "Infinity" not in (tmp_path / "plan.json").read_text()
+    doc.solver.alternatives[-1].lower_bound_step_time_s = float("inf")
+    with pytest.raises(ValueError):
+        dumps(doc)

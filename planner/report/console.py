@@ -324,7 +324,8 @@ def print_plan(plan: Plan, written: list, quiet: bool = False) -> None:
 
         folder = Path(written[0]).parent
         names = sorted({Path(p).stem for p in written} - {"plan", "report"})
+        kinds = sorted({Path(p).suffix[1:].upper() for p in written} & {"PNG", "SVG"})
         out.print(
             f"wrote {folder}/: plan.json, report.html and the figures {', '.join(names)} "
-            "(PNG and SVG)"
+            f"({' and '.join(kinds)})"
         )

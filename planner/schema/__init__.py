@@ -53,9 +53,11 @@ __all__ = [
 
 
 def dumps(plan: Plan | dict) -> str:
-    """plan.json's text: sorted keys, two-space indent, one trailing newline."""
+    """plan.json's text: sorted keys, two-space indent, one trailing newline. Strict JSON: a
+    number JSON cannot hold (inf, nan) is a bug in the writer, refused here rather than written
+    as a file ``load_plan`` would refuse."""
     data = plan.to_dict() if isinstance(plan, Plan) else plan
-    return json.dumps(data, indent=2, sort_keys=True) + "\n"
+    return json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n"
 
 
 def write_plan(plan: Plan | dict, out_dir: Path) -> Path:

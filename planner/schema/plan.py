@@ -157,7 +157,9 @@ class Alternative:
     virtual_stages: int
     zero_stage: int
     why_not: str
-    lower_bound_step_time_s: float = 0.0
+    # None where no placement of this candidate fits at all (its bound is infinite: JSON has
+    # no number for it)
+    lower_bound_step_time_s: float | None = 0.0
     step_time_s: float | None = None
     peak_memory_bytes: float | None = None
     feasible: bool | None = None
