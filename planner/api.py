@@ -360,14 +360,37 @@ def random_draw_notes(graph, doc) -> list[str]:
     from planner.trace.randomness import random_draws
 
     draws = random_draws(graph)
-    if not draws or doc.mesh.size * doc.num_microbatches <= 1:
+    if doc.mesh.size * doc.num_microbatches <= 1:
         return []
+    notes = numpy_draw_notes(graph, doc)
+    if not draws:
+        return notes
     shown = ", ".join(f"{op} in {module}" for op, module in draws[:3])
     more = f" and {len(draws) - 3} more" if len(draws) > 3 else ""
-    return [
+    return notes + [
         f"the forward draws random numbers ({shown}{more}): each rank and micro-batch of this "
         "plan draws its own, so it trains like one process in distribution, not number for "
         "number; set dropout and other noise to 0 to compare its losses with one device's"
+    ]
+
+
+def numpy_draw_notes(graph, doc) -> list[str]:
+    """Where the forward draws from numpy's generator (``planner.trace.randomness.
+    numpy_draws``): torch's seed does not reach it, and a pipeline's traced stages keep the
+    numbers drawn while tracing as constants, replayed every step."""
+    drawn = graph.graph.get("numpy_draws", [])
+    if not drawn:
+        return []
+    frozen = (
+        "; this plan's pipeline stages are traced once and replay the numbers drawn then, "
+        "every step (another model, with nothing failing)"
+        if doc.mesh.pp > 1
+        else ""
+    )
+    return [
+        f"the forward draws from numpy's generator ({', '.join(drawn[:3])}; transformers' "
+        "SpecAugment masks: mask_time_prob > 0): torch's seed does not reach it, so no plan "
+        f"repeats one process's numbers{frozen}; set that noise to 0 or draw it with torch"
     ]
 
 
