@@ -280,6 +280,7 @@ def plan(
     notes += loss_sample_notes(traced.graph, doc, mf.loss_gathers)
     notes += forward_state_notes(traced.graph, doc)
     notes += random_draw_notes(traced.graph, doc)
+    notes += numpy_draw_notes(traced.graph, doc)
     return PlanResult(doc, traced, cluster, training, result, notes)
 
 
@@ -360,14 +361,11 @@ def random_draw_notes(graph, doc) -> list[str]:
     from planner.trace.randomness import random_draws
 
     draws = random_draws(graph)
-    if doc.mesh.size * doc.num_microbatches <= 1:
+    if not draws or doc.mesh.size * doc.num_microbatches <= 1:
         return []
-    notes = numpy_draw_notes(graph, doc)
-    if not draws:
-        return notes
     shown = ", ".join(f"{op} in {module}" for op, module in draws[:3])
     more = f" and {len(draws) - 3} more" if len(draws) > 3 else ""
-    return notes + [
+    return [
         f"the forward draws random numbers ({shown}{more}): each rank and micro-batch of this "
         "plan draws its own, so it trains like one process in distribution, not number for "
         "number; set dropout and other noise to 0 to compare its losses with one device's"
@@ -379,7 +377,7 @@ def numpy_draw_notes(graph, doc) -> list[str]:
     numpy_draws``): torch's seed does not reach it, and a pipeline's traced stages keep the
     numbers drawn while tracing as constants, replayed every step."""
     drawn = graph.graph.get("numpy_draws", [])
-    if not drawn:
+    if not drawn or doc.mesh.size * doc.num_microbatches <= 1:
         return []
     frozen = (
         "; this plan's pipeline stages are traced once and replay the numbers drawn then, "
