@@ -353,25 +353,6 @@ def forward_state_notes(graph, doc) -> list[str]:
     ]
 
 
-def random_draw_notes(graph, doc) -> list[str]:
-    """Where the forward draws random numbers (``planner.trace.randomness``) and the plan runs
-    it on more than one rank or micro-batch: each draws its own numbers, so the plan trains
-    like one process in distribution only. Said, as a user comparing a plan's losses with one
-    device's would otherwise take the difference for a bug."""
-    from planner.trace.randomness import random_draws
-
-    draws = random_draws(graph)
-    if not draws or doc.mesh.size * doc.num_microbatches <= 1:
-        return []
-    shown = ", ".join(f"{op} in {module}" for op, module in draws[:3])
-    more = f" and {len(draws) - 3} more" if len(draws) > 3 else ""
-    return [
-        f"the forward draws random numbers ({shown}{more}): each rank and micro-batch of this "
-        "plan draws its own, so it trains like one process in distribution, not number for "
-        "number; set dropout and other noise to 0 to compare its losses with one device's"
-    ]
-
-
 def numpy_draw_notes(graph, doc) -> list[str]:
     """Where the forward draws from numpy's generator (``planner.trace.randomness.
     numpy_draws``): torch's seed does not reach it, and a pipeline's traced stages keep the
@@ -389,6 +370,25 @@ def numpy_draw_notes(graph, doc) -> list[str]:
         f"the forward draws from numpy's generator ({', '.join(drawn[:3])}; transformers' "
         "SpecAugment masks: mask_time_prob > 0): torch's seed does not reach it, so no plan "
         f"repeats one process's numbers{frozen}; set that noise to 0 or draw it with torch"
+    ]
+
+
+def random_draw_notes(graph, doc) -> list[str]:
+    """Where the forward draws random numbers (``planner.trace.randomness``) and the plan runs
+    it on more than one rank or micro-batch: each draws its own numbers, so the plan trains
+    like one process in distribution only. Said, as a user comparing a plan's losses with one
+    device's would otherwise take the difference for a bug."""
+    from planner.trace.randomness import random_draws
+
+    draws = random_draws(graph)
+    if not draws or doc.mesh.size * doc.num_microbatches <= 1:
+        return []
+    shown = ", ".join(f"{op} in {module}" for op, module in draws[:3])
+    more = f" and {len(draws) - 3} more" if len(draws) > 3 else ""
+    return [
+        f"the forward draws random numbers ({shown}{more}): each rank and micro-batch of this "
+        "plan draws its own, so it trains like one process in distribution, not number for "
+        "number; set dropout and other noise to 0 to compare its losses with one device's"
     ]
 
 
