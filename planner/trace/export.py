@@ -188,7 +188,7 @@ def _trace_model(mf: ModelFile, micro_batch_size: int, dtype: str) -> TraceResul
         method, note = "export", ""
         if value_checks:
             note = (
-                f"{len(value_checks)} input check(s) of {mf.path.name} read tensor values "
+                f"{len(value_checks)} input check(s) of {mf.path.name} reading tensor values "
                 "(transformers' image-token count), which a trace without data cannot: not "
                 "priced, run on every real batch in training (planner/trace/value_checks.py)"
             )
