@@ -303,6 +303,7 @@ def plan(
     notes += loss_sample_notes(traced.graph, doc, mf.loss_gathers)
     notes += forward_state_notes(traced.graph, doc)
     notes += random_draw_notes(traced.graph, doc)
+    notes += numpy_draw_notes(traced.graph, doc)
     return PlanResult(doc, traced, cluster, training, result, notes)
 
 
@@ -372,6 +373,26 @@ def forward_state_notes(graph, doc) -> list[str]:
         f"{m * doc.mesh.dp} micro-batches' forwards on them each step, each of the "
         f"{doc.mesh.dp} data-parallel replicas only its {m}, so they, and any output reading "
         "them, drift from one process; pin --dp 1 to keep them"
+    ]
+
+
+def numpy_draw_notes(graph, doc) -> list[str]:
+    """Where the forward draws from numpy's generator (``planner.trace.randomness.
+    numpy_draws``): torch's seed does not reach it, and a pipeline's traced stages keep the
+    numbers drawn while tracing as constants, replayed every step."""
+    drawn = graph.graph.get("numpy_draws", [])
+    if not drawn or doc.mesh.size * doc.num_microbatches <= 1:
+        return []
+    frozen = (
+        "; this plan's pipeline stages are traced once and replay the numbers drawn then, "
+        "every step (another model, with nothing failing)"
+        if doc.mesh.pp > 1
+        else ""
+    )
+    return [
+        f"the forward draws from numpy's generator ({', '.join(drawn[:3])}; transformers' "
+        "SpecAugment masks: mask_time_prob > 0): torch's seed does not reach it, so no plan "
+        f"repeats one process's numbers{frozen}; set that noise to 0 or draw it with torch"
     ]
 
 

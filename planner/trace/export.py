@@ -49,6 +49,7 @@ from planner.trace.opcost import (
     is_view,
     numel,
 )
+from planner.trace.randomness import numpy_draws
 from planner.trace.value_checks import drop_value_checks
 from planner.vocab import ELEMENT_BYTES
 
@@ -168,6 +169,7 @@ def _trace_model(mf: ModelFile, traced_batch_size: int, dtype: str) -> TraceResu
     inputs = meta_inputs(mf, traced_batch_size, dtype)
     functions: set[str] = set()
     called: set[str] = set()
+    drawn: list[str] = []  # numpy.random calls of the forward (randomness.numpy_draws)
     try:
         # torch.export prints the graph it gave up on (a data-dependent size): its words to
         # itself, not to the user, who gets one line
@@ -175,6 +177,7 @@ def _trace_model(mf: ModelFile, traced_batch_size: int, dtype: str) -> TraceResu
             contextlib.redirect_stdout(io.StringIO()),
             contextlib.redirect_stderr(io.StringIO()),
             _watch_forward(model, functions, called),
+            numpy_draws(drawn),
         ):
             exported = torch.export.export(model, inputs, strict=False)
         _drop_traced_causal_masks(exported)
@@ -185,7 +188,7 @@ def _trace_model(mf: ModelFile, traced_batch_size: int, dtype: str) -> TraceResu
         method, note = "export", ""
         if value_checks:
             note = (
-                f"{len(value_checks)} input check(s) of {mf.path.name} read tensor values "
+                f"{len(value_checks)} input check(s) of {mf.path.name} reading tensor values "
                 "(transformers' image-token count), which a trace without data cannot: not "
                 "priced, run on every real batch in training (planner/trace/value_checks.py)"
             )
@@ -202,6 +205,7 @@ def _trace_model(mf: ModelFile, traced_batch_size: int, dtype: str) -> TraceResu
         )
     _annotate_model(graph, mf, model, traced_batch_size, dtype, method)
     graph.graph["custom_backward"] = sorted(functions)
+    graph.graph["numpy_draws"] = sorted(set(drawn))
     graph.graph["direct_forward"] = direct_forwards(model, called)
     graph.graph["shared_modules"] = shared_modules(model)
     before = state_versions(model)  # the loss check runs the model on the meta device

@@ -5,6 +5,10 @@ its losses and weights cannot be compared with one process's, and ``plan`` says 
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
 import networkx as nx
 
 # aten ops that draw from a generator (the in-place forms end in "_", the functional ones not)
@@ -47,3 +51,37 @@ def random_draws(graph: nx.DiGraph) -> list[tuple[str, str]]:
             continue
         found.setdefault((base, data.get("module") or "(root)"), data.get("order", 0))
     return sorted(found, key=found.__getitem__)
+
+
+# numpy's module-level draws a forward may call (transformers' SpecAugment: rand, choice)
+_NUMPY_DRAWS = (
+    "rand", "randn", "random", "random_sample", "randint", "choice", "uniform", "normal",
+    "permutation", "shuffle", "binomial", "poisson",
+)  # fmt: skip
+
+
+@contextlib.contextmanager
+def numpy_draws(found: list[str]) -> Iterator[None]:
+    """Record in ``found`` each ``numpy.random`` function the forward calls. torch.export sees
+    no op for them: their numbers become constants of the graph, so a pipeline's stages,
+    traced once, replay that one draw every step, and torch's seed never reaches them. Wav2Vec2
+    and its kin draw their SpecAugment masks this way (``mask_time_prob`` > 0): a Wav2Vec2
+    under PP 2 trained another model than one process, with nothing failing."""
+    import numpy as np
+
+    originals = {name: getattr(np.random, name) for name in _NUMPY_DRAWS}
+
+    def recording(name: str, fn: Callable) -> Callable:
+        def draw(*args: Any, **kwargs: Any) -> Any:
+            found.append(f"numpy.random.{name}")
+            return fn(*args, **kwargs)
+
+        return draw
+
+    for name, fn in originals.items():
+        setattr(np.random, name, recording(name, fn))
+    try:
+        yield
+    finally:
+        for name, fn in originals.items():
+            setattr(np.random, name, fn)

@@ -20,34 +20,40 @@ ASSERT = torch.ops.aten._assert_scalar.default
 ITEM = torch.ops.aten.item.default
 
 
-def _reads_item(node: torch.fx.Node) -> bool:
-    """Whether ``node`` depends on a tensor value read by ``item`` (an unbacked value)."""
-    seen, todo = set(), [node]
+def _items_read(node: torch.fx.Node) -> set[torch.fx.Node]:
+    """The ``item`` nodes (tensor values read: unbacked values) ``node`` depends on."""
+    seen, todo, found = set(), [node], set()
     while todo:
         n = todo.pop()
         if n.op == "call_function" and n.target is ITEM:
-            return True
+            found.add(n)
+            continue
         for a in n.all_input_nodes:
             if a not in seen:
                 seen.add(a)
                 todo.append(a)
-    return False
+    return found
 
 
 def drop_value_checks(exported: torch.export.ExportedProgram) -> list[str]:
     """Erase the graph's assertions on values read by ``item`` and the ops only they read;
-    the assertions' own messages, for the plan's note. Nothing is erased where a value read
-    by ``item`` feeds anything but such checks (a size the step computes with): the graph
-    then still needs it, and tracing fails as before, saying why."""
+    one line per value checked (torch asserts one value's bounds in several nodes), for the
+    plan's note. A value read by ``item`` that feeds anything but such checks (a size the
+    step computes with) stays: the graph still needs it, and tracing fails as before, saying
+    why."""
     graph = exported.graph_module.graph
-    checks = [
-        n for n in graph.nodes if n.op == "call_function" and n.target is ASSERT and _reads_item(n)
-    ]
+    checks, values = [], {}
+    for n in graph.nodes:
+        if n.op == "call_function" and n.target is ASSERT:
+            read = _items_read(n)
+            if read:
+                checks.append(n)
+                for item in read:
+                    values.setdefault(item.name, str(n.args[1]) if len(n.args) > 1 else n.name)
     if not checks:
         return []
-    messages = [str(n.args[1]) if len(n.args) > 1 else n.name for n in checks]
     for n in checks:
         graph.erase_node(n)
     graph.eliminate_dead_code()
     exported.graph_module.recompile()
-    return messages
+    return [f"{name}: {text}" for name, text in values.items()]
