@@ -96,3 +96,23 @@ def test_cluster_flags_that_disagree_say_what_would_agree(gpus, nodes, message):
 def test_one_rank_exchanges_nothing_in_an_all_to_all():
     cluster = Cluster(load_profile("h100-sxm"), nodes=2, gpus_per_node=8)
     assert cluster.all_to_all_seconds_per_byte([9]) == 0.0
+
+
+def test_a_cluster_without_nodes_or_gpus_is_refused_by_name():
+    prof = load_profile("h100-sxm")
+    for nodes, per_node in ((0, 8), (1, 0)):
+        with pytest.raises(ValueError, match="a cluster needs >= 1 node and GPU per node"):
+            Cluster(prof, nodes, per_node)
+    with pytest.raises(ValueError, match="rank 16 is outside a cluster of 16 GPUs"):
+        Cluster(prof, 2, 8).node_of(16)
+
+
+def test_one_rank_on_each_of_three_nodes_runs_at_one_nic():
+    """g = 1 rank per node on k = 3 nodes, n = 3: busbw = B_nic g k (n - 1) / (n (k - 1)) =
+    B_nic (Cluster.link); at 2 nodes (k - 1 = 1) a slip between n (k - 1) and n / (k - 1)
+    would not show, at 3 it is 4 times off."""
+    cluster = Cluster(load_profile("h100-sxm"), nodes=3, gpus_per_node=8)
+    p = cluster.profile
+    bw, latency = cluster.link([0, 8, 16])
+    assert bw == pytest.approx(p.inter_node_bandwidth * p.collective_efficiency, rel=1e-12)
+    assert latency == p.inter_node_latency
