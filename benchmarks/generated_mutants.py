@@ -38,14 +38,26 @@ from mutants import ROOT, scratch_copy  # noqa: E402
 # module -> the test files that cover it (the default suite's, never the long or zoo ones)
 COST = ["tests/test_costmodel.py", "tests/test_cost_terms.py", "tests/test_live_terms.py"]
 MODULES: dict[str, list[str]] = {
-    "planner/schema/mesh.py": ["tests/test_plan_file.py", "tests/test_stage_tp.py"],
+    # the mesh's own tests, and the cost model's (which price every mesh); the plans that
+    # also use it take minutes a mutant on 2 shared cores
+    "planner/schema/mesh.py": [
+        "tests/test_stage_tp.py::test_ranks_are_laid_stage_after_stage",
+        "tests/test_stage_tp.py::test_every_boundary_message_has_one_sender_and_one_receiver",
+        "tests/test_stage_tp.py::test_one_degree_for_all_is_the_uniform_mesh",
+        *COST,
+    ],
     "planner/schema/plan.py": ["tests/test_plan_file.py", "tests/test_mixed_stage_dp.py"],
     "planner/hardware/collectives.py": [
         "tests/test_collectives.py",
         "tests/test_mutant_kills.py",
         *COST,
     ],
-    "planner/hardware/cluster.py": ["tests/test_collectives.py", "tests/test_profiles.py", *COST],
+    "planner/hardware/cluster.py": [
+        "tests/test_collectives.py",
+        "tests/test_profiles.py",
+        "tests/test_mutant_kills.py",
+        *COST,
+    ],
     "planner/cost/eager_probe.py": ["tests/test_sharding.py", "tests/test_dtensor_blocks.py"],
     **{
         f"planner/cost/{name}.py": [*COST, "tests/test_moe.py", "tests/test_long_context.py"]
