@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -300,7 +301,7 @@ def plan(
         save_variants(traced.cache_key, memo.variants)
     doc = build_plan(traced, cluster, training, result, baselines)
     notes += batch_statistics_notes(traced.graph, doc)
-    notes += loss_sample_notes(traced.graph, doc, mf.loss_gathers)
+    notes += loss_sample_notes(traced.graph, doc, lambda: mf.loss_gathers)
     notes += forward_state_notes(traced.graph, doc)
     notes += random_draw_notes(traced.graph, doc)
     notes += numpy_draw_notes(traced.graph, doc)
@@ -328,18 +329,23 @@ def batch_statistics_notes(graph, doc) -> list[str]:
     ]
 
 
-def loss_sample_notes(graph, doc, gathers: bool = False) -> list[str]:
+def loss_sample_notes(graph, doc, gathers: Callable[[], bool] = lambda: False) -> list[str]:
     """Where the plan splits the batch and the model file's loss is not a mean over samples
     (``planner.trace.loss_samples``): each micro-batch of each replica computes it over its own
     samples and the step averages those, which trains another model than one process taking
     the global batch at once. Said with the numbers that showed it and the pin that avoids it.
-    ``gathers``: the ``loss_fn`` takes ``gather`` (``runtime/gather.py``), so the replicas'
-    micro-batches of one round are one batch: only several rounds split it."""
+    ``gathers()``: the ``loss_fn`` takes ``gather`` (``runtime/gather.py``), so the replicas'
+    micro-batches of one round are one batch: only several rounds split it. Asked only for a
+    loss that couples samples: it runs the model file (a cached re-plan otherwise imports no
+    torch)."""
     from planner.trace.loss_samples import couples_samples
 
     check = graph.graph.get("loss_samples", {})
+    if not couples_samples(check):
+        return []
+    gathers = gathers()
     parts = doc.num_microbatches * (1 if gathers else doc.mesh.dp)
-    if parts <= 1 or not couples_samples(check):
+    if parts <= 1:
         return []
     if gathers:
         return [

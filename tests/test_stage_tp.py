@@ -26,6 +26,7 @@ from meshplan.cli import main as plan_main
 from planner.errors import UserInputError
 from planner.schema import dumps, load_plan, plan_from_dict, write_plan
 from planner.schema.mesh import Mesh
+from planner.training import replica_counts
 from runtime.capability import check_runnable
 
 
@@ -182,6 +183,9 @@ def mixed_degrees(
     doc["mesh"] = mesh.to_dict()
     for st in doc["stages"]:
         st["ranks"] = mesh.stage_ranks(st["pp_rank"])
+        st["local_batch_size"], st["num_microbatches"] = replica_counts(
+            doc["global_batch_size"], mesh.dp_of(st["pp_rank"]), doc["micro_batch_size"]
+        )
     doc["cluster"]["gpus"] = mesh.size
     doc["cluster"]["nodes"] = -(-mesh.size // doc["cluster"]["gpus_per_node"])
     return doc

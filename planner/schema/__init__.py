@@ -100,8 +100,8 @@ def plan_from_dict(data: Any, where: str = "(in memory)") -> Plan:
         plan = Plan.from_dict(data)
     except SchemaError as exc:
         raise UserInputError(f"plan {where}: {exc}") from None
-    for st in plan.stages:  # written before the counts were stored
-        if not st.num_microbatches:
+    for st in plan.stages:  # written before the counts were stored (checked equal if present)
+        if not st.num_microbatches or not st.local_batch_size:
             st.local_batch_size, st.num_microbatches = replica_counts(
                 plan.global_batch_size, plan.mesh.dp_of(st.pp_rank), plan.micro_batch_size
             )
