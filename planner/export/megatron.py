@@ -92,7 +92,8 @@ def _recompute(facts: PlanFacts, changes: list[str]) -> list[str]:
                 f"selective recompute of {facts.recomputed_layers} of {facts.layers} layers "
                 "became selective recompute of every layer"
             )
-        return ["--recompute-granularity", "selective"]
+        # Megatron's --recompute-granularity spells the modes as plan.json does
+        return ["--recompute-granularity", str(Recompute.SELECTIVE)]
     full = [r == Recompute.FULL for r in facts.layer_recompute]
     if not any(full):
         return []
@@ -114,9 +115,9 @@ def _recompute(facts: PlanFacts, changes: list[str]) -> list[str]:
             "(--recompute-num-layers is one number)"
         )
     if all(full):  # every layer: uniform groups of one
-        return ["--recompute-granularity", "full", "--recompute-method", "uniform",
+        return ["--recompute-granularity", str(Recompute.FULL), "--recompute-method", "uniform",
                 "--recompute-num-layers", "1"]  # fmt: skip
-    return ["--recompute-granularity", "full", "--recompute-method", "block",
+    return ["--recompute-granularity", str(Recompute.FULL), "--recompute-method", "block",
             "--recompute-num-layers", str(k)]  # fmt: skip
 
 
