@@ -1104,7 +1104,7 @@ MUTANTS: list[Mutant] = [
     M(
         "api-loss-note-never-given",
         "planner/api.py",
-        "    if parts <= 1 or not couples_samples(check):\n",
+        "    if not couples_samples(check):\n",
         "    if True:\n",
         "tests/test_loss_samples.py::test_a_plan_splitting_the_batch_says_so_with_the_pin",
         "the plan that averages a coupled loss over its parts does not say so",

@@ -17,10 +17,11 @@ from functools import lru_cache
 import numpy as np
 
 from planner.highs import Pattern
+from planner.search.milp.columns import Columns
 
 
 @dataclass(frozen=True)
-class Shape:
+class Shape(Columns):
     """The LP's rows and columns for J stages on p ranks, option column k in segment
     seg_of[k]."""
 
@@ -31,29 +32,9 @@ class Shape:
     pattern: Pattern
     n_ub: int  # rows before the equalities
 
-    @property
-    def T(self) -> int:
-        return self.J * self.K
-
-    @property
-    def tmax(self) -> int:
-        return self.T + self.J
-
-    @property
-    def rmax(self) -> int:
-        return self.tmax + 1
-
-    @property
-    def opt(self) -> int:
-        return self.tmax + 2
-
-    @property
-    def off(self) -> int:
-        return self.tmax + 3
-
-    @property
-    def columns(self) -> int:
-        return self.tmax + 4
+    def blocks(self) -> tuple[tuple[str, int], ...]:
+        J, K = self.J, self.K
+        return (("n", J * K), ("T", J), ("tmax", 1), ("rmax", 1), ("opt", 1), ("off", 1))
 
 
 @lru_cache(maxsize=256)

@@ -19,12 +19,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.highs import Pattern
+from planner.search.milp.columns import Columns
 from planner.search.milp.data import GIB, StageProblem
 from planner.search.milp.split_bound import SplitBound
 
 
 @dataclass(frozen=True)
-class Layout:
+class Layout(Columns):
     """Where each variable's columns start, and the MILP's dimensions."""
 
     J: int
@@ -32,65 +33,13 @@ class Layout:
     S: int
     K: int
 
-    @property
-    def n(self) -> int:
-        return 0
-
-    @property
-    def a(self) -> int:
-        return self.J * self.K
-
-    @property
-    def h(self) -> int:
-        return self.a + self.J * self.S
-
-    @property
-    def u(self) -> int:
-        return self.h + self.J
-
-    @property
-    def T(self) -> int:
-        return self.u + self.P * self.K
-
-    @property
-    def tmax(self) -> int:
-        return self.T + self.J
-
-    @property
-    def rmax(self) -> int:
-        return self.tmax + 1
-
-    @property
-    def E(self) -> int:
-        return self.tmax + 2
-
-    @property
-    def dp_first(self) -> int:
-        return self.tmax + 3
-
-    @property
-    def dp_second(self) -> int:
-        return self.dp_first + self.J
-
-    @property
-    def X(self) -> int:
-        return self.dp_second + self.J
-
-    @property
-    def Z(self) -> int:
-        return self.X + self.P
-
-    @property
-    def opt(self) -> int:
-        return self.Z + self.P
-
-    @property
-    def off(self) -> int:
-        return self.opt + 1
-
-    @property
-    def columns(self) -> int:
-        return self.off + 1
+    def blocks(self) -> tuple[tuple[str, int], ...]:
+        J, P, S, K = self.J, self.P, self.S, self.K
+        return (
+            ("n", J * K), ("a", J * S), ("h", J), ("u", P * K), ("T", J), ("tmax", 1),
+            ("rmax", 1), ("E", 1), ("dp_first", J), ("dp_second", J), ("X", P), ("Z", P),
+            ("opt", 1), ("off", 1),
+        )  # fmt: skip
 
 
 @dataclass

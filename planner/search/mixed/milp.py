@@ -82,6 +82,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from planner.highs import Pattern, pass_model, quiet_highs
+from planner.search.milp.columns import Columns
 from planner.search.milp.data import GIB, StageProblem
 from planner.search.milp.rows import Rows, cumulative
 from planner.search.milp.solve import MIP_REL_GAP, undominated
@@ -194,11 +195,11 @@ def tied_groups(tied: list[tuple[int, int]], n_segments: int) -> list[tuple[int,
 
 
 @dataclass(frozen=True)
-class MixedLayout:
+class MixedLayout(Columns):
     """Where each variable's columns start: n (J x C, stage-major, C = every option of every
     segment of every variant), y (J x V), a (J x S), h (J x V), u (J x C), w ((J-1) x V x V),
-    P (one per tied group), T (J), Q, E, e1 (J), e2 (J), X (J), Z (J), Opt, Off. ``n``, ``J``
-    and ``K`` (= C) are what rows.cumulative reads of a layout."""
+    P (one per tied group), T (J), Q, E, dp_first (J), dp_second (J), X (J), Z (J), Opt, Off.
+    ``n``, ``J`` and ``K`` (= C) are what rows.cumulative reads of a layout."""
 
     J: int
     V: int
@@ -206,71 +207,13 @@ class MixedLayout:
     K: int
     G: int
 
-    n: int = 0
-
-    @property
-    def y(self) -> int:
-        return self.J * self.K
-
-    @property
-    def a(self) -> int:
-        return self.y + self.J * self.V
-
-    @property
-    def h(self) -> int:
-        return self.a + self.J * self.S
-
-    @property
-    def u(self) -> int:
-        return self.h + self.J * self.V
-
-    @property
-    def w(self) -> int:
-        return self.u + self.J * self.K
-
-    @property
-    def P(self) -> int:
-        return self.w + max(self.J - 1, 0) * self.V * self.V
-
-    @property
-    def T(self) -> int:
-        return self.P + self.G
-
-    @property
-    def Q(self) -> int:
-        return self.T + self.J
-
-    @property
-    def E(self) -> int:
-        return self.Q + 1
-
-    @property
-    def e1(self) -> int:
-        return self.E + 1
-
-    @property
-    def e2(self) -> int:
-        return self.e1 + self.J
-
-    @property
-    def X(self) -> int:
-        return self.e2 + self.J
-
-    @property
-    def Z(self) -> int:
-        return self.X + self.J
-
-    @property
-    def opt(self) -> int:
-        return self.Z + self.J
-
-    @property
-    def off(self) -> int:
-        return self.opt + 1
-
-    @property
-    def columns(self) -> int:
-        return self.off + 1
+    def blocks(self) -> tuple[tuple[str, int], ...]:
+        J, V, S, K, G = self.J, self.V, self.S, self.K, self.G
+        return (
+            ("n", J * K), ("y", J * V), ("a", J * S), ("h", J * V), ("u", J * K),
+            ("w", max(J - 1, 0) * V * V), ("P", G), ("T", J), ("Q", 1), ("E", 1),
+            ("dp_first", J), ("dp_second", J), ("X", J), ("Z", J), ("opt", 1), ("off", 1),
+        )  # fmt: skip
 
 
 @dataclass
@@ -495,7 +438,7 @@ def _resource_rows(rows: Rows, g: _Grid) -> None:
             )
     rows.add(np.full(J * V, -inf), 0.0, (jv * V + vv, hcol, 1.0), (jv * V + vv, ycol, -1.0))
     # e^i_j >= n_j . d^i + h_j . d^i_once;  E >= e^1_j + e^2_j
-    for ecol, name, i in ((lay.e1, "dp_first", 0), (lay.e2, "dp_second", 1)):
+    for ecol, name, i in ((lay.dp_first, "dp_first", 0), (lay.dp_second, "dp_second", 1)):
         once = np.array([sp.dp_once[i] for sp in sps]) / unit
         rows.add(
             np.zeros(J),
@@ -504,7 +447,13 @@ def _resource_rows(rows: Rows, g: _Grid) -> None:
             (jj, ncol, -(col(name) / unit)[cc]),
             (jv, hcol, -once[vv]),
         )
-    rows.add(np.zeros(J), inf, (js, lay.E, 1.0), (js, lay.e1 + js, -1.0), (js, lay.e2 + js, -1.0))
+    rows.add(
+        np.zeros(J),
+        inf,
+        (js, lay.E, 1.0),
+        (js, lay.dp_first + js, -1.0),
+        (js, lay.dp_second + js, -1.0),
+    )
     # memory: L_s u >= n;  X_j >= ws u;  Z_j >= gather u;  blocks + X + Z <= room of y_j
     rows.add(np.zeros(J * C), inf, (cell, ucol, Lcol[cc]), (cell, ncol, -1.0))
     for xcol, name in ((lay.X, "ws"), (lay.Z, "gather")):
