@@ -183,7 +183,7 @@ def test_json_puts_the_plan_alone_on_stdout(tmp_path, capsys):
     ``plan show --json`` prints the same document."""
     import json
 
-    from planner.cli import main
+    from meshplan.cli import main
 
     out = tmp_path / "tiny"
     args = ["examples/gpt.py", "--model-arg", "size=tiny", "--gpus", "2", "--profile", "h100-sxm"]

@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 import transformers
 
+from meshplan.cli import main
 from planner.api import plan as make_plan
-from planner.cli import main
 from planner.export import ENGINES, export_plan
 from planner.export.facts import plan_facts
 from planner.modelfile import load_model_file

@@ -58,7 +58,7 @@ def page_files(text: str) -> dict[str, str]:
 
 
 def run_command(command: str, cwd: Path) -> subprocess.CompletedProcess:
-    """``plan ...`` as ``python -m planner.cli ...`` (this checkout's code), with ``> FILE``."""
+    """``plan ...`` as ``python -m meshplan ...`` (this checkout's code), with ``> FILE``."""
     args = shlex.split(command)
     stdout_to = None
     if ">" in args:
@@ -67,7 +67,7 @@ def run_command(command: str, cwd: Path) -> subprocess.CompletedProcess:
     assert args[0] == "plan", f"the page shows a command the test cannot run: {command}"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "80"}
     proc = subprocess.run(
-        [sys.executable, "-m", "planner.cli", *args[1:]],
+        [sys.executable, "-m", "meshplan", *args[1:]],
         cwd=cwd,
         env=env,
         capture_output=True,

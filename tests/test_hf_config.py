@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 import transformers
 
+from meshplan.cli import main
 from planner.api import plan
-from planner.cli import main
 from planner.hf_config import IGNORED, MAX_DEFAULT_SEQ_LEN, Task, load_config_model
 from planner.modelfile import file_sha256, load_model_file
 from planner.search import Pins

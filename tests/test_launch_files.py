@@ -23,8 +23,8 @@ import pytest
 import transformers
 import yaml
 
+from meshplan.cli import main
 from planner.api import plan as make_plan
-from planner.cli import main
 from planner.modelfile import load_model_file
 from planner.schema import load_plan, write_plan
 from runtime.launch import processes_per_node
@@ -121,14 +121,10 @@ def node_command(command: str, env: dict[str, str]) -> list[str]:
 def check_node(argv: list[str], plan_path: Path, rank: int, endpoint: str) -> None:
     """``plan run``'s own parser reads the node's flags; the runtime's layout check agrees
     with the plan's 8 processes per node."""
-    from planner.cli import cmd_run  # noqa: F401 (the parser below is cmd_run's)
-    from planner.flags import CommandParser, add_run_flags
+    from planner.cli import build_run_parser  # plan run's own (meshplan.cli runs it)
 
     assert argv[0] == "plan-run" and argv[1] == str(plan_path)
-    parser = CommandParser(prog="plan run")
-    parser.add_argument("plan")
-    add_run_flags(parser)
-    opts = parser.parse_args(argv[1:])
+    opts = build_run_parser().parse_args(argv[1:])
     assert (opts.nnodes, opts.node_rank, opts.rdzv_endpoint) == (2, rank, endpoint)
     assert opts.steps == 7 and opts.device == "cuda"
     assert processes_per_node(load_plan(plan_path), opts, "cpu") == 8

@@ -22,7 +22,7 @@ POOL = ROOT / "profiles" / "pools" / "onprem.toml"
 @pytest.mark.distributed
 def test_the_pool_choice_prints_40_lines_and_writes_resources_json(tmp_path):
     out = tmp_path / "mlp"
-    command = [sys.executable, "-m", "planner.cli", "examples/mlp.py", "--resources", str(POOL)]
+    command = [sys.executable, "-m", "meshplan", "examples/mlp.py", "--resources", str(POOL)]
     command += ["--tokens", "1e9", "--out", str(out)]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "80"}
     env.pop("CI", None)  # the pipe alone must turn the bars off
