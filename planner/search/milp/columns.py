@@ -8,16 +8,18 @@ block inserted in one place silently shifts)."""
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from functools import cached_property
 
 
-class Columns:
+class Columns(ABC):
     """Variables as blocks of columns in a fixed order. ``blocks()`` gives (name, width) in
     order; the attribute of a block's name is the column it starts at; ``columns`` is the
     total."""
 
+    @abstractmethod
     def blocks(self) -> tuple[tuple[str, int], ...]:
-        raise NotImplementedError
+        """(name, width) of each block of columns, in column order."""
 
     @cached_property
     def starts(self) -> dict[str, int]:
