@@ -1280,7 +1280,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "published-bucket-not-capped-by-rank",
-        "benchmarks/published.py",
+        "planner/cost/engines.py",
         "    return fp32_partition, min(DEEPSPEED_BUCKET_ELEMENTS, rank_params) * 2",
         "    return fp32_partition, DEEPSPEED_BUCKET_ELEMENTS * 2",
         "tests/test_published.py::test_deepspeed_reduction_buffer_by_zero_stage_and_gradient_width",

@@ -69,6 +69,18 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 sys.path.insert(0, str(_HERE.parent))
 
 ROOT = _HERE.parent
+
+from planner.cost.engines import (  # noqa: E402 - after the path set-up above
+    CORE_POLICY,
+    NO_COPIES,
+    TORCH_COPIES,
+    TORCHTITAN_OP_POLICY,
+    deepspeed_buffers,
+    megatron_fuses_grad_accumulation,
+    megatron_sends_shards,
+    native_attention_on,
+)
+
 DEFAULT_MEASUREMENTS = ROOT.parent / "shared" / "reference" / "measurements.json"
 OUT = ROOT / "reports" / "published"
 DEFAULT = str(DEFAULT_MEASUREMENTS)
@@ -463,7 +475,7 @@ def parse_framework_memory(row: dict, tp: int, dtype: str, assumed: list[str]):
       which accumulates every gradient into a whole fp32 buffer."""
     source = str(row.get("source", "")).lower()
     titan = "torchtitan" in source
-    policy = "torchtitan-op" if titan else "core"
+    policy = TORCHTITAN_OP_POLICY if titan else CORE_POLICY
     megatron = any(k in source for k in ("megatron", "nemo", "bloom"))
     vocab_parallel = tp > 1 and (titan or megatron)
     if vocab_parallel:
@@ -506,8 +518,8 @@ def parse_dp_copies(row: dict, assumed: list[str]) -> str:
     parameter, whose views are the weights (no copy out), and casts only its 1/dp shard."""
     if "torchtitan" in str(row.get("source", "")).lower():
         assumed.append("FSDP2's per-unit cast and copies (torchtitan)")
-        return "torch"
-    return "none"
+        return TORCH_COPIES
+    return NO_COPIES
 
 
 def is_megatron_core(row: dict) -> bool:
@@ -530,7 +542,7 @@ def parse_pipeline_shards(
     pipeline)."""
     if not megatron_core or pp == 1:
         return False
-    if sp:
+    if megatron_sends_shards(pp, sp):
         return True
     year = source_year(row)
     if year is not None and year <= 2022:
@@ -551,37 +563,14 @@ def is_deepspeed(row: dict, assumed: list[str]) -> bool:
     return False
 
 
-# DeepSpeed's default gradient-reduction bucket, in elements: ZeRO's reduce_bucket_size
-# (deepspeed/runtime/zero/constants.py, ZERO_OPTIMIZATION_REDUCE_BUCKET_SIZE_DEFAULT) and the
-# stage-0 buffered all-reduce's MEMORY_OPT_ALLREDUCE_SIZE (deepspeed/runtime/engine.py), both
-# 500,000,000 since v0.3 and in the v0.5/v0.6 releases BLOOM's Megatron-DeepSpeed ran on.
-DEEPSPEED_BUCKET_ELEMENTS = 5e8
-
-
 def parse_deepspeed_memory(
     deepspeed: bool, zero: int, dtype: str, bf16_opt: bool, rank_params: float
 ) -> tuple[bool, float]:
-    """(fp32 gradient partition, reduction buffer bytes) of a DeepSpeed row
-    (``Training.fp32_grad_partition``, ``Training.reduce_bucket_bytes``), as read in the
-    DeepSpeed BLOOM's runs used (8eef742f0, February 2022) and its v0.5-0.7 releases.
-
-    - fp16 under ZeRO 0-2: the step casts the gradients it steps to fp32.
-    - ZeRO 1/2 with contiguous gradients (the default since v0.4): a bucket of
-      reduce_bucket_size elements of the 16-bit dtype, whatever the rank holds
-      (``torch.empty`` in stage_1_and_2.py).
-    - fp16 at stage 0 (FP16_Optimizer): the buffered all-reduce flattens the module's
-      gradients into buckets of the default's elements, at most the rank's gradients.
-    - BF16_Optimizer (stage 0 with fp32 gradient accumulation): it reduces its flat fp32
-      buffers themselves (a single tensor flattens to a view), so no bucket.
-    ZeRO-3's prefetch and reduce buffers are not priced here (no such row is evaluated)."""
-    if not deepspeed or zero >= 3:
+    """(fp32 gradient partition, reduction buffer bytes) of a DeepSpeed row: DeepSpeed's
+    accounting (``planner.cost.engines.deepspeed_buffers``); none for other frameworks."""
+    if not deepspeed:
         return False, 0.0
-    fp32_partition = dtype == "fp16"
-    if zero >= 1:
-        return fp32_partition, DEEPSPEED_BUCKET_ELEMENTS * 2
-    if bf16_opt:
-        return fp32_partition, 0.0
-    return fp32_partition, min(DEEPSPEED_BUCKET_ELEMENTS, rank_params) * 2
+    return deepspeed_buffers(zero, dtype, bf16_opt, rank_params)
 
 
 def parse_grad_accumulation(megatron_core: bool, microbatches: int, assumed: list[str]) -> bool:
@@ -589,7 +578,7 @@ def parse_grad_accumulation(megatron_core: bool, microbatches: int, assumed: lis
     stacks fuse it (gradient_accumulation_fusion, on in Megatron-LM unless
     --no-gradient-accumulation-fusion, megatron/training/arguments.py; NeMo's and
     Megatron-Bridge's recipes keep it on), which matters only with several micro-batches."""
-    if megatron_core and microbatches > 1:
+    if megatron_core and megatron_fuses_grad_accumulation(microbatches):
         assumed.append("weight-gradient accumulation fused into the GEMMs (Megatron default)")
         return True
     return False
@@ -614,7 +603,7 @@ def parse_native_attention(row: dict, profile: str, assumed: list[str]) -> bool:
     Megatron-Bridge, Megatron-LM) build their layers from Transformer Engine, whose attention
     on Hopper is cuDNN's fused kernel (Megatron-Core's --attention-backend auto); torchtitan and
     llm-foundry call FlashAttention-2-class kernels (torch SDPA, flash-attn)."""
-    if is_megatron_core(row) and profile in ("h100-sxm", "h100-hbm2e", "h200"):
+    if is_megatron_core(row) and native_attention_on(profile):
         assumed.append("Transformer Engine attention (NVIDIA recipe default)")
         return True
     return False
@@ -934,7 +923,7 @@ def price(s: Setup, **overrides: float):
         persistent_grad_buffers=True,
         # Megatron-Core and DeepSpeed keep one send and one receive buffer; torchtitan's
         # torch.distributed.pipelining one per micro-batch each way, as meshplan's runtime
-        microbatch_recv_buffers=s.dp_copies == "torch",
+        microbatch_recv_buffers=s.dp_copies == TORCH_COPIES,
     )
     variant = "sequence" if s.sp else "no-sequence"
     variants_of = variants_for(traced.graph, cluster, variant, _VARIANTS)
