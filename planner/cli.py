@@ -75,7 +75,7 @@ def build_run_parser() -> argparse.ArgumentParser:
 SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
     "show": _lazy("planner.report.show"),
     "calibrate": _lazy("planner.calibrate"),
-    "export": _lazy("planner.export.command"),
+    "export": _lazy("planner.engine_prices"),
 }
 
 
@@ -340,9 +340,11 @@ def run_planning(
             worker.draw(result.plan, out_dir, command, args.svg)
             written += report_files(out_dir, args.svg)
         if args.export:  # engines' files beside plan.json (planner/export)
+            from planner.engine_prices import result_model
             from planner.export.command import export_beside
 
-            export_beside(result.plan, out_dir, args.export, quiet=quiet)
+            model = result_model(result)
+            export_beside(result.plan, out_dir, args.export, quiet=quiet, model=model)
         if not args.quiet:
             for note in notes + result.notes:
                 print(f"note: {note}", file=sys.stderr)

@@ -10,10 +10,13 @@ auto-wrap unit is the plan's repeated layer class; TP and CP degrees go in Accel
 
 from __future__ import annotations
 
-from planner.export.facts import PlanFacts, offload_changes
+from dataclasses import replace
+
+from planner.export.facts import PlanFacts, as_planned, every, offload_changes
 from planner.export.types import Export
+from planner.schema.mesh import Mesh
 from planner.schema.plan import Plan
-from planner.vocab import DType, Offload, Recompute
+from planner.vocab import DType, Offload, Recompute, Schedule
 
 FILE = "accelerate_config.yaml"
 MIXED_PRECISION = {DType.BF16: "bf16", DType.FP16: "fp16", DType.FP32: "no"}
@@ -72,11 +75,26 @@ def export(plan: Plan, facts: PlanFacts, layer_class: str) -> Export:
             "parallelism_config_cp_size": mesh.cp,
         }
     _recompute_changes(facts, fsdp, changes)
+    recompute = Recompute.FULL if fsdp and facts.recompute != Recompute.NONE else Recompute.NONE
+    offload = Offload.PARAMS if fsdp and facts.offload != Offload.NONE else Offload.NONE
+    runs = replace(
+        as_planned(plan, facts),
+        mesh=Mesh(1, dp, mesh.tp, 1, mesh.cp),
+        zero_stage=(2 if zero == 1 else zero) if fsdp else 0,
+        schedule=Schedule.ONE_F_ONE_B,
+        virtual_stages=1,
+        layers_per_stage=(facts.layers,),
+        layer_recompute=every(recompute, facts.layers),
+        other_recompute=every(Recompute.NONE, len(facts.other_recompute)),
+        layer_offload=every(offload, facts.layers),
+        other_offload=every(offload, len(facts.other_offload)),
+    )
     return Export(
         engine="accelerate",
         files={FILE: _yaml(config)},
         changes=changes,
         command="accelerate launch --config_file accelerate_config.yaml train.py",
+        runs=runs,
     )
 
 

@@ -1,42 +1,46 @@
-"""``plan export PLAN.json ENGINE [ENGINE ...]`` and ``plan MODEL ... --export ENGINE``: write
-an engine's files beside the plan and say, per engine, what it runs differently."""
+"""``plan export PLAN.json ENGINE [ENGINE ...]`` (``planner.engine_prices``) and ``plan MODEL ...
+--export ENGINE``: write an engine's files beside the plan and say, per engine, what it runs
+differently and what the plan as it runs it is predicted to cost."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
-from planner.export import ENGINES, write_exports, write_files
-from planner.flags import CommandParser
+from planner.export import write_exports, write_files
+from planner.export.pricing import EnginePrice, PlanModel, engine_price, planned_price
+from planner.export.types import Export
 from planner.schema import load_plan
 from planner.schema.plan import Plan
 
-
-def main(argv: list[str]) -> int:
-    parser = CommandParser(
-        prog="plan export",
-        description="Write a saved plan as an engine's configuration, beside the plan.",
-    )
-    parser.add_argument("plan", help="a plan.json written by `plan MODEL`")
-    parser.add_argument("engines", nargs="+", choices=ENGINES, metavar="ENGINE",
-                        help=f"one or more of {', '.join(ENGINES)}")  # fmt: skip
-    parser.add_argument("--out", help="directory for the files (default: the plan's)")
-    parser.add_argument("--quiet", action="store_true", help="print only errors")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks")
-    opts = parser.parse_args(argv)
-    path = Path(opts.plan)
-    plan = load_plan(path)
-    out_dir = Path(opts.out) if opts.out else path.parent
-    out_dir.mkdir(parents=True, exist_ok=True)
-    export_beside(plan, out_dir, opts.engines, quiet=opts.quiet)
-    return 0
+SUMMARY = "exports.json"  # beside plan.json: per engine, its files, changes and prediction
 
 
-def export_beside(plan: Plan, out_dir: Path, engines: list[str], quiet: bool = False) -> list[Path]:
-    """Write the exports and print, per engine, its files and each change (stdout: results)."""
+def export_beside(
+    plan: Plan,
+    out_dir: Path,
+    engines: list[str],
+    quiet: bool = False,
+    model: PlanModel | None = None,
+) -> list[Path]:
+    """Write the exports and print, per engine, its files, each change and (given the plan's
+    ``model``) its predicted step and memory as the engine runs it, beside meshplan's own
+    (stdout: results). The same goes into ``exports.json`` beside the files."""
     paths: list[Path] = []
+    planned = planned_price(plan, model) if model is not None else None
+    summary: dict = {}
+    if planned is not None and not quiet:
+        print(f"meshplan: {planned.line()}")
     for result, written in write_exports(plan, engines, out_dir):
         paths += written
+        price = engine_price(plan, result, model) if model is not None else None
+        summary[result.engine] = {
+            "files": [p.name for p in written],
+            "changes": result.changes,
+            "command": result.command,
+            "predicted": price.to_dict() if price else None,
+        }
         if quiet:
             continue
         names = ", ".join(p.name for p in written)
@@ -45,10 +49,32 @@ def export_beside(plan: Plan, out_dir: Path, engines: list[str], quiet: bool = F
             print(f"  changed: {change}")
         if not result.changes:
             print("  runs the plan as planned")
+        if price is not None:
+            print(f"  {price.line(planned)}")
         if result.command:
             print(f"  run: {result.command}")
+    paths += write_summary(out_dir, summary, planned)
     sys.stdout.flush()
     return paths
+
+
+def write_summary(out_dir: Path, engines: dict, planned: EnginePrice | None) -> list[Path]:
+    """``exports.json``: the engines exported here (earlier exports' entries kept), each with
+    its files, changes and prediction, and meshplan's own prediction of the plan."""
+    path = out_dir / SUMMARY
+    old: dict = {}
+    if path.is_file():
+        try:
+            old = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            old = {}
+    summary = {
+        "written_by": "meshplan plan export",
+        "meshplan": planned.to_dict() if planned else old.get("meshplan"),
+        "engines": {**(old.get("engines") or {}), **engines},
+    }
+    text = json.dumps(summary, indent=1) + "\n"
+    return write_files(Export("summary", {SUMMARY: text}), out_dir)
 
 
 def emit_beside(plan_path: Path, opts) -> int:

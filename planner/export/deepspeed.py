@@ -8,11 +8,12 @@ precision, activation checkpointing, AutoTP degree) and, with a pipeline, the st
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
-from planner.export.facts import PlanFacts, offload_changes
+from planner.export.facts import PlanFacts, as_planned, every, offload_changes
 from planner.export.types import Export
 from planner.schema.plan import Plan
-from planner.vocab import DType, Offload, Recompute
+from planner.vocab import DType, Offload, Recompute, Schedule
 
 FILE = "ds_config.json"
 PARTITION_FILE = "deepspeed_partition.json"
@@ -33,11 +34,14 @@ def export(plan: Plan, facts: PlanFacts) -> Export:
         "bf16": {"enabled": plan.dtype == DType.BF16},
         "fp16": {"enabled": plan.dtype == DType.FP16},
     }
+    offload = Offload.NONE
     if facts.offload != Offload.NONE:
         config["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+        offload = Offload.OPTIMIZER
         if facts.offload == Offload.PARAMS:
             if zero == 3:
                 config["zero_optimization"]["offload_param"] = {"device": "cpu"}
+                offload = Offload.PARAMS
             else:
                 changes.append(
                     "parameter offload dropped: DeepSpeed offloads parameters at ZeRO-3 only, "
@@ -56,6 +60,12 @@ def export(plan: Plan, facts: PlanFacts) -> Export:
             "(Ulysses sequence parallel, DeepSpeed-MoE's ep_size)"
         )
     files: dict[str, str] = {}
+    runs = replace(
+        as_planned(plan, facts),
+        zero_stage=zero,
+        layer_offload=every(offload, facts.layers),
+        other_offload=every(offload, len(facts.other_offload)),
+    )
     if facts.recompute != Recompute.NONE:
         config["activation_checkpointing"] = {
             "partition_activations": False,
@@ -75,13 +85,18 @@ def export(plan: Plan, facts: PlanFacts) -> Export:
         if plan.virtual_stages > 1:  # one stage per rank: an even cut
             bounds = [round(i * facts.layers / mesh.pp) for i in range(mesh.pp + 1)]
         files[PARTITION_FILE] = json.dumps({"parts": bounds, "layers": facts.layers}) + "\n"
+        cut = tuple(b - a for a, b in zip(bounds, bounds[1:]))
+        runs = replace(runs, virtual_stages=1, schedule=Schedule.ONE_F_ONE_B, layers_per_stage=cut)
         if plan.virtual_stages > 1:
             changes.append("interleaved stages became one stage per rank (DeepSpeed's pipeline "
                            "has no interleaving)")  # fmt: skip
+        elif plan.schedule == Schedule.GPIPE:
+            changes.append("GPipe became DeepSpeed's TrainSchedule (1F1B)")
     files[FILE] = json.dumps(config, indent=2) + "\n"
     return Export(
         engine="deepspeed",
         files=files,
         changes=changes,
         command="deepspeed train.py --deepspeed --deepspeed_config ds_config.json",
+        runs=runs,
     )

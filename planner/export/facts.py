@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.errors import UserInputError
+from planner.export.types import AsRun
 from planner.schema.plan import BlockPlan, Plan
 from planner.vocab import SEQUENCE_STYLES, Offload, Recompute
 
@@ -31,6 +32,7 @@ class PlanFacts:
     layer_recompute: tuple[str, ...]  # per layer, vocab.Recompute
     other_recompute: tuple[str, ...]  # the non-layer blocks'
     layer_offload: tuple[str, ...]  # per layer, vocab.Offload
+    other_offload: tuple[str, ...]  # the non-layer blocks'
     sequence_parallel: bool
     hf_config: dict[str, Any] | None  # the config.json the plan's model came from
 
@@ -78,9 +80,38 @@ def plan_facts(plan: Plan) -> PlanFacts:
         layer_recompute=tuple(b.recompute for b in layers),
         other_recompute=tuple(b.recompute for b in others),
         layer_offload=tuple(b.offload for b in layers),
+        other_offload=tuple(b.offload for b in others),
         sequence_parallel=any(_sequence_parallel(b) for b in plan.blocks),
         hf_config=_hf_config(plan),
     )
+
+
+def as_planned(plan: Plan, facts: PlanFacts) -> AsRun:
+    """The plan's own decisions, which each export starts from and changes what its engine
+    cannot say."""
+    return AsRun(
+        mesh=plan.mesh,
+        zero_stage=plan.zero_stage,
+        schedule=plan.schedule,
+        virtual_stages=plan.virtual_stages,
+        layers_per_stage=facts.layers_per_stage,
+        layer_recompute=facts.layer_recompute,
+        other_recompute=facts.other_recompute,
+        layer_offload=facts.layer_offload,
+        other_offload=facts.other_offload,
+    )
+
+
+def even_cut(layers: int, stages: int) -> tuple[int, ...]:
+    """Layers per stage split as evenly as they go, the first ``layers % stages`` stages one
+    more (an engine's even split; Megatron's when the layers divide)."""
+    base, extra = divmod(layers, stages)
+    return tuple(base + (1 if s < extra else 0) for s in range(stages))
+
+
+def every(mode: str, count: int) -> tuple[str, ...]:
+    """One mode for ``count`` blocks (an engine applying one policy to all)."""
+    return (mode,) * count
 
 
 def _sequence_parallel(block: BlockPlan) -> bool:

@@ -9,7 +9,16 @@ to underscores), as Megatron-LM's ``core_transformer_config_from_args`` reads th
 
 from __future__ import annotations
 
-from planner.export.facts import PlanFacts, hf_architecture, offload_changes
+from dataclasses import replace
+
+from planner.export.facts import (
+    PlanFacts,
+    as_planned,
+    even_cut,
+    every,
+    hf_architecture,
+    offload_changes,
+)
 from planner.export.types import Export
 from planner.schema.plan import Plan
 from planner.vocab import DType, Offload, Recompute, Schedule
@@ -30,40 +39,59 @@ def export(plan: Plan, facts: PlanFacts) -> Export:
     ]  # fmt: skip
     if facts.sequence_parallel and mesh.tp > 1:
         args.append("--sequence-parallel")
-    args += _pipeline(plan, facts, changes)
-    args += _recompute(facts, changes)
-    args += _zero(plan.zero_stage, changes)
-    args += _offload(facts, changes)
+    pipeline_args, cut, schedule = _pipeline(plan, facts, changes)
+    recompute_args, layer_recompute = _recompute(facts, cut, changes)
+    zero_args, zero = _zero(plan.zero_stage, changes)
+    offload_args, offload = _offload(facts, changes)
+    args += pipeline_args + recompute_args + zero_args + offload_args
+    if mesh.replicas > 1:  # the reduction overlapping the backward, as the plan prices it
+        args.append("--overlap-grad-reduce")
     if plan.dtype in (DType.BF16, DType.FP16):
         args.append(f"--{plan.dtype}")
     args += _model(plan, facts, changes)
     text = "\n".join(args) + "\n"
+    runs = replace(
+        as_planned(plan, facts),
+        zero_stage=zero,
+        schedule=schedule,
+        layers_per_stage=cut,
+        layer_recompute=layer_recompute,
+        other_recompute=every(Recompute.NONE, len(facts.other_recompute)),
+        layer_offload=every(offload, facts.layers),
+        other_offload=every(offload, len(facts.other_offload)),
+    )
     return Export(
         engine="megatron",
         files={FILE: text},
         changes=changes,
         command="torchrun ... pretrain_gpt.py $(cat megatron_args.txt) --data-path ...",
+        runs=runs,
     )
 
 
-def _pipeline(plan: Plan, facts: PlanFacts, changes: list[str]) -> list[str]:
-    """Virtual stages by layers per virtual stage; an unequal cut by the first and last
-    stages' layer counts when only they differ (Megatron's uneven pipeline)."""
+def _pipeline(
+    plan: Plan, facts: PlanFacts, changes: list[str]
+) -> tuple[list[str], tuple[int, ...], str]:
+    """(arguments, layers per stage run, schedule run): virtual stages by layers per virtual
+    stage; an unequal cut by the first and last stages' layer counts when only they differ
+    (Megatron's uneven pipeline)."""
     pp, v = plan.mesh.pp, plan.virtual_stages
-    if pp == 1:
-        return []
     per = facts.layers_per_stage
+    if pp == 1:
+        return [], per, plan.schedule
     if plan.schedule == Schedule.INTERLEAVED and v > 1:
         if not facts.equal_stages:
             changes.append(
                 f"the interleaved stages' unequal layer counts {list(per)} became "
                 f"{facts.layers // (pp * v)} layers per virtual stage"
             )
-        return ["--num-layers-per-virtual-pipeline-stage", str(facts.layers // (pp * v))]
+        args = ["--num-layers-per-virtual-pipeline-stage", str(facts.layers // (pp * v))]
+        return args, per if facts.equal_stages else even_cut(facts.layers, pp * v), plan.schedule
+    schedule = Schedule.ONE_F_ONE_B
     if plan.schedule == Schedule.GPIPE:
         changes.append("GPipe became Megatron's 1F1B (same bubble, less activation memory)")
     if facts.equal_stages:
-        return []
+        return [], per, schedule
     middle = per[1:-1]
     if len(set(middle)) <= 1:
         out = []
@@ -71,18 +99,21 @@ def _pipeline(plan: Plan, facts: PlanFacts, changes: list[str]) -> list[str]:
             out += ["--decoder-first-pipeline-num-layers", str(per[0])]
         if not middle or per[-1] != middle[0]:
             out += ["--decoder-last-pipeline-num-layers", str(per[-1])]
-        return out
+        return out, per, schedule
     changes.append(
         f"the stage cut {list(per)} (layers per stage) became Megatron's even split: "
         "only the first and last stage may differ"
     )
-    return []
+    return [], even_cut(facts.layers, pp), schedule
 
 
-def _recompute(facts: PlanFacts, changes: list[str]) -> list[str]:
-    """Selective: the attention core (Megatron's and meshplan's selective are both
-    Korthikanti et al.'s). Full: ``block`` recomputes the first k layers of every stage, so a
-    plan recomputing k layers on each stage, at their start, is said exactly."""
+def _recompute(
+    facts: PlanFacts, cut: tuple[int, ...], changes: list[str]
+) -> tuple[list[str], tuple[str, ...]]:
+    """(arguments, each layer's recompute as run on the stages of ``cut``). Selective: the
+    attention core (Megatron's and meshplan's selective are both Korthikanti et al.'s), every
+    layer. Full: ``block`` recomputes the first k layers of every stage, so a plan recomputing
+    k layers on each stage, at their start, is said exactly."""
     mode = facts.recompute
     if any(r != Recompute.NONE for r in facts.other_recompute):
         changes.append("recompute of the embedding/head dropped (Megatron recomputes layers)")
@@ -93,10 +124,10 @@ def _recompute(facts: PlanFacts, changes: list[str]) -> list[str]:
                 "became selective recompute of every layer"
             )
         # Megatron's --recompute-granularity spells the modes as plan.json does
-        return ["--recompute-granularity", str(Recompute.SELECTIVE)]
+        return ["--recompute-granularity", str(Recompute.SELECTIVE)], every(mode, facts.layers)
     full = [r == Recompute.FULL for r in facts.layer_recompute]
     if not any(full):
-        return []
+        return [], every(Recompute.NONE, facts.layers)
     per_stage, start = [], 0
     for count in facts.layers_per_stage:
         stage = full[start : start + count]
@@ -116,30 +147,33 @@ def _recompute(facts: PlanFacts, changes: list[str]) -> list[str]:
         )
     if all(full):  # every layer: uniform groups of one
         return ["--recompute-granularity", str(Recompute.FULL), "--recompute-method", "uniform",
-                "--recompute-num-layers", "1"]  # fmt: skip
+                "--recompute-num-layers", "1"], every(mode, facts.layers)  # fmt: skip
+    run = tuple(Recompute.FULL if i < k else Recompute.NONE for count in cut for i in range(count))
     return ["--recompute-granularity", str(Recompute.FULL), "--recompute-method", "block",
-            "--recompute-num-layers", str(k)]  # fmt: skip
+            "--recompute-num-layers", str(k)], run  # fmt: skip
 
 
-def _zero(zero: int, changes: list[str]) -> list[str]:
+def _zero(zero: int, changes: list[str]) -> tuple[list[str], int]:
+    """(arguments, ZeRO stage run): the distributed optimizer is ZeRO-1."""
     if zero == 0:
-        return []
+        return [], 0
     if zero > 1:
         changes.append(
             f"ZeRO-{zero} became Megatron's distributed optimizer (ZeRO-1: full gradient "
             "buffers and weights on every replica)"
         )
-    return ["--use-distributed-optimizer"]
+    return ["--use-distributed-optimizer"], 1
 
 
-def _offload(facts: PlanFacts, changes: list[str]) -> list[str]:
+def _offload(facts: PlanFacts, changes: list[str]) -> tuple[list[str], str]:
+    """(arguments, the offload every block runs): the optimizer's, for the whole model."""
     if facts.offload == Offload.NONE:
-        return []
+        return [], Offload.NONE
     if facts.offload == Offload.PARAMS:
         changes.append("parameter offload became optimizer offload (Megatron offloads only the "
                        "optimizer)")  # fmt: skip
     changes += offload_changes(facts)
-    return ["--optimizer-cpu-offload", "--use-precision-aware-optimizer"]
+    return ["--optimizer-cpu-offload", "--use-precision-aware-optimizer"], Offload.OPTIMIZER
 
 
 def _model(plan: Plan, facts: PlanFacts, changes: list[str]) -> list[str]:

@@ -12,7 +12,9 @@ plan decides. Run it with::
 
 from __future__ import annotations
 
-from planner.export.facts import PlanFacts, offload_changes
+from dataclasses import replace
+
+from planner.export.facts import PlanFacts, as_planned, every, offload_changes
 from planner.export.types import Export
 from planner.schema.plan import Plan
 from planner.vocab import DType, Offload, Recompute, Schedule
@@ -48,6 +50,7 @@ def export(plan: Plan, facts: PlanFacts) -> Export:
         )
     mesh = plan.mesh
     replicate, shard, reshard = _data_parallel(plan.zero_stage, mesh.dp, changes)
+    zero = 2 if plan.zero_stage == 1 and mesh.dp > 1 else plan.zero_stage
     parallelism = {
         "data_parallel_replicate_degree": replicate,
         "data_parallel_shard_degree": shard,
@@ -85,7 +88,17 @@ def export(plan: Plan, facts: PlanFacts) -> Export:
     changes += offload_changes(facts)
     ac = _activation_checkpoint(facts, changes)
     text = _render(module, base, parallelism, training, ac, plan)
-    return Export(engine="torchtitan", files={FILE: text}, changes=changes)
+    # FSDP's CPU offload moves every parameter with its gradient and optimizer states
+    offload = Offload.PARAMS if facts.offload != Offload.NONE else Offload.NONE
+    runs = replace(
+        as_planned(plan, facts),
+        zero_stage=zero,
+        layer_recompute=every(facts.recompute, facts.layers),
+        other_recompute=every(Recompute.NONE, len(facts.other_recompute)),
+        layer_offload=every(offload, facts.layers),
+        other_offload=every(offload, len(facts.other_offload)),
+    )
+    return Export(engine="torchtitan", files={FILE: text}, changes=changes, runs=runs)
 
 
 def _data_parallel(zero: int, dp: int, changes: list[str]) -> tuple[int, int, str]:
