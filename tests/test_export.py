@@ -253,6 +253,15 @@ def test_megatron_core_parses_the_plans(pinned_plans):
         )
         assert calc.get() == plan.num_microbatches, name
         assert args.get("use_distributed_optimizer", False) == (plan.zero_stage > 0)
+        # the gradient reduction overlaps the backward, as the plan is priced: Megatron-Core's
+        # DDP config takes the flags (Megatron-LM builds it from them by name)
+        from megatron.core.distributed import DistributedDataParallelConfig
+
+        ddp = DistributedDataParallelConfig(
+            overlap_grad_reduce=args.get("overlap_grad_reduce", False),
+            use_distributed_optimizer=args.get("use_distributed_optimizer", False),
+        )
+        assert ddp.overlap_grad_reduce == (mesh.replicas > 1), name
 
 
 # ------------------------------------------------------------------------------- DeepSpeed
@@ -374,7 +383,7 @@ def test_accelerate_parses_the_plans(pinned_plans, tmp_path, monkeypatch):
 def test_plan_export_writes_every_engine_beside_the_plan(tmp_path, capsys):
     plan_path = tmp_path / "plan.json"
     plan_path.write_text(SHIPPED["llama3-8b"].read_text())
-    assert main(["export", str(plan_path), *ENGINES]) == 0
+    assert main(["export", str(plan_path), *ENGINES, "--no-price"]) == 0
     out = capsys.readouterr().out
     names = {"torchtitan_meshplan.py", "megatron_args.txt", "ds_config.json",
              "accelerate_config.yaml"}  # fmt: skip
@@ -393,7 +402,7 @@ def test_exports_never_replace_a_users_file(tmp_path, capsys):
     plan_path = tmp_path / "sub" / "plan.json"
     plan_path.parent.mkdir()
     plan_path.write_text(SHIPPED["llama3-8b"].read_text())
-    code = main(["export", str(plan_path), "deepspeed", "--out", str(tmp_path)])
+    code = main(["export", str(plan_path), "deepspeed", "--out", str(tmp_path), "--no-price"])
     assert code == 2 and "not written by meshplan" in capsys.readouterr().err
     assert json.loads((tmp_path / "ds_config.json").read_text()) == {"mine": True}
 
