@@ -18,7 +18,8 @@ The engines, as their defaults run an exported plan:
   accumulating into the buffer (``gradient_accumulation_fusion``).
 - ``deepspeed``: contiguous gradient buffers, ZeRO's reduction bucket and fp16's fp32
   gradient partition (``deepspeed_buffers``); its reduction overlaps the backward only where
-  ``overlap_comm`` is on (``deepspeed_overlaps_reduction``).
+  ``overlap_comm`` is on (``deepspeed_overlaps_reduction``); its AutoTP runs no sequence
+  parallelism (the export's ``AsRun`` says so).
 - ``accelerate`` (FSDP 2): torch's FSDP2 and DDP, as meshplan's runtime.
 """
 
@@ -70,11 +71,13 @@ def deepspeed_buffers(zero: int, dtype: str, bf16_optimizer: bool, rank_params: 
 
 
 def deepspeed_overlaps_reduction(zero: int, pp: int) -> bool:
-    """Whether DeepSpeed (0.19) reduces gradients during the backward: ZeRO's ``overlap_comm``
-    defaults to on at stage 3 only (``DeepSpeedZeroConfig.overlap_comm_valid``), and the
-    pipeline engine's TrainSchedule issues ReduceGrads after the step's last backward
+    """Whether DeepSpeed (0.19) reduces gradients during the backward as meshplan's export
+    configures it: ZeRO's ``overlap_comm`` (on by default at stage 3 only,
+    ``DeepSpeedZeroConfig.overlap_comm_valid``; the export turns it on at stages 1 and 2);
+    never at stage 0 (the engine all-reduces after the backward) nor under a pipeline, whose
+    TrainSchedule issues ReduceGrads after the step's last backward
     (deepspeed/runtime/pipe/schedule.py)."""
-    return zero == 3 and pp == 1
+    return zero >= 1 and pp == 1
 
 
 def megatron_sends_shards(pp: int, sequence_parallel: bool) -> bool:

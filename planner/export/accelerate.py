@@ -67,6 +67,12 @@ def export(plan: Plan, facts: PlanFacts, layer_class: str) -> Export:
         changes += offload_changes(facts)
     elif facts.offload != Offload.NONE:
         changes.append("offload dropped: without FSDP, Accelerate offloads nothing")
+    if mesh.tp > 1 and facts.sequence_parallel:
+        changes.append(
+            "sequence parallelism dropped: Accelerate's TP applies the model's own "
+            "tensor-parallel plan (transformers' tp_plan), whose activations between the "
+            "linear layers are whole on every TP rank"
+        )
     if mesh.tp > 1 or mesh.cp > 1:
         config["parallelism_config"] = {
             "parallelism_config_dp_replicate_size": 1 if fsdp else dp,
@@ -88,6 +94,7 @@ def export(plan: Plan, facts: PlanFacts, layer_class: str) -> Export:
         other_recompute=every(Recompute.NONE, len(facts.other_recompute)),
         layer_offload=every(offload, facts.layers),
         other_offload=every(offload, len(facts.other_offload)),
+        sequence_parallel=False,
     )
     return Export(
         engine="accelerate",

@@ -48,12 +48,21 @@ def export(plan: Plan, facts: PlanFacts) -> Export:
                     f"this plan is ZeRO-{zero}"
                 )
         changes += offload_changes(facts)
+    if zero in (1, 2) and mesh.pp == 1 and mesh.replicas > 1:
+        # the reduction overlapping the backward, as the plan is priced (DeepSpeed turns
+        # overlap_comm on by itself at ZeRO-3 only)
+        config["zero_optimization"]["overlap_comm"] = True
     if mesh.tp > 1:
         config["tensor_parallel"] = {"autotp_size": mesh.tp}
         changes.append(
             "tensor parallelism is DeepSpeed's AutoTP: it chooses the sharding of each linear "
             "layer itself (the plan's per-module styles are not passed)"
         )
+        if facts.sequence_parallel:
+            changes.append(
+                "sequence parallelism dropped: AutoTP shards the linear layers only, so the "
+                "activations between them are whole on every TP rank"
+            )
     if mesh.cp > 1 or mesh.ep > 1:
         changes.append(
             "context/expert parallel degrees are not ds_config fields: set them in the model "
@@ -65,6 +74,7 @@ def export(plan: Plan, facts: PlanFacts) -> Export:
         zero_stage=zero,
         layer_offload=every(offload, facts.layers),
         other_offload=every(offload, len(facts.other_offload)),
+        sequence_parallel=False,
     )
     if facts.recompute != Recompute.NONE:
         config["activation_checkpointing"] = {

@@ -99,6 +99,7 @@ def as_planned(plan: Plan, facts: PlanFacts) -> AsRun:
         other_recompute=facts.other_recompute,
         layer_offload=facts.layer_offload,
         other_offload=facts.other_offload,
+        sequence_parallel=facts.sequence_parallel and plan.mesh.tp > 1,
     )
 
 

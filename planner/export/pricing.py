@@ -32,6 +32,7 @@ from planner.training import Training
 
 GIB = 2**30
 MESHPLAN = "meshplan"  # the price of the plan as planned, under meshplan's runtime
+SEQUENCE_SUFFIX = "-sp"  # a sequence-parallel TP variant's name ends so (api.variants_for)
 
 
 @dataclass
@@ -100,6 +101,17 @@ def block_modes(plan: Plan, runs: AsRun) -> list[tuple[str, str]]:
     return [next(layers if b.block_class == layer_class else others) for b in plan.blocks]
 
 
+def variant_choice(found: list, planned: str, sequence_parallel: bool) -> int:
+    """The option of the plan's sharding variant; where the engine runs TP without sequence
+    parallelism, the same sharding's variant without it (``-sp`` is the sequence-parallel
+    variants' suffix, ``cost.sharding``); the fastest option where the block has neither."""
+    wanted = planned if sequence_parallel else planned.removesuffix(SEQUENCE_SUFFIX)
+    same = [k for k, o in enumerate(found) if o.variant == wanted]
+    if not same and not sequence_parallel:
+        same = [k for k, o in enumerate(found) if not o.variant.endswith(SEQUENCE_SUFFIX)]
+    return min(same or range(len(found)), key=lambda k: found[k].time_s)
+
+
 def price_as_run(plan: Plan, runs: AsRun, training: Training, model: PlanModel) -> StepCost:
     """The cost model's StepCost of ``plan`` with ``runs``' decisions under ``training``: each
     block's option is the plan's sharding variant (where the block still has it) with the
@@ -120,9 +132,8 @@ def price_as_run(plan: Plan, runs: AsRun, training: Training, model: PlanModel) 
             model.graph, [block], mesh.tp, plan.micro_batch_size, model.cluster, training, pins,
             model.variants_of, mesh.ep, mesh.cp, model.memo, pipelined=mesh.pp > 1,
         )  # fmt: skip
-        same = [k for k, o in enumerate(found) if o.variant == planned.tp_variant]
         opts.append(found)
-        choice.append(min(same or range(len(found)), key=lambda k, o=found: o[k].time_s))
+        choice.append(variant_choice(found, planned.tp_variant, runs.sequence_parallel))
     config = Config(
         mesh,
         plan.micro_batch_size,
@@ -164,7 +175,7 @@ def engine_price(plan: Plan, export: Export, model: PlanModel) -> EnginePrice:
         virtual_stages=runs.virtual_stages,
         zero=runs.zero_stage,
         microbatches=plan.global_batch_size // (mesh.dp * plan.micro_batch_size),
-        sequence_parallel=plan_facts(plan).sequence_parallel and mesh.tp > 1,
+        sequence_parallel=runs.sequence_parallel,
         profile=model.cluster.profile.name,
         rank_params=tp_params,
     )

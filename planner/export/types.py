@@ -23,6 +23,7 @@ class AsRun:
     other_recompute: tuple[str, ...]  # the non-layer blocks', in block order
     layer_offload: tuple[str, ...]  # per layer, vocab.Offload
     other_offload: tuple[str, ...]  # the non-layer blocks'
+    sequence_parallel: bool  # TP shards the activations between products over the sequence
 
 
 @dataclass
