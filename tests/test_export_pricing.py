@@ -152,14 +152,26 @@ def test_plan_export_prints_each_engines_prediction_and_writes_it_beside_the_pla
     assert (tmp_path / "plan.json").read_text() == path.read_text()
 
 
-def check_printed_prices(plan, out: str, directory: Path) -> None:
+def test_plan_with_export_prints_the_engines_prediction_beside_meshplans(one_gpu, tmp_path, capsys):
+    """``plan MODEL --export``: the plan just made, priced as the engines run it."""
+    result, _ = one_gpu
+    model_dir = Path(result.plan.model.file).parent
+    argv = [str(model_dir), "--gpus", "1", "--profile", "h100-sxm", "--global-batch-size",
+            "16", "--recompute", "none", "--offload", "none", "--out", str(tmp_path),
+            "--no-report", "--export", "megatron", "--export", "torchtitan"]  # fmt: skip
+    assert main(argv) == 0
+    plan = load_plan(tmp_path / "plan.json")
+    check_printed_prices(plan, capsys.readouterr().out, tmp_path, ["megatron", "torchtitan"])
+
+
+def check_printed_prices(plan, out: str, directory: Path, engines=ENGINES) -> None:
     """Each engine's printed line and exports.json entry are the pricing function's."""
     model = plan_model(plan)
     planned = planned_price(plan, model)
     assert f"meshplan: {planned.line()}" in out
     summary = json.loads((directory / "exports.json").read_text())
     assert summary["meshplan"]["step_time_s"] == pytest.approx(planned.step_time_s, rel=1e-12)
-    for engine in ENGINES:
+    for engine in engines:
         price = engine_price(plan, export_plan(plan, engine), model)
         section = re.search(rf"^{engine}: wrote .*?(?=^\S|\Z)", out, re.M | re.S).group(0)
         assert f"  {price.line(planned)}\n" in section, engine
