@@ -189,3 +189,16 @@ def test_the_shipped_plans_print_every_engines_prediction(name, tmp_path, capsys
     shutil.copy(ROOT / "examples" / "plans" / f"{name}.json", path)
     assert main(["export", str(path), *ENGINES]) == 0
     check_printed_prices(load_plan(path), capsys.readouterr().out, tmp_path)
+
+
+def test_a_layout_the_batch_does_not_split_over_is_refused_in_one_line(one_gpu):
+    """An engine whose replicas do not divide the batch (Accelerate folding a pipeline into
+    data parallelism can make one) is not priced: one line saying why."""
+    from planner.errors import UserInputError
+    from planner.schema.mesh import Mesh
+
+    result, model = one_gpu
+    plan = result.plan
+    runs = dataclasses.replace(as_planned(plan, plan_facts(plan)), mesh=Mesh(1, 3, 1))
+    with pytest.raises(UserInputError, match="does not split into micro-batches of 16 over 3"):
+        price_as_run(plan, runs, model.training, model)

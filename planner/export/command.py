@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+from planner.errors import UserInputError
 from planner.export import write_exports, write_files
 from planner.export.pricing import EnginePrice, PlanModel, engine_price, planned_price
 from planner.export.types import Export
@@ -34,7 +35,12 @@ def export_beside(
         print(f"meshplan: {planned.line()}")
     for result, written in write_exports(plan, engines, out_dir):
         paths += written
-        price = engine_price(plan, result, model) if model is not None else None
+        price, unpriced = None, ""
+        if model is not None:
+            try:
+                price = engine_price(plan, result, model)
+            except UserInputError as why:  # the engine's layout does not take the batch
+                unpriced = str(why)
         summary[result.engine] = {
             "files": [p.name for p in written],
             "changes": result.changes,
@@ -51,6 +57,8 @@ def export_beside(
             print("  runs the plan as planned")
         if price is not None:
             print(f"  {price.line(planned)}")
+        if unpriced:
+            print(f"  not priced: {unpriced}")
         if result.command:
             print(f"  run: {result.command}")
     paths += write_summary(out_dir, summary, planned)
