@@ -1038,15 +1038,29 @@ def record(s: Setup, cost) -> dict[str, Any]:
 # (``misaligned_matmul_efficiency``, cost.compute.misaligned); the best-shape microbenchmarks
 # (MAMF, FlashAttention's own benchmarks) are ceilings that real steps do not reach, but on
 # Hopper the attention rows priced at tritonbench's SDPA rate fit it (FITTED_BY_CHIP). Profiles
-# of one chip share them. A chip whose profile has no unaligned class (0) keeps none.
-FITTED = ("matmul_efficiency", "attention_efficiency", "misaligned_matmul_efficiency")
+# of one chip share them. A chip whose profile has no unaligned class (0) keeps none. Beside
+# them, the share of the memory bandwidth memory-bound work reaches (``elementwise_efficiency``:
+# element-wise ops, the loss, the wrapper's copies): held at the 0.80 estimate while the GEMM
+# share was fitted, the GEMM share carried the element-wise ops' cost too, which priced layers
+# that are mostly large GEMMs (GPT-175B..1T at TP 8, llm-foundry's 13B-30B at TP 1) 10-24% slow.
+FITTED = (
+    "matmul_efficiency",
+    "attention_efficiency",
+    "misaligned_matmul_efficiency",
+    "elementwise_efficiency",
+)
 # Where a kernel benchmark gives a class's rate, the class is not fitted: on Hopper the
 # FlashAttention-2-class kernel torch's SDPA runs is priced at tritonbench's rate (the profiles'
 # attention_efficiency, sourced there), and the attention factor fitted is the one of the 2023
 # flash-attention builds llm-foundry's rows ran (``parse_legacy_attention``).
 FITTED_BY_CHIP = {
     "A100": FITTED,
-    "H100": ("matmul_efficiency", "legacy_attention_efficiency", "misaligned_matmul_efficiency"),
+    "H100": (
+        "matmul_efficiency",
+        "legacy_attention_efficiency",
+        "misaligned_matmul_efficiency",
+        "elementwise_efficiency",
+    ),
 }
 # Other kernels of the same op class reach the same share of their own best-shape ceiling, so
 # they follow the fitted factor in a fixed ratio (the shipped profile's: FP8 GEMMs at
@@ -1079,15 +1093,17 @@ CHIPS = {
 GRID = [round(0.10 + 0.01 * i, 2) for i in range(86)]  # 0.10 .. 0.95
 # the unaligned path's share: down to 1% (a product that falls off the Tensor Cores)
 SLOW_GRID = [round(0.01 * i, 2) for i in range(1, 96)]  # 0.01 .. 0.95
+# memory-bound work's share of the bandwidth: 0.20 .. 0.95
+BANDWIDTH_GRID = [round(0.20 + 0.05 * i, 2) for i in range(16)]
 
 
 @dataclass(frozen=True)
 class Decomposition:
     """A row's predicted step time as a function of the fitted efficiencies:
-    T(g, a, u) = gemm / g + attention / a + unaligned / u + rest, read off four pricings (each
-    efficiency halved in turn). Exact where the classes' times add; the max() terms of overlap
-    and of the slowest pipeline stage make it an approximation, which the held-out errors and
-    the final table (both priced in full) check."""
+    T(g, a, u, e) = gemm / g + attention / a + unaligned / u + memory / e + rest, read off five
+    pricings (each efficiency halved in turn). Exact where the classes' times add; the max()
+    terms of overlap, of the slowest pipeline stage and of each op's roofline make it an
+    approximation, which the held-out errors and the final table (both priced in full) check."""
 
     chip: str
     measured: float
@@ -1095,11 +1111,11 @@ class Decomposition:
     attention: float
     unaligned: float
     rest: float
+    memory: float = 0.0  # memory-bound work, seconds x its share of the bandwidth
 
-    def time(self, g: float, a: float, u: float) -> float:
-        return (
-            self.gemm / g + self.attention / a + (self.unaligned / u if u > 0 else 0.0) + self.rest
-        )
+    def time(self, g: float, a: float, u: float, e: float = 1.0) -> float:
+        unaligned = self.unaligned / u if u > 0 else 0.0
+        return self.gemm / g + self.attention / a + unaligned + self.memory / e + self.rest
 
 
 def shipped_efficiencies() -> dict[str, dict[str, float]]:
@@ -1117,7 +1133,7 @@ def decompose(s: Setup, start: dict[str, dict[str, float]]) -> Decomposition:
     chip = CHIPS[s.profile]
     eff = start[chip]
     fields = FITTED_BY_CHIP[chip]
-    g, a, u = (eff[f] for f in fields)
+    g, a, u, e = (eff[f] for f in fields)
 
     def at(**change: float) -> float:
         return price(s, **{**eff, **change}).step_time_s
@@ -1128,19 +1144,23 @@ def decompose(s: Setup, start: dict[str, dict[str, float]]) -> Decomposition:
         (at(**{fields[1]: a / 2}) - t1) * a,
     )
     unaligned = (at(misaligned_matmul_efficiency=u / 2) - t1) * u if u > 0 else 0.0
-    rest = t1 - gemm / g - attention / a - (unaligned / u if u > 0 else 0.0)
-    return Decomposition(CHIPS[s.profile], s.measured_step_s, gemm, attention, unaligned, rest)
+    memory = (at(elementwise_efficiency=e / 2) - t1) * e
+    rest = t1 - gemm / g - attention / a - (unaligned / u if u > 0 else 0.0) - memory / e
+    return Decomposition(
+        CHIPS[s.profile], s.measured_step_s, gemm, attention, unaligned, rest, memory
+    )
 
 
-def fit_loss(rows: list[Decomposition], g: float, a: float, u: float) -> float:
-    """Sum of |log(predicted / measured)| over ``rows`` at efficiencies (g, a, u)."""
-    return sum(abs(math.log(d.time(g, a, u) / d.measured)) for d in rows)
+def fit_loss(rows: list[Decomposition], g: float, a: float, u: float, e: float = 1.0) -> float:
+    """Sum of |log(predicted / measured)| over ``rows`` at efficiencies (g, a, u, e)."""
+    return sum(abs(math.log(d.time(g, a, u, e) / d.measured)) for d in rows)
 
 
 def fit_efficiencies(parts: list[Decomposition], start: dict[str, dict[str, float]]):
     """Per chip, the efficiencies with the least mean |log(predicted / measured)| over
-    ``parts``: (GEMM, attention) on ``GRID`` and the unaligned class on ``SLOW_GRID``, by
-    coordinate descent (the pair with the third held, then the third, twice); a class no row
+    ``parts``: for each bandwidth share on ``BANDWIDTH_GRID``, (GEMM, attention) on ``GRID``
+    and the unaligned class on ``SLOW_GRID`` by coordinate descent (the pair with the third
+    held, then the third, twice), and the bandwidth share whose fit is best; a class no row
     of the chip uses keeps its start, and chips without rows keep ``start``."""
     out = {chip: dict(v) for chip, v in start.items()}
     for chip in out:
@@ -1148,16 +1168,36 @@ def fit_efficiencies(parts: list[Decomposition], start: dict[str, dict[str, floa
         if not rows:
             continue
         e = out[chip]
-        uses_attention = any(d.attention > 0 for d in rows)
-        uses_unaligned = any(d.unaligned > 0 for d in rows)
-        g, a, u = (e[f] for f in FITTED_BY_CHIP[chip])
-        for _ in range(2):
-            pairs = ((gg, aa) for gg in GRID for aa in (GRID if uses_attention else [a]))
-            g, a = min(pairs, key=lambda ga: fit_loss(rows, ga[0], ga[1], u))
-            if uses_unaligned:
-                u = min(SLOW_GRID, key=lambda uu: fit_loss(rows, g, a, uu))
-        out[chip] = dict(zip(FITTED_BY_CHIP[chip], (g, a, u)))
+        fields = FITTED_BY_CHIP[chip]
+        shares = BANDWIDTH_GRID if any(d.memory > 0 for d in rows) else [e[fields[3]]]
+        best = min(
+            (_fit_at_bandwidth(rows, *(e[f] for f in fields[:3]), b) for b in shares),
+            key=lambda fit: fit[0],
+        )
+        out[chip] = dict(zip(fields, best[1:]))
     return out
+
+
+def _fit_at_bandwidth(rows: list[Decomposition], g: float, a: float, u: float, e: float):
+    """(loss, g, a, u, e): ``fit_efficiencies``' coordinate descent at bandwidth share ``e``,
+    the (g, a) grid searched at once (every pair's loss, rows on the last axis)."""
+    import numpy as np
+
+    uses_attention = any(d.attention > 0 for d in rows)
+    uses_unaligned = any(d.unaligned > 0 for d in rows)
+    gemm, attention, measured = (
+        np.array([getattr(d, f) for d in rows]) for f in ("gemm", "attention", "measured")
+    )
+    for _ in range(2):
+        gs, as_ = np.array(GRID), np.array(GRID if uses_attention else [a])
+        fixed = np.array([d.time(math.inf, math.inf, u, e) for d in rows])  # all but g and a
+        t = gemm / gs[:, None, None] + attention / as_[None, :, None] + fixed
+        loss = np.abs(np.log(t / measured)).sum(axis=2)
+        gi, ai = np.unravel_index(int(np.argmin(loss)), loss.shape)
+        g, a = float(gs[gi]), float(as_[ai])
+        if uses_unaligned:
+            u = min(SLOW_GRID, key=lambda uu: fit_loss(rows, g, a, uu, e))
+    return fit_loss(rows, g, a, u, e), g, a, u, e
 
 
 def priced_errors(setups: list[Setup], eff: dict[str, dict[str, float]]) -> list[float]:

@@ -483,19 +483,22 @@ def test_async_tp_hides_its_fitted_share_in_the_step():
 
 
 def test_the_fit_recovers_each_chips_efficiencies_from_decomposed_rows():
-    """T(g, a, u) = gemm / g + attention / a + unaligned / u + rest: a GEMM-only row pins g,
-    an attention row a, a row with unaligned products u; a chip without rows keeps its
-    starting values, a chip none of whose rows has unaligned products keeps its start u."""
+    """T(g, a, u, e) = gemm / g + attention / a + unaligned / u + memory / e + rest: a
+    GEMM-only row pins g, an attention row a, a row with unaligned products u, a row with
+    0.4 s of memory-bound work at full bandwidth (1.5 s measured, 1.0 s of it GEMMs at
+    g = 0.5) e = 0.8; a chip without rows keeps its starting values, a chip none of whose rows
+    has unaligned products keeps its start u, one none of whose rows is memory-bound its e."""
     d = P.Decomposition
     rows = [
         d("A100", 2.0, 1.0, 0.0, 0.0, 0.0),
         d("A100", 2.0, 0.0, 0.3, 0.0, 1.0),
         d("A100", 3.0, 1.0, 0.0, 0.05, 0.0),
+        d("A100", 1.5, 0.5, 0.0, 0.0, 0.0, memory=0.4),
         d("H100", 2.0, 1.0, 0.0, 0.0, 0.0),
     ]
     start = {
-        "A100": dict(zip(P.FITTED_BY_CHIP["A100"], (0.9, 0.9, 0.5))),
-        "H100": dict(zip(P.FITTED_BY_CHIP["H100"], (0.9, 0.4, 0.0))),
+        "A100": dict(zip(P.FITTED_BY_CHIP["A100"], (0.9, 0.9, 0.5, 0.3))),
+        "H100": dict(zip(P.FITTED_BY_CHIP["H100"], (0.9, 0.4, 0.0, 0.86))),
         "B200": {"x": 1},
     }
     fit = P.fit_efficiencies(rows, start)
@@ -503,14 +506,17 @@ def test_the_fit_recovers_each_chips_efficiencies_from_decomposed_rows():
         "matmul_efficiency": 0.5,
         "attention_efficiency": 0.3,
         "misaligned_matmul_efficiency": 0.05,
+        "elementwise_efficiency": 0.8,
     }
     assert fit["H100"] == {  # Hopper fits the 2023 flash-attention class, SDPA's is sourced
         "matmul_efficiency": 0.5,
         "legacy_attention_efficiency": 0.4,
         "misaligned_matmul_efficiency": 0.0,
+        "elementwise_efficiency": 0.86,
     }
     assert fit["B200"] == {"x": 1}
     assert rows[1].time(0.5, 0.3, 0.05) == pytest.approx(2.0)
+    assert rows[3].time(0.5, 0.3, 0.05, 0.8) == pytest.approx(1.5)
 
 
 def test_a_16_bit_product_off_the_tensor_core_alignment_runs_at_its_own_rate():
