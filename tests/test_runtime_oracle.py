@@ -171,8 +171,8 @@ EXTRA: list[tuple] = [
     # Tied output projections (transformers GPT-2 and OPT, tests/models/): one FSDP unit for
     # the sharing modules under ZeRO-3, the copies' gradients summed across pipeline stages,
     # replicated under TP; OPT also has a positional embedding with its own forward, a view
-    # that fixes the head count (its attention runs on DTensors, sharded by heads) and
-    # transposed outputs sent between stages.
+    # that fixes the head count (its attention split by heads, each rank's num_heads set to
+    # its own count) and transposed outputs sent between stages.
     ("tied-zero3-dp4", "gpt2", 4, dict(tp=1, dp=4, pp=1, zero=3, micro_batch_size=1)),
     (
         "tied-pp2-1f1b",
@@ -555,6 +555,11 @@ def test_plan_trains_like_one_process(runs, case):
         assert first["m.canine.initial_char_encoder.layer.0.attention.self.query"] == (
             "colwise_dtensor"
         )
+    if case.model == "opt" and want["tp"] > 1:  # split by heads on plain local tensors:
+        # each rank's attention views by its own head count (runtime.local_attributes)
+        for b in plan["blocks"][1:-1]:
+            assert b["tp_local_attributes"] == [f"{b['name']}.self_attn.num_heads"], b
+            assert b["tp_plan"][f"{b['name']}.self_attn.q_proj"] == "colwise", b
     if "-inplace-logits-" in cid:  # the head is split, its output gathered
         assert plan["blocks"][-1]["tp_plan"]["head"] == "colwise_gather"
     if "-shared-embedding-" in cid:  # the decoder's weight whole, no parameter summed twice
