@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import hashlib
+import itertools
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -233,7 +234,7 @@ class EagerShardProbe:
 
 
 # The most head-count attribute sets one probe tries (each is one meta forward of the block).
-MAX_FIXES = 8
+MAX_FIXES = 64
 
 
 def _local_fix(
@@ -248,18 +249,21 @@ def _local_fix(
     the module. Under heads split over ``t`` ranks each holds ``num_heads / t`` of them, so the
     same code with ``num_heads`` set to the local count views its shard by its own heads: what
     Megatron's attention does. The candidates are the module attributes that hold some size a
-    reshape of the whole block fixes and that ``t`` divides; each alone (then all together) is
-    set on a copy of the local block, which must then run every reshape as the ILP's rule
-    moves the split dim. The runtime sets the same attributes on each rank
-    (``runtime.parallelize.apply_local_attributes``)."""
-    fixed = {d for _, _, g_out, _ in whole for d in g_out}
+    reshape of a column-parallel output in the whole block fixes and that ``t`` divides, held
+    by modules that hold no weight of their own (a Linear's ``out_features`` is not read by
+    its code); each alone, then each pair, is set on a copy of the local block, which must
+    then run every reshape as the ILP's rule moves the split dim. The runtime sets the same
+    attributes on each rank (``runtime.local_attributes``)."""
+    fixed = {d for _, _, g_out, came in whole if came for d in g_out}
     candidates = [
         (rel, name)
         for rel, sub in local.named_modules()
+        if not any(True for _ in sub.parameters(recurse=False))  # code, not a weight's holder
         for name, value in vars(sub).items()
         if type(value) is int and value > 1 and value % t == 0 and value in fixed
     ]
-    tries = [[c] for c in candidates] + ([candidates] if len(candidates) > 1 else [])
+    # one attribute, else two (StableLM views q by num_heads, k and v by num_key_value_heads)
+    tries = [[c] for c in candidates] + [list(p) for p in itertools.combinations(candidates, 2)]
     for chosen in tries[:MAX_FIXES]:
         trial = copy.deepcopy(local)
         for rel, name in chosen:
