@@ -204,7 +204,8 @@ EXTRA: list[tuple] = [
     ("heads-dp2xtp2-zero3", "gpt2", 4, dict(tp=2, dp=2, pp=1, zero=3, micro_batch_size=2)),
     # Qwen3's per-head q/k norms: replicated weights whose gradients are summed over TP
     ("qk-norm-tp2", "qwen3", 2, dict(tp=2, dp=1, pp=1, zero=0, micro_batch_size=4)),
-    # StableLM's head-count views run on DTensors, partial rotary tables meet them in backward
+    # StableLM's head-count views run split by heads with its local head counts (q by num_heads,
+    # k and v by num_key_value_heads), partial rotary tables meet them in backward
     ("headcount-view-tp2", "stablelm", 2, dict(tp=2, dp=1, pp=1, zero=0, micro_batch_size=4)),
     # Qwen3-MoE's q/k norm weights are replicas inside a DTensor block: DTensor gradients
     ("dtensor-grads-tp2", "qwen3_moe", 2, dict(tp=2, dp=1, pp=1, zero=0, micro_batch_size=4)),
@@ -560,6 +561,10 @@ def test_plan_trains_like_one_process(runs, case):
         for b in plan["blocks"][1:-1]:
             assert b["tp_local_attributes"] == [f"{b['name']}.self_attn.num_heads"], b
             assert b["tp_plan"][f"{b['name']}.self_attn.q_proj"] == "colwise", b
+    if "-headcount-view-" in cid:  # q by num_heads, k and v by num_key_value_heads
+        for b in plan["blocks"][1:-1]:
+            attn = f"{b['name']}.self_attn"
+            assert b["tp_local_attributes"] == [f"{attn}.num_heads", f"{attn}.num_key_value_heads"]
     if "-inplace-logits-" in cid:  # the head is split, its output gathered
         assert plan["blocks"][-1]["tp_plan"]["head"] == "colwise_gather"
     if "-shared-embedding-" in cid:  # the decoder's weight whole, no parameter summed twice
