@@ -171,10 +171,12 @@ def variants_for(
 
     def _runnable(block: Block, tp: int, found: list) -> list:
         """The variants the model's eager code runs as priced. Where it misreads a local
-        shard (a view that fixes the head count), the block's column-parallel outputs stay
-        DTensors (``colwise_dtensor``): the code then reads global shapes and DTensor runs
-        each op sharded as priced. A variant whose code fails on local shards for another
-        reason, or a sequence-parallel one, is dropped."""
+        shard (a view that fixes the head count), the attributes it reads the count from are
+        set to their local values on each rank where the probe finds them
+        (``EagerShardProbe.local_attributes``), the split by heads Megatron runs; else the
+        block's column-parallel outputs stay DTensors (``colwise_dtensor``): the code then
+        reads global shapes and DTensor runs each op sharded as priced. A variant whose code
+        fails on local shards for another reason, or a sequence-parallel one, is dropped."""
         kept = []
         for v in found:
             # the replicated variant, or the one that splits only a tied weight's vocabulary
@@ -182,14 +184,18 @@ def variants_for(
             if v.name == "replicated" or v.name.endswith("-tied"):
                 kept.append(v)
                 continue
-            rejected, unsafe = False, False
+            rejected, unsafe, fixed, local = False, False, True, []
             for i, (module, plan) in enumerate(_probed_parts(block.modules, v.tp_plan)):
                 cls = block.cls if len(block.modules) == 1 else f"{block.cls}:{i}"
                 if probe.reject(cls, module, plan, tp):
                     rejected = True
                     unsafe = unsafe or bool(probe.unsafe_outputs(cls, module, plan, tp))
+                    fix = probe.local_attributes(cls, module, plan, tp)
+                    fixed, local = fixed and bool(fix), local + fix
             if not rejected:
                 kept.append(v)
+            elif fixed:  # a view by a fixed head count: the head counts set per rank
+                kept.append(dataclasses.replace(v, local_attributes=tuple(local)))
             elif unsafe and not any(s in SEQUENCE_STYLES for s in v.tp_plan.values()):
                 kept.append(dataclasses.replace(v, tp_plan=on_dtensors(v.tp_plan)))
         return kept

@@ -253,6 +253,9 @@ def block_record(blk, o, stage: int, rep: list[str], memory: float) -> BlockPlan
         tp_variant=o.variant,
         tp_plan=rebase_tp_plan(dict(o.tp_plan), rep, blk.modules),
         tp_grad_sums=sorted(rebase_tp_plan(dict.fromkeys(o.tp_grad_sums, ""), rep, blk.modules)),
+        tp_local_attributes=sorted(
+            rebase_tp_plan(dict.fromkeys(o.tp_local_attributes, ""), rep, blk.modules)
+        ),
         recompute=o.recompute,
         offload=o.offload,
         time_per_microbatch_s=_r(o.time_s),

@@ -43,6 +43,7 @@ from planner.vocab import (
 )
 from runtime.batchnorm import recompute_context
 from runtime.dtensor_blocks import fsdp_placement, register_cpu_attention_sharding, run_on_dtensors
+from runtime.local_attributes import set_local_attributes
 from runtime.tied import splits_tie, tied_groups
 
 HALF = {name: DTYPES[name] for name in HALF_DTYPES}
@@ -562,6 +563,7 @@ def apply_tensor_parallel(
         for scope in sorted(scopes):
             run_on_dtensors(find_module(root, scope) if scope else root)
         retie(root, ties)
+    set_local_attributes(root, blocks, tp_mesh.size(), gathered)
     return gathered
 
 

@@ -90,6 +90,8 @@ def test_the_eager_probe_rejects_a_view_that_fixes_the_head_count():
     why = probe.reject("opt-layer", layer, attn, 2)
     assert why is not None and "view(batch, -1, heads, head_dim)" in why
     assert probe.unsafe_outputs("opt-layer", layer, attn, 2) == {"self_attn.q_proj"}
+    # the attribute the view reads the count from, set to its local value, reads it right
+    assert probe.local_attributes("opt-layer", layer, attn, 2) == [f"{layer}.self_attn.num_heads"]
     assert (
         probe.reject("opt-mlp", layer, {f"{layer}.fc1": "colwise", f"{layer}.fc2": "rowwise"}, 2)
         is None
@@ -118,7 +120,9 @@ def test_the_eager_probe_reaches_blocks_behind_data_checks_and_blames_the_shard(
     """StableLM's forward makes position ids, which transformers' mask code inspects with
     .all() (a meta tensor has no data; a fake one reads as tracing), then views q with the
     module's own head count, which a column-parallel shard fails: the probe reaches the layer
-    under fake tensors and blames q_proj, so the planner keeps the block on DTensors."""
+    under fake tensors and blames q_proj. Its q views by num_heads and its k and v by
+    num_key_value_heads: with both set to their local counts the layer reads its shards
+    right, so the planner splits it by heads on plain local tensors."""
     mf = load_model_file(MODELS / "stablelm.py", {"size": "tiny"})
     probe = EagerShardProbe(mf, "fp32", {})
     layer = "model.layers.0"
@@ -130,22 +134,37 @@ def test_the_eager_probe_reaches_blocks_behind_data_checks_and_blames_the_shard(
         mf, 2, profile="cpu", dtype="fp32", use_cache=False,
         pins=Pins(tp=2, dp=1, pp=1, tp_variant="sharded"),
     )  # fmt: skip
-    styles = {f: s for b in result.plan.blocks for f, s in b.tp_plan.items() if ".self_attn." in f}
-    assert styles and all(s.startswith(("colwise_dtensor", "rowwise")) for s in styles.values())
+    attn = f"{layer}.self_attn"
+    assert probe.local_attributes(
+        "stablelm-layer", layer, _megatron_attention(layer, "o_proj"), 2
+    ) == [
+        f"{attn}.num_heads",
+        f"{attn}.num_key_value_heads",
+    ]
+    layers = [b for b in result.plan.blocks if ".self_attn." in "".join(b.tp_plan)]
+    assert layers
+    for b in layers:
+        attn = f"{b.name}.self_attn"
+        assert b.tp_local_attributes == [f"{attn}.num_heads", f"{attn}.num_key_value_heads"]
+        assert b.tp_plan[f"{attn}.q_proj"] == "colwise"
 
 
-def test_opt_attention_is_planned_on_dtensors_not_misread():
-    """With the probe, OPT's pinned TP plan keeps its column-parallel outputs DTensors (the
-    code then reads global shapes) instead of handing the code a shard it misreads."""
+def test_opt_attention_is_split_by_heads_with_its_local_head_count():
+    """With the probe, OPT's pinned TP plan runs its attention split by heads on plain local
+    shards (Megatron's split), each rank's ``self_attn.num_heads`` set to its own count, instead
+    of handing the code a shard it misreads or keeping it on DTensors."""
     mf = load_model_file(MODELS / "opt.py", {"size": "tiny"})
     result = plan(
         mf, 2, profile="cpu", dtype="fp32", use_cache=False,
         pins=Pins(tp=2, dp=1, pp=1, tp_variant="sharded"),
     )  # fmt: skip
-    for b in result.plan.blocks:
+    layers = [b for b in result.plan.blocks if b.block_class == "OPTDecoderLayer"]
+    assert len(layers) == 2
+    for b in layers:
+        assert b.tp_local_attributes == [f"{b.name}.self_attn.num_heads"]
         for fqn, style in b.tp_plan.items():
-            if fqn.endswith(("q_proj", "k_proj", "v_proj")):
-                assert style == "colwise_dtensor", (fqn, style)
+            if fqn.endswith(("q_proj", "k_proj", "v_proj", "fc1")):
+                assert style == "colwise", (fqn, style)
 
 
 def test_a_module_with_its_own_forward_is_never_styled():

@@ -171,8 +171,8 @@ EXTRA: list[tuple] = [
     # Tied output projections (transformers GPT-2 and OPT, tests/models/): one FSDP unit for
     # the sharing modules under ZeRO-3, the copies' gradients summed across pipeline stages,
     # replicated under TP; OPT also has a positional embedding with its own forward, a view
-    # that fixes the head count (its attention runs on DTensors, sharded by heads) and
-    # transposed outputs sent between stages.
+    # that fixes the head count (its attention split by heads, each rank's num_heads set to
+    # its own count) and transposed outputs sent between stages.
     ("tied-zero3-dp4", "gpt2", 4, dict(tp=1, dp=4, pp=1, zero=3, micro_batch_size=1)),
     (
         "tied-pp2-1f1b",
@@ -204,7 +204,8 @@ EXTRA: list[tuple] = [
     ("heads-dp2xtp2-zero3", "gpt2", 4, dict(tp=2, dp=2, pp=1, zero=3, micro_batch_size=2)),
     # Qwen3's per-head q/k norms: replicated weights whose gradients are summed over TP
     ("qk-norm-tp2", "qwen3", 2, dict(tp=2, dp=1, pp=1, zero=0, micro_batch_size=4)),
-    # StableLM's head-count views run on DTensors, partial rotary tables meet them in backward
+    # StableLM's head-count views run split by heads with its local head counts (q by num_heads,
+    # k and v by num_key_value_heads), partial rotary tables meet them in backward
     ("headcount-view-tp2", "stablelm", 2, dict(tp=2, dp=1, pp=1, zero=0, micro_batch_size=4)),
     # Qwen3-MoE's q/k norm weights are replicas inside a DTensor block: DTensor gradients
     ("dtensor-grads-tp2", "qwen3_moe", 2, dict(tp=2, dp=1, pp=1, zero=0, micro_batch_size=4)),
@@ -555,6 +556,15 @@ def test_plan_trains_like_one_process(runs, case):
         assert first["m.canine.initial_char_encoder.layer.0.attention.self.query"] == (
             "colwise_dtensor"
         )
+    if case.model == "opt" and want["tp"] > 1:  # split by heads on plain local tensors:
+        # each rank's attention views by its own head count (runtime.local_attributes)
+        for b in plan["blocks"][1:-1]:
+            assert b["tp_local_attributes"] == [f"{b['name']}.self_attn.num_heads"], b
+            assert b["tp_plan"][f"{b['name']}.self_attn.q_proj"] == "colwise", b
+    if "-headcount-view-" in cid:  # q by num_heads, k and v by num_key_value_heads
+        for b in plan["blocks"][1:-1]:
+            attn = f"{b['name']}.self_attn"
+            assert b["tp_local_attributes"] == [f"{attn}.num_heads", f"{attn}.num_key_value_heads"]
     if "-inplace-logits-" in cid:  # the head is split, its output gathered
         assert plan["blocks"][-1]["tp_plan"]["head"] == "colwise_gather"
     if "-shared-embedding-" in cid:  # the decoder's weight whole, no parameter summed twice

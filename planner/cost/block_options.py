@@ -158,6 +158,7 @@ def block_options(
                         transient_bytes=block.transient_bytes * scale * cf,
                         tp_plan=tuple(sorted(v.tp_plan.items())),
                         tp_grad_sums=v.grad_sums,
+                        tp_local_attributes=v.local_attributes,
                         ep=ep,
                         expert_params=expert_total / ep,
                         ep_comm_s=ep_comm,

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import hashlib
+import itertools
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -63,9 +64,15 @@ class EagerShardProbe:
                 pass  # a cache that cannot be written only costs time
 
     def notes(self) -> list[str]:
-        """One line per block module whose code misreads some local shard (its first reason)."""
+        """One line per block module whose code misreads some local shard (its first reason),
+        or whose head-count attributes the runtime sets to their local values."""
         first: dict[str, str] = {}
-        for key, (reason, _) in sorted(self.verdicts.items()):
+        for key, (reason, _, fix) in sorted(self.verdicts.items()):
+            if reason and fix:
+                reason = (
+                    f"{reason.partition(':')[0]}: its code views by a fixed head count; each "
+                    f"rank runs it with {', '.join(fix)} set to the local count (split by heads)"
+                )
             if reason:
                 first.setdefault(json.loads(key)[0], reason)
         return [f"tensor parallelism: {r}" for _, r in sorted(first.items())]
@@ -127,76 +134,144 @@ class EagerShardProbe:
         first misread reshape of a rejected ``tp_plan`` derives from."""
         return set(self._verdict(cls, module, tp_plan, t)[1])
 
+    def local_attributes(self, cls: str, module: str, tp_plan: dict[str, str], t: int) -> list[str]:
+        """For a rejected ``tp_plan``: the attribute paths (full, under ``module``) that, each
+        divided by ``t`` on every rank, make the code read its shards as priced (a view by
+        ``self.num_heads``, see ``_local_fix``); [] when none does or none is needed."""
+        fix = self._verdict(cls, module, tp_plan, t)[2]
+        return [_join(module, rel) for rel in fix]
+
     def _verdict(self, cls: str, module: str, tp_plan: dict[str, str], t: int) -> list:
         if not tp_plan or {base_style(s) for s in tp_plan.values()} - {
             "colwise",
             "colwise_gather",
             "rowwise",
         }:
-            return ["", []]
+            return ["", [], []]
         plan = _relative(tp_plan, module)
         key = json.dumps([cls, t, sorted(plan.items())])
         if key not in self.verdicts:
             from planner.trace.export import quiet_torch_logs
 
             with quiet_torch_logs():  # fake tensors log each failing meta kernel at ERROR
-                reason, blame = self._probe(module, plan, t)
-            self.verdicts[key] = [reason, sorted(blame)]
+                reason, blame, fix = self._probe(module, plan, t)
+            self.verdicts[key] = [reason, sorted(blame), fix]
             self._probed += 1
         return self.verdicts[key]
 
-    def _probe(self, module: str, plan: dict[str, str], t: int) -> tuple[str, set[str]]:
-        import torch
-
-        from planner.cost.reshapes import Reshapes
-
+    def _probe(self, module: str, plan: dict[str, str], t: int) -> tuple[str, set[str], list]:
+        """The verdict on ``plan`` for ``module``'s code, and the head-count attributes whose
+        local values make a misreading code read its shards right (see ``_local_fix``)."""
         model = self._load()
         if module not in self._inputs:
-            return "", set()
-        args, kwargs = self._inputs[module]
+            return "", set(), []
         whole = model.get_submodule(module)
         local = copy.deepcopy(whole)
         for rel, style in plan.items():
             _cut(local.get_submodule(rel) if rel else local, style, t)
-        ran = []
-        for m in (whole, local):
-            rec = Reshapes()
-            handles = [
-                m.get_submodule(rel).register_forward_hook(
-                    lambda _m, _a, out, rel=rel, rec=rec: rec.mark(out, rel)
-                )
-                for rel, style in plan.items()
-                if base_style(style) == "colwise" and rel
-            ]
-            try:
-                with (
-                    torch.no_grad(),
-                    torch.device("meta"),
-                    self._mode or contextlib.nullcontext(),
-                    rec,
-                ):
-                    m(*args, **kwargs)
-            except Exception as exc:  # the user's code on local shards: any failure counts
-                if not ran:
-                    # the whole block fails here too (a kernel the meta device lacks for this
-                    # dtype: torch's grouped product of experts takes bf16 only): the probe
-                    # cannot tell, which is no reason to refuse the shards
-                    return "", set()
-                # a misread reshape before the failure (OPT's eager attention scores, keyed
-                # by half the sequence, then fail to broadcast with the mask) is to blame
-                found = _first_misplaced(module, ran[0][: len(rec.seen)], rec.seen, t)
-                if found[1]:
-                    return found
-                return (
-                    f"{module}: its code fails on local shards "
-                    f"({type(exc).__name__}: {' '.join(str(exc).split())[:120]})",
-                    set(rec.failed),  # the column-parallel outputs the failing op reads
-                )
-            finally:
-                for h in handles:
-                    h.remove()
-            ran.append(rec.seen)
-        return _first_misplaced(module, ran[0], ran[1], t)
+        seen, _, exc = self._run(whole, module, plan)
+        if exc is not None:
+            # the whole block fails here too (a kernel the meta device lacks for this dtype:
+            # torch's grouped product of experts takes bf16 only): the probe cannot tell,
+            # which is no reason to refuse the shards
+            return "", set(), []
+        reason, blame = self._judge(module, plan, t, seen, local)
+        if not reason:
+            return "", set(), []
+        return reason, blame, _local_fix(self, module, plan, t, seen, local)
+
+    def _run(
+        self, m: nn.Module, module: str, plan: dict[str, str]
+    ) -> tuple[list, frozenset, Exception | None]:
+        """Run ``m`` (the block or its local copy) on the block's captured inputs: the reshapes
+        it ran, what the op that raised derives from, and the exception (None: it ran)."""
+        import torch
+
+        from planner.cost.reshapes import Reshapes
+
+        args, kwargs = self._inputs[module]
+        rec = Reshapes()
+        handles = [
+            m.get_submodule(rel).register_forward_hook(
+                lambda _m, _a, out, rel=rel, rec=rec: rec.mark(out, rel)
+            )
+            for rel, style in plan.items()
+            if base_style(style) == "colwise" and rel
+        ]
+        try:
+            with (
+                torch.no_grad(),
+                torch.device("meta"),
+                self._mode or contextlib.nullcontext(),
+                rec,
+            ):
+                m(*args, **kwargs)
+        except Exception as exc:  # the user's code on local shards: any failure counts
+            return rec.seen, rec.failed, exc
+        finally:
+            for h in handles:
+                h.remove()
+        return rec.seen, rec.failed, None
+
+    def _judge(
+        self, module: str, plan: dict[str, str], t: int, whole: list, local: nn.Module
+    ) -> tuple[str, set[str]]:
+        """Why ``local`` (the block with its weights cut) misreads its shards, and the
+        column-parallel modules to blame; ("", set()) when it runs as priced."""
+        seen, failed, exc = self._run(local, module, plan)
+        if exc is None:
+            return _first_misplaced(module, whole, seen, t)
+        # a misread reshape before the failure (OPT's eager attention scores, keyed by half
+        # the sequence, then fail to broadcast with the mask) is to blame
+        found = _first_misplaced(module, whole[: len(seen)], seen, t)
+        if found[1]:
+            return found
+        return (
+            f"{module}: its code fails on local shards "
+            f"({type(exc).__name__}: {' '.join(str(exc).split())[:120]})",
+            set(failed),  # the column-parallel outputs the failing op reads
+        )
+
+
+# The most head-count attribute sets one probe tries (each is one meta forward of the block).
+MAX_FIXES = 64
+
+
+def _local_fix(
+    probe: EagerShardProbe, module: str, plan: dict[str, str], t: int, whole: list, local
+) -> list[str]:
+    """The integer attributes of the block's modules (paths relative to ``module``) that, set
+    to their value over ``t`` on each rank, make its code read its local shards as the plan
+    prices them; [] when none does.
+
+    A view that fixes the head count (transformers' OPT, Whisper, PatchTST:
+    ``view(bsz, -1, self.num_heads, self.head_dim)``) reads the count from an attribute of
+    the module. Under heads split over ``t`` ranks each holds ``num_heads / t`` of them, so the
+    same code with ``num_heads`` set to the local count views its shard by its own heads: what
+    Megatron's attention does. The candidates are the module attributes that hold some size a
+    reshape of a column-parallel output in the whole block fixes and that ``t`` divides, held
+    by modules that hold no weight of their own (a Linear's ``out_features`` is not read by
+    its code); each alone, then each pair, is set on a copy of the local block, which must
+    then run every reshape as the ILP's rule moves the split dim. The runtime sets the same
+    attributes on each rank (``runtime.local_attributes``)."""
+    fixed = {d for _, _, g_out, came in whole if came for d in g_out}
+    candidates = [
+        (rel, name)
+        for rel, sub in local.named_modules()
+        if not any(True for _ in sub.parameters(recurse=False))  # code, not a weight's holder
+        for name, value in vars(sub).items()
+        if type(value) is int and value > 1 and value % t == 0 and value in fixed
+    ]
+    # one attribute, else two (StableLM views q by num_heads, k and v by num_key_value_heads)
+    tries = [[c] for c in candidates] + [list(p) for p in itertools.combinations(candidates, 2)]
+    for chosen in tries[:MAX_FIXES]:
+        trial = copy.deepcopy(local)
+        for rel, name in chosen:
+            sub = trial.get_submodule(rel)
+            setattr(sub, name, getattr(sub, name) // t)
+        if not probe._judge(module, plan, t, whole, trial)[0]:
+            return sorted(f"{rel}.{name}" if rel else name for rel, name in chosen)
+    return []
 
 
 def _relative(tp_plan: dict[str, str], module: str) -> dict[str, str]:

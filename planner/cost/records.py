@@ -44,6 +44,7 @@ class BlockOption:
     transient_bytes: float  # working memory of the block's largest op
     tp_plan: tuple[tuple[str, str], ...] = ()
     tp_grad_sums: tuple[str, ...] = ()  # see sharding.TPVariant.grad_sums
+    tp_local_attributes: tuple[str, ...] = ()  # see sharding.TPVariant.local_attributes
     param_tensors: int = 0  # parameter tensors the block owns (the optimizer steps each)
     product_params: float = 0.0  # of ``params``: products' weights (``product_share``)
     # Expert parallelism: ``expert_params`` is the share of ``params`` that is this device's

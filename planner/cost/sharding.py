@@ -111,6 +111,10 @@ class TPVariant:
     # sharded computation: a per-head norm's weight under heads split): the runtime sums
     # their gradients over the TP group, as priced (the "gp" all-reduce of sharding_milp)
     grad_sums: tuple[str, ...] = ()
+    # module attributes (full paths: "layers.0.self_attn.num_heads") the runtime divides by
+    # ``tp`` on each rank: the head count a view of the block's code fixes (see
+    # ``eager_probe._local_fix``), so the heads split as priced
+    local_attributes: tuple[str, ...] = ()
 
 
 # --------------------------------------------------------------------------- the op model

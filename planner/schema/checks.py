@@ -154,6 +154,12 @@ def _check_blocks(plan: dict, where: str) -> None:
             raise UserInputError(
                 f"plan {where}: block {b['name']!r} has a bad tp_grad_sums (a list of modules)"
             )
+        local = b.get("tp_local_attributes", [])
+        if not isinstance(local, list) or not all(isinstance(x, str) and x for x in local):
+            raise UserInputError(
+                f"plan {where}: block {b['name']!r} has a bad tp_local_attributes (a list of "
+                "module attribute paths)"
+            )
         bad = [v for v in b["tp_plan"].values() if not is_tp_style(v)]
         if bad:
             raise UserInputError(

@@ -101,6 +101,9 @@ class BlockPlan:
     # modules whose own (replicated) parameters' gradients are summed over the TP group: each
     # rank computed its share of them (a per-head norm's weight with the heads split)
     tp_grad_sums: list[str] = field(default_factory=list)
+    # module attributes ("layers.0.self_attn.num_heads") each rank divides by the TP degree:
+    # the head count a view in the module's code fixes, so it views its own heads
+    tp_local_attributes: list[str] = field(default_factory=list)
     block_class: str = field(default="", metadata={JSON_KEY: "class"})  # identical blocks share it
     params: int = 0
     tp_variant: str = "replicated"
