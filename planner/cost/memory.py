@@ -28,12 +28,15 @@ def option_states(
     replicas under ZeRO 2/3 (FSDP units of their own over those ranks); under ZeRO-1 they keep
     whole optimizer states beside the dense parameters' sharded ones, as the runtime runs it
     (torch's ZeroRedundancyOptimizer cannot hold their DTensors). ``deferred`` (see
-    ``deferred_reduce``): weights and gradients stay whole, as ZeRO-1's."""
+    ``deferred_reduce``): weights and gradients stay whole, as ZeRO-1's, the gradients
+    accumulated unreduced at ``Training.reduce_bytes``."""
     if zero == 1 and o.expert_params:
         dense = state_memory(o.dense_params, 1, dp, o.offload, training)
         experts = state_memory(o.expert_params, 0, 1, o.offload, training)
         return {k: dense[k] + experts[k] for k in dense}
-    return state_memory(o.params, 1 if deferred else zero, dp, o.offload, training, o.zero_params)
+    return state_memory(
+        o.params, 1 if deferred else zero, dp, o.offload, training, o.zero_params, deferred
+    )
 
 
 def state_memory(
@@ -43,14 +46,19 @@ def state_memory(
     offload: str,
     training: Training,
     sharded: float | None = None,
+    accumulated: bool = False,
 ) -> dict[str, float]:
     """Weights, gradients and optimizer states per device (ZeRO paper, Sec. 5), after offload.
 
     ZeRO-1 shards optimizer states over DP, ZeRO-2 also gradients, ZeRO-3 also weights.
     ``Offload.OPTIMIZER`` moves optimizer states to host memory (ZeRO-Offload); ``Offload.PARAMS``
     also keeps the weights and gradients there between uses (FSDP2 CPUOffloadPolicy).
-    ``sharded``: what ZeRO divides by dp when it differs from ``params`` (expert parallelism)."""
+    ``sharded``: what ZeRO divides by dp when it differs from ``params`` (expert parallelism).
+    ``accumulated``: the whole gradients are FSDP2's unsharded accumulation over a deferring
+    pipeline's micro-batches (``deferred_reduce``), held at ``Training.reduce_bytes``."""
     wb, gb, ob = training.state_bytes
+    if accumulated:
+        gb = training.reduce_bytes
     z = params if sharded is None else sharded
     w = z * wb / dp if zero >= 3 else params * wb
     g = z * gb / dp if zero >= 2 else params * gb
@@ -128,8 +136,9 @@ def tied_memory(inp: CostInputs, config: Config, last: bool) -> float:
                 share = min(1.0, held / max(inp.blocks[c.owner].params, 1))
                 total += c.numel * share * tr.state_bytes[0] * (1 - 1 / mesh.replicas)
         elif last or not c.spans_model(len(inp.blocks)):
-            zero = 1 if deferred_reduce(config, tr) else config.zero_stage
-            sm = state_memory(c.numel, zero, mesh.replicas, Offload.NONE, tr)
+            deferred = deferred_reduce(config, tr)
+            zero = 1 if deferred else config.zero_stage
+            sm = state_memory(c.numel, zero, mesh.replicas, Offload.NONE, tr, None, deferred)
             total += sm["params"] + sm["grads"] + sm["optimizer"]
     return total
 
