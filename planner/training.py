@@ -144,6 +144,11 @@ class Training:
     # is sent, deallocate_output_tensor; DeepSpeed's pipeline engine keeps only its TP
     # partition). See ``pipeline_buffer_bytes``.
     microbatch_recv_buffers: bool = True
+    # ... those buffers allocated when their receive is posted and dropped after their
+    # micro-batch's backward (runtime.pipeline_buffers, meshplan's runtime: ``on_devices``),
+    # so a stage holds its in-flight outputs and one buffer each way. Off: torch's own stage
+    # (torchtitan's runs). See ``pipeline_buffer_bytes``.
+    released_recv_buffers: bool = False
     # How the data-parallel wrapper moves weights and gradients through device memory beyond
     # the model's own kernels (``dp_copy_bytes``): "torch", meshplan's runtime (FSDP2's
     # fully_shard and replicate units, DDP); "none", frameworks whose 16-bit weights are the
@@ -274,8 +279,11 @@ def moe_factor(cfg: Mapping[str, Any], key: str) -> float:
 def on_devices(training: Training, gpu: bool) -> Training:
     """``training`` as meshplan's runtime trains on these ranks: on GPUs it steps with torch's
     fused kernel (``fused_optimizer``) and casts parameters to the 16-bit compute dtype on the
-    device (``device_casts``); on CPU ranks neither."""
-    return dataclasses.replace(training, fused_optimizer=gpu, device_casts=gpu)
+    device (``device_casts``); on CPU ranks neither; on both its pipeline stages free their
+    receive buffers once consumed (``released_recv_buffers``)."""
+    return dataclasses.replace(
+        training, fused_optimizer=gpu, device_casts=gpu, released_recv_buffers=True
+    )
 
 
 def replica_counts(global_batch_size: int, dp: int, micro_batch_size: int) -> tuple[int, int]:

@@ -65,7 +65,7 @@ def test_runtime_reduces_in_bf16_like_one_process(tmp_path, monkeypatch):
     data.update(dtype="bf16", reduce_dtype="bf16")
     path.write_text(json.dumps(data))
     env = {**worker_env(), "PLAN": str(path)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     cmd += [str(ROOT / "tests" / "scripts" / "half_reduce.py")]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-4000:]
