@@ -40,8 +40,17 @@ def release_consumed_buffers(stage: Any) -> Any:
     their receive is posted and freed after the micro-batch's backward (see the module's
     docstring). Returns the stage."""
     device = stage.device
-    fwd_recv, bwd_recv = stage.get_fwd_recv_ops, stage.get_bwd_recv_ops
-    backward = stage.backward_one_chunk
+
+    # the class's own methods, looked up at each call: a stage whose class changes later
+    # (runtime.uneven_tp.uneven_stage) keeps its routing under these wrappers
+    def fwd_recv(chunk: int) -> list:
+        return type(stage).get_fwd_recv_ops(stage, chunk)
+
+    def bwd_recv(chunk: int) -> list:
+        return type(stage).get_bwd_recv_ops(stage, chunk)
+
+    def backward(chunk: int, *args: Any, **kwargs: Any) -> Any:
+        return type(stage).backward_one_chunk(stage, chunk, *args, **kwargs)
 
     def get_fwd_recv_ops(fwd_chunk_id: int) -> list:
         if fwd_chunk_id == 0:  # a step begins: none is in use (the first step's, made at once)
