@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from runs import forced_plan
 
+from meshplan.cli import main
 from planner.cost.memory import state_memory
 from planner.errors import UserInputError
 from planner.schema import Plan
@@ -42,6 +43,16 @@ def test_reduce_dtype_is_fp32_or_the_training_dtype():
     assert training_from({"reduce_dtype": "bf16"}, "m.py").half_grad_reduce
     with pytest.raises(UserInputError, match="reduce_dtype 'bf16' must be fp32 or the training"):
         training_from({}, "m.py", dtype="fp32", reduce_dtype="bf16")
+
+
+def test_reduce_dtype_other_than_the_training_dtype_is_one_line_exit_2(
+    tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path))
+    code = main(["examples/mlp.py", "--gpus", "2", "--dtype", "fp32", "--reduce-dtype", "bf16"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "reduce_dtype 'bf16' must be fp32 or the training dtype 'fp32'" in err
 
 
 def test_plans_without_reduce_dtype_load_with_fp32(tmp_path, monkeypatch):
