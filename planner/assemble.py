@@ -152,6 +152,7 @@ def build_plan(
         dtype=training.dtype,
         optimizer=training.optimizer,
         lr=training.lr,
+        reduce_dtype=training.reduce_dtype,
         stages=stage_records(best, traced.blocks, training),
         blocks=block_records(best, result.inputs[best.key], traced.blocks, training),
         predicted=with_error_bar(prediction(best.cost, traced), cluster.profile.name, mesh),

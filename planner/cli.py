@@ -100,6 +100,11 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=sorted(DTYPES), help="overrides TRAINING")
     p.add_argument("--optimizer", choices=OPTIMIZERS, help="overrides TRAINING")
     p.add_argument("--lr", type=positive_float, help="learning rate; overrides TRAINING")
+    p.add_argument(
+        "--reduce-dtype",
+        choices=sorted(DTYPES),
+        help="gradients reduced and accumulated in fp32 (default) or in the 16-bit dtype",
+    )
     p.add_argument("--no-cache", action="store_true", help="trace again even if cached")
 
 
@@ -224,6 +229,7 @@ def cmd_plan(argv: list[str], run: RunPlan | None = None) -> int:
         dtype=args.dtype,
         optimizer=args.optimizer,
         lr=args.lr,
+        reduce_dtype=args.reduce_dtype,
     )
     if "torchrec" in mf.source and _uses_torchrec(mf):  # embedding tables: planner/recsys
         from planner.recsys.command import run as run_recsys

@@ -144,6 +144,11 @@ class Training:
     # is sent, deallocate_output_tensor; DeepSpeed's pipeline engine keeps only its TP
     # partition). See ``pipeline_buffer_bytes``.
     microbatch_recv_buffers: bool = True
+    # ... those buffers allocated when their receive is posted and dropped after their
+    # micro-batch's backward (runtime.pipeline_buffers, meshplan's runtime: ``on_devices``),
+    # so a stage holds its in-flight outputs and one buffer each way. Off: torch's own stage
+    # (torchtitan's runs). See ``pipeline_buffer_bytes``.
+    released_recv_buffers: bool = False
     # How the data-parallel wrapper moves weights and gradients through device memory beyond
     # the model's own kernels (``dp_copy_bytes``): "torch", meshplan's runtime (FSDP2's
     # fully_shard and replicate units, DDP); "none", frameworks whose 16-bit weights are the
@@ -156,6 +161,13 @@ class Training:
     device_casts: bool = True
     # The learning rate the runtime trains with (recorded in the plan; no cost depends on it).
     lr: float = DEFAULT_LR
+    # Gradients reduced, and accumulated unreduced between micro-batches, in the 16-bit
+    # compute dtype (FSDP2's MixedPrecisionPolicy(reduce_dtype=param_dtype): the unsharded
+    # 16-bit gradient is kept as it is, not upcast to an fp32 accumulator, and reduce-scattered
+    # as it is; the reduced shard is still cast to the fp32 parameter's dtype). Off: fp32
+    # (reduce_dtype=float32, the runtime's default and Meta's Llama 3 setting). See
+    # ``reduce_bytes``; the plan records it as ``reduce_dtype``.
+    half_grad_reduce: bool = False
 
     @property
     def mixed(self) -> bool:
@@ -167,6 +179,19 @@ class Training:
         the fp32 parameters' (4), a persistent buffer's those of ``STATE_BYTES``."""
         wb, gb, ob = STATE_BYTES[(self.optimizer, self.mixed)]
         return wb, gb if self.persistent_grad_buffers else FP32_BYTES, ob
+
+    @property
+    def reduce_dtype(self) -> str:
+        """The dtype word gradients are reduced in: the training dtype under
+        ``half_grad_reduce``, else fp32."""
+        return self.dtype if self.half_grad_reduce and self.mixed else DType.FP32.value
+
+    @property
+    def reduce_bytes(self) -> int:
+        """Bytes per gradient element that the data-parallel reduction moves and that an
+        unsharded gradient accumulated over micro-batches holds (``deferred_reduce``): 2 under
+        ``half_grad_reduce``, else the gradients' own width (``state_bytes``)."""
+        return 2 if self.reduce_dtype != DType.FP32.value else self.state_bytes[1]
 
     @property
     def fused_step(self) -> bool:
@@ -193,15 +218,19 @@ def training_from(
     dtype: str | None = None,
     optimizer: str | None = None,
     lr: float | None = None,
+    reduce_dtype: str | None = None,
 ) -> Training:
     """``Training`` from a model file's ``TRAINING`` (``source`` names the file in errors) with
-    the command line's values over it, validated: each problem one line naming the key."""
+    the command line's values over it, validated: each problem one line naming the key.
+    ``reduce_dtype`` (TRAINING's "reduce_dtype"): fp32, or the training dtype itself
+    (``Training.half_grad_reduce``)."""
     cfg = {**TRAINING_DEFAULTS, **file_training}
     for key, value in (
         ("global_batch_size", global_batch_size),
         ("dtype", dtype),
         ("optimizer", optimizer),
         ("lr", lr),
+        ("reduce_dtype", reduce_dtype),
     ):
         if value is not None:
             cfg[key] = value
@@ -220,6 +249,12 @@ def training_from(
     rate = cfg["lr"]
     if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate > 0:
         raise UserInputError(f"{source}: TRAINING lr must be a positive number, got {rate!r}")
+    reduce = cfg.get("reduce_dtype", DType.FP32.value)
+    if reduce not in (DType.FP32.value, cfg["dtype"]):
+        raise UserInputError(
+            f"{source}: reduce_dtype {reduce!r} must be fp32 or the training dtype "
+            f"{cfg['dtype']!r} (gradients are reduced in fp32 or in the compute dtype)"
+        )
     return Training(
         gbs,
         DType(cfg["dtype"]).value,
@@ -227,6 +262,7 @@ def training_from(
         moe_factor(cfg, "moe_capacity_factor"),
         moe_factor(cfg, "moe_imbalance"),
         lr=float(rate),
+        half_grad_reduce=reduce != DType.FP32.value,
     )
 
 
@@ -243,8 +279,11 @@ def moe_factor(cfg: Mapping[str, Any], key: str) -> float:
 def on_devices(training: Training, gpu: bool) -> Training:
     """``training`` as meshplan's runtime trains on these ranks: on GPUs it steps with torch's
     fused kernel (``fused_optimizer``) and casts parameters to the 16-bit compute dtype on the
-    device (``device_casts``); on CPU ranks neither."""
-    return dataclasses.replace(training, fused_optimizer=gpu, device_casts=gpu)
+    device (``device_casts``); on CPU ranks neither; on both its pipeline stages free their
+    receive buffers once consumed (``released_recv_buffers``)."""
+    return dataclasses.replace(
+        training, fused_optimizer=gpu, device_casts=gpu, released_recv_buffers=True
+    )
 
 
 def replica_counts(global_batch_size: int, dp: int, micro_batch_size: int) -> tuple[int, int]:

@@ -38,6 +38,7 @@ from runtime.parallelize import (
     shard_experts,
     sum_partial_gradients,
 )
+from runtime.pipeline_buffers import release_consumed_buffers
 from runtime.tied import TiedGrads, tied_grads, untie_between
 from runtime.uneven_tp import stage_meshes, uneven_stage
 
@@ -335,7 +336,7 @@ def _build_pipeline(
                 "it trains in fp32, not the plan's 16-bit dtype (plan with ZeRO 0, 2 or 3)"
             )
         pipe.split_gm.register_module(stage_module_name(i), wrapped)
-        stage = pipe.build_stage(i, device, group=mesh["pp"].get_group())
+        stage = release_consumed_buffers(pipe.build_stage(i, device, group=mesh["pp"].get_group()))
         if plan.mesh.uneven:
             own = plan.stages_of(pp_rank)[0]
             step_microbatches = own.num_microbatches * plan.mesh.dp_of(pp_rank)

@@ -674,9 +674,7 @@ def apply_data_parallel(
     read_outside = frozenset(plan.model.read_outside or [])
     zero = plan.zero_stage
     on_gpu = device.type == "cuda"
-    mp = MixedPrecisionPolicy()
-    if on_gpu and plan.dtype in HALF:
-        mp = MixedPrecisionPolicy(param_dtype=HALF[plan.dtype], reduce_dtype=torch.float32)
+    mp = mixed_precision(plan, device)
     has_dtensors = any(
         isinstance(p, torch.distributed.tensor.DTensor)
         for p in root.parameters()
@@ -754,6 +752,18 @@ def apply_data_parallel(
     return root
 
 
+def mixed_precision(plan: Plan, device: torch.device) -> MixedPrecisionPolicy:
+    """FSDP2's (and replicate's) precision for the plan on ``device``: on GPUs a 16-bit plan
+    computes in its dtype and reduces gradients in the plan's ``reduce_dtype`` (fp32, or the
+    16-bit dtype itself: the unsharded gradients then accumulate over micro-batches and are
+    reduce-scattered in 16 bits, the reduced shard cast back to the fp32 parameter's dtype);
+    CPU ranks train in fp32 and cast nothing."""
+    if device.type != "cuda" or plan.dtype not in HALF:
+        return MixedPrecisionPolicy()
+    reduce = HALF.get(plan.reduce_dtype, torch.float32)
+    return MixedPrecisionPolicy(param_dtype=HALF[plan.dtype], reduce_dtype=reduce)
+
+
 def ddp_autocast_dtype(model: nn.Module, plan: Plan, device: torch.device) -> torch.dtype | None:
     """The 16-bit dtype a GPU plan's forward must run under ``torch.autocast`` when DDP holds
     the model (ZeRO-1: torch's ZeroRedundancyOptimizer cannot hold replicate's DTensors):
@@ -778,9 +788,7 @@ def shard_experts(
     if plan.zero_stage < 2 or edp_mesh.size() == 1 or not experts:
         return experts
     ids = {id(p) for p in experts}
-    mp = MixedPrecisionPolicy()
-    if device.type == "cuda" and plan.dtype in HALF:
-        mp = MixedPrecisionPolicy(param_dtype=HALF[plan.dtype], reduce_dtype=torch.float32)
+    mp = mixed_precision(plan, device)
     modules = [
         m
         for m in root.modules()

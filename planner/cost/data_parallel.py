@@ -162,7 +162,8 @@ def _affine(kind: str, cluster: Cluster, ranks: list[int], bytes_per_param: floa
 
 def dp_rates(inp: CostInputs, config: Config, pp_rank: int = 0) -> DPRates:
     tr, mesh = inp.training, config.mesh
-    wb, gb, _ = tr.state_bytes
+    # FSDP2 and replicate reduce in the plan's reduce_dtype; ZeRO-1's DDP in the fp32 grads'
+    wb, gb = tr.state_bytes[0], tr.reduce_bytes if config.zero_stage != 1 else tr.state_bytes[1]
     ranks = mesh.dp_group(pp_rank)
     return DPRates(
         replicas=mesh.replicas,

@@ -28,12 +28,15 @@ def option_states(
     replicas under ZeRO 2/3 (FSDP units of their own over those ranks); under ZeRO-1 they keep
     whole optimizer states beside the dense parameters' sharded ones, as the runtime runs it
     (torch's ZeroRedundancyOptimizer cannot hold their DTensors). ``deferred`` (see
-    ``deferred_reduce``): weights and gradients stay whole, as ZeRO-1's."""
+    ``deferred_reduce``): weights and gradients stay whole, as ZeRO-1's, the gradients
+    accumulated unreduced at ``Training.reduce_bytes``."""
     if zero == 1 and o.expert_params:
         dense = state_memory(o.dense_params, 1, dp, o.offload, training)
         experts = state_memory(o.expert_params, 0, 1, o.offload, training)
         return {k: dense[k] + experts[k] for k in dense}
-    return state_memory(o.params, 1 if deferred else zero, dp, o.offload, training, o.zero_params)
+    return state_memory(
+        o.params, 1 if deferred else zero, dp, o.offload, training, o.zero_params, deferred
+    )
 
 
 def state_memory(
@@ -43,14 +46,19 @@ def state_memory(
     offload: str,
     training: Training,
     sharded: float | None = None,
+    accumulated: bool = False,
 ) -> dict[str, float]:
     """Weights, gradients and optimizer states per device (ZeRO paper, Sec. 5), after offload.
 
     ZeRO-1 shards optimizer states over DP, ZeRO-2 also gradients, ZeRO-3 also weights.
     ``Offload.OPTIMIZER`` moves optimizer states to host memory (ZeRO-Offload); ``Offload.PARAMS``
     also keeps the weights and gradients there between uses (FSDP2 CPUOffloadPolicy).
-    ``sharded``: what ZeRO divides by dp when it differs from ``params`` (expert parallelism)."""
+    ``sharded``: what ZeRO divides by dp when it differs from ``params`` (expert parallelism).
+    ``accumulated``: the whole gradients are FSDP2's unsharded accumulation over a deferring
+    pipeline's micro-batches (``deferred_reduce``), held at ``Training.reduce_bytes``."""
     wb, gb, ob = training.state_bytes
+    if accumulated:
+        gb = training.reduce_bytes
     z = params if sharded is None else sharded
     w = z * wb / dp if zero >= 3 else params * wb
     g = z * gb / dp if zero >= 2 else params * gb
@@ -128,8 +136,9 @@ def tied_memory(inp: CostInputs, config: Config, last: bool) -> float:
                 share = min(1.0, held / max(inp.blocks[c.owner].params, 1))
                 total += c.numel * share * tr.state_bytes[0] * (1 - 1 / mesh.replicas)
         elif last or not c.spans_model(len(inp.blocks)):
-            zero = 1 if deferred_reduce(config, tr) else config.zero_stage
-            sm = state_memory(c.numel, zero, mesh.replicas, Offload.NONE, tr)
+            deferred = deferred_reduce(config, tr)
+            zero = 1 if deferred else config.zero_stage
+            sm = state_memory(c.numel, zero, mesh.replicas, Offload.NONE, tr, None, deferred)
             total += sm["params"] + sm["grads"] + sm["optimizer"]
     return total
 
@@ -160,15 +169,10 @@ def fixed_memory(inp: CostInputs, config: Config, pp_rank: int) -> float:
 
 
 def pipeline_buffer_bytes(inp: CostInputs, config: Config, pp_rank: int) -> float:
-    """Bytes of pipeline buffers on ``pp_rank``, b the activation crossing a cut per
-    micro-batch. Under ``Training.microbatch_recv_buffers`` (torch's pipelining, measured on
-    gloo: after a step of m = 8, stage 0 kept 8 output-gradient buffers, stage 1 kept 8
-    activation buffers, and stage 0's cache held each output until its backward), per virtual
-    stage holding ``chunk_held`` micro-batches h: the activation buffers of the micro-batches
-    not in flight, (m - h) b (the h in flight are the first block's saved input, already
-    counted), and the input gradient being sent back, b, on every stage but the first; m
-    output-gradient buffers and h kept outputs, (m + h) b, on every stage but the last.
-    Otherwise one send and one receive buffer, 2 b."""
+    """Bytes of pipeline buffers on ``pp_rank``: ``held_boundaries`` of each of its virtual
+    stages times b, the activation crossing a cut per micro-batch (1/tp of it where the
+    pipeline sends sequence shards). Without ``Training.microbatch_recv_buffers``, one send
+    and one receive buffer, 2 b."""
     n, mesh, tr = config.num_stages, config.mesh, inp.training
     if n == 1:
         return 0.0
@@ -181,11 +185,25 @@ def pipeline_buffer_bytes(inp: CostInputs, config: Config, pp_rank: int) -> floa
     held = chunk_held(config.schedule, m, mesh.pp, config.virtual_stages, pp_rank)
     total = 0.0
     for s in range(pp_rank, n, mesh.pp):
-        if s > 0:
-            total += (m - held + 1) * b
-        if s < n - 1:
-            total += (m + held) * b
+        total += held_boundaries(m, held, s > 0, s < n - 1, tr.released_recv_buffers) * b
     return total
+
+
+def held_boundaries(m: int, held: float, receives: bool, sends: bool, released: bool) -> float:
+    """Micro-batch activations (or their gradients) a pipeline stage's buffers hold beyond the
+    received inputs of its ``held`` in-flight micro-batches (its first block's saved input,
+    priced with the activations), m micro-batches a step. torch's stage
+    (``released`` False; measured on gloo: after a step of m = 8, stage 0 kept 8
+    output-gradient buffers, stage 1 kept 8 activation buffers, and stage 0's cache held each
+    output until its backward): a receiving stage the activation buffers of the micro-batches
+    not in flight and the input gradient being sent back, m - held + 1; a sending stage m
+    output-gradient buffers and its held outputs, m + held. Released
+    (runtime.pipeline_buffers, counted on gloo by tests/test_pipeline_buffers.py): the input
+    gradient being sent, 1; the held outputs and the one output gradient being received,
+    held + 1."""
+    if released:
+        return (1 if receives else 0) + (held + 1 if sends else 0)
+    return (m - held + 1 if receives else 0) + (m + held if sends else 0)
 
 
 def loss_memory(inp: CostInputs, config: Config, last: bool) -> float:

@@ -127,6 +127,8 @@ def _check_header(plan: dict, where: str) -> None:
         raise UserInputError(f"plan {where}: unknown dtype or optimizer")
     if plan.get("batchnorm", BATCHNORM_STATS[0]) not in BATCHNORM_STATS:
         raise UserInputError(f"plan {where}: batchnorm must be one of {', '.join(BATCHNORM_STATS)}")
+    if plan.get("reduce_dtype", "fp32") not in ("fp32", plan["dtype"]):
+        raise UserInputError(f"plan {where}: reduce_dtype must be fp32 or the plan's dtype")
 
 
 def _check_blocks(plan: dict, where: str) -> None:

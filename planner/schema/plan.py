@@ -237,6 +237,10 @@ class Plan:
     # BatchNorm statistics over the replicas' micro-batches together, or each replica's own
     # (vocab.BatchNormStats; runtime.batchnorm says what each trains)
     batchnorm: str = "synchronized"
+    # The dtype gradients are reduced and accumulated in (FSDP2's MixedPrecisionPolicy
+    # reduce_dtype): fp32, or the plan's 16-bit dtype (Training.half_grad_reduce). Plans
+    # written before it load with fp32, what their runtime did.
+    reduce_dtype: str = "fp32"
     # Heterogeneous plans only (absent otherwise): the device kinds, and each global rank's
     # kind (rank_kinds[r] names a kind). The runtime needs neither: it runs the mesh.
     kinds: list[KindInfo] | None = field(default=None, metadata={OMIT_NONE: True})
