@@ -106,7 +106,7 @@ def serve() -> int:
     request = pickle.loads(data)  # from the planner that started this process
     try:
         written = write_report(
-            request["plan"], Path(request["out"]), request["command"], request["svg"]
+            request["plan"], Path(request["out"]), request["command"], request["svg"], split=True
         )
     except UserInputError as exc:
         print(json.dumps({"error": str(exc)}))
