@@ -17,8 +17,12 @@ report worker, peak resident memory, and the phases inside the process:
   when warm), the stage MILPs, the baselines;
 - ``report``: waiting, after plan.json and the summary, for the worker drawing the figures
   (it started before the trace, so most of its work overlapped the search);
-- ``other``: the rest of the process (arguments, the cluster, writing plan.json, printing);
+- ``other``: the rest of the process (arguments, the cluster, writing plan.json, printing;
+  on the pool case, the mixed search and the pool's figure, outside ``planner.api.plan``);
 - ``start``: the interpreter's own start-up, outside the process's clock.
+
+The planner's compiled modules are kept between runs (``__pycache__``) as Python does by
+default, also where the shell sets PYTHONDONTWRITEBYTECODE: a warm run is a user's second run.
 
 Each warm run's plan.json is compared with the cold run's (solve time and path aside): the cache
 must not change a plan. Timings depend on what else the machine runs; the load average is
@@ -39,38 +43,69 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "reports" / "benchmarks"
 
-# (id, label, model file, model args, GPUs, global batch size): solve.py's six, then two
-# transformers models from their configs (Mixtral's MoE, GPT-2 at 48 layers)
+
+def _mesh(gpus: int, gbs: int) -> list[str]:
+    return ["--gpus", str(gpus), "--profile", "h100-sxm", "--global-batch-size", str(gbs)]
+
+
+# (id, label, model file, model args, flags): solve.py's six, Llama-3-405B on the 16,384 GPUs
+# of issue 52, two transformers models from their configs (Mixtral's MoE, GPT-2 at 48 layers)
+# and issue 52's resource pool: three kinds, 320 GPUs, a fabric between two of them, by cost
 CASES = [
-    ("gpt-1.3b", "GPT 1.3B / 8", "examples/gpt.py", {"size": "1.3b"}, 8, 512),
-    ("70b", "Llama-3-70B / 64", "examples/llama.py", {"size": "llama3-70b"}, 64, 1024),
-    ("175b", "GPT-3 175B / 1024", "examples/gpt.py", {"size": "gpt3-175b"}, 1024, 1536),
-    ("405b", "Llama-3-405B / 8192", "examples/llama.py", {"size": "llama3-405b"}, 8192, 2048),
-    ("moe", "Mixtral-8x7B / 64", "examples/moe.py", {"size": "mixtral-8x7b"}, 64, 256),
+    ("gpt-1.3b", "GPT 1.3B / 8", "examples/gpt.py", {"size": "1.3b"}, _mesh(8, 512)),
+    ("70b", "Llama-3-70B / 64", "examples/llama.py", {"size": "llama3-70b"}, _mesh(64, 1024)),
+    ("175b", "GPT-3 175B / 1024", "examples/gpt.py", {"size": "gpt3-175b"}, _mesh(1024, 1536)),
+    (
+        "405b",
+        "Llama-3-405B / 8192",
+        "examples/llama.py",
+        {"size": "llama3-405b"},
+        _mesh(8192, 2048),
+    ),
+    (
+        "405b-16k",
+        "Llama-3-405B / 16384",
+        "examples/llama.py",
+        {"size": "llama3-405b"},
+        _mesh(16384, 2048),
+    ),
+    ("moe", "Mixtral-8x7B / 64", "examples/moe.py", {"size": "mixtral-8x7b"}, _mesh(64, 256)),
     (
         "8b-128k",
         "Llama-3-8B 128K / 8",
         "examples/llama.py",
         {"size": "llama3-8b", "seq_len": 131072},
-        8,
-        8,
+        _mesh(8, 8),
     ),
     (
         "hf-mixtral",
         "HF Mixtral-8x7B / 64",
         "examples/mixtral.py",
         {"size": "mixtral-8x7b"},
-        64,
-        256,
+        _mesh(64, 256),
     ),
-    ("hf-gpt2", "HF GPT-2, 48 layers / 8", "tests/models/gpt2.py", {"layers": 48}, 8, 64),
+    ("hf-gpt2", "HF GPT-2, 48 layers / 8", "tests/models/gpt2.py", {"layers": 48}, _mesh(8, 64)),
+    (
+        "pool-320",
+        "Llama-3-8B on a 3-kind pool of 320, by cost",
+        "examples/llama.py",
+        {"size": "llama3-8b"},
+        [
+            "--resources",
+            "profiles/pools/three-kind-320.toml",
+            "--tokens",
+            "2e11",
+            "--objective",
+            "cost",
+        ],
+    ),
 ]
 PHASES = ("start", "imports", "trace", "search", "report", "other")
 
 
 def argv_of(case: tuple, out: Path) -> list[str]:
-    _, _, path, args, gpus, gbs = case
-    argv = [path, "--gpus", str(gpus), "--profile", "h100-sxm", "--global-batch-size", str(gbs)]
+    _, _, path, args, flags = case
+    argv = [path, *flags]
     for key, value in args.items():
         argv += ["--model-arg", f"{key}={value}"]
     return argv + ["--out", str(out), "--quiet"]
@@ -121,6 +156,10 @@ def run_once(case: tuple, cache: Path, out: Path) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         phases_path = f.name
     env = {**os.environ, "MESHPLAN_CACHE": str(cache), "PYTHONPATH": str(ROOT)}
+    # Python keeps the planner's compiled modules (__pycache__) as it does on a user's machine;
+    # a shell that sets PYTHONDONTWRITEBYTECODE (this project's sandbox does) would have every
+    # run compile them again, about 0.3 s of a warm run that no user pays twice
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     cmd = [sys.executable, __file__, "--child", phases_path, "--", *argv_of(case, out)]
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
@@ -145,17 +184,20 @@ def same_plan(a: Path, b: Path) -> bool:
 
     def strip(path: Path) -> dict:
         doc = json.loads(path.read_text())
-        doc["solver"]["solve_time_s"] = 0
-        doc["model"]["file"] = ""
+        doc.get("solver", {})["solve_time_s"] = 0
+        doc.get("model", {})["file"] = ""
         return doc
 
     return strip(a) == strip(b)
 
 
-def bench(case: tuple, warm_only: bool) -> dict:
+def bench(case: tuple, warm_only: bool, kept_cache: Path | None = None) -> dict:
+    """The case cold then warm. ``kept_cache``: a trace cache kept between invocations (with
+    ``warm_only``): the first run then only warms what it lacks and is not reported."""
     row: dict = {"case": case[1], "argv": ["plan", *argv_of(case, Path("OUT"))]}
     with tempfile.TemporaryDirectory() as tmp:
-        cache, cold_out, warm_out = Path(tmp) / "cache", Path(tmp) / "cold", Path(tmp) / "warm"
+        cache = kept_cache or Path(tmp) / "cache"
+        cold_out, warm_out = Path(tmp) / "cold", Path(tmp) / "warm"
         first = run_once(case, cache, cold_out)
         if not warm_only:
             row["cold"] = first
@@ -200,13 +242,21 @@ def main() -> None:
     ap.add_argument("--cases", help="comma-separated case ids (default: all)")
     ap.add_argument("--warm-only", action="store_true", help="report warm runs only")
     ap.add_argument("--out", default=str(OUT), help="folder for command.json and command.md")
+    ap.add_argument(
+        "--cache",
+        help="with --warm-only: a trace cache folder kept between invocations (default: a new "
+        "empty one per case, so each case's first run traces cold)",
+    )
     args = ap.parse_args()
+    if args.cache and not args.warm_only:
+        raise SystemExit("--cache: only with --warm-only (a cold run needs an empty cache)")
+    kept = Path(args.cache) if args.cache else None
     chosen = [c for c in CASES if not args.cases or c[0] in args.cases.split(",")]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     for case in chosen:
-        rows.append(bench(case, args.warm_only))
+        rows.append(bench(case, args.warm_only, kept))
         w = rows[-1]["warm"]
         cold = rows[-1].get("cold", {}).get("wall_s", float("nan"))
         print(f"{case[1]:28s} cold {cold:7.2f} s  warm {w['wall_s']:6.2f} s  {w['phases_s']}")

@@ -157,7 +157,20 @@ def variants_for(
             memo=memo,
         )
 
+    # (block, tp, pipelined) -> its variants: the searches of one run (the plan's and the
+    # baselines', every micro-batch size) ask for the same block's variants hundreds of times,
+    # and binding the class's solutions to a block's names and checking them is most of a
+    # warm plan's pricing. Keyed by the block object (kept in the value, so its id is not
+    # reused): two blocks of one class bind to their own names.
+    bound: dict[tuple, tuple[Block, list]] = {}
+
     def variants_of(block: Block, tp: int, pipelined: bool = False) -> list:
+        key = (id(block), tp, pipelined)
+        if key not in bound:
+            bound[key] = (block, _variants_of(block, tp, pipelined))
+        return list(bound[key][1])
+
+    def _variants_of(block: Block, tp: int, pipelined: bool) -> list:
         found = solve(block, tp, pipelined)
         if probe is not None:
             found = _runnable(block, tp, found)

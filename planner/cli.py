@@ -340,10 +340,11 @@ def run_planning(
                 use_cache=not args.no_cache,
                 progress=bars.search_callback(),
             )
+        if worker is not None:  # first: it draws while this process writes plan.json
+            worker.draw(result.plan, out_dir, command, args.svg)
         path = write_plan(result.plan, out_dir)
         written = [path]
         if worker is not None:
-            worker.draw(result.plan, out_dir, command, args.svg)
             written += report_files(out_dir, args.svg)
         if args.export:  # engines' files beside plan.json (planner/export)
             from planner.engine_prices import result_model

@@ -67,3 +67,26 @@ def test_worker_draws_a_plan_that_plan_json_cannot_hold_back(tmp_path):
     assert written == report_files(tmp_path / "r")
     here = write_report(doc, tmp_path / "here", "plan x")
     assert [p.read_bytes() for p in written] == [p.read_bytes() for p in here]
+
+
+def test_figures_the_forked_copy_fails_to_draw_are_drawn_here(tmp_path, monkeypatch):
+    """render_all(split=True) draws FORKED's figures in a forked copy; where the copy fails,
+    this process draws them itself: the same bytes as drawing all five in turn."""
+    import os
+
+    from planner.report import figures
+
+    assert main([*MLP, "--out", str(tmp_path), "--no-report"]) == 0
+    plan = load_plan(tmp_path / "plan.json")
+    whole = figures.render_all(plan, ("png",))
+    here = os.getpid()
+    name = figures.FORKED[0]
+    inner = figures.FIGURES[name]
+
+    def only_here(p):
+        if os.getpid() != here:
+            raise RuntimeError("the forked copy fails")
+        return inner(p)
+
+    monkeypatch.setitem(figures.FIGURES, name, only_here)
+    assert figures.render_all(plan, ("png",), split=True) == whole

@@ -174,10 +174,11 @@ class CostInputs:
     # sums every candidate sharing these options asks for (the search's bounds), kept here
     memo: dict = field(default_factory=dict, repr=False, compare=False)
 
-    @property
+    @cached_property
     def boundary_bytes(self) -> float:
         """Activation bytes crossing a pipeline cut, per traced micro-batch (the largest cut:
-        transformer cuts are all equal; elsewhere this is the conservative choice)."""
+        transformer cuts are all equal; elsewhere this is the conservative choice). Kept: every
+        stage of every candidate asks for it, and the blocks do not change."""
         return float(max((b.boundary_bytes for b in self.blocks[:-1]), default=0))
 
     @cached_property

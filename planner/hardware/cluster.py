@@ -7,6 +7,7 @@ is limited by the per-GPU network link.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +38,15 @@ class Cluster:
             raise ValueError(f"rank {rank} is outside a cluster of {self.gpus} GPUs")
         return rank // self.gpus_per_node
 
+    def ranks_per_node(self, ranks: Sequence[int]) -> Counter[int]:
+        """How many of ``ranks`` each node holds (``node_of`` of each, counted). Counted in C:
+        a data-parallel group of Llama-3-405B on 16,384 GPUs holds thousands of ranks and
+        every priced collective asks (4.6 million ``node_of`` calls were a third of that
+        plan's time)."""
+        if ranks and not (0 <= min(ranks) and max(ranks) < self.gpus):
+            self.node_of(next(r for r in ranks if not 0 <= r < self.gpus))  # raises, naming it
+        return Counter(r // self.gpus_per_node for r in ranks)
+
     def spans_nodes(self, ranks: Sequence[int]) -> bool:
         """Whether a group over ``ranks`` has to cross the inter-node network."""
         return len({self.node_of(r) for r in ranks}) > 1
@@ -58,10 +68,7 @@ class Cluster:
         measured_collective_bandwidth).
         """
         p = self.profile
-        per_node: dict[int, int] = {}
-        for r in ranks:
-            node = self.node_of(r)
-            per_node[node] = per_node.get(node, 0) + 1
+        per_node = self.ranks_per_node(ranks)
         k = len(per_node)
         if k > 1:
             n, g = len(ranks), min(per_node.values())
@@ -86,9 +93,7 @@ class Cluster:
         if n <= 1:
             return 0.0
         p = self.profile
-        per_node: dict[int, int] = {}
-        for r in ranks:
-            per_node[self.node_of(r)] = per_node.get(self.node_of(r), 0) + 1
+        per_node = self.ranks_per_node(ranks)
         intra = (
             (max(per_node.values()) - 1) / n / (p.intra_node_bandwidth * p.collective_efficiency)
         )

@@ -31,10 +31,12 @@ def report_files(out_dir: Path, svg: bool = False) -> list[Path]:
     return files + [out_dir / "report.html"]
 
 
-def write_report(plan: Plan, out_dir: Path, command: str, svg: bool = False) -> list[Path]:
+def write_report(
+    plan: Plan, out_dir: Path, command: str, svg: bool = False, split: bool = False
+) -> list[Path]:
     """Write the five figures as PNG (and SVG with ``svg``) and report.html into ``out_dir``;
     each file atomically (a crash leaves the previous report intact). Returns the paths
-    written."""
+    written. ``split``: draw on two cores (``figures.render_all``)."""
     from planner.report.figures import render_all
     from planner.report.html import render_html
 
@@ -43,7 +45,7 @@ def write_report(plan: Plan, out_dir: Path, command: str, svg: bool = False) -> 
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UserInputError(f"cannot create output directory {out_dir}: {exc.strerror}") from exc
-    rendered = render_all(plan, figure_formats(svg))
+    rendered = render_all(plan, figure_formats(svg), split)
     written: list[Path] = []
     try:
         for name, formats in rendered.items():

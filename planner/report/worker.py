@@ -3,7 +3,8 @@
 ``plan MODEL.py`` starts this worker before it traces: the worker imports matplotlib and the
 figure modules (about a second of CPU) while the planner traces and searches on the other
 core, then waits for one request on its stdin (the plan, the report folder, the command line,
-whether SVG is wanted), draws, and answers with the files written (or the one-line error) on
+whether SVG is wanted), draws (on both cores: by then the planner only waits; see
+``figures.render_all``), and answers with the files written (or the one-line error) on
 its stdout. The plan travels as the planner's own record, pickled between these two processes
 of one command: the worker draws exactly what ``write_report`` would in the planner (reading
 plan.json back would also re-validate it, and refuse a plan the planner may write, such as one
@@ -106,7 +107,7 @@ def serve() -> int:
     request = pickle.loads(data)  # from the planner that started this process
     try:
         written = write_report(
-            request["plan"], Path(request["out"]), request["command"], request["svg"]
+            request["plan"], Path(request["out"]), request["command"], request["svg"], split=True
         )
     except UserInputError as exc:
         print(json.dumps({"error": str(exc)}))

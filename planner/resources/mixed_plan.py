@@ -31,6 +31,7 @@ from planner.assemble import (
 from planner.cost.eager_probe import EagerShardProbe
 from planner.cost.records import Config
 from planner.cost.step import evaluate
+from planner.cost.variant_cache import load_variants, save_variants
 from planner.errors import InfeasibleError, UserInputError
 from planner.hardware.cluster import Cluster
 from planner.hardware.profiles import load_profile
@@ -163,7 +164,10 @@ def plan_mixed(
         if a not in index or b not in index:
             raise UserInputError(f"a fabric names {a!r} and {b!r}: not both kinds of this job")
         pairs[index[a], index[b]] = pairs[index[b], index[a]] = link
-    memo = SearchMemo()
+    # the sharding ILP's solutions kept from earlier plans of this trace (each kind's own plan
+    # above left its own), as api.plan reads them: a warm pool plan solves none again
+    memo = SearchMemo(variants=load_variants(traced.cache_key) if use_cache else {})
+    known = len(memo.variants)
     probe = EagerShardProbe(mf, training.dtype, traced.cache_key if use_cache else None)
     variants = [
         variants_for(traced.graph, k.cluster, pins.tp_variant, memo.variants, probe) for k in built
@@ -182,6 +186,8 @@ def plan_mixed(
         rate,
         stage_degrees,
     )
+    if use_cache and len(memo.variants) > known:
+        save_variants(traced.cache_key, memo.variants)
     doc = None
     if result.best is not None:
         doc = mixed_plan_record(traced, training, result)

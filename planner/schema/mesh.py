@@ -69,6 +69,8 @@ class Mesh:
 
     def first_rank(self, pp_i: int) -> int:
         """The global rank where pipeline rank ``pp_i``'s ranks begin."""
+        if self.stage_tp is None and self.stage_dp is None:  # every rank alike: no sum needed
+            return pp_i * self.dp * self.cp * self.tp
         return sum(self.replicas_of(i) * self.tp_of(i) for i in range(pp_i))
 
     @property

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 @dataclass
 class SearchMemo:
-    # (block class, tp, micro-batch, ep, cp, variants source, cluster, training) -> options
+    # (block class, tp, micro-batch, ep, cp, variant names, cluster, training) -> options
     priced: dict = field(default_factory=dict)
     # (block class, tp, cost rates) -> the sharding ILP's variants of that class: the same for
     # every plan of one traced model, so ``planner.api.plan(solved=...)`` may carry them on

@@ -35,7 +35,11 @@ def price_options(
     """Options per block (shared by blocks of one class), filtered by the user's pins.
     ``memo`` keeps priced options across searches of one planning run (the baselines search
     the same space again). ``pipelined``: the candidate splits the model into pipeline
-    stages (``variants_of``'s third argument)."""
+    stages (``variants_of``'s third argument).
+
+    Keyed by the variants themselves (compared by value), not by where they came from: a
+    block whose variants are the same pipelined or not, or under the baselines' variant rule,
+    is priced once (``block_options`` is a function of its arguments alone)."""
     tp_ranks = list(range(tp))
     ep_ranks = Mesh(1, ep, tp, ep).ep_group(0)
     cp_ranks = Mesh(1, 1, tp, 1, cp).cp_group(0)
@@ -44,23 +48,24 @@ def price_options(
     memo = {} if memo is None else memo
     for blk in blocks:
         if blk.cls not in by_class:
-            key = (blk.cls, tp, mbs, ep, cp, pipelined, id(variants_of), id(cluster), training)
-            if key not in memo:  # the value holds what the ids name, so no id is reused
-                memo[key] = (
-                    (variants_of, cluster),
-                    block_options(
-                        graph,
-                        blk,
-                        variants_of(blk, tp, pipelined),
-                        mbs,
-                        cluster,
-                        tp_ranks,
-                        training,
-                        ep_ranks=ep_ranks,
-                        cp_ranks=cp_ranks,
-                    ),
+            variants = variants_of(blk, tp, pipelined)
+            key = (blk.cls, tp, mbs, ep, cp, tuple(v.name for v in variants), id(cluster))
+            key += (training,)
+            kept = memo.get(key)
+            if kept is None or kept[0] != variants:  # the value holds the cluster: no id reuse
+                opts = block_options(
+                    graph,
+                    blk,
+                    variants,
+                    mbs,
+                    cluster,
+                    tp_ranks,
+                    training,
+                    ep_ranks=ep_ranks,
+                    cp_ranks=cp_ranks,
                 )
-            by_class[blk.cls] = _filter(memo[key][1], pins)
+                kept = memo[key] = (variants, cluster, opts)
+            by_class[blk.cls] = _filter(kept[2], pins)
         result.append(by_class[blk.cls])
     return result
 
