@@ -40,10 +40,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import networkx as nx
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from planner.trace.graph import OpGraph
 
@@ -102,6 +100,8 @@ class _Recorder(TorchDispatchMode):
         self.producer: dict[int, tuple[tuple[str, int] | None, int]] = {}
         self.count: dict[tuple[str, int] | None, int] = {}
         self.keep: list[Any] = []
+        self.pure: dict[Any, bool] = {}
+        self.made: dict[tuple, tuple[bool, list]] = {}
 
     def _ref(self, t: torch.Tensor) -> tuple:
         where = self.producer.get(id(t))
@@ -118,15 +118,15 @@ class _Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        flat, _ = tree_flatten((args, kwargs))
+        flat = _leaves((args, kwargs))
         parts = []
         for a in flat:
             if isinstance(a, torch.Tensor):
                 parts.append((self._ref(a), tuple(a.shape), str(a.dtype)))
             else:
                 parts.append(repr(a))
-        outs, _ = tree_flatten(out)
+        out = self._run(func, args, kwargs, flat, parts)
+        outs = _leaves(out)
         shapes = tuple(tuple(o.shape) for o in outs if isinstance(o, torch.Tensor))
         label = self.member
         local = self.count.get(label, 0)
@@ -137,6 +137,51 @@ class _Recorder(TorchDispatchMode):
                 self.keep.append(o)
         self.records.append((label, (str(func), tuple(parts), shapes)))
         return out
+
+    def _run(self, func: Any, args: tuple, kwargs: dict, flat: list, parts: list) -> Any:
+        """``func``'s result; for a pure op (no mutation, no alias) on meta tensors, made from
+        the result it gave the same shapes before: the meta kernels run in Python (torch's
+        refs), and a model of 80 identical layers asks each the same question 80 times."""
+        if func not in self.pure:
+            schema = func._schema
+            self.pure[func] = not schema.is_mutable and not any(
+                r.alias_info is not None or str(r.type) != "Tensor" for r in schema.returns
+            )
+        if not self.pure[func] or not all(
+            a.device.type == "meta" for a in flat if isinstance(a, torch.Tensor)
+        ):
+            return func(*args, **kwargs)
+        key = (
+            func,
+            tuple(
+                (p[1], a.stride(), p[2]) if isinstance(a, torch.Tensor) else p
+                for a, p in zip(flat, parts)
+            ),
+        )
+        made = self.made.get(key)
+        if made is None:
+            out = func(*args, **kwargs)
+            outs = out if isinstance(out, tuple) else (out,)
+            self.made[key] = (
+                isinstance(out, tuple),
+                [(o.shape, o.stride(), o.dtype) for o in outs],
+            )
+            return out
+        many, specs = made
+        outs = tuple(
+            torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+            for shape, stride, dtype in specs
+        )
+        return outs if many else outs[0]
+
+
+def _leaves(tree: Any) -> list:
+    """The leaves of an op's arguments or results (tuples, lists and dicts of them)."""
+    if isinstance(tree, (tuple, list)):
+        return [leaf for x in tree for leaf in _leaves(x)]
+    if isinstance(tree, dict):
+        return [leaf for x in tree.values() for leaf in _leaves(x)]
+    return [tree]
 
 
 def _record(
@@ -179,10 +224,11 @@ def _record(
 
 
 def _relative(rec: _Recorder, sizes: dict[str, int]) -> tuple[list, dict[str, list[list]]]:
-    """The records with every producer made relative: (ops outside the containers, in order;
+    """The records with producers made comparable: (ops outside the containers, in order;
     each container's members' ops). An op of member k reading member j of its container
-    refers to "k - j members back"; any other op reading a member refers to "so many from
-    the container's end", which is what a cut container keeps."""
+    keeps ``("mem", j, op)`` (``_encoded`` makes it relative for a period); any other op
+    reading a member refers to "so many from the container's end", which is what a cut
+    container keeps."""
     outside: list = []
     members: dict[str, list[list]] = {p: [[] for _ in range(n)] for p, n in sizes.items()}
 
@@ -194,7 +240,7 @@ def _relative(rec: _Recorder, sizes: dict[str, int]) -> tuple[list, dict[str, li
             return part
         (path, j), local = ref[1], ref[2]
         if label is not None and label[0] == path:
-            return (("back", label[1] - j, local), *part[1:])
+            return (("mem", j, local), *part[1:])
         return (("end", path, sizes[path] - 1 - j, local), *part[1:])
 
     for label, (op, parts, shapes) in rec.records:
@@ -204,6 +250,30 @@ def _relative(rec: _Recorder, sizes: dict[str, int]) -> tuple[list, dict[str, li
         else:
             members[label[0]][label[1]].append(record)
     return outside, members
+
+
+def _encoded(prints: list[list], p: int) -> list[int]:
+    """Each member's fingerprint for period ``p``, as an id (equal members, equal ids): a
+    read of a member at most a period back is relative ("the member k - j before"), one
+    further back absolute (T5's position bias, made by the first layer for all of them),
+    as the expansion writes them."""
+    ids: dict[Any, int] = {}
+    out = []
+    for k, records in enumerate(prints):
+        key = []
+        for op, parts, shapes in records:
+            fixed = tuple(
+                (("back", k - r[1], r[2]) if k - r[1] <= p else r, *part[1:])
+                if isinstance(part, tuple)
+                and part
+                and isinstance((r := part[0]), tuple)
+                and r[0] == "mem"
+                else part
+                for part in parts
+            )
+            key.append((op, fixed, shapes))
+        out.append(ids.setdefault(tuple(key), len(ids)))
+    return out
 
 
 def _contiguous(rec: _Recorder, path: str, count: int) -> bool:
@@ -222,12 +292,11 @@ def _period(prints: list[list]) -> tuple[int, int] | None:
     """(start, period) of the shortest cut after which every member repeats the one a period
     before it, whole periods to the end; None where no cut saves ``MIN_SAVED`` members."""
     n = len(prints)
-    ids: dict[Any, int] = {}
-    same = [ids.setdefault(tuple(p), len(ids)) for p in prints]  # equal members, equal ids
     best: tuple[int, int] | None = None
     for p in range(1, n // 3 + 1):
         if best is not None and 3 * p >= best[0] + 3 * best[1]:
             break
+        same = _encoded(prints, p)
         s = next((s for s in range(n) if all(same[k] == same[k - p] for k in range(s + p, n))), n)
         s += (n - s) % p  # the copies are whole periods
         kept = s + 3 * p
@@ -399,15 +468,13 @@ def expand(graph: OpGraph, r: Repeat) -> OpGraph:
         if back.attrs(graph.nodes[c], graph.nodes[b]["order"]) != graph.nodes[b]:
             raise NotPeriodic(f"{r.path}: {c} is not {b} one period on")
         preds = [(back.node(u), graph.edges[u, c]["bytes"]) for u in graph.pred[c]]
-        if any(u in earlier for u in graph.pred[c]) or preds != [
-            (u, graph.edges[u, b]["bytes"]) for u in graph.pred[b]
-        ]:
+        if preds != [(u, graph.edges[u, b]["bytes"]) for u in graph.pred[b]]:
             raise NotPeriodic(f"{r.path}: {c}'s inputs are not {b}'s one period on")
     copies = (r.count - r.kept) // r.period
     after = ops[inside[-1] + 1 :]
     added = copies * len(template)
     last = _Renamer(
-        {n: shifted(n, copies) for n in template}
+        {n: shifted(n, copies) for n in template + previous}
         | {n: shifted(n, copies) if _split(n)[0] in delta else n for n in after},
         delta,
         r.path,
@@ -415,8 +482,8 @@ def expand(graph: OpGraph, r: Repeat) -> OpGraph:
         copies,
     )
     for n in after:
-        if any(u in earlier or u in in_previous for u in graph.pred[n]):
-            raise NotPeriodic(f"{r.path}: {n} reads a member before the last period")
+        if any(u in earlier for u in graph.pred[n]):
+            raise NotPeriodic(f"{r.path}: {n} reads a member before the last two periods")
     out = OpGraph()
     out.graph.update(graph.graph)
 
