@@ -98,3 +98,20 @@ def test_zoo_family_equals_its_full_trace(family, layers, monkeypatch):
     full, dedup, written = both(ZOO, {"family": family, "layers": layers}, monkeypatch)
     assert written, "no repeated layers found"
     assert_same_trace(full, dedup)
+
+
+# transformers models whose layers differ by their index: Gemma 3's sliding-window and full
+# attention alternating (two masks made outside the layers), Qwen3-MoE with experts in every
+# second layer (dense MLPs between)
+PATTERNED = [
+    ("tests/models/gemma3.py", {"layers": 10}, (2, 2)),
+    ("tests/models/qwen3_moe.py", {"layers": 10, "sparse_step": 2}, (2, 2)),
+]
+
+
+@pytest.mark.zoo
+@pytest.mark.parametrize("path,args,start_period", PATTERNED)
+def test_layers_differing_by_index_equal_the_full_trace(path, args, start_period, monkeypatch):
+    full, dedup, written = both(path, args, monkeypatch)
+    assert [(r.start, r.period) for r in written] == [start_period]
+    assert_same_trace(full, dedup)

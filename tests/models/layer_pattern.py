@@ -2,9 +2,10 @@
 block-deduplicated trace (planner/trace/repeats.py) must group by their real differences.
 
 ``pattern="every3"``: every third layer (by ``layer_idx``) adds a gate product with its own
-weight, so the layers repeat with period 3. ``pattern="one_off"``: layer 5 alone scales its input, from its index in control flow
-(no parameter tells it apart). ``pattern="skip"``: each layer adds the output of the layer two
-before it (code between the layers: the container is traced in full). ``pattern="plain"``: identical layers.
+weight, so the layers repeat with period 3. ``pattern="one_off"``: layer 5 alone scales its
+input, from its index in control flow (no parameter tells it apart). ``pattern="skip"``: each
+layer adds the output of the layer two before it (code between the layers: the container is
+traced in full). ``pattern="plain"``: identical layers.
 Follows meshplan's model-file contract.
 """
 
