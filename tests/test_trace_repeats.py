@@ -115,3 +115,28 @@ def test_layers_differing_by_index_equal_the_full_trace(path, args, start_period
     full, dedup, written = both(path, args, monkeypatch)
     assert [(r.start, r.period) for r in written] == [start_period]
     assert_same_trace(full, dedup)
+
+
+def test_the_eager_probe_captures_on_the_cut_model_and_in_full_past_it():
+    """The probe of tensor-parallel variants captures each module's inputs in one meta
+    forward: with the trace's repeats cut (the traced members and what follows them), and in
+    full once a member past those is probed; its verdicts are those of the uncut capture.
+    OPT's attention (a view fixing the head count) is rejected, its MLP is not."""
+    from planner.api import trace
+    from planner.cost.eager_probe import EagerShardProbe
+
+    mf = load_model_file("tests/models/opt.py", {"size": "tiny", "layers": 8})
+    traced = trace(mf, use_cache=False)
+    assert [(r.path, r.kept) for r in traced.repeats] == [("model.decoder.layers", 4)]
+    cut_probe = EagerShardProbe(mf, "fp32", None, traced.repeats)
+    full_probe = EagerShardProbe(mf, "fp32", None)
+    for layer in ("model.decoder.layers.1", "model.decoder.layers.6"):
+        attn = {f"{layer}.self_attn.{p}": "colwise" for p in ("q_proj", "k_proj", "v_proj")}
+        attn[f"{layer}.self_attn.out_proj"] = "rowwise"
+        mlp = {f"{layer}.fc1": "colwise", f"{layer}.fc2": "rowwise"}
+        for cls, plan in ((f"attn{layer}", attn), (f"mlp{layer}", mlp)):
+            got = cut_probe.reject(cls, layer, plan, 2)
+            assert got == full_probe.reject(cls, layer, plan, 2)
+            assert (got is not None) == cls.startswith("attn"), got
+        # the cut capture reached layer 1; layer 6 had the full forward run for it
+        assert cut_probe._repeats == ([] if layer.endswith("6") else traced.repeats)

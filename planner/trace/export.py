@@ -23,7 +23,7 @@ import math
 import operator
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import networkx as nx
@@ -69,6 +69,7 @@ class TraceResult:
     graph: nx.DiGraph  # the OpGraph; graph.graph holds model-level facts
     method: str  # "export" or "hooks"
     note: str  # one line for the user when the fallback was used
+    repeats: list[Repeat] = field(default_factory=list)  # containers traced cut (repeats.py)
 
 
 def tensor_bytes(t: Any) -> int:
@@ -228,7 +229,7 @@ def _trace(
             mf, model, lambda n: meta_inputs(mf, n, dtype)
         )
     graph.graph["forward_state"] = copied_state(forward_state(model, before), repeats)
-    return TraceResult(graph=graph, method=method, note=note)
+    return TraceResult(graph=graph, method=method, note=note, repeats=repeats)
 
 
 def _export_or_hooks(
