@@ -25,6 +25,7 @@ class TracedModel:
     note: str  # one line for the user (fallback tracing), or ""
     from_cache: bool
     cache_key: str = ""  # the trace cache's key (what else is cached for this trace uses it)
+    repeats: list = dataclasses.field(default_factory=list)  # containers traced cut (cold)
 
     @property
     def params(self) -> int:
@@ -51,11 +52,12 @@ def trace(
     )
     key = trace_key(mf.sha256, mf.args, traced_batch_size, dtype)
     cached = load_trace(key) if use_cache else None
+    repeats: list = []
     if cached is None:
         from planner.trace.export import trace_model
 
         result = trace_model(mf, traced_batch_size, dtype)
-        graph, note = result.graph, result.note
+        graph, note, repeats = result.graph, result.note, result.repeats
         graph.graph["note"] = note
         blocks = make_blocks(graph)
         if use_cache:
@@ -65,7 +67,7 @@ def trace(
         note = graph.graph.get("note", "")
         # The key is the file's content: the same bytes may live at another path now.
         graph.graph["file"] = str(mf.path)
-    return TracedModel(mf, graph, blocks, note, cached is not None, key)
+    return TracedModel(mf, graph, blocks, note, cached is not None, key, repeats)
 
 
 def graph_summary(traced: TracedModel) -> dict[str, Any]:
@@ -302,7 +304,9 @@ def plan(
     if use_cache and not memo.variants:  # the sharding ILP's solutions from an earlier plan
         memo.variants.update(load_variants(traced.cache_key))
     known = len(memo.variants)
-    probe = EagerShardProbe(mf, training.dtype, traced.cache_key if use_cache else None)
+    probe = EagerShardProbe(
+        mf, training.dtype, traced.cache_key if use_cache else None, traced.repeats
+    )
     variants_of = variants_for(traced.graph, cluster, pins.tp_variant, memo.variants, probe)
     result = search(
         traced.graph, traced.blocks, cluster, training, pins, variants_of, progress, memo=memo

@@ -43,9 +43,15 @@ class EagerShardProbe:
     trace cache's folder under the trace's key and a hash of the code that decides them, so a
     re-plan runs no probe and an edited probe never reads an older one's verdicts."""
 
-    def __init__(self, mf: ModelFile, dtype: str, trace_key: str | None = None) -> None:
-        """``trace_key``: the cached trace's key (None: keep verdicts for this run only)."""
+    def __init__(
+        self, mf: ModelFile, dtype: str, trace_key: str | None = None, repeats: list = ()
+    ) -> None:
+        """``trace_key``: the cached trace's key (None: keep verdicts for this run only).
+        ``repeats``: the trace's repeated containers (``planner.trace.repeats``): the inputs
+        are captured with them cut to their traced members, and again in full only if a
+        module beyond those is probed."""
         self.mf, self.dtype = mf, dtype
+        self._repeats = list(repeats)
         self._path = _verdicts_path(trace_key) if trace_key else None
         # [reason ("" = runs as priced), the column-parallel modules to blame] per probe
         self.verdicts: dict[str, list] = _read_json(self._path) if self._path else {}
@@ -81,6 +87,7 @@ class EagerShardProbe:
         from torch._subclasses.fake_tensor import FakeTensorMode
 
         from planner.trace.export import build_meta_model
+        from planner.trace.repeats import cut
 
         if self._model is None:
             model = build_meta_model(self.mf, self.dtype)
@@ -91,11 +98,21 @@ class EagerShardProbe:
             # recognises as tracing. The probes then run under the mode that reached the blocks.
             for mode in (None, FakeTensorMode(allow_non_fake_inputs=True)):
                 self._inputs.clear()
-                if self._capture(model, names, mode):
-                    break
+                with cut(model, self._repeats):
+                    if self._capture(model, names, mode):
+                        break
             self._mode = mode
             self._model = model
         return self._model
+
+    def _inputs_of(self, module: str) -> tuple[tuple, dict] | None:
+        """``module``'s captured inputs; a module the cut forward did not reach (a member
+        past the traced ones) has the full forward run for it, once."""
+        self._load()
+        if module not in self._inputs and self._repeats:
+            self._repeats, self._model = [], None
+            self._load()
+        return self._inputs.get(module)
 
     def _capture(self, model: nn.Module, names: dict, mode) -> bool:
         """Each module's first inputs in one forward under ``mode`` (None: plain meta
@@ -162,8 +179,9 @@ class EagerShardProbe:
     def _probe(self, module: str, plan: dict[str, str], t: int) -> tuple[str, set[str], list]:
         """The verdict on ``plan`` for ``module``'s code, and the head-count attributes whose
         local values make a misreading code read its shards right (see ``_local_fix``)."""
+        captured = self._inputs_of(module)  # may reload the model: read it after
         model = self._load()
-        if module not in self._inputs:
+        if captured is None:
             return "", set(), []
         whole = model.get_submodule(module)
         local = copy.deepcopy(whole)

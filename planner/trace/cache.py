@@ -37,6 +37,7 @@ TRACE_CODE = (
     "trace/graph.py",
     "trace/blocks.py",
     "trace/loss_samples.py",
+    "trace/repeats.py",
     "modelfile.py",
     "vocab.py",
 )

@@ -23,7 +23,7 @@ import math
 import operator
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import networkx as nx
@@ -40,7 +40,7 @@ from planner.modelfile import (
     parameter_names,
 )
 from planner.trace.graph import OpGraph
-from planner.trace.loss_samples import loss_sample_check
+from planner.trace.loss_samples import loss_sample_check, meta_forward
 from planner.trace.opcost import (
     MATMUL_OPS,
     backward_flops,
@@ -50,6 +50,16 @@ from planner.trace.opcost import (
     numel,
 )
 from planner.trace.randomness import numpy_draws
+from planner.trace.repeats import (
+    NotPeriodic,
+    Repeat,
+    copied_modules,
+    copied_state,
+    cut,
+    expand,
+    find_repeats,
+    full_trace_forced,
+)
 from planner.trace.value_checks import drop_value_checks
 from planner.vocab import ELEMENT_BYTES
 
@@ -59,6 +69,7 @@ class TraceResult:
     graph: nx.DiGraph  # the OpGraph; graph.graph holds model-level facts
     method: str  # "export" or "hooks"
     note: str  # one line for the user when the fallback was used
+    repeats: list[Repeat] = field(default_factory=list)  # containers traced cut (repeats.py)
 
 
 def tensor_bytes(t: Any) -> int:
@@ -163,13 +174,74 @@ def batch_statistics_samples(model: torch.nn.Module) -> int:
 
 
 def _trace_model(mf: ModelFile, traced_batch_size: int, dtype: str) -> TraceResult:
+    """The block-deduplicated trace where the model's layers repeat (``repeats``), else the
+    full one; both give the same graph."""
     model = build_meta_model(mf, dtype)
     # Costs are per sample times the micro-batch, whatever batch the trace ran on.
     traced_batch_size = max(traced_batch_size, batch_statistics_samples(model))
     inputs = meta_inputs(mf, traced_batch_size, dtype)
+    found = [] if full_trace_forced() else _find_repeats(model, inputs)
+    if found:
+        try:
+            return _trace(mf, model, inputs, traced_batch_size, dtype, found)
+        except Exception:  # noqa: BLE001  (the full trace decides: it or its error)
+            model = build_meta_model(mf, dtype)  # the cut trace's forwards ran on this one
+    return _trace(mf, model, inputs, traced_batch_size, dtype, [])
+
+
+def _find_repeats(model: torch.nn.Module, inputs: tuple) -> list[Repeat]:
+    """``repeats.find_repeats`` on an eager meta forward; none where that forward fails (the
+    full trace then says why)."""
+    with quiet_torch_logs():
+        try:
+            with meta_forward():
+                return find_repeats(model, lambda: model(*inputs))
+        except Exception:  # noqa: BLE001
+            return []
+
+
+def _trace(
+    mf: ModelFile,
+    model: torch.nn.Module,
+    inputs: tuple,
+    traced_batch_size: int,
+    dtype: str,
+    repeats: list[Repeat],
+) -> TraceResult:
+    """The trace, with the containers of ``repeats`` cut and written out again after."""
     functions: set[str] = set()
     called: set[str] = set()
     drawn: list[str] = []  # numpy.random calls of the forward (randomness.numpy_draws)
+    with cut(model, repeats):
+        graph, method, note = _export_or_hooks(mf, model, inputs, functions, called, drawn)
+    if repeats and method != "export":
+        raise NotPeriodic("the cut model did not export")
+    for r in repeats:
+        graph = expand(graph, r)
+    _annotate_model(graph, mf, model, traced_batch_size, dtype, method)
+    graph.graph["custom_backward"] = sorted(functions)
+    graph.graph["numpy_draws"] = sorted(set(drawn))
+    graph.graph["direct_forward"] = direct_forwards(model, copied_modules(called, repeats))
+    graph.graph["shared_modules"] = shared_modules(model)
+    before = state_versions(model)  # the loss check runs the model on the meta device
+    with cut(model, repeats):  # the outputs are the full model's (find_repeats checked)
+        graph.graph["loss_samples"] = loss_sample_check(
+            mf, model, lambda n: meta_inputs(mf, n, dtype)
+        )
+    graph.graph["forward_state"] = copied_state(forward_state(model, before), repeats)
+    return TraceResult(graph=graph, method=method, note=note, repeats=repeats)
+
+
+def _export_or_hooks(
+    mf: ModelFile,
+    model: torch.nn.Module,
+    inputs: tuple,
+    functions: set[str],
+    called: set[str],
+    drawn: list[str],
+) -> tuple[nx.DiGraph, str, str]:
+    """The op graph from torch.export, or from module hooks where export fails; the method
+    and the note for the user."""
     try:
         # torch.export prints the graph it gave up on (a data-dependent size): its words to
         # itself, not to the user, who gets one line
@@ -185,33 +257,26 @@ def _trace_model(mf: ModelFile, traced_batch_size: int, dtype: str) -> TraceResu
         # sizes that depend on the data (JetMoE's tokens per expert, split by their counts)
         # have no number to price: the export path cannot count that graph's ops
         graph = _graph_from_export(exported, model)
-        method, note = "export", ""
+        note = ""
         if value_checks:
             note = (
                 f"{len(value_checks)} input check(s) of {mf.path.name} reading tensor values "
                 "(transformers' image-token count), which a trace without data cannot: not "
                 "priced, run on every real batch in training (planner/trace/value_checks.py)"
             )
+        return graph, "export", note
     except Exception as export_exc:  # export fails on data-dependent control flow and more
         with _watch_forward(model, functions, called):
             graph = _trace_with_hooks(mf, model, inputs, export_exc)
         reason = " ".join(str(export_exc).split())[:160]
-        method, note = (
+        return (
+            graph,
             "hooks",
             (
                 f"torch.export could not trace {mf.path.name} ({type(export_exc).__name__}: "
                 f"{reason}); fell back to module-level tracing (coarser op graph)"
             ),
         )
-    _annotate_model(graph, mf, model, traced_batch_size, dtype, method)
-    graph.graph["custom_backward"] = sorted(functions)
-    graph.graph["numpy_draws"] = sorted(set(drawn))
-    graph.graph["direct_forward"] = direct_forwards(model, called)
-    graph.graph["shared_modules"] = shared_modules(model)
-    before = state_versions(model)  # the loss check runs the model on the meta device
-    graph.graph["loss_samples"] = loss_sample_check(mf, model, lambda n: meta_inputs(mf, n, dtype))
-    graph.graph["forward_state"] = forward_state(model, before)
-    return TraceResult(graph=graph, method=method, note=note)
 
 
 @contextlib.contextmanager

@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import io
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from planner.modelfile import ModelFile, slice_tree
@@ -134,13 +134,22 @@ def _unchecked(reason: str) -> dict[str, Any]:
 
 def _output_leaves(model: torch.nn.Module, inputs: tuple) -> tuple[list, Any]:
     """The model's outputs on the meta device, flattened, from one forward run as under
-    torch.export, which traced the model: ``torch.compiler.is_compiling()`` is true, so
-    library code skips its value-dependent shortcuts (transformers' ``padding_mask.all()``),
-    which meta tensors cannot answer."""
+    torch.export (``meta_forward``)."""
+    from torch.utils._pytree import tree_flatten
+
+    with meta_forward():
+        return tree_flatten(model(*inputs))
+
+
+@contextlib.contextmanager
+def meta_forward() -> Iterator[None]:
+    """An eager forward on the meta device run as under torch.export, which traced the model:
+    ``torch.compiler.is_compiling()`` is true, so library code skips its value-dependent
+    shortcuts (transformers' ``padding_mask.all()``), which meta tensors cannot answer; no
+    gradient, and the model's prints kept from the user."""
     from unittest import mock
 
     import torch
-    from torch.utils._pytree import tree_flatten
 
     with (
         torch.no_grad(),
@@ -149,7 +158,7 @@ def _output_leaves(model: torch.nn.Module, inputs: tuple) -> tuple[list, Any]:
         contextlib.redirect_stdout(io.StringIO()),
         contextlib.redirect_stderr(io.StringIO()),
     ):
-        return tree_flatten(model(*inputs))
+        yield
 
 
 def _draw(like: torch.Tensor, gen: torch.Generator) -> torch.Tensor:

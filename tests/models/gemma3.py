@@ -13,19 +13,20 @@ TRAINING = {"global_batch_size": 8, "optimizer": "adamw", "dtype": "bf16", "lr":
 SEQ, VOCAB = 32, 128
 
 
-def build_model(size: str = "tiny", dtype: str = "float32") -> nn.Module:
+def build_model(size: str = "tiny", dtype: str = "float32", layers: int = 2) -> nn.Module:
+    """``layers``: sliding-window and full attention alternate, a sliding one first."""
     if size != "tiny":
         raise ValueError(f"unknown size {size!r}; this test model has only 'tiny'")
     config = Gemma3TextConfig(
         vocab_size=VOCAB,
         hidden_size=64,
         intermediate_size=128,
-        num_hidden_layers=2,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=16,
         sliding_window=8,
-        layer_types=["sliding_attention", "full_attention"],
+        layer_types=[("sliding_attention", "full_attention")[i % 2] for i in range(layers)],
         max_position_embeddings=SEQ,
         initializer_range=0.2,
         attention_dropout=0.0,

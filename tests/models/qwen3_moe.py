@@ -13,7 +13,10 @@ TRAINING = {"global_batch_size": 8, "optimizer": "adamw", "dtype": "bf16", "lr":
 SEQ, VOCAB = 32, 128
 
 
-def build_model(size: str = "tiny", dtype: str = "float32") -> nn.Module:
+def build_model(
+    size: str = "tiny", dtype: str = "float32", layers: int = 2, sparse_step: int = 1
+) -> nn.Module:
+    """``sparse_step``: experts in every such layer (the others dense), as Qwen2-MoE can."""
     if size != "tiny":
         raise ValueError(f"unknown size {size!r}; this test model has only 'tiny'")
     config = Qwen3MoeConfig(
@@ -21,7 +24,8 @@ def build_model(size: str = "tiny", dtype: str = "float32") -> nn.Module:
         hidden_size=64,
         intermediate_size=128,
         moe_intermediate_size=32,
-        num_hidden_layers=2,
+        num_hidden_layers=layers,
+        decoder_sparse_step=sparse_step,
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=16,
