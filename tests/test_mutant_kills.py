@@ -9,6 +9,7 @@ import pytest
 from planner.hardware.cluster import Cluster
 from planner.hardware.collectives import collective_time, p2p_time, ring_factors
 from planner.hardware.profiles import load_profile
+from planner.vocab import Offload
 
 B = 360e9  # bytes/s
 ALPHA = 5e-6  # s
@@ -116,3 +117,97 @@ def test_one_rank_on_each_of_three_nodes_runs_at_one_nic():
     bw, latency = cluster.link([0, 8, 16])
     assert bw == pytest.approx(p.inter_node_bandwidth * p.collective_efficiency, rel=1e-12)
     assert latency == p.inter_node_latency
+
+
+# --------------------------------------------------------------------------- offload_time
+# (planner/cost/optimizer.py's survivors: the host<->device traffic of offloaded blocks)
+
+
+def _offload_inputs(options, dp: int, zero: int):
+    from conftest import cluster_of, make_block
+
+    from planner.cost.records import Config, CostInputs
+    from planner.schema.mesh import Mesh
+    from planner.training import Training
+
+    blocks = [make_block(i, "L", params=int(o.params)) for i, o in enumerate(options)]
+    inp = CostInputs(blocks, [[o] for o in options], 1, cluster_of(dp), Training(8, "fp32", "sgd"))
+    config = Config(
+        Mesh(pp=1, dp=dp, tp=1), 1, "1f1b", 1, zero, [0] * len(options), [0] * len(options)
+    )
+    return inp, config
+
+
+def _offloaded(offload: str, params: float, expert: float = 0.0, ep: int = 1):
+    from dataclasses import replace
+
+    from conftest import make_option
+
+    return replace(make_option(1e-3, params, 0.0, offload=offload), expert_params=expert, ep=ep)
+
+
+# fp32 SGD: 4 weight bytes and 4 gradient bytes per parameter; FP32_BYTES = 4
+@pytest.mark.parametrize(
+    "dp, zero, per_block",
+    [
+        (1, 0, [1e6, 3e6]),  # one replica: whole blocks
+        (2, 0, [1e6, 3e6]),  # replicated weights (ZeRO-0): whole blocks on every replica
+        (2, 3, [1e6 / 2, 3e6 / 2]),  # sharded over 2 replicas
+        (4, 1, [1e6 / 4, 3e6 / 4]),
+    ],
+)
+def test_zero_offload_moves_each_blocks_gradients_down_and_weights_up(dp, zero, per_block):
+    """ZeRO-Offload (``Offload.OPTIMIZER``): per step, each block's shard of gradients goes
+    down and its updated weights come up, (gb + wb) bytes a parameter at the host bandwidth,
+    summed over blocks (killed: ``t = ...`` keeping the last block; the shard taken at
+    ZeRO-0 or one replica; the shard only beyond 2 replicas)."""
+    from planner.cost.optimizer import offload_time
+
+    opts = [_offloaded(Offload.OPTIMIZER, 1e6), _offloaded(Offload.OPTIMIZER, 3e6)]
+    inp, config = _offload_inputs(opts, dp, zero)
+    bw = inp.cluster.profile.host_bandwidth
+    want = sum(n * (4 + 4) / bw for n in per_block)
+    assert offload_time(inp, opts, config, 3) == pytest.approx(want, rel=1e-12)
+
+
+def test_expert_blocks_offload_their_zero_share_only_when_sharded():
+    """At one replica a block's traffic is its ``params`` as held, not ``zero_params`` (which
+    counts every expert replica's copy); over 2 replicas, zero_params / 2 (killed: the shard
+    formula at one replica)."""
+    from planner.cost.optimizer import offload_time
+
+    opt = _offloaded(Offload.OPTIMIZER, 4e6, expert=2e6, ep=2)  # zero_params = 4e6 + 2e6 = 6e6
+    for dp, zero, n in [(1, 3, 4e6), (2, 3, 6e6 / 2)]:
+        inp, config = _offload_inputs([opt], dp, zero)
+        bw = inp.cluster.profile.host_bandwidth
+        assert offload_time(inp, [opt], config, 1) == pytest.approx(n * 8 / bw, rel=1e-12)
+
+
+def test_offloaded_weights_travel_every_micro_batch_for_every_block():
+    """FSDP2's CPU offload (``Offload.PARAMS``): each micro-batch copies the fp32 weights up
+    twice and the gradient shard down, m (2 * 4 + gb) bytes a parameter, summed over blocks (killed:
+    ``t = ...``)."""
+    from planner.cost.optimizer import offload_time
+
+    opts = [_offloaded(Offload.PARAMS, 2e6), _offloaded(Offload.PARAMS, 6e6)]
+    inp, config = _offload_inputs(opts, 2, 3)
+    bw = inp.cluster.profile.host_bandwidth
+    want = (2e6 / 2 + 6e6 / 2) * 3 * (2 * 4 + 4) / bw
+    assert offload_time(inp, opts, config, 3) == pytest.approx(want, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    "offload, zero, allowed",
+    [
+        (Offload.NONE, 0, True),
+        (Offload.OPTIMIZER, 1, True),
+        (Offload.PARAMS, 2, False),
+        (Offload.PARAMS, 3, True),
+    ],
+)
+def test_weights_live_on_the_host_only_under_zero_3(offload, zero, allowed):
+    """killed: ``offload == PARAMS or zero >= 3`` (refusing every block that keeps its
+    weights on the device below ZeRO-3)."""
+    from planner.cost.optimizer import offload_allowed
+
+    assert offload_allowed(offload, zero) is allowed
