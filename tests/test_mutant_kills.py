@@ -211,3 +211,44 @@ def test_weights_live_on_the_host_only_under_zero_3(offload, zero, allowed):
     from planner.cost.optimizer import offload_allowed
 
     assert offload_allowed(offload, zero) is allowed
+
+
+# fp32 SGD with torch's fused step: 2 * 4 + 4 + 2 * 4 = 20 bytes a parameter on the device;
+# the host's per-op step 8 accesses of 4 bytes = 32; each accumulated micro-batch after the
+# first reads two gradients and writes one, 3 * 4 = 12 bytes a parameter
+@pytest.mark.parametrize(
+    "offload, dp, zero, micro_batches, stepped, accumulated",
+    [
+        (Offload.NONE, 1, 0, 2, 1000 + 3000, 1000 + 3000),  # whole gradients accumulated
+        (Offload.NONE, 1, 0, 1, 1000 + 3000, 0),  # one micro-batch: nothing to accumulate
+        (Offload.NONE, 2, 2, 2, (1000 + 3000) / 2, (1000 + 3000) / 2),  # FSDP adds shards
+        (Offload.NONE, 2, 0, 3, 1000 + 3000, 1000 + 3000),  # DDP's no_sync: whole
+        (Offload.PARAMS, 2, 3, 2, (1000 + 3000) / 2, (1000 + 3000) / 2),  # all on the host
+    ],
+)
+def test_the_optimizer_step_and_accumulation_passes_over_each_blocks_parameters(
+    offload, dp, zero, micro_batches, stepped, accumulated
+):
+    """optimizer_time's memory-bound terms, summed over two blocks of 1000 and 3000
+    parameters, at the device's or (offloaded) the host's bandwidth: stepped x bytes of the
+    step + accumulated x (m - 1) x 12 (killed: the accumulation starting at 1 parameter, or
+    skipped at 2 micro-batches; ``acc = n`` keeping the last block; ``-`` for the host's
+    accumulation; the FSDP shard only beyond 2 replicas)."""
+    from dataclasses import replace as with_
+
+    from planner.cost.optimizer import optimizer_time
+
+    opts = [_offloaded(offload, 1000), _offloaded(offload, 3000)]
+    inp, config = _offload_inputs(opts, dp, zero)
+    inp = with_(inp, training=with_(inp.training, global_batch_size=dp * micro_batches))
+    p = inp.cluster.profile
+    acc_bytes = (micro_batches - 1) * 12
+    if offload == Offload.PARAMS:
+        want = (stepped * 32 + accumulated * acc_bytes) / (
+            p.host_memory_bandwidth * p.elementwise_efficiency
+        )
+    else:
+        want = (stepped * 20 + accumulated * acc_bytes) / (
+            p.memory_bandwidth * p.elementwise_efficiency
+        )
+    assert optimizer_time(inp, opts, config) == pytest.approx(want, rel=1e-12)
