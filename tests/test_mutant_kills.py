@@ -252,3 +252,49 @@ def test_the_optimizer_step_and_accumulation_passes_over_each_blocks_parameters(
             p.memory_bandwidth * p.elementwise_efficiency
         )
     assert optimizer_time(inp, opts, config) == pytest.approx(want, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    "tp, dp, pp, zero, tensors, dtensors",
+    [
+        (1, 1, 1, 0, 10, False),  # one replica: plain parameters
+        (2, 1, 1, 0, 10, True),  # TP's parameters are DTensors
+        (1, 2, 1, 2, 10, True),  # FSDP2 (ZeRO 2/3)
+        (1, 2, 1, 1, 10 / 2, False),  # ZeRO-1 steps 1/dp of the tensors, plain
+        (1, 2, 2, 0, 10, True),  # pipelined ZeRO-0 over replicas: replicate's DTensors
+        (1, 1, 2, 0, 10, False),  # a pipeline at one replica: plain
+    ],
+)
+def test_the_optimizer_step_pays_each_parameter_tensors_dispatch(
+    tp, dp, pp, zero, tensors, dtensors
+):
+    """On the CPU profile the per-tensor step adds tensors x 3 SGD ops x the plain or the
+    DTensor op's dispatch cost (two blocks of 4 and 6 tensors; the difference from the same
+    blocks with no tensors counted). Killed: DTensors only beyond TP 2 or from ZeRO-3; the
+    pipeline's replicate case dropped, taken at ZeRO-1, beyond 2 stages or 2 replicas, or at
+    one replica."""
+    from dataclasses import replace as with_
+
+    from conftest import cluster_of, make_block
+
+    from planner.cost.optimizer import optimizer_time
+    from planner.cost.records import Config, CostInputs
+    from planner.schema.mesh import Mesh
+    from planner.training import Training
+
+    bare = [_offloaded(Offload.NONE, 1000), _offloaded(Offload.NONE, 3000)]
+    counted = [with_(bare[0], param_tensors=4), with_(bare[1], param_tensors=6)]
+    world = tp * dp * pp
+    blocks = [make_block(i, "L", params=int(o.params)) for i, o in enumerate(bare)]
+    config = Config(Mesh(pp=pp, dp=dp, tp=tp), 1, "1f1b", 1, zero, [0, pp - 1], [0, 0])
+    training = Training(dp, "fp32", "sgd")  # one micro-batch: no accumulation
+    cluster = cluster_of(world, "cpu")
+
+    def priced(opts):
+        inp = CostInputs(blocks, [[o] for o in opts], 1, cluster, training)
+        return optimizer_time(inp, opts, config)
+
+    p = cluster.profile
+    per_op = p.dtensor_op_overhead if dtensors else p.optimizer_op_overhead
+    assert p.dtensor_op_overhead != p.optimizer_op_overhead
+    assert priced(counted) - priced(bare) == pytest.approx(tensors * 3 * per_op, rel=1e-9)
