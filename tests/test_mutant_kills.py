@@ -298,3 +298,137 @@ def test_the_optimizer_step_pays_each_parameter_tensors_dispatch(
     per_op = p.dtensor_op_overhead if dtensors else p.optimizer_op_overhead
     assert p.dtensor_op_overhead != p.optimizer_op_overhead
     assert priced(counted) - priced(bare) == pytest.approx(tensors * 3 * per_op, rel=1e-9)
+
+
+# --------------------------------------------------------------------------- pipeline.py
+# (its surviving mutants: the heterogeneous hop, the stage's parts, the step's helpers)
+
+BW_P2P, LAT_P2P = 50e9, 2e-6  # bytes/s, s
+
+
+def _sent(nbytes: float) -> float:
+    """One point-to-point message: S / B + alpha."""
+    return nbytes / BW_P2P + LAT_P2P
+
+
+@pytest.mark.parametrize(
+    "t, t_next, shards, want",
+    [
+        (2, 2, True, 2 * _sent(1e6 / 2)),  # each TP rank sends its 1/t shard, and back
+        (2, 2, False, 2 * _sent(1e6)),  # whole copies rank to rank
+        (1, 2, False, _sent(2 * 1e6) + _sent(1e6)),  # one sender, two receivers: two copies
+        (4, 2, False, _sent(1e6) + _sent(2 * 1e6)),  # gradients back: two senders each
+        (2, 8, True, _sent(4 * 1e6) + _sent(1e6)),  # shards apply to one degree only
+    ],
+)
+def test_a_pipeline_hop_between_tp_degrees_sends_a_copy_per_receiver(t, t_next, shards, want):
+    """hop_time at equal and at different TP degrees of the two stages (killed: 28 mutants of
+    the heterogeneous branch, which the cost model's tests never reached)."""
+    from planner.cost.pipeline import hop_time
+
+    assert hop_time(1e6, t, t_next, BW_P2P, LAT_P2P, shards) == pytest.approx(want, rel=1e-12)
+
+
+@pytest.mark.parametrize("m, pp, floor", [(1, 4, 1.0), (5, 2, 3.0), (9, 4, 3.0)])
+def test_the_one_chunk_floor_is_one_plus_the_busiest_stages_share(m, pp, floor):
+    from planner.cost.pipeline import one_chunk_floor
+
+    assert one_chunk_floor(m, pp) == floor
+
+
+def test_a_pipeline_with_a_missing_stage_count_is_refused():
+    """one_chunk_pipeline zips stage times with micro-batch counts strictly: a list one short
+    is a caller's bug, not a shorter pipeline (killed: ``strict`` dropped)."""
+    from planner.cost.pipeline import one_chunk_pipeline
+
+    assert one_chunk_pipeline([1.0, 2.0], [3, 3]) == 1.0 + 2.0 + 2 * 2.0
+    with pytest.raises(ValueError):
+        one_chunk_pipeline([1.0, 2.0], [3])
+
+
+def test_the_schedule_figures_split_the_hop_evenly_and_the_rest_by_proportion():
+    """forward_backward_split: blocks' forward 1 ms and backward 2 ms, a micro-batch of 4 ms
+    with 0.6 ms of point-to-point: the rest 4 - 3 - 0.6 = 0.4 ms goes 1/3 to forward; a
+    stage whose blocks take no time splits it half and half (killed: ``+ p2p``; the 1/3
+    share only above a second of blocks; dividing by a zero time)."""
+    from conftest import make_option
+
+    from planner.cost.pipeline import forward_backward_split
+
+    opt = make_option(3e-3, 1e6, 0.0)  # fwd 1 ms, bwd 2 ms
+    f, b = forward_backward_split([opt], 4e-3, 0.6e-3)
+    want = (1e-3 + 0.3e-3 + 0.4e-3 / 3, 2e-3 + 0.3e-3 + 0.8e-3 / 3)
+    assert (f, b) == pytest.approx(want, rel=1e-12)
+    assert forward_backward_split([], 2.0, 0.4) == pytest.approx((1.0, 1.0), rel=1e-12)
+
+
+def test_an_interleaved_chunk_on_a_single_rank_holds_one_micro_batch():
+    """At pp = 1 a rank runs each micro-batch through its chunks and back before the next:
+    each chunk holds one micro-batch, not 1/v of one (killed: ``pp >= 1``)."""
+    from planner.cost.pipeline import chunk_held
+    from planner.vocab import Schedule
+
+    assert chunk_held(Schedule.INTERLEAVED, 4, 1, 2, 0) == 1.0
+    # p = 2, v = 2, m = 4: rank 0 peaks at chunk 0 for 3 micro-batches and chunk 1 for 2
+    assert chunk_held(Schedule.INTERLEAVED, 4, 2, 2, 0) == (3 + 2) / 2
+
+
+def _four_stage_inputs(traced_mbs: int, block_s: float = 3e-3, **training):
+    from dataclasses import replace as with_
+
+    from conftest import make_block, make_option
+
+    from planner.cost.records import Config, CostInputs
+    from planner.schema.mesh import Mesh
+    from planner.training import Training
+
+    blocks = [make_block(i, "L", boundary=8192) for i in range(4)]
+    # forward 1/3 and backward 2/3 of block_s, a third of it TP collectives
+    opt = with_(make_option(block_s, 1e6, 0.0), tp_comm_s=block_s / 3)
+    cluster = Cluster(load_profile("h100-sxm"), nodes=2, gpus_per_node=2)
+    train = Training(8, "fp32", "sgd", **training)
+    inp = CostInputs(blocks, [[opt]] * 4, traced_mbs, cluster, train)
+    config = Config(Mesh(pp=4, dp=1, tp=1), 2, "1f1b", 1, 0, [0, 1, 2, 3], [0] * 4)
+    return inp, [opt], config
+
+
+@pytest.mark.parametrize("traced_mbs", [1, 2])
+def test_a_first_stage_sends_its_micro_batchs_boundary_to_the_next_rank(traced_mbs):
+    """Stage 0 of 4 (2 ranks a node): compute is its blocks' time less their TP share (that
+    goes to tp_comm), and the hop to rank 1 (same node, not rank 3 on the other) carries
+    8192 bytes a traced sample-set x 2 samples / traced_mbs, each way (killed: ``+ tp_comm``;
+    ``* traced_mbs``; the previous rank's link; ``p2p = ...``)."""
+    from planner.cost.pipeline import stage_time_parts
+
+    inp, opts, config = _four_stage_inputs(traced_mbs)
+    compute, tp_comm, p2p = stage_time_parts(inp, opts, config, 0, sync=0.0)
+    assert (compute, tp_comm) == pytest.approx((2e-3, 1e-3), rel=1e-12)
+    bw, lat = inp.cluster.link([0, 1])
+    assert (bw, lat) != inp.cluster.link([0, 3])
+    nbytes = 8192 * 2 / traced_mbs
+    assert p2p == pytest.approx(2 * (nbytes / bw + lat), rel=1e-12)
+
+
+def test_a_stage_computes_its_sync_time_when_not_given_it():
+    """``sync=None`` (the default) prices stage_sync_time itself: the same parts as passing it
+    (killed: the default path skipped, inverted, or called without the config)."""
+    from planner.cost.data_parallel import stage_sync_time
+    from planner.cost.pipeline import stage_time_parts
+
+    inp, opts, config = _four_stage_inputs(1)
+    sync = stage_sync_time(inp, opts, config, 1)
+    assert stage_time_parts(inp, opts, config, 1) == stage_time_parts(inp, opts, config, 1, sync)
+
+
+def test_an_overlapped_hop_hides_the_profiles_share_of_the_stages_compute():
+    """With p2p_overlap only what exceeds comm_overlap x compute stays exposed (killed:
+    ``/ compute``)."""
+    from planner.cost.pipeline import stage_time_parts
+
+    inp, opts, config = _four_stage_inputs(1, 6e-6)  # compute 4 us, the hop about 10 us
+    _, _, plain = stage_time_parts(inp, opts, config, 0, sync=0.0)
+    inp2, opts2, _ = _four_stage_inputs(1, 6e-6, p2p_overlap=True)
+    compute, _, hidden = stage_time_parts(inp2, opts2, config, 0, sync=0.0)
+    overlap = inp2.cluster.profile.comm_overlap
+    assert 0 < overlap * compute < plain
+    assert hidden == pytest.approx(plain - overlap * compute, rel=1e-12)
