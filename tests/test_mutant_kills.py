@@ -432,3 +432,67 @@ def test_an_overlapped_hop_hides_the_profiles_share_of_the_stages_compute():
     overlap = inp2.cluster.profile.comm_overlap
     assert 0 < overlap * compute < plain
     assert hidden == pytest.approx(plain - overlap * compute, rel=1e-12)
+
+
+# --------------------------------------------------------------------------- step.py
+# (its surviving mutants: the fields of the stage and step records no test read)
+
+
+def test_each_stage_record_holds_its_parts_and_its_schedules_count():
+    """stage_costs on 4 one-block stages, 1F1B, 4 micro-batches: stage s is pipeline rank s,
+    its time is compute + TP + point-to-point, split forward/backward with the hop halved
+    and the rest in the blocks' 1 : 2 proportion, and it holds min(m, p - r) micro-batches."""
+    from planner.cost.data_parallel import stage_sync_time
+    from planner.cost.pipeline import stage_time_parts
+    from planner.cost.step import stage_costs
+
+    inp, opts, config = _four_stage_inputs(1)
+    for s, st in enumerate(stage_costs(inp, config)):
+        compute, tp_comm, p2p = stage_time_parts(inp, opts, config, s, sync=None)
+        time_s = compute + tp_comm + p2p
+        assert (st.index, st.pp_rank, st.inflight) == (s, s, min(4, 4 - s))
+        assert (st.tp_comm_s, st.time_s) == pytest.approx((tp_comm, time_s), rel=1e-12)
+        assert tp_comm == pytest.approx(1e-3, rel=1e-12)
+        rest = time_s - 3e-3 - p2p
+        fwd, bwd = 1e-3 + p2p / 2 + rest / 3, 2e-3 + p2p / 2 + 2 * rest / 3
+        assert (st.fwd_s, st.bwd_s) == pytest.approx((fwd, bwd), rel=1e-12)
+        assert st.sync_s == stage_sync_time(inp, opts, config, s)
+
+
+def test_the_step_record_reports_throughput_mfu_and_memory_against_its_capacity():
+    """evaluate's derived fields: samples/s = batch / step; MFU = the traced model's flops
+    scaled from its traced sample-set (2 here) to the batch, over step x GPUs x peak;
+    capacity = memory x memory_fraction (killed: the fields set to None; ``* traced_mbs``;
+    ``/ memory_fraction``)."""
+    from dataclasses import replace as with_
+
+    from planner.cost.step import evaluate
+
+    inp, _, config = _four_stage_inputs(2)
+    inp = with_(inp, memory_fraction=0.5)
+    cost = evaluate(inp, config)
+    p = inp.cluster.profile
+    assert cost.samples_per_s == pytest.approx(8 / cost.step_time_s, rel=1e-12)
+    flops = 4 * (10**9 + 2 * 10**9) * 8 / 2  # make_block: 1 and 2 GFLOP per traced set
+    assert cost.model_flops_per_step == pytest.approx(flops, rel=1e-12)
+    want_mfu = flops / (cost.step_time_s * 4 * p.peak_flops["fp32"])
+    assert cost.mfu == pytest.approx(want_mfu, rel=1e-12)
+    assert cost.capacity_bytes == pytest.approx(p.memory_bytes * 0.5, rel=1e-12)
+    assert cost.peak_memory_bytes == max(mm["total"] for mm in cost.rank_memory)
+    assert cost.sync_s == pytest.approx(4 * max(st.sync_s for st in cost.stages), rel=1e-12)
+
+
+@pytest.mark.parametrize("zero, feasible", [(2, False), (3, True)])
+def test_a_step_with_weights_on_the_host_is_feasible_only_under_zero_3(zero, feasible):
+    """evaluate's feasibility asks ``offload_allowed`` of each chosen option (killed: asking it
+    of no offload, which allows weights on the host at any stage)."""
+    from dataclasses import replace as with_
+
+    from planner.cost.step import evaluate
+    from planner.schema.mesh import Mesh
+
+    inp, opts, config = _four_stage_inputs(1)
+    host = with_(opts[0], offload=Offload.PARAMS)
+    inp = with_(inp, options=[[host]] * 4)
+    config = with_(config, mesh=Mesh(pp=1, dp=4, tp=1), zero_stage=zero, stage_of=[0] * 4)
+    assert evaluate(inp, config).feasible is feasible
