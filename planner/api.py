@@ -140,7 +140,10 @@ def variants_for(
     ``variants_of(block, tp, pipelined)``: ``pipelined``, the plan has pipeline stages, whose
     traced code reads a tied weight where no module can carry its vocabulary-parallel style
     (the last stage's head reads its own copy of the embedding), so tied weights stay
-    replicated there."""
+    replicated there.
+
+    Long because the ILP, the per-run binding memo and the probe's verdicts are closures over
+    one run's graph, cluster and probe; split, each would take all three as arguments."""
     from planner.cost.sharding import tp_variants
     from planner.vocab import SEQUENCE_STYLES, on_dtensors
 

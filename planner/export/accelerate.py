@@ -23,6 +23,11 @@ MIXED_PRECISION = {DType.BF16: "bf16", DType.FP16: "fp16", DType.FP32: "no"}
 
 
 def export(plan: Plan, facts: PlanFacts, layer_class: str) -> Export:
+    """The plan as an Accelerate (FSDP2) config, with what Accelerate cannot express said in
+    ``changes``.
+
+    Long because each config key sits beside the change it forces, in the order of
+    Accelerate's config file; split, a change would drift from its key."""
     changes: list[str] = []
     mesh = plan.mesh
     dp = mesh.dp

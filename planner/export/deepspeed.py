@@ -20,6 +20,10 @@ PARTITION_FILE = "deepspeed_partition.json"
 
 
 def export(plan: Plan, facts: PlanFacts) -> Export:
+    """The plan as a DeepSpeed config, with what DeepSpeed cannot express said in ``changes``.
+
+    Long because each config section sits beside the change it forces, in the order
+    DeepSpeed's config documents them; split, a change would drift from its section."""
     changes: list[str] = []
     mesh = plan.mesh
     zero = plan.zero_stage

@@ -124,12 +124,16 @@ def price_as_run(plan: Plan, runs: AsRun, training: Training, model: PlanModel) 
             f"{plan.micro_batch_size} over {replicas} data-parallel replicas as the engine runs"
         )
     opts, choice = [], []
+    # a class's options are its first block's, as the planner prices them (``price_options``)
+    first = {}
+    for block in model.blocks:
+        first.setdefault(block.cls, block)
     for block, planned, (recompute, offload) in zip(
         model.blocks, plan.blocks, block_modes(plan, runs)
     ):
         pins = Pins(tp=mesh.tp, recompute=recompute, offload=offload)
         (found,) = price_options(
-            model.graph, [block], mesh.tp, plan.micro_batch_size, model.cluster, training, pins,
+            model.graph, [first[block.cls]], mesh.tp, plan.micro_batch_size, model.cluster, training, pins,
             model.variants_of, mesh.ep, mesh.cp, model.memo, pipelined=mesh.pp > 1,
         )  # fmt: skip
         opts.append(found)
