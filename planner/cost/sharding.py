@@ -1995,8 +1995,8 @@ def _sharded_region(
     sharded region downstream of a column-parallel op: the ops that read it as the shard
     (``needs``: the state each op requires of each operand). The region is gathered where a
     consumer needs it replicated or it leaves the block; the runtime then gathers right at
-    the module output (``colwise_gather``), which is the same value, since the ops between
-    are shard-local."""
+    the module output (``colwise_gather``) and runs the ops between whole, so the ILP gathers
+    only there (``gathers_midway``) and prices what runs."""
     inside = set(block.nodes)
     leaves = set(graph.graph.get("outputs", []))
     seen, todo = {start}, [start]
