@@ -300,15 +300,17 @@ def test_a_linear_subclass_whose_forward_is_a_plain_product_still_shards():
 
 
 def test_a_parameter_read_where_the_runtime_gathered_is_not_summed():
-    """Apertus' xIELU activation scales the up projection's output by softplus(alpha): the
-    sharding ILP keeps that output sharded through the activation and sums alpha's partial
-    gradients, but the runtime gathers the projection's output (``colwise_gather``) and
-    computes the activation whole, so each rank's alpha gradient is already whole; summing
-    it trained alpha at twice the rate (1000x the oracle's tolerance, exit 0). The per-head
-    q and k norms, read on the head shards, are still summed."""
+    """Apertus' xIELU activation scales the up projection's output by softplus(alpha). The
+    sharding ILP once kept that output sharded through the activation and gathered after it,
+    summing alpha's partial gradients, while the runtime gathered the projection's output
+    (``colwise_gather``) and computed the activation whole: each rank's alpha gradient was
+    already whole, and summing it trained alpha at twice the rate. The ILP now gathers only at
+    a column-parallel module's output (``gathers_midway``): here the MLP stays replicated, so
+    alpha's gradient is whole on every rank and not summed. The per-head q and k norms, read
+    on the head shards, are still summed."""
     result = _tp2_plan("sweep.py", {"family": "apertus"})
     layer = next(b for b in result.plan.blocks if b.name == "model.layers.1")
-    assert layer.tp_plan["model.layers.1.mlp.up_proj"] == "colwise_gather"
+    assert "model.layers.1.mlp.up_proj" not in layer.tp_plan
     assert layer.tp_grad_sums == [
         "model.layers.1.self_attn.k_norm",
         "model.layers.1.self_attn.q_norm",

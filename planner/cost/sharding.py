@@ -1061,6 +1061,18 @@ def reshard(src: str, dst: str) -> tuple[str | None, str | None] | None:
     return ("all_gather", None) if dst == R else ("all_to_all", "all_to_all")
 
 
+def gathers_midway(producer: Strategy | None, src: str, dst: str) -> bool:
+    """Whether moving ``src`` to ``dst`` gathers a sharded value that no column-parallel
+    module made (an op downstream of one, on its shards). Torch's styles cannot gather there:
+    the runtime gathers at the column-parallel module's output (``colwise_gather``) and runs
+    every op between whole, on every rank, so the layout is not priced as it runs and the ILP
+    must not pick it (OPT's out_proj column-parallel on a gathered attention output: the
+    whole attention priced on 1/t shards, run unsharded)."""
+    if _dim(src) is None or src == dst or producer is None:
+        return False
+    return base_style(producer.plan) not in ("colwise", "colwise_dtensor")
+
+
 def op_share(
     base: str, out: str, product: bool, t: int, table: Sequence[int] | None = None,
     out_bytes: float = 0.0,
@@ -1196,6 +1208,7 @@ def evaluate(prob: BlockProblem, choice: Sequence[int], comm_seconds_per_byte: f
     t = prob.tp
     strat = [op.strategies[k] for op, k in zip(prob.ops, choice)]
     state = {op.name: s.out for op, s in zip(prob.ops, strat)}
+    made = {op.name: s for op, s in zip(prob.ops, strat)}  # the strategy that made each value
     ev = Evaluation(feasible=True)
     pgrad_nodes: dict[str, bool] = {}
     plain_pgrad: dict[str, bool] = {}  # of those, the ones no module's style reduces
@@ -1211,7 +1224,7 @@ def evaluate(prob: BlockProblem, choice: Sequence[int], comm_seconds_per_byte: f
             src = state.get(o.name, R)
             moves = reshard(src, r)
             pinned = o.name in prob.index and prob.ops[prob.index[o.name]].pinned
-            if moves is None or (pinned and src != r):
+            if moves is None or (pinned and src != r) or gathers_midway(made.get(o.name), src, r):
                 return Evaluation(feasible=False)
             nbytes = _out_bytes(prob, o.name)
             if moves[0]:
@@ -1232,6 +1245,8 @@ def evaluate(prob: BlockProblem, choice: Sequence[int], comm_seconds_per_byte: f
             if kept:
                 ev.saved_selective_bytes += b
     for u in prob.outputs:
+        if gathers_midway(made[u], state[u], R):
+            return Evaluation(feasible=False)
         fwd, _ = reshard(state[u], R)
         if fwd:
             ev.comm_fwd.append((fwd, prob.ops[prob.index[u]].nbytes))
@@ -1317,6 +1332,9 @@ def sharding_milp(
                                  g_u >= G_v(u) for a block input u
              param_partial_grad: g_p >= G_v(p)                                 for all v reading p
              param_sharded:      h_p <= H_v(p)                                 for all v reading p
+             module_gather:      e_{v,i,s,r} <= sum_{k: o(u,k) = s, k column-parallel} x_{u,k}
+                                 for s sharded, r != s; x_{u,k} = 0 for an output u whose
+                                 k is sharded and not column-parallel (``gathers_midway``)
 
     e_{v,i,s,r} is the joint indicator "u is in s and v needs r" (pairs with an illegal
     reshard, r = P from s != P, have no variable, so edge_in forbids them); its two marginal
@@ -1367,6 +1385,7 @@ class _MilpTerms:
             "partial_grad": [],
             "param_partial_grad": [],
             "param_sharded": [],
+            "module_gather": [],
         }
     )
     # what later steps read: each edge's joint variables, the partial gradients a producer
@@ -1482,6 +1501,13 @@ def _operand_terms(m: _MilpTerms, v: int, op, i: int, o) -> None:
         fwd, bwd = reshard(s_out, r)
         cost = m.coll(fwd, producer.nbytes) + (m.coll(bwd, producer.nbytes) if o.grad else 0)
         evars[(s_out, r)] = m.zvar(("e", v, i, s_out, r), time_cost=cost)
+        if any(gathers_midway(st, s_out, r) for st in producer.strategies if st.out == s_out):
+            module_made = {
+                m.col[(u, k)]: -1.0
+                for k, st in enumerate(producer.strategies)
+                if st.out == s_out and not gathers_midway(st, s_out, r)
+            }
+            m.rows["module_gather"].append((module_made, {evars[(s_out, r)]: 1.0}, 0.0))
     for s_out in outs:
         es = {evars[p]: 1.0 for p in pairs if p[0] == s_out}
         m.eq_rows["edge_out"].append((m.X(u, s_out), {j: -a for j, a in es.items()}, 0.0))
@@ -1491,13 +1517,16 @@ def _operand_terms(m: _MilpTerms, v: int, op, i: int, o) -> None:
 
 
 def _output_terms(m: _MilpTerms) -> None:
-    """Block outputs must be R: each output strategy pays its gather."""
+    """Block outputs must be R: each output strategy pays its gather, which only a
+    column-parallel module's own output may take (``gathers_midway``)."""
     prob = m.prob
     for u_name in prob.outputs:
         u = prob.index[u_name]
         for k, s in enumerate(prob.ops[u].strategies):
             fwd, _ = reshard(s.out, R)
             m.cx_time[m.col[(u, k)]] += m.coll(fwd, prob.ops[u].nbytes)
+            if gathers_midway(s, s.out, R):
+                m.rows["module_gather"].append(({m.col[(u, k)]: 1.0}, {}, 0.0))
 
 
 def _gradient_terms(m: _MilpTerms) -> None:
@@ -1966,8 +1995,8 @@ def _sharded_region(
     sharded region downstream of a column-parallel op: the ops that read it as the shard
     (``needs``: the state each op requires of each operand). The region is gathered where a
     consumer needs it replicated or it leaves the block; the runtime then gathers right at
-    the module output (``colwise_gather``), which is the same value, since the ops between
-    are shard-local."""
+    the module output (``colwise_gather``) and runs the ops between whole, so the ILP gathers
+    only there (``gathers_midway``) and prices what runs."""
     inside = set(block.nodes)
     leaves = set(graph.graph.get("outputs", []))
     seen, todo = {start}, [start]
