@@ -133,8 +133,9 @@ def price_as_run(plan: Plan, runs: AsRun, training: Training, model: PlanModel) 
     ):
         pins = Pins(tp=mesh.tp, recompute=recompute, offload=offload)
         (found,) = price_options(
-            model.graph, [first[block.cls]], mesh.tp, plan.micro_batch_size, model.cluster, training, pins,
-            model.variants_of, mesh.ep, mesh.cp, model.memo, pipelined=mesh.pp > 1,
+            model.graph, [first[block.cls]], mesh.tp, plan.micro_batch_size, model.cluster,
+            training, pins, model.variants_of, mesh.ep, mesh.cp, model.memo,
+            pipelined=mesh.pp > 1,
         )  # fmt: skip
         opts.append(found)
         choice.append(variant_choice(found, planned.tp_variant, runs.sequence_parallel))
