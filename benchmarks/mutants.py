@@ -256,8 +256,8 @@ MUTANTS: list[Mutant] = [
     M(
         "cost-recv-buffers-in-flight-only",
         "planner/cost/memory.py",
-        "            total += (m + held) * b",
-        "            total += 2 * held * b",
+        "    return (m - held + 1 if receives else 0) + (m + held if sends else 0)",
+        "    return (m - held + 1 if receives else 0) + (2 * held if sends else 0)",
         COST,
         "torch's output-gradient buffers counted for the micro-batches in flight, not all m",
     ),
@@ -959,8 +959,8 @@ MUTANTS: list[Mutant] = [
     M(
         "probe-blames-shards-for-a-whole-block-failure",
         "planner/cost/eager_probe.py",
-        "                if not ran:\n",
-        "                if False:\n",
+        "        if exc is not None:\n",
+        "        if False:\n",
         "tests/test_foreign_models.py",
         "a block whose code fails on the meta device whole (fp32 grouped experts) loses every "
         "sharded variant",
@@ -1185,7 +1185,7 @@ MUTANTS: list[Mutant] = [
     M(
         "trace-forward-state-unseen",
         "planner/trace/export.py",
-        '    graph.graph["forward_state"] = forward_state(model, before)\n',
+        '    graph.graph["forward_state"] = copied_state(forward_state(model, before), repeats)\n',
         '    graph.graph["forward_state"] = []\n',
         "tests/test_trace.py::test_buffers_the_forward_updates_are_found_and_named_under_data_parallelism",
         "a spectral norm's buffers drift under data parallelism, unsaid",
@@ -1622,7 +1622,7 @@ MUTANTS: list[Mutant] = [
     M(
         "trace-direct-forward-unrecorded",
         "planner/trace/export.py",
-        'graph.graph["direct_forward"] = direct_forwards(model, called)',
+        'graph.graph["direct_forward"] = direct_forwards(model, copied_modules(called, repeats))',
         'graph.graph["direct_forward"] = []',
         "tests/test_trace.py " + oracle("direct_forward"),
         "layers whose forward the model calls directly go unnamed, so their hooks never fire",
