@@ -70,6 +70,7 @@ def plan_model(plan: Plan, use_cache: bool = True) -> PlanModel:
         dtype=plan.dtype,
         optimizer=plan.optimizer,
         lr=plan.lr,
+        reduce_dtype=plan.reduce_dtype,
     )
     training = on_devices(training, profile.device == "gpu")
     traced = trace(mf, traced_batch_size=1, dtype=training.dtype, use_cache=use_cache)
