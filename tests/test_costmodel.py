@@ -312,11 +312,16 @@ def test_zero_pipeline_stages_reduce_once_and_hold_whole_gradients(zero):
     )
 
 
-@pytest.mark.parametrize("zero,pp", [(0, 1), (2, 1), (2, 2), (3, 1)])
-def test_gradient_accumulation_adds_m_minus_1_passes_over_the_accumulated_gradients(zero, pp):
+@pytest.mark.parametrize(
+    "zero,pp,half", [(0, 1, False), (2, 1, False), (2, 2, False), (3, 1, False), (2, 2, True),
+                     (2, 1, True), (0, 1, True)],
+)  # fmt: skip
+def test_gradient_accumulation_adds_m_minus_1_passes_over_the_accumulated_gradients(zero, pp, half):
     """torch adds every micro-batch's gradient after the first into .grad (read both, write
     one): (m - 1) * 3 * gradient bytes at the element-wise rate, over whole gradients under
-    ZeRO 0/1 or a deferring pipeline, over the dp shard under ZeRO 2/3 otherwise."""
+    ZeRO 0/1 or a deferring pipeline, over the dp shard under ZeRO 2/3 otherwise. A deferring
+    pipeline with bf16 reduction accumulates FSDP2's unsharded gradients in bf16 (2 bytes);
+    the others add into the fp32 ``.grad`` (4) whatever the reduce dtype."""
     from planner.cost.optimizer import optimizer_time
 
     psi, dp = 4e8, 4
@@ -325,11 +330,11 @@ def test_gradient_accumulation_adds_m_minus_1_passes_over_the_accumulated_gradie
     opts = [make_option(0.01, psi, 1e6)]
 
     def opt_time(m: int) -> float:
-        tr = Training(m * dp, "bf16", "adamw")
+        tr = Training(m * dp, "bf16", "adamw", half_grad_reduce=half)
         inp = CostInputs([make_block(0, "layer", params=int(psi))], [opts], 1, cl, tr)
         return optimizer_time(inp, opts, Config(Mesh(pp, dp, 1), 1, "1f1b", 1, zero, [0], [0]))
 
-    gb = Training(dp, "bf16", "adamw").state_bytes[1]
+    gb = 2 if half and zero >= 2 and pp > 1 else 4
     whole = zero < 2 or pp > 1
     accumulated = psi if whole else psi / dp
     rate = prof.memory_bandwidth * prof.elementwise_efficiency

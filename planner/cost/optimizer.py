@@ -53,8 +53,10 @@ def optimizer_time(inp: CostInputs, opts: list[BlockOption], config: Config) -> 
     per_param = 2 * wb + gb + 2 * ob if inp.training.fused_step else unfused
     m = num_microbatches(inp.training, mesh.dp, config.micro_batch_size)
     acc_device = acc_host = 0.0
+    deferred = False
     if m > 1:
-        sharded = config.zero_stage >= 2 and not deferred_reduce(config, inp.training)
+        deferred = deferred_reduce(config, inp.training)
+        sharded = config.zero_stage >= 2 and not deferred
         for o in opts:
             n = o.zero_params / mesh.replicas if sharded and mesh.replicas > 1 else o.params
             if inp.training.fused_grad_accumulation and not sharded:
@@ -63,7 +65,10 @@ def optimizer_time(inp: CostInputs, opts: list[BlockOption], config: Config) -> 
                 acc_host += n
             else:
                 acc_device += n
-    per_acc = (m - 1) * 3 * gb
+    # A deferring pipeline accumulates FSDP2's unsharded gradients in the reduce dtype (what
+    # memory holds them at: ``state_memory(accumulated=True)``); the others add into ``.grad``.
+    acc_bytes = inp.training.reduce_bytes if deferred else gb
+    per_acc = (m - 1) * 3 * acc_bytes
     # The same achievable share of bandwidth applies to a memory-bound step on either side.
     memory = (device * per_param + acc_device * per_acc) / (
         p.memory_bandwidth * p.elementwise_efficiency
