@@ -169,7 +169,9 @@ def test_runtime_trains_the_searched_degrees_like_one_process(searched, tmp_path
     trains_like_one_process(res.plan, tmp_path / "run", 3, 3)
 
 
-@pytest.mark.parametrize("t, u", [(1, 1), (4, 4), (1, 2), (2, 1), (2, 8), (8, 2), (1, 8)])
+@pytest.mark.parametrize(
+    "t, u", [(1, 1), (4, 4), (1, 2), (2, 1), (2, 8), (8, 2), (1, 8), (2, 3), (3, 2), (4, 6), (6, 4)]
+)
 def test_hop_prices_the_copies_the_runtime_sends(t, u):
     """A hop between stages of TP degrees t and u costs what the runtime's routing
     (``Mesh.neighbours``) sends over the busiest rank's link: forward, the most copies of the

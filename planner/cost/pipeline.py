@@ -4,6 +4,8 @@ pipeline's step time with its bubble (``pipeline_time``)."""
 
 from __future__ import annotations
 
+import math
+
 from planner.cost.compute import loss_time
 from planner.cost.data_parallel import stage_sync_time
 from planner.cost.records import BlockOption, Config, CostInputs, StageCost, sample_share
@@ -46,8 +48,9 @@ def hop_time(nbytes: float, t: int, t_next: int, bw: float, lat: float, shards: 
     if t == t_next:
         per = nbytes / t if shards else nbytes
         return 2 * p2p_time(per, bw, lat)
-    forward = p2p_time(nbytes * max(1, t_next // t), bw, lat)
-    return forward + p2p_time(nbytes * max(1, t // t_next), bw, lat)
+    # the busiest sender, TP rank 0, sends to every receiving rank u with u mod t == 0
+    forward = p2p_time(nbytes * math.ceil(t_next / t), bw, lat)
+    return forward + p2p_time(nbytes * math.ceil(t / t_next), bw, lat)
 
 
 def stage_time_parts(
