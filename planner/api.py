@@ -500,7 +500,10 @@ def infeasible_message(traced, cluster, training, result, pins) -> str:
     states = traced.params * (wb + gb + ob)
     room = cap - cluster.profile.reserved_bytes
     fewest = int(-(-states // room)) if room > 0 else 0
-    hints = [f"at least {max(fewest, cluster.gpus + 1)} GPUs of {cluster.profile.name}"]
+    if pins.tp and pins.pp and pins.dp:  # the pinned layout fixes the GPU count
+        hints = ["a larger --pp or --tp (or leave --dp to the search)"]
+    else:
+        hints = [f"at least {max(fewest, cluster.gpus + 1)} GPUs of {cluster.profile.name}"]
     hints.append("a profile with more memory (e.g. --profile h200)")
     if pins.offload == Offload.NONE:
         hints.append("allowing offload (--offload auto)")

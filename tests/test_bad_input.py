@@ -281,6 +281,31 @@ CASES = {
         2,
         "cannot create output directory",
     ),
+    "infeasible_pinned_layout_names_the_pins": (
+        lambda t: [
+            GPT,
+            "--model-arg",
+            "size=1.3b",
+            "--gpus",
+            "2",
+            "--profile",
+            "v100-16g",
+            "--tp",
+            "1",
+            "--pp",
+            "1",
+            "--dp",
+            "2",
+            "--zero",
+            "0",
+            "--offload",
+            "none",
+            "--recompute",
+            "full",
+        ],
+        3,
+        "a larger --pp or --tp",
+    ),  # fmt: skip
     "infeasible_exit_3": (
         lambda t: [
             GPT,
