@@ -304,6 +304,10 @@ def plan(
     if traced.note:
         notes.append(traced.note)
     memo = SearchMemo(variants={} if solved is None else solved.setdefault(traced.cache_key, {}))
+    if use_cache:  # the stage MILPs an earlier plan solved are read back, not solved again
+        from planner.search.milp.runs import RunStore
+
+        memo.runs = RunStore()
     if use_cache and not memo.variants:  # the sharding ILP's solutions from an earlier plan
         memo.variants.update(load_variants(traced.cache_key))
     known = len(memo.variants)
