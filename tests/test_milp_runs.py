@@ -1,8 +1,10 @@
-"""The stage MILPs' HiGHS runs kept on disk (planner.search.milp.runs): a run read back gives the
-stage MILP exactly what solving gives (placement, objective, proven bound, node count), also
-where the node limit stops the solve and under a cutoff; another node limit or cutoff is another
-run; and a re-plan that reads every run back, calling HiGHS on no stage MILP, writes the plan
-byte for byte (solve time aside) that solving wrote."""
+"""What a warm plan reads back instead of computing again: the stage MILPs' HiGHS runs
+(planner.search.milp.runs) and the candidates' split bounds and LP relaxations
+(planner.search.bound_memo). A run read back gives the stage MILP exactly what solving gives
+(placement, objective, proven bound, node count), also where the node limit stops the solve and
+under a cutoff; another node limit or cutoff is another run; and a re-plan that reads every
+MILP, LP and split bound back, computing none, writes the plan byte for byte (solve time aside)
+that computing them wrote."""
 
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ from test_search_certificates import _pipeline, _record
 
 from planner.api import plan
 from planner.schema import dumps
+from planner.search import bounds, driver
+from planner.search.bound_memo import bounds_path
 from planner.search.milp import solve
 from planner.search.milp.runs import RunStore
 from planner.search.milp.solve import solve_stage_milp
@@ -22,6 +26,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _no_highs(*args, **kwargs):
     raise AssertionError("a run kept on disk must be read back, not solved")
+
+
+def _no_bound(*args, **kwargs):
+    raise AssertionError("a bound kept on disk must be read back, not computed")
 
 
 @pytest.mark.parametrize("cutoff", [None, "above"])
@@ -58,7 +66,11 @@ def test_a_replan_reads_every_stage_milp_and_writes_the_same_plan(tmp_path, monk
     first = plan(ROOT / "examples" / "gpt.py", 16, gpus_per_node=4, **args)
     runs = list((tmp_path / "milp").iterdir())
     assert first.search.solved >= 1 and runs  # stage MILPs were solved and kept
+    kept = bounds_path(first.traced.cache_key).read_text()
+    assert '"s' in kept and '"l' in kept  # split bounds and LPs were computed and kept
     monkeypatch.setattr(solve, "_highs", _no_highs)
+    monkeypatch.setattr(driver, "split_bound", _no_bound)
+    monkeypatch.setattr(bounds, "_solve_lp", _no_bound)
     second = plan(ROOT / "examples" / "gpt.py", 16, gpus_per_node=4, **args)
     assert sorted((tmp_path / "milp").iterdir()) == sorted(runs)  # nothing solved anew
     first.plan.solver.solve_time_s = second.plan.solver.solve_time_s = 0.0

@@ -17,3 +17,6 @@ class SearchMemo:
     # the stage MILPs' HiGHS runs kept on disk (planner.search.milp.runs.RunStore), or None:
     # solved again every time (``plan --no-cache``, and searches called without one)
     runs: Any = None
+    # the candidates' split bounds and LP relaxations by their inputs' hash
+    # (planner.search.bound_memo.BoundMemo), or None: computed every time
+    bounds: Any = None
