@@ -21,6 +21,11 @@ report worker, peak resident memory, and the phases inside the process:
   on the pool case, the mixed search and the pool's figure, outside ``planner.api.plan``);
 - ``start``: the interpreter's own start-up, outside the process's clock.
 
+A warm run also reads back what the search kept from the run before: the stage MILPs' HiGHS
+runs and the candidates' bounds (planner.search.milp.runs, planner.search.bound_memo).
+``--cold-search`` drops them before each warm run: the trace cached, the search computed anew,
+as on a first plan of a cached model on another cluster.
+
 The planner's compiled modules are kept between runs (``__pycache__``) as Python does by
 default, also where the shell sets PYTHONDONTWRITEBYTECODE: a warm run is a user's second run.
 
@@ -34,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -191,9 +197,12 @@ def same_plan(a: Path, b: Path) -> bool:
     return strip(a) == strip(b)
 
 
-def bench(case: tuple, warm_only: bool, kept_cache: Path | None = None) -> dict:
+def bench(
+    case: tuple, warm_only: bool, kept_cache: Path | None = None, cold_search: bool = False
+) -> dict:
     """The case cold then warm. ``kept_cache``: a trace cache kept between invocations (with
-    ``warm_only``): the first run then only warms what it lacks and is not reported."""
+    ``warm_only``): the first run then only warms what it lacks and is not reported.
+    ``cold_search``: the search's kept MILP runs and bounds dropped before the warm run."""
     row: dict = {"case": case[1], "argv": ["plan", *argv_of(case, Path("OUT"))]}
     with tempfile.TemporaryDirectory() as tmp:
         cache = kept_cache or Path(tmp) / "cache"
@@ -201,6 +210,9 @@ def bench(case: tuple, warm_only: bool, kept_cache: Path | None = None) -> dict:
         first = run_once(case, cache, cold_out)
         if not warm_only:
             row["cold"] = first
+        if cold_search:
+            for kept in ("milp", "bounds"):
+                shutil.rmtree(cache / kept, ignore_errors=True)
         row["warm"] = run_once(case, cache, warm_out)
         row["same_plan"] = same_plan(cold_out / "plan.json", warm_out / "plan.json")
         row["load_average"] = round(os.getloadavg()[0], 2)
@@ -247,6 +259,11 @@ def main() -> None:
         help="with --warm-only: a trace cache folder kept between invocations (default: a new "
         "empty one per case, so each case's first run traces cold)",
     )
+    ap.add_argument(
+        "--cold-search",
+        action="store_true",
+        help="drop the search's kept MILP runs and bounds before each warm run",
+    )
     args = ap.parse_args()
     if args.cache and not args.warm_only:
         raise SystemExit("--cache: only with --warm-only (a cold run needs an empty cache)")
@@ -256,7 +273,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     for case in chosen:
-        rows.append(bench(case, args.warm_only, kept))
+        rows.append(bench(case, args.warm_only, kept, args.cold_search))
         w = rows[-1]["warm"]
         cold = rows[-1].get("cold", {}).get("wall_s", float("nan"))
         print(f"{case[1]:28s} cold {cold:7.2f} s  warm {w['wall_s']:6.2f} s  {w['phases_s']}")

@@ -304,6 +304,11 @@ def plan(
     if traced.note:
         notes.append(traced.note)
     memo = SearchMemo(variants={} if solved is None else solved.setdefault(traced.cache_key, {}))
+    if use_cache:  # the stage MILPs and bounds an earlier plan computed are read back
+        from planner.search.bound_memo import load_bounds
+        from planner.search.milp.runs import RunStore
+
+        memo.runs, memo.bounds = RunStore(), load_bounds(traced.cache_key)
     if use_cache and not memo.variants:  # the sharding ILP's solutions from an earlier plan
         memo.variants.update(load_variants(traced.cache_key))
     known = len(memo.variants)
@@ -325,6 +330,10 @@ def plan(
     probe.save()
     if use_cache and len(memo.variants) > known:
         save_variants(traced.cache_key, memo.variants)
+    if memo.bounds is not None and memo.bounds.added:
+        from planner.search.bound_memo import save_bounds
+
+        save_bounds(traced.cache_key, memo.bounds)
     doc = build_plan(traced, cluster, training, result, baselines)
     notes += batch_statistics_notes(traced.graph, doc)
     notes += loss_sample_notes(traced.graph, doc, lambda: mf.loss_gathers)

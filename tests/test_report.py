@@ -3,6 +3,7 @@ page renders in a real browser; the schedule simulation agrees with the pipeline
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -35,7 +36,7 @@ from planner.report.schedule import (
 from planner.report.show import main as show_main
 from planner.report.style import GIB, coords, stage_colors
 from planner.report.timeline import step_boxes, timeline_boxes
-from planner.schema import dumps
+from planner.schema import ClusterInfo, Mesh, dumps
 from planner.search import Pins
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -184,6 +185,24 @@ def test_placement_has_one_colour_per_stage_and_covers_every_gpu(case):
         assert len(tp_groups) == shown // mesh.tp
     else:
         assert not tp_groups
+
+
+def test_placement_of_16384_gpus_draws_groups_of_nodes_with_every_gpu_in_its_stage(planned):
+    """Llama-3-405B's 16,384 GPUs (pp 8 x dp 256 x tp 8, 2,048 nodes): 256 cells of 8 nodes,
+    each split into its 64 GPUs' stages; every stage's slices add up to its 2,048 GPUs."""
+    _, small, _, _ = planned("llama-8")
+    mesh, gpn = Mesh(pp=8, dp=256, tp=8), 8
+    doc = dataclasses.replace(small, mesh=mesh, cluster=ClusterInfo("h100-sxm", 2048, gpn, 16384))
+    fig = placement_figure(doc)
+    grid = [p for p in _gpu_patches(fig) if p.axes is fig.axes[0]]
+    assert len(grid) == 256  # a stage holds 256 whole nodes: one slice per cell
+    colors = stage_colors(mesh.pp)
+    for stage in range(mesh.pp):
+        ours = [p for p in grid if to_hex(p.get_facecolor()) == colors[stage]]
+        assert sum(p.get_width() for p in ours) == pytest.approx(0.9 * 2048 / (8 * gpn))
+    labels = {t.get_text() for t in fig.axes[0].texts}
+    assert labels == {str(n) for n in range(0, 2048, 8)}
+    plt.close(fig)
 
 
 def test_memory_bars_are_the_plans_numbers(case):

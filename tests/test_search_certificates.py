@@ -149,13 +149,13 @@ def test_pipelines_are_solved_in_order_of_their_strongest_bound(monkeypatch):
     never = cand(4, cheap=2.6, strong=2.6, optimum=2.7)
     solved: list[int] = []
 
-    def relaxed(sp, bound):
+    def relaxed(sp, bound, memo=None):
         return max(bound, facts[id(sp)][0] - 0.1)
 
     def split(sp):
         return SimpleNamespace(feasible=True, step_bound=lambda _sp: facts[id(sp)][0])
 
-    def solve(inp, c, cutoff, nodes, sp=None, split=None):
+    def solve(inp, c, cutoff, nodes, sp=None, split=None, runs=None):
         solved.append(c.micro_batch_size)
         optimum = facts[id(c)][1]
         if cutoff is not None and optimum >= cutoff:

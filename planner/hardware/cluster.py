@@ -7,6 +7,7 @@ is limited by the per-GPU network link.
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -47,6 +48,13 @@ class Cluster:
             self.node_of(next(r for r in ranks if not 0 <= r < self.gpus))  # raises, naming it
         return Counter(r // self.gpus_per_node for r in ranks)
 
+    def _spread(self, ranks: Sequence[int]) -> tuple[int, int, int]:
+        """(nodes, fewest, most of ``ranks`` on one of them), kept per group: pricing asks
+        for the same few groups thousands of times (Llama-3-405B on 16,384 GPUs: 11,000 links
+        of data-parallel groups of up to 16,384 ranks, a tenth of the plan's CPU counting
+        them), and hashing a group is ten times cheaper than counting it."""
+        return _spread(self, tuple(ranks))
+
     def spans_nodes(self, ranks: Sequence[int]) -> bool:
         """Whether a group over ``ranks`` has to cross the inter-node network."""
         return len({self.node_of(r) for r in ranks}) > 1
@@ -68,10 +76,9 @@ class Cluster:
         measured_collective_bandwidth).
         """
         p = self.profile
-        per_node = self.ranks_per_node(ranks)
-        k = len(per_node)
+        k, g, _ = self._spread(ranks)
         if k > 1:
-            n, g = len(ranks), min(per_node.values())
+            n = len(ranks)
             bus = p.inter_node_bandwidth * g * k * (n - 1) / (n * (k - 1))
             bus = min(bus, p.intra_node_bandwidth)
             return bus * p.collective_efficiency, p.inter_node_latency
@@ -93,16 +100,18 @@ class Cluster:
         if n <= 1:
             return 0.0
         p = self.profile
-        per_node = self.ranks_per_node(ranks)
-        intra = (
-            (max(per_node.values()) - 1) / n / (p.intra_node_bandwidth * p.collective_efficiency)
-        )
-        if len(per_node) == 1:
+        k, least, most = self._spread(ranks)
+        intra = (most - 1) / n / (p.intra_node_bandwidth * p.collective_efficiency)
+        if k == 1:
             return intra
-        inter = (
-            (n - min(per_node.values())) / n / (p.inter_node_bandwidth * p.collective_efficiency)
-        )
+        inter = (n - least) / n / (p.inter_node_bandwidth * p.collective_efficiency)
         return max(intra, inter)
+
+
+@functools.lru_cache(maxsize=64)
+def _spread(cluster: Cluster, ranks: tuple[int, ...]) -> tuple[int, int, int]:
+    per_node = cluster.ranks_per_node(ranks)
+    return len(per_node), min(per_node.values(), default=0), max(per_node.values(), default=0)
 
 
 def make_cluster(

@@ -68,7 +68,9 @@ def lower_bounds(inp: CostInputs, cand: Candidate) -> tuple[float, float]:
     return time_bound, mem_bound
 
 
-def relaxed_bound(sp: StageProblem, bound: float, split: SplitBound | None = None) -> float:
+def relaxed_bound(
+    sp: StageProblem, bound: float, split: SplitBound | None = None, memo=None
+) -> float:
     """A stronger step-time bound, or inf when no placement can fit at all: the LP relaxation
     of the stage MILP (fractional block counts per stage and option, per-rank memory with each
     stage's in-flight micro-batches, the pipeline objective) without the ordering constraints,
@@ -79,6 +81,7 @@ def relaxed_bound(sp: StageProblem, bound: float, split: SplitBound | None = Non
     other beats on every coefficient it reads (dominance.LP_FIELDS): exact, and a few times
     fewer columns; its rows are relaxation's. With ``split`` (split_bound's exact dynamic
     program over integer splits), T_max starts at T* and the result is at least S* + P*.
+    ``memo``: a bound_memo.BoundMemo holding LPs solved before (by their arrays).
     """
     p, v, m = sp.pp, sp.v, sp.m
     J = p * v
@@ -125,7 +128,8 @@ def relaxed_bound(sp: StageProblem, bound: float, split: SplitBound | None = Non
     lower[sh.rmax] = _granular(sp, sp.time, p) + v * hop
     lower[sh.opt] = _granular(sp, sp.optim, p)
     lower[sh.off] = _granular(sp, sp.offl, p)
-    status, value = _solve_lp(c, sh.pattern, entries, row_lower, row_upper, lower, upper)
+    lp = (c, sh.pattern, entries, row_lower, row_upper, lower, upper)
+    status, value = _solve_lp(*lp) if memo is None else memo.lp(_solve_lp, *lp)
     if status == "infeasible":
         return math.inf
     if status != "optimal":

@@ -139,7 +139,7 @@ def search_space(
     cands = _candidates(graph, blocks, cluster, training, pins, variants_of)
     memo = SearchMemo() if memo is None else memo
     inputs = _price(graph, blocks, cluster, training, pins, variants_of, cands, progress, memo)
-    state = _Incumbent(inputs)
+    state = _Incumbent(inputs, memo.runs, memo.bounds)
     order = _order(cands, training, pins, cluster)
     state.first_pass(cands, order, pins, progress)
     spent = state.second_pass(cands)
@@ -257,8 +257,10 @@ class _Incumbent:
     """The best plan so far and what the search left unproven: the bounds of candidates the
     tolerance pruned (``band``) and of MILPs stopped by their node limit."""
 
-    def __init__(self, inputs: dict) -> None:
+    def __init__(self, inputs: dict, runs=None, bounds=None) -> None:
         self.inputs = inputs
+        self.runs = runs  # HiGHS runs kept from earlier plans (milp.runs), or None
+        self.bounds = bounds  # split bounds and LPs computed before (bound_memo), or None
         self.best: Candidate | None = None
         self.band: list[Candidate] = []  # pruned by a bound within the tolerance of the best
         self.done = 0
@@ -269,7 +271,7 @@ class _Incumbent:
         best = self.best
         cutoff = best.cost.step_time_s * (1 - tol) if best is not None else None
         sp, split = self.problems.get(id(c), (None, None))
-        solve_candidate(self.inputs[c.key], c, cutoff, nodes, sp=sp, split=split)
+        solve_candidate(self.inputs[c.key], c, cutoff, nodes, sp=sp, split=split, runs=self.runs)
         if c.status == "pruned-bound":  # no placement under the cutoff; one within it may be
             self.band.append(c)
 
@@ -334,14 +336,14 @@ class _Incumbent:
             _prune_by_bound(c, self.best)
             return False
         sp = stage_problem(self.inputs[c.key], c)
-        c.bound = relaxed_bound(sp, c.bound)
+        c.bound = relaxed_bound(sp, c.bound, memo=self.bounds)
         if c.bound == math.inf:
             _prune_by_memory(c)
             return False
         if self.beaten(c):
             _prune_by_bound(c, self.best)
             return False
-        split = split_bound(sp)
+        split = split_bound(sp) if self.bounds is None else self.bounds.split(sp)
         if not split.feasible:
             _prune_by_memory(c)
             return False
@@ -395,7 +397,7 @@ class _Incumbent:
         t = c.cost.step_time_s
         sp, split = self.problems.get(id(c), (None, None))
         inp = self.inputs[c.key]
-        solve_candidate(inp, trial, t, SECOND_PASS_NODES, sp=sp, split=split)
+        solve_candidate(inp, trial, t, SECOND_PASS_NODES, sp=sp, split=split, runs=self.runs)
         c.nodes += trial.nodes
         c.solve_time_s += trial.solve_time_s
         if trial.status == "pruned-bound":

@@ -30,6 +30,7 @@ from planner.cost.records import Config, CostInputs, deferred_reduce, grads_held
 from planner.cost.step import evaluate
 from planner.search.candidates import Candidate
 from planner.search.milp.data import StageProblem
+from planner.search.milp.runs import RunStore
 from planner.search.milp.solve import DEFAULT_NODE_LIMIT, solve_stage_milp
 from planner.search.milp.split_bound import SplitBound
 from planner.trace.blocks import Block
@@ -140,12 +141,14 @@ def solve_candidate(
     node_limit: int = DEFAULT_NODE_LIMIT,
     sp: StageProblem | None = None,
     split: SplitBound | None = None,
+    runs: RunStore | None = None,
 ) -> None:
     """Solve the candidate's stage MILP and record its placement, cost, status and certificate
-    (``bound``: proven lower bound of its step time; ``gap``; ``nodes``) on it."""
+    (``bound``: proven lower bound of its step time; ``gap``; ``nodes``) on it. ``runs``:
+    HiGHS runs kept from earlier plans (milp.runs)."""
     sp = stage_problem(inp, cand) if sp is None else sp
     start = time.perf_counter()
-    sol = solve_stage_milp(sp, node_limit, cutoff, split)
+    sol = solve_stage_milp(sp, node_limit, cutoff, split, runs)
     cand.solve_time_s += time.perf_counter() - start
     cand.nodes += sol.nodes
     if math.isfinite(sol.dual_bound):

@@ -53,6 +53,7 @@ from planner.highs import pass_model, quiet_highs
 from planner.search.milp.data import StageProblem
 from planner.search.milp.dominance import undominated
 from planner.search.milp.rows import StageModel, stage_model
+from planner.search.milp.runs import HighsRun, RunStore, run_key
 from planner.search.milp.split_bound import SplitBound, split_bound
 
 __all__ = ["StageSolution", "solve_stage_milp", "undominated"]
@@ -80,6 +81,7 @@ def solve_stage_milp(
     node_limit: int = DEFAULT_NODE_LIMIT,
     cutoff: float | None = None,
     split: SplitBound | None = None,
+    runs: RunStore | None = None,
 ) -> StageSolution:
     """Solve one candidate's MILP exactly, or until HiGHS has explored ``node_limit``
     branch-and-bound nodes (a work limit: no wall clock is read, so the result is the same on
@@ -87,9 +89,8 @@ def solve_stage_milp(
 
     ``cutoff``: only solutions with objective below it matter (the incumbent's step time);
     HiGHS then prunes with it, and "cutoff" means "nothing here beats the cutoff".
-    ``split``: the candidate's split_bound, when the caller computed it already."""
-    import highspy
-
+    ``split``: the candidate's split_bound, when the caller computed it already.
+    ``runs``: HiGHS runs kept from earlier plans (milp.runs), read instead of solving again."""
     keep = undominated(sp)
     if any(not ids for ids in keep):
         return StageSolution("infeasible", float("inf"), [], 0.0)
@@ -99,18 +100,13 @@ def solve_stage_milp(
     model = stage_model(sp, keep, split)
     has_cutoff = cutoff is not None and np.isfinite(cutoff)
     start = time.perf_counter()
-    h = _highs(model, node_limit, cutoff if has_cutoff else None)
-    h.run()
+    run = _run(model, node_limit, cutoff if has_cutoff else None, runs)
     elapsed = time.perf_counter() - start
-    info = h.getInfo()
-    bound = float(info.mip_dual_bound)
-    nodes = int(info.mip_node_count)
-    feasible = int(info.primal_solution_status) == 2  # kSolutionStatusFeasible
-    status = h.getModelStatus()
+    bound, nodes, feasible = run.dual_bound, run.nodes, run.primal_feasible
     cut = "cutoff" if has_cutoff else "infeasible"
     proven_cut = has_cutoff and np.isfinite(bound) and bound >= cutoff
-    optimal = status == highspy.HighsModelStatus.kOptimal
-    if status == highspy.HighsModelStatus.kInfeasible:
+    optimal = run.model_status == "optimal"
+    if run.model_status == "infeasible":
         return StageSolution(cut, float("inf"), [], elapsed, nodes=nodes)
     if optimal and feasible:
         kind = "optimal"
@@ -122,7 +118,7 @@ def solve_stage_milp(
         return StageSolution(cut, float("inf"), [], elapsed, nodes=nodes)
     else:
         return StageSolution("no_solution", float("inf"), [], elapsed, bound, nodes)
-    x = np.asarray(h.getSolution().col_value)
+    x = np.asarray(run.x, dtype=float)
     value = float(model.cost @ x) + model.offset
     if has_cutoff and value >= cutoff:
         # HiGHS may stop at the cutoff holding a feasible placement above it, which need not
@@ -134,6 +130,43 @@ def solve_stage_milp(
     if kind == "optimal" and not np.isfinite(bound):
         bound = value
     return StageSolution(kind, value, model.counts(x), elapsed, dual_bound=bound, nodes=nodes)
+
+
+def _run(model: StageModel, node_limit: int, cutoff: float | None, runs: RunStore | None):
+    """HiGHS on ``model``: read from ``runs`` when this very input was solved before, else
+    solved (and kept there)."""
+    key = None
+    if runs is not None:
+        options = {"nodes": int(node_limit), "gap": MIP_REL_GAP, "abs_gap": 1e-12}
+        options["cutoff"] = None if cutoff is None else float(cutoff)
+        arrays = [model.cost, model.pattern.indptr, model.pattern.indices]
+        arrays += [model.pattern.data(model.values), model.row_lower, model.row_upper]
+        arrays += [model.col_lower, model.col_upper, model.integer, np.array([model.offset])]
+        key = run_key(arrays, options)
+        found = runs.load(key)
+        if found is not None:
+            return found
+    import highspy
+
+    h = _highs(model, node_limit, cutoff)
+    h.run()
+    info = h.getInfo()
+    status = h.getModelStatus()
+    kinds = {
+        highspy.HighsModelStatus.kOptimal: "optimal",
+        highspy.HighsModelStatus.kInfeasible: "infeasible",
+    }
+    feasible = int(info.primal_solution_status) == 2  # kSolutionStatusFeasible
+    run = HighsRun(
+        model_status=kinds.get(status, "other"),
+        dual_bound=float(info.mip_dual_bound),
+        nodes=int(info.mip_node_count),
+        primal_feasible=feasible,
+        x=[float(v) for v in h.getSolution().col_value] if feasible else [],
+    )
+    if key is not None:
+        runs.save(key, run)
+    return run
 
 
 def _highs(model: StageModel, node_limit: int, cutoff: float | None):

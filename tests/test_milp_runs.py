@@ -1,0 +1,77 @@
+"""What a warm plan reads back instead of computing again: the stage MILPs' HiGHS runs
+(planner.search.milp.runs) and the candidates' split bounds and LP relaxations
+(planner.search.bound_memo). A run read back gives the stage MILP exactly what solving gives
+(placement, objective, proven bound, node count), also where the node limit stops the solve and
+under a cutoff; another node limit or cutoff is another run; and a re-plan that reads every
+MILP, LP and split bound back, computing none, writes the plan byte for byte (solve time aside)
+that computing them wrote."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_search_certificates import _pipeline, _record
+
+from planner.api import plan
+from planner.schema import dumps
+from planner.search import bounds, driver
+from planner.search.bound_memo import bounds_path
+from planner.search.milp import solve
+from planner.search.milp.runs import RunStore
+from planner.search.milp.solve import solve_stage_milp
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _no_highs(*args, **kwargs):
+    raise AssertionError("a run kept on disk must be read back, not solved")
+
+
+def _no_bound(*args, **kwargs):
+    raise AssertionError("a bound kept on disk must be read back, not computed")
+
+
+@pytest.mark.parametrize("cutoff", [None, "above"])
+def test_a_run_read_back_is_the_run_solved(tmp_path, monkeypatch, cutoff):
+    sp = _pipeline(45.0)
+    alone = solve_stage_milp(sp, node_limit=50)
+    assert alone.status == "node_limit"  # the limit binds: the hardest case to reproduce
+    limit = alone.objective * 1.01 if cutoff else None
+    direct = solve_stage_milp(sp, node_limit=50, cutoff=limit)
+    store = RunStore(tmp_path)
+    kept = solve_stage_milp(sp, node_limit=50, cutoff=limit, runs=store)
+    assert store.read == 0 and len(list(tmp_path.iterdir())) == 1
+    monkeypatch.setattr(solve, "_highs", _no_highs)
+    read = solve_stage_milp(sp, node_limit=50, cutoff=limit, runs=store)
+    assert store.read == 1
+    assert _record(read) == _record(kept) == _record(direct)
+    with pytest.raises(AssertionError, match="read back"):  # another limit: another run
+        solve_stage_milp(sp, node_limit=5, cutoff=limit, runs=store)
+
+
+def test_a_corrupt_run_is_solved_again(tmp_path):
+    sp = _pipeline(60.0)
+    store = RunStore(tmp_path)
+    first = solve_stage_milp(sp, node_limit=5, runs=store)
+    (path,) = tmp_path.iterdir()
+    path.write_text(path.read_text()[:20])
+    again = solve_stage_milp(sp, node_limit=5, runs=store)
+    assert store.read == 0 and _record(again) == _record(first)
+
+
+def test_a_replan_reads_every_stage_milp_and_writes_the_same_plan(tmp_path, monkeypatch):
+    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path))
+    args = dict(model_args={"size": "tiny"}, global_batch_size=64, profile="h100-sxm")
+    first = plan(ROOT / "examples" / "gpt.py", 16, gpus_per_node=4, **args)
+    runs = list((tmp_path / "milp").iterdir())
+    assert first.search.solved >= 1 and runs  # stage MILPs were solved and kept
+    kept = bounds_path(first.traced.cache_key).read_text()
+    assert '"s' in kept and '"l' in kept  # split bounds and LPs were computed and kept
+    monkeypatch.setattr(solve, "_highs", _no_highs)
+    monkeypatch.setattr(driver, "split_bound", _no_bound)
+    monkeypatch.setattr(bounds, "_solve_lp", _no_bound)
+    second = plan(ROOT / "examples" / "gpt.py", 16, gpus_per_node=4, **args)
+    assert sorted((tmp_path / "milp").iterdir()) == sorted(runs)  # nothing solved anew
+    first.plan.solver.solve_time_s = second.plan.solver.solve_time_s = 0.0
+    assert dumps(second.plan) == dumps(first.plan)
