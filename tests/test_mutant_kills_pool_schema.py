@@ -23,6 +23,7 @@ from planner.resources.choose import (
     evaluate,
     meets,
     node_counts,
+    pareto,
     plan_option,
     why_chosen,
 )
@@ -747,6 +748,7 @@ def test_each_option_is_priced_by_hand_at_its_node_count():
     assert run.energy_kwh == pytest.approx(energy, rel=1e-12)
     assert run.carbon_kg == pytest.approx(energy * 0.4, rel=1e-12)
     assert options[2].run.steps == 11 and options[2].run.wall_s == 220.0
+    assert options[1].point == PlanPoint(10.0, 0.4, 1000, "dp2", busy=0.5)
     by_steps = evaluate(pool, planner, steps=7)
     assert by_steps[2].run.steps == 7 and by_steps[2].run.wall_s == 140.0
 
@@ -851,6 +853,42 @@ def test_a_missed_budget_and_deadline_name_the_option_nearest_both():
         "no option of the pool meets the $1,000 budget: the nearest is x x1 (10.0 h, $1,234), "
         "which needs $234 more money (--budget 1235)"
     )
+
+
+def test_an_option_late_but_at_the_budget_to_the_dollar_needs_only_time():
+    a = kind("a", available=2)
+    with pytest.raises(InfeasibleError) as err:
+        choose([priced(a, 1, 12.0, 1000.0)], "cost", deadline_h=10.0, budget_usd=1000.0)
+    assert str(err.value) == (
+        "no option of the pool meets the 10 h deadline and the $1,000 budget: the nearest is "
+        "a x1 (12.0 h, $1,000), which needs 2.0 h more time (--deadline 12.0)"
+    )
+
+
+def test_an_option_tying_another_on_one_figure_and_beaten_on_the_rest_is_off_the_front():
+    """(time, cost, carbon): b ties a's cost and loses on time and carbon, so a dominates it;
+    c is faster than a but dearer: both a and c stay."""
+    a, b, c = kind("a"), kind("b"), kind("c")
+    oa = priced(a, 1, 10.0, 100.0, carbon=5.0)
+    ob = priced(b, 1, 12.0, 100.0, carbon=6.0)
+    oc = priced(c, 1, 8.0, 150.0, carbon=5.0)
+    assert pareto([oa, ob, oc]) == [oa, oc]
+
+
+@pytest.mark.parametrize(
+    "objective, text",
+    [
+        ("time", "a x1 has the least time (1,000.0 h) of the 2 options that meet the deadline "
+         "and budget; b x1: 2,000.0 h (+100.0%)"),
+        ("carbon", "a x1 has the least carbon (1,000.00 tCO2) of the 2 options that meet the "
+         "deadline and budget; b x1: 2,000.00 tCO2 (+100.0%)"),
+    ],
+)  # fmt: skip
+def test_why_chosen_shows_hours_and_tonnes_to_their_last_digit(objective, text):
+    """1,000 h is 3.6e6 s over 3,600; 1e6 kg is 1,000 t."""
+    chosen = priced(kind("a"), 1, 1000.0, 1.0, carbon=1e6)
+    options = [chosen, priced(kind("b"), 1, 2000.0, 2.0, carbon=2e6)]
+    assert why_chosen(chosen, options, objective, 2) == text
 
 
 @pytest.mark.parametrize(
