@@ -68,6 +68,24 @@ MODULES: dict[str, list[str]] = {
         "tests/test_console.py::test_a_mixed_option_of_one_kind_is_labelled_by_its_gpus_and_degrees",
         "tests/test_mutant_kills_pool_schema.py",
     ],
+    # the pool files' tests but the command line's (the MLP planned per option)
+    "planner/resources/pool.py": [
+        *(
+            f"tests/test_resources.py::test_{name}"
+            for name in (
+                "pool_defaults_idle_to_busy_and_gpus_per_node_to_the_profile",
+                "bad_pool_is_one_user_error",
+                "shipped_pools_load",
+                "every_figure_of_the_shipped_pools_names_the_line_it_is_typed_on",
+                "figure_lines_keep_nodes_top_level_keys_and_fabric_apart",
+            )
+        ),
+        *(
+            f"tests/test_mixed_pool.py::test_{name}"
+            for name in ("fabric_reads_and_links_both_ways", "bad_fabric_is_a_one_line_error")
+        ),
+        "tests/test_mutant_kills_pool_schema.py",
+    ],
     # the cost terms by hand; the MILP's brute-force seeds price no model, and the dense
     # dispatch test traces the DLRM (20 s a mutant)
     "planner/recsys/cost.py": [

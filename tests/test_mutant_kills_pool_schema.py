@@ -1076,6 +1076,7 @@ def test_column_and_data_parallel_shards_by_hand(optimizer, s):
     assert cw.lookup_s == pytest.approx((passes * 512 * 2.0 * 4 * 4 + io) / hbm, rel=1e-12)
     assert cw.comm_s == pytest.approx(a2a * (ids + 2 * 512 * 4 * 4), rel=1e-12)
     assert cw.device_bytes == pytest.approx(1000 * 4 * 4 * (1 + s) + 2 * 512 * 4 * 4)
+    assert (cw.table, cw.sharding, cw.host_bytes) == ("t", "column_wise", 0.0)
     assert (cw.kernel, cw.placement, cw.optimizer_s, cw.cache_ratio) == ("fused", "rank", 0.0, None)
     dp = opts["dp"]
     weights = 1000 * 16 * 4
@@ -1103,7 +1104,7 @@ def test_adam_tables_on_a_cpu_run_the_dense_kernel_by_hand():
     sgd = _options(price(rec_model(), c, 512, "sgd", device="cpu"))["tw"]
     assert sgd.kernel == "fused" and sgd.optimizer_s == 0.0
     assert sgd.lookup_s == pytest.approx((3 * read + io) / hbm, rel=1e-12)
-    assert sgd.device_bytes == weights + buffers
+    assert (sgd.device_bytes, sgd.host_bytes) == (weights + buffers, 0.0)
 
 
 def test_a_host_cached_table_hits_its_share_of_uniform_rows_by_hand():
@@ -1206,6 +1207,12 @@ def test_one_rank_pays_no_collective_and_runs_ddp_whatever_is_asked():
     assert (d.allreduce_fixed_s, d.a2a_latency_s, d.dp_allreduce_latency_s) == (0.0, 0.0, 0.0)
     assert (d.allreduce_s_per_byte, d.strategy, d.forward_exposed_s) == (0.0, "ddp", 0.0)
     assert d.sharding_latency_s("table_wise") == 0.0
+    plain = price(rec_model(unit=30), c, 64, "adamw", "fp32", "cpu").dense
+    asked = price(rec_model(unit=30), c, 64, "adamw", "fp32", "cpu", dense_strategy="fsdp")
+    assert (asked.dense.device_bytes, asked.dense.optimizer_s) == (
+        plain.device_bytes,
+        plain.optimizer_s,
+    )
 
 
 def test_the_dense_choices_keep_each_strategys_capacity():
@@ -1254,17 +1261,20 @@ def test_a_pool_at_every_bound_reads_as_floats_and_the_profiles_node():
     )
     other = dict(ROW, name="m", profile="measured/h100-x1", gpu_idle_watts=700)
     third = dict(ROW, name="k", gpus_per_node=4)
-    fabric = dict(FABRIC, latency_s=0)
+    fabric = dict(FABRIC, latency_s=0, bandwidth_bytes_per_s=25_000_000_000)
     pool = pool_from_dict(
         {"node": [edge, other, third], "effective_time_fraction": 1, "fabric": [fabric]}, "p"
     )
     a, b, k = pool.node_types
     assert a == NodeType("n", "h100-sxm", 2, 8, 0.0, 700.0, 0.0, 0.0, 0.0, 1.0)
-    assert all(type(getattr(a, f)) is float for f in ("price_per_gpu_hour", "pue", "node_watts"))
+    figures = ("price_per_gpu_hour", "gpu_busy_watts", "gpu_idle_watts", "node_watts")
+    figures += ("carbon_g_per_kwh", "pue")
+    assert all(type(getattr(t, f)) is float for t in (a, b, k) for f in figures)
     assert (b.gpus_per_node, b.gpu_idle_watts, k.gpus_per_node) == (1, 700.0, 4)
     assert pool.effective_time_fraction == 1.0 and type(pool.effective_time_fraction) is float
     assert pool.path == "p" and pool.fabric == (Fabric(("n", "m"), 25e9, 0.0),)
     assert pool.link("m", "n") is pool.fabric[0] and pool.link("n", "k") is None
+    assert type(pool.fabric[0].bandwidth_bytes_per_s) is type(pool.fabric[0].latency_s) is float
     assert pool_from_dict({"node": [ROW], "effective_time_fraction": 1e-9}, "p")
 
 
@@ -1429,3 +1439,54 @@ def test_figure_lines_number_from_one_and_skip_comments_and_other_tables():
         "a": {"name": 4, "pue": 5},
         "c": {"name": 9, "nodes": 10},
     }
+
+
+def test_a_row_wise_table_on_two_ranks_reduce_scatters_half_its_pooled_rows():
+    """2 H100s: each rank receives half the ids and reduce-scatters the pooled rows forward
+    and back, (2 - 1) / 2 of their bytes each way."""
+    c = cluster_of(2, "h100-sxm")
+    rw = _options(price(rec_model(), c, 512))["rw"]
+    a2a = 1 / 2 / (c.profile.intra_node_bandwidth * c.profile.collective_efficiency)
+    bw, _ = c.link([0, 1])
+    ids = 512 * 2.0 * 8 + 512 * 2 * 8
+    assert rw.comm_s == pytest.approx(a2a * ids / 2 + 2 * 0.5 * 512 * 16 * 4 / bw, rel=1e-12)
+
+
+def test_the_tables_get_the_whole_device_less_its_reserve_and_the_dense_part_by_default():
+    c = cluster_of(2, "h100-sxm")
+    p = c.profile
+    costed = price(rec_model(), c, 512)
+    assert costed.device_capacity == pytest.approx(
+        p.memory_bytes - p.reserved_bytes - costed.dense.device_bytes, rel=1e-12
+    )
+
+
+def test_each_option_names_its_table_sharding_kernel_placement_and_shard_count():
+    """16 H100s on 2 nodes, SGD: TorchRec's sharding type and kernel of each option, where
+    its shards go and how many; only the host-cached ones hold host memory, only the
+    data-parallel one joins the all-reduce and steps an optimizer apart."""
+    opts = price(rec_model(), cluster_of(16, "h100-sxm"), 512).options["t"]
+    assert [
+        (o.table, o.label, o.sharding, o.kernel, o.placement, o.count, o.cache_ratio) for o in opts
+    ] == [
+        ("t", "tw", "table_wise", "fused", "rank", 1, None),
+        ("t", "cw2", "column_wise", "fused", "rank", 2, None),
+        ("t", "cw4", "column_wise", "fused", "rank", 4, None),
+        ("t", "dp", "data_parallel", "dense", "all", 16, None),
+        ("t", "host0.05", "table_wise", "fused_uvm_caching", "rank", 1, 0.05),
+        ("t", "host0.2", "table_wise", "fused_uvm_caching", "rank", 1, 0.2),
+        ("t", "rw", "row_wise", "fused", "all", 16, None),
+        ("t", "twrw", "table_row_wise", "fused", "node", 1, None),
+    ]
+    assert [o.host_bytes > 0 for o in opts] == [False] * 4 + [True, True, False, False]
+    assert [o.allreduce_bytes for o in opts] == [0.0] * 3 + [1000 * 16 * 4] + [0.0] * 4
+    assert [o.optimizer_s > 0 for o in opts] == [False] * 3 + [True] + [False] * 4
+    assert all(o.optimizer_s == 0.0 for o in opts if o.label != "dp")
+
+
+@pytest.mark.parametrize("gpus, per_node, twrw", [(2, 1, False), (4, 2, True), (8, 8, False)])
+def test_table_row_wise_needs_several_nodes_of_several_gpus(gpus, per_node, twrw):
+    """Rows split over one node's ranks: offered across nodes (else it is row-wise) of more
+    than one GPU (else it is table-wise)."""
+    costed = price(rec_model(), cluster_of(gpus, "h100-sxm", gpus_per_node=per_node), 512)
+    assert ("twrw" in _options(costed)) == twrw
