@@ -1309,6 +1309,9 @@ POOL_BAD = [
     ({"node": [dict(ROW, profile=3)]}, N + "unknown profile 3; choose one of a100-40g, a100-80g, "
      "cpu, h100-hbm2e, h100-sxm, h200, v100-16g, measured/h100-x1, measured/h200-x1, "
      "measured/vm-cpu-x2"),
+    ({"node": [dict(ROW, profile="tpu")]}, N + "unknown profile 'tpu'; choose one of a100-40g, "
+     "a100-80g, cpu, h100-hbm2e, h100-sxm, h200, v100-16g, measured/h100-x1, measured/h200-x1, "
+     "measured/vm-cpu-x2"),
     ({"node": [dict(ROW, nodes=0)]}, N + "nodes must be a positive integer, got 0"),
     ({"node": [dict(ROW, nodes=True)]}, N + "nodes must be a positive integer, got True"),
     ({"node": [dict(ROW, nodes=2.0)]}, N + "nodes must be a positive integer, got 2.0"),
@@ -1406,6 +1409,7 @@ def test_each_figure_names_its_line_or_what_stood_in_for_it(tmp_path):
         ("y", "step time", None),
         ("", "effective_time_fraction", 1),
     ]
+    assert records[-1]["source"] == f"{path}:1"
     assert records[2] == {
         "kind": "y", "figure": "gpu_idle_watts", "value": 50.0, "line": 17,
         "source": f"{path}:17",
@@ -1432,7 +1436,8 @@ def test_figure_lines_number_from_one_and_skip_comments_and_other_tables():
         "effective_time_fraction = 0.8 # = 3\n"
         '[[node]]\n  name = "a" # b\n  pue = 1.2\n'
         "[other]\nprice_per_gpu_hour = 9\n"
-        '[[node]] # next\nname="c"\nnodes = 2\n'
+        '[[node]] # next # one\nname="c"\nnodes = 2\n'
+        '[meta]\nname = "z"\n'
     )
     assert figure_lines(text) == {
         "": {"effective_time_fraction": 2},
@@ -1490,3 +1495,33 @@ def test_table_row_wise_needs_several_nodes_of_several_gpus(gpus, per_node, twrw
     than one GPU (else it is table-wise)."""
     costed = price(rec_model(), cluster_of(gpus, "h100-sxm", gpus_per_node=per_node), 512)
     assert ("twrw" in _options(costed)) == twrw
+
+
+def test_a_pool_read_from_a_dict_has_no_lines_to_cite_but_says_what_stood_in():
+    """pool_from_dict keeps no lines (no file): only the figures that stood in for unset ones
+    are sourced, the busy power for the idle, the profile for the step and the default
+    fraction."""
+    from planner.hardware.profiles import profiles_dir
+
+    pool = pool_from_dict({"node": [ROW]}, "p")
+    assert figure_records(pool, ["n"]) == [
+        {"kind": "n", "figure": "gpu_idle_watts", "value": 700.0, "line": None,
+         "source": "not set: gpu_busy_watts"},
+        {"kind": "n", "figure": "step time", "value": "h100-sxm", "line": None,
+         "source": os.path.relpath(profiles_dir() / "h100-sxm.toml")},
+        {"kind": "", "figure": "effective_time_fraction", "value": 0.9, "line": None,
+         "source": "the default, planner/resources/pool.py"},
+    ]  # fmt: skip
+
+
+def test_a_fabric_of_one_byte_a_second_is_slow_but_valid_and_a_broken_file_is_named(tmp_path):
+    """Any bandwidth above 0 is a fabric (the bound is 0, not 1); a file TOML cannot parse is
+    named as the pool it should be."""
+    nodes = [ROW, dict(ROW, name="m")]
+    pool = pool_from_dict({"node": nodes, "fabric": [dict(FABRIC, bandwidth_bytes_per_s=1)]}, "p")
+    assert pool.fabric[0].bandwidth_bytes_per_s == 1.0
+    path = tmp_path / "pool.toml"
+    path.write_text("effective_time_fraction = \n")
+    with pytest.raises(UserInputError) as err:
+        load_pool(path)
+    assert str(err.value).startswith(f"pool {path} is not valid TOML: ")
