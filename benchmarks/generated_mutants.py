@@ -47,6 +47,64 @@ MODULES: dict[str, list[str]] = {
         *COST,
     ],
     "planner/schema/plan.py": ["tests/test_plan_file.py", "tests/test_mixed_stage_dp.py"],
+    # plans written by hand, one defect each: test_plan_file's and test_stage_tp's checks plan
+    # gpt in a module fixture, half a minute a mutant
+    "planner/schema/checks.py": ["tests/test_mutant_kills_pool_schema.py"],
+    # the pool's tests but the command line's (it plans the MLP on each option, 80 s)
+    "planner/resources/choose.py": [
+        *(
+            f"tests/test_resources.py::test_{name}"
+            for name in (
+                "node_counts_are_powers_of_two_and_the_availability",
+                "choice_is_the_brute_force_optimum",
+                "the_objectives_pick_different_options",
+                "missed_deadline_names_the_nearest_option_and_what_it_needs",
+                "missed_budget_says_how_much_more_money",
+                "steps_budget_and_unfit_options",
+                "pareto_front_is_the_non_dominated_set",
+                "why_chosen_names_the_runner_up_and_every_other_kind",
+            )
+        ),
+        "tests/test_console.py::test_a_mixed_option_of_one_kind_is_labelled_by_its_gpus_and_degrees",
+        "tests/test_mutant_kills_pool_schema.py",
+    ],
+    # the pool files' tests but the command line's (the MLP planned per option)
+    "planner/resources/pool.py": [
+        *(
+            f"tests/test_resources.py::test_{name}"
+            for name in (
+                "pool_defaults_idle_to_busy_and_gpus_per_node_to_the_profile",
+                "bad_pool_is_one_user_error",
+                "shipped_pools_load",
+                "every_figure_of_the_shipped_pools_names_the_line_it_is_typed_on",
+                "figure_lines_keep_nodes_top_level_keys_and_fabric_apart",
+            )
+        ),
+        *(
+            f"tests/test_mixed_pool.py::test_{name}"
+            for name in ("fabric_reads_and_links_both_ways", "bad_fabric_is_a_one_line_error")
+        ),
+        "tests/test_mutant_kills_pool_schema.py",
+    ],
+    # the cost terms by hand; the MILP's brute-force seeds price no model, and the dense
+    # dispatch test traces the DLRM (20 s a mutant)
+    "planner/recsys/cost.py": [
+        *(
+            f"tests/test_recsys_solver.py::test_{name}"
+            for name in (
+                "table_wise_terms_by_hand",
+                "cpu_offers_only_what_torchrec_runs_there",
+                "host_option_pays_misses_at_the_host_link",
+                "zipf_hit_rate_matches_the_generator",
+                "all_to_all_across_nodes_runs_at_the_nic",
+                "adam_state_is_priced_two_per_element",
+                "zero3_dense_terms_by_hand",
+                "the_dense_strategy_is_chosen_by_the_step_and_by_memory",
+                "collective_latency_counts_torchrec_groups_by_hand",
+            )
+        ),
+        "tests/test_mutant_kills_pool_schema.py",
+    ],
     "planner/hardware/collectives.py": [
         "tests/test_collectives.py",
         "tests/test_mutant_kills.py",
