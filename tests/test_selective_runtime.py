@@ -191,3 +191,26 @@ def test_priced_selective_recompute_is_what_the_runtime_re_runs(traced):
     assert extra == pytest.approx(forward + overhead, rel=1e-12)
     last = max(i for i, n in enumerate(layer.nodes) if n in recomputed)
     assert t.graph.nodes[layer.nodes[last]]["op"] == "aten.mul.Tensor"  # SwiGLU's product
+
+
+def test_priced_selective_bytes_per_tp_rank(traced):
+    """One TP rank of the Llama layer at TP 2, with and without sequence parallelism: the
+    runtime saves each product's output as DTensor gives it: q, k, v, gate and up split by
+    columns (half each), SDPA's output and log-sum-exp split by heads (half), o and down the
+    row-parallel partial sums (whole: saved before their all-reduce or reduce-scatter), and
+    the layer's input whole (a sequence-parallel layer is checkpointed outside its slice):
+    2 x 64 x (256 + 128 + 32 + 32 + 128 + 256 + 256 + 256 + 256) + 4 x 4 x 64 = 205,824."""
+    from planner.cost.block_options import block_options
+    from planner.cost.sharding import tp_variants
+
+    t = traced["llama"]
+    layer = t.blocks[1]
+    variants = tp_variants(t.graph, layer, 2)
+    opts = block_options(t.graph, layer, variants, 1, cluster_of(2), [0, 1], TRAINING)
+    kept = {o.variant: o.act_bytes for o in opts if o.recompute == Recompute.SELECTIVE}
+    per_token = 256 + 128 + 32 + 32 + 128 + 256 + 256 + 256 + 256
+    assert kept == {
+        "replicated": 2 * S * (5 * H + 2 * 64 + 2 * 512) + 4 * HEADS * S,
+        "tp2-v1": 2 * S * per_token + 4 * (HEADS // 2) * S,
+        "tp2-v1-sp": 2 * S * per_token + 4 * (HEADS // 2) * S,
+    }

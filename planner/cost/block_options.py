@@ -110,10 +110,14 @@ def block_options(
         params = block.params * v.param_fraction - expert_total * (1 - 1 / ep)
         sel_bytes, sel_fwd = v.saved_selective_bytes, core_f
         if policy is not None:
-            # The traced block's kept share, applied to the variant's saved bytes (exact
-            # without TP; with TP it assumes the kept tensors shard as the saved ones do).
+            # torchtitan's: the traced block's kept share, applied to the variant's saved bytes
+            # (exact without TP; with TP it assumes the kept tensors shard as the saved ones
+            # do); the runtime's: one rank's kept tensors as the variant shards them.
             kept_bytes, recomputed = policy
             share = kept_bytes / block.saved_bytes if block.saved_bytes else 0.0
+            if training.selective_policy == SelectivePolicy.RUNTIME_OP:
+                kept_bytes = selective_kept(graph, block, training, v.states, v.tp)[0]
+                share = kept_bytes / v.saved_bytes if v.saved_bytes else 0.0
             re_f = (
                 sum(times.ops[n][0] + times.ops[n][1] for n in recomputed if n in times.ops) * cf
                 if shares is None
@@ -201,10 +205,19 @@ def batch_statistics_floor(graph) -> int:
     return 2 if any(math.prod(shape[2:]) == 1 for shape in shapes) else 1
 
 
-def selective_kept(graph, block: Block, training: Training) -> tuple[float, list[str]] | None:
+def selective_kept(
+    graph, block: Block, training: Training, states: dict | None = None, tp: int = 1
+) -> tuple[float, list[str]] | None:
     """(bytes kept for backward per traced micro-batch, ops recomputed) under
     ``Training.selective_policy``, or None for Megatron's "core" policy (the traced
     ``saved_selective_bytes`` and the core's forward).
+
+    With a TP variant's ``states`` (node -> "R", "P" or "S<d>") and degree ``tp``, "runtime-op"
+    gives one rank's bytes: a kept output sharded over the group is 1/tp of it, a row-parallel
+    product's partial sum (the runtime saves the product's output, before its all-reduce or
+    reduce-scatter) and a replicated one whole; the block's input is whole (the checkpoint
+    holds it as the block receives it: a sequence-parallel block is checkpointed outside its
+    slice at entry).
 
     Both op policies are torch selective-checkpoint policies: the checkpoint keeps the block's
     input to re-run it, must-saves the outputs of the ops the policy names and recomputes
@@ -225,7 +238,11 @@ def selective_kept(graph, block: Block, training: Training) -> tuple[float, list
         saved = _torchtitan_saved(graph, block, training)
     else:
         raise ValueError(f"unknown selective recompute policy {training.selective_policy!r}")
-    kept = float(block.input_bytes) + sum(kernel_output_bytes(graph.nodes[n]) for n in saved)
+    states = states or {}
+    kept = float(block.input_bytes) + sum(
+        kernel_output_bytes(graph.nodes[n]) / (tp if states.get(n, "R")[0] == "S" else 1)
+        for n in saved
+    )
     recomputed = [n for n in block.nodes if n not in saved]
     if training.selective_policy == SelectivePolicy.RUNTIME_OP:
         recomputed = _before_last_save(graph, block, recomputed)
