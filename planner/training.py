@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from planner.errors import UserInputError
-from planner.vocab import DTYPES, HALF_DTYPES, OPTIMIZERS, DType, Optimizer
+from planner.vocab import DTYPES, HALF_DTYPES, OPTIMIZERS, DType, Optimizer, SelectivePolicy
 
 DEFAULT_LR = 3e-4
 # What a model file's TRAINING may leave out.
@@ -84,11 +84,13 @@ class Training:
     # fp32 partition. 0: meshplan's runtime (torch's DDP and FSDP2 reduce from their own
     # gradient buffers, priced by ``dp_copy_bytes``).
     reduce_bucket_bytes: float = 0.0
-    # What selective recompute keeps (``selective_kept``): "core" drops the attention core
-    # between two activation products (Korthikanti et al.'s selective recompute, the planner's
-    # option); "torchtitan-op" keeps the block's input and the outputs of its attention kernels
-    # and of every other weight product (torchtitan's op-level SAC), recomputing the rest.
-    selective_policy: str = "core"
+    # What selective recompute keeps (``selective_kept``): "runtime-op" keeps the block's
+    # input and the outputs of every matrix product and attention kernel, recomputing the rest
+    # (meshplan's runtime, planner.checkpoint_policy); "core" drops the attention core between
+    # two activation products (Korthikanti et al.'s selective recompute, Megatron's);
+    # "torchtitan-op" keeps the block's input and the outputs of its attention kernels and of
+    # every other weight product (torchtitan's op-level SAC), recomputing the rest.
+    selective_policy: str = SelectivePolicy.RUNTIME_OP
     # Attention runs the chip's own fused kernel (Transformer Engine's cuDNN attention on
     # Hopper, as NVIDIA's Megatron recipes do) at the profile's native_attention_efficiency;
     # off: the FlashAttention-2-class kernel torch's SDPA runs (attention_efficiency).

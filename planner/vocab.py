@@ -41,8 +41,18 @@ def schedule_label(schedule: str, virtual_stages: int, pp: int) -> str:
 
 class Recompute(Word):
     NONE = "none"
-    SELECTIVE = "selective"  # Korthikanti et al.: the attention core is recomputed
+    SELECTIVE = "selective"  # the cheap ops are recomputed, the products kept (SelectivePolicy)
     FULL = "full"  # only the block's input is kept
+
+
+class SelectivePolicy(Word):
+    """What selective recompute keeps for backward (``Training.selective_policy``), per engine."""
+
+    CORE = "core"  # Megatron: all but the attention core between two activation products
+    TORCHTITAN_OP = "torchtitan-op"  # torchtitan's per-op SAC: every other product, attention
+    # meshplan's runtime (planner.checkpoint_policy): every matrix product's and attention
+    # kernel's output, plus the block's input; everything else is recomputed
+    RUNTIME_OP = "runtime-op"
 
 
 class Offload(Word):

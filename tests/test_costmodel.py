@@ -186,7 +186,11 @@ def test_interleaved_first_rank_matches_korthikanti_factor():
 
 
 def test_full_and_selective_recompute_options_from_a_traced_gpt(tmp_path, monkeypatch):
-    """Full recompute keeps only the layer input, 2sbh; selective keeps sbh*34 (Korthikanti)."""
+    """Full recompute keeps only the layer input, 2sbh; Megatron's selective ("core") keeps
+    sbh*34 (Korthikanti); meshplan's runtime's ("runtime-op") keeps the layer input and every
+    product's output: 2sbh each for the input, q, k, v, the scores times V and the output
+    projection, 8sbh for the MLP's first product, 2sbh for its second and the scores QK^T,
+    2as^2b: sbh(22 + 2as/h), 54 sbh here, exactly."""
     monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path))
     from planner.api import trace
     from planner.cost.block_options import block_options
@@ -209,15 +213,21 @@ def test_full_and_selective_recompute_options_from_a_traced_gpt(tmp_path, monkey
     )
     layer = traced.blocks[1]
     cl = cluster_of(8)
-    opts = block_options(
-        traced.graph, layer, tp_variants(traced.graph, layer, 1), b, cl, [0], ADAM_MIXED
-    )
+    variants = tp_variants(traced.graph, layer, 1)
+    core = replace(ADAM_MIXED, selective_policy="core")
+    opts = block_options(traced.graph, layer, variants, b, cl, [0], core)
     by = {o.recompute: o for o in opts if o.offload == "none"}
     assert by["full"].act_bytes == pytest.approx(2 * s * b * h, rel=0.05)
     assert by["selective"].act_bytes == pytest.approx(34 * s * b * h, rel=0.05)
     assert by["none"].act_bytes == pytest.approx(s * b * h * (34 + 5 * a * s / h), rel=0.05)
     # recompute costs time: full re-runs the forward, selective only the attention core
     assert by["none"].time_s < by["selective"].time_s < by["full"].time_s
+    runtime = block_options(traced.graph, layer, variants, b, cl, [0], ADAM_MIXED)
+    op = {o.recompute: o for o in runtime if o.offload == "none"}["selective"]
+    assert ADAM_MIXED.selective_policy == "runtime-op"
+    assert op.act_bytes == s * b * h * (22 + 2 * a * s / h)
+    # the products are kept, only the element-wise work is re-run
+    assert by["none"].time_s < op.time_s < by["full"].time_s
 
 
 @pytest.mark.parametrize("fp8", [False, True])

@@ -389,6 +389,21 @@ EXTRA: list[tuple] = [
     # a contrastive loss over the whole batch: loss_fn gathers the replicas' features
     # (runtime/gather.py), one micro-batch per replica; one process takes all 8 at once
     ("gather-zero3-dp2", "clip_global", 2, dict(tp=1, dp=2, pp=1, zero=3, micro_batch_size=4)),
+    # selective recompute of an SDPA layer (transformers' Llama): the runtime's policy keeps
+    # the products' and attention's outputs and re-runs the norms, rotary and SwiGLU ops, on
+    # plain tensors and on TP's DTensors
+    (
+        "selective-dp2",
+        "llama",
+        2,
+        dict(tp=1, dp=2, pp=1, zero=0, micro_batch_size=2, recompute="selective"),
+    ),
+    (
+        "selective-tp2",
+        "llama",
+        2,
+        dict(tp=2, dp=1, pp=1, zero=0, micro_batch_size=4, recompute="selective"),
+    ),
 ]
 
 
@@ -451,6 +466,8 @@ CORE_EXTRA = (
     "reused_layer-reuse-pp2xtp2",
     "clip-output-object-pp2",
     "clip_global-gather-zero3-dp2",
+    "llama-selective-dp2",
+    "llama-selective-tp2",
 )
 
 
@@ -466,8 +483,8 @@ def _cases() -> list[Case]:
             core = model == listed[i % len(listed)]
             cases.append(Case(f"{model}-{cid}", model, world, {**pins, "recompute": "none"},
                               core=core))  # fmt: skip
-            # Selective recompute only differs from none where attention materialises its
-            # scores (our GPT); the planner pins Llama (SDPA) and the MLP to "none" for it.
+            # (the twins' selective runs are GPT's: Llama's are extra cases, the MLP's
+            # selective keeps all that none keeps, so the planner offers it no such option)
             rc = "selective" if i % 2 == 1 and model == "gpt" else "full"
             # (the MLP's AdamW twin only where the rotation picks it: it adds minutes and no
             # structure the other twins lack)

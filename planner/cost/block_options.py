@@ -22,7 +22,7 @@ from planner.hardware.cluster import Cluster
 from planner.hardware.collectives import collective_time
 from planner.trace.blocks import Block, cached_core_nodes, product_share
 from planner.training import FP32_BYTES, Training
-from planner.vocab import OFFLOAD, RECOMPUTE, Offload, Recompute
+from planner.vocab import OFFLOAD, RECOMPUTE, Offload, Recompute, SelectivePolicy
 
 
 def block_options(
@@ -110,10 +110,14 @@ def block_options(
         params = block.params * v.param_fraction - expert_total * (1 - 1 / ep)
         sel_bytes, sel_fwd = v.saved_selective_bytes, core_f
         if policy is not None:
-            # The traced block's kept share, applied to the variant's saved bytes (exact
-            # without TP; with TP it assumes the kept tensors shard as the saved ones do).
+            # torchtitan's: the traced block's kept share, applied to the variant's saved bytes
+            # (exact without TP; with TP it assumes the kept tensors shard as the saved ones
+            # do); the runtime's: one rank's kept tensors as the variant shards them.
             kept_bytes, recomputed = policy
             share = kept_bytes / block.saved_bytes if block.saved_bytes else 0.0
+            if training.selective_policy == SelectivePolicy.RUNTIME_OP:
+                kept_bytes = selective_kept(graph, block, training, v.states, v.tp)[0]
+                share = kept_bytes / v.saved_bytes if v.saved_bytes else 0.0
             re_f = (
                 sum(times.ops[n][0] + times.ops[n][1] for n in recomputed if n in times.ops) * cf
                 if shares is None
@@ -201,43 +205,111 @@ def batch_statistics_floor(graph) -> int:
     return 2 if any(math.prod(shape[2:]) == 1 for shape in shapes) else 1
 
 
-def selective_kept(graph, block: Block, training: Training) -> tuple[float, list[str]] | None:
+def selective_kept(
+    graph, block: Block, training: Training, states: dict | None = None, tp: int = 1
+) -> tuple[float, list[str]] | None:
     """(bytes kept for backward per traced micro-batch, ops recomputed) under
-    ``Training.selective_policy``, or None for the planner's own "core" policy (the traced
+    ``Training.selective_policy``, or None for Megatron's "core" policy (the traced
     ``saved_selective_bytes`` and the core's forward).
 
-    "torchtitan-op" is torchtitan's per-op selective activation checkpointing
-    (torchtitan/models/llama3/parallelize_llama.py, ``_apply_ac_to_transformer_block`` at
-    commit b5bcd76, the version of its published benchmarks): a torch selective-checkpoint
-    policy that must-saves the outputs of the ops in its save list (``aten.mm``, the flash and
-    memory-efficient attention kernels, reduce-scatter, ``aten.max``) except every second
-    ``aten.mm`` of the block, and recomputes everything else; the checkpoint keeps the block's
-    input to re-run it. A flash attention kernel's outputs are its result and its fp32
-    log-sum-exp per head and query. FP8 linears call ``aten._scaled_mm``, which the list does
-    not name, so with them no product is saved."""
+    With a TP variant's ``states`` (node -> "R", "P" or "S<d>") and degree ``tp``, "runtime-op"
+    gives one rank's bytes: a kept output sharded over the group is 1/tp of it, a row-parallel
+    product's partial sum (the runtime saves the product's output, before its all-reduce or
+    reduce-scatter) and a replicated one whole; the block's input is whole (the checkpoint
+    holds it as the block receives it: a sequence-parallel block is checkpointed outside its
+    slice at entry).
+
+    Both op policies are torch selective-checkpoint policies: the checkpoint keeps the block's
+    input to re-run it, must-saves the outputs of the ops the policy names and recomputes
+    everything else. "runtime-op" is meshplan's runtime's (``planner.checkpoint_policy``): every
+    op that runs as a kernel of its ``SAVED_OPS`` (matrix products of weights and of
+    activations, the attention kernels). "torchtitan-op" is torchtitan's per-op selective
+    activation checkpointing (torchtitan/models/llama3/parallelize_llama.py,
+    ``_apply_ac_to_transformer_block`` at commit b5bcd76, the version of its published
+    benchmarks): the ops in its save list (``aten.mm``, the flash and memory-efficient attention
+    kernels, reduce-scatter, ``aten.max``) except every second ``aten.mm`` of the block. FP8
+    linears call ``aten._scaled_mm``, which neither list names, so with them no weight product
+    is saved."""
+    if training.selective_policy == SelectivePolicy.CORE:
+        return None
+    if training.selective_policy == SelectivePolicy.RUNTIME_OP:
+        saved = _runtime_saved(graph, block, training)
+    elif training.selective_policy == SelectivePolicy.TORCHTITAN_OP:
+        saved = _torchtitan_saved(graph, block, training)
+    else:
+        raise ValueError(f"unknown selective recompute policy {training.selective_policy!r}")
+    states = states or {}
+    kept = float(block.input_bytes) + sum(
+        kernel_output_bytes(graph.nodes[n]) / (tp if states.get(n, "R")[0] == "S" else 1)
+        for n in saved
+    )
+    recomputed = [n for n in block.nodes if n not in saved]
+    if training.selective_policy == SelectivePolicy.RUNTIME_OP:
+        recomputed = _before_last_save(graph, block, recomputed)
+    return kept, recomputed
+
+
+def _before_last_save(graph, block: Block, recomputed: list[str]) -> list[str]:
+    """The recomputed ops the recompute reaches: torch's non-reentrant checkpoint stops
+    re-running the block once every tensor the forward saved for backward is saved again
+    (``torch.utils.checkpoint``'s early stop), so the ops after the block's last saving op (an
+    op keeping a traced tensor or a parameter: the final residual add) are not re-run."""
+    last = -1
+    for i, n in enumerate(block.nodes):
+        d = graph.nodes[n]
+        if d["saved"] or d.get("params"):
+            last = i
+    position = {n: i for i, n in enumerate(block.nodes)}
+    return [n for n in recomputed if position[n] <= last]
+
+
+def kernel_output_bytes(d: dict) -> int:
+    """Bytes a saved op's kernel returns: its output, and for a fused attention kernel (flash,
+    memory-efficient, cuDNN) also its fp32 log-sum-exp per head and query."""
+    from planner.trace.opcost import ATTENTION_OPS
+
+    if d["op"] not in ATTENTION_OPS:
+        return d["out_bytes"]
+    shape = d["shapes"][0] or []
+    lse = math.prod(shape[:-1]) * FP32_BYTES if len(shape) >= 2 else 0
+    return d["out_bytes"] + lse
+
+
+def _is_fp8_product(d: dict, training: Training) -> bool:
+    """A weight product that FP8 linears run as ``aten._scaled_mm``."""
+    from planner.trace.opcost import MATMUL_OPS
+
+    return training.fp8_linears and d["op"] in MATMUL_OPS and bool(d.get("params"))
+
+
+def _runtime_saved(graph, block: Block, training: Training) -> set[str]:
+    """The block's ops whose outputs meshplan's runtime's policy must-saves."""
+    from planner.checkpoint_policy import saved_op_names
+
+    names = saved_op_names()
+    return {
+        n
+        for n in block.nodes
+        if graph.nodes[n]["op"] in names and not _is_fp8_product(graph.nodes[n], training)
+    }
+
+
+def _torchtitan_saved(graph, block: Block, training: Training) -> set[str]:
+    """The block's ops whose outputs torchtitan's per-op policy must-saves: the attention
+    kernels and the 1st, 3rd, ... weight products."""
     from planner.trace.opcost import ATTENTION_OPS, MATMUL_OPS
 
-    if training.selective_policy == "core":
-        return None
-    if training.selective_policy != "torchtitan-op":
-        raise ValueError(f"unknown selective recompute policy {training.selective_policy!r}")
-    kept = float(block.input_bytes)
-    recomputed: list[str] = []
+    saved: set[str] = set()
     products = 0
     for n in block.nodes:
         d = graph.nodes[n]
         if d["op"] in ATTENTION_OPS:
-            shape = d["shapes"][0] or []
-            lse = math.prod(shape[:-1]) * FP32_BYTES if len(shape) >= 2 else 0
-            kept += d["out_bytes"] + lse
-            continue
-        if d["op"] in MATMUL_OPS and d.get("params") and not training.fp8_linears:
+            saved.add(n)
+        elif d["op"] in MATMUL_OPS and d.get("params") and not _is_fp8_product(d, training):
             products += 1
             if products % 2 == 1:
-                kept += d["out_bytes"]
-                continue
-        recomputed.append(n)
-    return kept, recomputed
+                saved.add(n)
+    return saved
 
 
 def expert_nodes(graph, block: Block) -> list[str]:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 
 from planner.training import Training
-from planner.vocab import DType
+from planner.vocab import DType, SelectivePolicy
 
 # The profiles of Hopper boards, where Transformer Engine's attention is cuDNN's fused kernel.
 HOPPER_PROFILES = ("h100-sxm", "h100-hbm2e", "h200")
@@ -43,7 +43,7 @@ DEEPSPEED_BUCKET_ELEMENTS = 5e8
 # landing in the reduce buffers ("none").
 TORCH_COPIES, NO_COPIES = "torch", "none"
 # What selective recompute keeps (``Training.selective_policy``).
-CORE_POLICY, TORCHTITAN_OP_POLICY = "core", "torchtitan-op"
+CORE_POLICY, TORCHTITAN_OP_POLICY = SelectivePolicy.CORE, SelectivePolicy.TORCHTITAN_OP
 
 
 def deepspeed_buffers(zero: int, dtype: str, bf16_optimizer: bool, rank_params: float):
