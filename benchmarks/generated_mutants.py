@@ -67,7 +67,6 @@ MODULES: dict[str, list[str]] = {
             "records",
             "compute",
             "block_options",
-            "data_parallel",
             "pipeline",
             "optimizer",
             "step",
@@ -79,6 +78,11 @@ MODULES: dict[str, list[str]] = {
         "tests/test_mutant_kills.py",
         "tests/test_mutant_kills_memory.py",
         "tests/test_half_reduce.py",
+    ],
+    "planner/cost/data_parallel.py": [
+        *COST,
+        "tests/test_mutant_kills.py",
+        "tests/test_mutant_kills_data_parallel.py",
     ],
     "planner/cost/sharding.py": ["tests/test_sharding.py", "tests/test_tied_tp.py"],
 }
