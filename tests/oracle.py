@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,10 +53,26 @@ class Reference:
     parameters: set[str] = field(default_factory=set)  # every parameter name (not buffers)
 
 
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """torch on one thread inside, as each rank of a launch runs (``runtime.launch.worker_env``
+    sets OMP_NUM_THREADS=1). A tiny model gains nothing from a second thread, and beside a
+    launch's ranks (or another pytest-xdist worker) on 2 cores the OpenMP threads spin-wait for
+    each other: the oracle's 54 references took 170 s of CPU on 2 threads, 9 s on one (a
+    machine loaded by other jobs)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict(keep_vars=False).items()}
 
 
+@one_thread()
 def reference_run(
     model_path: str | Path,
     model_args: dict[str, Any],

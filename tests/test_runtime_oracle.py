@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,7 +44,9 @@ RTOL = 1e-4
 MODELS = ("gpt", "llama", "mlp")
 # SGD's learning rate per model: as large as keeps five steps stable, so every tensor moves
 # far beyond the comparison's tolerance; AdamW moves every weight by about lr per step.
-SGD_LR = {"mlp": 0.1, "clip": 0.1, "wav2vec2": 0.1, "clip_global": 0.1}
+# (CANINE at 0.5: its loss leaps 3.0 -> 7.6 at step 4, and the TP run ends that step 0.99x
+# the loss tolerance from one process on 2 threads, 1.05x on one: chaos, not a bug.)
+SGD_LR = {"mlp": 0.1, "clip": 0.1, "wav2vec2": 0.1, "clip_global": 0.1, "canine": 0.1}
 SGD_LR_DEFAULT = 0.5
 ADAMW_LR = 3e-3
 
@@ -517,37 +520,56 @@ class OracleRuns:
 
 @pytest.fixture(scope="session")
 def runs(request, tmp_path_factory) -> OracleRuns:
-    """The selected cases planned, then one torchrun launch per world size, each plan
-    checkpointed after its last step; and the one-process reference of each."""
+    """The selected cases planned world size by world size, and each world's plans handed to
+    one torchrun launch as soon as they are planned, each plan checkpointed after its last
+    step; and the one-process reference of each. The launches run one after another in a
+    thread while this process plans the next world's cases and then trains the references
+    (they need the plans, not the runs): on 2 cores the serial order left one core idle
+    through most of the planning and all of the references. Fewest cases first, so the
+    first launch starts after seconds of planning."""
     chosen = selected(request, "case", Case)
     base = tmp_path_factory.mktemp("oracle")
-    by_world: dict[int, list[tuple[str, Path, Path]]] = {}
+    by_world: dict[int, list[Case]] = {}
     for case in CASES:
-        if case.id not in chosen:
-            continue
-        run_dir = base / case.id
-        path = forced_plan(
-            case.model,
-            case.world,
-            run_dir,
-            optimizer=case.optimizer,
-            lr=case.lr,
-            model_args=case.model_args,
-            **case.pins,
-        )
-        by_world.setdefault(case.world, []).append((case.id, path, run_dir))
+        if case.id in chosen:
+            by_world.setdefault(case.world, []).append(case)
+    order = sorted(by_world, key=lambda w: (len(by_world[w]), w))
+    plans: list[Path] = []
     logs, walls = {}, {}
-    for world, items in sorted(by_world.items()):
-        t0 = time.perf_counter()
-        plans, dirs = [p for _, p, _ in items], [d for _, _, d in items]
-        rc, log = launch(plans, dirs, world, "--checkpoint-every", str(STEPS), steps=STEPS)
-        walls[world] = round(time.perf_counter() - t0, 1)
-        (base / f"launch-world{world}.log").write_text(log)
-        for cid, _, _ in items:
-            logs[cid] = (rc, log)
+    with ThreadPoolExecutor(max_workers=1) as launcher:
+        launched = {}
+        for world in order:
+            dirs = [base / case.id for case in by_world[world]]
+            batch = [_plan(case, run_dir) for case, run_dir in zip(by_world[world], dirs)]
+            plans += batch
+            launched[world] = launcher.submit(_launch, batch, dirs, world)
+        refs = references_for(plans, STEPS)
+        for world in order:
+            rc, log, walls[world] = launched[world].result()
+            (base / f"launch-world{world}.log").write_text(log)
+            for case in by_world[world]:
+                logs[case.id] = (rc, log)
     print(f"\nruntime oracle launches (world: seconds): {walls}", file=sys.stderr)
-    refs = references_for([path for items in by_world.values() for _, path, _ in items], STEPS)
     return OracleRuns(base, logs, refs)
+
+
+def _plan(case: Case, run_dir: Path) -> Path:
+    return forced_plan(
+        case.model,
+        case.world,
+        run_dir,
+        optimizer=case.optimizer,
+        lr=case.lr,
+        model_args=case.model_args,
+        **case.pins,
+    )
+
+
+def _launch(plans: list[Path], dirs: list[Path], world: int) -> tuple[int, str, float]:
+    """One launch of a world's plans: its exit status, what it printed, its seconds."""
+    t0 = time.perf_counter()
+    rc, log = launch(plans, dirs, world, "--checkpoint-every", str(STEPS), steps=STEPS)
+    return rc, log, round(time.perf_counter() - t0, 1)
 
 
 @pytest.mark.parametrize("case", PARAMS)
