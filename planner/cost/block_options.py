@@ -6,6 +6,7 @@ synchronises."""
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from planner.cost.compute import (
     NodeTimes,
@@ -22,7 +23,10 @@ from planner.hardware.cluster import Cluster
 from planner.hardware.collectives import collective_time
 from planner.trace.blocks import Block, cached_core_nodes, product_share
 from planner.training import FP32_BYTES, Training
-from planner.vocab import OFFLOAD, RECOMPUTE, Offload, Recompute, SelectivePolicy
+from planner.vocab import OFFLOAD, RECOMPUTE, Offload, Recompute, SelectivePolicy, TPStyle
+
+if TYPE_CHECKING:
+    from planner.cost.sharding import TPVariant
 
 
 def block_options(
@@ -124,10 +128,11 @@ def block_options(
                 else times.sharded(shares, recomputed)[0]
             )
             sel_bytes, sel_fwd = v.saved_bytes * min(share, 1.0), re_f
+        full_kept = full_recompute_kept(v, training)
         for rc in RECOMPUTE:
             if rc == Recompute.SELECTIVE and sel_bytes >= v.saved_bytes:
                 continue  # nothing to drop: identical to "none"
-            if rc == Recompute.FULL and v.input_bytes >= v.saved_bytes:
+            if rc == Recompute.FULL and full_kept >= v.saved_bytes:
                 continue
             extra = {
                 Recompute.NONE: 0.0,
@@ -138,7 +143,7 @@ def block_options(
             act = {
                 Recompute.NONE: v.saved_bytes,
                 Recompute.SELECTIVE: sel_bytes,
-                Recompute.FULL: v.input_bytes,
+                Recompute.FULL: full_kept,
             }[rc]
             recompute_peak = {
                 Recompute.NONE: 0.0,
@@ -170,6 +175,18 @@ def block_options(
                     )
                 )
     return options
+
+
+def full_recompute_kept(v: TPVariant, training: Training) -> float:
+    """Bytes a fully recomputed block keeps per traced micro-batch on one TP rank: its input.
+    A sequence-parallel variant prices the input's sequence shard (Korthikanti et al.'s
+    2sbh/t, what Megatron-Core and torchtitan hold); meshplan's runtime checkpoints such a
+    block outside its slice-at-entry, so it keeps the whole replicated input, t times that
+    (``Training.recompute_keeps_sequence_shard``)."""
+    sequence_parallel = TPStyle.SP_BLOCK in v.tp_plan.values()
+    if sequence_parallel and not training.recompute_keeps_sequence_shard:
+        return float(v.input_bytes * v.tp)
+    return float(v.input_bytes)
 
 
 def _batch_statistics_input(d: dict) -> list[int] | None:
