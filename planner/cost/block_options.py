@@ -239,7 +239,7 @@ def selective_kept(
     Both op policies are torch selective-checkpoint policies: the checkpoint keeps the block's
     input to re-run it, must-saves the outputs of the ops the policy names and recomputes
     everything else. "runtime-op" is meshplan's runtime's (``planner.checkpoint_policy``): every
-    op that runs as a kernel of its ``SAVED_OPS`` (matrix products of weights and of
+    op that runs as a kernel of its ``SAVED_OP_NAMES`` (matrix products of weights and of
     activations, the attention kernels). "torchtitan-op" is torchtitan's per-op selective
     activation checkpointing (torchtitan/models/llama3/parallelize_llama.py,
     ``_apply_ac_to_transformer_block`` at commit b5bcd76, the version of its published
