@@ -329,8 +329,8 @@ MUTANTS: list[Mutant] = [
     M(
         "cost-grad-accumulation-m",
         "planner/cost/optimizer.py",
-        "per_acc = (m - 1) * 3 * gb",
-        "per_acc = m * 3 * gb",
+        "per_acc = (m - 1) * 3 * acc_bytes",
+        "per_acc = m * 3 * acc_bytes",
         COST,
         "gradient accumulation counted for every micro-batch",
     ),
@@ -1427,7 +1427,7 @@ MUTANTS: list[Mutant] = [
     M(
         "mixed-hop-one-copy-between-degrees",
         "planner/cost/pipeline.py",
-        "    forward = p2p_time(nbytes * max(1, t_next // t), bw, lat)\n",
+        "    forward = p2p_time(nbytes * math.ceil(t_next / t), bw, lat)\n",
         "    forward = p2p_time(nbytes, bw, lat)\n",
         "tests/test_mixed_stage_tp.py::test_hop_prices_the_copies_the_runtime_sends",
         "a sender feeding more TP ranks than it has priced as sending one copy",
