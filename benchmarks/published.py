@@ -71,15 +71,14 @@ sys.path.insert(0, str(_HERE.parent))
 ROOT = _HERE.parent
 
 from planner.cost.engines import (  # noqa: E402 - after the path set-up above
-    CORE_POLICY,
     NO_COPIES,
     TORCH_COPIES,
-    TORCHTITAN_OP_POLICY,
     deepspeed_buffers,
     megatron_fuses_grad_accumulation,
     megatron_sends_shards,
     native_attention_on,
 )
+from planner.vocab import SelectivePolicy  # noqa: E402
 
 DEFAULT_MEASUREMENTS = ROOT.parent / "shared" / "reference" / "measurements.json"
 OUT = ROOT / "reports" / "published"
@@ -475,7 +474,7 @@ def parse_framework_memory(row: dict, tp: int, dtype: str, assumed: list[str]):
       which accumulates every gradient into a whole fp32 buffer."""
     source = str(row.get("source", "")).lower()
     titan = "torchtitan" in source
-    policy = TORCHTITAN_OP_POLICY if titan else CORE_POLICY
+    policy = SelectivePolicy.TORCHTITAN_OP if titan else SelectivePolicy.CORE
     megatron = any(k in source for k in ("megatron", "nemo", "bloom"))
     vocab_parallel = tp > 1 and (titan or megatron)
     if vocab_parallel:

@@ -99,3 +99,16 @@ def run_on_fake_pg(body: str) -> dict:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# One node type of a resource pool file, every field given (tests of pool files vary it).
+POOL_NODE = {
+    "name": "n",
+    "profile": "h100-sxm",
+    "nodes": 2,
+    "price_per_gpu_hour": 2.0,
+    "gpu_busy_watts": 700,
+    "node_watts": 4600,
+    "carbon_g_per_kwh": 390,
+    "pue": 1.5,
+}

@@ -12,6 +12,8 @@ import os
 from types import SimpleNamespace
 
 import pytest
+from conftest import POOL_NODE as ROW
+from conftest import cluster_of
 
 from planner.errors import InfeasibleError, UserInputError
 from planner.recsys.cost import Costed, TableOption, kernel_io, price, zipf_hit_rate
@@ -40,7 +42,6 @@ from planner.resources.pool import (
 )
 from planner.schema import plan_from_dict
 from planner.schema.checks import validate_plan
-from tests.conftest import cluster_of
 
 # ------------------------------------------------------------------------ planner/schema/checks
 
@@ -1239,16 +1240,6 @@ def test_kernel_io_reads_ids_twice_and_moves_the_pooled_rows_twice():
 
 # ------------------------------------------------------------------------- planner/resources/pool
 
-ROW = {
-    "name": "n",
-    "profile": "h100-sxm",
-    "nodes": 2,
-    "price_per_gpu_hour": 2.0,
-    "gpu_busy_watts": 700,
-    "node_watts": 4600,
-    "carbon_g_per_kwh": 390,
-    "pue": 1.5,
-}
 FABRIC = {"between": ["n", "m"], "bandwidth_bytes_per_s": 25e9, "latency_s": 1e-5}
 
 
@@ -1344,7 +1335,10 @@ POOL_BAD = [
 for _pair in (["n", "n"], ["n"], ["n", "m", "k"], ["n", "x"], ["n", 3], ("n", "m"), None):
     POOL_BAD.append(
         (
-            {"node": [ROW, dict(ROW, name="m")], "fabric": [dict(FABRIC, between=_pair)]},
+            {
+                "node": [ROW, dict(ROW, name="m")],
+                "fabric": [dict(FABRIC, between=_pair)],
+            },
             "pool p: fabric 1: between must name two different node types of the pool, got "
             f"{_pair!r}",
         )
@@ -1358,13 +1352,19 @@ for _key, _value, _bound in (
 ):
     POOL_BAD.append(
         (
-            {"node": [ROW, dict(ROW, name="m")], "fabric": [dict(FABRIC, **{_key: _value})]},
+            {
+                "node": [ROW, dict(ROW, name="m")],
+                "fabric": [dict(FABRIC, **{_key: _value})],
+            },
             f"pool p: fabric 1: {_key} must be a number {_bound}, got {_value!r}",
         )
     )
 POOL_BAD.append(
     (
-        {"node": [ROW, dict(ROW, name="m")], "fabric": [FABRIC, dict(FABRIC, between=["m", "n"])]},
+        {
+            "node": [ROW, dict(ROW, name="m")],
+            "fabric": [FABRIC, dict(FABRIC, between=["m", "n"])],
+        },
         "pool p: fabric 2: a second fabric between m and n",
     )
 )

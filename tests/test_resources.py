@@ -6,6 +6,7 @@ import itertools
 import math
 
 import pytest
+from conftest import POOL_NODE
 
 from meshplan.cli import main
 from planner.errors import InfeasibleError, UserInputError
@@ -195,20 +196,9 @@ def test_pareto_front_is_the_non_dominated_set():
 
 # --------------------------------------------------------------------------- pool files
 
-GOOD = {
-    "name": "n",
-    "profile": "h100-sxm",
-    "nodes": 2,
-    "price_per_gpu_hour": 2.0,
-    "gpu_busy_watts": 700,
-    "node_watts": 4600,
-    "carbon_g_per_kwh": 390,
-    "pue": 1.5,
-}
-
 
 def test_pool_defaults_idle_to_busy_and_gpus_per_node_to_the_profile():
-    pool = pool_from_dict({"node": [GOOD]}, "p")
+    pool = pool_from_dict({"node": [POOL_NODE]}, "p")
     (n,) = pool.node_types
     assert n.gpu_idle_watts == n.gpu_busy_watts == 700.0
     assert n.gpus_per_node == 8
@@ -228,7 +218,7 @@ def test_pool_defaults_idle_to_busy_and_gpus_per_node_to_the_profile():
     ],
 )
 def test_bad_pool_is_one_user_error(change, needle):
-    row = {**GOOD, **change}
+    row = {**POOL_NODE, **change}
     row = {k: v for k, v in row.items() if v is not None}
     with pytest.raises(UserInputError) as exc:
         pool_from_dict({"node": [row]}, "p")

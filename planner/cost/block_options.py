@@ -81,7 +81,7 @@ def block_options(
         buffer = dispatch_bytes(moe, scale, training) if ep > 1 else 0.0
         one = collective_time("all_to_all", buffer, cluster, ep_ranks or [0])
         a2a_f = a2a_b = 2 * one
-    policy = selective_kept(graph, block, training)
+    policy = selective_ops(graph, block, training)
     norms = batch_norm_channels(graph, block)
     products = product_share(graph, block)
     core = [n for n in block.nodes if n in cached_core_nodes(graph)]
@@ -117,11 +117,13 @@ def block_options(
             # torchtitan's: the traced block's kept share, applied to the variant's saved bytes
             # (exact without TP; with TP it assumes the kept tensors shard as the saved ones
             # do); the runtime's: one rank's kept tensors as the variant shards them.
-            kept_bytes, recomputed = policy
-            share = kept_bytes / block.saved_bytes if block.saved_bytes else 0.0
+            saved, recomputed = policy
             if training.selective_policy == SelectivePolicy.RUNTIME_OP:
-                kept_bytes = selective_kept(graph, block, training, v.states, v.tp)[0]
-                share = kept_bytes / v.saved_bytes if v.saved_bytes else 0.0
+                kept = kept_bytes(graph, block, saved, v.states, v.tp)
+                share = kept / v.saved_bytes if v.saved_bytes else 0.0
+            else:
+                kept = kept_bytes(graph, block, saved)
+                share = kept / block.saved_bytes if block.saved_bytes else 0.0
             re_f = (
                 sum(times.ops[n][0] + times.ops[n][1] for n in recomputed if n in times.ops) * cf
                 if shares is None
@@ -247,6 +249,16 @@ def selective_kept(
     kernels, reduce-scatter, ``aten.max``) except every second ``aten.mm`` of the block. FP8
     linears call ``aten._scaled_mm``, which neither list names, so with them no weight product
     is saved."""
+    ops = selective_ops(graph, block, training)
+    if ops is None:
+        return None
+    saved, recomputed = ops
+    return kept_bytes(graph, block, saved, states, tp), recomputed
+
+
+def selective_ops(graph, block: Block, training: Training) -> tuple[set[str], list[str]] | None:
+    """(ops whose outputs the policy saves, ops it re-runs) of ``selective_kept``'s policy, or
+    None for "core": what does not depend on a TP variant, found once per block."""
     if training.selective_policy == SelectivePolicy.CORE:
         return None
     if training.selective_policy == SelectivePolicy.RUNTIME_OP:
@@ -255,15 +267,22 @@ def selective_kept(
         saved = _torchtitan_saved(graph, block, training)
     else:
         raise ValueError(f"unknown selective recompute policy {training.selective_policy!r}")
-    states = states or {}
-    kept = float(block.input_bytes) + sum(
-        kernel_output_bytes(graph.nodes[n]) / (tp if states.get(n, "R")[0] == "S" else 1)
-        for n in saved
-    )
     recomputed = [n for n in block.nodes if n not in saved]
     if training.selective_policy == SelectivePolicy.RUNTIME_OP:
         recomputed = _before_last_save(graph, block, recomputed)
-    return kept, recomputed
+    return saved, recomputed
+
+
+def kept_bytes(
+    graph, block: Block, saved: set[str], states: dict | None = None, tp: int = 1
+) -> float:
+    """The block's input and the ``saved`` ops' kernel outputs, on one rank of a variant with
+    ``states`` and degree ``tp`` (see ``selective_kept``)."""
+    states = states or {}
+    return float(block.input_bytes) + sum(
+        kernel_output_bytes(graph.nodes[n]) / (tp if states.get(n, "R")[0] == "S" else 1)
+        for n in saved
+    )
 
 
 def _before_last_save(graph, block: Block, recomputed: list[str]) -> list[str]:

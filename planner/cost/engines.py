@@ -42,8 +42,6 @@ DEEPSPEED_BUCKET_ELEMENTS = 5e8
 # ("torch", meshplan's runtime), or 16-bit weights that are the compute copies and gradients
 # landing in the reduce buffers ("none").
 TORCH_COPIES, NO_COPIES = "torch", "none"
-# What selective recompute keeps (``Training.selective_policy``).
-CORE_POLICY, TORCHTITAN_OP_POLICY = SelectivePolicy.CORE, SelectivePolicy.TORCHTITAN_OP
 
 
 def deepspeed_buffers(zero: int, dtype: str, bf16_optimizer: bool, rank_params: float):
@@ -118,7 +116,7 @@ def engine_training(
         return dataclasses.replace(
             base,
             vocab_parallel_loss=tp > 1,
-            selective_policy=CORE_POLICY,
+            selective_policy=SelectivePolicy.CORE,
             native_attention=native_attention_on(profile),
             fused_elementwise=True,
             pipeline_sends_shards=megatron_sends_shards(pp, sequence_parallel),
@@ -134,7 +132,7 @@ def engine_training(
         partition, bucket = deepspeed_buffers(zero, base.dtype, False, rank_params)
         return dataclasses.replace(
             base,
-            selective_policy=CORE_POLICY,
+            selective_policy=SelectivePolicy.CORE,
             fp32_grad_partition=partition,
             reduce_bucket_bytes=bucket,
             dp_overlap=deepspeed_overlaps_reduction(zero, pp),
@@ -146,7 +144,7 @@ def engine_training(
         return dataclasses.replace(
             base,
             vocab_parallel_loss=tp > 1,
-            selective_policy=TORCHTITAN_OP_POLICY,
+            selective_policy=SelectivePolicy.TORCHTITAN_OP,
             recompute_keeps_sequence_shard=True,
         )
     if engine == "accelerate":

@@ -53,9 +53,8 @@ def optimizer_time(inp: CostInputs, opts: list[BlockOption], config: Config) -> 
     per_param = 2 * wb + gb + 2 * ob if inp.training.fused_step else unfused
     m = num_microbatches(inp.training, mesh.dp, config.micro_batch_size)
     acc_device = acc_host = 0.0
-    deferred = False
+    deferred = deferred_reduce(config, inp.training)  # never with one micro-batch
     if m > 1:
-        deferred = deferred_reduce(config, inp.training)
         sharded = config.zero_stage >= 2 and not deferred
         for o in opts:
             n = o.zero_params / mesh.replicas if sharded and mesh.replicas > 1 else o.params

@@ -19,7 +19,6 @@ when it has added to it.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import json
 from collections.abc import Callable
@@ -31,25 +30,16 @@ from planner.atomic import write_text_atomic
 from planner.search.milp.data import StageProblem
 from planner.search.milp.runs import run_key
 from planner.search.milp.split_bound import SplitBound, split_bound
-from planner.trace.cache import cache_dir
+from planner.trace.cache import cache_dir, code_hash
 
 # the modules whose code decides a split bound from its StageProblem
 SPLIT_CODE = ("search/milp/split_bound.py", "search/milp/data.py")
 
 
-@functools.cache
-def _split_code_hash() -> str:
-    here = Path(__file__).resolve().parents[1]
-    digest = hashlib.sha256()
-    for name in SPLIT_CODE:
-        digest.update((here / name).read_bytes())
-    return digest.hexdigest()[:16]
-
-
 def problem_key(sp: StageProblem) -> str:
     """A hash of every number in ``sp``, field by field (arrays by dtype, shape and bytes,
     floats by their exact repr)."""
-    digest = hashlib.sha256(_split_code_hash().encode())
+    digest = hashlib.sha256(code_hash(SPLIT_CODE).encode())
 
     def add(value) -> None:
         if isinstance(value, np.ndarray):

@@ -44,12 +44,18 @@ TRACE_CODE = (
 
 
 @functools.cache
-def trace_code_hash() -> str:
+def code_hash(names: tuple[str, ...]) -> str:
+    """A hash of the code of planner modules (paths relative to the planner package): a cache
+    entry keyed by it is never read by code other than the code that wrote it."""
     here = Path(__file__).resolve().parents[1]
     digest = hashlib.sha256()
-    for name in TRACE_CODE:
+    for name in names:
         digest.update((here / name).read_bytes())
     return digest.hexdigest()[:16]
+
+
+def trace_code_hash() -> str:
+    return code_hash(TRACE_CODE)
 
 
 def cache_dir() -> Path:
