@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from planner.api import plan
+from planner.api import plan, trace
 from planner.errors import InfeasibleError, UserInputError
 from planner.schema import Mesh, dumps, load_plan, validate_plan
 from planner.search import Pins
+from planner.vocab import Schedule
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -206,3 +207,25 @@ def test_why_a_layout_lost_names_batchnorm_synchronization_apart_from_compute():
     assert why_lost(slow, best) == "486.7% slower, mostly compute"
     tp = Candidate(1, 1, 2, 8, "gpipe", 1, 0, status="solved", cost=cost(17.6, 16.6, 1.0))
     assert why_lost(tp, best).endswith("mostly compute and tensor-parallel communication")
+
+
+def test_a_pinned_virtual_stage_count_is_searched_whatever_its_value():
+    """--virtual-stages V is tried as pinned, also outside the search's own INTERLEAVE set
+    (v = 3 here), wherever pp x V chunks of at least one block exist; 8 is in the set (one-layer
+    chunks of a 126-layer model on 16 stages); a count the blocks cannot fill says so."""
+    from planner.search.candidates import INTERLEAVE, _schedules, no_candidate_message
+    from planner.training import Training
+
+    assert 8 in INTERLEAVE and 3 not in INTERLEAVE
+    assert _schedules(2, 4, 6, Pins(virtual_stages=3)) == [(Schedule.INTERLEAVED, 3)]
+    assert _schedules(2, 4, 5, Pins(virtual_stages=3)) == []  # 2 x 3 chunks > 5 blocks
+    assert _schedules(2, 3, 6, Pins(virtual_stages=3)) == []  # m = 3 not a multiple of pp
+    assert (Schedule.INTERLEAVED, 8) in _schedules(16, 32, 128, Pins())
+    assert (Schedule.INTERLEAVED, 8) not in _schedules(16, 32, 127, Pins())
+    pinned_one = _schedules(2, 4, 6, Pins(virtual_stages=1))
+    assert pinned_one == [(Schedule.GPIPE, 1), (Schedule.ONE_F_ONE_B, 1)]
+    blocks = trace(GPT, {"size": "tiny"}).blocks
+    msg = no_candidate_message(
+        2, Training(8, "bf16", "adamw"), Pins(pp=2, virtual_stages=len(blocks)), [1, 2], blocks
+    )
+    assert f"--virtual-stages {len(blocks) // 2} or less" in msg and "\n" not in msg

@@ -14,7 +14,10 @@ from planner.trace.blocks import Block
 from planner.training import Training
 from planner.vocab import Offload, Schedule
 
-INTERLEAVE = (2, 4)
+# Chunks per rank the search tries for an interleaved schedule; a pinned --virtual-stages is
+# tried whatever its value. 8 reaches one-layer chunks of a 126-layer model on 16 stages,
+# Llama 3 405B's layout, whose bubble (p - 1) / (v m) halves from v = 4.
+INTERLEAVE = (2, 4, 8)
 
 
 @dataclass
@@ -192,8 +195,8 @@ def _schedules(pp: int, m: int, n_blocks: int, pins: Pins) -> list[tuple[str, in
     # torch's Schedule1F1B needs at least as many micro-batches as stages; with fewer, 1F1B
     # has no steady state and runs as GPipe does (same time and in-flight activations).
     found = [(Schedule.GPIPE, 1)] + ([(Schedule.ONE_F_ONE_B, 1)] if m >= pp else [])
-    for v in INTERLEAVE:
-        if pp * v <= n_blocks and m % pp == 0:
+    for v in (pins.virtual_stages,) if pins.virtual_stages else INTERLEAVE:
+        if v > 1 and pp * v <= n_blocks and m % pp == 0:
             found.append((Schedule.INTERLEAVED, v))
     if pins.schedule:
         found = [(s, v) for s, v in found if s == pins.schedule]
@@ -277,6 +280,14 @@ def no_candidate_message(
     if gpus % product or (len(fixed) == 3 and product != gpus):
         shown = " x ".join(f"--{k} {v}" for k, v in fixed)
         return f"{shown} = {product} devices, which does not fit --gpus {gpus}: make them agree"
+    if pins.virtual_stages and pins.virtual_stages > 1 and blocks is not None and pins.pp:
+        if pins.pp * pins.virtual_stages > len(blocks):
+            return (
+                f"--pp {pins.pp} x --virtual-stages {pins.virtual_stages} needs "
+                f"{pins.pp * pins.virtual_stages} chunks of at least one block, but the model "
+                f"traced to {len(blocks)} blocks: pin --virtual-stages "
+                f"{max(1, len(blocks) // pins.pp)} or less"
+            )
     if pins.micro_batch_size and pins.dp:
         per_replica = training.global_batch_size // pins.dp
         if per_replica % pins.micro_batch_size:
