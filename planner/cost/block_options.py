@@ -151,11 +151,13 @@ def block_options(
                 Recompute.SELECTIVE: sel_bytes,
                 Recompute.FULL: full_kept,
             }[rc]
+            # (full: the forward's collectives again; a sequence-parallel block's exit
+            # all-gather, not re-run, stands for its input's all-gather, the same bytes a layer)
             recompute_comm = {
                 Recompute.NONE: 0.0,
                 Recompute.SELECTIVE: sel_comm,
                 Recompute.FULL: comm_f,
-            }
+            }[rc]
             recompute_peak = {
                 Recompute.NONE: 0.0,
                 Recompute.SELECTIVE: v.saved_bytes - sel_bytes,
@@ -169,7 +171,7 @@ def block_options(
                         offload=off,
                         fwd_s=fwd + comm_f,
                         bwd_s=bwd + extra + comm_b,
-                        tp_comm_s=comm_f + comm_b + recompute_comm[rc],
+                        tp_comm_s=comm_f + comm_b + recompute_comm,
                         params=params,
                         param_tensors=len(block.param_names),
                         product_params=params * products,
