@@ -610,7 +610,10 @@ def apply_recompute(
     A sequence-parallel block is checkpointed before its TP styles are applied (``before_tp``,
     with the TP group ``tp_mesh``): the checkpoint's hooks then run outside the block's
     slice-at-entry and gather-at-exit, so the recompute slices the same replicated input
-    again; it keeps that input as this rank's sequence shard (``runtime.selective``). After
+    again (entered inside the slice, a hook-based checkpoint's recompute, which calls the
+    block with its hooks, would slice the shard again; and a selective policy's cache needs
+    the forward's ops re-run in order); it keeps that input as this rank's sequence shard
+    (``runtime.selective``). After
     the styles (the others, torchtitan's order), the selective policy of such a block learns
     where its row-parallel modules run, to keep their reduce-scattered outputs."""
     for block in blocks:

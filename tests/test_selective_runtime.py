@@ -226,16 +226,14 @@ def sp_layer(traced, tmp_path_factory):
     return json.loads([x for x in proc.stdout.splitlines() if x.startswith("{")][-1])
 
 
-@pytest.mark.distributed
-def test_priced_selective_bytes_per_tp_rank(traced, sp_layer):
+def test_priced_selective_bytes_per_tp_rank(traced):
     """One TP rank of the Llama layer at TP 2, with and without sequence parallelism. Without,
     the runtime saves each product's output as DTensor gives it: q, k, v, gate and up split by
     columns (half each), SDPA's output and log-sum-exp split by heads (half), o and down the
     row-parallel partial sums (whole: saved before their all-reduce), and the layer's input
     whole: 2 x 64 x (256 + 128 + 32 + 32 + 128 + 256 + 256 + 256 + 256) + 4 x 4 x 64 =
     205,824. With, o and down are kept as their reduce-scattered sequence shards and the input
-    as its shard (128 each): 156,672, what the runtime's checkpoint holds on gloo (less than
-    the layer keeps without recompute there)."""
+    as its shard (128 each): 156,672."""
     _, _, opts = _tp2_options(traced["llama"])
     kept = {o.variant: o.act_bytes for o in opts if o.recompute == Recompute.SELECTIVE}
     per_token = 256 + 128 + 32 + 32 + 128 + 256 + 256 + 256 + 256
@@ -245,6 +243,15 @@ def test_priced_selective_bytes_per_tp_rank(traced, sp_layer):
         "tp2-v1": 2 * S * per_token + 4 * (HEADS // 2) * S,
         "tp2-v1-sp": 2 * S * sp_per_token + 4 * (HEADS // 2) * S,
     }
+
+
+@pytest.mark.distributed
+def test_runtime_holds_the_priced_bytes_per_tp_rank(traced, sp_layer):
+    """The TP 2 sequence-parallel layer's checkpoint holds, on one gloo rank, the priced
+    156,672 bytes (``test_priced_selective_bytes_per_tp_rank``), less than the same layer
+    keeps there without recompute."""
+    _, _, opts = _tp2_options(traced["llama"])
+    kept = {o.variant: o.act_bytes for o in opts if o.recompute == Recompute.SELECTIVE}
     assert sp_layer["held"] == kept["tp2-v1-sp"] == 156_672
     assert sp_layer["held"] < sp_layer["held_none"]
 
