@@ -112,8 +112,8 @@ MUTANTS: list[Mutant] = [
     M(
         "cost-selective-recompute-free",
         "planner/cost/block_options.py",
-        "Recompute.SELECTIVE: sel_fwd + ovh_sel,",
-        "Recompute.SELECTIVE: ovh_sel,",
+        "Recompute.SELECTIVE: sel_fwd + ovh_sel + sel_comm,",
+        "Recompute.SELECTIVE: ovh_sel + sel_comm,",
         COST,
         "selective recompute re-runs the attention core for free",
     ),

@@ -923,9 +923,6 @@ def price(s: Setup, **overrides: float):
         # Megatron-Core and DeepSpeed keep one send and one receive buffer; torchtitan's
         # torch.distributed.pipelining one per micro-batch each way, as meshplan's runtime
         microbatch_recv_buffers=s.dp_copies == TORCH_COPIES,
-        # every published engine with sequence parallelism (Megatron-LM/Core, torchtitan)
-        # checkpoints a layer inside the sequence-sharded stream: it keeps the input's shard
-        recompute_keeps_sequence_shard=True,
     )
     variant = "sequence" if s.sp else "no-sequence"
     variants_of = variants_for(traced.graph, cluster, variant, _VARIANTS)

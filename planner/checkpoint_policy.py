@@ -6,8 +6,11 @@ torch's ops when it builds the policy."""
 
 from __future__ import annotations
 
-from functools import cache
+from collections.abc import Callable
+from functools import cache, partial
 from typing import Any
+
+from planner.vocab import TPStyle
 
 # Selective recompute keeps the outputs of the expensive ops (matrix products, attention) and
 # recomputes the cheap element-wise work around them (Korthikanti et al.'s selective recompute),
@@ -42,28 +45,56 @@ COMPOSITE_KERNELS = {
 }
 
 
-@cache
-def saved_ops() -> frozenset[Any]:
-    """``SAVED_OP_NAMES`` as torch's op overloads (what a dispatch-level policy compares)."""
+# Inside a module of these styles (a row-parallel product whose partial sums are
+# reduce-scattered to the sequence shard: sequence parallelism) the policy keeps only what the
+# reduce-scatter returns, 1/t of the product's partial-sum output (the whole sequence), and
+# re-runs the product: at TP t the partial sums would outweigh every other kept tensor.
+RESHARDED_STYLES = frozenset({TPStyle.ROWWISE_SP})
+# the functional collective DTensor's redistribution from partial sums to the sequence shard
+# runs, as a dispatch-level policy sees it on the local tensors
+RESHARD_OP_NAMES = frozenset({"_c10d_functional.reduce_scatter_tensor.default"})
+
+
+def _ops(names: frozenset[str]) -> frozenset[Any]:
     import torch
 
     ops = set()
-    for name in SAVED_OP_NAMES:
+    for name in names:
         namespace, packet, overload = name.split(".")
         ops.add(getattr(getattr(getattr(torch.ops, namespace), packet), overload))
     return frozenset(ops)
 
 
-def _selective_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+@cache
+def saved_ops() -> frozenset[Any]:
+    """``SAVED_OP_NAMES`` as torch's op overloads (what a dispatch-level policy compares)."""
+    return _ops(SAVED_OP_NAMES)
+
+
+@cache
+def reshard_ops() -> frozenset[Any]:
+    """``RESHARD_OP_NAMES`` as torch's op overloads."""
+    return _ops(RESHARD_OP_NAMES)
+
+
+def _selective_policy(
+    inside_resharded: Callable[[], bool] | None, ctx: Any, op: Any, *args: Any, **kwargs: Any
+) -> Any:
     from torch.utils.checkpoint import CheckpointPolicy
 
-    return CheckpointPolicy.MUST_SAVE if op in saved_ops() else CheckpointPolicy.PREFER_RECOMPUTE
+    if inside_resharded is not None and inside_resharded():
+        keep = op in reshard_ops()
+    else:
+        keep = op in saved_ops()
+    return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
 
 
-def selective_context() -> Any:
+def selective_context(inside_resharded: Callable[[], bool] | None = None) -> Any:
+    """Torch's selective-checkpoint contexts for the policy. ``inside_resharded``: whether a
+    module of ``RESHARDED_STYLES`` is running now (the runtime's hooks on those modules tell)."""
     from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
-    return create_selective_checkpoint_contexts(_selective_policy)
+    return create_selective_checkpoint_contexts(partial(_selective_policy, inside_resharded))
 
 
 def saved_op_names() -> frozenset[str]:

@@ -107,11 +107,6 @@ class Training:
     # the activation (Megatron-Core's get_tensor_shapes: seq_length // tp under
     # sequence_parallel); off: the whole activation (what the planner assumes of its runtime).
     pipeline_sends_shards: bool = False
-    # A fully recomputed sequence-parallel layer keeps its input's sequence shard (Megatron-Core
-    # and torchtitan checkpoint inside the sequence-sharded stream); off: the whole replicated
-    # input, as meshplan's runtime holds it (it checkpoints such a block outside its
-    # slice-at-entry: runtime.parallelize.apply_recompute).
-    recompute_keeps_sequence_shard: bool = False
     # Pipeline sends and receives overlap the neighbouring chunks' compute (Megatron's
     # overlap_p2p_comm, on by default for its interleaved schedule: megatron/training/
     # arguments.py, --no-overlap-p2p-communication); off: they sit between the chunks.

@@ -208,7 +208,7 @@ def build(
             experts = apply_expert_parallel(model, emesh["ep"])
             edp_group = emesh["edp"].get_group()
         _batchnorm(model, plan, mesh, device)
-        apply_recompute(model, blocks, before_tp=True)
+        apply_recompute(model, blocks, before_tp=True, tp_mesh=mesh["tp"])
         apply_tensor_parallel(model, blocks, mesh["tp"])
         grad_sums = grad_sum_modules(model, blocks)
         apply_recompute(model, blocks)
@@ -312,7 +312,7 @@ def _build_pipeline(
         if device.type != "cpu":
             _modify_graph_op_device(stage_mod, device)
         _batchnorm(stage_mod, plan, mesh, device)
-        apply_recompute(stage_mod, blocks, before_tp=True)
+        apply_recompute(stage_mod, blocks, before_tp=True, tp_mesh=mesh["tp"])
         gathered = apply_tensor_parallel(stage_mod, blocks, mesh["tp"])
         grad_sums += grad_sum_modules(stage_mod, blocks, gathered)
         if gathered:

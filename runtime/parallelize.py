@@ -28,7 +28,7 @@ from torch.distributed.tensor.parallel import (
 from torch.distributed.tensor.placement_types import _StridedShard
 from torch.nn.parallel import DistributedDataParallel
 
-from planner.checkpoint_policy import selective_context
+from planner.checkpoint_policy import RESHARDED_STYLES, selective_context
 from planner.errors import UserInputError
 from planner.modelfile import DTYPES
 from planner.schema import BlockPlan, Plan
@@ -44,6 +44,7 @@ from planner.vocab import (
 from runtime.batchnorm import recompute_context
 from runtime.dtensor_blocks import fsdp_placement, register_cpu_attention_sharding, run_on_dtensors
 from runtime.local_attributes import set_local_attributes
+from runtime.selective import checkpoint_holding_shard, resharded_running, track_resharded
 from runtime.tied import splits_tie, tied_groups
 
 HALF = {name: DTYPES[name] for name in HALF_DTYPES}
@@ -596,22 +597,60 @@ def is_sequence_parallel(block: BlockPlan) -> bool:
     return "sp_block" in block.tp_plan.values()
 
 
-def apply_recompute(root: nn.Module, blocks: list[BlockPlan], before_tp: bool = False) -> None:
+def apply_recompute(
+    root: nn.Module,
+    blocks: list[BlockPlan],
+    before_tp: bool = False,
+    tp_mesh: DeviceMesh | None = None,
+) -> None:
     """Non-reentrant checkpointing of each module of a recomputed block (``Recompute.FULL``),
     or the same with a policy that saves matrix-product outputs (``Recompute.SELECTIVE``). The
-    composable ``checkpoint`` works through hooks, so module paths (and checkpoint keys) do not
-    change.
+    checkpoint works through hooks, so module paths (and checkpoint keys) do not change.
 
-    A sequence-parallel block is checkpointed before its TP styles are applied (``before_tp``):
-    the checkpoint's hooks then run outside the block's slice-at-entry and gather-at-exit, so
-    the recompute slices the same replicated input again; the others after, torchtitan's order."""
+    A sequence-parallel block is checkpointed before its TP styles are applied (``before_tp``,
+    with the TP group ``tp_mesh``): the checkpoint's hooks then run outside the block's
+    slice-at-entry and gather-at-exit, so the recompute slices the same replicated input
+    again (entered inside the slice, a hook-based checkpoint's recompute, which calls the
+    block with its hooks, would slice the shard again; and a selective policy's cache needs
+    the forward's ops re-run in order); it keeps that input as this rank's sequence shard
+    (``runtime.selective``). After
+    the styles (the others, torchtitan's order), the selective policy of such a block learns
+    where its row-parallel modules run, to keep their reduce-scattered outputs."""
     for block in blocks:
-        if block.recompute == Recompute.NONE or is_sequence_parallel(block) != before_tp:
+        if block.recompute == Recompute.NONE:
             continue
-        for module in (m for fqn in block.modules for m in called_modules(root, fqn)):
-            inner = None if block.recompute == Recompute.FULL else selective_context
-            context = recompute_context(module, inner)
-            composable_checkpoint(module, **({"context_fn": context} if context else {}))
+        sequence_parallel = is_sequence_parallel(block)
+        if sequence_parallel and not before_tp:
+            if block.recompute == Recompute.SELECTIVE:
+                track_resharded(
+                    [
+                        module
+                        for fqn, style in block.tp_plan.items()
+                        if style in RESHARDED_STYLES
+                        for module in called_modules(root, fqn)
+                    ]
+                )
+        elif sequence_parallel == before_tp:
+            if sequence_parallel and tp_mesh is None:
+                raise ValueError(f"checkpointing sequence-parallel {block.name} needs its TP mesh")
+            for module in (m for fqn in block.modules for m in called_modules(root, fqn)):
+                _checkpoint(module, block.recompute, tp_mesh if sequence_parallel else None)
+
+
+def _checkpoint(module: nn.Module, recompute: Recompute, tp_mesh: DeviceMesh | None) -> None:
+    """Checkpoint ``module`` (see ``apply_recompute``); ``tp_mesh``: that of a
+    sequence-parallel block, whose input the checkpoint keeps as this rank's shard."""
+    if recompute == Recompute.FULL:
+        inner = None
+    elif tp_mesh is not None:
+        inner = partial(selective_context, resharded_running)
+    else:
+        inner = selective_context
+    context = recompute_context(module, inner)
+    if tp_mesh is not None:
+        checkpoint_holding_shard(module, tp_mesh, context)
+    else:
+        composable_checkpoint(module, **({"context_fn": context} if context else {}))
 
 
 def _trained(module: nn.Module) -> bool:

@@ -407,6 +407,23 @@ EXTRA: list[tuple] = [
         2,
         dict(tp=2, dp=1, pp=1, zero=0, micro_batch_size=4, recompute="selective"),
     ),
+    # the same under sequence parallelism: the policy keeps o's and down's reduce-scattered
+    # outputs and re-runs their products, the checkpoint keeps the input's sequence shard and
+    # gathers it again for the recompute (runtime.selective)
+    (
+        "selective-sp-tp2",
+        "llama",
+        2,
+        dict(
+            tp=2,
+            dp=1,
+            pp=1,
+            zero=0,
+            micro_batch_size=4,
+            recompute="selective",
+            tp_variant="sequence",
+        ),
+    ),
 ]
 
 
@@ -471,6 +488,7 @@ CORE_EXTRA = (
     "clip_global-gather-zero3-dp2",
     "llama-selective-dp2",
     "llama-selective-tp2",
+    "llama-selective-sp-tp2",
 )
 
 

@@ -193,24 +193,114 @@ def test_priced_selective_recompute_is_what_the_runtime_re_runs(traced):
     assert t.graph.nodes[layer.nodes[last]]["op"] == "aten.mul.Tensor"  # SwiGLU's product
 
 
-def test_priced_selective_bytes_per_tp_rank(traced):
-    """One TP rank of the Llama layer at TP 2, with and without sequence parallelism: the
-    runtime saves each product's output as DTensor gives it: q, k, v, gate and up split by
-    columns (half each), SDPA's output and log-sum-exp split by heads (half), o and down the
-    row-parallel partial sums (whole: saved before their all-reduce or reduce-scatter), and
-    the layer's input whole (a sequence-parallel layer is checkpointed outside its slice):
-    2 x 64 x (256 + 128 + 32 + 32 + 128 + 256 + 256 + 256 + 256) + 4 x 4 x 64 = 205,824."""
+def _tp2_options(t):
+    """The Llama layer's TP 2 variants and their priced options (as the planner prices them)."""
     from planner.cost.block_options import block_options
     from planner.cost.sharding import tp_variants
 
-    t = traced["llama"]
     layer = t.blocks[1]
-    variants = tp_variants(t.graph, layer, 2)
-    opts = block_options(t.graph, layer, variants, 1, cluster_of(2), [0, 1], TRAINING)
+    variants = {v.name: v for v in tp_variants(t.graph, layer, 2)}
+    opts = block_options(t.graph, layer, list(variants.values()), 1, cluster_of(2), [0, 1],
+                         TRAINING)  # fmt: skip
+    return layer, variants, opts
+
+
+@pytest.fixture(scope="module")
+def sp_layer(traced, tmp_path_factory):
+    """One rank's view of the Llama layer run as its TP 2 sequence-parallel variant on gloo
+    (``tests/scripts/sp_selective_held.py``): bytes its selective checkpoint keeps, and its
+    backward's ops with the checkpoint and without."""
+    import json
+    import subprocess
+    import sys
+
+    from runtime.launch import worker_env
+
+    _, variants, _ = _tp2_options(traced["llama"])
+    plan = {"recompute": "selective", "tp_plan": variants["tp2-v1-sp"].tp_plan}
+    env = {**worker_env(), "LAYER_PLAN": json.dumps(plan)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+    cmd += [str(ROOT / "tests" / "scripts" / "sp_selective_held.py")]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads([x for x in proc.stdout.splitlines() if x.startswith("{")][-1])
+
+
+def test_priced_selective_bytes_per_tp_rank(traced):
+    """One TP rank of the Llama layer at TP 2, with and without sequence parallelism. Without,
+    the runtime saves each product's output as DTensor gives it: q, k, v, gate and up split by
+    columns (half each), SDPA's output and log-sum-exp split by heads (half), o and down the
+    row-parallel partial sums (whole: saved before their all-reduce), and the layer's input
+    whole: 2 x 64 x (256 + 128 + 32 + 32 + 128 + 256 + 256 + 256 + 256) + 4 x 4 x 64 =
+    205,824. With, o and down are kept as their reduce-scattered sequence shards and the input
+    as its shard (128 each): 156,672."""
+    _, _, opts = _tp2_options(traced["llama"])
     kept = {o.variant: o.act_bytes for o in opts if o.recompute == Recompute.SELECTIVE}
     per_token = 256 + 128 + 32 + 32 + 128 + 256 + 256 + 256 + 256
+    sp_per_token = 128 + 128 + 32 + 32 + 128 + 128 + 256 + 256 + 128
     assert kept == {
         "replicated": 2 * S * (5 * H + 2 * 64 + 2 * 512) + 4 * HEADS * S,
         "tp2-v1": 2 * S * per_token + 4 * (HEADS // 2) * S,
-        "tp2-v1-sp": 2 * S * per_token + 4 * (HEADS // 2) * S,
+        "tp2-v1-sp": 2 * S * sp_per_token + 4 * (HEADS // 2) * S,
     }
+
+
+@pytest.mark.distributed
+def test_runtime_holds_the_priced_bytes_per_tp_rank(traced, sp_layer):
+    """The TP 2 sequence-parallel layer's checkpoint holds, on one gloo rank, the priced
+    156,672 bytes (``test_priced_selective_bytes_per_tp_rank``), less than the same layer
+    keeps there without recompute."""
+    _, _, opts = _tp2_options(traced["llama"])
+    kept = {o.variant: o.act_bytes for o in opts if o.recompute == Recompute.SELECTIVE}
+    assert sp_layer["held"] == kept["tp2-v1-sp"] == 156_672
+    assert sp_layer["held"] < sp_layer["held_none"]
+
+
+# ops the runtime runs that the trace has no node for, each (name, bytes on one rank): the
+# reduce-scatter's input laid out as one buffer of the partial sums (the whole sequence), the
+# row-parallel module's copy of its reduce-scattered output (``parallelize._Rowwise``) and the
+# slice-at-entry's copy of the input's shard
+SP_RUNTIME_COPIES = Counter({("cat", 2 * S * H): 1, ("clone", 2 * S * H // 2): 2})
+
+
+@pytest.mark.distributed
+def test_priced_selective_recompute_per_tp_rank(traced, sp_layer):
+    """What the TP 2 sequence-parallel layer's recompute re-runs on one rank (its backward's ops
+    with the checkpoint less those without) is the priced recomputed ops, op for op at one
+    rank's bytes (a sequence-sharded or column-split output 1/2, a partial sum whole), plus
+    ``SP_RUNTIME_COPIES``: the 29 element-wise ops of the one-process layer and o's product,
+    re-run for its reduce-scatter's kept output (down's is not: the recompute stops at its
+    input). The priced recompute time is their forward, the overhead, and one all-gather of
+    the layer's input."""
+    from planner.cost.block_options import runtime_selective, selective_ops
+    from planner.cost.compute import block_node_times, op_counts, overhead_times, tp_shares
+    from planner.hardware.collectives import collective_time
+    from planner.trace.opcost import is_view
+
+    t = traced["llama"]
+    layer, variants, opts = _tp2_options(t)
+    v = variants["tp2-v1-sp"]
+    saved, _ = selective_ops(t.graph, layer, TRAINING)
+    _, recomputed = runtime_selective(t.graph, layer, saved, v)
+    runtime_names = {"to": "_to_copy", "linear": "mm"}
+    priced = Counter()
+    for n in recomputed:
+        d = t.graph.nodes[n]
+        name = d["op"].split(".")[1]
+        if is_view(d["op"]) or name == "contiguous":
+            continue
+        sharded = v.states[n].startswith("S")
+        priced[(runtime_names.get(name, name), d["out_bytes"] // (2 if sharded else 1))] += 1
+    rerun = Counter(tuple(x) for x in sp_layer["backward"])
+    rerun -= Counter(tuple(x) for x in sp_layer["backward_none"])
+    measured = Counter({(op.split(".")[1], b): k for (op, b), k in rerun.items() if b})
+    assert measured == priced + SP_RUNTIME_COPIES
+    assert sum(priced.values()) == 30 and priced[("mm", 2 * S * H)] == 1
+    cluster = cluster_of(2)
+    times = block_node_times(t.graph, layer, 1.0, cluster, "bf16")
+    forward = times.sharded(tp_shares(v, times, t.graph), recomputed)[0]
+    overhead = overhead_times(op_counts(t.graph, layer), v.tp_plan, 2, cluster)[2]
+    regather = collective_time("all_gather", 2 * S * H, cluster, [0, 1])
+    by = {o.recompute: o for o in opts if o.variant == v.name and o.offload == "none"}
+    extra = by[Recompute.SELECTIVE].bwd_s - by[Recompute.NONE].bwd_s
+    assert extra == pytest.approx(forward + overhead + regather, rel=1e-12)

@@ -601,16 +601,12 @@ def test_multi_head_latent_attention_is_split_by_heads_on_dtensors():
 
 
 @pytest.mark.parametrize("t", [2, 4])
-def test_full_recompute_of_a_sequence_parallel_layer_keeps_the_input_as_each_engine_does(
-    gpt_layer, t
-):
+def test_full_recompute_of_a_sequence_parallel_layer_keeps_the_input_shard(gpt_layer, t):
     """Full recompute keeps a layer's input: Megatron and torchtitan checkpoint inside the
-    sequence-sharded stream, 2sbh/t (Korthikanti et al.); meshplan's runtime checkpoints a
-    sequence-parallel block outside its slice-at-entry (runtime.parallelize.apply_recompute,
-    ``before_tp``), so each rank holds the whole replicated 2sbh. A TP variant without sequence
-    parallelism keeps the whole input under both."""
-    from dataclasses import replace as with_fields
-
+    sequence-sharded stream, 2sbh/t (Korthikanti et al.), and meshplan's runtime keeps the
+    shard of the replicated input its sequence-parallel block receives (runtime.selective;
+    ``tests/test_selective_runtime.py`` counts it). A TP variant without sequence parallelism
+    keeps the whole input."""
     from conftest import cluster_of
 
     from planner.cost.block_options import block_options
@@ -620,14 +616,12 @@ def test_full_recompute_of_a_sequence_parallel_layer_keeps_the_input_as_each_eng
     variants = tp_variants(graph, layer, t)
     sp = next(v for v in variants if v.name.endswith("-sp"))
     plain = fastest_sharded(variants)
-    runtime = Training(1, "bf16", "adamw")
-    megatron = with_fields(runtime, recompute_keeps_sequence_shard=True)
+    training = Training(1, "bf16", "adamw")
     sbh = S * B * H
 
-    def kept(v, training):
+    def kept(v):
         opts = block_options(graph, layer, [v], B, cluster_of(8), list(range(t)), training)
         return next(o.act_bytes for o in opts if o.recompute == "full")
 
-    assert kept(sp, runtime) == 2 * sbh
-    assert kept(sp, megatron) == 2 * sbh / t
-    assert kept(plain, runtime) == kept(plain, megatron) == 2 * sbh
+    assert kept(sp) == 2 * sbh / t
+    assert kept(plain) == 2 * sbh

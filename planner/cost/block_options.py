@@ -112,15 +112,19 @@ def block_options(
             )  # fmt: skip
         # Experts are not split by TP (a grouped product has no sharding rule), but by EP.
         params = block.params * v.param_fraction - expert_total * (1 - 1 / ep)
-        sel_bytes, sel_fwd = v.saved_selective_bytes, core_f
+        sel_bytes, sel_fwd, sel_comm = v.saved_selective_bytes, core_f, 0.0
         if policy is not None:
             # torchtitan's: the traced block's kept share, applied to the variant's saved bytes
             # (exact without TP; with TP it assumes the kept tensors shard as the saved ones
             # do); the runtime's: one rank's kept tensors as the variant shards them.
             saved, recomputed = policy
             if training.selective_policy == SelectivePolicy.RUNTIME_OP:
-                kept = kept_bytes(graph, block, saved, v.states, v.tp)
+                kept, recomputed = runtime_selective(graph, block, saved, v)
                 share = kept / v.saved_bytes if v.saved_bytes else 0.0
+                sel_comm = sum(
+                    collective_time(k, b * scale, cluster, tp_ranks)
+                    for k, b in recompute_collectives(v)
+                )
             else:
                 kept = kept_bytes(graph, block, saved)
                 share = kept / block.saved_bytes if block.saved_bytes else 0.0
@@ -130,7 +134,7 @@ def block_options(
                 else times.sharded(shares, recomputed)[0]
             )
             sel_bytes, sel_fwd = v.saved_bytes * min(share, 1.0), re_f
-        full_kept = full_recompute_kept(v, training)
+        full_kept = full_recompute_kept(v)
         for rc in RECOMPUTE:
             if rc == Recompute.SELECTIVE and sel_bytes >= v.saved_bytes:
                 continue  # nothing to drop: identical to "none"
@@ -138,7 +142,7 @@ def block_options(
                 continue
             extra = {
                 Recompute.NONE: 0.0,
-                Recompute.SELECTIVE: sel_fwd + ovh_sel,
+                Recompute.SELECTIVE: sel_fwd + ovh_sel + sel_comm,
                 Recompute.FULL: fwd + comm_f,
             }[rc]
             ep_comm = a2a_f + a2a_b + (a2a_f if rc == Recompute.FULL else 0.0)
@@ -146,6 +150,13 @@ def block_options(
                 Recompute.NONE: v.saved_bytes,
                 Recompute.SELECTIVE: sel_bytes,
                 Recompute.FULL: full_kept,
+            }[rc]
+            # (full: the forward's collectives again; a sequence-parallel block's exit
+            # all-gather, not re-run, stands for its input's all-gather, the same bytes a layer)
+            recompute_comm = {
+                Recompute.NONE: 0.0,
+                Recompute.SELECTIVE: sel_comm,
+                Recompute.FULL: comm_f,
             }[rc]
             recompute_peak = {
                 Recompute.NONE: 0.0,
@@ -160,7 +171,7 @@ def block_options(
                         offload=off,
                         fwd_s=fwd + comm_f,
                         bwd_s=bwd + extra + comm_b,
-                        tp_comm_s=comm_f + comm_b + (comm_f if rc == Recompute.FULL else 0.0),
+                        tp_comm_s=comm_f + comm_b + recompute_comm,
                         params=params,
                         param_tensors=len(block.param_names),
                         product_params=params * products,
@@ -179,15 +190,11 @@ def block_options(
     return options
 
 
-def full_recompute_kept(v: TPVariant, training: Training) -> float:
-    """Bytes a fully recomputed block keeps per traced micro-batch on one TP rank: its input.
-    A sequence-parallel variant prices the input's sequence shard (Korthikanti et al.'s
-    2sbh/t, what Megatron-Core and torchtitan hold); meshplan's runtime checkpoints such a
-    block outside its slice-at-entry, so it keeps the whole replicated input, t times that
-    (``Training.recompute_keeps_sequence_shard``)."""
-    sequence_parallel = TPStyle.SP_BLOCK in v.tp_plan.values()
-    if sequence_parallel and not training.recompute_keeps_sequence_shard:
-        return float(v.input_bytes * v.tp)
+def full_recompute_kept(v: TPVariant) -> float:
+    """Bytes a fully recomputed block keeps per traced micro-batch on one TP rank: its input,
+    of a sequence-parallel variant the input's sequence shard (Korthikanti et al.'s 2sbh/t:
+    Megatron-Core and torchtitan checkpoint inside the sequence-sharded stream; meshplan's
+    runtime keeps the shard of the replicated input it receives, ``runtime.selective``)."""
     return float(v.input_bytes)
 
 
@@ -225,18 +232,14 @@ def batch_statistics_floor(graph) -> int:
 
 
 def selective_kept(
-    graph, block: Block, training: Training, states: dict | None = None, tp: int = 1
+    graph, block: Block, training: Training, variant: TPVariant | None = None
 ) -> tuple[float, list[str]] | None:
     """(bytes kept for backward per traced micro-batch, ops recomputed) under
     ``Training.selective_policy``, or None for Megatron's "core" policy (the traced
     ``saved_selective_bytes`` and the core's forward).
 
-    With a TP variant's ``states`` (node -> "R", "P" or "S<d>") and degree ``tp``, "runtime-op"
-    gives one rank's bytes: a kept output sharded over the group is 1/tp of it, a row-parallel
-    product's partial sum (the runtime saves the product's output, before its all-reduce or
-    reduce-scatter) and a replicated one whole; the block's input is whole (the checkpoint
-    holds it as the block receives it: a sequence-parallel block is checkpointed outside its
-    slice at entry).
+    With a TP ``variant``, "runtime-op" gives one rank's bytes and re-run ops
+    (``runtime_selective``).
 
     Both op policies are torch selective-checkpoint policies: the checkpoint keeps the block's
     input to re-run it, must-saves the outputs of the ops the policy names and recomputes
@@ -253,7 +256,49 @@ def selective_kept(
     if ops is None:
         return None
     saved, recomputed = ops
-    return kept_bytes(graph, block, saved, states, tp), recomputed
+    if variant is not None and training.selective_policy == SelectivePolicy.RUNTIME_OP:
+        return runtime_selective(graph, block, saved, variant)
+    return kept_bytes(graph, block, saved), recomputed
+
+
+def is_sequence_parallel(v: TPVariant) -> bool:
+    return TPStyle.SP_BLOCK in v.tp_plan.values()
+
+
+def runtime_selective(
+    graph, block: Block, saved: set[str], v: TPVariant
+) -> tuple[float, list[str]]:
+    """(bytes one TP rank keeps per traced micro-batch, ops its recompute re-runs) under the
+    runtime's policy (``planner.checkpoint_policy``), the block run as variant ``v``.
+
+    A kept output sharded over the group is 1/t of it, a replicated one whole. Without
+    sequence parallelism, a row-parallel product's output is its whole partial sum (saved
+    before its all-reduce) and the block's input is whole. In a sequence-parallel block, the
+    products inside ``RESHARDED_STYLES`` modules are re-run and their reduce-scattered output
+    kept (1/t), and the checkpoint keeps the input's sequence shard (``runtime.selective``)."""
+    from planner.checkpoint_policy import RESHARDED_STYLES
+    from planner.trace.blocks import in_modules
+
+    input_bytes, resharded = float(block.input_bytes), set()
+    if is_sequence_parallel(v):
+        input_bytes = float(v.input_bytes)
+        modules = [fqn for fqn, style in v.tp_plan.items() if style in RESHARDED_STYLES]
+        resharded = {n for n in saved if in_modules(graph.nodes[n]["module"], modules)}
+    kept_saved = saved - resharded
+    kept = kept_bytes(graph, block, kept_saved, v.states, v.tp, input_bytes)
+    kept += sum(kernel_output_bytes(graph.nodes[n]) / v.tp for n in resharded)
+    recomputed = _before_last_save(graph, block, [n for n in block.nodes if n not in kept_saved])
+    return kept, recomputed
+
+
+def recompute_collectives(v: TPVariant) -> list[tuple[str, float]]:
+    """(kind, whole buffer bytes per traced micro-batch) of the collectives the runtime's
+    selective recompute adds to a variant's backward: a sequence-parallel block's checkpoint
+    all-gathers the input's shards back into the replicated input its recompute re-enters the
+    block with. (The column-parallel modules' all-gathers it re-runs stand in for the
+    backward's own gathers of their inputs, which ``comm_bwd`` prices; the reduce-scatters'
+    outputs are kept, so none is re-run.)"""
+    return [("all_gather", float(v.input_bytes * v.tp))] if is_sequence_parallel(v) else []
 
 
 def selective_ops(graph, block: Block, training: Training) -> tuple[set[str], list[str]] | None:
@@ -274,12 +319,19 @@ def selective_ops(graph, block: Block, training: Training) -> tuple[set[str], li
 
 
 def kept_bytes(
-    graph, block: Block, saved: set[str], states: dict | None = None, tp: int = 1
+    graph,
+    block: Block,
+    saved: set[str],
+    states: dict | None = None,
+    tp: int = 1,
+    input_bytes: float | None = None,
 ) -> float:
-    """The block's input and the ``saved`` ops' kernel outputs, on one rank of a variant with
-    ``states`` and degree ``tp`` (see ``selective_kept``)."""
+    """The block's input (``input_bytes`` where it is not the traced block's) and the
+    ``saved`` ops' kernel outputs, on one rank of a variant with ``states`` and degree ``tp``
+    (see ``runtime_selective``)."""
     states = states or {}
-    return float(block.input_bytes) + sum(
+    held = float(block.input_bytes) if input_bytes is None else input_bytes
+    return held + sum(
         kernel_output_bytes(graph.nodes[n]) / (tp if states.get(n, "R")[0] == "S" else 1)
         for n in saved
     )
@@ -289,14 +341,16 @@ def _before_last_save(graph, block: Block, recomputed: list[str]) -> list[str]:
     """The recomputed ops the recompute reaches: torch's non-reentrant checkpoint stops
     re-running the block once every tensor the forward saved for backward is saved again
     (``torch.utils.checkpoint``'s early stop), so the ops after the block's last saving op (an
-    op keeping a traced tensor or a parameter: the final residual add) are not re-run."""
-    last = -1
+    op keeping a traced tensor or a parameter: the final residual add) are not re-run, nor
+    that op itself unless it keeps its own output: autograd saves an op's inputs before
+    running it (a last product, keeping its input and weight, stops the recompute before it)."""
+    last, own = -1, False
     for i, n in enumerate(block.nodes):
         d = graph.nodes[n]
         if d["saved"] or d.get("params"):
-            last = i
+            last, own = i, any(name == n for name, _ in d["saved"])
     position = {n: i for i, n in enumerate(block.nodes)}
-    return [n for n in recomputed if position[n] <= last]
+    return [n for n in recomputed if position[n] < last or (position[n] == last and own)]
 
 
 def kernel_output_bytes(d: dict) -> int:

@@ -120,7 +120,6 @@ def engine_training(
             native_attention=native_attention_on(profile),
             fused_elementwise=True,
             pipeline_sends_shards=megatron_sends_shards(pp, sequence_parallel),
-            recompute_keeps_sequence_shard=True,
             p2p_overlap=virtual_stages > 1,
             fused_grad_accumulation=megatron_fuses_grad_accumulation(microbatches),
             dp_overlap=True,  # the export writes --overlap-grad-reduce
@@ -145,7 +144,6 @@ def engine_training(
             base,
             vocab_parallel_loss=tp > 1,
             selective_policy=SelectivePolicy.TORCHTITAN_OP,
-            recompute_keeps_sequence_shard=True,
         )
     if engine == "accelerate":
         return base
