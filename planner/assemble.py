@@ -230,16 +230,36 @@ def block_records(best: Candidate, inp: CostInputs, blocks, training: Training) 
     rep_modules: dict[str, list[str]] = {}
     for blk in blocks:
         rep_modules.setdefault(blk.cls, blk.modules)
+    chosen = [inp.options[i][config.choice[i]] for i in range(len(blocks))]
+    tps = [config.mesh.tp_of(s % config.mesh.pp) for s in config.stage_of]
+    stream = sequence_stream_plan(chosen, tps)
     return [
-        block_record(
-            blk,
-            inp.options[i][config.choice[i]],
-            config.stage_of[i],
-            rep_modules[blk.cls],
-            block_memory(inp.options[i][config.choice[i]], config, training, stage_held[i]),
+        replace(
+            block_record(
+                blk,
+                chosen[i],
+                config.stage_of[i],
+                rep_modules[blk.cls],
+                block_memory(chosen[i], config, training, stage_held[i]),
+            ),
+            takes_sequence_shard=stream[i][0] or None,
+            leaves_sequence_shard=stream[i][1] or None,
         )
         for i, blk in enumerate(blocks)
     ]
+
+
+def sequence_stream_plan(chosen: list, tps: list[int]) -> list[tuple[bool, bool]]:
+    """Per block, whether the runtime keeps the stream sequence-sharded at its entry and at its
+    exit: where the options chosen on both sides of a cut were priced so
+    (``BlockOption.takes_sequence_shard`` after ``leaves_sequence_shard``) over TP groups of
+    one degree (a pipeline cut between stages of one TP degree sends each rank's shard to the
+    rank of the same TP index). Elsewhere the block slices and gathers as before."""
+    edge = [
+        a.leaves_sequence_shard and b.takes_sequence_shard and ta == tb
+        for a, b, ta, tb in zip(chosen, chosen[1:], tps, tps[1:])
+    ]
+    return [(i > 0 and edge[i - 1], i < len(chosen) - 1 and edge[i]) for i in range(len(chosen))]
 
 
 def block_record(blk, o, stage: int, rep: list[str], memory: float) -> BlockPlan:

@@ -174,6 +174,8 @@ def block_options(
                         expert_params=expert_total / ep,
                         ep_comm_s=ep_comm,
                         norm_channels=norms,
+                        takes_sequence_shard=v.takes_sequence_shard,
+                        leaves_sequence_shard=v.leaves_sequence_shard,
                     )
                 )
     return options
@@ -184,9 +186,11 @@ def full_recompute_kept(v: TPVariant, training: Training) -> float:
     A sequence-parallel variant prices the input's sequence shard (Korthikanti et al.'s
     2sbh/t, what Megatron-Core and torchtitan hold); meshplan's runtime checkpoints such a
     block outside its slice-at-entry, so it keeps the whole replicated input, t times that
-    (``Training.recompute_keeps_sequence_shard``)."""
+    (``Training.recompute_keeps_sequence_shard``), unless the block takes the stream's shard
+    from the block before (``sharding.sequence_stream``): then what enters is the shard."""
     sequence_parallel = TPStyle.SP_BLOCK in v.tp_plan.values()
-    if sequence_parallel and not training.recompute_keeps_sequence_shard:
+    kept_shard = training.recompute_keeps_sequence_shard or v.takes_sequence_shard
+    if sequence_parallel and not kept_shard:
         return float(v.input_bytes * v.tp)
     return float(v.input_bytes)
 

@@ -162,6 +162,12 @@ def _check_blocks(plan: dict, where: str) -> None:
                 f"plan {where}: block {b['name']!r} has a bad tp_local_attributes (a list of "
                 "module attribute paths)"
             )
+        for key in ("takes_sequence_shard", "leaves_sequence_shard"):
+            if key in b and (b[key] is not True or "sp_block" not in b["tp_plan"].values()):
+                raise UserInputError(
+                    f"plan {where}: block {b['name']!r} has a bad {key} (true, on a block "
+                    'whose tp_plan runs it sequence-parallel with "sp_block", or left out)'
+                )
         bad = [v for v in b["tp_plan"].values() if not is_tp_style(v)]
         if bad:
             raise UserInputError(
@@ -178,6 +184,20 @@ def _check_blocks(plan: dict, where: str) -> None:
     stages_of = [b["stage"] for b in plan["blocks"]]
     if stages_of != sorted(stages_of):
         raise UserInputError(f"plan {where}: blocks are not in stage order")
+    blocks = plan["blocks"]
+    for before, after in zip(blocks, blocks[1:]):
+        if before.get("leaves_sequence_shard", False) != after.get("takes_sequence_shard", False):
+            raise UserInputError(
+                f"plan {where}: block {before['name']!r} and the block after it, "
+                f"{after['name']!r}, disagree on whether the stream between them is "
+                "sequence-sharded (leaves_sequence_shard / takes_sequence_shard)"
+            )
+    if blocks and (
+        blocks[0].get("takes_sequence_shard") or blocks[-1].get("leaves_sequence_shard")
+    ):
+        raise UserInputError(
+            f"plan {where}: the first block cannot take, nor the last leave, a sequence shard"
+        )
 
 
 def _check_stage_degrees(plan: dict, where: str) -> None:

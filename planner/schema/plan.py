@@ -105,6 +105,12 @@ class BlockPlan:
     # the head count a view in the module's code fixes, so it views its own heads
     tp_local_attributes: list[str] = field(default_factory=list)
     block_class: str = field(default="", metadata={JSON_KEY: "class"})  # identical blocks share it
+    # A sequence-parallel ("sp_block") block inside Megatron's sequence-sharded stream: it is
+    # entered with the shard the block before left (no slice) / leaves its output as the shard
+    # the block after takes (no gather), across a pipeline cut too (the stage sends the shard).
+    # Written only where true; a plan without them slices at entry and gathers at exit.
+    takes_sequence_shard: bool | None = field(default=None, metadata={OMIT_NONE: True})
+    leaves_sequence_shard: bool | None = field(default=None, metadata={OMIT_NONE: True})
     params: int = 0
     tp_variant: str = "replicated"
     time_per_microbatch_s: float = 0.0

@@ -8,10 +8,12 @@ from collections.abc import Callable
 
 from planner.cost.block_options import block_options
 from planner.cost.records import BlockOption
+from planner.cost.sharding import sequence_stream
 from planner.hardware.cluster import Cluster
 from planner.schema.mesh import Mesh
 from planner.search.candidates import Pins
 from planner.trace.blocks import Block
+from planner.trace.stream import stream_cuts
 from planner.training import Training
 from planner.vocab import Offload, Recompute
 
@@ -43,14 +45,17 @@ def price_options(
     tp_ranks = list(range(tp))
     ep_ranks = Mesh(1, ep, tp, ep).ep_group(0)
     cp_ranks = Mesh(1, 1, tp, 1, cp).cp_group(0)
-    by_class: dict[str, list[BlockOption]] = {}
+    by_class: dict[tuple, list[BlockOption]] = {}
     result = []
     memo = {} if memo is None else memo
-    for blk in blocks:
-        if blk.cls not in by_class:
-            variants = variants_of(blk, tp, pipelined)
+    stream = sequence_stream_flags(graph, blocks, tp, pipelined, variants_of)
+    first: dict[str, Block] = {}  # a class is priced on its first block (names rebased later)
+    for blk, (takes, leaves) in zip(blocks, stream):
+        rep = first.setdefault(blk.cls, blk)
+        if (blk.cls, takes, leaves) not in by_class:
+            variants = [sequence_stream(v, takes, leaves) for v in variants_of(rep, tp, pipelined)]
             key = (blk.cls, tp, mbs, ep, cp, tuple(v.name for v in variants), id(cluster))
-            key += (training,)
+            key += (training, takes, leaves)
             kept = memo.get(key)
             if kept is None or kept[0] != variants:  # the value holds the cluster: no id reuse
                 opts = block_options(
@@ -65,9 +70,35 @@ def price_options(
                     cp_ranks=cp_ranks,
                 )
                 kept = memo[key] = (variants, cluster, opts)
-            by_class[blk.cls] = _filter(kept[2], pins)
-        result.append(by_class[blk.cls])
+            by_class[blk.cls, takes, leaves] = _filter(kept[2], pins)
+        result.append(by_class[blk.cls, takes, leaves])
     return result
+
+
+def sequence_stream_flags(
+    graph, blocks: list[Block], tp: int, pipelined: bool, variants_of: Callable
+) -> list[tuple[bool, bool]]:
+    """Per block, whether its sequence-parallel variant takes the stream's sequence shard from
+    the block before and leaves it to the block after: where the stream passes straight
+    between them (``stream_cuts``) and both offer a sequence-parallel variant at this TP degree
+    (one TP group: a stage's blocks share it). A plan that runs a neighbour otherwise prices
+    that edge's gather as saved (``assemble.sequence_stream_plan`` records what runs)."""
+    if tp == 1 or len(blocks) < 2:
+        return [(False, False)] * len(blocks)
+    cuts = graph.graph.get("_stream_cuts")
+    if cuts is None or len(cuts) != len(blocks) - 1:
+        cuts = graph.graph["_stream_cuts"] = stream_cuts(graph, blocks)
+    first: dict[str, Block] = {}
+    offers: dict[str, bool] = {}
+    for blk in blocks:
+        if blk.cls not in offers:
+            rep = first.setdefault(blk.cls, blk)
+            offers[blk.cls] = any(v.exit_gather for v in variants_of(rep, tp, pipelined))
+    sp = [offers[b.cls] for b in blocks]
+    chained = [cut and sp[i] and sp[i + 1] for i, cut in enumerate(cuts)]
+    return [
+        (i > 0 and chained[i - 1], i < len(blocks) - 1 and chained[i]) for i in range(len(blocks))
+    ]
 
 
 def _filter(opts: list[BlockOption], pins: Pins) -> list[BlockOption]:
