@@ -75,6 +75,10 @@ class StagePlan:
     # The device kind (a name of Plan.kinds) its ranks are, in a heterogeneous plan; absent
     # in a single-kind one.
     kind: str | None = field(default=None, metadata={OMIT_NONE: True})
+    # The stage receives the residual stream as each TP rank's sequence shard from the stage
+    # before (Megatron's layout; the sending stage slices it where its last block does not
+    # leave it so, this one gathers it where its first block does not take it); absent: whole.
+    receives_sequence_shard: bool | None = field(default=None, metadata={OMIT_NONE: True})
 
 
 @dataclass

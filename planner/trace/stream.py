@@ -1,22 +1,37 @@
-"""Where the residual stream passes from one block straight into the next (the trace graph's
-structure alone): the cuts at which Megatron's sequence parallelism can keep the stream
-sequence-sharded between two sequence-parallel blocks, with no gather at the first's exit and
-no slice at the second's entry."""
+"""The residual stream at each cut between blocks (the trace graph's structure alone): where
+Megatron's sequence parallelism can keep it sequence-sharded, between two sequence-parallel
+blocks (no gather at the first's exit, no slice at the second's entry) and across a pipeline
+cut (the stage sends each TP rank's shard)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import networkx as nx
 
 from planner.trace.blocks import Block
 
 
-def stream_cuts(graph: nx.DiGraph, blocks: list[Block]) -> list[bool]:
-    """Per cut i (between blocks i and i + 1), whether exactly one tensor that carries a
-    gradient crosses it, produced by block i's one module and read only by block i + 1's one
-    module: the block's output is the next block's input and nothing else (no code between
-    them, no later block or model output reading it, as a model that collects each layer's
-    hidden states does). Tensors without a gradient (masks, rotary tables) may cross too:
-    they are not the stream."""
+@dataclass(frozen=True)
+class StreamCut:
+    """The one tensor carrying a gradient that crosses a cut between blocks i and i + 1, if
+    exactly one does (tensors without a gradient, masks and rotary tables, may cross too: they
+    are not the stream). ``produced``: block i's one module returns it and nothing in block
+    i reads it after; ``read``: only block i + 1's one module reads it."""
+
+    tensor: str | None
+    produced: bool = False
+    read: bool = False
+
+    @property
+    def handed_over(self) -> bool:
+        """Block i's output is block i + 1's input and nothing else: no code between them, no
+        later block or model output reading it (as a model collecting hidden states does)."""
+        return self.produced and self.read
+
+
+def stream_at_cuts(graph: nx.DiGraph, blocks: list[Block]) -> list[StreamCut]:
+    """Per cut i (between blocks i and i + 1), the stream crossing it."""
     n = len(blocks)
     block_of = {u: b.index for b in blocks for u in b.nodes}
     outputs = set(graph.graph.get("outputs", []))
@@ -30,24 +45,31 @@ def stream_cuts(graph: nx.DiGraph, blocks: list[Block]) -> list[bool]:
             last = n - 1
         for i in range(src, min(last, n - 1)):
             crossing[i].append(u)
-    return [
-        len(crossing[i]) == 1 and _hands_over(graph, crossing[i][0], blocks[i], blocks[i + 1])
-        for i in range(n - 1)
-    ]
+    cuts = []
+    for i in range(n - 1):
+        if len(crossing[i]) != 1:
+            cuts.append(StreamCut(None))
+            continue
+        u = crossing[i][0]
+        readers = list(graph.successors(u))
+        after = set(blocks[i + 1].nodes)
+        produced = (
+            len(blocks[i].modules) == 1
+            and block_of[u] == i
+            and _inside(graph, u, blocks[i].modules[0])
+            and all(block_of.get(v, n) > i for v in readers)
+            and u not in outputs
+        )
+        read = (
+            len(blocks[i + 1].modules) == 1
+            and bool(readers)
+            and u not in outputs
+            and all(v in after and _inside(graph, v, blocks[i + 1].modules[0]) for v in readers)
+        )
+        cuts.append(StreamCut(u, produced, read))
+    return cuts
 
 
 def _inside(graph: nx.DiGraph, u: str, module: str) -> bool:
     owner = graph.nodes[u].get("module") or ""
     return owner == module or owner.startswith(module + ".")
-
-
-def _hands_over(graph: nx.DiGraph, u: str, block: Block, after: Block) -> bool:
-    if len(block.modules) != 1 or len(after.modules) != 1 or u not in block.nodes:
-        return False
-    readers = list(graph.successors(u))
-    nodes = set(after.nodes)
-    return (
-        _inside(graph, u, block.modules[0])
-        and bool(readers)
-        and all(v in nodes and _inside(graph, v, after.modules[0]) for v in readers)
-    )
