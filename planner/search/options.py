@@ -69,7 +69,7 @@ def price_options(
             if kept is None or kept[0] != variants:  # the value holds the cluster: no id reuse
                 opts = block_options(
                     graph,
-                    blk,
+                    rep,
                     variants,
                     mbs,
                     cluster,
