@@ -24,7 +24,9 @@ reduced once per producer however many consumers contribute to it.
 Assumptions, stated once:
 
 * block inputs and outputs (the residual stream between blocks) are ``R``, so blocks compose
-  without knowing each other; sequence parallelism across block boundaries is a later issue;
+  without knowing each other; a sequence-parallel variant inside Megatron's sequence-sharded
+  stream drops its edge gathers (``sequence_stream``, decided per plan by
+  ``search.options.sequence_stream_flags``);
 * collectives cost bytes x seconds-per-byte x ring factor (no latency term), on the critical path;
 * a replicated parameter whose gradient is partial is all-reduced per micro-batch (Megatron
   defers such reductions to once per step: an over-estimate that only affects unusual variants);
