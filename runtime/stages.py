@@ -740,25 +740,6 @@ def _input_of(gm: nn.Module, path: str, prefix: str = "") -> int | None:
     return None
 
 
-def _output_of(gm: nn.Module, path: str, prefix: str = "") -> int | None:
-    """The index, among ``gm``'s flattened outputs, of the output of module ``path``."""
-    out = next(n for n in gm.graph.nodes if n.op == "output")
-    for i, value in enumerate(_flat(out.args[0])):
-        node, index = _through(value), None
-        if isinstance(node, torch.fx.Node) and node.target is operator.getitem:
-            node, index = _through(node.args[0]), node.args[1]
-        if not isinstance(node, torch.fx.Node) or node.op != "call_module":
-            continue
-        full = f"{prefix}{node.target}"
-        if full == path and index is None:
-            return i
-        if path.startswith(full + "."):
-            inner = _output_of(gm.get_submodule(node.target), path, full + ".")
-            if inner is not None and inner == (index or 0):
-                return i
-    return None
-
-
 def _flat(args: Any) -> list:
     if isinstance(args, (tuple, list)):
         return [x for a in args for x in _flat(a)]
