@@ -30,6 +30,7 @@ from planner.schema import (
 from planner.schema.plan import Certificate
 from planner.search.driver import WORK_LIMITS, Candidate, SearchResult
 from planner.training import Training, num_microbatches, replica_counts
+from planner.vocab import TPStyle
 
 
 def _r(x: float) -> float:
@@ -153,7 +154,7 @@ def build_plan(
         optimizer=training.optimizer,
         lr=training.lr,
         reduce_dtype=training.reduce_dtype,
-        stages=stage_records(best, traced.blocks, training),
+        stages=stage_records(best, traced.blocks, training, result.inputs[best.key]),
         blocks=block_records(best, result.inputs[best.key], traced.blocks, training),
         predicted=with_error_bar(prediction(best.cost, traced), cluster.profile.name, mesh),
         solver=solver_record(result, baselines),
@@ -191,8 +192,22 @@ def model_info(traced) -> ModelInfo:
     )
 
 
-def stage_records(best: Candidate, blocks, training: Training) -> list[StagePlan]:
+def sends_shards(best: Candidate, inp: CostInputs | None) -> bool:
+    """Whether the plan's pipeline sends each TP rank's sequence shard of the stream, as its
+    candidate was priced (``driver.stream_training``)."""
+    return (
+        inp is not None
+        and best.stream
+        and best.config.mesh.pp > 1
+        and inp.training.pipeline_sends_shards
+    )
+
+
+def stage_records(
+    best: Candidate, blocks, training: Training, inp: CostInputs | None = None
+) -> list[StagePlan]:
     config = best.config
+    sends = sends_shards(best, inp)
     mesh = config.mesh
 
     def counts(pp_rank: int) -> tuple[int, int]:
@@ -219,6 +234,7 @@ def stage_records(best: Candidate, blocks, training: Training) -> list[StagePlan
             inflight_microbatches=st.inflight,
             local_batch_size=counts(st.pp_rank)[0],
             num_microbatches=counts(st.pp_rank)[1],
+            receives_sequence_shard=(sends and st.index > 0) or None,
         )
         for st in best.cost.stages
     ]
@@ -230,15 +246,46 @@ def block_records(best: Candidate, inp: CostInputs, blocks, training: Training) 
     rep_modules: dict[str, list[str]] = {}
     for blk in blocks:
         rep_modules.setdefault(blk.cls, blk.modules)
+    chosen = [inp.options[i][config.choice[i]] for i in range(len(blocks))]
+    tps = [config.mesh.tp_of(s % config.mesh.pp) for s in config.stage_of]
+    stream = sequence_stream_plan(chosen, tps, config.stage_of, sends_shards(best, inp))
     return [
-        block_record(
-            blk,
-            inp.options[i][config.choice[i]],
-            config.stage_of[i],
-            rep_modules[blk.cls],
-            block_memory(inp.options[i][config.choice[i]], config, training, stage_held[i]),
+        replace(
+            block_record(
+                blk,
+                chosen[i],
+                config.stage_of[i],
+                rep_modules[blk.cls],
+                block_memory(chosen[i], config, training, stage_held[i]),
+            ),
+            takes_sequence_shard=stream[i][0] or None,
+            leaves_sequence_shard=stream[i][1] or None,
         )
         for i, blk in enumerate(blocks)
+    ]
+
+
+def sequence_stream_plan(
+    chosen: list, tps: list[int], stage_of: list[int], sends: bool
+) -> list[tuple[bool, bool]]:
+    """Per block, whether the runtime keeps the stream sequence-sharded at its entry and at its
+    exit: inside a stage, where the options chosen on both sides were priced so
+    (``BlockOption.takes_sequence_shard`` after ``leaves_sequence_shard``); at a pipeline cut,
+    where the pipeline sends shards (``sends``, between stages of one TP degree: each rank's
+    shard goes to the rank of the same TP index), every sequence-parallel block beside it,
+    whatever the other side runs (that side's stage slices or gathers at the cut: the same
+    collective the block's own slice or gather was priced as); where it does not, none.
+    Elsewhere a block slices and gathers as before."""
+    sp = [TPStyle.SP_BLOCK in dict(o.tp_plan).values() for o in chosen]
+    edge = []
+    for i, (a, b) in enumerate(zip(chosen, chosen[1:])):
+        if stage_of[i] == stage_of[i + 1]:
+            edge.append((a.leaves_sequence_shard and b.takes_sequence_shard,) * 2)
+        else:
+            cut = sends and tps[i] == tps[i + 1]
+            edge.append((cut and sp[i], cut and sp[i + 1]))
+    return [
+        (i > 0 and edge[i - 1][1], i < len(chosen) - 1 and edge[i][0]) for i in range(len(chosen))
     ]
 
 

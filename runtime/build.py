@@ -265,6 +265,8 @@ def _build_pipeline(
         adopt_eager_modules,
         keep_unused_tensors,
         one_tensor_calls,
+        send_sequence_shards,
+        sequence_stream_links,
         split_points,
         stage_module_name,
         traced_pipe,
@@ -286,6 +288,7 @@ def _build_pipeline(
     scalars: list = []  # (a stage's 0-dim parameters, its replicas' group)
     edp_group = None
     stage_mods = [pipe.get_stage_module(i) for i in indices]
+    links = sequence_stream_links(pipe, plan)
     one_tensor = one_tensor_calls(model, example)
     for stage_mod in stage_mods:
         adopt_eager_modules(stage_mod, model, split_points(plan, model), one_tensor)
@@ -314,6 +317,7 @@ def _build_pipeline(
         _batchnorm(stage_mod, plan, mesh, device)
         apply_recompute(stage_mod, blocks, before_tp=True, tp_mesh=mesh["tp"])
         gathered = apply_tensor_parallel(stage_mod, blocks, mesh["tp"])
+        send_sequence_shards(stage_mod, plan, i, mesh["tp"], links)
         grad_sums += grad_sum_modules(stage_mod, blocks, gathered)
         if gathered:
             notes.append(

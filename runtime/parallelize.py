@@ -134,7 +134,13 @@ def called_modules(root: nn.Module, fqn: str) -> list[nn.Module]:
     return [root.get_submodule(p) for p in called_paths(root, fqn)]
 
 
-def tp_style(module: nn.Module, style: str, fqn: str, traced_parent: bool = False) -> ParallelStyle:
+def tp_style(
+    module: nn.Module,
+    style: str,
+    fqn: str,
+    traced_parent: bool = False,
+    stream: tuple[bool, bool] = (False, False),
+) -> ParallelStyle:
     """The plan's style name for one nn.Linear / nn.Embedding as a torch ParallelStyle.
 
     ``traced_parent``: the code around this module is a traced pipeline-stage graph, whose
@@ -147,19 +153,22 @@ def tp_style(module: nn.Module, style: str, fqn: str, traced_parent: bool = Fals
     block's input and gathers its output, so the code around the block sees full tensors;
     "sequence" runs a norm on the local slice (its DTensor output keeps global shapes for the
     code that reads them); "colwise_sp" gathers its own input, "rowwise_sp" reduce-scatters its
-    output to the sequence shard."""
+    output to the sequence shard. ``stream``: (takes, leaves) of an "sp_block" inside
+    Megatron's sequence-sharded stream (``BlockPlan.takes_sequence_shard``): it is entered
+    with the shard the block before left, and/or leaves its output as the shard."""
     if traced_parent and style in SEQUENCE_STYLES:
         raise UserInputError(
             f"plan runs {fqn} sequence-parallel, but a pipeline stage runs its block as traced "
             "code with fixed shapes: plan again with --pp 1, or without sequence parallelism"
         )
     if style == "sp_block":
+        takes, leaves = stream
         return PrepareModuleInputOutput(
-            input_layouts=(Replicate(),),
+            input_layouts=(Shard(1) if takes else Replicate(),),
             desired_input_layouts=(Shard(1),),
             use_local_input=True,
             output_layouts=(Shard(1),),
-            desired_output_layouts=(Replicate(),),
+            desired_output_layouts=(Shard(1) if leaves else Replicate(),),
             use_local_output=True,
         )
     if style == "sequence":
@@ -548,8 +557,9 @@ def apply_tensor_parallel(
                 # tensor there (its recompute gathers again anyway)
                 gather_sequence(module, regather_in_backward=block.recompute == Recompute.NONE)
                 continue
+            stream = (bool(block.takes_sequence_shard), bool(block.leaves_sequence_shard))
             styles[reached.get(id(module), fqn)] = _sharing_inputs(
-                tp_style(module, style, fqn, traced)
+                tp_style(module, style, fqn, traced, stream)
             )
             if traced:
                 gathered.append(fqn)
@@ -633,16 +643,21 @@ def apply_recompute(
         elif sequence_parallel == before_tp:
             if sequence_parallel and tp_mesh is None:
                 raise ValueError(f"checkpointing sequence-parallel {block.name} needs its TP mesh")
+            # a block that takes the stream's shard receives it: the checkpoint holds it as is
+            slices = sequence_parallel and not block.takes_sequence_shard
             for module in (m for fqn in block.modules for m in called_modules(root, fqn)):
-                _checkpoint(module, block.recompute, tp_mesh if sequence_parallel else None)
+                _checkpoint(module, block.recompute, sequence_parallel, tp_mesh if slices else None)
 
 
-def _checkpoint(module: nn.Module, recompute: Recompute, tp_mesh: DeviceMesh | None) -> None:
-    """Checkpoint ``module`` (see ``apply_recompute``); ``tp_mesh``: that of a
-    sequence-parallel block, whose input the checkpoint keeps as this rank's shard."""
+def _checkpoint(
+    module: nn.Module, recompute: Recompute, resharded: bool, tp_mesh: DeviceMesh | None
+) -> None:
+    """Checkpoint ``module`` (see ``apply_recompute``); ``resharded``: a sequence-parallel
+    block, whose row-parallel modules keep their reduce-scattered outputs; ``tp_mesh``: that of
+    one entered with the replicated input, which the checkpoint keeps as this rank's shard."""
     if recompute == Recompute.FULL:
         inner = None
-    elif tp_mesh is not None:
+    elif resharded:
         inner = partial(selective_context, resharded_running)
     else:
         inner = selective_context

@@ -707,3 +707,146 @@ def stage_module_name(index: int) -> str:
     from torch.distributed.pipelining._IR import get_submod_name
 
     return get_submod_name(index)
+
+
+# Nodes a stage graph puts between a module call and a stage's input or output, each passing
+# its first argument's value on unchanged (contiguous_boundaries' and the split's own).
+def _passes_value(node: torch.fx.Node) -> bool:
+    if node.op == "call_method" and node.target == "contiguous":
+        return True
+    return node.op == "call_function" and node.target in (
+        contiguous_grad,
+        torch.ops.aten.alias.default,
+    )
+
+
+def _through(node: Any) -> Any:
+    while isinstance(node, torch.fx.Node) and _passes_value(node):
+        node = node.args[0]
+    return node
+
+
+def _input_of(gm: nn.Module, path: str, prefix: str = "") -> int | None:
+    """The index of ``gm``'s placeholder that module ``path`` is called with as its first
+    argument, through the traced module calls around it (``InterpreterModule``s)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for n in gm.graph.nodes:
+        full = f"{prefix}{n.target}" if n.op == "call_module" else ""
+        if not full or not (full == path or path.startswith(full + ".")):
+            continue
+        k = 0 if full == path else _input_of(gm.get_submodule(n.target), path, full + ".")
+        arg = _through(n.args[k]) if k is not None and k < len(n.args) else None
+        return placeholders.index(arg) if arg in placeholders else None
+    return None
+
+
+def _flat(args: Any) -> list:
+    if isinstance(args, (tuple, list)):
+        return [x for a in args for x in _flat(a)]
+    return [args]
+
+
+def _sharded_meta(node: torch.fx.Node, tp: int) -> None:
+    """The node's traced value as one TP rank's sequence shard (dim 1 split ``tp`` ways)."""
+    val = node.meta["val"]
+    shape = list(val.shape)
+    shape[1] //= tp
+    node.meta["val"] = torch.empty(shape, dtype=val.dtype, device="meta")
+
+
+class _SequenceLayout(nn.Module):
+    """The stream turned from whole to each TP rank's sequence shard (``to_shard``: a slice,
+    whose backward all-gathers the gradient) or back (an all-gather, whose backward slices),
+    at a pipeline cut whose block on this side does not do it itself."""
+
+    def __init__(self, mesh: Any, to_shard: bool) -> None:
+        super().__init__()
+        self.mesh, self.to_shard = mesh, to_shard
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.distributed.tensor import DTensor, Replicate, Shard
+
+        have, want = (Replicate(), Shard(1)) if self.to_shard else (Shard(1), Replicate())
+        dt = DTensor.from_local(x, self.mesh, [have], run_check=False)
+        return dt.redistribute(self.mesh, [want]).to_local().contiguous()
+
+
+def sequence_stream_links(pipe: Any, plan: Plan) -> dict[int, tuple[int, int]]:
+    """Per stage that receives the stream as sequence shards (``StagePlan.
+    receives_sequence_shard``): (j, k), output j of the stage before is its input k, the
+    stream its first block's first module is called with. Read from the split model before
+    any stage is changed."""
+    links = {}
+    top = {n.target: n for n in pipe.split_gm.graph.nodes if n.op == "call_module"}
+    by_name = {b.name: b for b in plan.blocks}
+    for st in plan.stages:
+        if not st.receives_sequence_shard:
+            continue
+        stage_mod = pipe.get_stage_module(st.index)
+        path = _called(stage_mod, by_name[st.blocks[0]].modules[0])
+        k = _input_of(stage_mod, path)
+        call = top.get(stage_module_name(st.index))
+        arg = call.args[k] if call is not None and k is not None and k < len(call.args) else None
+        j = 0
+        if isinstance(arg, torch.fx.Node) and arg.target is operator.getitem:
+            arg, j = arg.args
+        if not isinstance(arg, torch.fx.Node) or arg.target != stage_module_name(st.index - 1):
+            raise UserInputError(
+                f"plan sends the stream into stage {st.index} as sequence shards, but {path}'s "
+                "input there does not come from the stage before: plan again with --pp 1 or "
+                "without sequence parallelism"
+            )
+        links[st.index] = (j, k)
+    return links
+
+
+def send_sequence_shards(
+    stage_mod: nn.Module, plan: Plan, index: int, mesh: Any, links: dict[int, tuple[int, int]]
+) -> None:
+    """Make pipeline stage ``index`` receive and send the residual stream as each TP rank's
+    sequence shard where the plan says so (``sequence_stream_links``; Megatron-Core sends
+    seq_length / tp under sequence parallelism). torch's stage sizes its receive buffers, and
+    the gradients it receives for its outputs, from the traced values of its inputs and
+    outputs, so those become 1/tp along the sequence. Where the block beside the cut does not
+    take or leave the shard itself (``BlockPlan.takes_sequence_shard``), the stage gathers
+    what it receives, or slices what it sends."""
+    by_name = {b.name: b for b in plan.blocks}
+    stage = plan.stages[index]
+    graph, tp = stage_mod.graph, mesh.size()
+    if index in links:
+        k = links[index][1]
+        ph = [n for n in graph.nodes if n.op == "placeholder"][k]
+        _sharded_meta(ph, tp)
+        if not by_name[stage.blocks[0]].takes_sequence_shard:
+            stage_mod.add_module("meshplan_sequence_gather", _SequenceLayout(mesh, False))
+            with graph.inserting_after(ph):
+                whole = graph.call_module("meshplan_sequence_gather", (ph,))
+            ph.replace_all_uses_with(whole, delete_user_cb=lambda user: user is not whole)
+    if index + 1 in links:
+        j = links[index + 1][0]
+        out = next(n for n in graph.nodes if n.op == "output")
+        value = _flat(out.args[0])[j]
+        if not by_name[stage.blocks[-1]].leaves_sequence_shard:
+            stage_mod.add_module("meshplan_sequence_slice", _SequenceLayout(mesh, True))
+            with graph.inserting_before(out):
+                shard = graph.call_module("meshplan_sequence_slice", (value,))
+            shard.meta = dict(value.meta)
+            out.args = (_replace_at(out.args[0], j, shard),)
+            value = shard
+        _sharded_meta(value, tp)
+    if hasattr(stage_mod, "recompile"):
+        stage_mod.recompile()
+
+
+def _replace_at(args: Any, j: int, new: Any) -> Any:
+    """``args`` (an output's nested tuples) with its ``j``-th leaf, in ``_flat``'s order, new."""
+    leaves = _flat(args)
+    leaves[j] = new
+    it = iter(leaves)
+
+    def rebuild(a: Any) -> Any:
+        if isinstance(a, (tuple, list)):
+            return type(a)(rebuild(x) for x in a)
+        return next(it)
+
+    return rebuild(args)

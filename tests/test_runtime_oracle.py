@@ -155,6 +155,16 @@ EXTRA: list[tuple] = [
         )
         for m in MODELS
     ),
+    # Megatron's sequence-sharded stream across a pipeline cut: the first stage's last layer
+    # leaves its output as each TP rank's sequence shard, the stage sends that 1/t shard and
+    # the next stage's first layer takes it (GPT: its layers run eager in a stage; HF Llama's
+    # decoder layer stays traced there, where the runtime runs no sequence parallelism)
+    (
+        "sp-stream-pp2xtp2",
+        "gpt",
+        4,
+        dict(tp=2, dp=1, pp=2, zero=0, schedule="1f1b", micro_batch_size=2, tp_variant="sequence"),
+    ),
     ("ep2xdp2-zero1", "moe", 4, {**EP2_DP4, "zero": 1}),
     ("ep2xdp2-zero2", "moe", 4, {**EP2_DP4, "zero": 2}),
     ("ep2xdp2-zero3", "moe", 4, {**EP2_DP4, "zero": 3}),
@@ -489,6 +499,7 @@ CORE_EXTRA = (
     "llama-selective-dp2",
     "llama-selective-tp2",
     "llama-selective-sp-tp2",
+    "gpt-sp-stream-pp2xtp2",
 )
 
 
@@ -601,6 +612,13 @@ def test_plan_trains_like_one_process(runs, case):
     assert (plan["optimizer"], plan["lr"]) == (case.optimizer, case.lr)
     if pins.get("tp_variant") == "sequence" and case.model in ("gpt", "llama"):
         assert any("sp_block" in b["tp_plan"].values() for b in plan["blocks"])
+        # the layers keep the stream sequence-sharded between them (Megatron's layout), also
+        # where a pipeline cut falls between them
+        layers = [b for b in plan["blocks"] if "sp_block" in b["tp_plan"].values()]
+        assert [b.get("takes_sequence_shard", False) for b in layers] == [False, True]
+        assert [b.get("leaves_sequence_shard", False) for b in layers] == [True, False]
+        if "-stream-pp2" in cid:
+            assert [b["stage"] for b in layers] == [0, 1]
     if "-heads-" in cid:  # the plan must shard the fused projection by blocks
         assert any(split_factor(s) == 3 for b in plan["blocks"] for s in b["tp_plan"].values())
     if "-mla-" in cid:  # every layer's attention split by heads: keys and values expanded

@@ -185,6 +185,8 @@ def block_options(
                         expert_params=expert_total / ep,
                         ep_comm_s=ep_comm,
                         norm_channels=norms,
+                        takes_sequence_shard=v.takes_sequence_shard,
+                        leaves_sequence_shard=v.leaves_sequence_shard,
                     )
                 )
     return options
@@ -194,7 +196,8 @@ def full_recompute_kept(v: TPVariant) -> float:
     """Bytes a fully recomputed block keeps per traced micro-batch on one TP rank: its input,
     of a sequence-parallel variant the input's sequence shard (Korthikanti et al.'s 2sbh/t:
     Megatron-Core and torchtitan checkpoint inside the sequence-sharded stream; meshplan's
-    runtime keeps the shard of the replicated input it receives, ``runtime.selective``)."""
+    runtime keeps the shard it takes from the stream (``sharding.sequence_stream``) or the
+    shard of the replicated input it receives, ``runtime.selective``)."""
     return float(v.input_bytes)
 
 
@@ -297,8 +300,11 @@ def recompute_collectives(v: TPVariant) -> list[tuple[str, float]]:
     all-gathers the input's shards back into the replicated input its recompute re-enters the
     block with. (The column-parallel modules' all-gathers it re-runs stand in for the
     backward's own gathers of their inputs, which ``comm_bwd`` prices; the reduce-scatters'
-    outputs are kept, so none is re-run.)"""
-    return [("all_gather", float(v.input_bytes * v.tp))] if is_sequence_parallel(v) else []
+    outputs are kept, so none is re-run.) A block that takes the stream's shard
+    (``TPVariant.takes_sequence_shard``) is entered with it and re-run from it: no gather."""
+    if not is_sequence_parallel(v) or v.takes_sequence_shard:
+        return []
+    return [("all_gather", float(v.input_bytes * v.tp))]
 
 
 def selective_ops(graph, block: Block, training: Training) -> tuple[set[str], list[str]] | None:

@@ -56,6 +56,9 @@ class BlockOption:
     # over the data-parallel replicas, they cost collectives per micro-batch
     # (``batchnorm_sync_time``).
     norm_channels: tuple[int, ...] = ()
+    # A sequence-parallel variant inside the sequence-sharded stream (sharding.TPVariant's)
+    takes_sequence_shard: bool = False
+    leaves_sequence_shard: bool = False
 
     @property
     def time_s(self) -> float:

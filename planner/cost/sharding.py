@@ -24,7 +24,9 @@ reduced once per producer however many consumers contribute to it.
 Assumptions, stated once:
 
 * block inputs and outputs (the residual stream between blocks) are ``R``, so blocks compose
-  without knowing each other; sequence parallelism across block boundaries is a later issue;
+  without knowing each other; a sequence-parallel variant inside Megatron's sequence-sharded
+  stream drops its edge gathers (``sequence_stream``, decided per plan by
+  ``search.options.sequence_stream_flags``);
 * collectives cost bytes x seconds-per-byte x ring factor (no latency term), on the critical path;
 * a replicated parameter whose gradient is partial is all-reduced per micro-batch (Megatron
   defers such reductions to once per step: an over-estimate that only affects unusual variants);
@@ -37,6 +39,7 @@ node names and module paths, since blocks of one class differ only in those.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -115,6 +118,14 @@ class TPVariant:
     # ``tp`` on each rank: the head count a view of the block's code fixes (see
     # ``eager_probe._local_fix``), so the heads split as priced
     local_attributes: tuple[str, ...] = ()
+    # A sequence-parallel variant's collectives at its edges, inside comm_fwd / comm_bwd: the
+    # all-gather of its output at exit (forward) and of its input's gradient at entry
+    # (backward, the slice's adjoint). ``sequence_stream`` drops them where the stream stays
+    # sequence-sharded between two such blocks.
+    exit_gather: tuple[tuple[str, int], ...] = ()
+    entry_gather: tuple[tuple[str, int], ...] = ()
+    takes_sequence_shard: bool = False  # entered with the stream's shard: no slice
+    leaves_sequence_shard: bool = False  # left as the stream's shard: no gather
 
 
 # --------------------------------------------------------------------------- the op model
@@ -1661,6 +1672,8 @@ class _Template:
     memory: float
     sequence_parallel: bool = False  # the block runs Megatron-style sequence parallel
     on_dtensors: bool = False  # it splits a replicated tensor (``_splits_replicated``)
+    exit_gather: tuple[tuple[str, int], ...] = ()  # see TPVariant
+    entry_gather: tuple[tuple[str, int], ...] = ()
 
 
 def tp_variants(
@@ -1847,8 +1860,10 @@ def _sequence_parallel(
         bwd.append(("reduce_scatter", nbytes))
         if where not in prob.index:  # a module's gather: again in backward, for the weights
             bwd.append(("all_gather", nbytes))
-    fwd += [("all_gather", prob.ops[prob.index[u]].nbytes) for u in prob.outputs]
-    bwd += [("all_gather", prob.external[n][0]) for n in seeds]
+    exit_gather = tuple(("all_gather", prob.ops[prob.index[u]].nbytes) for u in prob.outputs)
+    entry_gather = tuple(("all_gather", prob.external[n][0]) for n in seeds)
+    fwd += exit_gather
+    bwd += entry_gather
     shares = [1.0 / t if op.name in region else _share(op, s, t) for op, s in zip(prob.ops, strat)]
     saved = selective = 0.0
     for op, s in zip(prob.ops, strat):
@@ -1889,6 +1904,8 @@ def _sequence_parallel(
         time_s=compute + comm,
         memory=saved + model_state_bytes(prob, tp.sharded_params),
         sequence_parallel=True,
+        exit_gather=exit_gather,
+        entry_gather=entry_gather,
     )
 
 
@@ -2104,4 +2121,29 @@ def _bind(graph: nx.DiGraph, block: Block, tpl: _Template, tp: int) -> TPVariant
         comm_fwd=tpl.comm_fwd,
         comm_bwd=tpl.comm_bwd,
         grad_sums=tuple(sorted(sums - set(plan))),
+        exit_gather=tpl.exit_gather,
+        entry_gather=tpl.entry_gather,
+    )
+
+
+def sequence_stream(v: TPVariant, takes: bool, leaves: bool) -> TPVariant:
+    """A sequence-parallel variant run inside Megatron's sequence-sharded residual stream:
+    entered with the shard its predecessor left (``takes``: no slice, so no all-gather of the
+    input's gradient in backward) and/or left as the shard its successor takes (``leaves``:
+    no all-gather of the output in forward); its input is then the 1/t shard also for a
+    checkpoint that keeps it (``block_options.full_recompute_kept``). Other variants are
+    returned as they are."""
+    if not (v.exit_gather or v.entry_gather) or not (takes or leaves):
+        return v
+    fwd, bwd = list(v.comm_fwd), list(v.comm_bwd)
+    if leaves:
+        del fwd[len(fwd) - len(v.exit_gather) :]
+    if takes:
+        del bwd[len(bwd) - len(v.entry_gather) :]
+    return dataclasses.replace(
+        v,
+        comm_fwd=tuple(fwd),
+        comm_bwd=tuple(bwd),
+        takes_sequence_shard=takes,
+        leaves_sequence_shard=leaves,
     )

@@ -61,6 +61,7 @@ def validate_plan(plan: Any, where: str) -> None:
     _check_header(plan, where)
     _check_blocks(plan, where)
     _check_stages(plan, where)
+    _check_sequence_stream(plan, where)
     _check_prediction(plan, where)
     _check_report_fields(plan, where)
     _check_kinds(plan, where)
@@ -162,6 +163,12 @@ def _check_blocks(plan: dict, where: str) -> None:
                 f"plan {where}: block {b['name']!r} has a bad tp_local_attributes (a list of "
                 "module attribute paths)"
             )
+        for key in ("takes_sequence_shard", "leaves_sequence_shard"):
+            if key in b and (b[key] is not True or "sp_block" not in b["tp_plan"].values()):
+                raise UserInputError(
+                    f"plan {where}: block {b['name']!r} has a bad {key} (true, on a block "
+                    'whose tp_plan runs it sequence-parallel with "sp_block", or left out)'
+                )
         bad = [v for v in b["tp_plan"].values() if not is_tp_style(v)]
         if bad:
             raise UserInputError(
@@ -178,6 +185,44 @@ def _check_blocks(plan: dict, where: str) -> None:
     stages_of = [b["stage"] for b in plan["blocks"]]
     if stages_of != sorted(stages_of):
         raise UserInputError(f"plan {where}: blocks are not in stage order")
+
+
+def _check_sequence_stream(plan: dict, where: str) -> None:
+    """The sequence-sharded stream's flags agree: inside a stage, a block leaves the shard
+    exactly where the next takes it; at a pipeline cut, a block leaves or takes it only where
+    the receiving stage receives shards; the first stage receives nothing."""
+    stages = {s["index"]: s for s in plan["stages"] if isinstance(s, dict) and "index" in s}
+    for s in stages.values():
+        if s.get("receives_sequence_shard") not in (None, True) or (
+            s.get("receives_sequence_shard") and s["index"] == 0
+        ):
+            raise UserInputError(
+                f"plan {where}: stage {s['index']} has a bad receives_sequence_shard (true on a "
+                "stage after the first, or left out)"
+            )
+    blocks = plan["blocks"]
+    if blocks and (
+        blocks[0].get("takes_sequence_shard") or blocks[-1].get("leaves_sequence_shard")
+    ):
+        raise UserInputError(
+            f"plan {where}: the first block cannot take, nor the last leave, a sequence shard"
+        )
+    for before, after in zip(blocks, blocks[1:]):
+        leaves = before.get("leaves_sequence_shard", False)
+        takes = after.get("takes_sequence_shard", False)
+        if before["stage"] == after["stage"]:
+            ok = leaves == takes
+        else:
+            ok = not (leaves or takes) or bool(
+                stages.get(after["stage"], {}).get("receives_sequence_shard")
+            )
+        if not ok:
+            raise UserInputError(
+                f"plan {where}: block {before['name']!r} and the block after it, "
+                f"{after['name']!r}, disagree on whether the stream between them is "
+                "sequence-sharded (leaves_sequence_shard / takes_sequence_shard, and at a "
+                "pipeline cut the stage's receives_sequence_shard)"
+            )
 
 
 def _check_stage_degrees(plan: dict, where: str) -> None:

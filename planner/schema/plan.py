@@ -75,6 +75,10 @@ class StagePlan:
     # The device kind (a name of Plan.kinds) its ranks are, in a heterogeneous plan; absent
     # in a single-kind one.
     kind: str | None = field(default=None, metadata={OMIT_NONE: True})
+    # The stage receives the residual stream as each TP rank's sequence shard from the stage
+    # before (Megatron's layout; the sending stage slices it where its last block does not
+    # leave it so, this one gathers it where its first block does not take it); absent: whole.
+    receives_sequence_shard: bool | None = field(default=None, metadata={OMIT_NONE: True})
 
 
 @dataclass
@@ -105,6 +109,12 @@ class BlockPlan:
     # the head count a view in the module's code fixes, so it views its own heads
     tp_local_attributes: list[str] = field(default_factory=list)
     block_class: str = field(default="", metadata={JSON_KEY: "class"})  # identical blocks share it
+    # A sequence-parallel ("sp_block") block inside Megatron's sequence-sharded stream: it is
+    # entered with the shard the block before left (no slice) / leaves its output as the shard
+    # the block after takes (no gather), across a pipeline cut too (the stage sends the shard).
+    # Written only where true; a plan without them slices at entry and gathers at exit.
+    takes_sequence_shard: bool | None = field(default=None, metadata={OMIT_NONE: True})
+    leaves_sequence_shard: bool | None = field(default=None, metadata={OMIT_NONE: True})
     params: int = 0
     tp_variant: str = "replicated"
     time_per_microbatch_s: float = 0.0

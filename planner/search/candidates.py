@@ -61,6 +61,9 @@ class Candidate:
     gap: float = 0.0  # (step time - bound) / step time of its solved placement
     nodes: int = 0  # branch-and-bound nodes its MILP solves explored
     proven: bool = False  # its MILP finished (optimal within stage_milp.MIP_REL_GAP)
+    # Megatron's sequence-sharded residual stream: the blocks that can pass it run
+    # sequence-parallel only (``options.price_options``' ``stream``)
+    stream: bool = False
 
     @property
     def mesh_key(self) -> tuple[int, int, int]:
@@ -70,8 +73,8 @@ class Candidate:
     def key(self) -> tuple[int, int, int, int, bool]:
         """What its block options are priced for: (TP degree, micro-batch, EP and CP degrees,
         whether TP meets a pipeline: tied weights then stay replicated, see
-        ``cost.sharding.vocab_parallel_tied``)."""
-        return (self.tp, self.micro_batch_size, self.ep, self.cp, self.pipelined_tp)
+        ``cost.sharding.vocab_parallel_tied``; whether the stream stays sequence-sharded)."""
+        return (self.tp, self.micro_batch_size, self.ep, self.cp, self.pipelined_tp, self.stream)
 
     @property
     def pipelined_tp(self) -> bool:
@@ -87,8 +90,9 @@ class Candidate:
         sched = Schedule(self.schedule).tag(self.virtual_stages) if self.pp > 1 else "no pipeline"
         ep = f" ep{self.ep}" if self.ep > 1 else ""
         cp = f" cp{self.cp}" if self.cp > 1 else ""
+        sp = " (sequence-sharded stream)" if self.stream else ""
         return (
-            f"pp{self.pp} dp{dp or self.dp}{ep}{cp} tp{tp or self.tp}, "
+            f"pp{self.pp} dp{dp or self.dp}{ep}{cp} tp{tp or self.tp}{sp}, "
             f"micro-batch {self.micro_batch_size}, {sched}, ZeRO-{self.zero}"
         )
 

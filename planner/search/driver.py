@@ -46,7 +46,7 @@ from planner.search.candidates import (
 from planner.search.memo import SearchMemo
 from planner.search.milp.candidate import solve_candidate, stage_problem
 from planner.search.milp.split_bound import split_bound
-from planner.search.options import price_options
+from planner.search.options import cuts_send_shards, price_options, sequence_stream_flags
 from planner.trace.blocks import Block
 from planner.trace.graph import pipeline_refusal
 from planner.training import Training, num_microbatches
@@ -179,6 +179,7 @@ def _candidates(graph, blocks, cluster, training, pins, variants_of) -> list[Can
             "matrix products and softmax: drop --cp"
         )
     cands = enumerate_candidates(gpus, len(blocks), training, pins, tp_degrees, blocks, sequence)
+    cands = stream_twins(graph, blocks, cands, pins, variants_of)
     refusal = pipeline_refusal(graph)
     if refusal:
         # a pipeline would be priced and then not run, or run another model
@@ -212,6 +213,26 @@ def _candidates(graph, blocks, cluster, training, pins, variants_of) -> list[Can
     return cands
 
 
+def stream_twins(graph, blocks, cands: list[Candidate], pins: Pins, variants_of) -> list:
+    """Each candidate whose TP degree lets a block pass Megatron's sequence-sharded stream to
+    its neighbour, also with that stream (``Candidate.stream``: those blocks sequence-parallel
+    only), in its place where ``tp_variant`` is "sequence"; none with "no-sequence"."""
+    if pins.tp_variant == "no-sequence":
+        return cands
+    chained: dict[tuple[int, bool], bool] = {}
+    out = []
+    for c in cands:
+        key = (c.tp, c.pipelined_tp)
+        if key not in chained:
+            flags = sequence_stream_flags(graph, blocks, c.tp, c.pipelined_tp, variants_of)
+            chained[key] = any(takes or leaves for takes, leaves in flags)
+        if not chained[key] or pins.tp_variant != "sequence":
+            out.append(c)
+        if chained[key]:
+            out.append(replace(c, stream=True))
+    return out
+
+
 def _price(graph, blocks, cluster, training, pins, variants_of, cands, progress, memo):
     """Priced options per (TP, micro-batch, EP, CP), and each candidate's lower bounds."""
     traced_mbs = int(graph.graph["traced_batch_size"])
@@ -223,13 +244,25 @@ def _price(graph, blocks, cluster, training, pins, variants_of, cands, progress,
                 progress("price", len(inputs), keys)
             opts = price_options(
                 graph, blocks, c.tp, c.micro_batch_size, cluster, training, pins, variants_of,
-                c.ep, c.cp, memo.priced, c.pipelined_tp,
+                c.ep, c.cp, memo.priced, c.pipelined_tp, c.stream,
             )  # fmt: skip
             inputs[c.key] = CostInputs(
-                blocks, opts, traced_mbs, cluster, training, pins.memory_fraction
-            )
+                blocks, opts, traced_mbs, cluster, stream_training(graph, blocks, c, training,
+                variants_of), pins.memory_fraction,
+            )  # fmt: skip
         c.bound, c.min_memory = lower_bounds(inputs[c.key], c)
     return inputs
+
+
+def stream_training(graph, blocks, c: Candidate, training, variants_of):
+    """The settings a candidate is priced under: with the sequence-sharded stream, pipeline
+    sends carry each TP rank's shard where every cut can send it (``cuts_send_shards``)."""
+    if not c.stream or c.pp == 1:
+        return training
+    flags = sequence_stream_flags(graph, blocks, c.tp, c.pipelined_tp, variants_of)
+    if not cuts_send_shards(graph, blocks, flags):
+        return training
+    return replace(training, pipeline_sends_shards=True)
 
 
 def _order(cands: list[Candidate], training, pins: Pins, cluster) -> list[Candidate]:
