@@ -92,11 +92,11 @@ def test_the_priced_options_lose_one_gather_each_way_and_keep_the_shard(llama):
     assert first.bwd_s == pytest.approx(whole.bwd_s, rel=1e-12)
     assert second.fwd_s == pytest.approx(whole.fwd_s, rel=1e-12)
     assert second.bwd_s == pytest.approx(whole.bwd_s - gather, rel=1e-12)
-    # full recompute: the runtime checkpoints outside the entry slice, so a layer entered
-    # replicated keeps the whole input; one entered with the shard keeps the shard
-    assert option(after, 1, Recompute.FULL).act_bytes == STREAM
+    # full recompute keeps the input's shard: a layer entered replicated slices it for its
+    # checkpoint (runtime.selective), one entered with the shard keeps what it takes
+    assert option(after, 1, Recompute.FULL).act_bytes == STREAM / TP
     assert option(after, 2, Recompute.FULL).act_bytes == STREAM / TP
-    assert option(before, 2, Recompute.FULL).act_bytes == STREAM
+    assert option(before, 2, Recompute.FULL).act_bytes == STREAM / TP
 
 
 def test_a_cut_sends_the_shard_into_half_the_buffers_and_half_the_hop(llama):
