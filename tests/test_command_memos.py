@@ -1,19 +1,30 @@
 """What issue 52's speed-ups keep or compute another way gives what the plain computation gives:
 the mesh's groups written as ranges against ``Mesh.rank`` rank by rank, the data-parallel
 collectives kept on the cost inputs against pricing them afresh, the expert-parallel degrees of
-one enumeration against ``ep_degrees``."""
+one enumeration against ``ep_degrees``, the bounds' sums over distinct option lists against
+block-by-block sums, and plan.json's records dumped from kept field lists against dumping
+them field by field."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import json
+import math
+from pathlib import Path
 
 import pytest
 from conftest import cluster_of, make_block, make_option
 
+from planner.api import plan
 from planner.cost.data_parallel import _affine, dp_rates
+from planner.cost.memory import forward_state_bytes, option_states, step_state_bytes
+from planner.cost.optimizer import offload_allowed
 from planner.cost.records import Config, CostInputs
-from planner.schema.mesh import Mesh
-from planner.search.candidates import Pins, enumerate_candidates, ep_degrees
+from planner.schema import dumps
+from planner.schema.mesh import OMIT_NONE, Mesh
+from planner.search.bounds import _distinct_lists, _min_device_bytes, lower_bounds
+from planner.search.candidates import Candidate, Pins, enumerate_candidates, ep_degrees
 from planner.training import Training
 
 MESHES = [
@@ -80,3 +91,70 @@ def test_one_enumeration_gives_each_layout_the_ep_degrees_of_ep_degrees():
     for (_, dp, _, _, _), eps in by_layout.items():
         assert sorted(eps) == ep_degrees(blocks, dp, pins)
     assert {4} <= set().union(*by_layout.values())
+
+
+def _min_device_bytes_block_by_block(inp, zero: int, dp: int) -> float:
+    """bounds._min_device_bytes as it read before the distinct lists were kept: each block's
+    least forward and step bytes, summed block by block."""
+    forward = step = 0.0
+    for opts in inp.options:
+        allowed = [o for o in opts if offload_allowed(o.offload, zero)]
+        states = [option_states(o, zero, dp, inp.training) for o in allowed]
+        forward += min(
+            (forward_state_bytes(sm, False) + o.act_bytes for o, sm in zip(allowed, states)),
+            default=math.inf,
+        )
+        step += min((step_state_bytes(sm, inp.training) for sm in states), default=math.inf)
+    return max(forward, step)
+
+
+def test_the_bounds_over_distinct_option_lists_are_the_block_by_block_sums():
+    """lower_bounds reads each distinct option list once and sums per block in block order:
+    the same floats, bit for bit, as summing block by block (shared lists, as price_options
+    gives blocks of one class, and lists of their own)."""
+    training = Training(64, "bf16", "adamw")
+    shared = [
+        make_option(1.1e-3, 3.3e7, 7.7e6),
+        make_option(1.7e-3, 3.3e7, 1.3e6, recompute="full"),
+        make_option(1.2e-3, 3.3e7, 2.9e6, offload="optimizer"),
+    ]
+    blocks = [make_block(i, "L", params=33 * 10**6) for i in range(9)]
+    own = [[make_option(0.3e-3 * (i + 1), 1.9e7 * (i + 1), 3.1e5)] for i in range(3)]
+    opts = [own[0], shared, shared, own[1], shared, shared, shared, own[2], shared]
+    inp = CostInputs(blocks, opts, 1, cluster_of(64), training)
+    lists, which = _distinct_lists(inp)
+    assert [lists[k] for k in which] == opts and len(lists) == 4
+    for zero, dp in itertools.product((0, 1, 2, 3), (1, 4, 8)):
+        assert _min_device_bytes(inp, zero, dp) == _min_device_bytes_block_by_block(inp, zero, dp)
+    cand = Candidate(2, 8, 4, 1, "1f1b", 1, 3)
+    lower_bounds(inp, cand)
+    by_block = 0
+    for o in opts:
+        by_block += min(x.time_s for x in o)
+    assert inp.memo["least_time"] == by_block
+
+
+def _dump_field_by_field(obj):
+    """plan.py's _dump as it read before the field lists were kept per class."""
+    if dataclasses.is_dataclass(obj):
+        out = {}
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            if value is None and (f.name == "baseline" or f.metadata.get(OMIT_NONE)):
+                continue
+            out[f.metadata.get("json", f.name)] = _dump_field_by_field(value)
+        return out
+    if isinstance(obj, list | tuple):
+        return [_dump_field_by_field(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: _dump_field_by_field(v) for k, v in obj.items()}
+    return obj
+
+
+def test_a_plan_dumps_as_field_by_field():
+    gpt = Path(__file__).resolve().parent.parent / "examples" / "gpt.py"
+    planned = plan(gpt, 8, model_args={"size": "tiny"}, profile="cpu", pins=Pins(tp=2, pp=2))
+    doc = planned.plan
+    assert doc.to_dict() == _dump_field_by_field(doc)
+    assert dumps(doc) == json.dumps(_dump_field_by_field(doc), indent=2, sort_keys=True) + "\n"
+    assert doc.to_dict()["solver"]["certificates"]  # records nested in lists were dumped
