@@ -62,40 +62,49 @@ def render_all(
 ) -> dict[str, dict[str, bytes]]:
     """{name: {format: bytes}} for the five figures; figures are closed after.
 
-    ``split``: draw ``FORKED``'s figures in a forked copy of this process while this one draws
-    the rest (the report worker's case: when the plan arrives the planner only waits, so the
-    second core is free, and the figures are the whole wait). Each figure is drawn from the
-    plan alone, so the bytes are those of drawing them one after another; a copy that fails
-    leaves its figures to this process, which then raises what went wrong."""
+    ``split``: draw each of ``FORKED``'s figures in a forked copy of this process of its own
+    while this one draws the rest (the report worker's case: when the plan arrives the planner
+    only waits, so both cores are free, and the figures are the whole wait). Each figure is
+    drawn from the plan alone, so the bytes are those of drawing them one after another; a
+    copy that fails leaves its figure to this process, which then raises what went wrong."""
     if not split or not hasattr(os, "fork"):
         return _render(plan, list(FIGURES), formats)
-    theirs = [n for n in FIGURES if n in FORKED]
+    copies = [(name, *_forked(plan, name, formats)) for name in FIGURES if name in FORKED]
+    drawn = _render(plan, [n for n in FIGURES if n not in FORKED], formats)
+    for name, pid, read in copies:
+        with os.fdopen(read, "rb") as pipe:
+            data = pipe.read()
+        _, status = os.waitpid(pid, 0)
+        if os.waitstatus_to_exitcode(status) == 0:
+            drawn.update(pickle.loads(data))  # from the copy of this process, just forked
+        else:
+            drawn.update(_render(plan, [name], formats))
+    return {name: drawn[name] for name in FIGURES}
+
+
+def _forked(plan: Plan, name: str, formats: tuple[str, ...]) -> tuple[int, int]:
+    """(pid, the pipe to read) of a forked copy drawing figure ``name``; the copy leaves
+    without running the parent's exit handlers."""
     read, write = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the copy: draw, send, leave without running the parent's exit handlers
+    if pid == 0:  # the copy: draw, send, leave
         code = 1
         try:
             os.close(read)
             with os.fdopen(write, "wb") as pipe:
-                pipe.write(pickle.dumps(_render(plan, theirs, formats)))
+                pipe.write(pickle.dumps(_render(plan, [name], formats)))
             code = 0
         finally:
             os._exit(code)
     os.close(write)
-    drawn = _render(plan, [n for n in FIGURES if n not in FORKED], formats)
-    with os.fdopen(read, "rb") as pipe:
-        data = pipe.read()
-    _, status = os.waitpid(pid, 0)
-    if os.waitstatus_to_exitcode(status) == 0:
-        drawn.update(pickle.loads(data))  # from the copy of this process, just forked
-    else:
-        drawn.update(_render(plan, theirs, formats))
-    return {name: drawn[name] for name in FIGURES}
+    return pid, read
 
 
-# The figures a forked copy draws in ``render_all(split=True)``: about half of the drawing time
-# (Llama-3-70B / 64: placement 0.63 s and timeline 0.37 s of CPU, against 0.97 s for the other
-# three), so both halves end together.
+# The figures each drawn in a forked copy of its own in ``render_all(split=True)``, the other
+# three in the worker itself: three processes share the two cores, so the wait is about half of
+# the drawing's CPU whichever figure is the longest (Llama-3-70B / 64: placement 0.63 s and
+# timeline 0.37 s of CPU, against 0.97 s for the other three; Llama-3-405B on 16,384 GPUs, at
+# load 15: about 1.4 s and 1.0 s against 1.5 s, where one copy drawing both took 2.4 s).
 FORKED = ("placement", "timeline")
 
 

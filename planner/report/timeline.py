@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import matplotlib.pyplot as plt
-from matplotlib.collections import PatchCollection
+from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import MaxNLocator
@@ -73,6 +73,13 @@ def timeline_boxes(plan: Plan) -> list[Box]:
     return out
 
 
+def _corners(x: float, y: float, width: float) -> list[tuple[float, float]]:
+    """A box 0.8 high as the corners a ``Rectangle((x, y), width, 0.8)`` is drawn through, in
+    its order: a PolyCollection of these draws the same boxes without a patch object each
+    (Llama-3-405B on 16,384 GPUs: 5,150 boxes, half of the figure's CPU making Rectangles)."""
+    return [(x, y), (width + x, y), (width + x, 0.8 + y), (x, 0.8 + y)]
+
+
 def timeline_figure(plan: Plan) -> Figure:
     """
     Long because a figure's layout reads best top to bottom, panel by panel.
@@ -99,17 +106,16 @@ def timeline_figure(plan: Plan) -> Figure:
     xmax = drawn_total * 1.01
     inch_per_s = (right - left) * width / xmax
     fs = 7 if pp <= 16 else 6
-    groups: dict[str, list[Rectangle]] = {}
-    odd: list[Rectangle] = []
+    groups: dict[str, list[list[tuple[float, float]]]] = {}
+    odd: list[list[tuple[float, float]]] = []
     for r in range(pp):
-        rect = Rectangle((0, pp - 1 - r + 0.1), to_drawn(pipe_end), 0.8)
-        groups.setdefault("idle", []).append(rect)
+        groups.setdefault("idle", []).append(_corners(0, pp - 1 - r + 0.1, to_drawn(pipe_end)))
     for b in boxes:
         y = pp - 1 - b.rank
-        rect = Rectangle((b.start, y + 0.1), b.end - b.start, 0.8)
-        groups.setdefault(b.kind, []).append(rect)
+        corners = _corners(b.start, y + 0.1, b.end - b.start)
+        groups.setdefault(b.kind, []).append(corners)
         if b.kind in "FB" and b.chunk % 2 == 1:
-            odd.append(Rectangle((b.start, y + 0.1), b.end - b.start, 0.8))
+            odd.append(corners)
         if b.kind in "FB" and row_h >= 0.25:
             text = str(b.microbatch) if v == 1 else f"{b.microbatch}.{b.chunk}"
             if text_width_in(text, fs) < (b.end - b.start) * inch_per_s * 0.9:
@@ -134,13 +140,13 @@ def timeline_figure(plan: Plan) -> Figure:
     for kind, (color, lw) in style.items():
         if kind in groups:
             ax.add_collection(
-                PatchCollection(
+                PolyCollection(
                     groups[kind], facecolor=TIME_COLORS[color], edgecolor="white", lw=lw, gid=color
                 )
             )
     if odd:
         ax.add_collection(
-            PatchCollection(
+            PolyCollection(
                 odd,
                 facecolor="none",
                 edgecolor="#08306b",

@@ -29,13 +29,13 @@ def _min_device_bytes(inp: CostInputs, zero: int, dp: int) -> float:
     candidates share (zero, dp)."""
     memo = inp.memo.setdefault("min_device_bytes", {})
     if (zero, dp) not in memo:
-        per_list: dict[int, tuple[float, float]] = {}
-        forward = step = 0.0
-        for opts in inp.options:
-            if id(opts) not in per_list:
-                allowed = [o for o in opts if offload_allowed(o.offload, zero)]
-                states = [option_states(o, zero, dp, inp.training) for o in allowed]
-                per_list[id(opts)] = (
+        lists, which = _distinct_lists(inp)
+        per_list = []
+        for opts in lists:
+            allowed = [o for o in opts if offload_allowed(o.offload, zero)]
+            states = [option_states(o, zero, dp, inp.training) for o in allowed]
+            per_list.append(
+                (
                     min(
                         (
                             forward_state_bytes(sm, False) + o.act_bytes
@@ -45,10 +45,30 @@ def _min_device_bytes(inp: CostInputs, zero: int, dp: int) -> float:
                     ),  # fmt: skip
                     min((step_state_bytes(sm, inp.training) for sm in states), default=math.inf),
                 )
-            forward += per_list[id(opts)][0]
-            step += per_list[id(opts)][1]
+            )
+        forward = step = 0.0
+        for k in which:  # block by block, in order: the sums' rounding is the blocks'
+            forward += per_list[k][0]
+            step += per_list[k][1]
         memo[(zero, dp)] = max(forward, step)
     return memo[(zero, dp)]
+
+
+def _distinct_lists(inp: CostInputs) -> tuple[list, list[int]]:
+    """The distinct option lists of ``inp`` (blocks of one class share one list object) and,
+    per block, which of them it has; found once per ``inp``, since its bounds ask per
+    (ZeRO stage, replicas) and a deep model's blocks are mostly copies of one."""
+    if "distinct_lists" not in inp.memo:
+        position: dict[int, int] = {}
+        lists: list = []
+        which = []
+        for opts in inp.options:
+            if id(opts) not in position:
+                position[id(opts)] = len(lists)
+                lists.append(opts)
+            which.append(position[id(opts)])
+        inp.memo["distinct_lists"] = (lists, which)
+    return inp.memo["distinct_lists"]
 
 
 def lower_bounds(inp: CostInputs, cand: Candidate) -> tuple[float, float]:
@@ -57,7 +77,9 @@ def lower_bounds(inp: CostInputs, cand: Candidate) -> tuple[float, float]:
     p, v = cand.pp, cand.virtual_stages
     memo = inp.memo
     if "least_time" not in memo:  # the same for every candidate sharing these options
-        memo["least_time"] = sum(min(o.time_s for o in opts) for opts in inp.options)
+        lists, which = _distinct_lists(inp)
+        least = [min(o.time_s for o in opts) for opts in lists]
+        memo["least_time"] = sum(least[k] for k in which)  # in block order, as block by block
     total = memo["least_time"]
     if v == 1:
         time_bound = total * one_chunk_floor(m, p)

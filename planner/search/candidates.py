@@ -109,7 +109,11 @@ def expert_counts(blocks: list[Block]) -> list[int]:
 def ep_degrees(blocks: list[Block], dp: int, pins: Pins) -> list[int]:
     """Expert-parallel degrees for a data-parallel degree: divisors of dp that divide every
     mixture-of-experts layer's expert count (1 alone for a model without experts)."""
-    counts = expert_counts(blocks)
+    return _ep_of(expert_counts(blocks), dp, pins)
+
+
+def _ep_of(counts: list[int], dp: int, pins: Pins) -> list[int]:
+    """``ep_degrees`` from the expert counts (found once per enumeration, not per layout)."""
     if not counts:
         return [1]
     found = [e for e in divisors(dp) if all(c % e == 0 for c in counts)]
@@ -149,7 +153,8 @@ def enumerate_candidates(
     sequence: int = 0,
 ) -> list[Candidate]:
     gbs = training.global_batch_size
-    moe = bool(expert_counts(blocks or []))
+    counts = expert_counts(blocks or [])
+    moe = bool(counts)
     meshes = [
         (tp, pp, cp)
         for tp in tp_degrees
@@ -177,7 +182,7 @@ def enumerate_candidates(
                         continue
                     if zero == 1 and (tp > 1 or pp > 1) and pins.zero != 1:
                         continue  # the runtime has no ZeRO-1 for DTensors or pipeline stages
-                    for ep in ep_degrees(blocks or [], dp, pins):
+                    for ep in _ep_of(counts, dp, pins):
                         out.append(Candidate(pp, dp, tp, mbs, schedule, v, zero, ep, cp))
     return out
 
