@@ -229,3 +229,24 @@ def test_a_pinned_virtual_stage_count_is_searched_whatever_its_value():
         2, Training(8, "bf16", "adamw"), Pins(pp=2, virtual_stages=len(blocks)), [1, 2], blocks
     )
     assert f"--virtual-stages {len(blocks) // 2} or less" in msg and "\n" not in msg
+
+
+def test_a_pipelined_block_handed_several_tensors_is_not_sequence_parallel():
+    """A pipeline stage runs an HF Llama decoder layer (handed the stream and the rotary
+    tables) as traced code of fixed shapes, which the runtime refuses to run sequence-parallel;
+    a GPT block (handed the stream alone) runs eagerly there and keeps the option."""
+    from planner.trace.blocks import reads_one_tensor
+
+    llama = trace("examples/llama.py", {"size": "tiny"})
+    gpt = trace(GPT, {"size": "tiny"})
+    assert not reads_one_tensor(llama.graph, llama.blocks[1])
+    assert reads_one_tensor(gpt.graph, gpt.blocks[1])
+    pins = Pins(pp=2, tp=2, tp_variant="sequence")
+    for path, sequence in (("examples/llama.py", False), (GPT, True)):
+        p = plan(path, 4, model_args={"size": "tiny"}, pins=pins).plan
+        styles = {s for b in p.blocks for s in b.tp_plan.values()}
+        assert ("sp_block" in styles) == sequence, path
+    unpipelined = plan(
+        "examples/llama.py", 2, model_args={"size": "tiny"}, pins=Pins(tp=2, tp_variant="sequence")
+    )
+    assert any("sp_block" in b.tp_plan.values() for b in unpipelined.plan.blocks)

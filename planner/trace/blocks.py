@@ -438,3 +438,14 @@ def _numel(shape: list[int]) -> int:
     for d in shape:
         out *= int(d)
     return out
+
+
+def reads_one_tensor(graph: nx.DiGraph, block: Block) -> bool:
+    """Whether the block's ops read at most one tensor made outside it (its input: a GPT
+    block's stream; an HF Llama decoder layer also reads the rotary tables). A pipeline stage
+    runs a block that is handed one tensor as its eager module, and one handed several as the
+    traced code of its stage (``runtime.stages``: only a module called with one tensor alone is
+    swapped back exactly), whose shapes are fixed: sequence parallelism cannot slice it."""
+    inside = set(block.nodes)
+    made_outside = {u for n in block.nodes for u in graph.predecessors(n) if u not in inside}
+    return len(made_outside) <= 1
