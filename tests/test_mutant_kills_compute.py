@@ -152,7 +152,8 @@ def test_each_ops_time_goes_to_the_slot_of_what_bounds_it():
     efficiency); an add of 1e3 FLOPs reading 1e8 bytes is memory-bound at 1e8 / (bandwidth x
     element-wise efficiency). Each time lands in its own slot, which TP shrinks by its own
     share; each slot sums its ops (killed: the bound taken as None, the FLOPs times the peak,
-    the slowdown dividing; ``=`` for ``+=`` in the compute sums)."""
+    the slowdown dividing; ``=`` for ``+=`` in the compute sums; the selective core's
+    forward summed over the ops outside it, or with ``=``, ``-=``, ``fc - fm``)."""
     g = _graph(
         [("mm", "mm", 1e3, 1e3), ("a", "add", 1e8, 1e3), ("mm2", "mm", 1e3, 1e3)],
         [("mm", "a", 1e3), ("a", "mm2", 1e3)],
@@ -174,6 +175,9 @@ def test_each_ops_time_goes_to_the_slot_of_what_bounds_it():
     assert t.ops["a"] == (0.0, pytest.approx(mem, rel=1e-12), 0.0, 0.0)
     assert (t.fwd_compute, t.fwd_memory) == (pytest.approx(2 * gemm), pytest.approx(mem))
     assert (t.bwd_compute, t.bwd_memory) == (pytest.approx(2 * bgemm), 0.0)
+    # no weights: mm and the add lie between two products of activations (mm, mm2), the
+    # selective core whose forward selective recompute runs again
+    assert t.core_fwd == pytest.approx(gemm + mem, rel=1e-12)
 
 
 def test_views_and_inputs_dispatch_no_kernel():
