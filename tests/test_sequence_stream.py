@@ -174,11 +174,11 @@ def test_the_plan_file_flags_must_agree():
 
 
 def test_a_pinned_sequence_plan_records_the_stream(tmp_path):
-    """Tiny Llama at TP 2 x PP 2 with sequence parallelism pinned: the layers hand the stream
+    """Tiny GPT at TP 2 x PP 2 with sequence parallelism pinned: the layers hand the stream
     over across the cut, the second stage receives shards, and the plan file validates; with
     the second stage's flag dropped it does not."""
     pins = dict(tp=2, dp=1, pp=2, zero=0, micro_batch_size=2, schedule="1f1b")
-    path = forced_plan("llama", 4, tmp_path, tp_variant="sequence", recompute="none", **pins)
+    path = forced_plan("gpt", 4, tmp_path, tp_variant="sequence", recompute="none", **pins)
     plan = json.loads(path.read_text())
     layers = [b for b in plan["blocks"] if "sp_block" in b["tp_plan"].values()]
     assert [b.get("takes_sequence_shard", False) for b in layers] == [False, True]

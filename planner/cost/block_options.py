@@ -112,28 +112,9 @@ def block_options(
             )  # fmt: skip
         # Experts are not split by TP (a grouped product has no sharding rule), but by EP.
         params = block.params * v.param_fraction - expert_total * (1 - 1 / ep)
-        sel_bytes, sel_fwd, sel_comm = v.saved_selective_bytes, core_f, 0.0
-        if policy is not None:
-            # torchtitan's: the traced block's kept share, applied to the variant's saved bytes
-            # (exact without TP; with TP it assumes the kept tensors shard as the saved ones
-            # do); the runtime's: one rank's kept tensors as the variant shards them.
-            saved, recomputed = policy
-            if training.selective_policy == SelectivePolicy.RUNTIME_OP:
-                kept, recomputed = runtime_selective(graph, block, saved, v)
-                share = kept / v.saved_bytes if v.saved_bytes else 0.0
-                sel_comm = sum(
-                    collective_time(k, b * scale, cluster, tp_ranks)
-                    for k, b in recompute_collectives(v)
-                )
-            else:
-                kept = kept_bytes(graph, block, saved)
-                share = kept / block.saved_bytes if block.saved_bytes else 0.0
-            re_f = (
-                sum(times.ops[n][0] + times.ops[n][1] for n in recomputed if n in times.ops) * cf
-                if shares is None
-                else times.sharded(shares, recomputed)[0]
-            )
-            sel_bytes, sel_fwd = v.saved_bytes * min(share, 1.0), re_f
+        sel_bytes, sel_fwd, sel_comm = selective_price(
+            graph, block, v, policy, training, times, shares, core_f, scale, cluster, tp_ranks
+        )
         full_kept = full_recompute_kept(v)
         for rc in RECOMPUTE:
             if rc == Recompute.SELECTIVE and sel_bytes >= v.saved_bytes:
@@ -190,6 +171,46 @@ def block_options(
                     )
                 )
     return options
+
+
+def selective_price(
+    graph,
+    block: Block,
+    v: TPVariant,
+    policy: tuple[set[str], list[str]] | None,
+    training: Training,
+    times: NodeTimes,
+    shares: dict[str, float] | None,
+    core_f: float,
+    scale: float,
+    cluster: Cluster,
+    tp_ranks: list[int],
+) -> tuple[float, float, float]:
+    """(bytes kept per traced micro-batch, forward re-run, collectives re-run) of selective
+    recompute of ``block`` run as variant ``v``. Megatron's "core" policy (``policy`` None):
+    the traced ``saved_selective_bytes`` and the core's forward. torchtitan's: the traced
+    block's kept share, applied to the variant's saved bytes (exact without TP; with TP it
+    assumes the kept tensors shard as the saved ones do); the runtime's: one rank's kept
+    tensors as the variant shards them, and the collectives its recompute adds."""
+    if policy is None:
+        return v.saved_selective_bytes, core_f, 0.0
+    saved, recomputed = policy
+    comm = 0.0
+    if training.selective_policy == SelectivePolicy.RUNTIME_OP:
+        kept, recomputed = runtime_selective(graph, block, saved, v)
+        share = kept / v.saved_bytes if v.saved_bytes else 0.0
+        comm = sum(
+            collective_time(k, b * scale, cluster, tp_ranks) for k, b in recompute_collectives(v)
+        )
+    else:
+        kept = kept_bytes(graph, block, saved)
+        share = kept / block.saved_bytes if block.saved_bytes else 0.0
+    if shares is None:
+        re_f = sum(times.ops[n][0] + times.ops[n][1] for n in recomputed if n in times.ops)
+        re_f *= v.compute_fraction
+    else:
+        re_f = times.sharded(shares, recomputed)[0]
+    return v.saved_bytes * min(share, 1.0), re_f, comm
 
 
 def full_recompute_kept(v: TPVariant) -> float:
