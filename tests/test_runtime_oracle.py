@@ -155,16 +155,6 @@ EXTRA: list[tuple] = [
         )
         for m in MODELS
     ),
-    # Megatron's sequence-sharded stream across a pipeline cut: the first stage's last layer
-    # leaves its output as each TP rank's sequence shard, the stage sends that 1/t shard and
-    # the next stage's first layer takes it (GPT: its layers run eager in a stage; HF Llama's
-    # decoder layer stays traced there, where the runtime runs no sequence parallelism)
-    (
-        "sp-stream-pp2xtp2",
-        "gpt",
-        4,
-        dict(tp=2, dp=1, pp=2, zero=0, schedule="1f1b", micro_batch_size=2, tp_variant="sequence"),
-    ),
     ("ep2xdp2-zero1", "moe", 4, {**EP2_DP4, "zero": 1}),
     ("ep2xdp2-zero2", "moe", 4, {**EP2_DP4, "zero": 2}),
     ("ep2xdp2-zero3", "moe", 4, {**EP2_DP4, "zero": 3}),
@@ -433,6 +423,16 @@ EXTRA: list[tuple] = [
             recompute="selective",
             tp_variant="sequence",
         ),
+    ),
+    # (appended last: see above) Megatron's sequence-sharded stream across a pipeline cut: the first stage's last layer
+    # leaves its output as each TP rank's sequence shard, the stage sends that 1/t shard and
+    # the next stage's first layer takes it (GPT: its layers run eager in a stage; HF Llama's
+    # decoder layer stays traced there, where the runtime runs no sequence parallelism)
+    (
+        "sp-stream-pp2xtp2",
+        "gpt",
+        4,
+        dict(tp=2, dp=1, pp=2, zero=0, schedule="1f1b", micro_batch_size=2, tp_variant="sequence"),
     ),
 ]
 
