@@ -424,10 +424,11 @@ EXTRA: list[tuple] = [
             tp_variant="sequence",
         ),
     ),
-    # (appended last: see above) Megatron's sequence-sharded stream across a pipeline cut: the first stage's last layer
-    # leaves its output as each TP rank's sequence shard, the stage sends that 1/t shard and
-    # the next stage's first layer takes it (GPT: its layers run eager in a stage; HF Llama's
-    # decoder layer stays traced there, where the runtime runs no sequence parallelism)
+    # (appended last: see above) Megatron's sequence-sharded stream across a pipeline cut: the
+    # first stage's last layer leaves its output as each TP rank's sequence shard, the stage
+    # sends that 1/t shard and the next stage's first layer takes it (GPT: its layers run
+    # eager in a stage; HF Llama's decoder layer stays traced there, where the runtime runs
+    # no sequence parallelism)
     (
         "sp-stream-pp2xtp2",
         "gpt",
