@@ -182,7 +182,9 @@ def variants_for(
         if probe is not None:
             found = _runnable(block, tp, found)
             if pipelined and not reads_one_tensor(graph, block):
-                found = [v for v in found if not set(v.tp_plan.values()) & set(SEQUENCE_STYLES)]
+                found = [
+                    v for v in found if not any(s in SEQUENCE_STYLES for s in v.tp_plan.values())
+                ]
         if tp_variant == "no-sequence":
             return [v for v in found if not v.name.endswith("-sp")]
         sharded = [v for v in found if v.name != "replicated"]

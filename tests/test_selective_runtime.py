@@ -167,20 +167,12 @@ def test_priced_selective_recompute_is_what_the_runtime_re_runs(traced):
     nothing for it."""
     from planner.cost.block_options import selective_kept
     from planner.cost.compute import block_node_times, op_counts, overhead_times
-    from planner.trace.opcost import is_view
 
     t = traced["llama"]
     layer, cluster, by = _layer_options(t)
     _, recomputed = selective_kept(t.graph, layer, TRAINING)
     rerun = backward_ops("llama", Recompute.SELECTIVE) - backward_ops("llama", Recompute.NONE)
-    runtime_names = {"to": "_to_copy"}
-    priced = Counter()
-    for n in recomputed:
-        d = t.graph.nodes[n]
-        name = d["op"].split(".")[1]
-        if is_view(d["op"]) or name == "contiguous":
-            continue
-        priced[(runtime_names.get(name, name), d["out_bytes"])] += 1
+    priced = _priced_runs(t.graph, recomputed)
     measured = Counter({(op.split(".")[1], b): k for (op, b), k in rerun.items() if b})
     assert measured == priced
     assert sum(priced.values()) == 29  # 4 casts, 2 pow, mean, rsqrt, 9 mul, 5 add, 2 neg, cat, silu
@@ -275,22 +267,13 @@ def test_priced_selective_recompute_per_tp_rank(traced, sp_layer):
     from planner.cost.block_options import runtime_selective, selective_ops
     from planner.cost.compute import block_node_times, op_counts, overhead_times, tp_shares
     from planner.hardware.collectives import collective_time
-    from planner.trace.opcost import is_view
 
     t = traced["llama"]
     layer, variants, opts = _tp2_options(t)
     v = variants["tp2-v1-sp"]
     saved, _ = selective_ops(t.graph, layer, TRAINING)
     _, recomputed = runtime_selective(t.graph, layer, saved, v)
-    runtime_names = {"to": "_to_copy", "linear": "mm"}
-    priced = Counter()
-    for n in recomputed:
-        d = t.graph.nodes[n]
-        name = d["op"].split(".")[1]
-        if is_view(d["op"]) or name == "contiguous":
-            continue
-        sharded = v.states[n].startswith("S")
-        priced[(runtime_names.get(name, name), d["out_bytes"] // (2 if sharded else 1))] += 1
+    priced = _priced_runs(t.graph, recomputed, lambda n: 2 if v.states[n].startswith("S") else 1)
     rerun = Counter(tuple(x) for x in sp_layer["backward"])
     rerun -= Counter(tuple(x) for x in sp_layer["backward_none"])
     measured = Counter({(op.split(".")[1], b): k for (op, b), k in rerun.items() if b})
@@ -304,3 +287,20 @@ def test_priced_selective_recompute_per_tp_rank(traced, sp_layer):
     by = {o.recompute: o for o in opts if o.variant == v.name and o.offload == "none"}
     extra = by[Recompute.SELECTIVE].bwd_s - by[Recompute.NONE].bwd_s
     assert extra == pytest.approx(forward + overhead + regather, rel=1e-12)
+
+
+def _priced_runs(graph, recomputed, share=lambda n: 1) -> Counter:
+    """(op as the runtime's dispatcher names it, output bytes on one rank) -> count, of the
+    priced re-run ops that launch a kernel (views and no-op contiguous calls do not);
+    ``share``: how many ranks an op's output is split over."""
+    from planner.trace.opcost import is_view
+
+    runtime_names = {"to": "_to_copy", "linear": "mm"}
+    priced = Counter()
+    for n in recomputed:
+        d = graph.nodes[n]
+        name = d["op"].split(".")[1]
+        if is_view(d["op"]) or name == "contiguous":
+            continue
+        priced[(runtime_names.get(name, name), d["out_bytes"] // share(n))] += 1
+    return priced
