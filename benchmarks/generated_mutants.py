@@ -174,6 +174,17 @@ MODULES: dict[str, list[str]] = {
         "tests/test_mutant_kills_data_parallel.py",
     ],
     "planner/cost/sharding.py": ["tests/test_sharding.py", "tests/test_tied_tp.py"],
+    # a hand-drawn graph per case; test_sequence_stream's traced llama and gpt took 2 minutes
+    # (CPU-limited) a mutant in mutmut's children
+    "planner/trace/stream.py": ["tests/test_mutant_kills_stream.py"],
+    # model files written by the test; the DLRM example's dispatch test takes 20 s a mutant
+    "planner/recsys/tables.py": ["tests/test_mutant_kills_recsys_tables.py"],
+    # one process (a stand-in stage), then two gloo ranks under torch's 1F1B (both launches of
+    # m = 4: without the module and with it; m = 8 repeats them at twice the micro-batches)
+    "runtime/pipeline_buffers.py": [
+        "tests/test_mutant_kills_pipeline_buffers.py",
+        "tests/test_pipeline_buffers.py::test_stage_holds_what_the_cost_model_prices[4]",
+    ],
 }
 # the shipped example models, planned for the equivalence check (file, size, GPUs, profile)
 EXAMPLES = [
@@ -255,6 +266,42 @@ def example_plans(root: Path, env: dict, mutant: str) -> str:
     return VOLATILE.sub("\n", done.stdout)
 
 
+def in_subprocesses(root: Path, env: dict, module: str, tests: list[str], names: list[str]) -> dict:
+    """Each of ``names`` run against ``tests`` in a pytest of its own, stopping at the first
+    failure: mutant name -> status. The runtime's tests reach its modules inside torchrun's
+    workers, where mutmut's in-process record of the functions each test reaches sees nothing,
+    so mutmut counts such a mutant reached by no test (or runs it against the one-process tests
+    only). Here MUTANT_UNDER_TEST names the mutant, and the workers inherit it and import the
+    mutated tree (runtime.launch.worker_env puts its root first). A clean run must pass and
+    mutmut's forced failure (``fail``) must fail first; the limit is wall time (the workers'
+    CPU is not the child's): 4 times the clean run's, plus 2 minutes."""
+    mutants = root / "mutants"
+    run_env = {**env, "PYTHONPATH": str(mutants)}
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p", "no:xdist"]
+    cmd += ["-W", "ignore", "-m", markers(module), *tests]
+
+    def run(name: str, limit: float | None) -> str:
+        proc = subprocess.Popen(
+            cmd, cwd=mutants, env={**run_env, "MUTANT_UNDER_TEST": name},
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+        try:
+            rc = proc.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)  # the pytest and the torchrun workers it started
+            proc.wait()
+            return "timeout"
+        return {0: "survived", 1: "killed"}.get(rc, f"exit {rc}")
+
+    start = time.perf_counter()
+    if run("", None) != "survived":
+        raise SystemExit(f"{module}: the clean run of {tests} fails")
+    limit = 4 * (time.perf_counter() - start) + 120
+    if run("fail", limit) != "killed":
+        raise SystemExit(f"{module}: mutmut's forced failure passes {tests}")
+    return {name: run(name, limit) for name in names}
+
+
 def run_module(
     module: str, tests: list[str], rerun_timeouts: bool = False, example_check: bool = True
 ) -> dict:
@@ -266,6 +313,9 @@ def run_module(
     write_config(root, module, tests, 15.0)
     log = mutmut(root, env, "run", "--max-children", str(MAX_CHILDREN))
     found = statuses(root, module)
+    rerun = [k for k, s in found.items() if s in ("survived", "no tests", "not checked")]
+    if module.startswith("runtime/") and rerun:
+        found.update(in_subprocesses(root, env, module, tests, rerun))
     timeouts = [k for k, s in found.items() if s == "timeout"]
     if timeouts and rerun_timeouts:  # once more, four times the limit
         write_config(root, module, tests, 60.0)
