@@ -147,3 +147,10 @@ def test_no_cut_without_two_blocks_and_the_defaults_are_not_handed_over():
         False,
         True,
     ]
+
+
+def test_a_node_without_a_module_belongs_to_the_root_module():
+    """The tracer's nodes at the model's top level carry no module; a block that is the root
+    module itself (FQN "") owns them: a1 there is produced by block 0."""
+    cuts = _cuts(nodes={"a1": (0, None, True)}, modules={0: [""]})
+    assert cuts == [StreamCut("a1", True, True), StreamCut("b1", True, True)]
