@@ -165,3 +165,15 @@ def test_the_wrappers_route_through_the_stages_class_at_each_call():
     assert stage.get_bwd_recv_ops(1) == ["rerouted-bwd", 1]
     assert stage.backward_one_chunk(1, 7, x=8) == ("rerouted", 1, (7,), {"x": 8})
     assert stage.real() == {"args": [False, False], "grad": [False, False]}
+
+
+def test_buffers_are_allocated_on_the_stages_device_not_the_default_one():
+    """A GPU stage's buffers go on its GPU whatever torch's default device (the CPU there).
+    Here the other way round: the default device is meta and the stage's the CPU, and both
+    receives get real CPU buffers."""
+    stage = release_consumed_buffers(Stage())
+    with torch.device("meta"):
+        stage.get_fwd_recv_ops(0)
+        stage.get_bwd_recv_ops(0)
+    assert stage.args_recv_info[0][0].buffer.device.type == "cpu"
+    assert stage.grad_recv_info[0][0].buffer.device.type == "cpu"

@@ -281,3 +281,100 @@ def test_a_model_whose_output_needs_no_gradient_has_no_backward_ops(tmp_path):
     view), no backward; glue the pooled stand-in does not satisfy: nothing priced."""
     assert dense_op_counts(_file(tmp_path, extra=".detach()", name="d.py")) == (4, 0)
     assert dense_op_counts(_file(tmp_path, extra="[:, :99].reshape(7)", name="e.py")) == (0, 0)
+
+
+def _variant(forward: str, batch: str = "(dense, kjt)") -> str:
+    """A tail making the model ``M`` with ``forward`` (the body of ``forward(self, *inputs)``,
+    its inputs named by ``batch``) and make_batch returning ``batch``'s inputs."""
+    return f"""
+class Variant(M):
+    def forward(self, {batch.strip("(),").replace("kjt", "sparse").replace("2.0", "_2")}):
+{forward}
+
+
+def build_model():
+    return Variant()
+
+
+_made = make_batch
+
+
+def make_batch(batch_size, step=0):
+    (dense, kjt), y = _made(batch_size, step)
+    temp, dense1 = torch.tensor(2.0), dense[:, 0]
+    return {batch}, y
+"""
+
+
+POOLED = "torch.cat([self.ebc(sparse).values(), self.sub.ebc(sparse).values()], dim=1)"
+
+
+@pytest.mark.parametrize(
+    ("batch", "forward", "expected"),
+    [
+        # the model's own forward, its inputs in another order: the KJT first, or a scalar
+        ("(kjt, dense)", "        return M.forward(self, dense, sparse)", "base"),
+        ("(temp, dense, kjt)", "        return M.forward(self, dense, sparse)", "base"),
+        # only a 1-D tensor gives the batch: the stand-in's rows must agree with it (two cats
+        # and a sum; the cats' backward slices, not counted by hand here)
+        ("(dense1, kjt)", f"        return torch.cat([{POOLED}, dense1[:, None]], 1).sum(1)",
+         (3, None)),
+        # no tensor gives it: one row; a cat, a mul and a sum forward, the seed and the mul's
+        # gradient backward
+        ("(kjt,)", f"        return ({POOLED} * 2.0).sum(1)", (3, 2)),
+        # the pooled embeddings read by feature: a KeyedTensor keyed as the EBC's features
+        # (its split into features is views: the cat, add, addmm and sum forward)
+        ("(dense, kjt)",
+         "        d = self.ebc(sparse).to_dict()\n"
+         "        return self.sub.proj(torch.cat([d['a'], d['b']], 1)[:, :6] + dense).sum(1)",
+         (4, None)),
+        # nothing dense: the gradient still flows back into the pooled embeddings (trained)
+        ("(dense, kjt)", "        return (self.ebc(sparse).values() * 2.0).sum(1)", (2, 2)),
+        # a Python number among the inputs (a scale): one mul more each way
+        ("(dense, kjt, 2.0)", "        return M.forward(self, dense, sparse) * _2",
+         lambda f, b: (f + 1, b + 1)),
+        # outputs in a tuple: the forward's ops, and no loss to run backward from
+        ("(dense, kjt)", "        return (M.forward(self, dense, sparse),)",
+         lambda f, b: (f, 0)),
+        # a round trip through fp64 (the input needs no gradient): two copies forward, each
+        # to its dtype (a copy without its dtype keeps fp32, and .float() is then no op)
+        ("(dense, kjt)", "        return M.forward(self, dense.double().float(), sparse)",
+         lambda f, b: (f + 2, b)),
+    ],
+)  # fmt: skip
+def test_the_pooled_stand_in_has_the_batchs_rows_each_features_key_and_a_gradient(
+    tmp_path, batch, forward, expected
+):
+    base = dense_op_counts(_file(tmp_path, name="base.py"))
+    got = dense_op_counts(_file(tmp_path, _variant(forward, batch), name="variant.py"))
+    if expected == "base":
+        assert got == base
+    elif callable(expected):
+        assert got == expected(*base)
+    else:  # the forward ops by hand; the backward's where counted by hand, else some
+        assert got[0] == expected[0]
+        assert got[1] == expected[1] if expected[1] is not None else got[1] > 0
+
+
+def test_the_batch_is_read_at_step_0(tmp_path):
+    """make_batch is asked for step 0 by name (a file may give ``step`` no default): here each
+    sample has 1 + step ids of a, so ab's pooling factor is 1 + 3 at step 0."""
+    tail = (
+        "\ndef make_batch(batch_size, step):\n"
+        "    b = batch_size\n"
+        "    lengths = torch.tensor([1 + step] * b + [3] * b + [2] * b)\n"
+        "    kjt = KeyedJaggedTensor.from_lengths_sync(keys=['a', 'b', 'c'],\n"
+        "        values=torch.zeros(int(lengths.sum()), dtype=torch.long), lengths=lengths)\n"
+        "    return (torch.zeros(batch_size, 6), kjt), None\n"
+    )
+    assert [t.pooling_factor for t in read_model(_file(tmp_path, tail)).tables] == [4.0, 2.0]
+
+
+def test_counting_the_dense_ops_leaves_the_meta_model_as_it_was(tmp_path):
+    """The EBCs answer with their own forward again, and no parameter keeps a gradient."""
+    mf = _file(tmp_path)
+    dense_op_counts(mf)
+    model = meta_model(mf)
+    for ebc in (model.ebc, model.sub.ebc):
+        assert ebc.forward.__func__ is type(ebc).forward
+    assert all(p.grad is None for p in model.parameters())
