@@ -378,3 +378,30 @@ def test_counting_the_dense_ops_leaves_the_meta_model_as_it_was(tmp_path):
     for ebc in (model.ebc, model.sub.ebc):
         assert ebc.forward.__func__ is type(ebc).forward
     assert all(p.grad is None for p in model.parameters())
+
+
+def test_the_kjt_is_found_among_other_inputs_and_a_feature_it_lacks_has_no_ids(tmp_path):
+    """make_batch's inputs: a dict of side features (it has keys, no lengths) before the KJT,
+    which carries a (1 id a sample) and b (3) but not c: u's pooling factor is 0."""
+    tail = (
+        "\ndef make_batch(batch_size, step=0):\n"
+        "    lengths = torch.tensor([1] * batch_size + [3] * batch_size)\n"
+        "    kjt = KeyedJaggedTensor.from_lengths_sync(keys=['a', 'b'],\n"
+        "        values=torch.zeros(4 * batch_size, dtype=torch.long), lengths=lengths)\n"
+        "    return ({'side': torch.zeros(batch_size)}, kjt), None\n"
+    )
+    assert [t.pooling_factor for t in read_model(_file(tmp_path, tail)).tables] == [4.0, 0.0]
+
+
+def test_the_model_file_is_imported_off_the_meta_device(tmp_path):
+    """The file (its module-level tensors: here the ids per sample of a, b and c) is imported
+    before the meta model is built on the meta device, so make_batch's lengths are real."""
+    tail = (
+        "\nIDS = torch.tensor([1, 3, 2])\n\n\n"
+        "def make_batch(batch_size, step=0):\n"
+        "    lengths = IDS.repeat_interleave(batch_size)\n"
+        "    kjt = KeyedJaggedTensor.from_lengths_sync(keys=['a', 'b', 'c'],\n"
+        "        values=torch.zeros(int(lengths.sum()), dtype=torch.long), lengths=lengths)\n"
+        "    return (torch.zeros(batch_size, 6), kjt), None\n"
+    )
+    assert [t.pooling_factor for t in read_model(_file(tmp_path, tail)).tables] == [4.0, 2.0]
