@@ -272,17 +272,18 @@ def in_subprocesses(root: Path, env: dict, module: str, tests: list[str], names:
     workers, where mutmut's in-process record of the functions each test reaches sees nothing,
     so mutmut counts such a mutant reached by no test (or runs it against the one-process tests
     only). Here MUTANT_UNDER_TEST names the mutant, and the workers inherit it and import the
-    mutated tree (runtime.launch.worker_env puts its root first). A clean run must pass and
-    mutmut's forced failure (``fail``) must fail first; the limit is wall time (the workers'
-    CPU is not the child's): 4 times the clean run's, plus 2 minutes."""
+    mutated tree (runtime.launch.worker_env puts its root first). A clean run must pass, and
+    mutmut's forced failure (``fail``) must fail each test file on its own first (the gloo
+    test's only through its workers); the limit is wall time (the workers' CPU is not the
+    child's): 4 times the clean run's, plus 2 minutes."""
     mutants = root / "mutants"
     run_env = {**env, "PYTHONPATH": str(mutants)}
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p", "no:xdist"]
-    cmd += ["-W", "ignore", "-m", markers(module), *tests]
+    cmd += ["-W", "ignore", "-m", markers(module)]
 
-    def run(name: str, limit: float | None) -> str:
+    def run(name: str, limit: float | None, selection: list[str] = tests) -> str:
         proc = subprocess.Popen(
-            cmd, cwd=mutants, env={**run_env, "MUTANT_UNDER_TEST": name},
+            [*cmd, *selection], cwd=mutants, env={**run_env, "MUTANT_UNDER_TEST": name},
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
         try:
@@ -297,8 +298,9 @@ def in_subprocesses(root: Path, env: dict, module: str, tests: list[str], names:
     if run("", None) != "survived":
         raise SystemExit(f"{module}: the clean run of {tests} fails")
     limit = 4 * (time.perf_counter() - start) + 120
-    if run("fail", limit) != "killed":
-        raise SystemExit(f"{module}: mutmut's forced failure passes {tests}")
+    for test in tests:  # each file on its own, so a one-process test cannot hide the workers
+        if run("fail", limit, [test]) != "killed":
+            raise SystemExit(f"{module}: mutmut's forced failure passes {test}")
     return {name: run(name, limit) for name in names}
 
 

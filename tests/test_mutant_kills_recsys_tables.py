@@ -319,9 +319,6 @@ POOLED = "torch.cat([self.ebc(sparse).values(), self.sub.ebc(sparse).values()], 
         # and a sum; the cats' backward slices, not counted by hand here)
         ("(dense1, kjt)", f"        return torch.cat([{POOLED}, dense1[:, None]], 1).sum(1)",
          (3, None)),
-        # no tensor gives it: one row; a cat, a mul and a sum forward, the seed and the mul's
-        # gradient backward
-        ("(kjt,)", f"        return ({POOLED} * 2.0).sum(1)", (3, 2)),
         # the pooled embeddings read by feature: a KeyedTensor keyed as the EBC's features
         # (its split into features is views: the cat, add, addmm and sum forward)
         ("(dense, kjt)",
@@ -405,3 +402,15 @@ def test_the_model_file_is_imported_off_the_meta_device(tmp_path):
         "    return (torch.zeros(batch_size, 6), kjt), None\n"
     )
     assert [t.pooling_factor for t in read_model(_file(tmp_path, tail)).tables] == [4.0, 2.0]
+
+
+def test_a_model_fed_only_its_kjt_counts_the_ops_of_its_batch(tmp_path):
+    """No input tensor gives the batch: the KJT's stride does (make_batch's 256 samples), and
+    the counts are those of the same model given the batch by a tensor it does not read (a
+    cat, a mul and a sum forward). The stand-in once had one row there, where the backward's
+    layout copies are not dispatched: 2 backward ops counted for 6."""
+    forward = f"        return ({POOLED} * 2.0).sum(1)"
+    only = dense_op_counts(_file(tmp_path, _variant(forward, "(kjt,)"), name="only.py"))
+    given = dense_op_counts(_file(tmp_path, _variant(forward, "(dense1, kjt)"), name="given.py"))
+    assert only[0] == 3
+    assert only == given

@@ -165,7 +165,12 @@ def dense_op_counts(mf: ModelFile) -> tuple[int, int]:
     model = meta_model(mf)
     ebcs = embedding_bag_collections(model)
     inputs, _ = _raw_batch(mf)
-    batch = next((len(x) for x in inputs if isinstance(x, torch.Tensor) and x.dim() > 0), 1)
+    # the stand-in's rows are the batch: a tensor input's, else the KJT's (at one row the
+    # backward's layout copies are not dispatched, so its ops would be under-counted)
+    batch = next((len(x) for x in inputs if isinstance(x, torch.Tensor) and x.dim() > 0), None)
+    if batch is None:
+        kjt = _kjt(inputs)
+        batch = kjt.stride() if kjt is not None else 1
 
     def pooled(ebc: torch.nn.Module):
         configs = ebc.embedding_bag_configs()
@@ -242,7 +247,7 @@ def _stats(mf: ModelFile, configs: list) -> tuple[dict[str, dict[str, float]], l
             out[cfg.name] = {"pooling_factor": float(pooling), "zipf": float(zipf)}
         return out, []
     inputs, _ = _raw_batch(mf)
-    kjt = next((x for x in inputs if hasattr(x, "lengths") and hasattr(x, "keys")), None)
+    kjt = _kjt(inputs)
     if kjt is None:
         raise UserInputError(
             f"{mf.path.name}: make_batch's inputs hold no KeyedJaggedTensor and the file has no "
@@ -261,6 +266,11 @@ def _stats(mf: ModelFile, configs: list) -> tuple[dict[str, dict[str, float]], l
         "embedding_stats() in the model file to give their skew)"
     )
     return out, [note]
+
+
+def _kjt(inputs: tuple) -> object | None:
+    """The first KeyedJaggedTensor among make_batch's inputs (None without one)."""
+    return next((x for x in inputs if hasattr(x, "lengths") and hasattr(x, "keys")), None)
 
 
 def _raw_batch(mf: ModelFile) -> tuple[tuple, object]:
