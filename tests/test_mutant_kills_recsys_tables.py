@@ -338,6 +338,8 @@ POOLED = "torch.cat([self.ebc(sparse).values(), self.sub.ebc(sparse).values()], 
         ("(dense, kjt)", "        return M.forward(self, dense.double().float(), sparse)",
          lambda f, b: (f + 2, b)),
     ],
+    ids=["kjt-first", "scalar-first", "only-1d", "to-dict", "nothing-dense", "python-scale",
+         "tuple-output", "fp64-round-trip"],
 )  # fmt: skip
 def test_the_pooled_stand_in_has_the_batchs_rows_each_features_key_and_a_gradient(
     tmp_path, batch, forward, expected
