@@ -147,7 +147,7 @@ def variants_for(
     Long because the ILP, the per-run binding memo and the probe's verdicts are closures over
     one run's graph, cluster and probe; split, each would take all three as arguments."""
     from planner.cost.sharding import tp_variants
-    from planner.vocab import SEQUENCE_STYLES, on_dtensors
+    from planner.vocab import SEQUENCE_STYLES, on_dtensors, without_sequence
 
     p = cluster.profile
     bw, _ = cluster.link(list(range(min(cluster.gpus_per_node, cluster.gpus))))
@@ -209,7 +209,9 @@ def variants_for(
                 kept.append(v)
                 continue
             rejected, unsafe, fixed, local = False, False, True, []
-            for i, (module, plan) in enumerate(_probed_parts(block.modules, v.tp_plan)):
+            # a sequence-parallel variant's attention reads the same shards as its TP twin's
+            probed = without_sequence(v.tp_plan)
+            for i, (module, plan) in enumerate(_probed_parts(block.modules, probed)):
                 cls = block.cls if len(block.modules) == 1 else f"{block.cls}:{i}"
                 if probe.reject(cls, module, plan, tp):
                     rejected = True
