@@ -209,6 +209,8 @@ def without_sequence(tp_plan: dict[str, str]) -> dict[str, str]:
         elif style in SEQUENCE_WEIGHT_STYLE:
             out[fqn] = SEQUENCE_WEIGHT_STYLE[style]
     return out
+
+
 DTYPES = tuple(d.value for d in DType)
 HALF_DTYPES = (DType.BF16.value, DType.FP16.value)
 OPTIMIZERS = tuple(o.value for o in Optimizer)

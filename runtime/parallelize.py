@@ -155,9 +155,10 @@ def tp_style(
     code that reads them); "colwise_sp" gathers its own input, "rowwise_sp" reduce-scatters its
     output to the sequence shard. Their "_tokens" forms do the same along dim 0 of a region
     whose (batch, sequence) the code flattened into one dim (OPT's MLP): each rank's shard is
-    its own tokens flattened, and the gather and the reduce-scatter keep that order. ``stream``: (takes, leaves) of an "sp_block" inside
-    Megatron's sequence-sharded stream (``BlockPlan.takes_sequence_shard``): it is entered
-    with the shard the block before left, and/or leaves its output as the shard."""
+    its own tokens flattened, and the gather and the reduce-scatter keep that order.
+    ``stream``: (takes, leaves) of an "sp_block" inside Megatron's sequence-sharded stream
+    (``BlockPlan.takes_sequence_shard``): it is entered with the shard the block before left,
+    and/or leaves its output as the shard."""
     if traced_parent and style in SEQUENCE_STYLES:
         raise UserInputError(
             f"plan runs {fqn} sequence-parallel, but a pipeline stage runs its block as traced "
@@ -565,6 +566,9 @@ def apply_tensor_parallel(
                 # tensor there (its recompute gathers again anyway)
                 gather_sequence(module, regather_in_backward=block.recompute == Recompute.NONE)
                 continue
+            if style == "colwise_sp_tokens":  # gathers its norm's sharded output in its own
+                # hook (before its style's), keeping the shard for backward as "sp_gather" does
+                gather_sequence(module, regather_in_backward=block.recompute == Recompute.NONE)
             stream = (bool(block.takes_sequence_shard), bool(block.leaves_sequence_shard))
             styles[reached.get(id(module), fqn)] = _sharing_inputs(
                 tp_style(module, style, fqn, traced, stream)

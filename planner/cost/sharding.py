@@ -1810,10 +1810,13 @@ def _sequence_parallel(
         return None
     lead = tuple(prob.ops[prob.index[prob.outputs[0]]].shape[:2])  # (batch, sequence)
     norms: list[tuple[int, int, str]] = []
+    normed: set[str] = set()  # region ops inside norms: their outputs are sharded DTensors
     for pos, op in enumerate(prob.ops):
         if op.name not in region:
             continue
         in_norm = "norm" in op.module.rsplit(".", 1)[-1].lower() or _base(op.op) in NORMS
+        if in_norm:
+            normed.add(op.name)
         local = in_norm or _base(op.op) in SEQUENCE_LOCAL or _regroups_tokens(op, lead, t)
         dim = _token_dim(op.shape, lead, t)
         if not local or dim is None:
@@ -1854,11 +1857,17 @@ def _sequence_parallel(
                 return None
             parent = op.module.rpartition(".")[0]
             own = parent in ("", prob.block_module)  # no module between: the Linear gathers
-            label = _sp_style("colwise_sp", dims.pop()) if own else "colwise"
+            dim = dims.pop()
+            # on the flattened tokens, a Linear of the block's own fed by a norm's sharded
+            # output gathers it in a hook of its own that keeps the shard for backward, as a
+            # module's gather does (runtime.parallelize: "colwise_sp_tokens")
+            regathers = own and dim == 0 and all(a.name in normed for a in acts)
+            label = _sp_style("colwise_sp", dim) if own else "colwise"
             plans.append((pos, _weight_slot(op), label))
+            where = op.module if regathers else op.name if own else parent
             for a in acts:
-                gathers[(op.name if own else parent, a.name)] = _out_bytes(prob, a.name)
-            if not own:
+                gathers[(where, a.name)] = _out_bytes(prob, a.name)
+            if regathers or not own:
                 regathered.add(op.name)
         elif s.plan:
             return None
