@@ -188,8 +188,9 @@ SEQUENCE_STYLES = tuple(
         TPStyle.SEQUENCE_TOKENS,
     )
 )
-# What a sequence-parallel style shards its weight as (None: it shards no weight): the plan
-# an eager probe of the block's code on local shards checks (``without_sequence``).
+# The weight split of each sequence-parallel style that splits a weight (the others split
+# none): the plan an eager probe of the block's code on local shards checks
+# (``without_sequence``).
 SEQUENCE_WEIGHT_STYLE = {
     TPStyle.COLWISE_SP.value: TPStyle.COLWISE.value,
     TPStyle.COLWISE_SP_TOKENS.value: TPStyle.COLWISE.value,

@@ -175,11 +175,11 @@ def tp_style(
             use_local_output=True,
         )
     if style in ("sequence", "sequence_tokens"):
-        return SequenceParallel(sequence_dim=_token_dim(style))
+        return SequenceParallel(sequence_dim=_sharded_dim(style))
     if style in ("colwise_sp", "colwise_sp_tokens"):
-        return ColwiseParallel(input_layouts=Shard(_token_dim(style)))
+        return ColwiseParallel(input_layouts=Shard(_sharded_dim(style)))
     if style in ("rowwise_sp", "rowwise_sp_tokens"):
-        return _Rowwise(output_layouts=Shard(_token_dim(style)))
+        return _Rowwise(output_layouts=Shard(_sharded_dim(style)))
     if weight_in_out(style):
         return _in_out_style(base_style(style), traced_parent, split_factor(style))
     if not isinstance(module, (nn.Linear, nn.Embedding)):
@@ -242,7 +242,7 @@ def _sharing_inputs(style: ParallelStyle) -> ParallelStyle:
     return style
 
 
-def _token_dim(style: str) -> int:
+def _sharded_dim(style: str) -> int:
     """The dim a sequence-parallel style shards: the sequence (1), or for a "_tokens" style
     the flattened (batch x sequence) tokens (0)."""
     return 0 if style.endswith("_tokens") else 1
