@@ -142,7 +142,8 @@ def variants_for(
     (the last stage's head reads its own copy of the embedding), so tied weights stay
     replicated there; with the probe (meshplan's runtime), a block handed several tensors
     runs there as traced code of fixed shapes, so it is not sequence-parallel
-    (``trace.blocks.reads_one_tensor``).
+    (``trace.blocks.reads_one_tensor``), nor is one its model calls with more than one
+    tensor, positionally or by keyword (``EagerShardProbe.called_with_one_tensor``).
 
     Long because the ILP, the per-run binding memo and the probe's verdicts are closures over
     one run's graph, cluster and probe; split, each would take all three as arguments."""
@@ -181,7 +182,10 @@ def variants_for(
         found = solve(block, tp, pipelined)
         if probe is not None:
             found = _runnable(block, tp, found)
-            if pipelined and not reads_one_tensor(graph, block):
+            if pipelined and not (
+                reads_one_tensor(graph, block)
+                and all(probe.called_with_one_tensor(m) is not False for m in block.modules)
+            ):
                 found = [
                     v for v in found if not any(s in SEQUENCE_STYLES for s in v.tp_plan.values())
                 ]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.api import trace, variants_for
+from planner.api import plan, trace, variants_for
 from planner.cost.eager_probe import EagerShardProbe
 from planner.hardware.cluster import Cluster
 from planner.hardware.profiles import load_profile
@@ -25,6 +25,7 @@ from planner.training import Training
 
 ROOT = Path(__file__).resolve().parent.parent
 GPT = ROOT / "benchmarks" / "published_gpt.py"
+OPT_TINY = ROOT / "tests" / "models" / "opt.py"
 SEQ, TP, VOCAB = 2048, 8, 512
 # hidden, heads, ffn: Narayanan et al. 2021 Table 1 (also Korthikanti et al. 2022 Table 3)
 SHAPES = {
@@ -138,3 +139,24 @@ def test_an_opt_layer_runs_sequence_parallel_as_megatron_at_tp8(shape, tmp_path)
     # masks, residual adds; 2 sbh less without dropout here) and the kept inputs of the
     # column-parallel products (4 sbh) go to 1/t
     assert opt.act_bytes < opt_tp.act_bytes * 0.75
+
+
+def test_a_pipelined_opt_layer_is_not_offered_sequence_parallelism():
+    """OPT's decoder calls each layer with the stream and, by keyword, the mask and the
+    positions, so a pipeline stage runs the layer as traced code of fixed shapes, which the
+    runtime refuses to run sequence-parallel ('a pipeline stage runs its block as traced
+    code', seen at pp 2 x tp 2); its ops read the stream alone (``reads_one_tensor``), so the
+    call is what tells. Unpipelined it runs sequence-parallel (oracle case opt-sp-tp2)."""
+    from planner.trace.blocks import reads_one_tensor
+
+    mf = load_model_file(OPT_TINY, {"size": "tiny"})
+    traced = trace(mf, traced_batch_size=2, dtype="fp32")
+    layer = traced.blocks[1]
+    assert reads_one_tensor(traced.graph, layer)
+    assert EagerShardProbe(mf, "fp32").called_with_one_tensor(layer.modules[0]) is False
+    for pp, sequence in ((2, False), (1, True)):
+        pins = Pins(pp=pp, tp=2, dp=1, tp_variant="sequence")
+        got = plan(mf, 2 * pp, profile="cpu", pins=pins, compare_baselines=False).plan
+        styles = {s for b in got.blocks for s in b.tp_plan.values()}
+        assert ("sp_block" in styles) == sequence, pp
+        assert ("colwise_sp_tokens" in styles) == sequence, pp
