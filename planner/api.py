@@ -142,12 +142,13 @@ def variants_for(
     (the last stage's head reads its own copy of the embedding), so tied weights stay
     replicated there; with the probe (meshplan's runtime), a block handed several tensors
     runs there as traced code of fixed shapes, so it is not sequence-parallel
-    (``trace.blocks.reads_one_tensor``).
+    (``trace.blocks.reads_one_tensor``), nor is one its model calls with more than one
+    tensor, positionally or by keyword (``EagerShardProbe.called_with_one_tensor``).
 
     Long because the ILP, the per-run binding memo and the probe's verdicts are closures over
     one run's graph, cluster and probe; split, each would take all three as arguments."""
     from planner.cost.sharding import tp_variants
-    from planner.vocab import SEQUENCE_STYLES, on_dtensors
+    from planner.vocab import SEQUENCE_STYLES, on_dtensors, without_sequence
 
     p = cluster.profile
     bw, _ = cluster.link(list(range(min(cluster.gpus_per_node, cluster.gpus))))
@@ -181,7 +182,10 @@ def variants_for(
         found = solve(block, tp, pipelined)
         if probe is not None:
             found = _runnable(block, tp, found)
-            if pipelined and not reads_one_tensor(graph, block):
+            if pipelined and not (
+                reads_one_tensor(graph, block)
+                and all(probe.called_with_one_tensor(m) is not False for m in block.modules)
+            ):
                 found = [
                     v for v in found if not any(s in SEQUENCE_STYLES for s in v.tp_plan.values())
                 ]
@@ -209,7 +213,9 @@ def variants_for(
                 kept.append(v)
                 continue
             rejected, unsafe, fixed, local = False, False, True, []
-            for i, (module, plan) in enumerate(_probed_parts(block.modules, v.tp_plan)):
+            # a sequence-parallel variant's attention reads the same shards as its TP twin's
+            probed = without_sequence(v.tp_plan)
+            for i, (module, plan) in enumerate(_probed_parts(block.modules, probed)):
                 cls = block.cls if len(block.modules) == 1 else f"{block.cls}:{i}"
                 if probe.reject(cls, module, plan, tp):
                     rejected = True

@@ -49,7 +49,7 @@ COMPOSITE_KERNELS = {
 # reduce-scattered to the sequence shard: sequence parallelism) the policy keeps only what the
 # reduce-scatter returns, 1/t of the product's partial-sum output (the whole sequence), and
 # re-runs the product: at TP t the partial sums would outweigh every other kept tensor.
-RESHARDED_STYLES = frozenset({TPStyle.ROWWISE_SP})
+RESHARDED_STYLES = frozenset({TPStyle.ROWWISE_SP, TPStyle.ROWWISE_SP_TOKENS})
 # the functional collective DTensor's redistribution from partial sums to the sequence shard
 # runs, as a dispatch-level policy sees it on the local tensors
 RESHARD_OP_NAMES = frozenset({"_c10d_functional.reduce_scatter_tensor.default"})

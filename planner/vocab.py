@@ -72,6 +72,11 @@ class TPStyle(Word):
     SEQUENCE = "sequence"  # a norm under SequenceParallel
     SP_GATHER = "sp_gather"  # all-gathers the sequence for the column-parallel weights inside
     SP_BLOCK = "sp_block"  # the block entered and left replicated
+    # the same three on a token-flattened region ((batch x sequence, ...): OPT's MLP after its
+    # ``reshape(-1, hidden)``), sharded along dim 0 in each rank's own token order
+    COLWISE_SP_TOKENS = "colwise_sp_tokens"
+    ROWWISE_SP_TOKENS = "rowwise_sp_tokens"
+    SEQUENCE_TOKENS = "sequence_tokens"
     # the same for a weight stored [in, out] and applied as x @ W + b (transformers' Conv1D),
     # through meshplan's own styles (runtime.parallelize): its dim 1 split, or its dim 0
     COLWISE_IN_OUT = "colwise_in_out"
@@ -178,8 +183,35 @@ SEQUENCE_STYLES = tuple(
         TPStyle.SEQUENCE,
         TPStyle.SP_GATHER,
         TPStyle.SP_BLOCK,
+        TPStyle.COLWISE_SP_TOKENS,
+        TPStyle.ROWWISE_SP_TOKENS,
+        TPStyle.SEQUENCE_TOKENS,
     )
 )
+# The weight split of each sequence-parallel style that splits a weight (the others split
+# none): the plan an eager probe of the block's code on local shards checks
+# (``without_sequence``).
+SEQUENCE_WEIGHT_STYLE = {
+    TPStyle.COLWISE_SP.value: TPStyle.COLWISE.value,
+    TPStyle.COLWISE_SP_TOKENS.value: TPStyle.COLWISE.value,
+    TPStyle.ROWWISE_SP.value: TPStyle.ROWWISE.value,
+    TPStyle.ROWWISE_SP_TOKENS.value: TPStyle.ROWWISE.value,
+}
+
+
+def without_sequence(tp_plan: dict[str, str]) -> dict[str, str]:
+    """``tp_plan`` as its weights are split, sequence parallelism left out: what the block's
+    code reads on each rank inside the gathered region (the heads of its attention) is the
+    same with or without it, so an eager probe of this plan judges both."""
+    out = {}
+    for fqn, style in tp_plan.items():
+        if style not in SEQUENCE_STYLES:
+            out[fqn] = style
+        elif style in SEQUENCE_WEIGHT_STYLE:
+            out[fqn] = SEQUENCE_WEIGHT_STYLE[style]
+    return out
+
+
 DTYPES = tuple(d.value for d in DType)
 HALF_DTYPES = (DType.BF16.value, DType.FP16.value)
 OPTIMIZERS = tuple(o.value for o in Optimizer)

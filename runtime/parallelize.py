@@ -153,9 +153,12 @@ def tp_style(
     block's input and gathers its output, so the code around the block sees full tensors;
     "sequence" runs a norm on the local slice (its DTensor output keeps global shapes for the
     code that reads them); "colwise_sp" gathers its own input, "rowwise_sp" reduce-scatters its
-    output to the sequence shard. ``stream``: (takes, leaves) of an "sp_block" inside
-    Megatron's sequence-sharded stream (``BlockPlan.takes_sequence_shard``): it is entered
-    with the shard the block before left, and/or leaves its output as the shard."""
+    output to the sequence shard. Their "_tokens" forms do the same along dim 0 of a region
+    whose (batch, sequence) the code flattened into one dim (OPT's MLP): each rank's shard is
+    its own tokens flattened, and the gather and the reduce-scatter keep that order.
+    ``stream``: (takes, leaves) of an "sp_block" inside Megatron's sequence-sharded stream
+    (``BlockPlan.takes_sequence_shard``): it is entered with the shard the block before left,
+    and/or leaves its output as the shard."""
     if traced_parent and style in SEQUENCE_STYLES:
         raise UserInputError(
             f"plan runs {fqn} sequence-parallel, but a pipeline stage runs its block as traced "
@@ -171,12 +174,12 @@ def tp_style(
             desired_output_layouts=(Shard(1) if leaves else Replicate(),),
             use_local_output=True,
         )
-    if style == "sequence":
-        return SequenceParallel()
-    if style == "colwise_sp":
-        return ColwiseParallel(input_layouts=Shard(1))
-    if style == "rowwise_sp":
-        return _Rowwise(output_layouts=Shard(1))
+    if style in ("sequence", "sequence_tokens"):
+        return SequenceParallel(sequence_dim=_sharded_dim(style))
+    if style in ("colwise_sp", "colwise_sp_tokens"):
+        return ColwiseParallel(input_layouts=Shard(_sharded_dim(style)))
+    if style in ("rowwise_sp", "rowwise_sp_tokens"):
+        return _Rowwise(output_layouts=Shard(_sharded_dim(style)))
     if weight_in_out(style):
         return _in_out_style(base_style(style), traced_parent, split_factor(style))
     if not isinstance(module, (nn.Linear, nn.Embedding)):
@@ -237,6 +240,12 @@ def _sharing_inputs(style: ParallelStyle) -> ParallelStyle:
     if isinstance(style, ColwiseParallel):
         style._prepare_input_fn = _shared_input  # _apply reads it from the instance
     return style
+
+
+def _sharded_dim(style: str) -> int:
+    """The dim a sequence-parallel style shards: the sequence (1), or for a "_tokens" style
+    the flattened (batch x sequence) tokens (0)."""
+    return 0 if style.endswith("_tokens") else 1
 
 
 class _Rowwise(RowwiseParallel):
@@ -557,6 +566,9 @@ def apply_tensor_parallel(
                 # tensor there (its recompute gathers again anyway)
                 gather_sequence(module, regather_in_backward=block.recompute == Recompute.NONE)
                 continue
+            if style == "colwise_sp_tokens":  # gathers its norm's sharded output in its own
+                # hook (before its style's), keeping the shard for backward as "sp_gather" does
+                gather_sequence(module, regather_in_backward=block.recompute == Recompute.NONE)
             stream = (bool(block.takes_sequence_shard), bool(block.leaves_sequence_shard))
             styles[reached.get(id(module), fqn)] = _sharing_inputs(
                 tp_style(module, style, fqn, traced, stream)

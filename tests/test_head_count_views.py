@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.api import trace, variants_for
+from planner.api import plan, trace, variants_for
 from planner.cost.eager_probe import EagerShardProbe
 from planner.hardware.cluster import Cluster
 from planner.hardware.profiles import load_profile
@@ -25,6 +25,7 @@ from planner.training import Training
 
 ROOT = Path(__file__).resolve().parent.parent
 GPT = ROOT / "benchmarks" / "published_gpt.py"
+OPT_TINY = ROOT / "tests" / "models" / "opt.py"
 SEQ, TP, VOCAB = 2048, 8, 512
 # hidden, heads, ffn: Narayanan et al. 2021 Table 1 (also Korthikanti et al. 2022 Table 3)
 SHAPES = {
@@ -50,15 +51,16 @@ def opt_config(folder: Path, hidden: int, heads: int, ffn: int) -> Path:
     return folder
 
 
-def layer_option(mf):
-    """The fastest TP 8 option of the model's first transformer layer (no recompute, no
-    sequence parallelism), priced by the cost model on A100-80GB with the eager probe."""
+def layer_option(mf, variant: str = "no-sequence"):
+    """The fastest TP 8 option of the model's first transformer layer (no recompute; no
+    sequence parallelism, or with ``variant`` "sequence" only its sequence-parallel one),
+    priced by the cost model on A100-80GB with the eager probe."""
     traced = trace(mf, traced_batch_size=1, dtype="bf16", use_cache=False)
     (layer,) = [b for b in traced.blocks if any(m.endswith("layers.0") for m in b.modules)]
     cluster = Cluster(load_profile("a100-80g"), 1, 8)
     probe = EagerShardProbe(mf, "bf16")
-    variants_of = variants_for(traced.graph, cluster, "no-sequence", {}, probe)
-    pins = Pins(tp=TP, recompute="none", offload="none", tp_variant="no-sequence")
+    variants_of = variants_for(traced.graph, cluster, variant, {}, probe)
+    pins = Pins(tp=TP, recompute="none", offload="none", tp_variant=variant)
     training = Training(8, "bf16", "adamw")
     (options,) = price_options(traced.graph, [layer], TP, 1, cluster, training, pins, variants_of)
     return min((o for o in options if o.variant != "replicated"), key=lambda o: o.time_s)
@@ -88,5 +90,73 @@ def test_an_opt_layer_costs_what_a_megatron_gpt_layer_costs_at_tp8(shape, tmp_pa
         "self_attn.num_heads"
     ]
     assert opt.time_s == pytest.approx(gpt.time_s, rel=0.10)
-    assert opt.act_bytes == pytest.approx(gpt.act_bytes, rel=0.10)
+    # the GPT's saved activations less what its GeLU keeps that OPT's ReLU does not (its
+    # input, the ffn-wide product output, 1/t of it; ReLU's backward reads its output, which
+    # fc2 keeps anyway)
+    assert opt.act_bytes == pytest.approx(gpt.act_bytes - SEQ * ffn * 2 / TP, rel=1e-3)
     assert opt.params == pytest.approx(gpt.params, rel=0.10)
+
+
+@pytest.mark.parametrize(
+    "shape", ["22b", *(pytest.param(s, marks=pytest.mark.long) for s in SHAPES if s != "22b")]
+)
+def test_an_opt_layer_runs_sequence_parallel_as_megatron_at_tp8(shape, tmp_path):
+    """OPT's MLP runs on its tokens flattened (``reshape(-1, hidden)``); sequence parallelism
+    shards that region along the flattened dim (the "_tokens" styles) and is priced as
+    Megatron's: the collectives of the GPT's sequence-parallel layer (two all-reduces become
+    reduce-scatter + all-gather pairs, the layer output gathered on the way out; in backward
+    the inputs of the attention and the MLP gathered again), the same time and
+    weights within 10%, and the saved activations of the GPT's less its GeLU's input."""
+    hidden, heads, ffn = SHAPES[shape]
+    mf = load_model_file(opt_config(tmp_path / "opt", hidden, heads, ffn))
+    opt, opt_tp = layer_option(mf, "sequence"), layer_option(mf)
+    gpt_args = dict(
+        layers=2, hidden=hidden, heads=heads, ffn=ffn, seq_len=SEQ, vocab=VOCAB,
+        attention="flash", tied=False,
+    )  # fmt: skip
+    gpt = layer_option(load_model_file(GPT, gpt_args), "sequence")
+    styles = {fqn.rpartition(".")[2]: s for fqn, s in opt.tp_plan}
+    assert styles == {
+        "0": "sp_block", "self_attn_layer_norm": "sequence", "self_attn": "sp_gather",
+        "q_proj": "colwise", "k_proj": "colwise", "v_proj": "colwise", "out_proj": "rowwise_sp",
+        "final_layer_norm": "sequence_tokens", "fc1": "colwise_sp_tokens",
+        "fc2": "rowwise_sp_tokens",
+    }  # fmt: skip
+    assert [a.rpartition("layers.0.")[2] for a in opt.tp_local_attributes] == [
+        "self_attn.num_heads"
+    ]
+    # the GPT's collectives, checked one by one in test_sharding.py's sequence-parallel test
+    # (fc1, a Linear of the layer's own, gathers its input in a hook of its own and again in
+    # backward, as the GPT's MLP module does for its fc1)
+    assert opt.tp_comm_s == pytest.approx(gpt.tp_comm_s, rel=1e-9)
+    assert opt.time_s == pytest.approx(gpt.time_s, rel=0.10)
+    assert opt.params == pytest.approx(gpt.params, rel=0.10)
+    # the GPT's saved activations less what its GeLU keeps that OPT's ReLU does not (its
+    # input, the ffn-wide product output, 1/t of it; ReLU's backward reads its output, which
+    # fc2 keeps anyway)
+    assert opt.act_bytes == pytest.approx(gpt.act_bytes - SEQ * ffn * 2 / TP, rel=1e-3)
+    # Korthikanti's TP to TP+SP step: the replicated region's 10 sbh (norm inputs, dropout
+    # masks, residual adds; 2 sbh less without dropout here) and the kept inputs of the
+    # column-parallel products (4 sbh) go to 1/t
+    assert opt.act_bytes < opt_tp.act_bytes * 0.75
+
+
+def test_a_pipelined_opt_layer_is_not_offered_sequence_parallelism():
+    """OPT's decoder calls each layer with the stream and, by keyword, the mask and the
+    positions, so a pipeline stage runs the layer as traced code of fixed shapes, which the
+    runtime refuses to run sequence-parallel ('a pipeline stage runs its block as traced
+    code', seen at pp 2 x tp 2); its ops read the stream alone (``reads_one_tensor``), so the
+    call is what tells. Unpipelined it runs sequence-parallel (oracle case opt-sp-tp2)."""
+    from planner.trace.blocks import reads_one_tensor
+
+    mf = load_model_file(OPT_TINY, {"size": "tiny"})
+    traced = trace(mf, traced_batch_size=2, dtype="fp32")
+    layer = traced.blocks[1]
+    assert reads_one_tensor(traced.graph, layer)
+    assert EagerShardProbe(mf, "fp32").called_with_one_tensor(layer.modules[0]) is False
+    for pp, sequence in ((2, False), (1, True)):
+        pins = Pins(pp=pp, tp=2, dp=1, tp_variant="sequence")
+        got = plan(mf, 2 * pp, profile="cpu", pins=pins, compare_baselines=False).plan
+        styles = {s for b in got.blocks for s in b.tp_plan.values()}
+        assert ("sp_block" in styles) == sequence, pp
+        assert ("colwise_sp_tokens" in styles) == sequence, pp

@@ -435,6 +435,16 @@ EXTRA: list[tuple] = [
         4,
         dict(tp=2, dp=1, pp=2, zero=0, schedule="1f1b", micro_batch_size=2, tp_variant="sequence"),
     ),
+    # (appended last: see above) sequence parallelism on a layer that flattens its tokens:
+    # OPT's MLP runs on ``reshape(-1, hidden)``, so its norm, gather and reduce-scatter act
+    # on dim 0, each rank's (batch, sequence / t) tokens flattened ("_tokens" styles); its
+    # attention split by heads with each rank's head count, its stream sequence-sharded
+    (
+        "sp-tp2",
+        "opt",
+        2,
+        dict(tp=2, dp=1, pp=1, zero=0, micro_batch_size=4, tp_variant="sequence"),
+    ),
 ]
 
 
@@ -501,6 +511,7 @@ CORE_EXTRA = (
     "llama-selective-tp2",
     "llama-selective-sp-tp2",
     "gpt-sp-stream-pp2xtp2",
+    "opt-sp-tp2",
 )
 
 
@@ -611,7 +622,7 @@ def test_plan_trains_like_one_process(runs, case):
     assert plan["mesh"] == want
     assert pins["recompute"] in {b["recompute"] for b in plan["blocks"]}
     assert (plan["optimizer"], plan["lr"]) == (case.optimizer, case.lr)
-    if pins.get("tp_variant") == "sequence" and case.model in ("gpt", "llama"):
+    if pins.get("tp_variant") == "sequence" and case.model in ("gpt", "llama", "opt"):
         assert any("sp_block" in b["tp_plan"].values() for b in plan["blocks"])
         # the layers keep the stream sequence-sharded between them (Megatron's layout), also
         # where a pipeline cut falls between them
@@ -638,6 +649,9 @@ def test_plan_trains_like_one_process(runs, case):
         for b in plan["blocks"][1:-1]:
             assert b["tp_local_attributes"] == [f"{b['name']}.self_attn.num_heads"], b
             assert b["tp_plan"][f"{b['name']}.self_attn.q_proj"] == "colwise", b
+            if pins.get("tp_variant") == "sequence":  # the MLP on the flattened tokens
+                assert b["tp_plan"][f"{b['name']}.fc1"] == "colwise_sp_tokens", b
+                assert b["tp_plan"][f"{b['name']}.final_layer_norm"] == "sequence_tokens", b
     if "-headcount-view-" in cid:  # q by num_heads, k and v by num_key_value_heads
         for b in plan["blocks"][1:-1]:
             attn = f"{b['name']}.self_attn"

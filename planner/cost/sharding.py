@@ -1808,21 +1808,24 @@ def _sequence_parallel(
             todo.append(v)
     if not region or any(u not in region for u in prob.outputs):
         return None
-    lead = prob.ops[prob.index[prob.outputs[0]]].shape[:2]  # (batch, sequence) of the stream
+    lead = tuple(prob.ops[prob.index[prob.outputs[0]]].shape[:2])  # (batch, sequence)
     norms: list[tuple[int, int, str]] = []
+    normed: set[str] = set()  # region ops inside norms: their outputs are sharded DTensors
     for pos, op in enumerate(prob.ops):
         if op.name not in region:
             continue
         in_norm = "norm" in op.module.rsplit(".", 1)[-1].lower() or _base(op.op) in NORMS
-        if not (in_norm or _base(op.op) in SEQUENCE_LOCAL):
-            return None
-        if len(op.shape) < 3 or op.shape[:2] != lead or op.shape[1] % t:
-            return None  # not a (batch, sequence, ...) activation
+        if in_norm:
+            normed.add(op.name)
+        local = in_norm or _base(op.op) in SEQUENCE_LOCAL or _regroups_tokens(op, lead, t)
+        dim = _token_dim(op.shape, lead, t)
+        if not local or dim is None:
+            return None  # not token by token, or not a (batch, sequence, ...) activation
         for w, o in enumerate(op.operands):
             if o.kind == "param":
                 if not in_norm:
                     return None  # a weight outside a norm would need a style of its own
-                norms.append((pos, w, "sequence"))
+                norms.append((pos, w, TOKEN_STYLES["sequence"] if dim == 0 else "sequence"))
     partial_in = sorted(
         {
             o.name
@@ -1841,17 +1844,30 @@ def _sequence_parallel(
         if weight_in_out(s.plan):
             return None  # torch's sequence-parallel styles take Linear weights only
         if s.plan == "rowwise":
-            plans.append((pos, _weight_slot(op), "rowwise_sp"))
+            dim = _token_dim(op.shape, lead, t)  # its output, reduce-scattered along dim
+            if dim is None:
+                return None
+            plans.append((pos, _weight_slot(op), _sp_style("rowwise_sp", dim)))
         elif s.plan == "colwise":
-            acts = [o.name for o in op.operands if o.kind == "node"]
-            if not acts or not all(a in region or a in seeds for a in acts):
+            acts = [o for o in op.operands if o.kind == "node"]
+            if not acts or not all(a.name in region or a.name in seeds for a in acts):
+                return None
+            dims = {_token_dim(a.shape, lead, t) for a in acts}
+            if len(dims) != 1 or None in dims:
                 return None
             parent = op.module.rpartition(".")[0]
             own = parent in ("", prob.block_module)  # no module between: the Linear gathers
-            plans.append((pos, _weight_slot(op), "colwise_sp" if own else "colwise"))
+            dim = dims.pop()
+            # on the flattened tokens, a Linear of the block's own fed by a norm's sharded
+            # output gathers it in a hook of its own that keeps the shard for backward, as a
+            # module's gather does (runtime.parallelize: "colwise_sp_tokens")
+            regathers = own and dim == 0 and all(a.name in normed for a in acts)
+            label = _sp_style("colwise_sp", dim) if own else "colwise"
+            plans.append((pos, _weight_slot(op), label))
+            where = op.module if regathers else op.name if own else parent
             for a in acts:
-                gathers[(op.name if own else parent, a)] = _out_bytes(prob, a)
-            if not own:
+                gathers[(where, a.name)] = _out_bytes(prob, a.name)
+            if regathers or not own:
                 regathered.add(op.name)
         elif s.plan:
             return None
@@ -1907,6 +1923,50 @@ def _sequence_parallel(
         exit_gather=exit_gather,
         entry_gather=entry_gather,
     )
+
+
+# Megatron's sequence-parallel styles on a region whose tokens are flattened into dim 0
+TOKEN_STYLES = {
+    "sequence": "sequence_tokens",
+    "colwise_sp": "colwise_sp_tokens",
+    "rowwise_sp": "rowwise_sp_tokens",
+}
+
+
+def _sp_style(style: str, dim: int) -> str:
+    """``style`` for a region sharded along ``dim``: 1, the sequence; 0, flattened tokens."""
+    return TOKEN_STYLES[style] if dim == 0 else style
+
+
+def _token_dim(shape: Sequence[int], lead: tuple[int, ...], t: int) -> int | None:
+    """Where ``shape`` holds the stream's tokens, whose sequence (``lead``: batch, sequence)
+    sequence parallelism splits t ways: 1 for a (batch, sequence, ...) activation; 0 for one
+    whose batch and sequence are flattened into its first dim, (batch x sequence, ...) (OPT's
+    MLP runs on ``reshape(-1, hidden)``): each rank's (batch, sequence / t) tokens flattened
+    are its shard of that dim, in its own order, which the gather before a column-parallel
+    product and the reduce-scatter after the row-parallel one keep (the products act on each
+    token alone); None for anything else, or a sequence t does not divide."""
+    if len(lead) != 2 or lead[1] % t or lead[1] < 2:
+        return None
+    if len(shape) >= 3 and tuple(shape[:2]) == lead:
+        return 1
+    if len(shape) >= 2 and shape[0] == lead[0] * lead[1]:
+        return 0
+    return None
+
+
+def _regroups_tokens(op: Op, lead: tuple[int, ...], t: int) -> bool:
+    """Whether ``op`` is a reshape that only flattens or unflattens the stream's token dims
+    ((batch, sequence, ...) <-> (batch x sequence, ...), the rest kept): token-local, so it
+    runs on each rank's shard as on the whole."""
+    if _base(op.op) not in RESHAPES:
+        return False
+    src = [o for o in op.operands if o.kind == "node"]
+    if len(src) != 1:
+        return False
+    a, b = tuple(src[0].shape), tuple(op.shape)
+    da, db = _token_dim(a, lead, t), _token_dim(b, lead, t)
+    return da is not None and db is not None and a[da + 1 :] == b[db + 1 :]
 
 
 def _out_bytes(prob: BlockProblem, name: str) -> int:

@@ -1,6 +1,7 @@
 """Run under torchrun with PLAN=<a sequence-parallel plan>: one forward and backward, printing how
 many DTensor redistributions backward made with the runtime's re-gather on and with it off
-(each sp_gather module gathers its input again in backward instead of keeping it)."""
+(each gathering module, an sp_gather one or a Linear on flattened tokens, gathers its input
+again in backward instead of keeping it)."""
 
 from __future__ import annotations
 
@@ -47,9 +48,13 @@ def main() -> None:
     dist.init_process_group("gloo")
     plan = load_plan(os.environ["PLAN"])
     on, off = backward_redistributions(plan, True), backward_redistributions(plan, False)
-    modules = sum(list(b.tp_plan.values()).count("sp_gather") for b in plan.blocks)
+    # the modules that gather their input: "sp_gather"'s, and a Linear on flattened tokens
+    modules = sum(
+        sum(s in ("sp_gather", "colwise_sp_tokens") for s in b.tp_plan.values())
+        for b in plan.blocks
+    )
     if dist.get_rank() == 0:
-        print(json.dumps({"regather": on, "keep": off, "sp_gather_modules": modules}), flush=True)
+        print(json.dumps({"regather": on, "keep": off, "gathering_modules": modules}), flush=True)
     dist.barrier()
     # Leave without C++ teardown: gloo's threads can abort a process on its way out after DTensor
     # work (seen once here: "terminate called without an active exception"), which would fail
