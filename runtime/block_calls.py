@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.export.graph_signature import ConstantArgument, TensorArgument
-from torch.utils._pytree import TreeSpec, tree_leaves, tree_unflatten
+from torch.utils._pytree import TreeSpec, tree_unflatten
 
 
 @dataclass(frozen=True)
@@ -43,52 +43,48 @@ class Passed:
 
 @dataclass(frozen=True)
 class BlockCall:
-    """How the model called a block: the structure of ``(args, kwargs)`` and its leaves."""
+    """How the model called a block: the structure of ``(args, kwargs)`` and its leaves, and
+    the graph values (by name) of the leaves of what it returned, None for a non-tensor."""
 
     in_spec: TreeSpec
     leaves: tuple[Passed, ...]
+    returned: tuple[str | None, ...]
 
 
 @dataclass(frozen=True)
 class ModuleCalls:
-    """What one forward passes each module: how often it is called, whether every call
-    passes exactly one tensor positionally, and whether every call returns exactly one
-    tensor (alone or in a tuple, the others not tensors)."""
+    """What one forward passes each module: how often it is called, and whether every call
+    passes exactly one tensor, positionally.
+
+    A traced module taking one tensor may stand for an eager one whose one argument is not a
+    tensor: DPT's depth head takes the list of fused features and reads the last; the trace
+    kept only that one as its input, and the eager head, handed it, indexed the batch
+    instead (a crash there; silently wrong rows elsewhere). Such a module is swapped back by
+    its call signature instead."""
 
     count: int
-    one_tensor_in: bool
-    one_tensor_out: bool
+    one_tensor: bool
 
 
 def module_calls(model: nn.Module, example: tuple) -> dict[str, ModuleCalls] | None:
     """Per module path, its ``ModuleCalls`` over one forward of the example micro-batch on
     the meta device (the model's tensors swapped for meta ones for the call). None where that
-    forward fails."""
+    forward fails (HF Llama's mask code reads a tensor's value)."""
     seen: dict[str, ModuleCalls] = {}
 
-    def before(name: str):
+    def hook(name: str):
         def record(_module: nn.Module, args: tuple, kwargs: dict) -> None:
             one = len(args) == 1 and isinstance(args[0], torch.Tensor) and not kwargs
-            was = seen.get(name, ModuleCalls(0, True, True))
-            seen[name] = ModuleCalls(was.count + 1, was.one_tensor_in and one, was.one_tensor_out)
+            was = seen.get(name, ModuleCalls(0, True))
+            seen[name] = ModuleCalls(was.count + 1, was.one_tensor and one)
 
         return record
 
-    def after(name: str):
-        def record(_module: nn.Module, _args: tuple, out: Any) -> None:
-            tensors = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
-            was = seen[name]
-            seen[name] = ModuleCalls(
-                was.count, was.one_tensor_in, was.one_tensor_out and len(tensors) == 1
-            )
-
-        return record
-
-    handles = []
-    for n, m in model.named_modules():
-        if n:
-            handles.append(m.register_forward_pre_hook(before(n), with_kwargs=True))
-            handles.append(m.register_forward_hook(after(n)))
+    handles = [
+        m.register_forward_pre_hook(hook(n), with_kwargs=True)
+        for n, m in model.named_modules()
+        if n
+    ]
     tensors = {**dict(model.named_parameters(remove_duplicate=False)),
                **dict(model.named_buffers(remove_duplicate=False))}  # fmt: skip
     meta = {n: torch.empty_like(t, device="meta") for n, t in tensors.items()}
@@ -105,22 +101,17 @@ def module_calls(model: nn.Module, example: tuple) -> dict[str, ModuleCalls] | N
 
 
 def signature_modules(paths: list[str], calls: dict[str, ModuleCalls] | None) -> tuple[str, ...]:
-    """Of the block module ``paths``, those whose call signature the stage's export keeps: each
-    called once, handed more than one tensor alone, returning one tensor (a module called with
-    one tensor is swapped back by it, ``runtime.stages``; one called twice would need a
-    signature per call). Where the meta forward could not tell (``calls`` None: HF Llama's
-    mask code reads a tensor's value), every one of them; ``block_calls`` keeps those
-    returning one tensor, and where the export cannot keep a signature, the stage is traced
-    again without."""
+    """Of the block module ``paths``, those whose call signature the stage's export keeps:
+    each called once and not with one tensor alone (such a module is swapped back by that
+    tensor, ``runtime.stages``; one called twice would need a signature per call). Where the
+    meta forward could not tell (``calls`` None), every one of them; where the export cannot
+    keep them, the stage is traced again without."""
     if calls is None:
         return tuple(dict.fromkeys(paths))
     return tuple(
         p
         for p in dict.fromkeys(paths)
-        if p in calls
-        and calls[p].count == 1
-        and not calls[p].one_tensor_in
-        and calls[p].one_tensor_out
+        if p in calls and calls[p].count == 1 and not calls[p].one_tensor
     )
 
 
@@ -128,15 +119,13 @@ def block_calls(
     program: torch.export.ExportedProgram, paths: tuple[str, ...]
 ) -> dict[str, BlockCall]:
     """The kept call signatures of ``paths`` in an exported ``program``, by module path; a call
-    passing anything but tensors and plain constants (a symbolic size, an opaque object), or
-    returning other than one tensor, is left out, and that module stays traced."""
+    passing anything but tensors and plain constants (a symbolic size, an opaque object) is
+    left out, and that module stays traced."""
     values = {n.name: n.meta.get("val") for n in program.graph.nodes}
     found: dict[str, BlockCall] = {}
     for entry in program.module_call_graph:
         sig = entry.signature
         if entry.fqn not in paths or sig is None:
-            continue
-        if sum(isinstance(a, TensorArgument) for a in sig.outputs) != 1:
             continue
         leaves = []
         for arg in sig.inputs:
@@ -148,7 +137,8 @@ def block_calls(
             else:
                 break
         else:
-            found[entry.fqn] = BlockCall(sig.in_spec, tuple(leaves))
+            returned = tuple(a.name if isinstance(a, TensorArgument) else None for a in sig.outputs)
+            found[entry.fqn] = BlockCall(sig.in_spec, tuple(leaves), returned)
     return found
 
 
@@ -191,30 +181,38 @@ def _call_sites(stage: nn.Module, fqn: str) -> tuple[nn.Module, list[torch.fx.No
     return None
 
 
-def call_eagerly(stage: nn.Module, fqn: str, call: BlockCall) -> bool:
+def call_eagerly(stage: nn.Module, fqn: str, call: BlockCall) -> int | None:
     """Make the traced code that calls module ``fqn`` in ``stage`` pass what the model passed
-    it (``call``), so the eager module can run there; False, with nothing changed, where the
-    call cannot be rebuilt: the traced module returns more than one value, is called more than
-    once, or reads a value the model did not pass it (a tensor the eager module would find
-    some other way, which this rank may not have computed)."""
+    it (``call``), so the eager module can run there, and return the position, among the
+    leaves of what the module returns, of the one value that code reads (gpt-oss's MLP returns
+    its output and the router's scores, and the trace kept the output alone). None, with
+    nothing changed, where the call cannot be rebuilt: the traced code reads several of the
+    module's outputs, calls it more than once, or the module reads a value the model did not
+    pass it (a tensor the eager module would find some other way, which this rank may not
+    have computed)."""
     traced = stage.get_submodule(fqn)
     graph = getattr(traced, "graph", None)
     found = _call_sites(stage, fqn)
     if not isinstance(graph, torch.fx.Graph) or found is None:
-        return False
+        return None
     owner, sites = found
     out = next(n for n in graph.nodes if n.op == "output").args[0]
     places = [_value_name(n) for n in graph.nodes if n.op == "placeholder"]
     if not isinstance(out, torch.fx.Node) or len(sites) != 1 or sites[0].kwargs:
-        return False
+        return None
+    read = _value_name(out)
     site = sites[0]
-    if len(site.args) != len(places) or not set(places) <= {p.name for p in call.leaves}:
-        return False
+    if (
+        read not in call.returned
+        or len(site.args) != len(places)
+        or not set(places) <= {p.name for p in call.leaves}
+    ):
+        return None
     given = dict(zip(places, site.args))
     named = {_value_name(n): n for n in owner.graph.nodes}
     tensors = [a for a in site.args if isinstance(a, torch.fx.Node)]
     if not tensors:
-        return False
+        return None
     leaves = []
     with owner.graph.inserting_before(site):
         for p in call.leaves:
@@ -230,7 +228,7 @@ def call_eagerly(stage: nn.Module, fqn: str, call: BlockCall) -> bool:
     site.args, site.kwargs = tuple(args), dict(kwargs)
     owner.graph.lint()
     _refresh(owner)
-    return True
+    return call.returned.index(read)
 
 
 def _before(graph: torch.fx.Graph, node: torch.fx.Node, site: torch.fx.Node) -> bool:

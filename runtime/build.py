@@ -289,7 +289,7 @@ def _build_pipeline(
     scalars: list = []  # (a stage's 0-dim parameters, its replicas' group)
     edp_group = None
     stage_mods = [pipe.get_stage_module(i) for i in indices]
-    one_tensor = None if calls is None else {n for n, c in calls.items() if c.one_tensor_in}
+    one_tensor = None if calls is None else {n for n, c in calls.items() if c.one_tensor}
     # every stage, this rank's or not: the stream's links read each stage's calls as they run
     for i in range(pipe.num_stages):
         adopt_eager_modules(

@@ -561,6 +561,9 @@ def _the_traced_output(module: nn.Module, _args: tuple, out: Any) -> Any:
     shape, then its dtype)."""
     if isinstance(out, torch.Tensor):
         return out
+    leaf = getattr(module, "_meshplan_output_leaf", None)
+    if leaf is not None:  # known from the call signature (runtime.block_calls)
+        return torch.utils._pytree.tree_leaves(out)[leaf]
     tensors = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
     found = len(tensors)
     want = getattr(module, "_meshplan_traced_output", None)
@@ -625,19 +628,20 @@ def adopt_eager_modules(
         original = eager.get(one_call_site(fqn))
         if original is None:
             continue
-        by_its_tensor = (
+        read = None  # the leaf of the eager module's output that the traced code reads
+        if not (
             _single_tensor_io(traced)
             and forward_takes_one_argument(original)
             and (one_tensor is None or one_call_site(fqn) in one_tensor)
-        )
-        if not by_its_tensor and not (
-            calls and fqn in calls and call_eagerly(stage, fqn, calls[fqn])
         ):
-            continue
+            read = call_eagerly(stage, fqn, calls[fqn]) if calls and fqn in calls else None
+            if read is None:
+                continue
         parent_path, _, name = fqn.rpartition(".")
         parent = stage.get_submodule(parent_path) if parent_path else stage
         setattr(parent, name, original)
         original._meshplan_traced_output = _traced_output(traced)
+        original._meshplan_output_leaf = read
         if not getattr(original, "_meshplan_one_tensor", False):
             original.register_forward_hook(_the_traced_output)
             original._meshplan_one_tensor = True

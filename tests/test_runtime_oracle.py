@@ -427,11 +427,19 @@ EXTRA: list[tuple] = [
     # (appended last: see above) Megatron's sequence-sharded stream across a pipeline cut: the
     # first stage's last layer leaves its output as each TP rank's sequence shard, the stage
     # sends that 1/t shard and the next stage's first layer takes it (GPT: its layers run
-    # eager in a stage; HF Llama's decoder layer stays traced there, where the runtime runs
-    # no sequence parallelism)
+    # eager in a stage, handed the stream alone)
     (
         "sp-stream-pp2xtp2",
         "gpt",
+        4,
+        dict(tp=2, dp=1, pp=2, zero=0, schedule="1f1b", micro_batch_size=2, tp_variant="sequence"),
+    ),
+    # (appended last) the same for HF Llama, whose decoder layer is handed the stream, the
+    # mask and the rotary tables: each stage calls the eager layer as the model did, from
+    # the call signature its export kept (runtime.block_calls)
+    (
+        "sp-stream-pp2xtp2",
+        "llama",
         4,
         dict(tp=2, dp=1, pp=2, zero=0, schedule="1f1b", micro_batch_size=2, tp_variant="sequence"),
     ),
@@ -501,6 +509,7 @@ CORE_EXTRA = (
     "llama-selective-tp2",
     "llama-selective-sp-tp2",
     "gpt-sp-stream-pp2xtp2",
+    "llama-sp-stream-pp2xtp2",
 )
 
 
