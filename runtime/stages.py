@@ -12,9 +12,11 @@ paths), but tensor parallelism needs real ``nn.Linear``/``nn.Embedding`` modules
 (``view(b, s, -1, d)`` infers the local head count). So every traced submodule that takes
 exactly one input and returns one tensor, where the original module's ``forward`` takes exactly
 one required argument, is swapped back for the original eager module: its call site passes that
-one value, so the swap is exact. A GPT block runs fully eager; in HF Llama the decoder layer stays
-traced (it takes several inputs) and its linears, norms and MLP are swapped. Parameters and
-buffers the swap does not reach become the model's own tensors, found by path.
+one value, so the swap is exact: a GPT block runs fully eager. A block handed several tensors
+(HF Llama's decoder layer: the stream, the mask, the rotary tables) is swapped back by the call
+signature the stage's export keeps, its traced call rebuilt as the model made it
+(``runtime.block_calls``). Parameters and buffers the swap does not reach become the model's
+own tensors, found by path.
 """
 
 from __future__ import annotations

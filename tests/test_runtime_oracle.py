@@ -300,8 +300,9 @@ EXTRA: list[tuple] = [
     # masks its image tokens' logits: that output must be a tensor of its own, not a view
     ("inplace-logits-tp2", "masked_logits", 2, dict(tp=2, dp=1, pp=1, zero=0, micro_batch_size=4)),
     # four inputs: one never read, two the first stage reads out of the signature's order, and
-    # a head taking a list of features in the second stage (it stays traced: its eager forward
-    # would get the one tensor the trace kept)
+    # a head taking a list of features in the second stage (swapped back by the one tensor the
+    # trace kept, its eager forward would index the batch; it runs eagerly handed the list its
+    # call signature records: runtime.block_calls)
     (
         "inputs-pp2",
         "multi_input",
