@@ -11,7 +11,7 @@ from typing import Any
 import networkx as nx
 
 from planner.modelfile import ModelFile, load_model_file
-from planner.trace.blocks import Block, make_blocks, reads_one_tensor
+from planner.trace.blocks import Block, make_blocks, runs_eagerly_in_stage
 from planner.trace.cache import load_trace, save_trace, trace_key
 from planner.training import Training, on_devices, training_from
 from planner.vocab import Offload, Recompute
@@ -140,10 +140,8 @@ def variants_for(
     ``variants_of(block, tp, pipelined)``: ``pipelined``, the plan has pipeline stages, whose
     traced code reads a tied weight where no module can carry its vocabulary-parallel style
     (the last stage's head reads its own copy of the embedding), so tied weights stay
-    replicated there; with the probe (meshplan's runtime), a block handed several tensors
-    runs there as traced code of fixed shapes, so it is not sequence-parallel
-    (``trace.blocks.reads_one_tensor``), nor is one its model calls with more than one
-    tensor, positionally or by keyword (``EagerShardProbe.called_with_one_tensor``).
+    replicated there; with the probe (meshplan's runtime), a block a stage runs as traced
+    code of fixed shapes is not sequence-parallel (``trace.blocks.runs_eagerly_in_stage``).
 
     Long because the ILP, the per-run binding memo and the probe's verdicts are closures over
     one run's graph, cluster and probe; split, each would take all three as arguments."""
@@ -182,10 +180,7 @@ def variants_for(
         found = solve(block, tp, pipelined)
         if probe is not None:
             found = _runnable(block, tp, found)
-            if pipelined and not (
-                reads_one_tensor(graph, block)
-                and all(probe.called_with_one_tensor(m) is not False for m in block.modules)
-            ):
+            if pipelined and not runs_eagerly_in_stage(graph, block):
                 found = [
                     v for v in found if not any(s in SEQUENCE_STYLES for s in v.tp_plan.values())
                 ]

@@ -261,10 +261,10 @@ def _build_pipeline(
     )
     from torch.distributed.pipelining._IR import _modify_graph_op_device
 
+    from runtime.block_calls import module_calls
     from runtime.stages import (
         adopt_eager_modules,
         keep_unused_tensors,
-        one_tensor_calls,
         send_sequence_shards,
         sequence_stream_links,
         split_points,
@@ -277,7 +277,8 @@ def _build_pipeline(
     example = micro_batches(
         dp_slice(inputs, 0, first.local_batch_size), first.local_batch_size, plan.micro_batch_size
     )[0]
-    pipe = traced_pipe(plan, model, example, cache.pipes)
+    calls = module_calls(model, example)
+    pipe = traced_pipe(plan, model, example, cache.pipes, calls)
     pp_rank = plan.mesh.coords(dist.get_rank())[0]
     indices = [st.index for st in plan.stages if st.pp_rank == pp_rank]
     blocks = plan.blocks
@@ -288,10 +289,17 @@ def _build_pipeline(
     scalars: list = []  # (a stage's 0-dim parameters, its replicas' group)
     edp_group = None
     stage_mods = [pipe.get_stage_module(i) for i in indices]
+    one_tensor = None if calls is None else {n for n, c in calls.items() if c.one_tensor}
+    # every stage, this rank's or not: the stream's links read each stage's calls as they run
+    for i in range(pipe.num_stages):
+        adopt_eager_modules(
+            pipe.get_stage_module(i),
+            model,
+            split_points(plan, model),
+            one_tensor,
+            pipe.meshplan_block_calls,
+        )
     links = sequence_stream_links(pipe, plan)
-    one_tensor = one_tensor_calls(model, example)
-    for stage_mod in stage_mods:
-        adopt_eager_modules(stage_mod, model, split_points(plan, model), one_tensor)
     if 0 in indices:
         every = [pipe.get_stage_module(i) for i in range(pipe.num_stages)]
         kept = keep_unused_tensors(every, model, stage_mods[indices.index(0)])

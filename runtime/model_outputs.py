@@ -24,6 +24,8 @@ from torch.distributed.pipelining import pipeline
 from torch.distributed.pipelining._IR import Pipe
 from torch.utils._pytree import TreeSpec, tree_unflatten
 
+from runtime.block_calls import BlockCall, block_calls, name_values
+
 
 @dataclass
 class OutputLayout:
@@ -47,18 +49,28 @@ def traced_pipeline(
     model: torch.nn.Module,
     example: tuple,
     split_policy: Callable[[torch.fx.GraphModule], torch.fx.GraphModule],
-) -> tuple[Pipe, TreeSpec]:
-    """``torch.distributed.pipelining.pipeline(model, example)`` and the output structure of
-    the program it exported. ``pipeline`` keeps no handle on that program, so its one export
-    call is wrapped to read the spec: tracing twice would double the slowest step."""
+    preserve: tuple[str, ...] = (),
+) -> tuple[Pipe, TreeSpec, dict[str, BlockCall]]:
+    """``torch.distributed.pipelining.pipeline(model, example)``, the output structure of the
+    program it exported, and the call signatures of the modules ``preserve`` names, which the
+    export keeps (``runtime.block_calls``). ``pipeline`` keeps no handle on that program, so
+    its one export call is wrapped to read both: tracing twice would double the slowest step."""
     specs: list[TreeSpec] = []
+    calls: dict[str, BlockCall] = {}
     export = Pipe._trace_with_export
 
     def export_and_keep_spec(mod: torch.nn.Module, args: tuple, kwargs: Any = None) -> Any:
-        program = export(mod, args, kwargs)
+        if not preserve:
+            program = export(mod, args, kwargs)
+        else:
+            program = torch.export.export(
+                mod, args, kwargs, preserve_module_call_signature=preserve
+            )
+            calls.update(block_calls(program, preserve))
+            name_values(program)
         specs.append(program.call_spec.out_spec)
         return program
 
     with mock.patch.object(Pipe, "_trace_with_export", staticmethod(export_and_keep_spec)):
         pipe = pipeline(model, example, split_policy=split_policy)
-    return pipe, specs[-1]
+    return pipe, specs[-1], calls

@@ -12,9 +12,11 @@ paths), but tensor parallelism needs real ``nn.Linear``/``nn.Embedding`` modules
 (``view(b, s, -1, d)`` infers the local head count). So every traced submodule that takes
 exactly one input and returns one tensor, where the original module's ``forward`` takes exactly
 one required argument, is swapped back for the original eager module: its call site passes that
-one value, so the swap is exact. A GPT block runs fully eager; in HF Llama the decoder layer stays
-traced (it takes several inputs) and its linears, norms and MLP are swapped. Parameters and
-buffers the swap does not reach become the model's own tensors, found by path.
+one value, so the swap is exact: a GPT block runs fully eager. A block handed several tensors
+(HF Llama's decoder layer: the stream, the mask, the rotary tables) is swapped back by the call
+signature the stage's export keeps, its traced call rebuilt as the model made it
+(``runtime.block_calls``). Parameters and buffers the swap does not reach become the model's
+own tensors, found by path.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from torch.distributed.pipelining._IR import annotate_split_points
 from planner.errors import UserInputError, brief
 from planner.modelfile import forward_takes_one_argument, one_call_site
 from planner.schema import Plan
+from runtime.block_calls import BlockCall, ModuleCalls, call_eagerly, signature_modules
 from runtime.model_outputs import OutputLayout, traced_pipeline
 from runtime.parallelize import called_paths, find_module
 
@@ -66,15 +69,26 @@ def _called(model: nn.Module, path: str, last: bool = False) -> str:
     return paths[-1 if last else 0] if paths else path
 
 
-def traced_pipe(plan: Plan, model: nn.Module, example_inputs: tuple, traced: dict) -> Any:
+def traced_pipe(
+    plan: Plan,
+    model: nn.Module,
+    example_inputs: tuple,
+    traced: dict,
+    calls: dict[str, ModuleCalls] | None = None,
+) -> Any:
     """A private copy of the traced, split model; ``traced`` keeps the trace (the slow part)
     for later plans of the same model, micro-batch and cut. Cut at each stage's first module,
     or, where that makes more stages than the plan has, after each stage's last one. The
     pipe's ``meshplan_outputs`` rebuilds the model's output object from what its last stage
-    returns (``runtime.model_outputs``); None where that is the one tensor the model returns."""
+    returns (``runtime.model_outputs``); None where that is the one tensor the model returns.
+    Its ``meshplan_block_calls``: the call signatures the export kept of the plan's blocks
+    that ``calls`` (``block_calls.module_calls``) finds handed several tensors
+    (``block_calls.signature_modules``); none where the export cannot keep them."""
     points = split_points(plan, model)
+    blocks = [p for b in plan.blocks for m in b.modules for p in called_paths(model, m)]
+    preserve = signature_modules(blocks, calls)
     key = json.dumps(
-        [plan.model.sha256, plan.model.args, plan.micro_batch_size, points],
+        [plan.model.sha256, plan.model.args, plan.micro_batch_size, points, preserve],
         sort_keys=True,
     )
     if key not in traced:
@@ -83,12 +97,8 @@ def traced_pipe(plan: Plan, model: nn.Module, example_inputs: tuple, traced: dic
             {fqn: SplitPoint.BEGINNING for fqn in points},
             {fqn: SplitPoint.END for fqn in split_ends(plan, model)},
         ):
-            traced_model = copy.deepcopy(model)
-            annotate_split_points(traced_model, spec)
             try:
-                pipe, out_spec = traced_pipeline(
-                    traced_model, example_inputs, inline_grad_mode_regions
-                )
+                pipe, out_spec, kept = _split(model, example_inputs, spec, preserve)
             except Exception as exc:  # noqa: BLE001 - torch's splitter refuses the cut
                 failed.append(f"at {', '.join(spec)}: {type(exc).__name__}: {brief(exc, 200)}")
                 continue
@@ -107,10 +117,33 @@ def traced_pipe(plan: Plan, model: nn.Module, example_inputs: tuple, traced: dic
                 "in forward order"
             )
         pipe.meshplan_outputs = gather_model_outputs(pipe.split_gm, out_spec)
+        pipe.meshplan_block_calls = kept
         relay_skip_connections(pipe.split_gm)
         contiguous_boundaries(pipe.split_gm)
         traced[key] = pipe
     return copy.deepcopy(traced[key])
+
+
+def _split(
+    model: nn.Module, example_inputs: tuple, spec: dict, preserve: tuple[str, ...]
+) -> tuple[Any, Any, dict[str, BlockCall]]:
+    """``traced_pipeline`` of a copy of ``model`` cut at ``spec``, keeping the call signatures
+    of ``preserve``; where the export cannot keep them, traced again without (those blocks
+    then run as traced code)."""
+    if preserve:
+        try:
+            return _traced_copy(model, example_inputs, spec, preserve)
+        except Exception:  # noqa: BLE001 - traced again without; that try's error decides
+            pass
+    return _traced_copy(model, example_inputs, spec, ())
+
+
+def _traced_copy(
+    model: nn.Module, example_inputs: tuple, spec: dict, preserve: tuple[str, ...]
+) -> tuple[Any, Any, dict[str, BlockCall]]:
+    traced_model = copy.deepcopy(model)
+    annotate_split_points(traced_model, spec)
+    return traced_pipeline(traced_model, example_inputs, inline_grad_mode_regions, preserve)
 
 
 class _ContiguousGrad(torch.autograd.Function):
@@ -530,6 +563,9 @@ def _the_traced_output(module: nn.Module, _args: tuple, out: Any) -> Any:
     shape, then its dtype)."""
     if isinstance(out, torch.Tensor):
         return out
+    leaf = getattr(module, "_meshplan_output_leaf", None)
+    if leaf is not None:  # known from the call signature (runtime.block_calls)
+        return torch.utils._pytree.tree_leaves(out)[leaf]
     tensors = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
     found = len(tensors)
     want = getattr(module, "_meshplan_traced_output", None)
@@ -565,51 +601,19 @@ def _traced_output(traced: nn.Module) -> tuple[torch.dtype, tuple[int, ...]] | N
         return val.dtype, tuple(-1 for _ in val.shape)
 
 
-def one_tensor_calls(model: nn.Module, example: tuple) -> set[str] | None:
-    """Paths of the modules every call of which passes exactly one tensor, positionally: one
-    forward of the example micro-batch on the meta device (the model's tensors swapped for meta
-    ones for the call), a pre-hook on every module. None where that forward fails.
-
-    A traced module taking one tensor may stand for an eager one whose one argument is not a
-    tensor: DPT's depth head takes the list of fused features and reads the last; the trace
-    kept only that one as its input, and the eager head, handed it, indexed the batch
-    instead (a crash there; silently wrong rows elsewhere)."""
-    seen: dict[str, bool] = {}
-
-    def hook(name: str):
-        def record(_module: nn.Module, args: tuple, kwargs: dict) -> None:
-            one = len(args) == 1 and isinstance(args[0], torch.Tensor) and not kwargs
-            seen[name] = seen.get(name, True) and one
-
-        return record
-
-    handles = [
-        m.register_forward_pre_hook(hook(n), with_kwargs=True)
-        for n, m in model.named_modules()
-        if n
-    ]
-    tensors = {**dict(model.named_parameters(remove_duplicate=False)),
-               **dict(model.named_buffers(remove_duplicate=False))}  # fmt: skip
-    meta = {n: torch.empty_like(t, device="meta") for n, t in tensors.items()}
-    inputs = tuple(t.to("meta") if isinstance(t, torch.Tensor) else t for t in example)
-    try:
-        with torch.no_grad(), torch.device("meta"):
-            torch.func.functional_call(model, meta, inputs, strict=False)
-    except Exception:  # the meta device cannot run this forward: decide by signature alone
-        return None
-    finally:
-        for h in handles:
-            h.remove()
-    return {n for n, one in seen.items() if one}
-
-
 def adopt_eager_modules(
-    stage: nn.Module, model: nn.Module, cuts: list[str], one_tensor: set[str] | None = None
+    stage: nn.Module,
+    model: nn.Module,
+    cuts: list[str],
+    one_tensor: set[str] | None = None,
+    calls: dict[str, BlockCall] | None = None,
 ) -> list[str]:
     """Swap traced submodules for the model's eager ones where exact (see the module docstring)
     and make every other parameter and buffer the model's own tensor, found by path. Returns
     the swapped paths. ``one_tensor``: the modules called with one tensor alone
-    (``one_tensor_calls``); None: every module whose forward takes one argument.
+    (``block_calls.module_calls``); None: every module whose forward takes one argument.
+    ``calls``: the kept call signatures of blocks handed several tensors
+    (``runtime.block_calls``), whose traced calls are rebuilt to call the eager module.
 
     ``cuts``: the split points. A module with a cut inside runs only part of its forward in
     this stage (a ResNet's ``nn.Sequential`` of blocks cut at a shortcut), so the eager module,
@@ -624,17 +628,22 @@ def adopt_eager_modules(
         if any(cut.startswith(fqn + ".") for cut in cuts):
             continue
         original = eager.get(one_call_site(fqn))
-        if (
-            original is None
-            or not _single_tensor_io(traced)
-            or not forward_takes_one_argument(original)
-            or (one_tensor is not None and one_call_site(fqn) not in one_tensor)
-        ):
+        if original is None:
             continue
+        read = None  # the leaf of the eager module's output that the traced code reads
+        if not (
+            _single_tensor_io(traced)
+            and forward_takes_one_argument(original)
+            and (one_tensor is None or one_call_site(fqn) in one_tensor)
+        ):
+            read = call_eagerly(stage, fqn, calls[fqn]) if calls and fqn in calls else None
+            if read is None:
+                continue
         parent_path, _, name = fqn.rpartition(".")
         parent = stage.get_submodule(parent_path) if parent_path else stage
         setattr(parent, name, original)
         original._meshplan_traced_output = _traced_output(traced)
+        original._meshplan_output_leaf = read
         if not getattr(original, "_meshplan_one_tensor", False):
             original.register_forward_hook(_the_traced_output)
             original._meshplan_one_tensor = True
@@ -774,8 +783,9 @@ class _SequenceLayout(nn.Module):
 def sequence_stream_links(pipe: Any, plan: Plan) -> dict[int, tuple[int, int]]:
     """Per stage that receives the stream as sequence shards (``StagePlan.
     receives_sequence_shard``): (j, k), output j of the stage before is its input k, the
-    stream its first block's first module is called with. Read from the split model before
-    any stage is changed."""
+    stream its first block's first module is called with (first positional argument: read
+    after every stage's eager modules are adopted, whose calls pass what the model passed,
+    and before ``send_sequence_shards`` changes any stage's inputs)."""
     links = {}
     top = {n.target: n for n in pipe.split_gm.graph.nodes if n.op == "call_module"}
     by_name = {b.name: b for b in plan.blocks}

@@ -53,7 +53,7 @@ class OneTensor(TwoTowers):
 
 def _split(model: nn.Module, inputs: tuple):
     annotate_split_points(model, {"text_layers.0": SplitPoint.BEGINNING})
-    pipe, spec = traced_pipeline(model, inputs, inline_grad_mode_regions)
+    pipe, spec, _ = traced_pipeline(model, inputs, inline_grad_mode_regions)
     layout = gather_model_outputs(pipe.split_gm, spec)
     relay_skip_connections(pipe.split_gm)
     contiguous_boundaries(pipe.split_gm)

@@ -300,8 +300,9 @@ EXTRA: list[tuple] = [
     # masks its image tokens' logits: that output must be a tensor of its own, not a view
     ("inplace-logits-tp2", "masked_logits", 2, dict(tp=2, dp=1, pp=1, zero=0, micro_batch_size=4)),
     # four inputs: one never read, two the first stage reads out of the signature's order, and
-    # a head taking a list of features in the second stage (it stays traced: its eager forward
-    # would get the one tensor the trace kept)
+    # a head taking a list of features in the second stage (swapped back by the one tensor the
+    # trace kept, its eager forward would index the batch; it runs eagerly handed the list its
+    # call signature records: runtime.block_calls)
     (
         "inputs-pp2",
         "multi_input",
@@ -427,8 +428,7 @@ EXTRA: list[tuple] = [
     # (appended last: see above) Megatron's sequence-sharded stream across a pipeline cut: the
     # first stage's last layer leaves its output as each TP rank's sequence shard, the stage
     # sends that 1/t shard and the next stage's first layer takes it (GPT: its layers run
-    # eager in a stage; HF Llama's decoder layer stays traced there, where the runtime runs
-    # no sequence parallelism)
+    # eager in a stage, handed the stream alone)
     (
         "sp-stream-pp2xtp2",
         "gpt",
@@ -444,6 +444,24 @@ EXTRA: list[tuple] = [
         "opt",
         2,
         dict(tp=2, dp=1, pp=1, zero=0, micro_batch_size=4, tp_variant="sequence"),
+    ),
+    # (appended last) the same for HF Llama, whose decoder layer is handed the stream, the
+    # mask and the rotary tables: each stage calls the eager layer as the model did, from
+    # the call signature its export kept (runtime.block_calls)
+    (
+        "sp-stream-pp2xtp2",
+        "llama",
+        4,
+        dict(tp=2, dp=1, pp=2, zero=0, schedule="1f1b", micro_batch_size=2, tp_variant="sequence"),
+    ),
+    # (appended last) OPT's token-flattened sequence parallelism inside pipeline stages: its
+    # decoder hands each layer the mask and positions by keyword, and the stage calls the
+    # eager layer so (runtime.block_calls)
+    (
+        "sp-pp2xtp2",
+        "opt",
+        4,
+        dict(tp=2, dp=1, pp=2, zero=0, schedule="1f1b", micro_batch_size=2, tp_variant="sequence"),
     ),
 ]
 
@@ -512,6 +530,7 @@ CORE_EXTRA = (
     "llama-selective-sp-tp2",
     "gpt-sp-stream-pp2xtp2",
     "opt-sp-tp2",
+    "llama-sp-stream-pp2xtp2",
 )
 
 

@@ -231,22 +231,24 @@ def test_a_pinned_virtual_stage_count_is_searched_whatever_its_value():
     assert f"--virtual-stages {len(blocks) // 2} or less" in msg and "\n" not in msg
 
 
-def test_a_pipelined_block_handed_several_tensors_is_not_sequence_parallel():
-    """A pipeline stage runs an HF Llama decoder layer (handed the stream and the rotary
-    tables) as traced code of fixed shapes, which the runtime refuses to run sequence-parallel;
-    a GPT block (handed the stream alone) runs eagerly there and keeps the option."""
-    from planner.trace.blocks import reads_one_tensor
+def test_a_pipelined_block_handed_several_tensors_is_sequence_parallel():
+    """A pipeline stage runs an HF Llama decoder layer (handed the stream, the mask and the
+    rotary tables) as the model's eager module, from the call signature its export keeps
+    (``runtime.block_calls``), as it runs a GPT block (handed the stream alone): both are
+    offered sequence parallelism pipelined, as without a pipeline. (Which layers a stage runs
+    as traced code, and is not offered it: tests/test_block_calls.py.)"""
+    from planner.trace.blocks import reads_one_tensor, runs_eagerly_in_stage
 
     llama = trace("examples/llama.py", {"size": "tiny"})
     gpt = trace(GPT, {"size": "tiny"})
     assert not reads_one_tensor(llama.graph, llama.blocks[1])
+    assert runs_eagerly_in_stage(llama.graph, llama.blocks[1])
     assert reads_one_tensor(gpt.graph, gpt.blocks[1])
-    pins = Pins(pp=2, tp=2, tp_variant="sequence")
-    for path, sequence in (("examples/llama.py", False), (GPT, True)):
-        p = plan(path, 4, model_args={"size": "tiny"}, pins=pins).plan
-        styles = {s for b in p.blocks for s in b.tp_plan.values()}
-        assert ("sp_block" in styles) == sequence, path
-    unpipelined = plan(
-        "examples/llama.py", 2, model_args={"size": "tiny"}, pins=Pins(tp=2, tp_variant="sequence")
-    )
-    assert any("sp_block" in b.tp_plan.values() for b in unpipelined.plan.blocks)
+    for pins, gpus in (
+        (Pins(pp=2, tp=2, tp_variant="sequence"), 4),
+        (Pins(tp=2, tp_variant="sequence"), 2),
+    ):
+        for path in ("examples/llama.py", GPT):
+            p = plan(path, gpus, model_args={"size": "tiny"}, pins=pins).plan
+            layers = [b for b in p.blocks if "sp_block" in b.tp_plan.values()]
+            assert len(layers) == 2, (path, pins)

@@ -138,20 +138,6 @@ class EagerShardProbe:
             for h in handles:
                 h.remove()
 
-    def called_with_one_tensor(self, module: str) -> bool | None:
-        """Whether the model's code calls ``module`` with exactly one tensor, positionally,
-        and nothing else: the call a pipeline stage hands back to the eager module
-        (``runtime.stages.one_tensor_calls``, the same test); other calls run there as traced
-        code of fixed shapes (OPT's decoder passes its layers the mask and positions by
-        keyword). None where the probe's forward did not reach it."""
-        import torch
-
-        captured = self._inputs_of(module)
-        if captured is None:
-            return None
-        args, kwargs = captured
-        return len(args) == 1 and isinstance(args[0], torch.Tensor) and not kwargs
-
     def reject(self, cls: str, module: str, tp_plan: dict[str, str], t: int) -> str | None:
         """Why running ``module`` with ``tp_plan`` on ``t`` devices would not compute what the
         plan prices, or None when it would (or when the probe cannot tell: a block of several

@@ -442,10 +442,21 @@ def _numel(shape: list[int]) -> int:
 
 def reads_one_tensor(graph: nx.DiGraph, block: Block) -> bool:
     """Whether the block's ops read at most one tensor made outside it (its input: a GPT
-    block's stream; an HF Llama decoder layer also reads the rotary tables). A pipeline stage
-    runs a block that is handed one tensor as its eager module, and one handed several as the
-    traced code of its stage (``runtime.stages``: only a module called with one tensor alone is
-    swapped back exactly), whose shapes are fixed: sequence parallelism cannot slice it."""
+    block's stream; an HF Llama decoder layer also reads the rotary tables and the mask)."""
     inside = set(block.nodes)
     made_outside = {u for n in block.nodes for u in graph.predecessors(n) if u not in inside}
     return len(made_outside) <= 1
+
+
+def runs_eagerly_in_stage(graph: nx.DiGraph, block: Block) -> bool:
+    """Whether a pipeline stage of meshplan's runtime runs the block as the model's eager code
+    (``runtime.stages``), where sequence parallelism can slice it: a block handed one tensor
+    is swapped back by that tensor, and one module handed several whose call leaves one
+    tensor (an HF Llama decoder layer: the stream, the rotary tables, the mask) by the call
+    signature the stage's export keeps (``runtime.block_calls``). Any other block runs as the
+    traced code of its stage, whose shapes are fixed."""
+    if reads_one_tensor(graph, block):
+        return True
+    inside = set(block.nodes)
+    leaving = {n for n in block.nodes if any(s not in inside for s in graph.successors(n))}
+    return len(block.modules) == 1 and len(leaving) <= 1
