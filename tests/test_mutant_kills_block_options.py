@@ -78,3 +78,44 @@ def test_one_value_a_channel_needs_two_samples_and_a_map_needs_one():
     # one map of 1 x 1 alone
     g.add_node("p", op=BN, args=[None] * 5 + [True], shapes=[[8, 24, 1, 1]])
     assert batch_statistics_floor(g) == 2
+
+
+S, H, HEADS = 64, 256, 8  # tests/test_selective_runtime.py's Llama layer
+LLAMA = dict(
+    size="tiny", layers=2, hidden=H, heads=HEADS, kv_heads=2, ffn=512, seq_len=S, vocab=1000
+)
+
+
+@pytest.fixture(scope="module")
+def llama():
+    from pathlib import Path
+
+    from planner.api import trace
+
+    root = Path(__file__).resolve().parent.parent
+    return trace(str(root / "examples" / "llama.py"), LLAMA, traced_batch_size=1, dtype="bf16")
+
+
+def test_selective_kept_of_a_tp_variant_is_one_ranks_bytes_under_the_runtimes_policy(llama):
+    """test_selective_runtime's per-rank count: the Llama layer's sequence-parallel TP 2
+    variant keeps o and down as their reduce-scattered shards and the input as its shard
+    (128 a token each), q, k, v, gate and up halved, SDPA's output and fp32 log-sum-exp
+    halved: 2 x 64 x (128 + 128 + 32 + 32 + 128 + 128 + 256 + 256 + 128) + 4 x 4 x 64 bytes.
+    torchtitan's policy does not price per rank: the variant changes nothing there."""
+    from dataclasses import replace
+
+    from planner.cost.block_options import runtime_selective, selective_kept, selective_ops
+    from planner.cost.sharding import tp_variants
+
+    layer = llama.blocks[1]
+    sp = next(v for v in tp_variants(llama.graph, layer, 2) if v.name == "tp2-v1-sp")
+    runtime = Training(8, "bf16", "adamw")
+    kept, recomputed = selective_kept(llama.graph, layer, runtime, sp)
+    per_token = 128 + 128 + 32 + 32 + 128 + 128 + 256 + 256 + 128
+    assert kept == 2 * S * per_token + 4 * (HEADS // 2) * S
+    saved, _ = selective_ops(llama.graph, layer, runtime)
+    assert recomputed == runtime_selective(llama.graph, layer, saved, sp)[1]
+    titan = replace(runtime, selective_policy="torchtitan-op")
+    assert selective_kept(llama.graph, layer, titan, sp) == selective_kept(
+        llama.graph, layer, titan
+    )

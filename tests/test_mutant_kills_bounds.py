@@ -209,3 +209,18 @@ def test_every_stage_holds_a_block():
     assert relaxed_bound(sp, 0.0) == pytest.approx(13.0, rel=1e-9)
     sp = _problem(2, 1, 4, [4], [[1.0]], [0.0, 0.0], const_mem=[3.5 * GIB, 0.0], **kw)
     assert relaxed_bound(sp, 0.0) == math.inf
+
+
+def test_the_lp_is_the_same_in_milliseconds_and_kept_in_the_memo():
+    """The first problem above in milliseconds (no split given: none of its terms may add a
+    whole second); with a BoundMemo the LP is solved once and read back after."""
+    from planner.search.bound_memo import BoundMemo
+
+    kw = dict(optim=[[0.25e-3]], offl=[[0.125e-3]], const_step=0.05e-3)
+    sp = _problem(2, 1, 4, [3], [[1e-3]], [0.1e-3, 0.3e-3], **kw)
+    assert relaxed_bound(sp, 0.0) == pytest.approx(10.5e-3, rel=1e-9)
+    memo = BoundMemo()
+    assert relaxed_bound(sp, 0.0, memo=memo) == pytest.approx(10.5e-3, rel=1e-9)
+    assert memo.added == 1
+    assert relaxed_bound(sp, 0.0, memo=memo) == pytest.approx(10.5e-3, rel=1e-9)
+    assert memo.added == 1
