@@ -112,3 +112,11 @@ POOL_NODE = {
     "carbon_g_per_kwh": 390,
     "pue": 1.5,
 }
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """End the forkserver of the forked ranks (tests/forked_ranks.py) and wait for it, so that
+    the CPU time of the ranks it started counts with this process's."""
+    forked = sys.modules.get("forked_ranks")
+    if forked is not None:
+        forked.stop_forkserver()
