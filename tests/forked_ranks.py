@@ -113,22 +113,23 @@ def run(
     text: bool = True,
 ) -> subprocess.CompletedProcess:
     """``subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True,
-    timeout=timeout)`` of a torchrun command, its ranks forked (see the module's docstring);
-    subprocess.TimeoutExpired when the ranks outlast ``timeout``."""
+    timeout=timeout)`` of a torchrun command, its ranks forked (see the module's docstring), or
+    of ``python -c CODE args``, one process forked; subprocess.TimeoutExpired when they
+    outlast ``timeout``."""
     assert capture_output and text, "forked ranks always capture their output as text"
-    nproc, target, args = parse_torchrun(cmd)
+    ranked = cmd[1:2] != ["-c"]
+    nproc, target, args = parse_torchrun(cmd) if ranked else (1, cmd[1:3], cmd[3:])
     ctx = _forkserver()
     # the agent's store, as torchrun keeps it in the agent (the ranks connect as clients)
     store = dist.TCPStore("127.0.0.1", 0, nproc, is_master=True, wait_for_workers=False,
-                          timeout=timedelta(seconds=timeout))  # fmt: skip
+                          timeout=timedelta(seconds=timeout)) if ranked else None  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="forked-ranks-") as logs:
         outs = [Path(logs) / f"{rank}.{kind}" for rank in range(nproc) for kind in ("out", "err")]
         procs = []
         for rank in range(nproc):
-            rank_env = {
-                **(os.environ if env is None else env),
-                **rank_variables(rank, nproc, store.port),
-            }
+            rank_env = dict(os.environ if env is None else env)
+            if ranked:
+                rank_env.update(rank_variables(rank, nproc, store.port))
             if nproc > 1:  # torchrun's default
                 rank_env.setdefault("OMP_NUM_THREADS", "1")
             where = str(cwd or os.getcwd())
@@ -140,14 +141,7 @@ def run(
         for p in procs:
             p.start()
         status, failed = _wait(procs, timeout)
-        out = "".join(
-            outs[2 * r].read_text(errors="replace") for r in range(nproc) if outs[2 * r].exists()
-        )
-        err = "".join(
-            outs[2 * r + 1].read_text(errors="replace")
-            for r in range(nproc)
-            if outs[2 * r + 1].exists()
-        )
+        out, err = (_joined(outs[kind::2]) for kind in (0, 1))
     del store
     if status is None:
         raise subprocess.TimeoutExpired(cmd, timeout, output=out, stderr=err)
@@ -216,7 +210,7 @@ def _end(procs: list, grace_s: float) -> None:
 
 def _rank_main(target: list[str], args: list[str], env: dict, cwd: str, out: str, err: str) -> None:
     """One rank, in a process forked from the server: the command's environment and working
-    directory, stdout and stderr to files, then the module or script as ``__main__``."""
+    directory, stdout and stderr to files, then the code, module or script as ``__main__``."""
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)
@@ -227,8 +221,11 @@ def _rank_main(target: list[str], args: list[str], env: dict, cwd: str, out: str
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     import torch
 
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    if target[0] == "-m":
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count()))
+    if target[0] == "-c":
+        sys.argv = ["-c", *args]
+        exec(compile(target[1], "<string>", "exec"), {"__name__": "__main__"})
+    elif target[0] == "-m":
         sys.argv = [target[1], *args]
         runpy.run_module(target[1], run_name="__main__", alter_sys=True)
     else:
