@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from dataclasses import replace
@@ -92,9 +91,12 @@ dist.destroy_process_group()
 
 
 def run_on_fake_pg(body: str) -> dict:
-    """Run ``body`` on a fake two-rank process group in a child process; its ``out``."""
+    """Run ``body`` on a fake two-rank process group in a child process (forked from the
+    session's pre-imported one, tests/forked_ranks.py); its ``out``."""
+    import forked_ranks
+
     code = _FAKE_PG_HEAD + body + _FAKE_PG_TAIL
-    proc = subprocess.run(
+    proc = forked_ranks.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -112,3 +114,11 @@ POOL_NODE = {
     "carbon_g_per_kwh": 390,
     "pue": 1.5,
 }
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """End the forkserver of the forked ranks (tests/forked_ranks.py) and wait for it, so that
+    the CPU time of the ranks it started counts with this process's."""
+    forked = sys.modules.get("forked_ranks")
+    if forked is not None:
+        forked.stop_forkserver()

@@ -4,8 +4,9 @@ for a batch of plans, and what a run wrote."""
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
+
+import forked_ranks
 
 from planner.api import plan as make_plan
 from planner.schema import write_plan
@@ -80,11 +81,12 @@ def launch(
     steps: int = 5,
     timeout: int = 400,
 ) -> tuple[int, str]:
-    """One torchrun launch training each plan in turn; (exit status, everything printed)."""
+    """One torchrun launch training each plan in turn, its ranks forked from the session's
+    pre-imported process (tests/forked_ranks.py); (exit status, everything printed)."""
     args = ["--plans", *map(str, plans), "--run-dirs", *map(str, run_dirs), "--steps", str(steps)]
     args += ["--hang-timeout", "240"]  # a hung collective fails the test, not CI
     env = worker_env()
-    proc = subprocess.run(
+    proc = forked_ranks.run(
         torchrun_command(world, [*args, *extra]),
         env=env,
         capture_output=True,

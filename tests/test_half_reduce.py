@@ -6,10 +6,10 @@ and run by the runtime's own policy on gloo against one process's bf16 arithmeti
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
+import forked_ranks
 import pytest
 from runs import forced_plan
 
@@ -78,7 +78,7 @@ def test_runtime_reduces_in_bf16_like_one_process(tmp_path, monkeypatch):
     env = {**worker_env(), "PLAN": str(path)}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     cmd += [str(ROOT / "tests" / "scripts" / "half_reduce.py")]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    proc = forked_ranks.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-4000:]
     found = json.loads([x for x in proc.stdout.splitlines() if x.startswith("{")][-1])
     assert found["reduce"] == "torch.bfloat16"

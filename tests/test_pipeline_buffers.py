@@ -7,10 +7,10 @@ trains the same losses."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
+import forked_ranks
 import pytest
 
 from planner.cost.memory import held_boundaries
@@ -28,7 +28,7 @@ def counted(m: int, release: bool) -> dict[int, dict]:
     env = {**worker_env(), "M": str(m), "RELEASE": "1" if release else "0"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     cmd += [str(SCRIPT)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    proc = forked_ranks.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = json.loads([x for x in proc.stdout.splitlines() if x.startswith("[")][-1])
     return {r["rank"]: r for r in rows}

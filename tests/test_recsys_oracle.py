@@ -19,10 +19,10 @@ from __future__ import annotations
 import copy
 import importlib.util
 import json
-import subprocess
 import sys
 from pathlib import Path
 
+import forked_ranks
 import pytest
 import torch
 import torchrec  # noqa: F401  (no skip: the README's test command installs the recsys extra)
@@ -125,7 +125,7 @@ def _launch(world: int, out: Path, training: dict) -> dict[str, Path]:
            "--plans", *map(str, plans.values()),
            "--run-dirs", *(str(p.parent) for p in plans.values()),
            "--steps", str(STEPS), "--dump-params"]  # fmt: skip
-    proc = subprocess.run(cmd, env=worker_env(), capture_output=True, text=True, timeout=500)
+    proc = forked_ranks.run(cmd, env=worker_env(), capture_output=True, text=True, timeout=500)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return plans
 

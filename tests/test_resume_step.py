@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
 import sys
 
+import forked_ranks
 import pytest
 from oracle import (
     checkpoint_model_state,
@@ -58,7 +58,7 @@ def test_a_resume_after_step_2_trains_step_3_once(tmp_path):
         "mlp", 1, tmp_path / "one", tp=1, dp=1, pp=1, zero=0, micro_batch_size=4, recompute="none"
     )
     run = tmp_path / "run"
-    done = subprocess.run(
+    done = forked_ranks.run(
         [sys.executable, "-c", SCRIPT, str(plan), str(run), _free_port(), _free_port()],
         env=worker_env(),
         capture_output=True,

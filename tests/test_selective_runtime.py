@@ -203,8 +203,9 @@ def sp_layer(traced, tmp_path_factory):
     (``tests/scripts/sp_selective_held.py``): bytes its selective checkpoint keeps, and its
     backward's ops with the checkpoint and without."""
     import json
-    import subprocess
     import sys
+
+    import forked_ranks
 
     from runtime.launch import worker_env
 
@@ -213,7 +214,7 @@ def sp_layer(traced, tmp_path_factory):
     env = {**worker_env(), "LAYER_PLAN": json.dumps(plan)}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
     cmd += [str(ROOT / "tests" / "scripts" / "sp_selective_held.py")]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    proc = forked_ranks.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads([x for x in proc.stdout.splitlines() if x.startswith("{")][-1])
 

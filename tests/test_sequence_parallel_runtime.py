@@ -6,10 +6,10 @@ where the module is a Linear on the flattened tokens (OPT's fc1)."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
+import forked_ranks
 import pytest
 from runs import forced_plan
 
@@ -28,7 +28,7 @@ def test_backward_gathers_each_module_input_once_more(model, tmp_path, monkeypat
     env = {**worker_env(), "PLAN": str(plan_path)}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
     cmd += [str(ROOT / "tests" / "scripts" / "sp_regather.py")]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    proc = forked_ranks.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-4000:]
     found = json.loads([x for x in proc.stdout.splitlines() if x.startswith("{")][-1])
     # attention and MLP of 2 layers (OPT's fc1, on its flattened tokens, gathers for the MLP)
