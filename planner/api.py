@@ -323,14 +323,27 @@ def plan(
         mf, training.dtype, traced.cache_key if use_cache else None, traced.repeats
     )
     variants_of = variants_for(traced.graph, cluster, pins.tp_variant, memo.variants, probe)
-    result = search(
-        traced.graph, traced.blocks, cluster, training, pins, variants_of, progress, memo=memo
-    )
-    if result.best is None:
-        raise InfeasibleError(infeasible_message(traced, cluster, training, result, pins))
-    # Hand-written baselines as published (Narayanan et al. 2021: no sequence parallelism).
-    baselines = []
+    # Hand-written baselines as published (Narayanan et al. 2021: no sequence parallelism),
+    # searched in a forked copy while the plan's own search runs here.
+    pending = None
     if compare_baselines:
+        pending = baselines_beside(traced, cluster, training, pins, variants_of, memo, probe)
+    try:
+        result = search(
+            traced.graph, traced.blocks, cluster, training, pins, variants_of, progress, memo=memo
+        )
+    except BaseException:
+        if pending is not None:
+            pending.cancel()
+        raise
+    if result.best is None:
+        if pending is not None:
+            pending.cancel()
+        raise InfeasibleError(infeasible_message(traced, cluster, training, result, pins))
+    baselines = []
+    if pending is not None:
+        baselines = adopt_baselines(pending.result(), pending.forked, memo, probe)
+    elif compare_baselines:
         hand = variants_for(traced.graph, cluster, "no-sequence", memo.variants, probe)
         baselines = baseline_candidates(traced, cluster, training, pins, hand, memo)
     notes += probe.notes()
@@ -463,6 +476,50 @@ def random_draw_notes(graph, doc) -> list[str]:
     ]
 
 
+def baselines_beside(traced, cluster, training, pins, variants_of, memo, probe) -> Any:
+    """The baselines' search (``baseline_candidates``) started in a forked copy of this process
+    (``planner.search.overlap.Forked``; computed here on ``result()`` where none could be
+    made), while this process goes on with the plan's own search. Their long part is
+    Megatron's rule, whose sharding ILPs and eager probes (one TP degree, ``megatron_tp``) are
+    computed here first, as the plan's search asks for them (``driver.prepare``): the copy
+    finds them, and this process keeps them for its own search. What the copy adds to the memo
+    (other ILPs, probe verdicts, bounds) comes back with its baselines (``adopt_baselines``)."""
+    from dataclasses import replace
+
+    from planner.search.driver import prepare
+    from planner.search.overlap import Forked
+
+    prepare(
+        traced.graph,
+        traced.blocks,
+        cluster,
+        training,
+        replace(pins, tp=megatron_tp(cluster)),
+        variants_of,
+    )
+    hand = variants_for(traced.graph, cluster, "no-sequence", memo.variants, probe)
+
+    def compute() -> tuple:
+        found = baseline_candidates(traced, cluster, training, pins, hand, memo)
+        bounds = memo.bounds.entries if memo.bounds is not None else {}
+        return found, memo.variants, probe.verdicts, bounds
+
+    return Forked(compute)
+
+
+def adopt_baselines(computed: tuple, forked: bool, memo, probe) -> list:
+    """The baselines of ``baselines_beside``; a forked copy's ILP solutions, probe verdicts and
+    bounds joined to this process's, to be noted and kept as if computed here."""
+    found, variants, verdicts, bounds = computed
+    if forked:
+        for key, templates in variants.items():
+            memo.variants.setdefault(key, templates)
+        probe.adopt(verdicts)
+        if memo.bounds is not None:
+            memo.bounds.adopt(bounds)
+    return found
+
+
 def baseline_candidates(traced, cluster, training, pins, variants_of, memo=None) -> list:
     """Pure DP, pure FSDP and Megatron's rule, each solved under the same cost model."""
     from dataclasses import replace
@@ -475,11 +532,7 @@ def baseline_candidates(traced, cluster, training, pins, variants_of, memo=None)
         ("pure data parallel", dict(tp=1, pp=1, zero=0, cp=1, ep=1)),
         ("FSDP (ZeRO-3)", dict(tp=1, pp=1, zero=3, cp=1, ep=1)),
     ]
-    tp = 1
-    for t in (8, 4, 2):
-        if t <= cluster.gpus_per_node and cluster.gpus % t == 0:
-            tp = t
-            break
+    tp = megatron_tp(cluster)
     rules.append(("Megatron: TP in node, PP across nodes, full recompute", dict(tp=tp, cp=1, ep=1)))
     for name, fixed in rules:
         p = replace(pins, **fixed)
@@ -504,6 +557,14 @@ def baseline_candidates(traced, cluster, training, pins, variants_of, memo=None)
         if best is not None:
             found.append((name, best))
     return found
+
+
+def megatron_tp(cluster) -> int:
+    """Megatron's rule's TP degree: the largest of 8, 4, 2 within a node dividing the GPUs."""
+    for t in (8, 4, 2):
+        if t <= cluster.gpus_per_node and cluster.gpus % t == 0:
+            return t
+    return 1
 
 
 def infeasible_message(traced, cluster, training, result, pins) -> str:

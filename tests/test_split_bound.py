@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 from bruteforce import every_config
 from conftest import cluster_of, make_block, make_option
@@ -97,3 +98,55 @@ def test_split_bound_is_infeasible_when_no_stage_can_hold_the_first_blocks():
     )
     assert reference(tight, cand) == math.inf, f"seed {seed}"
     assert not split_bound(stage_problem(tight, cand)).feasible
+
+
+def _rank_max_stage_by_stage(costs, n: int, p: int, rounds: int = 40) -> float:
+    """_rank_max as written before its stages were weighted as one array: each stage's costs
+    weighted on their own, the minimum read with ``min``, the reference for the same floats."""
+    from planner.search.milp.split_bound import _project_simplex
+
+    w = np.full(p, 1.0 / p)
+    best, step = -math.inf, None
+    for _ in range(rounds):
+        with np.errstate(invalid="ignore"):
+            weighted = [np.where(np.isinf(c), math.inf, c * w[j % p]) for j, c in enumerate(costs)]
+        run, arg = weighted[0][0].copy(), []
+        for cost in weighted[1:]:
+            total = run[:, None] + cost
+            arg.append(total.argmin(axis=0))
+            run = total.min(axis=0)
+        value, per_rank = float(run[n]), np.zeros(p)
+        if not math.isfinite(value):
+            return value
+        b = n
+        for j in range(len(weighted) - 1, 0, -1):
+            a = int(arg[j - 1][b])
+            per_rank[j % p] += costs[j][a, b]
+            b = a
+        per_rank[0] += costs[0][0, b]
+        best = max(best, value)
+        spread = per_rank - per_rank.mean()
+        if np.allclose(spread, 0.0, atol=1e-12 * max(1.0, abs(value))):
+            break
+        step = step or 1.0 / max(per_rank.max() - per_rank.min(), 1e-300)
+        w = _project_simplex(w + step * spread)
+        step *= 0.85
+    return best
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_rank_max_weighs_the_stages_as_stage_by_stage(seed):
+    """Random interleaved problems (ranges not a stage and some too big infinite, weights that
+    reach 0 on the simplex): the same bound to the bit."""
+    from planner.search.milp.split_bound import _rank_max
+
+    rng = np.random.default_rng(seed)
+    n, p, v = int(rng.integers(8, 30)), int(rng.integers(2, 5)), int(rng.integers(2, 4))
+    costs = []
+    for _ in range(p * v):
+        c = rng.random((n + 1, n + 1)) * rng.choice([1.0, 10.0, 1000.0], size=(n + 1, n + 1))
+        c[np.tril(np.ones((n + 1, n + 1), bool))] = math.inf
+        c[rng.random((n + 1, n + 1)) < 0.1] = math.inf
+        costs.append(c)
+    got, want = _rank_max(costs, n, p), _rank_max_stage_by_stage(costs, n, p)
+    assert repr(got) == repr(want)

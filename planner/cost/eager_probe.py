@@ -69,6 +69,14 @@ class EagerShardProbe:
             except OSError:
                 pass  # a cache that cannot be written only costs time
 
+    def adopt(self, verdicts: dict[str, list]) -> None:
+        """Take the verdicts another copy of this probe reached (a forked search's) where this
+        one has none, to be noted and saved as if reached here."""
+        for key, verdict in verdicts.items():
+            if key not in self.verdicts:
+                self.verdicts[key] = verdict
+                self._probed += 1
+
     def notes(self) -> list[str]:
         """One line per block module whose code misreads some local shard (its first reason),
         or whose head-count attributes the runtime sets to their local values."""

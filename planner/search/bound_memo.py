@@ -76,6 +76,14 @@ class BoundMemo:
             self.added += 1
         return SplitBound(*self.entries[key])
 
+    def adopt(self, entries: dict[str, list]) -> None:
+        """Take the bounds another copy of this memo computed (a forked search's) where this
+        one has none, to be saved as if computed here."""
+        for key, entry in entries.items():
+            if key not in self.entries:
+                self.entries[key] = entry
+                self.added += 1
+
     def lp(self, solve: Callable[..., tuple[str, float]], *arrays: np.ndarray) -> tuple:
         """``solve(*arrays)`` (bounds._solve_lp: min c.x over the LP those arrays are), once."""
         pattern = arrays[1]

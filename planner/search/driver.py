@@ -120,6 +120,22 @@ def search(
     return search_space(*args, pins, variants_of, progress, memo)
 
 
+def prepare(
+    graph, blocks: list[Block], cluster: Cluster, training: Training, pins: Pins, variants_of
+) -> bool:
+    """Ask ``variants_of`` what ``search``'s first pass under ``pins`` asks before pricing
+    (each TP degree's sharding ILPs and eager probes, block classes in the same order), so
+    that a search forked after this finds them computed as a search would have left them;
+    False where that search has no candidate (it raises the error itself)."""
+    quiet_highs()
+    first = replace(pins, cp=1) if pins.cp is None and attention_sequence(graph) else pins
+    try:
+        _candidates(graph, blocks, cluster, training, first, variants_of)
+    except UserInputError:
+        return False
+    return True
+
+
 def search_space(
     graph,
     blocks: list[Block],
