@@ -1064,8 +1064,8 @@ MUTANTS: list[Mutant] = [
     M(
         "run-stage-never-adopts-eager-modules",
         "runtime/stages.py",
-        "            or not forward_takes_one_argument(original)\n",
-        "            or True\n",
+        "        original = eager.get(one_call_site(fqn))\n",
+        "        original = None\n",
         "tests/test_runtime_oracle.py::test_plan_trains_like_one_process[ste-custom-backward-pp2]",
         "every stage runs its traced copy: a function's own backward is lost under PP",
     ),
@@ -1153,7 +1153,7 @@ MUTANTS: list[Mutant] = [
     M(
         "run-eager-swap-ignores-call-arguments",
         "runtime/stages.py",
-        "            or (one_tensor is not None and one_call_site(fqn) not in one_tensor)\n",
+        "            and (one_tensor is None or one_call_site(fqn) in one_tensor)\n",
         "",
         "tests/test_runtime_oracle.py::test_plan_trains_like_one_process[multi_input-inputs-pp2]",
         "a module called with a list runs eagerly on the one tensor the trace kept",
