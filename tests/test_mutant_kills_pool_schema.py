@@ -449,7 +449,8 @@ BAD = [
         _set("blocks.1.tp_plan", {"q": "colwise", "o": "rowwize"}),
         P + "block 'b1' has "
         "an unknown tensor-parallel style 'rowwize' (known: colwise, colwise_gather, rowwise, "
-        "colwise_sp, rowwise_sp, sequence, sp_gather, sp_block, colwise_in_out, colwise_dtensor, "
+        "colwise_sp, rowwise_sp, sequence, sp_gather, sp_block, colwise_sp_tokens, "
+        "rowwise_sp_tokens, sequence_tokens, colwise_in_out, colwise_dtensor, "
         "colwise_dtensor_in_out, colwise_gather_in_out, rowwise_in_out; by k blocks: "
         "colwise_dtensor[_in_out]:k, colwise_gather[_in_out]:k)",
     ),

@@ -1763,6 +1763,29 @@ def _templates(
 SEQUENCE_LOCAL = ELEMENTWISE | LINEAR_UNARY | NORMS
 
 
+def _replicated_region(prob: BlockProblem, strat: list, seeds: set[str]) -> set[str]:
+    """The ops of sequence parallelism's replicated region: replicated ops linked to the block
+    input through replicated ops, either way (the dropout between a row-parallel output and
+    the residual add joins through the add)."""
+    links: dict[str, set[str]] = {op.name: set() for op, s in zip(prob.ops, strat) if s.out == R}
+    region: set[str] = set()
+    for op in prob.ops:
+        if op.name not in links:
+            continue
+        for o in op.operands:
+            if o.kind == "node" and o.name in seeds:
+                region.add(op.name)
+            elif o.kind == "node" and o.name in links:
+                links[op.name].add(o.name)
+                links[o.name].add(op.name)
+    todo = list(region)
+    while todo:
+        for v in links[todo.pop()] - region:
+            region.add(v)
+            todo.append(v)
+    return region
+
+
 def _sequence_parallel(
     prob: BlockProblem, choice: tuple[int, ...], name: str, comm_seconds_per_byte: float
 ) -> _Template | None:
@@ -1788,24 +1811,7 @@ def _sequence_parallel(
     seeds = {n for n, (_, grad) in prob.external.items() if grad}
     if len(seeds) != 1:
         return None
-    # The region: replicated ops linked to the block input through replicated ops, either way
-    # (the dropout between a row-parallel output and the residual add joins through the add).
-    links: dict[str, set[str]] = {op.name: set() for op, s in zip(prob.ops, strat) if s.out == R}
-    region: set[str] = set()
-    for op in prob.ops:
-        if op.name not in links:
-            continue
-        for o in op.operands:
-            if o.kind == "node" and o.name in seeds:
-                region.add(op.name)
-            elif o.kind == "node" and o.name in links:
-                links[op.name].add(o.name)
-                links[o.name].add(op.name)
-    todo = list(region)
-    while todo:
-        for v in links[todo.pop()] - region:
-            region.add(v)
-            todo.append(v)
+    region = _replicated_region(prob, strat, seeds)
     if not region or any(u not in region for u in prob.outputs):
         return None
     lead = tuple(prob.ops[prob.index[prob.outputs[0]]].shape[:2])  # (batch, sequence)
