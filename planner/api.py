@@ -11,7 +11,7 @@ from typing import Any
 import networkx as nx
 
 from planner.modelfile import ModelFile, load_model_file
-from planner.trace.blocks import Block, make_blocks, runs_eagerly_in_stage
+from planner.trace.blocks import Block, make_blocks, reads_one_tensor, runs_eagerly_in_stage
 from planner.trace.cache import load_trace, save_trace, trace_key
 from planner.training import Training, on_devices, training_from
 from planner.vocab import Offload, Recompute
@@ -146,7 +146,7 @@ def variants_for(
     Long because the ILP, the per-run binding memo and the probe's verdicts are closures over
     one run's graph, cluster and probe; split, each would take all three as arguments."""
     from planner.cost.sharding import tp_variants
-    from planner.vocab import SEQUENCE_STYLES, on_dtensors, without_sequence
+    from planner.vocab import SEQUENCE_STYLES, keeps_dtensors, on_dtensors, without_sequence
 
     p = cluster.profile
     bw, _ = cluster.link(list(range(min(cluster.gpus_per_node, cluster.gpus))))
@@ -180,9 +180,15 @@ def variants_for(
         found = solve(block, tp, pipelined)
         if probe is not None:
             found = _runnable(block, tp, found)
-            if pipelined and not runs_eagerly_in_stage(graph, block):
+            if pipelined and not reads_one_tensor(graph, block):
+                # a stage runs a block handed several tensors eagerly from its kept call
+                # signature, but not one on DTensors (``runtime.stages.traced_pipe``)
+                eager = runs_eagerly_in_stage(graph, block)
                 found = [
-                    v for v in found if not any(s in SEQUENCE_STYLES for s in v.tp_plan.values())
+                    v
+                    for v in found
+                    if not any(s in SEQUENCE_STYLES for s in v.tp_plan.values())
+                    or (eager and not keeps_dtensors(v.tp_plan))
                 ]
         if tp_variant == "no-sequence":
             return [v for v in found if not v.name.endswith("-sp")]

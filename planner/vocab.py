@@ -131,6 +131,11 @@ def base_style(style: str) -> str:
     return style.partition(BLOCKS)[0].removesuffix(IN_OUT)
 
 
+def keeps_dtensors(tp_plan: dict[str, str]) -> bool:
+    """Whether a block runs on DTensors (some column-parallel output kept a DTensor)."""
+    return any(base_style(s).startswith(TPStyle.COLWISE_DTENSOR) for s in tp_plan.values())
+
+
 def on_dtensors(tp_plan: dict[str, str]) -> dict[str, str]:
     """``tp_plan`` with every column-parallel output kept a DTensor (see COLWISE_DTENSOR)."""
     return {

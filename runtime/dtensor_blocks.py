@@ -33,7 +33,7 @@ from torch.distributed.tensor.experimental import implicit_replication, register
 from torch.distributed.tensor.placement_types import _StridedShard
 from torch.overrides import TorchFunctionMode
 
-from planner.vocab import base_style
+from planner.vocab import keeps_dtensors
 
 aten = torch.ops.aten
 _registered: list[bool] = []
@@ -213,11 +213,7 @@ def backward_replication(plan: object):
     tensors beside DTensors (StableLM's and Qwen2-MoE's rotary tables multiply q and k); their
     backward ops meet the DTensor gradients outside the block's call. Elsewhere no op mixes the
     two (torch's ParallelStyles hand plain local tensors on), so nothing else changes."""
-    on_dtensors = any(
-        base_style(style).startswith("colwise_dtensor")
-        for block in plan.blocks
-        for style in block.tp_plan.values()
-    )
+    on_dtensors = any(keeps_dtensors(block.tp_plan) for block in plan.blocks)
     return implicit_replication() if on_dtensors else contextlib.nullcontext()
 
 

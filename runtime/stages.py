@@ -35,6 +35,7 @@ from torch.distributed.pipelining._IR import annotate_split_points
 from planner.errors import UserInputError, brief
 from planner.modelfile import forward_takes_one_argument, one_call_site
 from planner.schema import Plan
+from planner.vocab import keeps_dtensors
 from runtime.block_calls import BlockCall, ModuleCalls, call_eagerly, signature_modules
 from runtime.model_outputs import OutputLayout, traced_pipeline
 from runtime.parallelize import called_paths, find_module
@@ -85,7 +86,16 @@ def traced_pipe(
     that ``calls`` (``block_calls.module_calls``) finds handed several tensors
     (``block_calls.signature_modules``); none where the export cannot keep them."""
     points = split_points(plan, model)
-    blocks = [p for b in plan.blocks for m in b.modules for p in called_paths(model, m)]
+    # A block run on DTensors (``colwise_dtensor``) stays traced: eager, its attention's
+    # backward meets the plain mask the model hands it beside DTensor activations (GPT-2's,
+    # DeepSeek's and MiniCPM3's layers at pp 2 x tp 2), which DTensor refuses to mix
+    blocks = [
+        p
+        for b in plan.blocks
+        if not keeps_dtensors(b.tp_plan)
+        for m in b.modules
+        for p in called_paths(model, m)
+    ]
     preserve = signature_modules(blocks, calls)
     key = json.dumps(
         [plan.model.sha256, plan.model.args, plan.micro_batch_size, points, preserve],
