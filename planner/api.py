@@ -129,6 +129,7 @@ def variants_for(
     tp_variant: str = "auto",
     memo: dict | None = None,
     probe: Any = None,
+    presolved: dict | None = None,
 ) -> Any:
     """The intra-block sharding ILP, with its cost rates taken from the cluster's profile.
     ``tp_variant="sharded"`` drops the replicated variant wherever a sharded one exists, so a
@@ -142,6 +143,8 @@ def variants_for(
     (the last stage's head reads its own copy of the embedding), so tied weights stay
     replicated there; with the probe (meshplan's runtime), a block a stage runs as traced
     code of fixed shapes is not sequence-parallel (``trace.blocks.runs_eagerly_in_stage``).
+    ``presolved``: ILP solutions a forked copy computed (``ilps_beside``), taken into ``memo``
+    as they are asked for.
 
     Long because the ILP, the per-run binding memo and the probe's verdicts are closures over
     one run's graph, cluster and probe; split, each would take all three as arguments."""
@@ -161,6 +164,7 @@ def variants_for(
             flops_per_second=p.peak_flops["bf16"] * p.matmul_efficiency,
             bytes_per_second=p.memory_bandwidth * p.elementwise_efficiency,
             memo=memo,
+            presolved=presolved,
         )
 
     # (block, tp, pipelined) -> its variants: the searches of one run (the plan's and the
@@ -328,11 +332,15 @@ def plan(
     probe = EagerShardProbe(
         mf, training.dtype, traced.cache_key if use_cache else None, traced.repeats
     )
-    variants_of = variants_for(traced.graph, cluster, pins.tp_variant, memo.variants, probe)
+    presolved: dict = {}  # ILP solutions of a forked copy (ilps_beside), taken as asked for
+    variants_of = variants_for(
+        traced.graph, cluster, pins.tp_variant, memo.variants, probe, presolved
+    )
     # Hand-written baselines as published (Narayanan et al. 2021: no sequence parallelism),
     # searched in a forked copy while the plan's own search runs here.
     pending = None
     if compare_baselines:
+        presolved.update(ilps_beside(traced, cluster, training, pins, memo, probe))
         pending = baselines_beside(traced, cluster, training, pins, variants_of, memo, probe)
     try:
         result = search(
@@ -480,6 +488,41 @@ def random_draw_notes(graph, doc) -> list[str]:
         "plan draws its own, so it trains like one process in distribution, not number for "
         "number; set dropout and other noise to 0 to compare its losses with one device's"
     ]
+
+
+def ilps_beside(traced, cluster, training, pins, memo, probe) -> dict:
+    """On a first plan of a model: the sharding ILPs ``baselines_beside`` computes before its
+    fork (Megatron's TP degree, ``driver.prepare``), solved in a forked copy while this process
+    builds the eager probe's meta model and captures its inputs (``EagerShardProbe.load``);
+    the two are independent (HiGHS on the graph; the model's torch code) and each about 0.4 s
+    of CPU on Llama-3-70B, all of it before the baselines' copy can start. Returns the copy's
+    solutions by ``tp_variants``' keys, which ``variants_for(presolved=...)`` takes as the
+    searches ask for them, so the memo holds what it would have: the copy runs ``prepare``
+    without the probe and may solve keys no search here asks for, which stay unused. {} where
+    nothing is to gain (solutions or verdicts read from the cache, TP 1, no fork) or the copy
+    failed: then everything is computed here as before."""
+    from dataclasses import replace
+
+    from planner.search.driver import prepare
+    from planner.search.overlap import Forked, forking_allowed
+
+    megatron = replace(pins, tp=megatron_tp(cluster))
+    if memo.variants or probe.verdicts or megatron.tp == 1 or not forking_allowed():
+        return {}
+
+    def solve() -> dict:
+        solved: dict = {}
+        unprobed = variants_for(traced.graph, cluster, pins.tp_variant, solved)
+        prepare(traced.graph, traced.blocks, cluster, training, megatron, unprobed)
+        return solved
+
+    pending = Forked(solve, fallback=dict)
+    try:
+        probe.load()
+    except BaseException:
+        pending.cancel()
+        raise
+    return pending.result()
 
 
 def baselines_beside(traced, cluster, training, pins, variants_of, memo, probe) -> Any:

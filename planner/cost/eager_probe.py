@@ -91,6 +91,14 @@ class EagerShardProbe:
                 first.setdefault(json.loads(key)[0], reason)
         return [f"tensor parallelism: {r}" for _, r in sorted(first.items())]
 
+    def load(self) -> None:
+        """Build the meta model and capture the block modules' inputs now, as the first probe
+        would (``planner.api.ilps_beside`` does it while a forked copy solves sharding ILPs)."""
+        from planner.trace.export import quiet_torch_logs
+
+        with quiet_torch_logs():  # as _verdict runs it
+            self._load()
+
     def _load(self) -> nn.Module:
         from torch._subclasses.fake_tensor import FakeTensorMode
 

@@ -1686,6 +1686,7 @@ def tp_variants(
     max_variants: int = 3,
     memo: dict | None = None,
     vocab_tied: bool = True,
+    presolved: dict | None = None,
 ) -> list[TPVariant]:
     """The Pareto-best ways (time vs per-device memory) to run ``block`` over ``tp`` devices
     (``vocab_tied``: see ``build_problem``).
@@ -1695,11 +1696,16 @@ def tp_variants(
     sharded variants named "tp{t}-v{k}", k = 1 for the fastest, ordered by time, fastest first;
     then, where the block allows it, "tp{t}-v1-sp": the fastest with sequence parallelism.
     Solved once per (block class, tp, cost rates) when given a ``memo`` to keep the solutions in
-    (blocks of a class differ only in names), and re-bound to this block's names."""
+    (blocks of a class differ only in names), and re-bound to this block's names.
+    ``presolved``: solutions computed elsewhere under the same keys (a forked copy of the
+    planning process: ``planner.api.ilps_beside``), moved into ``memo`` when first asked for,
+    so that ``memo`` holds what it would have held had they been solved here."""
     vocab_tied = vocab_tied and bool(vocab_parallel_tied(graph, tp))
     key = (block.cls, tp, comm_seconds_per_byte, flops_per_second, bytes_per_second, max_variants)
     key += (vocab_tied,)
     memo = {} if memo is None else memo
+    if key not in memo and presolved and key in presolved:
+        memo[key] = presolved.pop(key)
     if key not in memo:
         prob = build_problem(graph, block, tp, flops_per_second, bytes_per_second, vocab_tied)
         memo[key] = _templates(prob, comm_seconds_per_byte, max_variants)

@@ -32,10 +32,13 @@ def forking_allowed() -> bool:
 
 
 class Forked(Generic[T]):
-    """``compute()`` running in a forked copy of this process from construction on."""
+    """``compute()`` running in a forked copy of this process from construction on.
+    ``fallback``: what ``result()`` computes here instead of ``compute`` where no copy ran or
+    it failed (work that only saves time elsewhere: ``planner.api.ilps_beside``)."""
 
-    def __init__(self, compute: Callable[[], T]) -> None:
+    def __init__(self, compute: Callable[[], T], fallback: Callable[[], T] | None = None) -> None:
         self._compute = compute
+        self._fallback = compute if fallback is None else fallback
         self._pid: int | None = None
         self._read: int | None = None
         self.forked = False  # whether the copy's answer was used (tests read it)
@@ -65,15 +68,16 @@ class Forked(Generic[T]):
         self._pid, self._read = pid, read
 
     def result(self) -> T:
-        """What ``compute()`` returned in the copy; computed here if the copy failed."""
+        """What ``compute()`` returned in the copy; computed here (``fallback``) if the copy
+        failed."""
         if self._pid is None:
-            return self._compute()
+            return self._fallback()
         with os.fdopen(self._read, "rb") as pipe:
             data = pipe.read()
         _, status = os.waitpid(self._pid, 0)
         self._pid = None
         if os.waitstatus_to_exitcode(status) != 0 or not data:
-            return self._compute()
+            return self._fallback()
         self.forked = True
         return pickle.loads(data)
 
