@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -123,3 +124,84 @@ def test_forked_baselines_plan_and_keep_what_the_serial_search_does(tmp_path, mo
     assert len(baselines) == 3
     assert runs["forked"][0] == runs["serial"][0]
     assert runs["forked"][1] == runs["serial"][1]
+
+
+def test_a_fallback_replaces_the_work_where_no_copy_answers(monkeypatch):
+    parent = os.getpid()
+
+    def compute() -> int:
+        if os.getpid() != parent:
+            raise RuntimeError("only in the copy")
+        return 7
+
+    failed = Forked(compute, fallback=lambda: 0)
+    assert failed.result() == 0 and not failed.forked
+    monkeypatch.setenv("MESHPLAN_NO_FORK", "1")
+    assert Forked(compute, fallback=lambda: 0).result() == 0
+
+
+def _first_plan_setup(tmp_path, monkeypatch):
+    """A tiny GPT's trace, on two nodes of 4 (Megatron's rule: TP 4), with empty stores."""
+    from planner.api import trace
+    from planner.cost.eager_probe import EagerShardProbe
+    from planner.hardware.cluster import make_cluster
+    from planner.search import Pins
+    from planner.search.memo import SearchMemo
+    from planner.training import training_from
+
+    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path))
+    traced = trace(ROOT / "examples" / "gpt.py", {"size": "tiny"}, use_cache=False)
+    cluster, _ = make_cluster(8, "h100-sxm", 4, 2)
+    training = training_from(traced.model_file.training, "gpt.py")
+    probe = EagerShardProbe(traced.model_file, training.dtype, None, traced.repeats)
+    return traced, cluster, training, Pins(), SearchMemo(variants={}), probe
+
+
+def test_the_ilps_solved_in_a_copy_are_those_solved_here(tmp_path, monkeypatch):
+    """``ilps_beside``: the copy's solutions under each key the first search asks for equal
+    the ones solved in this process (the probe's model built here meanwhile), and taking them
+    leaves the memo holding exactly the serial run's entries, in its order."""
+    from planner.api import ilps_beside, variants_for
+    from planner.search.driver import prepare
+
+    traced, cluster, training, pins, memo, probe = _first_plan_setup(tmp_path, monkeypatch)
+    presolved = ilps_beside(traced, cluster, training, pins, memo, probe)
+    assert presolved and probe._model is not None  # the copy answered; the model is built
+    runs = {}
+    for way, given in (("serial", {}), ("presolved", dict(presolved))):
+        solved: dict = {}
+        variants_of = variants_for(traced.graph, cluster, "auto", solved, probe, given)
+        prepare(traced.graph, traced.blocks, cluster, training, replace(pins, tp=4), variants_of)
+        runs[way] = solved
+    assert list(runs["presolved"]) == list(runs["serial"])
+    assert runs["presolved"] == runs["serial"]
+    assert {k: presolved[k] for k in runs["serial"]} == runs["serial"]
+
+
+def test_a_failing_ilp_copy_leaves_the_ilps_to_this_process(tmp_path, monkeypatch):
+    """The copy fails (its ``prepare`` raises there only): nothing is presolved, no copy is
+    left running, and the plan's ILPs are solved here as before."""
+    import planner.search.driver as driver
+    from planner.api import ilps_beside
+
+    traced, cluster, training, pins, memo, probe = _first_plan_setup(tmp_path, monkeypatch)
+    parent, prepare = os.getpid(), driver.prepare
+
+    def failing(*args, **kwargs):
+        if os.getpid() != parent:
+            raise RuntimeError("only in the copy")
+        return prepare(*args, **kwargs)
+
+    forked, fork = [], os.fork
+
+    def recorded() -> int:
+        pid = fork()
+        forked.append(pid)
+        return pid
+
+    monkeypatch.setattr(driver, "prepare", failing)
+    monkeypatch.setattr(os, "fork", recorded)
+    assert ilps_beside(traced, cluster, training, pins, memo, probe) == {}
+    assert len(forked) == 1 and probe._model is not None
+    with pytest.raises(ChildProcessError):
+        os.waitpid(forked[0], os.WNOHANG)  # the copy is gone, reaped
