@@ -14,7 +14,12 @@ report worker, peak resident memory, and the phases inside the process:
 - ``trace``: tracing the model (cold; torch and transformers imported here) or reading the
   cached trace (warm);
 - ``search``: the rest of ``planner.api.plan``: pricing, the sharding ILP (read from the cache
-  when warm), the stage MILPs, the baselines;
+  when warm), the stage MILPs, the baselines; on a first plan, Megatron's TP degree's ILPs
+  in a forked copy beside the eager probe's model build (``planner.api.ilps_beside``), then
+  the baselines in a forked copy beside the plan's own search: the process's CPU here is
+  less than the phase's work (the copies' CPU is in the run's CPU total). Cold, the 70B's
+  critical path after the trace is the baselines' copy (Megatron's interleaved stage
+  MILPs, about 3.5 s of CPU), not the plan's own search;
 - ``report``: waiting, after plan.json and the summary, for the worker drawing the figures
   (it started before the trace, so most of its work overlapped the search);
 - ``other``: the rest of the process (arguments, the cluster, writing plan.json, printing;
