@@ -150,6 +150,7 @@ def _first_plan_setup(tmp_path, monkeypatch):
     from planner.training import training_from
 
     monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path))
+    monkeypatch.delenv("MESHPLAN_NO_FORK", raising=False)
     traced = trace(ROOT / "examples" / "gpt.py", {"size": "tiny"}, use_cache=False)
     cluster, _ = make_cluster(8, "h100-sxm", 4, 2)
     training = training_from(traced.model_file.training, "gpt.py")
