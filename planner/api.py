@@ -25,7 +25,8 @@ class TracedModel:
     note: str  # one line for the user (fallback tracing), or ""
     from_cache: bool
     cache_key: str = ""  # the trace cache's key (what else is cached for this trace uses it)
-    repeats: list = dataclasses.field(default_factory=list)  # containers traced cut (cold)
+    # the containers traced cut (planner.trace.repeats.Repeat's fields, as the cache keeps them)
+    repeats: list[dict] = dataclasses.field(default_factory=list)
 
     @property
     def params(self) -> int:
@@ -52,13 +53,15 @@ def trace(
     )
     key = trace_key(mf.sha256, mf.args, traced_batch_size, dtype)
     cached = load_trace(key) if use_cache else None
-    repeats: list = []
     if cached is None:
         from planner.trace.export import trace_model
 
         result = trace_model(mf, traced_batch_size, dtype)
-        graph, note, repeats = result.graph, result.note, result.repeats
+        graph, note = result.graph, result.note
         graph.graph["note"] = note
+        # kept with the trace: a re-plan's eager probe then captures on the cut model too,
+        # not by running every layer of the full one (minutes of meta forward at 80 layers)
+        graph.graph["repeats"] = [dataclasses.asdict(r) for r in result.repeats]
         blocks = make_blocks(graph)
         if use_cache:
             save_trace(key, graph, blocks)
@@ -67,6 +70,7 @@ def trace(
         note = graph.graph.get("note", "")
         # The key is the file's content: the same bytes may live at another path now.
         graph.graph["file"] = str(mf.path)
+    repeats = list(graph.graph.get("repeats", []))
     return TracedModel(mf, graph, blocks, note, cached is not None, key, repeats)
 
 

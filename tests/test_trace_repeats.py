@@ -10,7 +10,7 @@ import pytest
 from planner.modelfile import load_model_file
 from planner.trace import export
 from planner.trace.blocks import make_blocks
-from planner.trace.repeats import FULL_TRACE_ENV
+from planner.trace.repeats import FULL_TRACE_ENV, Repeat
 
 PATTERN = "tests/models/layer_pattern.py"
 ZOO = "tests/zoo/zoo.py"
@@ -127,7 +127,7 @@ def test_the_eager_probe_captures_on_the_cut_model_and_in_full_past_it():
 
     mf = load_model_file("tests/models/opt.py", {"size": "tiny", "layers": 8})
     traced = trace(mf, use_cache=False)
-    assert [(r.path, r.kept) for r in traced.repeats] == [("model.decoder.layers", 4)]
+    assert [(r["path"], Repeat(**r).kept) for r in traced.repeats] == [("model.decoder.layers", 4)]
     cut_probe = EagerShardProbe(mf, "fp32", None, traced.repeats)
     full_probe = EagerShardProbe(mf, "fp32", None)
     for layer in ("model.decoder.layers.1", "model.decoder.layers.6"):
@@ -140,3 +140,28 @@ def test_the_eager_probe_captures_on_the_cut_model_and_in_full_past_it():
             assert (got is not None) == cls.startswith("attn"), got
         # the cut capture reached layer 1; layer 6 had the full forward run for it
         assert cut_probe._repeats == ([] if layer.endswith("6") else traced.repeats)
+
+
+def test_a_cached_trace_keeps_its_repeats_so_the_probe_captures_on_the_cut_model(
+    tmp_path, monkeypatch
+):
+    """A re-plan reads the trace from the cache; its eager probe must still cut the repeated
+    layers to the traced members. Without the repeats kept in the entry it ran the full
+    model's meta forward (every one of a 70B's 80 layers, twice where plain meta fails)."""
+    from planner.api import trace
+    from planner.cost.eager_probe import EagerShardProbe
+
+    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path))
+    mf = load_model_file("tests/models/opt.py", {"size": "tiny", "layers": 8})
+    first = trace(mf)
+    again = trace(mf)
+    assert not first.from_cache and again.from_cache
+    assert again.repeats == first.repeats != []
+    probe = EagerShardProbe(mf, "fp32", None, again.repeats)
+    layer = "model.decoder.layers.1"
+    mlp = {f"{layer}.fc1": "colwise", f"{layer}.fc2": "rowwise"}
+    assert probe.reject(f"mlp{layer}", layer, mlp, 2) is None
+    # the forward that captured the inputs ran the cut model: layers past the kept ones
+    # (4 of 8) were never reached
+    assert f"{layer}.fc1" in probe._inputs
+    assert "model.decoder.layers.6.fc1" not in probe._inputs

@@ -44,10 +44,11 @@ class EagerShardProbe:
     re-plan runs no probe and an edited probe never reads an older one's verdicts."""
 
     def __init__(
-        self, mf: ModelFile, dtype: str, trace_key: str | None = None, repeats: list = ()
+        self, mf: ModelFile, dtype: str, trace_key: str | None = None, repeats: list[dict] = ()
     ) -> None:
         """``trace_key``: the cached trace's key (None: keep verdicts for this run only).
-        ``repeats``: the trace's repeated containers (``planner.trace.repeats``): the inputs
+        ``repeats``: the trace's repeated containers (``planner.trace.repeats.Repeat``'s
+        fields, as ``planner.api.TracedModel`` holds them): the inputs
         are captured with them cut to their traced members, and again in full only if a
         module beyond those is probed."""
         self.mf, self.dtype = mf, dtype
@@ -103,9 +104,10 @@ class EagerShardProbe:
         from torch._subclasses.fake_tensor import FakeTensorMode
 
         from planner.trace.export import build_meta_model
-        from planner.trace.repeats import cut
+        from planner.trace.repeats import Repeat, cut
 
         if self._model is None:
+            repeats = [Repeat(**r) for r in self._repeats]
             model = build_meta_model(self.mf, self.dtype)
             names = {m: n for n, m in model.named_modules()}
             # Meta tensors first; where the model's code asks a meta tensor for data
@@ -114,7 +116,7 @@ class EagerShardProbe:
             # recognises as tracing. The probes then run under the mode that reached the blocks.
             for mode in (None, FakeTensorMode(allow_non_fake_inputs=True)):
                 self._inputs.clear()
-                with cut(model, self._repeats):
+                with cut(model, repeats):
                     if self._capture(model, names, mode):
                         break
             self._mode = mode
