@@ -54,6 +54,8 @@ def test_an_options_time_and_parameter_shares():
         # dp 8, ep 2: n = 4, (3/4) / (7/8)
         (2, 60.0, 8, 40.0 + 60.0 * (3 / 4) / (7 / 8)),
         (4, 60.0, 4, 40.0),  # ep = dp: experts are not reduced at all
+        (2, 60.0, 2, 40.0),  # the same on two replicas
+        (2, 1.0, 4, 99.0 + (1 / 2) / (3 / 4)),  # one expert parameter is still an expert's
     ],
 )
 def test_expert_gradients_move_over_their_own_replicas_only(ep, expert, dp, moved):
@@ -148,3 +150,13 @@ def test_the_loss_holds_three_fp32_copies_of_the_logits():
     in fp32, 1000 logits, 12,000 bytes."""
     assert _inputs(_blocks()).loss_bytes == 24000.0
     assert _inputs(_blocks(), dtype="fp32").loss_bytes == 12000.0
+
+
+def test_without_expert_parallelism_every_parameter_moves_exactly():
+    """ep = 1: the whole count, exactly (a TP share's fractional count, where the expert
+    formula's params - experts + experts x 1.0 rounds one unit in the last place off; plans
+    are byte-identical for the same inputs)."""
+    params, experts = 113175 / 7, 21457 / 3
+    option = replace(OPTION, params=params, ep=1, expert_params=experts)
+    assert params - experts + experts * 1.0 != params  # the case is live
+    assert option.comm_params(4) == params
