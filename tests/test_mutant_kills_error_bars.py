@@ -13,6 +13,7 @@ from planner.cost.error_bars import (
     ErrorBar,
     error_bar,
     error_bars_file,
+    parallel_form,
     spread,
     summarize,
 )
@@ -123,3 +124,8 @@ def test_the_shipped_file_is_read_when_no_path_is_given():
     cell = shipped["spread"]["all"]["all"]
     bar = error_bar("a-profile-no-run-used", 1, 1)
     assert bar == ErrorBar(cell["low"], cell["high"], cell["runs"], "all")
+
+
+def test_two_tp_ranks_are_tensor_parallel():
+    assert parallel_form(1, 2) == "tensor parallel"
+    assert parallel_form(2, 2) == "pipelined"
