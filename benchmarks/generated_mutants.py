@@ -211,7 +211,10 @@ MODULES: dict[str, list[str]] = {
     "planner/cost/engines.py": ["tests/test_mutant_kills_engines.py"],
     # the profiles' own tests (loading, writing, every defect's field named); the cost model's
     # read the shipped profiles through it
-    "planner/hardware/profiles.py": ["tests/test_profiles.py"],
+    "planner/hardware/profiles.py": [
+        "tests/test_profiles.py",
+        "tests/test_mutant_kills_profiles.py",
+    ],
 }
 # the shipped example models, planned for the equivalence check (file, size, GPUs, profile)
 EXAMPLES = [
