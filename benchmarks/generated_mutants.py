@@ -38,15 +38,13 @@ from mutants import ROOT, scratch_copy  # noqa: E402
 # module -> the test files that cover it (the default suite's, never the long or zoo ones)
 COST = ["tests/test_costmodel.py", "tests/test_cost_terms.py", "tests/test_live_terms.py"]
 MODULES: dict[str, list[str]] = {
-    # the mesh's own tests, and the cost model's (which price every mesh); the plans that
-    # also use it take minutes a mutant on 2 shared cores
-    "planner/schema/mesh.py": [
-        "tests/test_stage_tp.py::test_ranks_are_laid_stage_after_stage",
-        "tests/test_stage_tp.py::test_every_boundary_message_has_one_sender_and_one_receiver",
-        "tests/test_stage_tp.py::test_one_degree_for_all_is_the_uniform_mesh",
-        *COST,
-    ],
-    "planner/schema/plan.py": ["tests/test_plan_file.py", "tests/test_mixed_stage_dp.py"],
+    # a brute-force layout of each mesh's ranks; test_stage_tp's mesh tests import the
+    # command line (meshplan/, not in the scratch tree), and the cost model's and the plans'
+    # tests take half a minute to minutes a mutant on 2 shared cores
+    "planner/schema/mesh.py": ["tests/test_mutant_kills_mesh.py"],
+    # a plan of every record written by hand, and the shipped example plans; test_plan_file's
+    # and test_mixed_stage_dp's plan models in module fixtures (3 minutes a mutant)
+    "planner/schema/plan.py": ["tests/test_mutant_kills_plan.py"],
     # plans written by hand, one defect each: test_plan_file's and test_stage_tp's checks plan
     # gpt in a module fixture, half a minute a mutant
     "planner/schema/checks.py": ["tests/test_mutant_kills_pool_schema.py"],
@@ -184,6 +182,38 @@ MODULES: dict[str, list[str]] = {
     "runtime/pipeline_buffers.py": [
         "tests/test_mutant_kills_pipeline_buffers.py",
         "tests/test_pipeline_buffers.py::test_stage_holds_what_the_cost_model_prices[4]",
+    ],
+    # brute-force dominance over small integer coefficients, the tolerance by hand, and a
+    # column layout summed by hand (test_solver_exact's cases solve MILPs: seconds a mutant)
+    "planner/search/milp/dominance.py": ["tests/test_mutant_kills_milp_small.py"],
+    "planner/search/milp/columns.py": ["tests/test_mutant_kills_milp_small.py"],
+    # the sharding ILP's solutions kept on disk, in a cache folder of the test's own
+    "planner/cost/variant_cache.py": ["tests/test_mutant_kills_variant_cache.py"],
+    # the eager probe's recorder over a few meta-device ops (test_sharding's probes trace models)
+    "planner/cost/reshapes.py": ["tests/test_mutant_kills_reshapes.py"],
+    # the spread, range and lookup by hand (test_error_bars' last two plan a model)
+    "planner/cost/error_bars.py": [
+        *(
+            f"tests/test_error_bars.py::test_{name}"
+            for name in (
+                "spread_is_the_10th_and_90th_percentile_between_order_statistics",
+                "a_prediction_becomes_the_measured_steps_its_errors_allow",
+                "layouts_group_by_their_parallel_form",
+                "the_plans_cell_then_its_chip_then_every_run",
+            )
+        ),
+        "tests/test_mutant_kills_error_bars.py",
+    ],
+    # (replaces the cost model's tests above) the facts a configuration implies, by hand at
+    # each condition's edge; every priced test reaches them too, at seconds to a minute a mutant
+    "planner/cost/records.py": ["tests/test_mutant_kills_records.py"],
+    # each engine's fields by hand (test_export_pricing's price exported plans of traced models)
+    "planner/cost/engines.py": ["tests/test_mutant_kills_engines.py"],
+    # the profiles' own tests (loading, writing, every defect's field named); the cost model's
+    # read the shipped profiles through it
+    "planner/hardware/profiles.py": [
+        "tests/test_profiles.py",
+        "tests/test_mutant_kills_profiles.py",
     ],
 }
 # the shipped example models, planned for the equivalence check (file, size, GPUs, profile)
