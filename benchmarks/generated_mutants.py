@@ -250,7 +250,9 @@ def mutmut_config(module: str, tests: list[str], timeout_multiplier: float) -> s
         "\n[tool.mutmut]\n"
         'source_paths = ["planner", "runtime"]\n'
         f"only_mutate = {json.dumps([module])}\n"
-        'also_copy = ["tests", "examples", "profiles", "benchmarks", "pyproject.toml"]\n'
+        # meshplan/ too: a test importing meshplan.cli (the command's tests) must collect
+        'also_copy = ["tests", "examples", "profiles", "benchmarks", "meshplan",'
+        ' "pyproject.toml"]\n'
         'pytest_add_cli_args = ["-p", "no:cacheprovider", "-p", "no:xdist", "-W", "ignore",'
         f' "-m", "{markers(module)}"]\n'
         f"pytest_add_cli_args_test_selection = {json.dumps(tests)}\n"
