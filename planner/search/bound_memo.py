@@ -9,8 +9,16 @@ inputs alone: the LP of the arrays handed to HiGHS (and its version; it is solve
 options), the split bound of the StageProblem (and split_bound's own code). So a result kept
 under a hash of those inputs is the one computing it would give, and the search's pruning,
 certificates and plan do not change; any change to the cost model changes the inputs and so the
-key. The candidates' StageProblems are still built (their hash is the key, and the MILP reads
-them).
+key.
+
+A warm plan asks the same candidates again, and building a candidate's StageProblem (its every
+option priced into the MILP's columns: on Llama-3-70B / 64 at a global batch of 1,024, a
+thousand problems, most of the warm search) only to hash it cost more than the bounds it looked
+up. So each candidate's two bounds are kept a second time under ``candidate_key``: a hash of
+what its problem is built from (the candidate's mesh, micro-batch, schedule, chunks and ZeRO
+stage; its priced options, blocks, cluster and training, exactly; the planner's code and the
+numerical libraries' versions), looked up before any problem is built. The problem is built
+only when a bound is missing, or for the MILP of a candidate that survives its bounds.
 
 One JSON file per trace (the variants' and probes' way), read when a plan starts and written
 when it has added to it.
@@ -19,16 +27,21 @@ when it has added to it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from planner.atomic import write_text_atomic
+from planner.cost.records import CostInputs
+from planner.search.bounds import relaxed_bound
+from planner.search.candidates import Candidate
 from planner.search.milp.data import StageProblem
-from planner.search.milp.runs import run_key
+from planner.search.milp.runs import _highs_version, run_key
 from planner.search.milp.split_bound import SplitBound, split_bound
 from planner.trace.cache import cache_dir, code_hash
 
@@ -59,6 +72,42 @@ def problem_key(sp: StageProblem) -> str:
     return digest.hexdigest()[:32]
 
 
+@functools.cache
+def _planner_code() -> str:
+    """A hash of every module of the planner package and of the numerical libraries' versions:
+    whatever code prices, builds or bounds a problem, a key holding this is never read by
+    other code."""
+    root = Path(__file__).resolve().parents[1]
+    names = tuple(sorted(str(p.relative_to(root)) for p in root.rglob("*.py")))
+    return f"{code_hash(names)}/{np.__version__}/{_highs_version()}"
+
+
+def inputs_fingerprint(inp: CostInputs) -> str:
+    """A hash of everything a StageProblem reads from ``inp``: its blocks, each block's priced
+    options (by their exact reprs: floats round-trip), traced micro-batch, cluster, training
+    and memory share, with the planner's code. Kept on ``inp``: its candidates all ask."""
+    if "fingerprint" not in inp.memo:
+        digest = hashlib.sha256(_planner_code().encode())
+        for part in (inp.traced_mbs, inp.cluster, inp.training, inp.memory_fraction):
+            digest.update(f"{part!r};".encode())
+        digest.update(repr(inp.blocks).encode())
+        position: dict[int, int] = {}
+        for opts in inp.options:  # blocks of one class share one list: each repr'd once
+            if id(opts) not in position:
+                position[id(opts)] = len(position)
+                digest.update(f"n{position[id(opts)]}{opts!r};".encode())
+            digest.update(f"b{position[id(opts)]};".encode())
+        inp.memo["fingerprint"] = digest.hexdigest()
+    return inp.memo["fingerprint"]
+
+
+def candidate_key(inp: CostInputs, cand: Candidate) -> str:
+    """The hash of what ``stage_problem(inp, cand)`` is built from, without building it."""
+    fields = (cand.mesh, cand.micro_batch_size, cand.schedule, cand.virtual_stages, cand.zero)
+    text = inputs_fingerprint(inp) + repr(fields)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
 class BoundMemo:
     """Split bounds and LP relaxations by their inputs' hash; ``added`` says whether any was
     computed here (and the file needs writing)."""
@@ -75,6 +124,29 @@ class BoundMemo:
             self.entries[key] = [found.max_stage, found.sum_stages, found.weighted_max]
             self.added += 1
         return SplitBound(*self.entries[key])
+
+    def relaxed(self, key: str, problem: Callable[[], StageProblem]) -> float:
+        """``relaxed_bound(sp, -inf)`` of the candidate ``key`` names (candidate_key), building
+        its problem (``problem()``) only when it is not kept. relaxed_bound(sp, b) is
+        max(b, relaxed_bound(sp, -inf)): it returns b itself or the larger of b and a value of
+        sp alone."""
+        name = "r" + key
+        if name not in self.entries:
+            self.entries[name] = relaxed_bound(problem(), -math.inf, memo=self)
+            self.added += 1
+        return float(self.entries[name])
+
+    def split_of(self, key: str, problem: Callable[[], StageProblem]) -> tuple[SplitBound, float]:
+        """The candidate's split bound and its ``step_bound`` (which reads the problem's
+        shape and constant step time), building the problem only when they are not kept."""
+        name = "p" + key
+        if name not in self.entries:
+            sp = problem()
+            found = self.split(sp)
+            self.entries[name] = [*dataclasses.astuple(found), found.step_bound(sp)]
+            self.added += 1
+        *fields, step = self.entries[name]
+        return SplitBound(*fields), float(step)
 
     def adopt(self, entries: dict[str, list]) -> None:
         """Take the bounds another copy of this memo computed (a forked search's) where this

@@ -33,6 +33,7 @@ from planner.cost.step import evaluate
 from planner.errors import UserInputError
 from planner.hardware.cluster import Cluster
 from planner.highs import quiet_highs
+from planner.search.bound_memo import candidate_key
 from planner.search.bounds import lower_bounds, relaxed_bound
 from planner.search.candidates import (
     Candidate,
@@ -45,6 +46,7 @@ from planner.search.candidates import (
 )
 from planner.search.memo import SearchMemo
 from planner.search.milp.candidate import solve_candidate, stage_problem
+from planner.search.milp.data import StageProblem
 from planner.search.milp.split_bound import split_bound
 from planner.search.options import cuts_send_shards, price_options, sequence_stream_flags
 from planner.trace.blocks import Block
@@ -384,23 +386,38 @@ class _Incumbent:
         if self.beaten(c):
             _prune_by_bound(c, self.best)
             return False
-        sp = stage_problem(self.inputs[c.key], c)
-        c.bound = relaxed_bound(sp, c.bound, memo=self.bounds)
+        inp = self.inputs[c.key]
+        built: list[StageProblem] = []
+
+        def problem() -> StageProblem:
+            if not built:
+                built.append(stage_problem(inp, c))
+            return built[0]
+
+        if self.bounds is None:
+            c.bound = relaxed_bound(problem(), c.bound)
+        else:  # kept by what the problem is built from: a warm plan builds none of these
+            key = candidate_key(inp, c)
+            c.bound = max(c.bound, self.bounds.relaxed(key, problem))
         if c.bound == math.inf:
             _prune_by_memory(c)
             return False
         if self.beaten(c):
             _prune_by_bound(c, self.best)
             return False
-        split = split_bound(sp) if self.bounds is None else self.bounds.split(sp)
+        if self.bounds is None:
+            split = split_bound(problem())
+            step = split.step_bound(problem())
+        else:
+            split, step = self.bounds.split_of(key, problem)
         if not split.feasible:
             _prune_by_memory(c)
             return False
-        c.bound = max(c.bound, split.step_bound(sp))
+        c.bound = max(c.bound, step)
         if self.beaten(c):
             _prune_by_bound(c, self.best)
             return False
-        self.problems[id(c)] = (sp, split)
+        self.problems[id(c)] = (built[0] if built else None, split)
         return True
 
     def _solve_first(self, c: Candidate, pins: Pins) -> None:
