@@ -47,7 +47,7 @@ from planner.search.candidates import (
 from planner.search.memo import SearchMemo
 from planner.search.milp.candidate import solve_candidate, stage_problem
 from planner.search.milp.data import StageProblem
-from planner.search.milp.split_bound import split_bound
+from planner.search.milp.split_bound import SplitBound, split_bound
 from planner.search.options import cuts_send_shards, price_options, sequence_stream_flags
 from planner.trace.blocks import Block
 from planner.trace.graph import pipeline_refusal
@@ -321,10 +321,21 @@ class _Incumbent:
         """The candidate's MILP under the best plan's cutoff less the tolerance."""
         best = self.best
         cutoff = best.cost.step_time_s * (1 - tol) if best is not None else None
-        sp, split = self.problems.get(id(c), (None, None))
+        sp, split = self.kept_problem(c)
         solve_candidate(self.inputs[c.key], c, cutoff, nodes, sp=sp, split=split, runs=self.runs)
         if c.status == "pruned-bound":  # no placement under the cutoff; one within it may be
             self.band.append(c)
+
+    def kept_problem(self, c: Candidate) -> tuple[StageProblem | None, SplitBound | None]:
+        """What ``c``'s MILP reads that its bounds built: its problem (None: not built) and
+        its split bound; the split bound from the memo when its bounds stopped before it (a
+        candidate in the band), so that the MILP does not compute it again."""
+        sp, split = self.problems.get(id(c), (None, None))
+        if split is None and self.bounds is not None:
+            inp = self.inputs[c.key]
+            sp = stage_problem(inp, c) if sp is None else sp
+            split, _ = self.bounds.split_of(candidate_key(inp, c), lambda: sp)
+        return sp, split
 
     def beaten(self, c: Candidate) -> bool:
         return self.best is not None and _beaten(c, self.best, self.band)
@@ -461,7 +472,7 @@ class _Incumbent:
             return 0
         trial = replace(c, nodes=0, solve_time_s=0.0)
         t = c.cost.step_time_s
-        sp, split = self.problems.get(id(c), (None, None))
+        sp, split = self.kept_problem(c)
         inp = self.inputs[c.key]
         solve_candidate(inp, trial, t, SECOND_PASS_NODES, sp=sp, split=split, runs=self.runs)
         c.nodes += trial.nodes
