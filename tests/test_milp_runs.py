@@ -75,3 +75,79 @@ def test_a_replan_reads_every_stage_milp_and_writes_the_same_plan(tmp_path, monk
     assert sorted((tmp_path / "milp").iterdir()) == sorted(runs)  # nothing solved anew
     first.plan.solver.solve_time_s = second.plan.solver.solve_time_s = 0.0
     assert dumps(second.plan) == dumps(first.plan)
+
+
+def test_a_candidates_kept_bounds_need_no_problem_and_equal_computed_ones(tmp_path, monkeypatch):
+    """bound_memo keeps each candidate's relaxed and split bounds under candidate_key (what its
+    problem is built from): read back, neither builds a problem, and both equal the bounds
+    computed from the problem; relaxed_bound(sp, b) is max(b, the kept value) for any b; a
+    candidate or option that differs is another key."""
+    import dataclasses
+    import json
+    import math
+
+    from planner.search.bound_memo import BoundMemo, candidate_key
+    from planner.search.milp.candidate import stage_problem
+    from planner.search.milp.split_bound import split_bound
+
+    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path))
+    args = dict(model_args={"size": "tiny"}, global_batch_size=64, profile="h100-sxm")
+    result = plan(ROOT / "examples" / "gpt.py", 16, gpus_per_node=4, **args).search
+    pipelines = [c for c in result.candidates if c.pp > 1][:6]
+    assert pipelines
+    memo = BoundMemo()
+    for c in pipelines:
+        inp = result.inputs[c.key]
+        sp = stage_problem(inp, c)
+        key = candidate_key(inp, c)
+        relaxed = memo.relaxed(key, lambda sp=sp: sp)
+        split, step = memo.split_of(key, lambda sp=sp: sp)
+        fresh = split_bound(sp)
+        assert split == fresh and step == fresh.step_bound(sp)
+        for b in (0.0, relaxed * 0.5, relaxed * 2, math.inf):
+            assert bounds.relaxed_bound(sp, b) == max(b, relaxed)
+        read = BoundMemo(json.loads(json.dumps(memo.entries)))  # as a warm plan reads them
+
+        def no_problem():
+            raise AssertionError("a kept bound must not build its problem")
+
+        assert read.relaxed(key, no_problem) == relaxed
+        assert read.split_of(key, no_problem) == (split, step)
+        assert read.added == 0
+        other = dataclasses.replace(c, zero=3 - c.zero)
+        assert candidate_key(inp, other) != key
+    c = pipelines[0]
+    inp = result.inputs[c.key]
+    options = [list(opts) for opts in inp.options]
+    first = options[0][0]
+    options[0][0] = dataclasses.replace(first, fwd_s=first.fwd_s * (1 + 1e-15) + 1e-300)
+    changed = dataclasses.replace(inp, options=options, memo={})
+    assert candidate_key(changed, c) != candidate_key(inp, c)
+
+
+def test_a_replan_builds_a_stage_problem_only_for_a_milp(tmp_path, monkeypatch):
+    """Bounding a candidate on a warm plan reads its bounds back by candidate_key: the only
+    problems built are those of the MILPs (at most one each), and the plan is the same."""
+    from planner.search.milp import candidate
+
+    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path))
+    args = dict(model_args={"size": "tiny"}, global_batch_size=64, profile="h100-sxm")
+    first = plan(ROOT / "examples" / "gpt.py", 16, gpus_per_node=4, **args)
+    counts = {"built": 0, "milps": 0}
+    build, solve_one = candidate.stage_problem, driver.solve_candidate
+
+    def counted_build(*a, **k):
+        counts["built"] += 1
+        return build(*a, **k)
+
+    def counted_solve(inp, cand, *a, sp=None, **k):
+        counts["milps"] += 1
+        return solve_one(inp, cand, *a, sp=counted_build(inp, cand) if sp is None else sp, **k)
+
+    monkeypatch.setattr(driver, "stage_problem", counted_build)
+    monkeypatch.setattr(driver, "solve_candidate", counted_solve)
+    second = plan(ROOT / "examples" / "gpt.py", 16, gpus_per_node=4, **args)
+    bounded = sum(1 for c in second.search.candidates if c.status != "dominated")
+    assert 0 < counts["milps"] and counts["built"] <= counts["milps"] < bounded
+    first.plan.solver.solve_time_s = second.plan.solver.solve_time_s = 0.0
+    assert dumps(second.plan) == dumps(first.plan)

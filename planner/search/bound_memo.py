@@ -20,6 +20,14 @@ stage; its priced options, blocks, cluster and training, exactly; the planner's 
 numerical libraries' versions), looked up before any problem is built. The problem is built
 only when a bound is missing, or for the MILP of a candidate that survives its bounds.
 
+The candidates' priced options are kept there too (``BoundMemo.options``): pricing a block
+class for a TP degree and micro-batch (``cost.block_options``, a function of its arguments and
+the trace alone) was most of what a warm plan still computed once its bounds were read back. Kept
+by a hash of those arguments' exact reprs (the block, its sharding variants, the micro-batch, the
+TP, EP and CP degrees, the cluster, the training settings) and the planner's code, in the file
+of the trace they were priced from, and read back field for field (JSON keeps each float's
+repr and each int an int), so the options are the ones pricing gives.
+
 One JSON file per trace (the variants' and probes' way), read when a plan starts and written
 when it has added to it.
 """
@@ -37,7 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from planner.atomic import write_text_atomic
-from planner.cost.records import CostInputs
+from planner.cost.records import BlockOption, CostInputs
 from planner.search.bounds import relaxed_bound
 from planner.search.candidates import Candidate
 from planner.search.milp.data import StageProblem
@@ -82,6 +90,19 @@ def _planner_code() -> str:
     return f"{code_hash(names)}/{np.__version__}/{_highs_version()}"
 
 
+# the last blocks list hashed and its hash: every CostInputs of a plan shares one list, whose
+# repr (every block's nodes and parameter names) is most of a fingerprint's cost
+_last_blocks: list = [None, ""]
+
+
+def _blocks_digest(blocks: list) -> str:
+    """A hash of ``repr(blocks)``, computed once for the list every CostInputs of a plan
+    shares (the planner builds blocks once from the trace and never changes them)."""
+    if _last_blocks[0] is not blocks:
+        _last_blocks[:] = [blocks, hashlib.sha256(repr(blocks).encode()).hexdigest()]
+    return _last_blocks[1]
+
+
 def inputs_fingerprint(inp: CostInputs) -> str:
     """A hash of everything a StageProblem reads from ``inp``: its blocks, each block's priced
     options (by their exact reprs: floats round-trip), traced micro-batch, cluster, training
@@ -90,7 +111,7 @@ def inputs_fingerprint(inp: CostInputs) -> str:
         digest = hashlib.sha256(_planner_code().encode())
         for part in (inp.traced_mbs, inp.cluster, inp.training, inp.memory_fraction):
             digest.update(f"{part!r};".encode())
-        digest.update(repr(inp.blocks).encode())
+        digest.update(_blocks_digest(inp.blocks).encode())
         position: dict[int, int] = {}
         for opts in inp.options:  # blocks of one class share one list: each repr'd once
             if id(opts) not in position:
@@ -106,6 +127,18 @@ def candidate_key(inp: CostInputs, cand: Candidate) -> str:
     fields = (cand.mesh, cand.micro_batch_size, cand.schedule, cand.virtual_stages, cand.zero)
     text = inputs_fingerprint(inp) + repr(fields)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def priced_key(*arguments) -> str:
+    """The hash of what ``block_options`` prices from (beside the trace, which the file is
+    of), by exact reprs, with the planner's code."""
+    text = _planner_code() + repr(arguments)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _tuples(value):
+    """A JSON value with its lists made tuples again (BlockOption's sequences are tuples)."""
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
 
 
 class BoundMemo:
@@ -147,6 +180,20 @@ class BoundMemo:
             self.added += 1
         *fields, step = self.entries[name]
         return SplitBound(*fields), float(step)
+
+    def options(self, key: str, price: Callable[[], list[BlockOption]]) -> list[BlockOption]:
+        """``price()`` (a block class's priced options, ``key`` their priced_key), once; each
+        option kept as its fields' values in order."""
+        name = "o" + key
+        if name not in self.entries:
+            opts = price()
+            self.entries[name] = [dataclasses.astuple(o) for o in opts]
+            self.added += 1
+            return opts
+        return [
+            BlockOption(*[_tuples(v) if type(v) is list else v for v in row])
+            for row in self.entries[name]
+        ]
 
     def adopt(self, entries: dict[str, list]) -> None:
         """Take the bounds another copy of this memo computed (a forked search's) where this

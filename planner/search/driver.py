@@ -262,7 +262,7 @@ def _price(graph, blocks, cluster, training, pins, variants_of, cands, progress,
                 progress("price", len(inputs), keys)
             opts = price_options(
                 graph, blocks, c.tp, c.micro_batch_size, cluster, training, pins, variants_of,
-                c.ep, c.cp, memo.priced, c.pipelined_tp, c.stream,
+                c.ep, c.cp, memo.priced, c.pipelined_tp, c.stream, memo.bounds,
             )  # fmt: skip
             inputs[c.key] = CostInputs(
                 blocks, opts, traced_mbs, cluster, stream_training(graph, blocks, c, training,
