@@ -15,7 +15,7 @@ from test_search_certificates import _pipeline, _record
 
 from planner.api import plan
 from planner.schema import dumps
-from planner.search import bounds, driver
+from planner.search import bounds, driver, options
 from planner.search.bound_memo import bounds_path
 from planner.search.milp import solve
 from planner.search.milp.runs import RunStore
@@ -71,6 +71,7 @@ def test_a_replan_reads_every_stage_milp_and_writes_the_same_plan(tmp_path, monk
     monkeypatch.setattr(solve, "_highs", _no_highs)
     monkeypatch.setattr(driver, "split_bound", _no_bound)
     monkeypatch.setattr(bounds, "_solve_lp", _no_bound)
+    monkeypatch.setattr(options, "block_options", _no_bound)  # the priced options are kept too
     second = plan(ROOT / "examples" / "gpt.py", 16, gpus_per_node=4, **args)
     assert sorted((tmp_path / "milp").iterdir()) == sorted(runs)  # nothing solved anew
     first.plan.solver.solve_time_s = second.plan.solver.solve_time_s = 0.0
@@ -151,3 +152,29 @@ def test_a_replan_builds_a_stage_problem_only_for_a_milp(tmp_path, monkeypatch):
     assert 0 < counts["milps"] and counts["built"] <= counts["milps"] < bounded
     first.plan.solver.solve_time_s = second.plan.solver.solve_time_s = 0.0
     assert dumps(second.plan) == dumps(first.plan)
+
+
+def test_priced_options_read_back_are_the_options_priced(tmp_path, monkeypatch):
+    """BoundMemo.options keeps a block class's priced options as their fields' values: read
+    back from the file, each option equals one the plan priced, field for field and type for
+    type (tuples stay tuples, ints ints), and every option the plan priced is read back."""
+    import dataclasses
+    import json
+
+    from planner.search.bound_memo import BoundMemo
+
+    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path))
+    args = dict(model_args={"size": "tiny"}, global_batch_size=64, profile="h100-sxm")
+    first = plan(ROOT / "examples" / "gpt.py", 16, gpus_per_node=4, **args)
+    entries = json.loads(bounds_path(first.traced.cache_key).read_text())
+    read = BoundMemo(entries)
+    back = [o for k in entries if k.startswith("o") for o in read.options(k[1:], _no_bound)]
+    priced = {o: o for inp in first.search.inputs.values() for opts in inp.options for o in opts}
+    assert back and set(back) >= set(priced)  # every option priced is kept
+    for o in back:
+        same = priced.get(o)
+        if same is None:
+            continue  # priced, then filtered out by the plan's pins or not used
+        for f in dataclasses.fields(o):
+            assert type(getattr(o, f.name)) is type(getattr(same, f.name)), f.name
+    assert any(o.tp_plan for o in back)  # nested tuples among them
