@@ -129,6 +129,15 @@ def candidate_key(inp: CostInputs, cand: Candidate) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
+def simpler_key(inp: CostInputs, cand: Candidate) -> str:
+    """The hash of what ``driver.prefer_simpler`` starts from: the candidate's problem inputs
+    (candidate_key) and its placement (stages and options of every block); the step time it
+    compares against is the cost model's of that placement."""
+    config = cand.config
+    text = candidate_key(inp, cand) + repr((config.stage_of, config.choice))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
 def priced_key(*arguments) -> str:
     """The hash of what ``block_options`` prices from (beside the trace, which the file is
     of), by exact reprs, with the planner's code."""
@@ -194,6 +203,14 @@ class BoundMemo:
             BlockOption(*[_tuples(v) if type(v) is list else v for v in row])
             for row in self.entries[name]
         ]
+
+    def simpler(self, key: str, choose: Callable[[], list[int]]) -> list[int]:
+        """``choose()`` (prefer_simpler's options for the placement ``key`` names), once."""
+        name = "t" + key
+        if name not in self.entries:
+            self.entries[name] = list(choose())
+            self.added += 1
+        return list(self.entries[name])
 
     def adopt(self, entries: dict[str, list]) -> None:
         """Take the bounds another copy of this memo computed (a forked search's) where this
