@@ -178,3 +178,46 @@ def test_priced_options_read_back_are_the_options_priced(tmp_path, monkeypatch):
         for f in dataclasses.fields(o):
             assert type(getattr(o, f.name)) is type(getattr(same, f.name)), f.name
     assert any(o.tp_plan for o in back)  # nested tuples among them
+
+
+def test_prefer_simpler_read_back_is_prefer_simpler_computed(tmp_path, monkeypatch):
+    """prefer_simpler's choice kept (BoundMemo.simpler) and read back gives the placement and
+    cost that running its trials gives, without running them; here from a placement whose
+    blocks all recompute fully where recomputing gains nothing."""
+    import copy
+    import json
+
+    from planner.cost.step import evaluate
+    from planner.search.bound_memo import BoundMemo
+    from planner.vocab import Recompute
+
+    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path))
+    args = dict(model_args={"size": "tiny"}, global_batch_size=64, profile="h100-sxm")
+    result = plan(ROOT / "examples" / "gpt.py", 16, gpus_per_node=4, **args).search
+    best = result.best
+    inp = result.inputs[best.key]
+    heavy = copy.deepcopy(best)
+    choice = []
+    for i, k in enumerate(best.config.choice):
+        opts = inp.options[i]
+        full = [
+            j
+            for j, o in enumerate(opts)
+            if o.variant == opts[k].variant
+            and o.recompute == Recompute.FULL
+            and o.offload == opts[k].offload
+        ]
+        choice.append(full[0] if full else k)
+    assert choice != best.config.choice
+    heavy.config.choice = choice
+    heavy.cost = evaluate(inp, heavy.config)
+    computed, kept = copy.deepcopy(heavy), BoundMemo()
+    driver.prefer_simpler(inp, computed, kept)
+    plain = copy.deepcopy(heavy)
+    driver.prefer_simpler(inp, plain)
+    assert computed.config == plain.config and computed.cost == plain.cost
+    assert computed.config.choice != heavy.config.choice  # the trials did simplify
+    monkeypatch.setattr(driver, "_prefer_simpler", _no_bound)
+    read = copy.deepcopy(heavy)
+    driver.prefer_simpler(inp, read, BoundMemo(json.loads(json.dumps(kept.entries))))
+    assert read.config == plain.config and read.cost == plain.cost
