@@ -221,3 +221,26 @@ def test_prefer_simpler_read_back_is_prefer_simpler_computed(tmp_path, monkeypat
     read = copy.deepcopy(heavy)
     driver.prefer_simpler(inp, read, BoundMemo(json.loads(json.dumps(kept.entries))))
     assert read.config == plain.config and read.cost == plain.cost
+
+
+def test_entries_keyed_by_another_planners_code_are_dropped_when_read(tmp_path, monkeypatch):
+    """The bounds file holds one planner version's code-keyed entries (candidates' bounds,
+    priced options, prefer_simpler's choices): those another version wrote are dropped when
+    the file is read, the split bounds and LPs (keyed by their numbers alone) stay, and a
+    file written by this version is read back whole."""
+    import json
+
+    from planner.search.bound_memo import CODE, _planner_code, load_bounds, save_bounds
+
+    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path))
+    old = {CODE: "another", "r1": 2.0, "p1": [1.0, 2.0, 3.0, 4.0], "o1": [], "t1": [0]}
+    old |= {"s1": [1.0, 2.0, 3.0], "l1": ["optimal", 5.0]}
+    path = bounds_path("trace")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(old))
+    memo = load_bounds("trace")
+    assert memo.entries == {CODE: _planner_code(), "s1": [1.0, 2.0, 3.0], "l1": ["optimal", 5.0]}
+    memo.entries["r2"] = 3.0
+    memo.added = 1
+    save_bounds("trace", memo)
+    assert load_bounds("trace").entries == memo.entries

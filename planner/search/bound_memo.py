@@ -236,13 +236,26 @@ def bounds_path(trace_key: str) -> Path:
     return cache_dir() / "bounds" / f"{trace_key}.json"
 
 
+# the entries keyed by hashes that hold the planner's code (candidate_key, priced_key,
+# simpler_key): another version of the planner never reads them, so they are dropped when the
+# file is read by one (the file then holds one version's, not every version's); the split
+# bounds and LPs are keyed by their numbers alone and stay
+CODE_KEYED = ("r", "p", "o", "t")
+CODE = "code"  # the entry naming the planner code the CODE_KEYED entries were computed by
+
+
 def load_bounds(trace_key: str) -> BoundMemo:
     """The bounds an earlier plan of this trace kept (none if there is no readable file)."""
     try:
         entries = json.loads(bounds_path(trace_key).read_text())
     except (OSError, ValueError):
-        return BoundMemo()
-    return BoundMemo(entries if isinstance(entries, dict) else None)
+        entries = {}
+    if not isinstance(entries, dict):
+        entries = {}
+    if entries.get(CODE) != _planner_code():
+        entries = {k: v for k, v in entries.items() if not k.startswith(CODE_KEYED)}
+        entries[CODE] = _planner_code()
+    return BoundMemo(entries)
 
 
 def save_bounds(trace_key: str, memo: BoundMemo) -> None:
