@@ -21,13 +21,16 @@ report worker, peak resident memory, and the phases inside the process:
   critical path after the trace is the baselines' copy (Megatron's interleaved stage
   MILPs, about 3.5 s of CPU), not the plan's own search;
 - ``report``: waiting, after plan.json and the summary, for the worker drawing the figures
-  (it started before the trace, so most of its work overlapped the search);
+  (it started before the trace and imported matplotlib meanwhile, and drew the figures from a
+  draft of the plan while the baselines were searched: only report.html waits for the plan);
 - ``other``: the rest of the process (arguments, the cluster, writing plan.json, printing;
   on the pool case, the mixed search and the pool's figure, outside ``planner.api.plan``);
 - ``start``: the interpreter's own start-up, outside the process's clock.
 
 A warm run also reads back what the search kept from the run before: the stage MILPs' HiGHS
-runs and the candidates' bounds (planner.search.milp.runs, planner.search.bound_memo).
+runs, the candidates' bounds (looked up by what each candidate's stage problem is built from,
+so that none is built to look its bounds up) and the blocks' priced options
+(planner.search.milp.runs, planner.search.bound_memo).
 ``--cold-search`` drops them before each warm run: the trace cached, the search computed anew,
 as on a first plan of a cached model on another cluster.
 

@@ -277,6 +277,7 @@ def plan(
     progress: Any = None,
     compare_baselines: bool = True,
     solved: dict | None = None,
+    draft: Callable[[Any], None] | None = None,
 ) -> PlanResult:
     """Trace, price and solve: the plan dict of docs/plan-format.md, plus what made it.
 
@@ -285,7 +286,9 @@ def plan(
     only runs the plan (the runtime's tests) leaves them out. ``solved``: a dict the caller
     keeps across plans, where each traced model's sharding ILP solutions are kept (by the
     trace's cache key), so that planning a model again, under other pins or on another
-    cluster, solves none of them twice.
+    cluster, solves none of them twice. ``draft``: called with the plan as it stands when its
+    own search ends, before the baselines' rows are in its alternatives (the report worker
+    draws the figures from it while the baselines are searched).
 
     ``training``: the settings (planner.training); without it they are built from the model
     file's TRAINING with ``global_batch_size``, ``dtype``, ``optimizer`` and ``lr`` over it.
@@ -358,6 +361,8 @@ def plan(
         if pending is not None:
             pending.cancel()
         raise InfeasibleError(infeasible_message(traced, cluster, training, result, pins))
+    if draft is not None:
+        draft(build_plan(traced, cluster, training, result, []))
     baselines = []
     if pending is not None:
         baselines = adopt_baselines(pending.result(), pending.forked, memo, probe)

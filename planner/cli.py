@@ -339,6 +339,7 @@ def run_planning(
                 pins=pins,
                 use_cache=not args.no_cache,
                 progress=bars.search_callback(),
+                draft=None if worker is None else lambda doc: worker.draft(doc, args.svg),
             )
         if worker is not None:  # first: it draws while this process writes plan.json
             worker.draw(result.plan, out_dir, command, args.svg)

@@ -15,7 +15,7 @@ from test_search_certificates import _pipeline, _record
 
 from planner.api import plan
 from planner.schema import dumps
-from planner.search import bounds, driver
+from planner.search import bounds, driver, options
 from planner.search.bound_memo import bounds_path
 from planner.search.milp import solve
 from planner.search.milp.runs import RunStore
@@ -71,7 +71,176 @@ def test_a_replan_reads_every_stage_milp_and_writes_the_same_plan(tmp_path, monk
     monkeypatch.setattr(solve, "_highs", _no_highs)
     monkeypatch.setattr(driver, "split_bound", _no_bound)
     monkeypatch.setattr(bounds, "_solve_lp", _no_bound)
+    monkeypatch.setattr(options, "block_options", _no_bound)  # the priced options are kept too
     second = plan(ROOT / "examples" / "gpt.py", 16, gpus_per_node=4, **args)
     assert sorted((tmp_path / "milp").iterdir()) == sorted(runs)  # nothing solved anew
     first.plan.solver.solve_time_s = second.plan.solver.solve_time_s = 0.0
     assert dumps(second.plan) == dumps(first.plan)
+
+
+def test_a_candidates_kept_bounds_need_no_problem_and_equal_computed_ones(tmp_path, monkeypatch):
+    """bound_memo keeps each candidate's relaxed and split bounds under candidate_key (what its
+    problem is built from): read back, neither builds a problem, and both equal the bounds
+    computed from the problem; relaxed_bound(sp, b) is max(b, the kept value) for any b; a
+    candidate or option that differs is another key."""
+    import dataclasses
+    import json
+    import math
+
+    from planner.search.bound_memo import BoundMemo, candidate_key
+    from planner.search.milp.candidate import stage_problem
+    from planner.search.milp.split_bound import split_bound
+
+    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path))
+    args = dict(model_args={"size": "tiny"}, global_batch_size=64, profile="h100-sxm")
+    result = plan(ROOT / "examples" / "gpt.py", 16, gpus_per_node=4, **args).search
+    pipelines = [c for c in result.candidates if c.pp > 1][:6]
+    assert pipelines
+    memo = BoundMemo()
+    for c in pipelines:
+        inp = result.inputs[c.key]
+        sp = stage_problem(inp, c)
+        key = candidate_key(inp, c)
+        relaxed = memo.relaxed(key, lambda sp=sp: sp)
+        split, step = memo.split_of(key, lambda sp=sp: sp)
+        fresh = split_bound(sp)
+        assert split == fresh and step == fresh.step_bound(sp)
+        for b in (0.0, relaxed * 0.5, relaxed * 2, math.inf):
+            assert bounds.relaxed_bound(sp, b) == max(b, relaxed)
+        read = BoundMemo(json.loads(json.dumps(memo.entries)))  # as a warm plan reads them
+
+        def no_problem():
+            raise AssertionError("a kept bound must not build its problem")
+
+        assert read.relaxed(key, no_problem) == relaxed
+        assert read.split_of(key, no_problem) == (split, step)
+        assert read.added == 0
+        other = dataclasses.replace(c, zero=3 - c.zero)
+        assert candidate_key(inp, other) != key
+    c = pipelines[0]
+    inp = result.inputs[c.key]
+    options = [list(opts) for opts in inp.options]
+    first = options[0][0]
+    options[0][0] = dataclasses.replace(first, fwd_s=first.fwd_s * (1 + 1e-15) + 1e-300)
+    changed = dataclasses.replace(inp, options=options, memo={})
+    assert candidate_key(changed, c) != candidate_key(inp, c)
+
+
+def test_a_replan_builds_a_stage_problem_only_for_a_milp(tmp_path, monkeypatch):
+    """Bounding a candidate on a warm plan reads its bounds back by candidate_key: the only
+    problems built are those of the MILPs (at most one each), and the plan is the same."""
+    from planner.search.milp import candidate
+
+    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path))
+    args = dict(model_args={"size": "tiny"}, global_batch_size=64, profile="h100-sxm")
+    first = plan(ROOT / "examples" / "gpt.py", 16, gpus_per_node=4, **args)
+    counts = {"built": 0, "milps": 0}
+    build, solve_one = candidate.stage_problem, driver.solve_candidate
+
+    def counted_build(*a, **k):
+        counts["built"] += 1
+        return build(*a, **k)
+
+    def counted_solve(inp, cand, *a, sp=None, **k):
+        counts["milps"] += 1
+        return solve_one(inp, cand, *a, sp=counted_build(inp, cand) if sp is None else sp, **k)
+
+    monkeypatch.setattr(driver, "stage_problem", counted_build)
+    monkeypatch.setattr(driver, "solve_candidate", counted_solve)
+    second = plan(ROOT / "examples" / "gpt.py", 16, gpus_per_node=4, **args)
+    bounded = sum(1 for c in second.search.candidates if c.status != "dominated")
+    assert 0 < counts["milps"] and counts["built"] <= counts["milps"] < bounded
+    first.plan.solver.solve_time_s = second.plan.solver.solve_time_s = 0.0
+    assert dumps(second.plan) == dumps(first.plan)
+
+
+def test_priced_options_read_back_are_the_options_priced(tmp_path, monkeypatch):
+    """BoundMemo.options keeps a block class's priced options as their fields' values: read
+    back from the file, each option equals one the plan priced, field for field and type for
+    type (tuples stay tuples, ints ints), and every option the plan priced is read back."""
+    import dataclasses
+    import json
+
+    from planner.search.bound_memo import BoundMemo
+
+    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path))
+    args = dict(model_args={"size": "tiny"}, global_batch_size=64, profile="h100-sxm")
+    first = plan(ROOT / "examples" / "gpt.py", 16, gpus_per_node=4, **args)
+    entries = json.loads(bounds_path(first.traced.cache_key).read_text())
+    read = BoundMemo(entries)
+    back = [o for k in entries if k.startswith("o") for o in read.options(k[1:], _no_bound)]
+    priced = {o: o for inp in first.search.inputs.values() for opts in inp.options for o in opts}
+    assert back and set(back) >= set(priced)  # every option priced is kept
+    for o in back:
+        same = priced.get(o)
+        if same is None:
+            continue  # priced, then filtered out by the plan's pins or not used
+        for f in dataclasses.fields(o):
+            assert type(getattr(o, f.name)) is type(getattr(same, f.name)), f.name
+    assert any(o.tp_plan for o in back)  # nested tuples among them
+
+
+def test_prefer_simpler_read_back_is_prefer_simpler_computed(tmp_path, monkeypatch):
+    """prefer_simpler's choice kept (BoundMemo.simpler) and read back gives the placement and
+    cost that running its trials gives, without running them; here from a placement whose
+    blocks all recompute fully where recomputing gains nothing."""
+    import copy
+    import json
+
+    from planner.cost.step import evaluate
+    from planner.search.bound_memo import BoundMemo
+    from planner.vocab import Recompute
+
+    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path))
+    args = dict(model_args={"size": "tiny"}, global_batch_size=64, profile="h100-sxm")
+    result = plan(ROOT / "examples" / "gpt.py", 16, gpus_per_node=4, **args).search
+    best = result.best
+    inp = result.inputs[best.key]
+    heavy = copy.deepcopy(best)
+    choice = []
+    for i, k in enumerate(best.config.choice):
+        opts = inp.options[i]
+        full = [
+            j
+            for j, o in enumerate(opts)
+            if o.variant == opts[k].variant
+            and o.recompute == Recompute.FULL
+            and o.offload == opts[k].offload
+        ]
+        choice.append(full[0] if full else k)
+    assert choice != best.config.choice
+    heavy.config.choice = choice
+    heavy.cost = evaluate(inp, heavy.config)
+    computed, kept = copy.deepcopy(heavy), BoundMemo()
+    driver.prefer_simpler(inp, computed, kept)
+    plain = copy.deepcopy(heavy)
+    driver.prefer_simpler(inp, plain)
+    assert computed.config == plain.config and computed.cost == plain.cost
+    assert computed.config.choice != heavy.config.choice  # the trials did simplify
+    monkeypatch.setattr(driver, "_prefer_simpler", _no_bound)
+    read = copy.deepcopy(heavy)
+    driver.prefer_simpler(inp, read, BoundMemo(json.loads(json.dumps(kept.entries))))
+    assert read.config == plain.config and read.cost == plain.cost
+
+
+def test_entries_keyed_by_another_planners_code_are_dropped_when_read(tmp_path, monkeypatch):
+    """The bounds file holds one planner version's code-keyed entries (candidates' bounds,
+    priced options, prefer_simpler's choices): those another version wrote are dropped when
+    the file is read, the split bounds and LPs (keyed by their numbers alone) stay, and a
+    file written by this version is read back whole."""
+    import json
+
+    from planner.search.bound_memo import CODE, _planner_code, load_bounds, save_bounds
+
+    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path))
+    old = {CODE: "another", "r1": 2.0, "p1": [1.0, 2.0, 3.0, 4.0], "o1": [], "t1": [0]}
+    old |= {"s1": [1.0, 2.0, 3.0], "l1": ["optimal", 5.0]}
+    path = bounds_path("trace")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(old))
+    memo = load_bounds("trace")
+    assert memo.entries == {CODE: _planner_code(), "s1": [1.0, 2.0, 3.0], "l1": ["optimal", 5.0]}
+    memo.entries["r2"] = 3.0
+    memo.added = 1
+    save_bounds("trace", memo)
+    assert load_bounds("trace").entries == memo.entries

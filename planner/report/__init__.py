@@ -9,6 +9,7 @@ draws them with the same figures).
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from planner.atomic import write_bytes_atomic, write_text_atomic
@@ -31,12 +32,26 @@ def report_files(out_dir: Path, svg: bool = False) -> list[Path]:
     return files + [out_dir / "report.html"]
 
 
+def figures_hold(draft: Plan, plan: Plan) -> bool:
+    """Whether the figures drawn from ``draft`` are ``plan``'s: the two are equal but for the
+    solver's alternatives (the baselines' rows), which no figure reads (report.html's table
+    does)."""
+    solver = dataclasses.replace(plan.solver, alternatives=draft.solver.alternatives)
+    return dataclasses.replace(plan, solver=solver) == draft
+
+
 def write_report(
-    plan: Plan, out_dir: Path, command: str, svg: bool = False, split: bool = False
+    plan: Plan,
+    out_dir: Path,
+    command: str,
+    svg: bool = False,
+    split: bool = False,
+    rendered: dict[str, dict[str, bytes]] | None = None,
 ) -> list[Path]:
     """Write the five figures as PNG (and SVG with ``svg``) and report.html into ``out_dir``;
     each file atomically (a crash leaves the previous report intact). Returns the paths
-    written. ``split``: draw on two cores (``figures.render_all``)."""
+    written. ``split``: draw on two cores (``figures.render_all``). ``rendered``: the
+    figures' bytes drawn already (``render_all``'s, of a draft that ``figures_hold``)."""
     from planner.report.figures import render_all
     from planner.report.html import render_html
 
@@ -45,7 +60,8 @@ def write_report(
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UserInputError(f"cannot create output directory {out_dir}: {exc.strerror}") from exc
-    rendered = render_all(plan, figure_formats(svg), split)
+    if rendered is None:
+        rendered = render_all(plan, figure_formats(svg), split)
     written: list[Path] = []
     try:
         for name, formats in rendered.items():

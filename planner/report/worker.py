@@ -2,11 +2,22 @@
 
 ``plan MODEL.py`` starts this worker before it traces: the worker imports matplotlib and the
 figure modules (about a second of CPU) while the planner traces and searches on the other
-core, then waits for one request on its stdin (the plan, the report folder, the command line,
+core, then waits for the plan on its stdin (the plan, the report folder, the command line,
 whether SVG is wanted), draws (on both cores: by then the planner only waits; see
 ``figures.render_all``), and answers with the files written (or the one-line error) on
-its stdout. The plan travels as the planner's own record, pickled between these two processes
-of one command: the worker draws exactly what ``write_report`` would in the planner (reading
+its stdout.
+
+A draft comes first: the plan as it stands when the plan's own search ends, before the
+hand-written baselines' search (in a forked copy of the planner) is done. The figures read
+nothing the baselines add (they only add rows to ``solver.alternatives``, report.html's
+table), so the worker draws them from the draft while the baselines are searched, and when the
+plan comes keeps them if the plan equals the draft but for those rows
+(``report.figures_hold``), drawing them again otherwise; only report.html waits for the plan.
+The planner writes to the worker from a thread of its own, so that a request larger than the
+pipe does not hold it up while the worker draws.
+
+The plan travels as the planner's own record, pickled between these two processes of one
+command: the worker draws exactly what ``write_report`` would in the planner (reading
 plan.json back would also re-validate it, and refuse a plan the planner may write, such as one
 whose alternative has an infinite lower bound). The planner prints its summary as soon as
 plan.json is written, and waits for the report only at the end, so report.html is complete when
@@ -24,6 +35,7 @@ import pickle
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 from planner.errors import UserInputError
@@ -48,17 +60,43 @@ class ReportWorker:
             env=env,
         )
         self._asked = False
+        self._writer: threading.Thread | None = None
+
+    def draft(self, plan: Plan, svg: bool) -> None:
+        """Let the worker draw the figures of ``plan`` before the plan itself comes (``draw``):
+        the plan before its baselines are in."""
+        self._send({"draft": plan, "svg": svg}, last=False)
 
     def draw(self, plan: Plan, out_dir: Path, command: str, svg: bool) -> None:
         """Ask for the report of ``plan``."""
         request = {"plan": plan, "out": str(out_dir), "command": command, "svg": svg}
-        assert self._proc.stdin is not None
-        self._proc.stdin.write(pickle.dumps(request))
-        self._proc.stdin.close()
+        self._send(request, last=True)
         self._asked = True
+
+    def _send(self, request: dict, last: bool) -> None:
+        """Write ``request`` (pickled here, as it is now) to the worker from a thread, after
+        the request before it; ``last`` closes the worker's stdin after it."""
+        data = pickle.dumps(request)
+        if self._writer is not None:
+            self._writer.join()
+        self._writer = threading.Thread(target=self._write, args=(data, last), daemon=True)
+        self._writer.start()
+
+    def _write(self, data: bytes, last: bool) -> None:
+        stdin = self._proc.stdin
+        assert stdin is not None
+        try:
+            stdin.write(data)
+            stdin.flush()
+            if last:
+                stdin.close()
+        except OSError:
+            pass  # the worker is gone: ``result`` says why
 
     def result(self) -> list[Path]:
         """The files the worker wrote; its UserInputError raised here, as one line."""
+        if self._writer is not None:
+            self._writer.join()
         assert self._proc.stdout is not None
         out = self._proc.stdout.read().decode()
         self._proc.wait()
@@ -74,6 +112,8 @@ class ReportWorker:
 
     def close(self) -> None:
         """Let a worker that was never asked leave (it sees its stdin end)."""
+        if self._writer is not None:
+            self._writer.join()
         if not self._asked and self._proc.poll() is None:
             try:
                 assert self._proc.stdin is not None
@@ -96,18 +136,29 @@ def _last_line(text: str) -> str:
 
 
 def serve() -> int:
-    """The worker's side: import the figures, then answer one request from stdin."""
-    import planner.report.figures  # noqa: F401  (matplotlib: the import this worker hides)
+    """The worker's side: import the figures, draw the draft's figures if one comes, then
+    answer the plan's request from stdin."""
     import planner.report.html  # noqa: F401
-    from planner.report import write_report
+    from planner.report import figure_formats, figures_hold, write_report
+    from planner.report.figures import render_all  # matplotlib: the import this worker hides
 
-    data = sys.stdin.buffer.read()
-    if not data:
-        return 0  # the planner ended without a plan
-    request = pickle.loads(data)  # from the planner that started this process
+    drafted = None  # (draft plan, svg, its figures' bytes)
+    while True:
+        try:
+            request = pickle.load(sys.stdin.buffer)  # from the planner that started this process
+        except (EOFError, pickle.UnpicklingError):
+            return 0  # the planner ended without a plan
+        if "draft" not in request:
+            break
+        draft, svg = request["draft"], request["svg"]
+        drafted = (draft, svg, render_all(draft, figure_formats(svg), split=True))
+    plan, svg = request["plan"], request["svg"]
+    rendered = None
+    if drafted is not None and drafted[1] == svg and figures_hold(drafted[0], plan):
+        rendered = drafted[2]
     try:
         written = write_report(
-            request["plan"], Path(request["out"]), request["command"], request["svg"], split=True
+            plan, Path(request["out"]), request["command"], svg, split=True, rendered=rendered
         )
     except UserInputError as exc:
         print(json.dumps({"error": str(exc)}))

@@ -4,6 +4,7 @@ user's pins.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 from planner.cost.block_options import block_options
@@ -11,6 +12,7 @@ from planner.cost.records import BlockOption
 from planner.cost.sharding import sequence_stream
 from planner.hardware.cluster import Cluster
 from planner.schema.mesh import Mesh
+from planner.search.bound_memo import priced_key
 from planner.search.candidates import Pins
 from planner.trace.blocks import Block
 from planner.trace.stream import StreamCut, stream_at_cuts
@@ -34,6 +36,7 @@ def price_options(
     memo: dict | None = None,
     pipelined: bool = False,
     stream: bool = False,
+    kept=None,
 ) -> list[list[BlockOption]]:
     """Options per block (shared by blocks of one class), filtered by the user's pins.
     ``memo`` keeps priced options across searches of one planning run (the baselines search
@@ -46,7 +49,8 @@ def price_options(
 
     Keyed by the variants themselves (compared by value), not by where they came from: a
     block whose variants are the same pipelined or not, or under the baselines' variant rule,
-    is priced once (``block_options`` is a function of its arguments alone)."""
+    is priced once (``block_options`` is a function of its arguments alone). ``kept``: a
+    bound_memo.BoundMemo holding options priced by earlier plans of this trace."""
     tp_ranks = list(range(tp))
     ep_ranks = Mesh(1, ep, tp, ep).ep_group(0)
     cp_ranks = Mesh(1, 1, tp, 1, cp).cp_group(0)
@@ -65,21 +69,19 @@ def price_options(
                 variants = [sequence_stream(v, takes, leaves) for v in variants if v.exit_gather]
             key = (blk.cls, tp, mbs, ep, cp, tuple(v.name for v in variants), id(cluster))
             key += (training, takes, leaves)
-            kept = memo.get(key)
-            if kept is None or kept[0] != variants:  # the value holds the cluster: no id reuse
-                opts = block_options(
-                    graph,
-                    rep,
-                    variants,
-                    mbs,
-                    cluster,
-                    tp_ranks,
-                    training,
-                    ep_ranks=ep_ranks,
-                    cp_ranks=cp_ranks,
-                )
-                kept = memo[key] = (variants, cluster, opts)
-            by_class[blk.cls, takes, leaves] = _filter(kept[2], pins)
+            found = memo.get(key)
+            if found is None or found[0] != variants:  # the value holds the cluster: no id reuse
+                price = functools.partial(
+                    block_options, graph, rep, variants, mbs, cluster, tp_ranks, training,
+                    ep_ranks=ep_ranks, cp_ranks=cp_ranks,
+                )  # fmt: skip
+                if kept is None:
+                    opts = price()
+                else:
+                    args = (rep, variants, mbs, tp, ep, cp, cluster, training)
+                    opts = kept.options(priced_key(*args), price)
+                found = memo[key] = (variants, cluster, opts)
+            by_class[blk.cls, takes, leaves] = _filter(found[2], pins)
         result.append(by_class[blk.cls, takes, leaves])
     return result
 
