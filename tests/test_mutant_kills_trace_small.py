@@ -121,3 +121,19 @@ def test_numpy_draws_are_recorded_and_the_functions_restored():
     assert found[-1] == "numpy.random.shuffle" and np.random.shuffle.__module__ != __name__
     np.random.permutation(3)
     assert len(found) == 4
+
+
+def test_a_value_read_under_many_residual_layers_is_found_once_per_node():
+    """Residual layers make diamonds (h + f(h)): 40 of them are 2^40 paths from the check to
+    the value, so each node is visited once or the search never ends."""
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    u0 = g.call_function(ITEM, (g.call_function(aten.sum.default, (x,)),), name="u0")
+    h = g.call_function(aten.mul.Tensor, (x, u0))
+    for _ in range(40):
+        h = g.call_function(aten.add.Tensor, (h, g.call_function(aten.relu.default, (h,))))
+    g.call_function(ASSERT, (g.call_function(aten.sum.default, (h,)), "deep"))
+    g.output(x)
+    exported = SimpleNamespace(graph_module=torch.fx.GraphModule(torch.nn.Module(), g))
+    assert drop_value_checks(exported) == ["u0: deep"]
+    assert [n.name for n in g.nodes] == ["x", "output"]
