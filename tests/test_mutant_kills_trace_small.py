@@ -69,6 +69,9 @@ def _ops(*records: dict) -> nx.DiGraph:
 def test_random_draws_one_per_op_and_module_at_its_first_nodes_order():
     g = _ops(
         {"op": "aten.uniform_.default", "module": "router", "order": 5},
+        {"op": "aten.dropout.default", "args": ["x", 0.0, True], "module": "off", "order": 0},
+        {"op": "aten", "module": "a", "order": 0},  # no op name after the namespace
+        {"op": "aten.rand", "module": "packet", "order": 11},  # a name without its overload
         {"op": "aten.native_dropout.default", "args": ["x", 0.1, True], "module": "at", "order": 3},
         {"op": "aten.dropout.default", "args": ["x", 0.1, None], "module": "mlp", "order": 4},
         {"op": "aten.uniform.default", "module": "router", "order": 1},
@@ -85,7 +88,7 @@ def test_random_draws_one_per_op_and_module_at_its_first_nodes_order():
     assert random_draws(g) == [
         ("randn_like", "(root)"), ("dropout", "at"), ("dropout", "mlp"), ("uniform", "router"),
         ("dropout", "f"), ("dropout", "none"), ("dropout", "tiny"), ("bernoulli", "drop"),
-        ("rrelu_with_noise", "(root)"),
+        ("rrelu_with_noise", "(root)"), ("rand", "packet"),
     ]  # fmt: skip
 
 
