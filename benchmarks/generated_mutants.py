@@ -227,6 +227,11 @@ MODULES: dict[str, list[str]] = {
     # dropout tests trace models: tens of seconds a mutant)
     "planner/trace/value_checks.py": ["tests/test_mutant_kills_trace_small.py"],
     "planner/trace/randomness.py": ["tests/test_mutant_kills_trace_small.py"],
+    # each product form's FLOPs by hand (test_cost_terms and test_long_context price traced
+    # models: tens of seconds a mutant)
+    "planner/trace/opcost.py": ["tests/test_mutant_kills_opcost.py"],
+    # a run's cost worked by hand (test_resources' plan the MLP per option)
+    "planner/resources/energy.py": ["tests/test_mutant_kills_energy.py"],
 }
 # the shipped example models, planned for the equivalence check (file, size, GPUs, profile)
 EXAMPLES = [
