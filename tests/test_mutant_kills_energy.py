@@ -51,6 +51,7 @@ def test_gpu_power_is_linear_in_the_utilization_clamped(u, watts):
     "step, bubble, dp, offload, share",
     [
         (10.0, 1.0, 2.0, 4.0, 0.3),
+        (0.5, 0.125, 0.0625, 0.0625, 0.5),  # a step under a second
         (10.0, 6.0, 3.0, 4.0, 0.0),  # more idle than the step: never below 0
         (10.0, 0.0, 0.0, -2.0, 1.0),  # never above 1
         (0.0, 0.0, 0.0, 0.0, 0.0),  # no step: no busy share (and no division by 0)
