@@ -215,6 +215,23 @@ MODULES: dict[str, list[str]] = {
         "tests/test_profiles.py",
         "tests/test_mutant_kills_profiles.py",
     ],
+    # the relaxation's matrix written out densely from its docstring, the default loss memory
+    # by hand (test_solver_exact's and test_bounds' cases solve LPs and MILPs: seconds a mutant)
+    "planner/search/milp/data.py": ["tests/test_mutant_kills_milp_lp.py"],
+    "planner/search/milp/relaxation.py": ["tests/test_mutant_kills_milp_lp.py"],
+    # HiGHS runs saved to and read from a folder of the test's own
+    "planner/search/milp/runs.py": ["tests/test_mutant_kills_milp_runs.py"],
+    # a dataclass of fields and no function: mutmut finds nothing to mutate
+    "planner/search/memo.py": ["tests/test_mutant_kills_milp_lp.py"],
+    # a hand-drawn fx graph of value checks, op records drawn by hand (the vision-language and
+    # dropout tests trace models: tens of seconds a mutant)
+    "planner/trace/value_checks.py": ["tests/test_mutant_kills_trace_small.py"],
+    "planner/trace/randomness.py": ["tests/test_mutant_kills_trace_small.py"],
+    # each product form's FLOPs by hand (test_cost_terms and test_long_context price traced
+    # models: tens of seconds a mutant)
+    "planner/trace/opcost.py": ["tests/test_mutant_kills_opcost.py"],
+    # a run's cost worked by hand (test_resources' plan the MLP per option)
+    "planner/resources/energy.py": ["tests/test_mutant_kills_energy.py"],
 }
 # the shipped example models, planned for the equivalence check (file, size, GPUs, profile)
 EXAMPLES = [
