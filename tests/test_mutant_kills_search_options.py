@@ -263,3 +263,49 @@ def test_the_memo_prices_again_when_a_classs_variants_differ_under_the_same_name
         price_options(graph, blocks, 1, 2, cluster, training, Pins(), variants_of, pipelined=False)
         == plain
     )
+
+
+def test_a_stream_prices_each_layer_by_the_shard_it_takes_and_leaves(monkeypatch):
+    """test_sequence_stream's tiny Llama (fp32, TP 2): the stream passes from layer 1 to
+    layer 2, so layer 1 leaves the shard and layer 2 takes it; each of them (one class, two
+    roles) is priced on its own, with its sequence-parallel variants only, changed by
+    ``sequence_stream``; the embedding and the head as without the stream."""
+    from planner.api import trace, variants_for
+    from planner.cost.sharding import sequence_stream
+
+    if "llama" not in _KEPT:
+        traced = trace(str(ROOT / "examples" / "llama.py"), {"size": "tiny"},
+                       traced_batch_size=1, dtype="fp32")  # fmt: skip
+        cluster = cluster_of(4, "h100-sxm")
+        _KEPT["llama"] = traced, cluster, variants_for(traced.graph, cluster, "sequence", {})
+    traced, cluster, variants_of = _KEPT["llama"]
+    graph, blocks = traced.graph, traced.blocks
+    training = Training(8, "fp32", "sgd")
+    pins = Pins(offload="none")
+    flags = [(False, False), (False, True), (True, False), (False, False)]
+    assert sequence_stream_flags(graph, blocks, 2, False, variants_of) == flags
+    memo: dict = {}
+    got = price_options(graph, blocks, 2, 2, cluster, training, pins, variants_of, memo=memo,
+                        stream=True)  # fmt: skip
+    assert blocks[1].cls == blocks[2].cls and len(memo) == 4
+    for b, (takes, leaves), opts in zip(blocks, flags, got, strict=True):
+        rep = blocks[1] if b.cls == blocks[1].cls else b  # a class's first block
+        vs = variants_of(rep, 2, False)
+        if takes or leaves:
+            vs = [sequence_stream(v, takes, leaves) for v in vs if v.exit_gather]
+        want = block_options(graph, rep, vs, 2, cluster, [0, 1], training, ep_ranks=[0],
+                             cp_ranks=[0])  # fmt: skip
+        assert opts == options._filter(want, pins)
+        assert {(o.takes_sequence_shard, o.leaves_sequence_shard) for o in opts} == {
+            (takes, leaves)
+        }
+    # pipelined: the flags are asked with the pipeline's variants
+    asked = []
+
+    def recording(block, tp, pipelined=False):
+        asked.append(pipelined)
+        return variants_of(block, tp, pipelined)
+
+    price_options(graph, blocks, 2, 2, cluster, training, pins, recording, pipelined=True,
+                  stream=True)  # fmt: skip
+    assert set(asked) == {True}
