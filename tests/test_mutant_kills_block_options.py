@@ -296,7 +296,7 @@ def _selective(graph, block, v, policy, training, times, shares, core_f, scale, 
     comm = 0.0
     if training.selective_policy == "runtime-op":
         kept, recomputed = runtime_selective(graph, block, saved, v)
-        share = kept / v.saved_bytes
+        share = kept / v.saved_bytes if v.saved_bytes else 0.0  # nothing saved: nothing kept
         if TPStyle.SP_BLOCK in v.tp_plan.values() and not v.takes_sequence_shard:
             comm = collective_time("all_gather", v.input_bytes * v.tp * scale, cluster, ranks)
     else:
@@ -329,8 +329,8 @@ def _two_node_cluster(gpus_per_node: int = 1):
 
     # the TP pair crosses the NIC; DTensor's per-module and the checkpoint policy's per-op
     # host overheads (0 on the GPU profiles) made non-zero, so that each shows
-    return cluster_of(2, "h100-sxm", gpus_per_node=gpus_per_node, tp_module_overhead=3e-6,
-                      tp_gather_overhead=5e-6, selective_op_overhead=2e-7)  # fmt: skip
+    overheads = dict(tp_module_overhead=3e-6, tp_gather_overhead=5e-6, selective_op_overhead=2e-7)
+    return cluster_of(2 * gpus_per_node, "h100-sxm", gpus_per_node=gpus_per_node, **overheads)
 
 
 def _variants(graph, block):
@@ -346,7 +346,12 @@ def _variants(graph, block):
     )
     full = replace(vs[0], name="keeps-all", saved_selective_bytes=vs[0].saved_bytes,
                    input_bytes=vs[0].saved_bytes)  # fmt: skip
-    return [*vs, avg, full]
+    # what the record carries over from the variant, set (the ILP's leave them empty here)
+    carried = replace(vs[0], name="carried", grad_sums=("m.norm",),
+                      local_attributes=("m.num_heads",), takes_sequence_shard=True,
+                      leaves_sequence_shard=True)  # fmt: skip
+    nothing = replace(vs[0], name="saves-nothing", saved_bytes=0, saved_selective_bytes=0)
+    return [*vs, avg, full, carried, nothing]
 
 
 @pytest.mark.parametrize(
@@ -383,6 +388,9 @@ def test_each_option_of_a_tp_layer_adds_up_its_terms(llama, settings, per_node):
     # no offload where it is not allowed, nor for a block without parameters
     no_off = block_options(g, layer, vs, 3, cl, [0, 1], training, offload_allowed=False)
     _same(no_off, _priced(g, layer, vs, 3, cl, [0, 1], training, offload=False))
+    one = replace(layer, params=1)  # one parameter is still something to offload
+    _same(block_options(g, one, vs, 3, cl, [0, 1], training),
+          _priced(g, one, vs, 3, cl, [0, 1], training))  # fmt: skip
     empty = replace(layer, params=0)
     _same(block_options(g, empty, vs, 3, cl, [0, 1], training),
           _priced(g, empty, vs, 3, cl, [0, 1], training))  # fmt: skip
@@ -395,6 +403,12 @@ def test_a_context_parallel_layer_runs_its_share_of_the_tokens_and_the_ring(llam
     vs = _variants(g, layer)[:1]
     opts = block_options(g, layer, vs, 3, cl, [0], training, cp_ranks=[0, 1])
     _same(opts, _priced(g, layer, vs, 3, cl, [0], training, cp=[0, 1]))
+    # with TP 2 inside each node (cp across them): the ring's time, on one TP rank's share of
+    # the heads, is compute the overlapped TP collectives hide behind
+    tp_cl = _two_node_cluster(2)
+    every = _variants(g, layer)
+    with_tp = block_options(g, layer, every, 3, tp_cl, [0, 1], training, cp_ranks=[0, 2])
+    _same(with_tp, _priced(g, layer, every, 3, tp_cl, [0, 1], training, cp=[0, 2]))
     plain = block_options(g, layer, vs, 3, cl, [0], training)
     assert opts[0].act_bytes == pytest.approx(plain[0].act_bytes / 2, rel=1e-12)
     assert opts[0].fwd_s > block_options(g, layer, vs, 1.5, cl, [0], training)[0].fwd_s
@@ -586,3 +600,16 @@ def test_megatrons_core_recompute_reruns_the_attention_core_of_a_gpt_layer():
     opts = block_options(gpt.graph, layer, vs, 3, cl, [0, 1], training)
     assert any(o.recompute == "selective" for o in opts)
     _same(opts, _priced(gpt.graph, layer, vs, 3, cl, [0, 1], training))
+
+
+def test_a_resnet_blocks_options_name_the_channels_its_batch_norms_synchronise():
+    """The tiny ResNet's first block: its training-mode BatchNorms' channels, carried on every
+    option (the data-parallel replicas synchronise them, ``batchnorm_sync_time``)."""
+    resnet = _trace("resnet.py", {"size": "tiny"})
+    blk = next(b for b in resnet.blocks if batch_norm_channels(resnet.graph, b))
+    training = Training(8, "bf16", "adamw")
+    cl = _two_node_cluster()
+    vs = _tp_variants(resnet.graph, blk, 1)
+    opts = block_options(resnet.graph, blk, vs, 2, cl, [0], training)
+    _same(opts, _priced(resnet.graph, blk, vs, 2, cl, [0], training))
+    assert opts[0].norm_channels

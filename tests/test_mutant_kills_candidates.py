@@ -268,6 +268,9 @@ T8 = Training(8, "bf16", "adamw")
         (8, Pins(tp=4), [1, 2], 4,
          "--tp 4 cannot shard this model on 8 GPUs: it must divide the GPU count and the "
          "dimensions it shards; possible degrees: 1, 2"),
+        (8, Pins(pp=4, dp=3), [1, 2], 4,  # as many stages as blocks is no reason
+         "the global batch 8 is not divisible by --dp 3: choose a global batch that is a "
+         "multiple of the data-parallel degree"),
         (8, Pins(dp=3), [1, 2], 4,
          "the global batch 8 is not divisible by --dp 3: choose a global batch that is a "
          "multiple of the data-parallel degree"),
