@@ -300,7 +300,7 @@ def _selective(graph, block, v, policy, training, times, shares, core_f, scale, 
         if TPStyle.SP_BLOCK in v.tp_plan.values() and not v.takes_sequence_shard:
             comm = collective_time("all_gather", v.input_bytes * v.tp * scale, cluster, ranks)
     else:
-        share = kept_bytes(graph, block, saved) / block.saved_bytes
+        share = kept_bytes(graph, block, saved) / block.saved_bytes if block.saved_bytes else 0.0
     if shares is None:
         re_f = sum(times.ops[n][0] + times.ops[n][1] for n in recomputed) * v.compute_fraction
     else:
@@ -391,6 +391,9 @@ def test_each_option_of_a_tp_layer_adds_up_its_terms(llama, settings, per_node):
     one = replace(layer, params=1)  # one parameter is still something to offload
     _same(block_options(g, one, vs, 3, cl, [0, 1], training),
           _priced(g, one, vs, 3, cl, [0, 1], training))  # fmt: skip
+    unsaved = replace(layer, saved_bytes=0)  # a traced block that saved nothing keeps nothing
+    _same(block_options(g, unsaved, vs, 3, cl, [0, 1], training),
+          _priced(g, unsaved, vs, 3, cl, [0, 1], training))  # fmt: skip
     empty = replace(layer, params=0)
     _same(block_options(g, empty, vs, 3, cl, [0, 1], training),
           _priced(g, empty, vs, 3, cl, [0, 1], training))  # fmt: skip

@@ -277,6 +277,9 @@ T8 = Training(8, "bf16", "adamw")
         (6, Pins(ep=4), [1, 2], 4,
          "--ep 4 must divide the data-parallel degree (experts are spread over data-parallel "
          "ranks): pin a --dp that it divides, or a smaller --ep"),
+        (9, Pins(ep=2), [1], 4,
+         "--ep 2 must divide the data-parallel degree (experts are spread over data-parallel "
+         "ranks): pin a --dp that it divides, or a smaller --ep"),
         (8, Pins(ep=4, dp=2), [1, 2], 4,
          "--ep 4 must divide the data-parallel degree (experts are spread over data-parallel "
          "ranks): pin a --dp that it divides, or a smaller --ep"),
