@@ -70,6 +70,9 @@ def test_only_batch_norms_in_training_mode_synchronise_their_channels():
     g.add_node("bn_flat", op=BN, args=[None] * 5 + [True], shapes=[[8]])
     b1.nodes.append("bn_flat")
     assert batch_norm_channels(g, b1) == (32, 24, 1)  # no channel dimension: one channel
+    g.add_node("bn_short", op=BN, args=[None] * 5, shapes=[[8, 16]])  # no training flag
+    b1.nodes.append("bn_short")
+    assert batch_norm_channels(g, b1) == (32, 24, 1)
 
 
 def test_one_value_a_channel_needs_two_samples_and_a_map_needs_one():

@@ -294,6 +294,9 @@ T8 = Training(8, "bf16", "adamw")
          "--pp 4 needs 4 pipeline stages, but the model traced to 3 blocks (b0, b1, b2): a "
          "pipeline cuts only between blocks, which follow the module tree (each child of a "
          "ModuleList or Sequential of two or more is one): pin --pp 3 or less"),
+        (8, Pins(pp=2, virtual_stages=2), [1, 2], 3,
+         "--pp 2 x --virtual-stages 2 needs 4 chunks of at least one block, but the model "
+         "traced to 3 blocks: pin --virtual-stages 1 or less"),
         (8, Pins(micro_batch_size=3, dp=2), [1, 2], 4,
          "--micro-batch-size 3 does not divide the per-replica batch 4 (global 8 / --dp 2)"),
         (8, Pins(tp=2, pp=2, dp=2, micro_batch_size=2, zero=1), [1, 2], 4,
@@ -315,6 +318,7 @@ def test_messages_that_need_the_blocks_are_skipped_without_them():
     # a virtual-stage pin of 1, or one without --pp, names no chunks
     four = [make_block(i, "b") for i in range(4)]
     assert no_candidate_message(8, T8, Pins(pp=2, virtual_stages=1), [1], four).startswith("no ")
+    assert no_candidate_message(8, T8, Pins(pp=2), [1], four).startswith("no ")
     assert no_candidate_message(8, T8, Pins(virtual_stages=8), [1], four).startswith("no ")
     assert no_candidate_message(8, T8, Pins(pp=2, virtual_stages=2), [1], four).startswith("no ")
     assert no_candidate_message(8, T8, Pins(ep=1, dp=3), [1], four).startswith("the global")
