@@ -619,3 +619,17 @@ def test_a_resnet_blocks_options_name_the_channels_its_batch_norms_synchronise()
     opts = block_options(resnet.graph, blk, vs, 2, cl, [0], training)
     _same(opts, _priced(resnet.graph, blk, vs, 2, cl, [0], training))
     assert opts[0].norm_channels
+
+
+def test_on_cpus_the_layers_products_are_compute_bound_and_hide_overlapped_collectives(llama):
+    """The CPU profile (two hosts): the layer's products are compute-bound there (on an H100
+    they are memory-bound at these sizes, so no compute hides a collective), so the share of
+    them each variant runs shows in the exposed TP time."""
+    from conftest import cluster_of
+
+    g, layer = llama.graph, llama.blocks[1]
+    cl = cluster_of(2, "cpu", gpus_per_node=1)
+    training = Training(8, "fp32", "adamw", tp_overlap=True)
+    vs = _variants(g, layer)
+    opts = block_options(g, layer, vs, 3, cl, [0, 1], training)
+    _same(opts, _priced(g, layer, vs, 3, cl, [0, 1], training))
