@@ -498,7 +498,10 @@ def test_the_recompute_stops_at_the_last_op_that_saves_and_reruns_it_only_if_it_
     assert _before_last_save(g, block, ["a", "b", "c", "d"]) == ["a", "b", "c"]
     g.nodes["c"]["params"] = []  # still the last: it saves
     assert _before_last_save(g, block, ["c", "d"]) == ["c"]
-    g.nodes["c"]["saved"] = []  # now b is the last, saving only a
+    g.nodes["c"]["saved"] = []
+    g.nodes["c"]["params"] = ["w"]  # a weight's reader is a saving op too
+    assert _before_last_save(g, block, ["a", "b", "c"]) == ["a", "b"]
+    g.nodes["c"]["params"] = []  # now b is the last, saving only a
     assert _before_last_save(g, block, ["a", "b", "c"]) == ["a"]
     for n in "abcd":
         g.nodes[n]["saved"] = []

@@ -196,6 +196,7 @@ def _brute_force(gpus, n_blocks, gbs, pins, tps, counts, sequence):
         (8, 16, 16, Pins(pp=2, schedule="interleaved_1f1b"), [1, 2], False, 0),
         (8, 16, 16, Pins(pp=4, virtual_stages=2, micro_batch_size=1), [1, 2], False, 0),
         (8, 4, 8, Pins(cp=2, tp=2), [1, 2], False, 64),
+        (8, 4, 16, Pins(micro_batch_size=2), [1, 2], False, 64),
         (8, 4, 8, Pins(dp=2), [1, 2, 4], False, 64),
         (2, 1, 4, Pins(schedule="gpipe"), [1, 2], False, 0),
         (6, 3, 6, Pins(zero=3, offload="none"), [1, 2, 3], False, 24),

@@ -116,6 +116,15 @@ def test_blocks_take_and_leave_the_shard_where_the_stream_passes_between_two_sp_
     assert asked == [(0, 2, True), (2, 2, True), (4, 2, True)]
 
 
+def test_the_shard_passes_through_every_handed_over_cut_of_a_chain_of_sp_blocks():
+    g, blocks, variants_of, _ = _stream_model([HANDED], "AA")
+    assert sequence_stream_flags(g, blocks, 2, False, variants_of) == [(False, True), (True, False)]
+    g, blocks, variants_of, _ = _stream_model([HANDED, HANDED], "AAA")
+    assert sequence_stream_flags(g, blocks, 2, False, variants_of) == [
+        (False, True), (True, True), (True, False)
+    ]  # fmt: skip
+
+
 @pytest.mark.parametrize("tp,classes", [(1, "AA"), (2, "A")])
 def test_no_shard_flows_at_tp_1_or_through_one_block(tp, classes):
     g, blocks, variants_of, asked = _stream_model([HANDED] * (len(classes) - 1), classes)
@@ -156,6 +165,9 @@ def test_the_cuts_are_found_once_and_again_when_the_blocks_change(monkeypatch):
         # before one the receiver gathers what only it reads
         ([StreamCut("x", read=True)], [(False, False), (True, False)], True),
         ([StreamCut("x", produced=True)], [(False, False), (False, True)], False),
+        # the first cut, before a flagged block after an unflagged one, then after it
+        ([StreamCut("x", read=True), StreamCut("y", produced=True)],
+         [(False, False), (True, False), (False, False)], True),
         # neither side sequence-parallel, or no one stream tensor: whole
         ([HANDED], [(False, False), (False, False)], False),
         ([StreamCut(None, True, True)], [(False, True), (True, False)], False),
@@ -280,6 +292,7 @@ def test_a_stream_prices_each_layer_by_the_shard_it_takes_and_leaves(monkeypatch
         _KEPT["llama"] = traced, cluster, variants_for(traced.graph, cluster, "sequence", {})
     traced, cluster, variants_of = _KEPT["llama"]
     graph, blocks = traced.graph, traced.blocks
+    graph.graph.pop("_stream_cuts", None)  # found again here, not kept from another test
     training = Training(8, "fp32", "sgd")
     pins = Pins(offload="none")
     flags = [(False, False), (False, True), (True, False), (False, False)]
@@ -309,3 +322,7 @@ def test_a_stream_prices_each_layer_by_the_shard_it_takes_and_leaves(monkeypatch
     price_options(graph, blocks, 2, 2, cluster, training, pins, recording, pipelined=True,
                   stream=True)  # fmt: skip
     assert set(asked) == {True}
+    asked.clear()  # by default: not pipelined, and no stream (every layer entered whole)
+    plain = price_options(graph, blocks, 2, 2, cluster, training, pins, recording)
+    assert set(asked) == {False}
+    assert all(not (o.takes_sequence_shard or o.leaves_sequence_shard) for b in plain for o in b)
