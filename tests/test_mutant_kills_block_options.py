@@ -463,6 +463,11 @@ def test_each_policy_saves_its_ops_and_reruns_the_rest_up_to_the_last_save(llama
     saved, rerun = selective_ops(g, layer, runtime)
     assert saved == {*products, sdpa}
     assert rerun == [n for n in rest if n != "add_8"] and rest[-1] == "add_8"
+    # one rank of a TP variant without sequence parallelism re-runs the same ops
+    from planner.cost.block_options import runtime_selective
+
+    plain = next(v for v in _tp_variants(g, layer, 2) if "sp_block" not in v.tp_plan.values())
+    assert runtime_selective(g, layer, saved, plain)[1] == rerun
     titan = replace(runtime, selective_policy="torchtitan-op")
     saved, rerun = selective_ops(g, layer, titan)
     assert saved == {"linear", "linear_2", "linear_4", "linear_6", sdpa}
