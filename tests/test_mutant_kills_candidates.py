@@ -360,5 +360,13 @@ def test_context_parallelism_splits_the_sequence_of_fused_attention_only():
     assert attention_sequence(g) == 0  # 16 and 32
     g.nodes[attn[0]]["shapes"] = []  # an attention without shapes is not counted
     assert attention_sequence(g) == 32
+    for n in attn:  # queries of three dimensions: the sequence is still the second to last
+        g.nodes[n]["shapes"] = [[8, 32, 16]]
+    assert attention_sequence(g) == 32
     g.remove_nodes_from(attn)
     assert attention_sequence(g) == 0
+    # one fused attention beside the GPT's products of two activations: no ring either
+    gpt = _traced("gpt.py", size="tiny").graph.copy()
+    gpt.add_node("fa", op=sorted(ATTENTION_OPS)[0], shapes=[[1, 4, 32, 16]], order=-1, args=[],
+                 params=[])  # fmt: skip
+    assert attention_sequence(gpt) == 0
