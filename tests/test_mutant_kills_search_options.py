@@ -326,3 +326,17 @@ def test_a_stream_prices_each_layer_by_the_shard_it_takes_and_leaves(monkeypatch
     plain = price_options(graph, blocks, 2, 2, cluster, training, pins, recording)
     assert set(asked) == {False}
     assert all(not (o.takes_sequence_shard or o.leaves_sequence_shard) for b in plain for o in b)
+
+
+def test_the_memo_keeps_each_clusters_options_apart(moe):
+    """One memo, two clusters (the same variants): each is priced on its own links."""
+    traced, cluster, variants_of = moe
+    graph, blocks = traced.graph, traced.blocks[1:2]
+    training = Training(8, "bf16", "adamw")
+    other = cluster_of(8, "h100-sxm", gpus_per_node=1)  # every rank on a node of its own
+    memo: dict = {}
+    near = price_options(graph, blocks, 1, 2, cluster, training, Pins(), variants_of, 2,
+                         memo=memo)  # fmt: skip
+    far = price_options(graph, blocks, 1, 2, other, training, Pins(), variants_of, 2, memo=memo)
+    assert far == price_options(graph, blocks, 1, 2, other, training, Pins(), variants_of, 2)
+    assert far[0][0].ep_comm_s > near[0][0].ep_comm_s > 0
