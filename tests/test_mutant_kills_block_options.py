@@ -468,6 +468,12 @@ def test_each_policy_saves_its_ops_and_reruns_the_rest_up_to_the_last_save(llama
 
     plain = next(v for v in _tp_variants(g, layer, 2) if "sp_block" not in v.tp_plan.values())
     assert runtime_selective(g, layer, saved, plain)[1] == rerun
+    # a sequence-parallel one also re-runs o_proj (its reduce-scattered output is kept, not
+    # its input); down_proj, the last saving op, keeps its input and is not re-run
+    sp = next(v for v in _tp_variants(g, layer, 2) if "sp_block" in v.tp_plan.values())
+    assert runtime_selective(g, layer, saved, sp)[1] == [
+        n for n in layer.nodes if n in rerun or n == "linear_3"
+    ]
     titan = replace(runtime, selective_policy="torchtitan-op")
     saved, rerun = selective_ops(g, layer, titan)
     assert saved == {"linear", "linear_2", "linear_4", "linear_6", sdpa}
