@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 from planner.schema import Mesh
 from runtime.batching import dp_slice, micro_batches, replica_share, throughput_unit
@@ -91,3 +92,27 @@ def test_a_step_counts_tokens_of_integer_ids_else_samples(inputs, unit):
     read from the first input only."""
     got = throughput_unit(inputs)
     assert got == unit and type(got[1]) is int
+
+
+class _IndexDevices(TorchFunctionMode):
+    """Records (tensor's device, index's device) of each ``index_select``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[str, str]] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        if func is torch.Tensor.index_select:
+            self.seen.append((args[0].device.type, args[2].device.type))
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_round_robin_index_goes_to_each_tensors_device():
+    """A batch on a GPU needs its row index there (index_select refuses a host index for a
+    device tensor); here the batch is on the meta device, which the CPU can show."""
+    plan = _plan(Mesh(pp=2, dp=2, tp=1, stage_dp=(2, 1)), 2, {0: (8, 4), 1: (16, 8)})
+    batch = {"x": torch.zeros(16, 3, device="meta"), "y": torch.arange(16)}
+    with _IndexDevices() as mode:
+        share = replica_share(batch, plan, 1)
+    assert mode.seen == [("meta", "meta"), ("cpu", "cpu")]
+    assert share["x"].shape == (8, 3) and share["y"].tolist() == [2, 3, 6, 7, 10, 11, 14, 15]

@@ -78,10 +78,6 @@ def test_the_watch_starts_only_under_plan_run_and_ends_the_worker_once_the_file_
     assert not new[0].is_alive()
 
 
-def test_the_default_poll_is_half_a_second():
-    assert stop.watch_stop.__defaults__ == (0.5,)
-
-
 def test_exit_worker_flushes_both_streams_and_exits_with_the_code(tmp_path):
     root = Path(stop.__file__).resolve().parents[1]
     script = (
