@@ -62,8 +62,15 @@ def test_what_the_runtime_cannot_build_is_refused_in_one_line(mesh, zero, schedu
         (Mesh(pp=2, dp=2, tp=1, stage_dp=(2, 1)), 0, Schedule.GPIPE),
         (Mesh(pp=2, dp=2, tp=1, stage_dp=(2, 2)), 0, Schedule.ONE_F_ONE_B),
     ],
-    ids=["zero1-dp", "zero2-pp2-tp2", "zero0-pp2-tp2", "cp2-tp2", "ep2-pp2", "dp2/1-gpipe",
-         "dp2/2-1f1b"],  # fmt: skip
+    ids=[
+        "zero1-dp",
+        "zero2-pp2-tp2",
+        "zero0-pp2-tp2",
+        "cp2-tp2",
+        "ep2-pp2",
+        "dp2/1-gpipe",
+        "dp2/2-1f1b",
+    ],  # fmt: skip
 )
 def test_what_it_can_build_passes(mesh, zero, schedule):
     assert check_runnable(_plan(mesh, zero, schedule)) is None

@@ -60,7 +60,9 @@ def _trained(seed: int, steps: int, zero1: bool = False):
     if zero1:  # the first part's ZeRO-1 beside a plain AdamW (as experts keep under ZeRO-1)
         opts = [
             torch.optim.AdamW(parts[1].parameters(), lr=0.1),
-            ZeroRedundancyOptimizer(parts[0].parameters(), optimizer_class=torch.optim.AdamW, lr=0.1),
+            ZeroRedundancyOptimizer(
+                parts[0].parameters(), optimizer_class=torch.optim.AdamW, lr=0.1
+            ),
         ]
     else:
         opts = [torch.optim.AdamW(p.parameters(), lr=0.1) for p in reversed(parts)]

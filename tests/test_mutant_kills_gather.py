@@ -34,7 +34,9 @@ def _rank(r: int, store_path: str, out) -> None:  # noqa: ANN001
             got = batch_gather(group)(t)
             weights = torch.arange(1.0, 13.0).reshape(4, 3)
             (weights * got.square()).sum().backward()
-            out.put((r, got.tolist(), t.grad.tolist()))  # lists: a tensor's shared fd dies with the rank
+            out.put(
+                (r, got.tolist(), t.grad.tolist())
+            )  # lists: a tensor's shared fd dies with the rank
         dist.barrier()
         dist.destroy_process_group()
     except BaseException:

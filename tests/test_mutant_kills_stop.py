@@ -36,7 +36,14 @@ def test_the_reason_and_its_exit_status_travel_through_the_file(tmp_path):
 
 @pytest.mark.parametrize(
     "text",
-    ["", "{not json", '{"exit_code": 2}', '{"message": "m"}', "[1]", '{"message": "m", "exit_code": "x"}'],
+    [
+        "",
+        "{not json",
+        '{"exit_code": 2}',
+        '{"message": "m"}',
+        "[1]",
+        '{"message": "m", "exit_code": "x"}',
+    ],
     ids=["empty", "half-written", "no-message", "no-status", "a-list", "status-not-a-number"],
 )
 def test_an_unreadable_stop_file_is_no_stop(tmp_path, text):
@@ -89,3 +96,20 @@ def test_exit_worker_flushes_both_streams_and_exits_with_the_code(tmp_path):
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60
     )
     assert (done.returncode, done.stdout, done.stderr) == (3, "out", "err")
+
+
+def test_the_watch_polls_every_half_second_by_default(tmp_path, monkeypatch):
+    """Each poll sleeps the default interval (recorded, slept 10 ms instead)."""
+    import time
+
+    real_sleep, slept = time.sleep, []
+    done = threading.Event()
+    monkeypatch.setattr(stop, "exit_worker", lambda code: done.set())
+    monkeypatch.setattr(time, "sleep", lambda s: (slept.append(s), real_sleep(0.01)))
+    monkeypatch.setenv(stop.ENV, "1")
+    stop.watch_stop(tmp_path)
+    while len(slept) < 2:
+        real_sleep(0.01)
+    stop.write_stop(tmp_path, UserInputError("stop"))
+    assert done.wait(10)
+    assert len(slept) >= 2 and set(slept) == {0.5}
