@@ -67,3 +67,15 @@ def test_one_adamw_step_moves_each_weight_by_the_learning_rate():
     opt.step()
     want = torch.tensor([1.0, -2.0]) * (1 - 0.1 * 0.01) - 0.1 * torch.tensor([1.0, -1.0])
     assert torch.allclose(w.detach(), want, atol=1e-6)
+
+
+def test_gpu_parameters_get_the_fused_step(monkeypatch):
+    """No GPU here: parameters that say they are on one, and the optimizer class recorded
+    (torch's would refuse stand-ins); make_optimizer passes what step_kwargs gives."""
+    import runtime.optim as optim
+
+    made = []
+    monkeypatch.setattr(optim, "optimizer_class", lambda name: lambda p, **kw: made.append(kw))
+    make_optimizer(iter([_on("cuda"), _on("cuda")]), "adamw", 0.5)
+    make_optimizer([_on("cpu")], "sgd", 0.5)
+    assert made == [{"lr": 0.5, "fused": True}, {"lr": 0.5, "momentum": 0.9}]
