@@ -203,6 +203,8 @@ MODULES: dict[str, list[str]] = {
         "tests/test_mutant_kills_local_attributes.py",
     ],
     "runtime/capability.py": ["tests/test_mutant_kills_capability.py"],
+    # train_plan itself on a one-rank gloo group held in the test, against the oracle
+    "runtime/train.py": ["tests/test_mutant_kills_train.py"],
 }
 # the shipped example models, planned for the equivalence check (file, size, GPUs, profile)
 EXAMPLES = [
