@@ -78,3 +78,20 @@ def test_a_missing_or_non_integer_count_is_refused_by_its_value(value):
         f"plan sets self_attn.num_heads to its local count over 2 ranks, but the model's "
         f"self_attn.num_heads is {value!r}, not an integer 2 divides: plan again for this model"
     )
+
+
+def test_a_path_passed_over_does_not_stop_the_blocks_next_one():
+    """In one block: a module already set under another path, then one whose projection was
+    gathered, then one to set: only the last is set (and the first, once)."""
+    root = _root()
+    root.again = root.self_attn
+    block = _block(
+        "self_attn.num_heads", "again.num_heads", "self_attn_2.num_heads", "self_attn.num_kv"
+    )
+    got = set_local_attributes(root, [block], 2, ["self_attn_2.q_proj"])
+    assert got == ["self_attn.num_heads", "self_attn.num_kv"]
+    assert (root.self_attn.num_heads, root.self_attn.num_kv, root.self_attn_2.num_heads) == (
+        4,
+        2,
+        8,
+    )
