@@ -37,6 +37,12 @@ def test_the_cpu_peak_is_the_processs_high_water_mark_in_bytes():
     got = peak_memory_bytes(torch.device("cpu"))
     assert before <= got <= resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     assert abs(got - _high_water_bytes()) <= 0.02 * got and type(got) is int
+
+
+def test_on_macos_the_peak_is_already_in_bytes(monkeypatch):
+    monkeypatch.setattr(sys, "platform", "darwin")
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    assert before <= peak_memory_bytes(torch.device("cpu")) <= 1.5 * before
     assert peak_reserved_bytes(torch.device("cpu")) == 0
 
 
@@ -51,24 +57,25 @@ def test_a_gpus_peaks_are_cudas_counters_of_that_device(monkeypatch):
 
 
 def test_a_fresh_run_starts_an_empty_file_where_its_directory_is_missing(tmp_path):
-    path = tmp_path / "run" / "metrics.jsonl"
+    path = tmp_path / "runs" / "run" / "metrics.jsonl"
     start_metrics(path, 0)
     assert path.read_text() == ""
-    path.write_text('{"step": 1}\n')
-    start_metrics(path, 0)  # not a resume: the old lines go
+    path.write_text('{"step": 1}\n{"note": "no step"}\n')
+    start_metrics(path, 0)  # not a resume: the old lines go, one without a step too
     assert path.read_text() == ""
 
 
 def test_a_resume_keeps_the_lines_up_to_the_checkpoints_step(tmp_path):
     """Steps 1-4 were written before the restart, checkpoint at 2: lines of steps 1 and 2
-    stay (and a line without a step), 3 and 4 go, as does a half-written line; the steps
-    trained again append after them."""
+    stay (and a line without a step), 3 and 4 go, as does a half-written line (the lines
+    after it still read); the steps trained again append after them. A checkpoint at step 1
+    keeps step 1's."""
     path = tmp_path / "metrics.jsonl"
-    lines = ['{"step": 1, "loss": 2.0}', '{"note": "x"}', '{"step": 2, "loss": 1.5}',
-             '{"step": 3, "loss": 1.0}', '{"step": 4', '{"step": 4, "loss": 0.5}']  # fmt: skip
+    lines = ['{"step": 1, "loss": 2.0}', '{"note": "x"}', '{"step": 2', '{"step": 2, "loss": 1.5}',
+             '{"step": 3, "loss": 1.0}', '{"step": 4, "loss": 0.5}']  # fmt: skip
     path.write_text("\n".join(lines) + "\n")
     start_metrics(path, 2)
-    assert path.read_text() == "\n".join(lines[:3]) + "\n"
+    assert path.read_text() == "\n".join(lines[:2] + lines[3:4]) + "\n"
     append_metrics(path, {"step": 3, "loss": 0.25})
     append_metrics(path, {"step": 4, "loss": 0.125})
     assert [json.loads(ln) for ln in path.read_text().splitlines()][2:] == [
@@ -76,6 +83,8 @@ def test_a_resume_keeps_the_lines_up_to_the_checkpoints_step(tmp_path):
         {"step": 3, "loss": 0.25},
         {"step": 4, "loss": 0.125},
     ]
+    start_metrics(path, 1)  # a checkpoint at step 1
+    assert path.read_text() == "\n".join(lines[:2]) + "\n"
     start_metrics(tmp_path / "none.jsonl", 2)  # a resume without the file: an empty one
     assert (tmp_path / "none.jsonl").read_text() == ""
 
