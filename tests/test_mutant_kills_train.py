@@ -124,3 +124,67 @@ def test_a_loss_that_is_not_finite_stops_the_run_in_one_line(mlp, tmp_path, monk
         "loss became inf at step 1: lower the learning rate or check the model's numerics"
     )
     assert err.value.exit_code == 3
+
+
+def test_accumulated_micro_batches_average_their_gradients_under_sgd(tmp_path):
+    """AdamW's update does not see a gradient's scale; SGD's does: two steps of SGD with
+    momentum over two micro-batches of 4 equal the oracle's parameters only if each
+    micro-batch's loss is divided by 2."""
+    path = forced_plan("mlp", 1, tmp_path / "plan", optimizer="sgd", lr=0.1, tp=1, dp=1, pp=1,
+                       zero=0, micro_batch_size=4, recompute="none")  # fmt: skip
+    plan = load_plan(path)
+    mf = load_model_file(plan.model.file, plan.model.args)
+    ref = reference_for_plan(json.loads(path.read_text()), 2)
+    run = tmp_path / "run"
+    _close(train_plan(plan, mf, torch.device("cpu"), steps=2, seed=0, run_dir=run,
+                      checkpoint_every=2), ref.losses)  # fmt: skip
+    got = checkpoint_model_state(run / "checkpoints" / "step_000002")
+    assert parameter_mismatches(got, ref) == []
+
+
+def test_a_batch_moves_to_the_device_tensors_only():
+    """The meta device stands for a GPU (a batch left on the host would not run there)."""
+    from runtime.train import _to
+
+    x, n, (y,) = _to((torch.ones(2), 3, [torch.zeros(1)]), torch.device("meta"))
+    assert x.device.type == "meta" and y.device.type == "meta" and n == 3
+
+
+def test_the_watchdog_is_armed_for_a_positive_timeout_only(monkeypatch):
+    import faulthandler
+
+    from runtime.train import arm_watchdog
+
+    armed = []
+    monkeypatch.setattr(faulthandler, "dump_traceback_later", lambda *a, **k: armed.append((a, k)))
+    arm_watchdog(0.0)
+    arm_watchdog(0.5)
+    arm_watchdog(30)
+    assert armed == [((0.5,), {"exit": True}), ((30,), {"exit": True})]
+
+
+def test_autocast_runs_the_forward_in_the_wrappers_dtype():
+    """float16, not the CPU's default autocast dtype (bfloat16)."""
+    from types import SimpleNamespace
+
+    from runtime.train import _autocast
+
+    with _autocast(SimpleNamespace(autocast=torch.float16), torch.device("cpu")):
+        assert torch.is_autocast_enabled("cpu")
+        assert torch.get_autocast_dtype("cpu") == torch.float16
+    with _autocast(SimpleNamespace(autocast=None), torch.device("cpu")):
+        assert not torch.is_autocast_enabled("cpu")
+
+
+def test_an_optimizer_step_syncs_then_steps_and_drops_the_gradients():
+    from types import SimpleNamespace
+
+    from runtime.train import _optimizer_step
+
+    w = torch.nn.Parameter(torch.ones(2))
+    w.grad = torch.full((2,), 2.0)
+    calls = []
+    opt = torch.optim.SGD([w], lr=0.5)
+    built = SimpleNamespace(sync_gradients=lambda: calls.append(w.grad.tolist()), optimizers=[opt])
+    _optimizer_step(built)
+    assert calls == [[2.0, 2.0]] and w.grad is None and w.tolist() == [0.0, 0.0]
