@@ -240,6 +240,26 @@ MODULES: dict[str, list[str]] = {
     "planner/trace/opcost.py": ["tests/test_mutant_kills_opcost.py"],
     # a run's cost worked by hand (test_resources' plan the MLP per option)
     "planner/resources/energy.py": ["tests/test_mutant_kills_energy.py"],
+    # one process on a one-rank gloo group held in the test (save, latest, load), then the
+    # worker's resume after step 2 (one gloo rank, two runs in one forked process)
+    "runtime/checkpoint.py": [
+        "tests/test_mutant_kills_checkpoint.py",
+        "tests/test_resume_step.py",
+    ],
+    # one process each (gather: three gloo ranks forked from the test; stop: one short
+    # interpreter for exit_worker)
+    "runtime/batching.py": ["tests/test_mutant_kills_batching.py"],
+    "runtime/stop.py": ["tests/test_mutant_kills_stop.py"],
+    "runtime/optim.py": ["tests/test_mutant_kills_optim.py"],
+    "runtime/gather.py": ["tests/test_mutant_kills_gather.py"],
+    "runtime/metrics.py": ["tests/test_mutant_kills_metrics.py"],
+    "runtime/local_attributes.py": [
+        "tests/test_local_attributes.py",
+        "tests/test_mutant_kills_local_attributes.py",
+    ],
+    "runtime/capability.py": ["tests/test_mutant_kills_capability.py"],
+    # train_plan itself on a one-rank gloo group held in the test, against the oracle
+    "runtime/train.py": ["tests/test_mutant_kills_train.py"],
 }
 # the shipped example models, planned for the equivalence check (file, size, GPUs, profile)
 EXAMPLES = [
