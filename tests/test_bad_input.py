@@ -326,6 +326,13 @@ CASES = {
 }
 
 
+# The cases run without the report's worker (--no-report: each worker is a second interpreter
+# importing matplotlib, about 1 CPU-s), but for these, which keep it: an error before the
+# search, one in the model's code, and an infeasible request (tests/test_report_worker.py's
+# test_an_infeasible_request_ends_the_worker checks the same with the MLP).
+WITH_WORKER = {"unknown_profile", "forward_raises", "infeasible_exit_3"}
+
+
 def _snapshot(directory: Path) -> dict[str, bytes]:
     return {
         str(p.relative_to(directory)): p.read_bytes() for p in directory.rglob("*") if p.is_file()
@@ -343,6 +350,8 @@ def test_bad_input_is_one_line_and_changes_nothing(case, tmp_path, capsys, monke
     before = _snapshot(out)
     if "--out" not in argv:
         argv = [*argv, "--out", str(out)]
+    if case not in WITH_WORKER:
+        argv = [*argv, "--no-report"]
     code = main(argv)
     err = capsys.readouterr().err
     assert code == status, err

@@ -216,6 +216,7 @@ def test_resume_from_checkpoint_continues_the_same_run(tmp_path):
             assert abs(g - w) <= RTOL * abs(w), f"{model} {p} step {step}: {g} vs {w}"
 
 
+@pytest.mark.distributed  # `plan run` starts torchrun: with the multi-process tests
 def test_a_pipeline_torch_cannot_cut_ends_in_one_line(tmp_path, capfd):
     """OpenAI GPT's layers cannot be cut by torch's pipelining (torch.export's unflatten
     refuses the split module): the run ends with one line saying so and what to do, exit 2,
@@ -231,6 +232,7 @@ def test_a_pipeline_torch_cannot_cut_ends_in_one_line(tmp_path, capfd):
     assert "torch's pipelining cannot cut" in last and "--pp 1" in last, err[-3000:]
 
 
+@pytest.mark.distributed  # `plan run` starts torchrun: with the multi-process tests
 def test_an_error_in_the_workers_ends_in_one_line(tmp_path, capfd):
     """A model that fails only under torch.distributed: one line naming the rank, the error
     and --debug, exit 1, not every rank's traceback and torchrun's report."""
