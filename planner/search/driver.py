@@ -33,7 +33,7 @@ from planner.cost.step import evaluate
 from planner.errors import UserInputError
 from planner.hardware.cluster import Cluster
 from planner.highs import quiet_highs
-from planner.search.bound_memo import candidate_key, simpler_key
+from planner.search.bound_memo import BoundMemo, candidate_key, simpler_key
 from planner.search.bounds import lower_bounds, relaxed_bound
 from planner.search.candidates import (
     Candidate,
@@ -527,7 +527,7 @@ def _open(c: Candidate) -> bool:
     return c.status == "unresolved" or (c.status == "solved" and not c.proven)
 
 
-def prefer_simpler(inp: CostInputs, cand: Candidate, kept=None) -> None:
+def prefer_simpler(inp: CostInputs, cand: Candidate, kept: BoundMemo | None = None) -> None:
     """On ties, run blocks without recompute or offload: for each (stage, option) group of
     blocks, switch them to the same TP variant with less recompute and offload when the cost
     model says the step is no slower and it still fits. The step time never grows, so an
