@@ -425,6 +425,8 @@ def run_module(
         "counts": counts,
         "killed_share": round(killed / decided, 4) if decided else None,
         "survivors": survivors,
+        # by name, so each can be judged (a real hang, or a limit another test's fixture tripped)
+        "timed_out": sorted(k for k, s in found.items() if s == "timeout"),
         "seconds": round(time.perf_counter() - start),
         "log_tail": log[-1500:],
     }
