@@ -8,17 +8,25 @@ variants, block classes) are labelled once, so a 100-layer model stays legible.
 
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
+import matplotlib
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import MaxNLocator
 
-from planner.report.style import keep_apart, runs, stage_colors, text_color, text_width_in
+from planner.report.style import (
+    keep_apart,
+    new_figure,
+    runs,
+    stage_colors,
+    text_color,
+    text_width_in,
+)
 from planner.schema import Plan
 from planner.vocab import Offload, Recompute
 
 HATCH = {Recompute.NONE: "", Recompute.SELECTIVE: "///", Recompute.FULL: "xxx"}
-VARIANT_COLORS = plt.get_cmap("Pastel2")
+VARIANT_COLORS = matplotlib.colormaps["Pastel2"]
 MAX_NAMED = 32  # up to this many blocks, every block's name is an x tick
 
 
@@ -57,7 +65,7 @@ def blocks_figure(plan: Plan) -> Figure:
     else:
         bottom_in = 0.75
     height = 1.0 + 5.4 + bottom_in
-    fig = plt.figure(figsize=(width, height))
+    fig = new_figure(width, height)
     gs = fig.add_gridspec(
         4,
         1,
@@ -212,8 +220,6 @@ def _legend(blocks, colors, pp: int, v: int, offl: list[int]) -> list:
     if offl:
         kinds = sorted({blocks[i].offload for i in offl})
         handles.append(
-            plt.Line2D(
-                [], [], marker="v", color="black", ls="", label="offload " + ", ".join(kinds)
-            )
+            Line2D([], [], marker="v", color="black", ls="", label="offload " + ", ".join(kinds))
         )
     return handles

@@ -7,10 +7,9 @@ a plan would be with more memory.
 
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
-from planner.report.style import GIB, time_unit
+from planner.report.style import GIB, new_figure, time_unit
 from planner.schema import Plan
 
 
@@ -34,7 +33,8 @@ def candidates_figure(plan: Plan) -> Figure:
     cands = plan.solver.candidates
     cap = plan.predicted.capacity_bytes / GIB
     scale, unit = time_unit(max((c.step_time_s for c in cands), default=1.0))
-    fig, ax = plt.subplots(figsize=(9.0, 5.6))
+    fig = new_figure(9.0, 5.6)
+    ax = fig.subplots()
     fig.subplots_adjust(left=0.1, right=0.97, top=0.86, bottom=0.11)
     feas = [c for c in cands if c.feasible]
     infeas = [c for c in cands if not c.feasible]

@@ -11,7 +11,6 @@ import os
 import pickle
 from collections.abc import Callable
 
-import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
 from planner.report.blocks import blocks_figure
@@ -111,9 +110,6 @@ FORKED = ("placement", "timeline")
 def _render(plan: Plan, names: list[str], formats: tuple[str, ...]) -> dict[str, dict[str, bytes]]:
     out: dict[str, dict[str, bytes]] = {}
     for name in names:
-        fig = FIGURES[name](plan)
-        try:
-            out[name] = {fmt: render(fig, fmt) for fmt in formats}
-        finally:
-            plt.close(fig)
+        fig = FIGURES[name](plan)  # a Figure of its own, outside pyplot: nothing to close
+        out[name] = {fmt: render(fig, fmt) for fmt in formats}
     return out

@@ -7,10 +7,9 @@ the solver checked against ``capacity_bytes``.
 
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
-from planner.report.style import GIB, MEMORY_COLORS, keep_apart
+from planner.report.style import GIB, MEMORY_COLORS, keep_apart, new_figure
 from planner.schema import Plan
 
 PARTS = ("params", "grads", "optimizer", "activations", "other")
@@ -22,7 +21,8 @@ def memory_figure(plan: Plan) -> Figure:
     cap = pred.capacity_bytes
     pp = len(per_rank)
     width = min(14.0, max(8.0, 0.45 * pp + 4))
-    fig, ax = plt.subplots(figsize=(width, 5.0))
+    fig = new_figure(width, 5.0)
+    ax = fig.subplots()
     fig.subplots_adjust(left=0.09, right=0.8, top=0.86, bottom=0.14)
     xs = list(range(pp))
     bottom = [0.0] * pp

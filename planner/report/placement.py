@@ -13,16 +13,24 @@ from __future__ import annotations
 
 import math
 
-import matplotlib.pyplot as plt
+import matplotlib
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyBboxPatch, Patch, Rectangle
 
-from planner.report.style import coords, replicas, runs, span_text, stage_colors, text_color
+from planner.report.style import (
+    coords,
+    new_figure,
+    replicas,
+    runs,
+    span_text,
+    stage_colors,
+    text_color,
+)
 from planner.schema import Mesh, Plan
 
 DETAIL_NODES = 16
 GRID_CELLS = 256  # the node grid's most cells; more nodes share cells
-DP_STRIPE = plt.get_cmap("Set2")
+DP_STRIPE = matplotlib.colormaps["Set2"]
 SEP = "  ·  "
 SUBTITLE_LINE_IN = 0.17  # one 8.5 pt line of the subtitle, in inches
 
@@ -191,7 +199,7 @@ def placement_figure(plan: Plan) -> Figure:
         subtitle = _wrap(facts, width)
         extra = SUBTITLE_LINE_IN * subtitle.count("\n")
         height = 1.0 * rows + 1.3 + 0.25 * legend_rows + extra
-        fig = plt.figure(figsize=(width, height))
+        fig = new_figure(width, height)
         top = 1 - (0.85 + extra) / height
         bottom = (0.35 + 0.25 * legend_rows) / height
         ax = fig.add_axes((1.1 / width, bottom, 1 - 1.4 / width, top - bottom))
@@ -213,7 +221,7 @@ def placement_figure(plan: Plan) -> Figure:
         grid_h = grid_rows * node_w * 0.7
         detail_h = (width - 1.6) / max(per_row, 12) * math.ceil(gpn / per_row)
         height = grid_h + detail_h + 1.9 + 0.25 * legend_rows + extra
-        fig = plt.figure(figsize=(width, height))
+        fig = new_figure(width, height)
         bottom = (0.35 + 0.25 * legend_rows) / height
         ax = fig.add_axes((1.0 / width, bottom, 1 - 1.6 / width, grid_h / height))
         _node_grid(ax, plan, colors, cols, grid_rows, per_cell)

@@ -11,15 +11,16 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.colors import to_hex  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
 
 from planner.schema import Mesh  # noqa: E402
 
 GIB = 2**30
 BASE_FONT = 9
 
-plt.rcParams.update(
+matplotlib.rcParams.update(
     {
         "font.size": BASE_FONT,
         "axes.titlesize": BASE_FONT + 2,
@@ -56,12 +57,12 @@ def stage_colors(n: int) -> list[str]:
     """n clearly distinct colours, one per pipeline rank: tab10/tab20 while they last, then
     evenly spaced samples of a perceptual colour map (still n distinct values)."""
     if n <= 10:
-        cmap = plt.get_cmap("tab10")
+        cmap = matplotlib.colormaps["tab10"]
         return [to_hex(cmap(i)) for i in range(n)]
     if n <= 20:
-        cmap = plt.get_cmap("tab20")
+        cmap = matplotlib.colormaps["tab20"]
         return [to_hex(cmap(i)) for i in range(n)]
-    cmap = plt.get_cmap("turbo")
+    cmap = matplotlib.colormaps["turbo"]
     colors = [to_hex(cmap(0.05 + 0.9 * i / (n - 1))) for i in range(n)]
     assert len(set(colors)) == n
     return colors
@@ -132,3 +133,12 @@ def keep_apart(centers_in: Sequence[float], texts: Sequence[str], fontsize: floa
             kept.append(i)
             right = centers_in[i] + half
     return kept
+
+
+def new_figure(width: float, height: float) -> Figure:
+    """A figure outside pyplot (whose import is most of a report worker's start-up, and whose
+    registry would keep each figure until closed), on an Agg canvas of its own so that it can
+    be drawn and measured (``fig.canvas.get_renderer()``) as well as saved."""
+    fig = Figure(figsize=(width, height))
+    FigureCanvasAgg(fig)
+    return fig

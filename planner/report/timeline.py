@@ -11,14 +11,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import matplotlib.pyplot as plt
 from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import MaxNLocator
 
 from planner.report.schedule import Box, compress, simulate, steady_cuts
-from planner.report.style import TIME_COLORS, keep_apart, text_width_in, time_unit
+from planner.report.style import TIME_COLORS, keep_apart, new_figure, text_width_in, time_unit
 from planner.schema import Plan
 from planner.vocab import Schedule, schedule_label
 
@@ -99,7 +98,7 @@ def timeline_figure(plan: Plan) -> Figure:
     row_h = 0.45 if pp <= 8 else max(0.16, 3.6 / pp)
     width = 13.0
     height = 3.1 + row_h * pp
-    fig = plt.figure(figsize=(width, height))
+    fig = new_figure(width, height)
     left, right = 0.09, 0.83
     ax = fig.add_axes((left, 1.5 / height, right - left, row_h * pp / height))
     bar = fig.add_axes((left, 0.45 / height, right - left, 0.3 / height))

@@ -90,10 +90,7 @@ def draw_front(
     options: Sequence[Option], chosen: Option | None, front: Sequence[Option], path: Path
 ) -> Path:
     """Write the three-panel Pareto figure; the chosen option is a star, the front is joined."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # a figure outside pyplot: Agg, nothing to close
 
     priced = [o for o in options if o.run is not None]
     kinds = sorted({o.node.name for o in priced})
@@ -107,7 +104,8 @@ def draw_front(
 
     names = {"time": "time to train (h)", "cost": "cost ($)", "carbon": "carbon (tCO2)"}
     pairs = (("time", "cost"), ("time", "carbon"), ("cost", "carbon"))
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    fig = Figure(figsize=(15, 4.5))
+    axes = fig.subplots(1, 3)
     for ax, (x, y) in zip(axes, pairs, strict=True):
         for k in kinds:
             pts = [o for o in priced if o.node.name == k]
@@ -150,5 +148,4 @@ def draw_front(
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path
