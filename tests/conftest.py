@@ -10,6 +10,8 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 # The tests trace into their own cache, never the user's: a fresh directory per session, or
@@ -122,3 +124,17 @@ def pytest_sessionfinish(session, exitstatus):
     forked = sys.modules.get("forked_ranks")
     if forked is not None:
         forked.stop_forkserver()
+
+
+@pytest.fixture(scope="module")
+def gloo_one_rank():
+    """Rank 0 of a one-rank gloo group in this process, torn down after the module: for the
+    runtime's functions that ask the default process group but need no peer (a test module
+    takes it with ``pytestmark = pytest.mark.usefixtures("gloo_one_rank")``)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()

@@ -12,7 +12,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-import torch.distributed as dist
 from oracle import checkpoint_model_state
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -27,15 +26,7 @@ from runtime.checkpoint import (
     save_checkpoint,
 )
 
-
-@pytest.fixture(scope="module", autouse=True)
-def gloo_one():
-    """Rank 0 of a one-rank gloo group in this process, torn down after the module."""
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
+pytestmark = pytest.mark.usefixtures("gloo_one_rank")  # conftest: a one-rank gloo group
 
 
 def _built(parts, optimizers, aliases=None, coords=(0, 0, 0)):

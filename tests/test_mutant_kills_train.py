@@ -13,7 +13,6 @@ import re
 
 import pytest
 import torch
-import torch.distributed as dist
 from oracle import checkpoint_model_state, parameter_mismatches, reference_for_plan
 from runs import forced_plan
 
@@ -24,13 +23,7 @@ from runtime.train import LossNotFinite, train_plan
 RTOL = 1e-4
 
 
-@pytest.fixture(scope="module", autouse=True)
-def gloo_one():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
+pytestmark = pytest.mark.usefixtures("gloo_one_rank")  # conftest: a one-rank gloo group
 
 
 @pytest.fixture(scope="module")

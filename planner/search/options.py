@@ -12,7 +12,7 @@ from planner.cost.records import BlockOption
 from planner.cost.sharding import sequence_stream
 from planner.hardware.cluster import Cluster
 from planner.schema.mesh import Mesh
-from planner.search.bound_memo import priced_key
+from planner.search.bound_memo import BoundMemo, priced_key
 from planner.search.candidates import Pins
 from planner.trace.blocks import Block
 from planner.trace.stream import StreamCut, stream_at_cuts
@@ -36,7 +36,7 @@ def price_options(
     memo: dict | None = None,
     pipelined: bool = False,
     stream: bool = False,
-    kept=None,
+    kept: BoundMemo | None = None,
 ) -> list[list[BlockOption]]:
     """Options per block (shared by blocks of one class), filtered by the user's pins.
     ``memo`` keeps priced options across searches of one planning run (the baselines search
