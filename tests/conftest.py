@@ -14,12 +14,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-# The tests trace into their own cache, never the user's: a fresh directory per session, or
-# MESHPLAN_TEST_CACHE when a caller shares one between sessions (benchmarks/mutants.py; the
-# trace key holds a hash of the tracer's code, so a changed tracer never reads an old trace).
-os.environ["MESHPLAN_CACHE"] = os.environ.get("MESHPLAN_TEST_CACHE") or tempfile.mkdtemp(
-    prefix="meshplan-test-cache-"
-)
+# The tests trace into their own cache, never the user's: a fresh directory per run, or
+# MESHPLAN_TEST_CACHE when a caller shares one between runs (benchmarks/mutants.py; the trace
+# key holds a hash of the tracer's code, so a changed tracer never reads an old trace). The
+# directory is named in MESHPLAN_TEST_CACHE before pytest-xdist starts its workers, which
+# inherit the environment: the two workers of a run share one cache, so a model one of them
+# traced and searched is warm for the other (entries are written atomically).
+if not os.environ.get("MESHPLAN_TEST_CACHE"):
+    os.environ["MESHPLAN_TEST_CACHE"] = tempfile.mkdtemp(prefix="meshplan-test-cache-")
+os.environ["MESHPLAN_CACHE"] = os.environ["MESHPLAN_TEST_CACHE"]
 
 from planner.cost.records import BlockOption  # noqa: E402
 from planner.hardware.cluster import Cluster  # noqa: E402

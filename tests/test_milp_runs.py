@@ -8,6 +8,8 @@ that computing them wrote."""
 
 from __future__ import annotations
 
+import copy
+import shutil
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,32 @@ from planner.search.milp.runs import RunStore
 from planner.search.milp.solve import solve_stage_milp
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+ARGS = dict(model_args={"size": "tiny"}, global_batch_size=64, profile="h100-sxm")
+
+
+def _plan_gpt():
+    return plan(ROOT / "examples" / "gpt.py", 16, gpus_per_node=4, **ARGS)
+
+
+@pytest.fixture(scope="module")
+def cold(tmp_path_factory):
+    """GPT tiny on 16 GPUs planned once from an empty cache, and that cache: each test plans
+    again from its own copy (warm_cache), so the copies see exactly what one cold plan kept."""
+    cache = tmp_path_factory.mktemp("cold-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MESHPLAN_CACHE", str(cache))
+        return _plan_gpt(), cache
+
+
+@pytest.fixture
+def warm_cache(cold, tmp_path, monkeypatch):
+    """A copy of the cold plan's cache, set as this test's MESHPLAN_CACHE."""
+    kept = tmp_path / "cache"
+    shutil.copytree(cold[1], kept)
+    monkeypatch.setenv("MESHPLAN_CACHE", str(kept))
+    return kept
 
 
 def _no_highs(*args, **kwargs):
@@ -60,11 +88,9 @@ def test_a_corrupt_run_is_solved_again(tmp_path):
     assert store.read == 0 and _record(again) == _record(first)
 
 
-def test_a_replan_reads_every_stage_milp_and_writes_the_same_plan(tmp_path, monkeypatch):
-    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path))
-    args = dict(model_args={"size": "tiny"}, global_batch_size=64, profile="h100-sxm")
-    first = plan(ROOT / "examples" / "gpt.py", 16, gpus_per_node=4, **args)
-    runs = list((tmp_path / "milp").iterdir())
+def test_a_replan_reads_every_stage_milp_and_writes_the_same_plan(cold, warm_cache, monkeypatch):
+    first = cold[0]
+    runs = list((warm_cache / "milp").iterdir())
     assert first.search.solved >= 1 and runs  # stage MILPs were solved and kept
     kept = bounds_path(first.traced.cache_key).read_text()
     assert '"s' in kept and '"l' in kept  # split bounds and LPs were computed and kept
@@ -72,13 +98,14 @@ def test_a_replan_reads_every_stage_milp_and_writes_the_same_plan(tmp_path, monk
     monkeypatch.setattr(driver, "split_bound", _no_bound)
     monkeypatch.setattr(bounds, "_solve_lp", _no_bound)
     monkeypatch.setattr(options, "block_options", _no_bound)  # the priced options are kept too
-    second = plan(ROOT / "examples" / "gpt.py", 16, gpus_per_node=4, **args)
-    assert sorted((tmp_path / "milp").iterdir()) == sorted(runs)  # nothing solved anew
-    first.plan.solver.solve_time_s = second.plan.solver.solve_time_s = 0.0
-    assert dumps(second.plan) == dumps(first.plan)
+    second = _plan_gpt()
+    assert sorted((warm_cache / "milp").iterdir()) == sorted(runs)  # nothing solved anew
+    expected = copy.deepcopy(first.plan)
+    expected.solver.solve_time_s = second.plan.solver.solve_time_s = 0.0
+    assert dumps(second.plan) == dumps(expected)
 
 
-def test_a_candidates_kept_bounds_need_no_problem_and_equal_computed_ones(tmp_path, monkeypatch):
+def test_a_candidates_kept_bounds_need_no_problem_and_equal_computed_ones(cold):
     """bound_memo keeps each candidate's relaxed and split bounds under candidate_key (what its
     problem is built from): read back, neither builds a problem, and both equal the bounds
     computed from the problem; relaxed_bound(sp, b) is max(b, the kept value) for any b; a
@@ -91,9 +118,7 @@ def test_a_candidates_kept_bounds_need_no_problem_and_equal_computed_ones(tmp_pa
     from planner.search.milp.candidate import stage_problem
     from planner.search.milp.split_bound import split_bound
 
-    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path))
-    args = dict(model_args={"size": "tiny"}, global_batch_size=64, profile="h100-sxm")
-    result = plan(ROOT / "examples" / "gpt.py", 16, gpus_per_node=4, **args).search
+    result = cold[0].search
     pipelines = [c for c in result.candidates if c.pp > 1][:6]
     assert pipelines
     memo = BoundMemo()
@@ -126,14 +151,12 @@ def test_a_candidates_kept_bounds_need_no_problem_and_equal_computed_ones(tmp_pa
     assert candidate_key(changed, c) != candidate_key(inp, c)
 
 
-def test_a_replan_builds_a_stage_problem_only_for_a_milp(tmp_path, monkeypatch):
+def test_a_replan_builds_a_stage_problem_only_for_a_milp(cold, warm_cache, monkeypatch):
     """Bounding a candidate on a warm plan reads its bounds back by candidate_key: the only
     problems built are those of the MILPs (at most one each), and the plan is the same."""
     from planner.search.milp import candidate
 
-    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path))
-    args = dict(model_args={"size": "tiny"}, global_batch_size=64, profile="h100-sxm")
-    first = plan(ROOT / "examples" / "gpt.py", 16, gpus_per_node=4, **args)
+    first = cold[0]
     counts = {"built": 0, "milps": 0}
     build, solve_one = candidate.stage_problem, driver.solve_candidate
 
@@ -147,14 +170,15 @@ def test_a_replan_builds_a_stage_problem_only_for_a_milp(tmp_path, monkeypatch):
 
     monkeypatch.setattr(driver, "stage_problem", counted_build)
     monkeypatch.setattr(driver, "solve_candidate", counted_solve)
-    second = plan(ROOT / "examples" / "gpt.py", 16, gpus_per_node=4, **args)
+    second = _plan_gpt()
     bounded = sum(1 for c in second.search.candidates if c.status != "dominated")
     assert 0 < counts["milps"] and counts["built"] <= counts["milps"] < bounded
-    first.plan.solver.solve_time_s = second.plan.solver.solve_time_s = 0.0
-    assert dumps(second.plan) == dumps(first.plan)
+    expected = copy.deepcopy(first.plan)
+    expected.solver.solve_time_s = second.plan.solver.solve_time_s = 0.0
+    assert dumps(second.plan) == dumps(expected)
 
 
-def test_priced_options_read_back_are_the_options_priced(tmp_path, monkeypatch):
+def test_priced_options_read_back_are_the_options_priced(cold, warm_cache):
     """BoundMemo.options keeps a block class's priced options as their fields' values: read
     back from the file, each option equals one the plan priced, field for field and type for
     type (tuples stay tuples, ints ints), and every option the plan priced is read back."""
@@ -163,9 +187,7 @@ def test_priced_options_read_back_are_the_options_priced(tmp_path, monkeypatch):
 
     from planner.search.bound_memo import BoundMemo
 
-    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path))
-    args = dict(model_args={"size": "tiny"}, global_batch_size=64, profile="h100-sxm")
-    first = plan(ROOT / "examples" / "gpt.py", 16, gpus_per_node=4, **args)
+    first = cold[0]
     entries = json.loads(bounds_path(first.traced.cache_key).read_text())
     read = BoundMemo(entries)
     back = [o for k in entries if k.startswith("o") for o in read.options(k[1:], _no_bound)]
@@ -180,20 +202,17 @@ def test_priced_options_read_back_are_the_options_priced(tmp_path, monkeypatch):
     assert any(o.tp_plan for o in back)  # nested tuples among them
 
 
-def test_prefer_simpler_read_back_is_prefer_simpler_computed(tmp_path, monkeypatch):
+def test_prefer_simpler_read_back_is_prefer_simpler_computed(cold, monkeypatch):
     """prefer_simpler's choice kept (BoundMemo.simpler) and read back gives the placement and
     cost that running its trials gives, without running them; here from a placement whose
     blocks all recompute fully where recomputing gains nothing."""
-    import copy
     import json
 
     from planner.cost.step import evaluate
     from planner.search.bound_memo import BoundMemo
     from planner.vocab import Recompute
 
-    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path))
-    args = dict(model_args={"size": "tiny"}, global_batch_size=64, profile="h100-sxm")
-    result = plan(ROOT / "examples" / "gpt.py", 16, gpus_per_node=4, **args).search
+    result = cold[0].search
     best = result.best
     inp = result.inputs[best.key]
     heavy = copy.deepcopy(best)

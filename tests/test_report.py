@@ -60,18 +60,11 @@ CASES = {
 
 
 @pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    """One trace cache for the module, so each model is traced once."""
-    with pytest.MonkeyPatch.context() as mp:
-        path = tmp_path_factory.mktemp("cache")
-        mp.setenv("MESHPLAN_CACHE", str(path))
-        yield path
-
-
-@pytest.fixture(scope="module")
-def planned(cache_dir, tmp_path_factory):
+def planned(tmp_path_factory):
     """name -> (name, plan, report directory, written): each example planned once per module and
-    its report written, shared by the tests that run on every case and those that need one."""
+    its report written, shared by the tests that run on every case and those that need one.
+    The plans trace into the run's cache (tests/conftest.py), where other files may have traced
+    the same models already."""
     made: dict[str, tuple] = {}
 
     def get(name: str) -> tuple:
