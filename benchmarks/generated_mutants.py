@@ -270,6 +270,9 @@ MODULES: dict[str, list[str]] = {
     # placements pinned in the model against the formulation priced by hand (test_solver_exact
     # compares whole plans with brute force: tens of seconds a mutant)
     "planner/search/milp/rows.py": ["tests/test_mutant_kills_milp_rows.py"],
+    # every placement of a few small instances pinned in the model against evaluate's step
+    # time and fit (test_solver_exact's brute force over 36 instances: minutes a mutant)
+    "planner/search/milp/candidate.py": ["tests/test_mutant_kills_milp_candidate.py"],
 }
 # the shipped example models, planned for the equivalence check (file, size, GPUs, profile)
 EXAMPLES = [
