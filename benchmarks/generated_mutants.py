@@ -273,6 +273,9 @@ MODULES: dict[str, list[str]] = {
     # every placement of a few small instances pinned in the model against evaluate's step
     # time and fit (test_solver_exact's brute force over 36 instances: minutes a mutant)
     "planner/search/milp/candidate.py": ["tests/test_mutant_kills_milp_candidate.py"],
+    # small problems solved against every placement priced by hand, every status branch fed
+    # HiGHS runs written by the test through the run store
+    "planner/search/milp/solve.py": ["tests/test_mutant_kills_milp_solve.py"],
 }
 # the shipped example models, planned for the equivalence check (file, size, GPUs, profile)
 EXAMPLES = [
