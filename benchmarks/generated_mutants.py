@@ -276,6 +276,8 @@ MODULES: dict[str, list[str]] = {
     # small problems solved against every placement priced by hand, every status branch fed
     # HiGHS runs written by the test through the run store
     "planner/search/milp/solve.py": ["tests/test_mutant_kills_milp_solve.py"],
+    # which process computed each answer, a failed or refused copy, cancel
+    "planner/search/overlap.py": ["tests/test_mutant_kills_overlap.py"],
 }
 # the shipped example models, planned for the equivalence check (file, size, GPUs, profile)
 EXAMPLES = [

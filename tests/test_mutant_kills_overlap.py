@@ -1,0 +1,113 @@
+"""Work handed to a forked copy (planner/search/overlap.py), written for its generated mutants
+(docs/mutation.md): which process computed each answer (its pid), what the copy's failure,
+a refused fork and a cancel leave, and the HiGHS scheduler the copy drops first."""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+
+import pytest
+
+from planner.search import overlap
+from planner.search.overlap import Forked, forking_allowed
+
+
+@pytest.fixture(autouse=True)
+def _forking(monkeypatch):
+    monkeypatch.delenv("MESHPLAN_NO_FORK", raising=False)
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_the_answer_is_computed_in_a_forked_copy():
+    here = os.getpid()
+    job = Forked(lambda: (os.getpid(), os.getppid(), "x" * 300_000))  # beyond a pipe's buffer
+    pid, parent, text = job.result()
+    assert pid != here and parent == here and text == "x" * 300_000
+    assert job.forked
+
+
+def test_without_forking_it_is_computed_here(monkeypatch):
+    monkeypatch.setenv("MESHPLAN_NO_FORK", "1")
+    assert not forking_allowed()
+    job = Forked(lambda: os.getpid(), fallback=lambda: -1)
+    assert job.result() == -1 and not job.forked  # the fallback, here
+    job = Forked(lambda: os.getpid())
+    assert job.result() == os.getpid() and not job.forked  # compute itself by default
+    monkeypatch.setenv("MESHPLAN_NO_FORK", "")
+    assert forking_allowed()
+
+
+def test_a_failed_copy_is_computed_again_here():
+    def fail():
+        raise RuntimeError("in the copy")
+
+    job = Forked(fail, fallback=lambda: ("here", os.getpid()))
+    assert job.result() == ("here", os.getpid()) and not job.forked
+    with pytest.raises(RuntimeError, match="in the copy"):
+        Forked(fail).result()  # compute again here: its error raised here
+
+
+@pytest.mark.parametrize("code", [0, 4])
+def test_a_copy_that_leaves_without_an_answer_is_not_trusted(code):
+    """A copy that exits (cleanly or not) before sending anything: computed here."""
+    job = Forked(lambda: os._exit(code), fallback=lambda: "here")
+    assert job.result() == "here" and not job.forked
+
+
+def test_a_refused_fork_leaves_no_pipe_open(monkeypatch):
+    def refuse():
+        raise OSError("no more processes")
+
+    monkeypatch.setattr(os, "fork", refuse)
+    before = _open_fds()
+    job = Forked(lambda: os.getpid())
+    assert _open_fds() == before
+    assert job.result() == os.getpid() and not job.forked
+
+
+def test_cancel_stops_the_copy_and_closes_its_pipe():
+    before = _open_fds()
+    job = Forked(lambda: (__import__("time").sleep(60), os.getpid())[1], fallback=lambda: "here")
+    pid = job._pid
+    assert _open_fds() == before + 1  # the read end
+    job.cancel()
+    assert _open_fds() == before
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, 0)  # reaped
+    assert job.result() == "here" and not job.forked
+    job.cancel()  # again: nothing left to stop
+
+
+def test_the_result_reaps_the_copy_and_closes_its_pipe():
+    before = _open_fds()
+    job = Forked(lambda: 7)
+    pid = job._pid
+    assert job.result() == 7
+    assert _open_fds() == before
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, 0)
+    job.cancel()  # after the result: nothing to stop
+
+
+def test_the_copy_drops_highs_scheduler_first(monkeypatch):
+    calls = []
+
+    class Highs:
+        @staticmethod
+        def resetGlobalScheduler(blocking):  # noqa: N802 (highspy's name)
+            calls.append(blocking)
+
+    monkeypatch.setitem(sys.modules, "highspy", types.SimpleNamespace(Highs=Highs))
+    job = Forked(lambda: list(calls))
+    assert job.result() == [False] and job.forked
+    assert calls == []  # in the copy only
+    overlap._fresh_highs_scheduler()
+    assert calls == [False]
+    monkeypatch.delitem(sys.modules, "highspy")
+    overlap._fresh_highs_scheduler()  # not imported: nothing to drop
+    assert calls == [False]
