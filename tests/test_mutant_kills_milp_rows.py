@@ -138,6 +138,7 @@ def _solve(model, pinned: np.ndarray | None = None) -> float:
         if (pinned.ravel() > model.col_upper[:k]).any():
             return math.inf  # beyond the column's bound: refused by the model
     h = quiet_highs()
+    h.setOptionValue("mip_max_nodes", 2000)  # these solve in a few dozen: a mutant stops here
     pass_model(
         h, model.cost, model.pattern, model.values, model.row_lower, model.row_upper,
         lower, upper, model.integer, model.offset,
@@ -232,10 +233,10 @@ def _check_all(sp, split, keep=None, others: int | None = None, seed: int = 0) -
     return feasible, refused
 
 
-@pytest.mark.parametrize("capacity,others,fit", [(4.0, 0, 13), (3.25, None, 2), (2.75, 0, 1)])
+@pytest.mark.parametrize("capacity,others,fit", [(4.0, 0, 13), (3.25, 40, 2), (2.75, 0, 1)])
 def test_every_placement_is_priced_or_refused_as_the_formulation_says(capacity, others, fit):
-    """Two stages, four blocks, two options each: every count placement (160; 40 of them
-    contiguous) at a binding memory, and the contiguous ones at a roomy and a tight one."""
+    """Two stages, four blocks, two options each: the 40 contiguous count placements (of 160)
+    at a roomy, a binding and a tight memory, and 40 of the others at the binding one."""
     feasible, refused = _check_all(_problem(capacity=capacity), NO_CUTS, others=others)
     assert feasible == fit and feasible + refused >= 40
 
@@ -282,14 +283,14 @@ def test_an_interleaved_pipeline_pays_m_times_its_busiest_rank(split):
     """pp = 2, v = 2 (stages 0 and 2 on rank 0): m R_max + (p - 1) T_max, and P* against
     m R_max + Opt + Off; a sample of the placements (every one would be 8,000)."""
     sp = _problem(pp=2, v=2, m=4, seg_len=(1, 3, 1), capacity=5.0)
-    feasible, refused = _check_all(sp, split, others=30, seed=1)
-    assert feasible > 10 and refused >= 30
+    feasible, refused = _check_all(sp, split, others=10, seed=1)
+    assert feasible > 10 and refused >= 10
 
 
 def test_three_stages_of_one_chunk():
     sp = _problem(pp=3, seg_len=(1, 3, 1), capacity=3.5)
-    feasible, refused = _check_all(sp, SplitBound(0.0, 0.0, 25.0), others=30, seed=2)
-    assert feasible > 10 and refused >= 30
+    feasible, refused = _check_all(sp, SplitBound(0.0, 0.0, 25.0), others=10, seed=2)
+    assert feasible > 10 and refused >= 10
     model = stage_model(sp, [[0, 1]] * 3, NO_CUTS)
     prices = [reference(sp, n, NO_CUTS, [[0, 1]] * 3) for n in _ranges(sp)]
     # free: the least over every placement (integral and contiguous)
