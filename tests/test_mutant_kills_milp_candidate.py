@@ -41,6 +41,14 @@ NO_CUTS = SplitBound(0.0, 0.0, math.inf)
 SEEDS = (3, 54, 21, 60, 12)
 
 
+@pytest.fixture(autouse=True)
+def _own_highs_scheduler():
+    """mutmut forks a child per mutant from the process that ran the clean tests; HiGHS's task
+    scheduler's threads do not come with a fork (planner/search/overlap.py), and a MILP there
+    would wait on them forever: each test starts HiGHS's scheduler afresh."""
+    highspy.Highs.resetGlobalScheduler(False)
+
+
 def _shape(seed: int, persistent: bool = False, parameterless: bool = False):
     blocks, options, gpus, training, cand = random_shape(random.Random(seed))
     if persistent:

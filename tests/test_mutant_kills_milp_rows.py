@@ -29,6 +29,14 @@ from planner.search.milp.split_bound import SplitBound
 NO_CUTS = SplitBound(0.0, 0.0, math.inf)
 
 
+@pytest.fixture(autouse=True)
+def _own_highs_scheduler():
+    """mutmut forks a child per mutant from the process that ran the clean tests; HiGHS's task
+    scheduler's threads do not come with a fork (planner/search/overlap.py), and a MILP there
+    would wait on them forever: each test starts HiGHS's scheduler afresh."""
+    highspy.Highs.resetGlobalScheduler(False)
+
+
 def _problem(pp=2, v=1, m=3, seg_len=(1, 2, 1), capacity=4.0, step=True, **kw) -> StageProblem:
     """Three segments of two options each (in GiB and seconds); the embedding holds no
     parameters; the DP terms' first part is negative for some options (hidden by overlap)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+import highspy
 import numpy as np
 import pytest
 from test_mutant_kills_milp_rows import NO_CUTS, _problem, _ranges, reference
@@ -25,6 +26,14 @@ from planner.search.milp.solve import MIP_REL_GAP, _highs, solve_stage_milp
 from planner.search.milp.split_bound import SplitBound, split_bound
 
 ALL = [[0, 1]] * 3
+
+
+@pytest.fixture(autouse=True)
+def _own_highs_scheduler():
+    """mutmut forks a child per mutant from the process that ran the clean tests; HiGHS's task
+    scheduler's threads do not come with a fork (planner/search/overlap.py), and a MILP there
+    would wait on them forever: each test starts HiGHS's scheduler afresh."""
+    highspy.Highs.resetGlobalScheduler(False)
 
 
 def _least(sp) -> float:
