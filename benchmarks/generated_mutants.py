@@ -278,6 +278,8 @@ MODULES: dict[str, list[str]] = {
     "planner/search/milp/solve.py": ["tests/test_mutant_kills_milp_solve.py"],
     # which process computed each answer, a failed or refused copy, cancel
     "planner/search/overlap.py": ["tests/test_mutant_kills_overlap.py"],
+    # each key against every input it names, each kept value against computing it, the file
+    "planner/search/bound_memo.py": ["tests/test_mutant_kills_bound_memo.py"],
 }
 # the shipped example models, planned for the equivalence check (file, size, GPUs, profile)
 EXAMPLES = [
