@@ -16,7 +16,18 @@ from planner.search.overlap import Forked, forking_allowed
 
 @pytest.fixture(autouse=True)
 def _forking(monkeypatch):
+    """Forking allowed; and no signal to a process group: a mutant whose forked copy takes
+    the parent's branch holds the pid 0 that ``os.fork`` gave the copy, and its ``cancel``
+    would signal the whole group (under mutmut, the run itself)."""
     monkeypatch.delenv("MESHPLAN_NO_FORK", raising=False)
+    real = os.kill
+
+    def kill(pid: int, sig: int) -> None:
+        if pid <= 0:
+            raise AssertionError(f"a signal to a process group: os.kill({pid}, {sig})")
+        real(pid, sig)
+
+    monkeypatch.setattr(os, "kill", kill)
 
 
 def _open_fds() -> int:
