@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import math
 import pickle
+import warnings
 
 import numpy as np
 import pytest
@@ -322,21 +323,26 @@ def test_range_counts_are_each_segments_blocks_in_the_range():
     assert len({tuple(c) for c in vectors.T}) == vectors.shape[1]
 
 
-def test_breakpoints_are_where_two_options_tie_at_the_envelope():
-    """Brute force: every l > 0 where two options' lines t + l w meet at the lower envelope."""
+@pytest.mark.parametrize("scale", [1.0, 1e-4, 1e3])
+def test_breakpoints_are_where_two_options_tie_at_the_envelope(scale):
+    """Brute force: every l > 0 where two options' lines t + l w meet at the lower envelope,
+    at times of seconds, of a tenth of a millisecond (lines below 1e-3, where an absolute
+    tolerance would outweigh the relative one) and of a thousand seconds (where a tie computed
+    two ways differs in its last bits)."""
     rng = np.random.default_rng(3)
     for _ in range(30):
         k = int(rng.integers(1, 6))
         pairs = rng.permutation([(a, b) for a in range(1, 9) for b in range(1, 9)])[:k]
-        t, w = pairs[:, 0].astype(float), pairs[:, 1].astype(float)  # no two options alike
+        t, w = pairs[:, 0] * scale, pairs[:, 1].astype(float)  # no two options alike
         want = set()
         for i, j in itertools.permutations(range(k), 2):
             if w[i] > w[j] and t[j] > t[i]:
                 lam = (t[j] - t[i]) / (w[i] - w[j])
-                if t[i] + lam * w[i] <= min(t + lam * w) + 1e-12:
-                    want.add(round(lam, 12))
+                low = min(t + lam * w)
+                if t[i] + lam * w[i] <= low * (1 + 1e-9):
+                    want.add(round(lam / scale, 9))
         got = _breakpoints(t, w)
-        assert sorted(round(x, 12) for x in got) == sorted(want), (t, w)
+        assert sorted(round(x / scale, 9) for x in got) == sorted(want), (t, w)
         assert len(got) == len(want)
     # two options tying at l = 1, a third below the meeting point there: none on the envelope
     assert _breakpoints(np.array([1.0, 3.0, 1.5]), np.array([3.0, 1.0, 1.0])).tolist() == [0.25]
@@ -410,3 +416,72 @@ def test_rank_max_is_infinite_when_nothing_fits_and_never_above_the_least_busies
         uniform = min(sum(costs[j][a, b] for j, (a, b) in enumerate(s)) / p for s in _splits(n, 4))
         got = _rank_max(costs, n, p)
         assert uniform * (1 - 1e-12) <= got <= least * (1 + 1e-12)
+
+
+def test_the_split_bound_warns_nothing():
+    """numpy's divisions by zero and infinities times zero inside the bound are expected
+    (equal weights, a rank weighted 0, a segment without an option absent from a range): no
+    RuntimeWarning reaches the user's console."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        # equal weights (l = dt / 0) and each option against itself (0 / 0)
+        assert _breakpoints(np.array([1.0, 2.0, 1.5]), np.array([1.0, 1.0, 2.0])).tolist() == []
+        # the ascent puts all weight on rank 1: rank 0's infinite ranges times 0
+        costs = [np.full((3, 3), math.inf), np.full((3, 3), math.inf)]
+        costs[0][0, 1], costs[1][1, 2] = 1.0, 3.0
+        assert _rank_max(costs, 2, 2) == 3.0
+        # the head has no allowed option: ranges without it are priced, with it infinite
+        sp = _problem(allowed=[np.array([1, 1]), np.array([1, 1, 1]), np.array([0, 0])])
+        cost = stage_costs(sp, 0, range_counts(sp.seg_len), 1.0, 0.0)
+        assert math.isfinite(cost[0, 2]) and cost[0, 6] == math.inf
+
+
+def _two_ranks(first: float, second: float) -> list[np.ndarray]:
+    """Two blocks on two stages of one chunk each: the only split, costing ``first`` on rank 0
+    and ``second`` on rank 1."""
+    costs = [np.full((3, 3), math.inf), np.full((3, 3), math.inf)]
+    costs[0][0, 1], costs[1][1, 2] = first, second
+    return costs
+
+
+@pytest.mark.parametrize(
+    "first,second,want",
+    [
+        (1.0, 1.0, 1.0),  # balanced at once: the uniform weights' bound, the busiest rank
+        (1.0, 1.0 + 5e-9, 1.0 + 5e-9),  # 5e-9 apart: the ascent reaches the busiest rank
+        (1.0, 1.0 + 3e-12, 1.0 + 3e-12),  # beyond 1e-12 of balance: the same
+        (100.0, 100.0 + 1e-10, 100.0 + 5e-11),  # within 1e-12 of the value: taken as balanced
+    ],
+)
+def test_the_ascent_stops_where_the_ranks_balance_to_1e_12_of_the_value(first, second, want):
+    assert _rank_max(_two_ranks(first, second), 2, 2) == pytest.approx(want, rel=1e-15)
+
+
+def test_a_negative_infinite_cost_is_a_range_that_cannot_run():
+    """As the stages weighted one by one (the reference of test_split_bound): -inf is inf."""
+    costs = _two_ranks(1.0, 2.0)
+    costs[0][0, 1] = -math.inf
+    assert _rank_max(costs, 2, 2) == math.inf
+
+
+@pytest.mark.parametrize(
+    "state,fits",
+    [
+        (1.0, True),  # exactly the room
+        (1.0 + 1.5e-12, True),  # within the tolerance (1e-12 of the room, plus 1e-12 GiB)
+        ((1 + 1e-12) + 1e-12, True),  # at its edge
+        (1.0 + 3e-12, False),
+    ],
+)
+def test_a_range_fits_its_room_to_a_tolerance_of_1e_12(state, fits):
+    """One block, one option: state ``state`` GiB, no activation, working set or gathered
+    buffer; 1 GiB of device, nothing fixed: the room is exactly 1 GiB."""
+    one = [np.zeros(1)]
+    sp = StageProblem(
+        pp=1, v=1, m=1, seg_len=[1], time=[np.array([1.0])], state=[np.array([state * GIB])],
+        host=one, act=one, ws=one, gather=one, optim=one, offl=one, has_params=[True],
+        const_time=[0.0], inflight=[1.0], const_mem=[0.0], capacity=GIB, host_capacity=GIB,
+        dp_first=one, dp_second=one,
+    )  # fmt: skip
+    cost = stage_costs(sp, 0, range_counts(sp.seg_len), 1.0, 0.0)[0, 1]
+    assert cost == (1.0 if fits else math.inf)
