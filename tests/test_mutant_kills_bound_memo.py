@@ -313,3 +313,35 @@ def test_a_file_that_cannot_be_written_only_costs_time(tmp_path, monkeypatch):
     }
     save_bounds("t4", BoundMemo({"x": {1, 2}}))  # not JSON: skipped
     assert not (tmp_path / "deep" / "er" / "bounds" / "t4.json").exists()
+
+
+def test_each_entry_computed_here_counts_once():
+    """A fresh memo's ``added`` is the number of its entries: two split bounds, two choices,
+    two option lists, a relaxation and the LPs it solved through the memo."""
+    memo = BoundMemo()
+    memo.split(_problem(capacity=3.25))
+    memo.split(_problem(capacity=4.0))
+    memo.simpler("a", lambda: [0])
+    memo.simpler("b", lambda: [1])
+    memo.options("a", lambda: [make_option(1e-3, 1, 1)])
+    memo.options("b", lambda: [make_option(2e-3, 1, 1)])
+    assert memo.added == len(memo.entries) == 6
+    memo.relaxed("c", lambda: _problem(capacity=3.25))
+    assert memo.added == len(memo.entries) > 7
+
+
+def test_the_file_is_written_again_where_its_folder_exists(tmp_path):
+    save_bounds("t5", BoundMemo({"sA": [1.0]}))
+    save_bounds("t5", BoundMemo({"sA": [1.0], "sB": [2.0]}))  # the folder is there now
+    assert json.loads(bounds_path("t5").read_text()) == {"sA": [1.0], "sB": [2.0]}
+
+
+def test_option_lists_are_told_apart_by_which_blocks_share_them():
+    """Blocks (a, b, a) against (a, b, b), each list shared by the blocks of a class: the
+    same lists in the same first order, so only the block-to-list positions differ."""
+    a_opts = [make_option(1e-3, 10, 3)]
+    b_opts = [make_option(2e-3, 10, 3)]
+    blocks = [make_block(0, "a"), make_block(1, "b"), make_block(2, "c")]
+    aba = _inputs(blocks=blocks, options=[a_opts, b_opts, a_opts])
+    abb = _inputs(blocks=blocks, options=[a_opts, b_opts, b_opts])
+    assert inputs_fingerprint(aba) != inputs_fingerprint(abb)

@@ -101,6 +101,7 @@ def test_no_placement_is_infeasible_whatever_refuses_it():
     store = Store()
     sol = solve_stage_milp(_problem(capacity=1.0), runs=store)
     assert (sol.status, sol.objective, sol.solve_time_s) == ("infeasible", math.inf, 0.0)
+    assert sol.counts == []
     assert store.asked == []
     # a split fits the device but no placement the host (split_bound leaves host memory out):
     # HiGHS proves it; with an incumbent's cutoff that reads "nothing beats it"
@@ -245,3 +246,37 @@ def test_highs_is_told_the_node_limit_the_gaps_and_the_cutoff():
     h.setOptionValue("objective_bound", math.inf)
     h.run()
     assert h.getInfo().objective_function_value == pytest.approx(_least(sp), rel=1e-9)
+
+
+def test_every_outcome_reports_the_seconds_it_spent():
+    sp = _problem(capacity=3.25)
+    best = _least(sp)
+    outcomes = [
+        solve_stage_milp(sp, cutoff=best * 0.95),
+        solve_stage_milp(_problem(capacity=4.0, host_capacity=0.01 * GIB)),
+    ]
+    for fields, cutoff in [
+        (dict(model_status="other", dual_bound=1.0), None),  # node limit
+        (dict(model_status="other", dual_bound=1.0), best),  # no solution under the cutoff
+        (dict(model_status="other", dual_bound=40.0), 40.0),  # proven cutoff
+        (dict(model_status="other", primal_feasible=False, x=[]), 41.0),  # no solution
+        (dict(), best),  # an optimum at the cutoff
+        (dict(primal_feasible=False, x=[]), 50.0),  # finished without a placement
+    ]:
+        outcomes.append(solve_stage_milp(sp, cutoff=cutoff, runs=_crafted(sp, **fields)[2]))
+    assert len({o.status for o in outcomes}) == 4
+    for o in outcomes:
+        assert type(o.solve_time_s) is float and 0.0 < o.solve_time_s < 60.0, o
+
+
+def test_highs_is_handed_the_cutoff_only_when_there_is_one(monkeypatch):
+    from planner.search.milp import solve
+
+    handed = []
+    real = solve._highs
+    monkeypatch.setattr(solve, "_highs", lambda m, n, c: handed.append((n, c)) or real(m, n, c))
+    sp = _problem(capacity=3.25)
+    solve_stage_milp(sp, node_limit=77, cutoff=30.0)
+    solve_stage_milp(sp, node_limit=78, cutoff=math.inf)
+    solve_stage_milp(sp, node_limit=79)
+    assert handed == [(77, 30.0), (78, None), (79, None)]

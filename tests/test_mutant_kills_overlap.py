@@ -16,9 +16,9 @@ from planner.search.overlap import Forked, forking_allowed
 
 @pytest.fixture(autouse=True)
 def _forking(monkeypatch):
-    """Forking allowed; and no signal to a process group: a mutant whose forked copy takes
-    the parent's branch holds the pid 0 that ``os.fork`` gave the copy, and its ``cancel``
-    would signal the whole group (under mutmut, the run itself)."""
+    """Forking allowed; no signal to a process group (a mutant whose forked copy takes the
+    parent's branch holds the pid 0 that ``os.fork`` gave the copy, and its ``cancel`` would
+    signal the whole group: under mutmut, the run itself)."""
     monkeypatch.delenv("MESHPLAN_NO_FORK", raising=False)
     real = os.kill
 
@@ -28,6 +28,16 @@ def _forking(monkeypatch):
         real(pid, sig)
 
     monkeypatch.setattr(os, "kill", kill)
+    # and the test's own process never leaves through os._exit (only a forked copy may): a
+    # mutant whose caller took the copy's branch would end the test run with status 0
+    main, leave = os.getpid(), os._exit
+
+    def exit_copy(code: int) -> None:
+        if os.getpid() == main:
+            raise AssertionError(f"the test process itself left: os._exit({code})")
+        leave(code)
+
+    monkeypatch.setattr(os, "_exit", exit_copy)
 
 
 def _open_fds() -> int:
@@ -46,7 +56,8 @@ def test_without_forking_it_is_computed_here(monkeypatch):
     monkeypatch.setenv("MESHPLAN_NO_FORK", "1")
     assert not forking_allowed()
     job = Forked(lambda: os.getpid(), fallback=lambda: -1)
-    assert job.result() == -1 and not job.forked  # the fallback, here
+    assert job.forked is False  # a bool before the result
+    assert job.result() == -1 and job.forked is False  # the fallback, here
     job = Forked(lambda: os.getpid())
     assert job.result() == os.getpid() and not job.forked  # compute itself by default
     monkeypatch.setenv("MESHPLAN_NO_FORK", "")
@@ -122,3 +133,42 @@ def test_the_copy_drops_highs_scheduler_first(monkeypatch):
     monkeypatch.delitem(sys.modules, "highspy")
     overlap._fresh_highs_scheduler()  # not imported: nothing to drop
     assert calls == [False]
+
+
+def _in_a_child(body) -> tuple[list[tuple[int, str]], int]:
+    """Run ``body`` in a forked child of the test: the child's pid, and every (pid, repr of
+    what body returned or raised) written to the pipe by whichever process gets to the end
+    of it. A Forked whose copy does not leave (or whose caller does) shows as a line too many
+    or too few."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(read)
+            try:
+                out = repr(body())
+            except BaseException as e:  # noqa: BLE001 (reported to the test)
+                out = f"raised {type(e).__name__}"
+            os.write(write, f"{os.getpid()} {out}\n".encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        lines = pipe.read().splitlines()
+    os.waitpid(pid, 0)
+    return [(int(a), b) for a, b in (line.split(" ", 1) for line in lines)], pid
+
+
+def test_only_the_caller_comes_back_from_a_fork():
+    """The caller gets the copy's answer; the copy computes, sends and leaves, reaching none
+    of the caller's code."""
+    lines, child = _in_a_child(lambda: Forked(lambda: 5).result())
+    assert lines == [(child, "5")]
+
+
+def test_a_copy_that_fails_leaves_too():
+    def fail():
+        raise ValueError("in the copy")
+
+    lines, child = _in_a_child(lambda: Forked(fail, fallback=lambda: 6).result())
+    assert lines == [(child, "6")]
