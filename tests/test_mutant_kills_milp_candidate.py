@@ -243,3 +243,46 @@ def test_the_problems_limits_are_the_profiles_device_share_and_host_per_gpu():
     assert sp.host_capacity == pytest.approx(96e9 * 8 / 8, rel=1e-15)  # the node's over 8 GPUs
     assert sp.pp == cand.pp and sp.v == cand.virtual_stages
     assert sp.m == training.global_batch_size // (cand.dp * cand.micro_batch_size)
+
+
+def _solved_run(seed: int):
+    """Seed's candidate solved for real, and the HiGHS run its solve kept."""
+    from test_mutant_kills_milp_solve import Store
+
+    blocks, options, gpus, training, cand = _shape(seed)
+    inp = inputs(blocks, options, gpus, training, HUGE, HUGE)
+    store = Store()
+    solve_candidate(inp, cand, runs=store)
+    (run,) = store.saved.values()
+    return inp, cand, run, Store
+
+
+def test_a_node_limited_run_is_solved_unproven_with_its_gap():
+    """The same run read back as stopped by the node limit with half the step time proven:
+    solved, not proven, bound half, gap one half."""
+    inp, solved, run, Store = _solved_run(21)
+    t = solved.cost.step_time_s
+    assert 0 < t < 1  # a step under a second: the gap is still counted
+    cand = _shape(21)[4]
+    solve_candidate(inp, cand, runs=Store(replace(run, model_status="other", dual_bound=t / 2)))
+    assert cand.status == "solved" and not cand.proven
+    assert cand.cost.step_time_s == t and cand.milp_objective == pytest.approx(t, rel=1e-9)
+    assert cand.bound == t / 2 and cand.gap == pytest.approx(0.5, rel=1e-12)
+
+
+def test_a_run_without_a_placement_leaves_the_candidate_unresolved():
+    inp, _, run, Store = _solved_run(21)
+    cand = _shape(21)[4]
+    bare = replace(run, model_status="other", dual_bound=0.125, primal_feasible=False, x=[])
+    solve_candidate(inp, cand, node_limit=321, runs=Store(bare))
+    assert cand.status == "unresolved" and cand.config is None and cand.cost is None
+    assert cand.reason == "no placement found within the MILP's 321 node limit"
+    assert cand.bound == 0.125
+
+
+def test_a_second_solve_adds_its_seconds_and_nodes_to_the_first():
+    inp, _, run, Store = _solved_run(21)
+    cand = _shape(21)[4]
+    cand.solve_time_s, cand.nodes = 100.0, 1000
+    solve_candidate(inp, cand, runs=Store(replace(run, nodes=7)))
+    assert 100.0 < cand.solve_time_s < 160.0 and cand.nodes == 1007

@@ -40,6 +40,48 @@ def _forking(monkeypatch):
     monkeypatch.setattr(os, "_exit", exit_copy)
 
 
+def _in_a_child(body) -> tuple[list[tuple[int, str]], int]:
+    """Run ``body`` in a forked child of the test: the child's pid, and every (pid, repr of
+    what body returned or raised) written to the pipe by whichever process gets to the end
+    of it. A Forked whose copy does not leave (or whose caller does) shows as a line too many
+    or too few."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(read)
+            try:
+                out = repr(body())
+            except BaseException as e:  # noqa: BLE001 (reported to the test)
+                out = f"raised {type(e).__name__}"
+            os.write(write, f"{os.getpid()} {out}\n".encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        lines = pipe.read().splitlines()
+    os.waitpid(pid, 0)
+    return [(int(a), b) for a, b in (line.split(" ", 1) for line in lines)], pid
+
+
+def test_only_the_caller_comes_back_from_a_fork():
+    """The caller gets the copy's answer; the copy computes, sends and leaves, reaching none
+    of the caller's code."""
+    lines, child = _in_a_child(lambda: Forked(lambda: 5).result())
+    assert lines == [(child, "5")]
+
+
+def test_a_copy_that_fails_leaves_too():
+    """First of the failing copies: a copy that ran on would run the rest of the test
+    session beside it, where its failures are not this run's."""
+
+    def fail():
+        raise ValueError("in the copy")
+
+    lines, child = _in_a_child(lambda: Forked(fail, fallback=lambda: 6).result())
+    assert lines == [(child, "6")]
+
+
 def _open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
@@ -133,42 +175,3 @@ def test_the_copy_drops_highs_scheduler_first(monkeypatch):
     monkeypatch.delitem(sys.modules, "highspy")
     overlap._fresh_highs_scheduler()  # not imported: nothing to drop
     assert calls == [False]
-
-
-def _in_a_child(body) -> tuple[list[tuple[int, str]], int]:
-    """Run ``body`` in a forked child of the test: the child's pid, and every (pid, repr of
-    what body returned or raised) written to the pipe by whichever process gets to the end
-    of it. A Forked whose copy does not leave (or whose caller does) shows as a line too many
-    or too few."""
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.close(read)
-            try:
-                out = repr(body())
-            except BaseException as e:  # noqa: BLE001 (reported to the test)
-                out = f"raised {type(e).__name__}"
-            os.write(write, f"{os.getpid()} {out}\n".encode())
-        finally:
-            os._exit(0)
-    os.close(write)
-    with os.fdopen(read) as pipe:
-        lines = pipe.read().splitlines()
-    os.waitpid(pid, 0)
-    return [(int(a), b) for a, b in (line.split(" ", 1) for line in lines)], pid
-
-
-def test_only_the_caller_comes_back_from_a_fork():
-    """The caller gets the copy's answer; the copy computes, sends and leaves, reaching none
-    of the caller's code."""
-    lines, child = _in_a_child(lambda: Forked(lambda: 5).result())
-    assert lines == [(child, "5")]
-
-
-def test_a_copy_that_fails_leaves_too():
-    def fail():
-        raise ValueError("in the copy")
-
-    lines, child = _in_a_child(lambda: Forked(fail, fallback=lambda: 6).result())
-    assert lines == [(child, "6")]
