@@ -260,6 +260,26 @@ MODULES: dict[str, list[str]] = {
     "runtime/capability.py": ["tests/test_mutant_kills_capability.py"],
     # train_plan itself on a one-rank gloo group held in the test, against the oracle
     "runtime/train.py": ["tests/test_mutant_kills_train.py"],
+    # each range's stage cost against scipy's LP, the bounds against every split enumerated
+    # (test_split_bound's brute force over placements takes half a minute a mutant); its
+    # stage-by-stage reference for the interleaved ascent
+    "planner/search/milp/split_bound.py": [
+        "tests/test_mutant_kills_split_bound.py",
+        "tests/test_split_bound.py::test_rank_max_weighs_the_stages_as_stage_by_stage",
+    ],
+    # placements pinned in the model against the formulation priced by hand (test_solver_exact
+    # compares whole plans with brute force: tens of seconds a mutant)
+    "planner/search/milp/rows.py": ["tests/test_mutant_kills_milp_rows.py"],
+    # every placement of a few small instances pinned in the model against evaluate's step
+    # time and fit (test_solver_exact's brute force over 36 instances: minutes a mutant)
+    "planner/search/milp/candidate.py": ["tests/test_mutant_kills_milp_candidate.py"],
+    # small problems solved against every placement priced by hand, every status branch fed
+    # HiGHS runs written by the test through the run store
+    "planner/search/milp/solve.py": ["tests/test_mutant_kills_milp_solve.py"],
+    # which process computed each answer, a failed or refused copy, cancel
+    "planner/search/overlap.py": ["tests/test_mutant_kills_overlap.py"],
+    # each key against every input it names, each kept value against computing it, the file
+    "planner/search/bound_memo.py": ["tests/test_mutant_kills_bound_memo.py"],
 }
 # the shipped example models, planned for the equivalence check (file, size, GPUs, profile)
 EXAMPLES = [

@@ -216,12 +216,15 @@ def stage_costs(
     working = np.where(present, least_ws[:, None], 0.0).max(axis=0)
     room = room - np.maximum(working, sp.loss_mem[r] / GIB)
     room = room - np.where(present, least_gather[:, None], 0.0).max(axis=0)
-    least_mem = np.array([_least(x) for x in w]) @ vectors
     lams = np.unique(np.concatenate([[0.0]] + [_breakpoints(ts, ws) for ts, ws in zip(t, w)]))
     env = np.stack([_envelope(ts, ws, lams) for ts, ws in zip(t, w)], axis=1)  # (L, S)
-    with np.errstate(invalid="ignore"):  # inf * 0 where a segment without options is absent
+    # inf * 0 where a segment without options is absent; 0 * -inf (lambda 0 times the room
+    # of a range holding such a segment, refused below)
+    with np.errstate(invalid="ignore"):
+        least_mem = np.where(present, np.array([_least(x) for x in w])[:, None] * vectors, 0.0)
+        least_mem = least_mem.sum(axis=0)
         dual = np.where(present[None], env[:, :, None] * vectors[None], 0.0).sum(axis=1)
-    cost = (dual - lams[:, None] * room[None]).max(axis=0) + alpha * sp.const_time[j]
+        cost = (dual - lams[:, None] * room[None]).max(axis=0) + alpha * sp.const_time[j]
     cost[least_mem > room * (1 + 1e-12) + 1e-12] = math.inf
     return cost[where]
 
