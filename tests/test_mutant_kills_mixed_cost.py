@@ -274,3 +274,61 @@ def test_the_stages_holding_a_tied_groups_blocks_share_their_degrees():
     # a tie of segment 0 with itself binds only the stage that holds it
     assert fits_pool(pool([2, 8], tied=[(0, 0)]), VARIANTS, COUNTS)
     assert math.isinf(step_time(pool([2, 8], tied=[(0, 1)]), VARIANTS, COUNTS))
+
+
+def test_a_stage_at_the_tolerances_edge_still_fits():
+    """Memory and host bytes exactly at capacity x (1 + 1e-9) fit: the slack is inclusive."""
+    edge = 2.0**30 * (1 + 1e-9)
+    zero = arrays([0.0, 0.0], [0.0, 0.0])
+    blank = dict(state=zero, act=zero, ws=zero, gather=zero, host=zero)
+    first = variant_numbers(1.0, 4, **blank, const_mem=[edge, 0.0], capacity=2.0**30)
+    assert math.isfinite(step_time(two_variants(first), VARIANTS, COUNTS))
+    host = arrays([0.0, edge], [0.0, 0.0])  # stage 0 runs option 1 of segment 0
+    first = variant_numbers(1.0, 4, host=host, host_capacity=2.0**30)
+    assert math.isfinite(step_time(two_variants(first), VARIANTS, COUNTS))
+    # a byte more in either is too much
+    over = variant_numbers(1.0, 4, **blank, const_mem=[edge + 256, 0.0], capacity=2.0**30)
+    assert math.isinf(step_time(two_variants(over), VARIANTS, COUNTS))
+
+
+def test_without_an_optimizer_step_peak_the_blocks_add_nothing_to_it():
+    """A stage whose constant fills the device to the byte (1 GiB, slack 1.07 bytes) and whose
+    blocks hold nothing fits when the variant has no step peak (step None): its two blocks
+    add 0 bytes to the step's peak, not a byte each."""
+    zero = arrays([0.0, 0.0], [0.0, 0.0])
+    blank = dict(state=zero, act=zero, ws=zero, gather=zero, step=None)
+    first = variant_numbers(1.0, 4, **blank, const_mem=[2.0**30, 0.0], capacity=2.0**30)
+    assert math.isfinite(step_time(two_variants(first), VARIANTS, COUNTS))
+
+
+def test_each_stage_pays_the_hop_to_the_stage_after_it():
+    """Three stages on variants 0, 1, 1: stage 1's hop is hop[1][1][1] (to stage 2's
+    variant), not hop[1][1][0] (stage 0's); the last stage pays none."""
+    first = variant_numbers(
+        1.0, 4, pp=3, const_time=[0.0] * 3, inflight=[3.0, 2.0, 1.0], const_mem=[0.5 * GIB] * 3,
+        loss_mem=[0.0] * 3,
+    )  # fmt: skip
+    second = variant_numbers(
+        3.0, 4, pp=3, const_time=[0.0] * 3, inflight=[3.0, 2.0, 1.0], const_mem=[0.5 * GIB] * 3,
+        loss_mem=[0.0] * 3,
+    )  # fmt: skip
+    base = np.array([[0.125, 0.25, 0.0625], [0.375, 0.5, 0.75]])
+    hop = np.array([[[0.01, 0.02], [0.03, 0.04]], [[0.05, 0.06], [0.07, 0.08]]])
+    mp = two_variants(first, second, base_time=base, hop=hop, units=[1, 8])
+    counts = [[[1, 0], [0, 0]], [[0, 0], [1, 0]], [[0, 0], [0, 1]]]
+    t = [0.125 + 0.02 + 1.0, 0.5 + 0.08 + 12.0, 0.75 + 24.0]
+    exposed = max(0.0125 + 0.0025 + 0.1, 0.15 + 0.0225 + 0.09 + 0.21, 0.3 + 0.045 + 0.3)
+    optim = max(0.001, 0.012, 0.024)
+    offl = max(0.0003, 0.0021, 0.0033)
+    expected = sum(t) + 3 * max(t) + exposed + optim + offl + 0.0625
+    assert step_time(mp, [0, 1, 1], counts) == pytest.approx(expected)
+
+
+def test_the_pools_lists_must_match_in_length():
+    """A least-units list of another length than the kinds', or fewer count rows than
+    variants, is refused (zip's strict), not cut short."""
+    mp = pool([1, 4], [1])
+    with pytest.raises(ValueError):
+        fits_pool(mp, VARIANTS, COUNTS)
+    with pytest.raises(ValueError):
+        fits_pool(pool([2, 8], tied=[(0, 1)]), VARIANTS, COUNTS[:1])
