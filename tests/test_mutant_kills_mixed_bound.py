@@ -329,3 +329,67 @@ def test_the_step_bound_adds_the_pipeline_the_exposed_floor_and_the_constant():
     split = SplitBound(1.0, 2.0, 3.0)
     assert step_bound(mp, split) == pytest.approx(2.0 + 3.0 + exposed + 0.375)
     assert step_bound(mp, split, 7.0) == pytest.approx(7.0 + exposed + 0.375)
+
+
+@pytest.mark.parametrize(
+    ("slow", "needs", "dp_needs"), [((1, 2, 1), [2], []), ((1, 1, 2), [], [2])]
+)  # fmt: skip
+def test_the_fastest_floor_keeps_a_stage_at_each_needed_degree(slow, needs, dp_needs):
+    """Four blocks on three stages; kind 0's variant takes a block in 1, kind 1's (the only
+    one at the needed TP degree or DP multiple) in 10, and some stage must run it: the
+    busiest stage takes at least 10, the sum at least 3 + 10. Without the need three stages
+    of kind 0 would give 2 and 4; with an empty stage allowed, 2 as well."""
+    variants = [(0, 1, 1), slow]
+    fastest = [np.array([1.0]), np.array([10.0])]
+    got = fastest_floor(fastest, [4], variants, [3, 2], 3, [1.0, 1.0], needs, dp_needs)
+    assert got == (13.0, 10.0)
+    assert fastest_floor(fastest, [4], variants, [3, 2], 3, [1.0, 1.0]) == (4.0, 2.0)
+
+
+def test_the_floors_refuse_lists_of_other_lengths():
+    """A scale per variant and a cost per stage: lists of other lengths are refused (zip's
+    strict), not cut short."""
+    with pytest.raises(ValueError):
+        fastest_floor([np.array([1.0])] * 2, [4], VARIANTS[:2], [3, 2], 2, [1.0] * 3)
+    mp = problem()
+    split = mixed_split_bound(mp)
+    costs = tuple(
+        [[variant_costs(mp, v)[i][j] for v in range(len(VARIANTS))] for j in range(mp.J)]
+        for i in (0, 1)
+    )
+    assert pipeline_floor(mp, split, costs) == pipeline_floor(mp, split)
+    with pytest.raises(ValueError):
+        pipeline_floor(mp, split, (costs[0], costs[1][:2]))
+
+
+def flat_variant(per_block: float, m: int) -> StageProblem:
+    """Two stages, one segment of 4 blocks at ``per_block`` each, no memory to speak of."""
+    one = [np.array([per_block])]
+    zero = [np.array([0.0])]
+    return StageProblem(
+        pp=2, v=1, m=m, seg_len=[4], time=one, state=zero, host=zero, act=zero, ws=zero,
+        gather=zero, optim=zero, offl=zero, has_params=[True], const_time=[0.0, 0.0],
+        inflight=[1.0, 1.0], const_mem=[0.0, 0.0], capacity=GIB, host_capacity=GIB,
+        dp_first=zero, dp_second=zero,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("slow", "needs", "dp_needs"), [((1, 2, 2), [2], []), ((1, 1, 2), [], [2])]
+)  # fmt: skip
+def test_the_pipeline_floor_keeps_a_stage_at_each_needed_degree(slow, needs, dp_needs):
+    """Two stages of four blocks; kind 0's variant takes 1 a block at m = 4 (psi = 3 tau),
+    kind 1's, the only one at the needed degree, 2 a block at m = 2 (psi = tau), units for
+    one stage of each. With a stage
+    of each: S* = 3 + 2 = 5 (psi 9), P* = 6 (2 and 2 blocks: sum 6, or 1 and 3: sum 7), and
+    every split within the grid (psi <= 6 x 1.18) sums to 6 or more, so the floor is
+    6 + 6 = 12, above S* + P* = 11. Without the need two stages of kind 0 (2 and 2 blocks,
+    psi 6) would sum to 4, and the floor fall to 11."""
+    mp = MixedProblem(
+        ["a", "b"], [(0, 1, 1), slow], [flat_variant(1.0, 4), flat_variant(2.0, 2)],
+        np.zeros((2, 2)), np.zeros((1, 2, 2)), [2, slow[1] * slow[2]], needs=needs,
+        dp_needs=dp_needs,
+    )  # fmt: skip
+    split = mixed_split_bound(mp)
+    assert (split.sum_stages, split.weighted_max) == (5.0, 6.0)
+    assert pipeline_floor(mp, split) == pytest.approx(12.0)
