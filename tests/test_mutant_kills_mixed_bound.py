@@ -393,3 +393,32 @@ def test_the_pipeline_floor_keeps_a_stage_at_each_needed_degree(slow, needs, dp_
     split = mixed_split_bound(mp)
     assert (split.sum_stages, split.weighted_max) == (5.0, 6.0)
     assert pipeline_floor(mp, split) == pytest.approx(12.0)
+
+
+@pytest.mark.parametrize(
+    ("slow", "needs", "dp_needs"), [((1, 2, 2), [2], []), ((1, 1, 2), [], [2])]
+)  # fmt: skip
+def test_the_split_bound_keeps_a_stage_at_each_needed_degree(slow, needs, dp_needs):
+    """Kind 0's variant takes 1 a block, kind 1's (the needed degree's) 2, both at m = 4
+    (psi = 3 tau), units for one stage of each. With the need, one stage of each: T* = 3
+    (3 and 1 blocks), S* = 3 + 2 = 5, P* = max(3 x 3, 3 x 2) = 9; without it two stages of
+    kind 0 give 2, 4 and 6."""
+    variants = [(0, 1, 1), slow]
+    per_variant = [flat_variant(1.0, 4), flat_variant(2.0, 4)]
+    units = [2, slow[1] * slow[2]]
+    args = (["a", "b"], variants, per_variant, np.zeros((2, 2)), np.zeros((1, 2, 2)), units)
+    needed = mixed_split_bound(MixedProblem(*args, needs=needs, dp_needs=dp_needs))
+    assert needed == SplitBound(3.0, 5.0, 9.0)
+    assert mixed_split_bound(MixedProblem(*args)) == SplitBound(2.0, 4.0, 6.0)
+
+
+def test_coarsened_units_count_whole_steps():
+    """Units 9 over steps of 4 are 2 whole steps (3 states), not 2.25."""
+    variants = [(0, 1, 1), (0, 2, 1), (1, 4, 1)]
+    assert unit_moves(variants, [9, 8], states=10) == (
+        [(0, 0, ()), (0, 0, ()), (1, 1, ())],
+        (3, 3),
+        0,
+    )
+    _, dims, _ = unit_moves(variants, [9, 8], states=10)
+    assert all(type(d) is int for d in dims)
