@@ -280,6 +280,15 @@ MODULES: dict[str, list[str]] = {
     "planner/search/overlap.py": ["tests/test_mutant_kills_overlap.py"],
     # each key against every input it names, each kept value against computing it, the file
     "planner/search/bound_memo.py": ["tests/test_mutant_kills_bound_memo.py"],
+    # the mixed pool's search: a two-stage placement's step worked by hand (test_mixed_milp's
+    # brute force over every placement takes two minutes)
+    "planner/search/mixed/cost.py": ["tests/test_mutant_kills_mixed_cost.py"],
+    # the bounds against a brute force over splits and variants per stage, ranges priced in
+    # closed form; the moves and floors by hand
+    "planner/search/mixed/bound.py": ["tests/test_mutant_kills_mixed_bound.py"],
+    # the MILP against a brute force over every placement of tiny problems whose every term
+    # is live (test_mixed_milp's larger matrix takes two minutes)
+    "planner/search/mixed/milp.py": ["tests/test_mutant_kills_mixed_milp.py"],
 }
 # the shipped example models, planned for the equivalence check (file, size, GPUs, profile)
 EXAMPLES = [

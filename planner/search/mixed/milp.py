@@ -47,7 +47,9 @@ Constraints (names in the code):
     dp:        h[j,v] >= a[j,s] + y[j,v] - 1 (s with parameters);  h[j,v] <= y[j,v]
                E_j^i >= sum n d^i[v,s,o] + sum_v h[j,v] d^i_once[v];  E >= E_j^1 + E_j^2
     memory:    sum n (state + inflight_j act)[v,s,o] + X_j + Z_j <= sum_v y[j,v] (cap_v - r[v,j])
-               X_j >= ws[v,s,o] u;  Z_j >= gather[v,s,o] u;  L_s u >= n
+               X_j >= ws[v,s,o] u;  X_j >= sum_v y[j,v] loss[v,j];  Z_j >= gather[v,s,o] u;
+               L_s u >= n   (loss[v,j]: the loss's peak on stage j under v, which shares the
+               working set's slot; a vocab-parallel loss's shrinks with v's TP degree)
     host:      sum n host[v,s,o] <= sum_v y[j,v] hostcap_v
     optimizer: Opt >= sum n opt[v,s,o];  Off >= sum n off[v,s,o]   (per stage)
     split:     Q >= (m_min - 1) T*;  sum_j T_j >= S*;  Q + Opt + Off >= P*  (mixed_bound's
@@ -454,8 +456,11 @@ def _resource_rows(rows: Rows, g: _Grid) -> None:
         (js, lay.dp_first + js, -1.0),
         (js, lay.dp_second + js, -1.0),
     )
-    # memory: L_s u >= n;  X_j >= ws u;  Z_j >= gather u;  blocks + X + Z <= room of y_j
+    # memory: L_s u >= n;  X_j >= ws u;  X_j >= loss of y_j;  Z_j >= gather u;
+    # blocks + X + Z <= room of y_j
     rows.add(np.zeros(J * C), inf, (cell, ucol, Lcol[cc]), (cell, ncol, -1.0))
+    loss = np.array([sp.loss_mem for sp in sps], dtype=float).T / GIB  # (J, V)
+    rows.add(np.zeros(J), inf, (js, lay.X + js, 1.0), (jv, ycol, -loss))
     for xcol, name in ((lay.X, "ws"), (lay.Z, "gather")):
         rows.add(np.zeros(J * C), inf, (cell, xcol + jj, 1.0), (cell, ucol, -(col(name) / GIB)[cc]))
     inflight = np.repeat(np.array([sp.inflight for sp in sps], dtype=float).T, widths, axis=1)
@@ -488,7 +493,7 @@ def mixed_model(
     assembled family by family in the docstring's order (rows.Rows), one numpy block each."""
     inf, cat = np.inf, np.concatenate
     g = _grid(mp, unit)
-    lay, J, sps = g.lay, mp.J, mp.per_variant
+    lay, J = g.lay, mp.J
     rows = Rows()
     limit = _placement_rows(rows, g, keep)
     w_upper = _time_rows(rows, g, split)
@@ -501,7 +506,6 @@ def mixed_model(
     col_upper[lay.w : lay.P] = w_upper
     col_lower[lay.P : lay.T] = -inf
     col_lower[lay.Q] = (mp.m_min - 1.0) * split.max_stage / unit
-    col_lower[lay.X : lay.X + J] = np.asarray(sps[0].loss_mem, dtype=float) / GIB
     integer = np.zeros(lay.columns, bool)
     integer[lay.n : lay.w] = True
     cost = np.zeros(lay.columns)

@@ -1,0 +1,291 @@
+"""Tests written for mutmut's generated mutants of planner/search/mixed/milp.py
+(benchmarks/generated_mutants.py). The MILP's optimum against a brute force over every
+placement (mixed.cost.step_time over every split, variant per stage and option multiset) on
+tiny problems whose every term is live: host memory, gathered buffers, the loss's working set,
+the optimizer step's peak, offload, options the candidate forbids, segments without parameters,
+per-stage constants, needed degrees and multiples, a kind's least units, a tie, a forbidden
+fabric. test_mixed_milp.py holds the larger matrix (two minutes); these take seconds.
+docs/mutation.md names the mutants each test kills."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from planner.search.milp.data import GIB, StageProblem
+from planner.search.milp.split_bound import SplitBound
+from planner.search.mixed.bound import mixed_split_bound
+from planner.search.mixed.cost import step_time
+from planner.search.mixed.milp import (
+    MixedProblem,
+    MixedSolution,
+    solve_mixed,
+    tied_groups,
+    time_unit,
+    variant_triples,
+)
+
+SEG_LEN = [1, 2, 1]
+N_OPTS = [1, 2, 2]
+
+
+def rich_variant(
+    rng, pp: int, m: int, speed: float, tp: int, gpipe: bool, cap: tuple[float, float]
+) -> StageProblem:
+    """Random numbers for every field of a variant, each large enough to matter somewhere;
+    ``cap``: the range of its device memory (GiB), its host's a fifth of it."""
+
+    def per_opt(lo, hi):
+        return [rng.uniform(lo, hi, n) for n in N_OPTS]
+
+    return StageProblem(
+        pp=pp, v=1, m=m, seg_len=list(SEG_LEN),
+        time=[t / (speed * tp**0.8) for t in per_opt(0.5, 2.0)],
+        state=[x * GIB / tp for x in per_opt(0.5, 2.5)],
+        host=[x * GIB for x in per_opt(0.0, 1.0)],
+        act=[x * GIB / tp for x in per_opt(0.1, 0.8)],
+        ws=[x * GIB for x in per_opt(0.0, 1.0)],
+        gather=[x * GIB for x in per_opt(0.0, 1.0)],
+        optim=per_opt(0.0, 0.3),
+        offl=per_opt(0.0, 0.3),
+        has_params=[True, True, False],
+        const_time=[0.0] * pp,
+        inflight=[m if gpipe else min(m, pp - j) for j in range(pp)],
+        const_mem=list(rng.uniform(0.1, 0.6, pp) * GIB),
+        capacity=rng.uniform(*cap) * GIB,
+        host_capacity=rng.uniform(*cap) * GIB / 5,
+        dp_first=per_opt(-0.2, 0.3),
+        dp_second=per_opt(-0.2, 0.3),
+        dp_once=(float(rng.uniform(0, 0.1)), float(rng.uniform(0, 0.1))),
+        allowed=[np.ones(n, bool) for n in N_OPTS[:2]] + [np.array([rng.random() < 0.5, True])],
+        step=[x * GIB for x in per_opt(1.5, 3.5)] if rng.random() < 0.5 else None,
+        loss_mem=[0.0] * (pp - 1) + [float(rng.uniform(0.0, 1.5)) * GIB],
+    )  # fmt: skip
+
+
+def rich_problem(
+    seed: int,
+    pp: int,
+    units,
+    degrees=(1,),
+    mults=(1,),
+    tied=(),
+    low=None,
+    needs=(),
+    dp_needs=(),
+    cap=(5.0, 7.0),
+) -> MixedProblem:
+    rng = np.random.default_rng(seed)
+    variants = [(k, t, r) for k in range(len(units)) for r in mults for t in degrees]
+    gpipe = len(mults) > 1
+    per_variant = [
+        rich_variant(rng, pp, 4 // r, (1.0, 1.6, 1.3)[k], t, gpipe, cap) for k, t, r in variants
+    ]
+    V = len(variants)
+    hop = rng.uniform(0.0, 0.15, (pp - 1, V, V))
+    return MixedProblem(
+        [f"k{k}" for k in range(len(units))], variants, per_variant,
+        rng.uniform(0.0, 0.2, (V, pp)), hop, list(units), float(rng.uniform(0.0, 0.05)),
+        units_low=low, tied=list(tied), needs=list(needs), dp_needs=list(dp_needs),
+    )  # fmt: skip
+
+
+def compositions(total: int, parts: int):
+    for cuts in itertools.combinations(range(1, total), parts - 1):
+        bounds = (0, *cuts, total)
+        yield [bounds[i + 1] - bounds[i] for i in range(parts)]
+
+
+def placements(mp: MixedProblem):
+    """Every (variant per stage, counts) placement of contiguous stages."""
+    seq = [s for s, n in enumerate(mp.seg_len) for _ in range(n)]
+    for sizes in compositions(len(seq), mp.J):
+        starts = np.cumsum([0, *sizes])
+        rows = [[seq[a:b].count(s) for s in range(len(mp.seg_len))] for a, b in
+                zip(starts, starts[1:])]  # fmt: skip
+        for chosen in itertools.product(range(len(mp.variants)), repeat=mp.J):
+            per_stage = []
+            for j, v in enumerate(chosen):
+                choices = []
+                for s, c in enumerate(rows[j]):
+                    n = len(mp.per_variant[v].time[s])
+                    combos = itertools.combinations_with_replacement(range(n), c)
+                    choices.append([[combo.count(o) for o in range(n)] for combo in combos])
+                per_stage.append(list(itertools.product(*choices)))
+            for combo in itertools.product(*per_stage):
+                yield list(chosen), [list(map(list, stage)) for stage in combo]
+
+
+def brute_force(mp: MixedProblem) -> float:
+    return min((step_time(mp, v, c) for v, c in placements(mp)), default=math.inf)
+
+
+CASES = {
+    "two kinds": dict(seed=0, pp=2, units=(1, 1), cap=(6.0, 8.0)),
+    "three stages": dict(seed=1, pp=3, units=(2, 1)),
+    "two degrees": dict(seed=2, pp=2, units=(2, 3), degrees=(1, 2)),
+    "two degrees, least units": dict(seed=3, pp=2, units=(3, 3), degrees=(1, 2), low=(2, 1)),
+    "dp multiples": dict(seed=4, pp=2, units=(2, 3), mults=(1, 2)),
+    "needs": dict(seed=5, pp=2, units=(3, 3), degrees=(1, 2), needs=(1, 2), dp_needs=(1,)),
+    "dp needs": dict(seed=6, pp=2, units=(3, 3), mults=(1, 2), dp_needs=(1, 2), cap=(8.0, 10.0)),
+    "tied": dict(seed=7, pp=2, units=(3, 3), degrees=(1, 2), tied=((0, 2),)),
+    "tied dp": dict(seed=8, pp=3, units=(3, 2), mults=(1, 2), tied=((0, 2),)),
+    "one kind": dict(seed=9, pp=2, units=(2,), degrees=(1, 2), cap=(8.0, 10.0)),
+}
+
+
+@functools.cache
+def optimum(name: str) -> float:
+    """The brute force's optimum, computed once (by the unmutated step_time in mutmut's runs:
+    a reference the MILP's mutants cannot move)."""
+    return brute_force(rich_problem(**CASES[name]))
+
+
+def check(mp: MixedProblem, expected: float, **kw) -> MixedSolution:
+    sol = solve_mixed(mp, **kw)
+    if math.isinf(expected):
+        assert sol.status in ("infeasible", "cutoff")
+        assert (sol.variants, sol.counts, sol.objective) == ([], [], math.inf)
+        return sol
+    assert sol.status == "optimal"
+    assert sol.objective == pytest.approx(expected, rel=2e-6)
+    assert step_time(mp, sol.variants, sol.counts) == pytest.approx(sol.objective, rel=1e-9)
+    assert sol.kinds == [mp.kind_of(v) for v in sol.variants]
+    assert sol.tps == [mp.tp_of(v) for v in sol.variants]
+    assert sol.dps == [mp.dp_of(v) for v in sol.variants]
+    assert math.isnan(sol.milp_objective)
+    return sol
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_the_milps_optimum_is_the_brute_forces(name):
+    mp = rich_problem(**CASES[name])
+    expected = optimum(name)
+    assert math.isfinite(expected)
+    check(mp, expected)
+    check(mp, expected, split=mixed_split_bound(mp))
+
+
+def test_the_cases_make_every_term_matter():
+    """Each field a random case sets is live in some optimum: without it (zeroed, or the
+    limit lifted) some case's brute-force optimum moves."""
+    live = dict.fromkeys(("host", "gather", "ws", "step", "loss", "offl", "allowed", "once"), 0)
+    for name in ("two degrees", "two degrees, least units", "dp multiples"):
+        mp, best = rich_problem(**CASES[name]), optimum(name)
+        for field in live:
+            per = []
+            for sp in mp.per_variant:
+                zero = [np.zeros_like(x) for x in sp.time]
+                per.append(
+                    {
+                        "host": replace(sp, host_capacity=1e9 * GIB),
+                        "gather": replace(sp, gather=zero),
+                        "ws": replace(sp, ws=zero),
+                        "step": replace(sp, step=None),
+                        "loss": replace(sp, loss_mem=[0.0] * sp.pp),
+                        "offl": replace(sp, offl=zero),
+                        "allowed": replace(sp, allowed=None),
+                        "once": replace(sp, dp_once=(0.0, 0.0)),
+                    }[field]
+                )
+            if brute_force(replace(mp, per_variant=per)) != best:
+                live[field] += 1
+    assert all(live.values()), live
+
+
+def apart(mp: MixedProblem) -> MixedProblem:
+    """``mp`` with no fabric between kinds 0 and 1 (inf hops both ways)."""
+    hop = mp.hop.copy()
+    for a, b in itertools.product(range(len(mp.variants)), repeat=2):
+        if mp.kind_of(a) != mp.kind_of(b):
+            hop[:, a, b] = math.inf
+    return replace(mp, hop=hop)
+
+
+def test_a_forbidden_fabric_keeps_kinds_apart_and_an_empty_pool_is_infeasible():
+    """One unit of each kind for two stages: without a fabric no placement is left. Three
+    stages on three units of each: one kind takes them all, slower than the optimum that
+    mixed them."""
+    mp = rich_problem(**CASES["two kinds"])
+    assert math.isfinite(optimum("two kinds"))
+    assert brute_force(apart(mp)) == math.inf
+    check(apart(mp), math.inf)
+    check(replace(mp, units=[0, 0]), math.inf)
+    roomy = apart(replace(rich_problem(**CASES["three stages"]), units=[3, 3]))
+    sol = check(roomy, brute_force(roomy))
+    assert len(set(sol.kinds)) == 1 and sol.objective > optimum("three stages")
+
+
+def test_a_cutoff_below_the_optimum_prunes_and_above_it_keeps_it():
+    mp = rich_problem(**CASES["two degrees"])
+    best = optimum("two degrees")
+    sol = solve_mixed(mp, cutoff=best * 0.999)
+    assert (sol.status, sol.objective, sol.variants) == ("cutoff", math.inf, [])
+    check(mp, best, cutoff=best * 1.001)
+
+
+def test_an_infeasible_split_bound_is_infeasible_without_a_solve():
+    mp = rich_problem(**CASES["two kinds"])
+    sol = solve_mixed(mp, split=SplitBound(math.inf, math.inf))
+    assert (sol.status, sol.objective, sol.variants, sol.counts) == ("infeasible", math.inf, [], [])
+    assert sol.nodes == 0 and sol.solve_time_s == 0.0
+
+
+def test_interleaved_variants_are_refused():
+    mp = rich_problem(**CASES["two kinds"])
+    mp.per_variant[1] = replace(mp.per_variant[1], v=2)
+    with pytest.raises(ValueError) as err:
+        solve_mixed(mp)
+    assert str(err.value) == "the mixed-kind MILP covers plain 1F1B / GPipe pipelines (v = 1)"
+
+
+def test_a_node_limit_of_one_stops_early_or_proves_optimal():
+    mp = rich_problem(**CASES["three stages"])
+    sol = solve_mixed(mp, node_limit=1)
+    assert sol.status in ("node_limit", "optimal", "no_solution")
+    assert sol.nodes <= 1
+    if sol.status != "no_solution":
+        assert sol.objective >= optimum("three stages") * (1 - 2e-6)
+
+
+def test_the_time_unit_is_s_star_or_every_block_at_its_fastest():
+    mp = rich_problem(**CASES["two degrees"])
+    assert time_unit(mp, SplitBound(1.0, 2.5, 3.0)) == 2.5
+    fastest = sum(
+        n * min(float(np.min(sp.time[s])) for sp in mp.per_variant)
+        for s, n in enumerate(mp.seg_len)
+    )
+    assert fastest > 0
+    for split in (None, SplitBound(1.0, 0.0, 3.0), SplitBound(1.0, math.inf, 3.0)):
+        assert time_unit(mp, split) == pytest.approx(fastest, rel=1e-12)
+    zero = [replace(sp, time=[np.zeros_like(t) for t in sp.time]) for sp in mp.per_variant]
+    assert time_unit(replace(mp, per_variant=zero), None) == 1.0
+
+
+def test_a_problems_variants_and_their_figures():
+    assert variant_triples([(0, 2), (1, 4, 2)]) == [(0, 2, 1), (1, 4, 2)]
+    mp = rich_problem(**CASES["dp multiples"])
+    assert mp.variants == [(0, 1, 1), (0, 1, 2), (1, 1, 1), (1, 1, 2)]
+    assert [mp.kind_of(v) for v in range(4)] == [0, 0, 1, 1]
+    assert [mp.dp_of(v) for v in range(4)] == [1, 2, 1, 2]
+    assert [mp.width(v) for v in range(4)] == [1, 2, 1, 2]
+    assert [mp.m_of(v) for v in range(4)] == [4, 2, 4, 2]
+    assert (mp.J, mp.seg_len, mp.m_min, mp.low) == (2, SEG_LEN, 2, [0, 0])
+    wide = rich_problem(**CASES["two degrees, least units"])
+    assert [wide.tp_of(v) for v in range(4)] == [1, 2, 1, 2]
+    assert [wide.width(v) for v in range(4)] == [1, 2, 1, 2]
+    assert wide.low == [2, 1]
+    pairs = MixedProblem(["a"], [(0, 2)], mp.per_variant[:1], mp.base_time[:1], mp.hop, [2])
+    assert pairs.variants == [(0, 2, 1)] and pairs.width(0) == 2
+
+
+def test_tied_groups_join_chains_and_keep_each_segment_once():
+    assert tied_groups([(0, 4), (4, 2), (1, 3)], 5) == [(0, 2, 4), (1, 3)]
+    assert tied_groups([(3, 1), (1, 0), (0, 3)], 4) == [(0, 1, 3)]
+    assert tied_groups([(2, 2)], 3) == [(2,)]
+    assert tied_groups([], 3) == []
