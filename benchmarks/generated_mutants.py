@@ -245,6 +245,7 @@ MODULES: dict[str, list[str]] = {
     "planner/trace/graph.py": ["tests/test_mutant_kills_graph.py"],
     "planner/trace/blocks.py": ["tests/test_mutant_kills_blocks.py"],
     "planner/trace/repeats.py": ["tests/test_mutant_kills_repeats.py"],
+    "planner/trace/cache.py": ["tests/test_mutant_kills_trace_cache.py"],
     # a run's cost worked by hand (test_resources' plan the MLP per option)
     "planner/resources/energy.py": ["tests/test_mutant_kills_energy.py"],
     # one process on a one-rank gloo group held in the test (save, latest, load), then the
