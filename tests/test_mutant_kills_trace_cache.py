@@ -150,6 +150,8 @@ def test_an_entry_reads_back_node_for_node_and_edge_for_edge():
     assert graph.graph == g.graph
     assert back == blocks
     assert load_trace("k3") is None  # another key
+    save_trace("k3", g, [])  # a second entry in the folder the first made
+    assert load_trace("k3") is not None and load_trace("k3")[1] == []
 
 
 @pytest.mark.parametrize(
