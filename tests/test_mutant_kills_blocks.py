@@ -187,10 +187,15 @@ def test_a_constant_several_blocks_read_is_no_blocks_input():
         assert blocks[0].output_bytes == BIT["e"] + BIT["mask"]
         assert blocks[0].boundary_bytes == BIT["e"] + BIT["mask"]
         assert blocks[1].boundary_bytes == BIT["r0"] + BIT["e"] + BIT["mask"]
+        del g.nodes["mask"]["requires_grad"]  # an op that says nothing: no gradient
+        assert [b.input_bytes for b in make_blocks(g)][1:3] == [BIT["e"], BIT["r0"] + BIT["e"]]
         g.nodes["mask"]["requires_grad"] = True  # with a gradient: each reader takes it in
         blocks = make_blocks(g)
         assert blocks[1].input_bytes == BIT["e"] + BIT["mask"]
         assert blocks[2].input_bytes == BIT["r0"] + BIT["e"] + BIT["mask"]
+        g.nodes["mask"]["requires_grad"] = False  # read by one block only: its input
+        g.remove_edge("mask", "f1")
+        assert make_blocks(g)[1].input_bytes == BIT["e"] + BIT["mask"]
     finally:
         del BIT["mask"]
 
@@ -288,6 +293,27 @@ def test_a_container_of_one_child_is_not_repeated():
     assert [b.modules for b in blocks] == [["emb"], ["layers"], ["norm"], ["head"]]
     assert all(b.member for b in blocks)
     assert [b.label for b in blocks][1] == "ModuleList"
+
+
+def test_a_graph_without_a_container_list_has_none():
+    g = _graph()
+    del g.graph["containers"]
+    blocks = make_blocks(g)
+    assert [b.modules for b in blocks] == [["emb"], ["layers"], ["norm"], ["head"]]
+
+
+def test_an_output_without_bytes_of_its_own_counts_its_first_reads():
+    """The head's output h is also read by an op of its own block (post): with out_bytes 0 it
+    counts the bytes of that read; an output read by nothing and without bytes counts 0."""
+    nodes = [*NODES, ("post", "aten.relu.default", "head", [], ["h"])]
+    g = _graph(nodes)
+    g.nodes["h"]["out_bytes"] = 0
+    assert make_blocks(g)[-1].output_bytes == BIT["h"]
+    g.nodes["h"]["out_bytes"] = 3
+    assert make_blocks(g)[-1].output_bytes == 3
+    g = _graph()
+    g.nodes["h"]["out_bytes"] = 0
+    assert make_blocks(g)[-1].output_bytes == 0
 
 
 def test_a_model_without_children_is_one_block_of_the_root():
@@ -533,7 +559,7 @@ def _products_graph() -> nx.DiGraph:
     """w1 read by a linear; w2 through two views into a matmul; n (a norm's weight) read
     element-wise; e (aliased as e2) read by an embedding lookup; w3 by a grouped product."""
     shapes = {"w1": [2, 3], "w2": [4], "n": [5], "e": [7], "w3": [2, 2]}
-    g = nx.DiGraph(param_owner={"e2": "e"}, param_shapes=shapes)
+    g = nx.DiGraph(param_owner={"e2": "e", "w3b": "w3"}, param_shapes=shapes)
     rows = [
         ("a", "aten.linear.default", ["w1"], []),
         ("v1", "aten.t.default", ["w2"], []),
@@ -543,7 +569,7 @@ def _products_graph() -> nx.DiGraph:
         ("lk", "aten.embedding.default", ["e2"], []),
         ("vn", "aten.view.default", ["n"], []),
         ("ad", "aten.add.Tensor", [], ["vn", "lk"]),
-        ("gm", "aten._grouped_mm.default", ["w3"], ["ad"]),
+        ("gm", "aten._grouped_mm.default", ["w3b"], ["ad"]),  # w3 by its alias
     ]
     for order, (n, op, params, inputs) in enumerate(rows):
         g.add_node(n, op=op, params=params, order=order)
