@@ -238,6 +238,14 @@ MODULES: dict[str, list[str]] = {
     # each product form's FLOPs by hand (test_cost_terms and test_long_context price traced
     # models: tens of seconds a mutant)
     "planner/trace/opcost.py": ["tests/test_mutant_kills_opcost.py"],
+    # the tracer's modules (issue 53d): tiny model files traced or checked with no cache (the
+    # session's trace cache is shared by mutmut's children, and a mutant reading a clean trace
+    # would survive unseen)
+    "planner/trace/loss_samples.py": ["tests/test_mutant_kills_loss_samples.py"],
+    "planner/trace/graph.py": ["tests/test_mutant_kills_graph.py"],
+    "planner/trace/blocks.py": ["tests/test_mutant_kills_blocks.py"],
+    "planner/trace/repeats.py": ["tests/test_mutant_kills_repeats.py"],
+    "planner/trace/cache.py": ["tests/test_mutant_kills_trace_cache.py"],
     # a run's cost worked by hand (test_resources' plan the MLP per option)
     "planner/resources/energy.py": ["tests/test_mutant_kills_energy.py"],
     # one process on a one-rank gloo group held in the test (save, latest, load), then the
