@@ -260,6 +260,18 @@ MODULES: dict[str, list[str]] = {
     "runtime/capability.py": ["tests/test_mutant_kills_capability.py"],
     # train_plan itself on a one-rank gloo group held in the test, against the oracle
     "runtime/train.py": ["tests/test_mutant_kills_train.py"],
+    # one process: small modules whose ties are drawn in the test; tied_grads' all-gather,
+    # new_group and all_reduce answered by a stand-in for a mesh of four ranks written out
+    "runtime/tied.py": ["tests/test_mutant_kills_tied.py"],
+    # one process: GroupBatchNorm against nn.BatchNorm over k stacked copies (a stand-in
+    # all-reduce for k replicas of one micro-batch), and torch's all-reduce over one rank
+    "runtime/batchnorm.py": ["tests/test_mutant_kills_batchnorm.py"],
+    # one process: layouts rebuilt by hand, traced_pipeline on a model of two small layers
+    # (test_model_outputs' and test_block_calls' split models: tens of seconds a mutant)
+    "runtime/model_outputs.py": ["tests/test_mutant_kills_model_outputs.py"],
+    # one process: a block checkpointed holding its shard against the block without a
+    # checkpoint, on TP rank 1 of 2 with a stand-in all-gather (test_selective_runtime: gloo)
+    "runtime/selective.py": ["tests/test_mutant_kills_selective.py"],
 }
 # the shipped example models, planned for the equivalence check (file, size, GPUs, profile)
 EXAMPLES = [
