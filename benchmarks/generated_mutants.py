@@ -272,6 +272,9 @@ MODULES: dict[str, list[str]] = {
     # one process: a block checkpointed holding its shard against the block without a
     # checkpoint, on TP rank 1 of 2 with a stand-in all-gather (test_selective_runtime: gloo)
     "runtime/selective.py": ["tests/test_mutant_kills_selective.py"],
+    # one process: each rank's messages on a heterogeneous mesh against peers worked out by
+    # hand, torch's ops stood in (test_stage_tp trains such plans on gloo ranks)
+    "runtime/uneven_tp.py": ["tests/test_mutant_kills_uneven_tp.py"],
 }
 # the shipped example models, planned for the equivalence check (file, size, GPUs, profile)
 EXAMPLES = [
