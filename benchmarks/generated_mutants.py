@@ -275,6 +275,9 @@ MODULES: dict[str, list[str]] = {
     # one process: each rank's messages on a heterogeneous mesh against peers worked out by
     # hand, torch's ops stood in (test_stage_tp trains such plans on gloo ranks)
     "runtime/uneven_tp.py": ["tests/test_mutant_kills_uneven_tp.py"],
+    # one process: the calls of a small model counted by hand, a two-stage split whose
+    # rebuilt call runs the eager block (test_block_calls splits a traced Llama: tens of s)
+    "runtime/block_calls.py": ["tests/test_mutant_kills_block_calls.py"],
 }
 # the shipped example models, planned for the equivalence check (file, size, GPUs, profile)
 EXAMPLES = [
