@@ -108,3 +108,19 @@ def test_a_kept_signature_holds_the_blocks_call_as_the_model_made_it():
     assert {p.name for p in call.leaves} <= names and call.returned[0] in names
     leaves, _ = tree_flatten(want)
     assert len(leaves) == spec.num_leaves
+
+
+def test_the_split_policy_is_handed_the_traced_graph():
+    """The policy (the runtime's inlines grad-mode regions before the split) runs on the
+    exported graph; here one that records it and returns it unchanged."""
+    seen: list = []
+
+    def policy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+        seen.append(type(gm))
+        return inline_grad_mode_regions(gm)
+
+    model = _Net()
+    annotate_split_points(model, {"blk": SplitPoint.BEGINNING})
+    pipe, _, _ = traced_pipeline(model, (torch.randn(2, 4), torch.randn(2, 4)), policy)
+    assert seen and all(issubclass(t, torch.fx.GraphModule) for t in seen)
+    assert pipe.num_stages == 2
