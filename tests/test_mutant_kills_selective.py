@@ -56,7 +56,7 @@ class _Block(nn.Module):
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
         self.calls.append(torch.is_grad_enabled())
-        return torch.tanh(self.lin(x)).cumsum(1) * scale + bias
+        return torch.tanh(self.lin(x) * scale).cumsum(1) + bias  # tanh saves what scale made
 
 
 def _gather(whole: torch.Tensor, seen: list):
@@ -73,8 +73,8 @@ def _gather(whole: torch.Tensor, seen: list):
 
 
 def _inputs(requires_grad: bool = True):
-    x = torch.linspace(-1, 1, 2 * 4 * 3, dtype=torch.float64).reshape(2, 4, 3)
-    bias = torch.linspace(0, 1, 2 * 4 * 3, dtype=torch.float64).reshape(2, 4, 3)
+    x = torch.linspace(-1, 1, 3 * 4 * 3, dtype=torch.float64).reshape(3, 4, 3)
+    bias = torch.linspace(0, 1, 3 * 4 * 3, dtype=torch.float64).reshape(3, 4, 3)
     return x.requires_grad_(requires_grad), bias.requires_grad_()
 
 
@@ -94,7 +94,7 @@ def test_a_checkpointed_block_keeps_its_shard_and_trains_as_without_a_checkpoint
     recompute in backward); the one all-gather, outside the recompute's autograd, was handed
     rank 1's half of the sequence over the TP group."""
     seen: list = []
-    weight = torch.linspace(-2, 3, 24, dtype=torch.float64).reshape(2, 4, 3)
+    weight = torch.linspace(-2, 3, 36, dtype=torch.float64).reshape(3, 4, 3)
     ref, x_ref, bias_ref = _reference(requires_grad, weight)
     x, bias = _inputs(requires_grad)
     monkeypatch.setattr(dist, "all_gather_into_tensor", _gather(x, seen))
@@ -115,6 +115,9 @@ def test_a_checkpointed_block_keeps_its_shard_and_trains_as_without_a_checkpoint
         assert x.grad is None
     torch.testing.assert_close(bias.grad, bias_ref.grad)
     torch.testing.assert_close(block.lin.weight.grad, ref.lin.weight.grad)
+    # a second step checkpoints again: its forward recomputed, its shard gathered once more
+    block(x, bias, scale=0.5).sum().backward()
+    assert block.calls == [True] * 4 and len(seen) == 2
 
 
 def test_an_input_that_cannot_be_sharded_is_held_whole(monkeypatch):
@@ -199,11 +202,13 @@ def test_a_dtensor_is_not_sharded(gloo_one_rank):  # noqa: ARG001
 
 
 def test_a_tracked_module_counts_as_running_inside_its_call_only():
-    """Nested: the count is 2 inside the inner one; 0 again after, also after a forward that
-    raised; a pre-hook raising before the count's (so its leave runs without its enter) does
-    not take the count below 0."""
+    """Nested: the count is 1 inside the outer module, 2 inside the inner one, 1 after the
+    inner returns; 0 again after, also after a forward that raised; a pre-hook raising
+    before the count's (so its leave runs without its enter) does not take the count below
+    0."""
     selective._RESHARDED_RUNNING[0] = 0
     seen: list = []
+    running: list = []
 
     class Probe(nn.Module):
         def __init__(self, inner: nn.Module | None = None, fail: bool = False) -> None:
@@ -212,16 +217,23 @@ def test_a_tracked_module_counts_as_running_inside_its_call_only():
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             seen.append(selective._RESHARDED_RUNNING[0])
+            running.append(resharded_running())
             if self.fail:
                 raise ValueError("forward failed")
-            return self.inner(x) if self.inner is not None else x
+            if self.inner is None:
+                return x
+            y = self.inner(x)
+            seen.append(selective._RESHARDED_RUNNING[0])
+            running.append(resharded_running())
+            return y
 
     inner = Probe()
     outer = Probe(inner)
     track_resharded([outer, inner])
     assert not resharded_running()
     outer(torch.zeros(1))
-    assert seen == [1, 2] and not resharded_running()
+    # the outer's count, the inner's, the outer's again after the inner returned
+    assert seen == [1, 2, 1] and running == [True, True, True] and not resharded_running()
     failing = Probe(fail=True)
     track_resharded([failing])
     with pytest.raises(ValueError):
@@ -236,3 +248,55 @@ def test_a_tracked_module_counts_as_running_inside_its_call_only():
     assert selective._RESHARDED_RUNNING[0] == 0
     inner(torch.zeros(1))
     assert seen[-1] == 1 and resharded_running() is False
+
+
+def test_the_first_input_is_sharded_whatever_the_second_is(monkeypatch):
+    """A whole first input beside a second that cannot be split (a bias of one element):
+    the first is held as its shard and gathered once."""
+    seen: list = []
+    x, _ = _inputs()
+    monkeypatch.setattr(dist, "all_gather_into_tensor", _gather(x, seen))
+    block = _Block()
+    checkpoint_holding_shard(block, _TpMesh())
+    block(x, torch.zeros(1, dtype=torch.float64)).sum().backward()
+    assert len(seen) == 1
+
+
+class _Dropped(_Block):
+    def forward(self, x: torch.Tensor, bias: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        return nn.functional.dropout(super().forward(x, bias, scale), 0.5)
+
+
+def test_the_recompute_draws_the_forwards_dropout_mask(monkeypatch):
+    """The random state is kept for the recompute: the same mask, so the same gradients as
+    the block without a checkpoint under the same seed."""
+    seen: list = []
+    x, bias = _inputs()
+    monkeypatch.setattr(dist, "all_gather_into_tensor", _gather(x, seen))
+    ref = _Dropped()
+    x_ref = x.detach().clone().requires_grad_()
+    torch.manual_seed(5)
+    ref(x_ref, bias.detach()).sum().backward()
+    block = _Dropped()
+    checkpoint_holding_shard(block, _TpMesh())
+    torch.manual_seed(5)
+    block(x, bias.detach()).sum().backward()
+    torch.testing.assert_close(x.grad, x_ref.grad)
+    torch.testing.assert_close(block.lin.weight.grad, ref.lin.weight.grad)
+
+
+def test_a_forward_that_raises_closes_its_checkpoint(monkeypatch):
+    """The checkpoint's saved-tensor hooks end with a forward that raised: a product computed
+    after it, outside the block, backpropagates as usual, and the block trains again."""
+    seen: list = []
+    x, bias = _inputs()
+    monkeypatch.setattr(dist, "all_gather_into_tensor", _gather(x, seen))
+    block = _Block()
+    checkpoint_holding_shard(block, _TpMesh())
+    with pytest.raises(TypeError):
+        block(x, bias, scale="no")
+    a = torch.tensor([2.0, 3.0], requires_grad=True)
+    (a * a).sum().backward()
+    assert torch.equal(a.grad, torch.tensor([4.0, 6.0]))
+    block(x, bias).sum().backward()
+    assert len(seen) == 1

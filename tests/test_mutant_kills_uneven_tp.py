@@ -28,7 +28,6 @@ pytestmark = pytest.mark.usefixtures("gloo_one_rank")  # conftest: a one-rank gl
 
 MESH = Mesh(pp=2, dp=2, tp=2, stage_tp=(2, 1), stage_dp=(1, 2))
 N = 4
-T1, T2 = torch.zeros(1), torch.ones(2)
 
 # rank -> (stage index, chunk -> forward receive peer, forward send peers, backward receive
 # peer, backward send peers); None where the stage has no such message
@@ -48,7 +47,9 @@ def _stand_in_ops(monkeypatch, stage_index: int) -> None:
         def made(self, chunk):  # noqa: ANN001, ANN202
             if not present(self):
                 return []
-            return [dist.P2POp(kind, T1, 99), dist.P2POp(kind, T2, 99)]
+            # torch's buffers are the chunk's own: sizes k + 1 and k + 2 tell them apart
+            return [dist.P2POp(kind, torch.zeros(chunk + 1), 99),
+                    dist.P2POp(kind, torch.zeros(chunk + 2), 99)]  # fmt: skip
 
         return made
 
@@ -60,11 +61,11 @@ def _stand_in_ops(monkeypatch, stage_index: int) -> None:
     monkeypatch.setattr(_PipelineStage, "get_bwd_recv_ops", ops(dist.irecv, last))
 
 
-def _stage(rank: int, stage_index: int) -> UnevenStage:
+def _stage(rank: int, stage_index: int, mesh: Mesh = MESH, device: str = "cpu") -> UnevenStage:
     stage = _PipelineStage.__new__(_PipelineStage)
-    stage.stage_index, stage.num_stages, stage.device = stage_index, 2, torch.device("cpu")
-    stage = uneven_stage(stage, MESH, N)
-    stage.route(MESH, rank, N)
+    stage.stage_index, stage.num_stages, stage.device = stage_index, 2, torch.device(device)
+    stage = uneven_stage(stage, mesh, N)
+    stage.route(mesh, rank, N)
     return stage
 
 
@@ -79,13 +80,14 @@ def test_each_message_goes_to_the_neighbour_that_holds_its_micro_batch(monkeypat
     _stand_in_ops(monkeypatch, stage_index)
     stage = _stage(rank, stage_index)
     for k, (fwd_from, fwd_to, bwd_from, bwd_to) in chunks.items():
-        recv = [] if fwd_from is None else [(dist.irecv, 1, fwd_from), (dist.irecv, 2, fwd_from)]
+        sizes = (k + 1, k + 2)
+        recv = [] if fwd_from is None else [(dist.irecv, n, fwd_from) for n in sizes]
         assert _messages(stage.get_fwd_recv_ops(k)) == recv
-        sends = [(dist.isend, n, p) for n in (1, 2) for p in (fwd_to or [])]
+        sends = [(dist.isend, n, p) for n in sizes for p in (fwd_to or [])]
         assert _messages(stage.get_fwd_send_ops(k)) == sends
-        recv = [] if bwd_from is None else [(dist.irecv, 1, bwd_from), (dist.irecv, 2, bwd_from)]
+        recv = [] if bwd_from is None else [(dist.irecv, n, bwd_from) for n in sizes]
         assert _messages(stage.get_bwd_recv_ops(k)) == recv
-        sends = [(dist.isend, n, p) for n in (1, 2) for p in (bwd_to or [])]
+        sends = [(dist.isend, n, p) for n in sizes for p in (bwd_to or [])]
         assert _messages(stage.get_bwd_send_ops(k)) == sends
 
 
@@ -100,11 +102,12 @@ def test_each_message_goes_to_the_neighbour_that_holds_its_micro_batch(monkeypat
     ],
 )
 def test_a_first_message_opens_every_link_the_schedule_will_use(monkeypatch, rank, want):
-    """One-element zeros on the stage's device, receives then sends, each peer once."""
-    stage = _stage(rank, WANT[rank][0])
+    """One-element zeros on the stage's device (the meta device here: a GPU's in a run),
+    receives then sends, each peer once."""
+    stage = _stage(rank, WANT[rank][0], device="meta")
     ops = stage._get_init_p2p_neighbors_ops()
     assert [(op.op, op.peer) for op in ops] == want
-    assert all(torch.equal(op.tensor, torch.zeros(1)) for op in ops)
+    assert all(op.tensor.device.type == "meta" and op.tensor.shape == (1,) for op in ops)
 
 
 def test_routing_reads_this_ranks_global_rank():
@@ -132,3 +135,16 @@ def test_each_stage_mesh_is_its_own_ranks_by_replica_and_tp_rank(monkeypatch):
     assert made == [("cpu", [[[0, 1]]], names), ("cpu", [[[2], [3]]], names)]
     (one,) = stage_meshes("cpu", Mesh(pp=1, dp=1, tp=1))
     assert one.mesh.tolist() == [[[0]]] and one.mesh_dim_names == names
+
+
+def test_a_replica_of_an_even_dp_mesh_takes_its_contiguous_share(monkeypatch):
+    """pp 2 of TP 1 and TP 2, DP 2 on both (no round robin): replica 1 runs micro-batches 2
+    and 3 of 4, all with its own replica on the other side: rank 1 (stage 0, replica 1)
+    sends to stage 1's replica 1, ranks 4 and 5 (TP 1 takes from TP 0 mod 1)."""
+    mesh = Mesh(pp=2, dp=2, tp=2, stage_tp=(1, 2))
+    _stand_in_ops(monkeypatch, 0)
+    stage = _stage(1, 0, mesh)
+    assert [stage._peers(k, 1) for k in range(2)] == [(4, [4, 5])] * 2
+    assert _messages(stage.get_fwd_send_ops(1)) == [
+        (dist.isend, 2, 4), (dist.isend, 2, 5), (dist.isend, 3, 4), (dist.isend, 3, 5)
+    ]  # fmt: skip
