@@ -297,6 +297,24 @@ MODULES: dict[str, list[str]] = {
     # the MILP against a brute force over every placement of tiny problems whose every term
     # is live (test_mixed_milp's larger matrix takes two minutes)
     "planner/search/mixed/milp.py": ["tests/test_mutant_kills_mixed_milp.py"],
+    # one process: small modules whose ties are drawn in the test; tied_grads' all-gather,
+    # new_group and all_reduce answered by a stand-in for a mesh of four ranks written out
+    "runtime/tied.py": ["tests/test_mutant_kills_tied.py"],
+    # one process: GroupBatchNorm against nn.BatchNorm over k stacked copies (a stand-in
+    # all-reduce for k replicas of one micro-batch), and torch's all-reduce over one rank
+    "runtime/batchnorm.py": ["tests/test_mutant_kills_batchnorm.py"],
+    # one process: layouts rebuilt by hand, traced_pipeline on a model of two small layers
+    # (test_model_outputs' and test_block_calls' split models: tens of seconds a mutant)
+    "runtime/model_outputs.py": ["tests/test_mutant_kills_model_outputs.py"],
+    # one process: a block checkpointed holding its shard against the block without a
+    # checkpoint, on TP rank 1 of 2 with a stand-in all-gather (test_selective_runtime: gloo)
+    "runtime/selective.py": ["tests/test_mutant_kills_selective.py"],
+    # one process: each rank's messages on a heterogeneous mesh against peers worked out by
+    # hand, torch's ops stood in (test_stage_tp trains such plans on gloo ranks)
+    "runtime/uneven_tp.py": ["tests/test_mutant_kills_uneven_tp.py"],
+    # one process: the calls of a small model counted by hand, a two-stage split whose
+    # rebuilt call runs the eager block (test_block_calls splits a traced Llama: tens of s)
+    "runtime/block_calls.py": ["tests/test_mutant_kills_block_calls.py"],
 }
 # the shipped example models, planned for the equivalence check (file, size, GPUs, profile)
 EXAMPLES = [

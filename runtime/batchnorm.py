@@ -54,6 +54,7 @@ class GroupBatchNorm(_BatchNorm):
             raise ValueError(f"expected at least 2D input (got {x.dim()}D input)")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self._check_input_dim(x)  # as torch's BatchNorm does in both modes
         if not self.training:
             return super().forward(x)
         c = x.size(1)

@@ -1,0 +1,224 @@
+"""Tests written for mutmut's generated mutants of runtime/block_calls.py (a pipelined block
+handed several tensors run as the model's eager module; benchmarks/generated_mutants.py). One
+process: the calls one forward makes, counted by hand on a small model; the kept signature of a
+block handed a stream, a scale by keyword and a constant; and a two-stage split of that model
+whose second stage, its block's call rebuilt and the eager block swapped in, gives the model's
+own output. tests/test_block_calls.py does the same on a traced Llama (tens of seconds);
+docs/mutation.md names the mutants each test kills."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.pipelining import SplitPoint
+from torch.distributed.pipelining._IR import annotate_split_points
+from torch.utils._pytree import tree_structure
+
+from runtime.block_calls import (
+    VALUE_NAME,
+    BlockCall,
+    ModuleCalls,
+    Passed,
+    _before,
+    _stand_in,
+    _value_name,
+    block_calls,
+    call_eagerly,
+    module_calls,
+    name_values,
+    signature_modules,
+)
+from runtime.model_outputs import traced_pipeline
+from runtime.stages import inline_grad_mode_regions
+
+
+class _Scaled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, scale: torch.Tensor, power: int = 1) -> torch.Tensor:
+        return self.lin(x) * scale**power
+
+
+class _Last(nn.Module):
+    def forward(self, xs: list) -> torch.Tensor:
+        return xs[-1] * 2
+
+
+class _Calls(nn.Module):
+    """``a`` once with one tensor, ``b`` twice with one tensor, ``c`` with a tensor and a
+    keyword, ``d`` with a list, ``unused`` never."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.unused = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4)
+        self.c, self.d = _Scaled(), _Last()
+
+    def forward(self, x: torch.Tensor, s: torch.Tensor, n: int) -> torch.Tensor:
+        h = self.b(self.b(self.a(x)))
+        return self.d([h, self.c(h, scale=s)]) * n
+
+
+def test_each_module_is_counted_and_marked_one_tensor_only_if_every_call_was():
+    """On the meta device, the model's own tensors untouched; the hooks gone after."""
+    model = _Calls()
+    weight = model.a.weight.detach().clone()
+    got = module_calls(model, (torch.ones(2, 4), torch.ones(2, 4), 3))
+    assert got == {
+        "a": ModuleCalls(1, True),
+        "b": ModuleCalls(2, True),
+        "c": ModuleCalls(1, False),
+        "c.lin": ModuleCalls(1, True),
+        "d": ModuleCalls(1, False),
+    }
+    assert torch.equal(model.a.weight, weight) and model.a.weight.device.type == "cpu"
+    assert all(not m._forward_pre_hooks for m in model.modules())
+
+
+class _ReadsAValue(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(2, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.a(x) if bool(x.sum() > 0) else x
+
+
+def test_a_forward_the_meta_device_cannot_run_tells_nothing():
+    model = _ReadsAValue()
+    assert module_calls(model, (torch.ones(1, 2),)) is None
+    assert all(not m._forward_pre_hooks for m in model.modules())
+
+
+def test_signatures_are_kept_for_blocks_called_once_with_more_than_one_tensor():
+    calls = {
+        "a": ModuleCalls(1, True),
+        "b": ModuleCalls(2, False),
+        "c": ModuleCalls(1, False),
+        "d": ModuleCalls(1, False),
+    }
+    assert signature_modules(["c", "a", "b", "c", "x", "d"], calls) == ("c", "d")
+    assert signature_modules(["c", "a", "c"], None) == ("c", "a")
+
+
+class _Net(nn.Module):
+    """A first layer, then a block handed the stream, a scale by keyword and a constant."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Linear(4, 4)
+        self.blk = _Scaled()
+
+    def forward(self, x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.first(x))
+        return torch.relu(self.blk(h, scale=s, power=2))
+
+
+def _example():
+    return torch.linspace(-1, 1, 8).reshape(2, 4), torch.linspace(0.5, 2, 8).reshape(2, 4)
+
+
+def test_the_kept_signature_names_each_tensor_and_keeps_each_constant():
+    torch.manual_seed(0)
+    model = _Net()
+    program = torch.export.export(
+        model, _example(), preserve_module_call_signature=("blk", "first")
+    )
+    got = block_calls(program, ("blk",))
+    assert list(got) == ["blk"]
+    call = got["blk"]
+    h = torch.zeros(2, 4)
+    assert call.in_spec == tree_structure(((h,), {"scale": h, "power": 2}))
+    values = {n.name for n in program.graph.nodes}
+    (x, s, power) = call.leaves
+    assert x.name in values and s.name == "s" and x.name != s.name
+    assert (x.shape, x.dtype, s.shape, s.dtype) == ((2, 4), torch.float32, (2, 4), torch.float32)
+    assert power == Passed(None, 2)
+    assert len(call.returned) == 1 and call.returned[0] in values
+    assert block_calls(program, ()) == {}
+
+
+def test_each_exported_node_keeps_its_name_in_its_meta():
+    program = torch.export.export(_Net(), _example())
+    name_values(program)
+    nodes = list(program.graph.nodes)
+    assert all(n.meta[VALUE_NAME] == n.name for n in nodes)
+    node = nodes[0]
+    node.meta[VALUE_NAME] = "kept"
+    assert _value_name(node) == "kept"
+    del node.meta[VALUE_NAME]
+    assert _value_name(node) == node.name
+
+
+def _split():
+    torch.manual_seed(0)
+    model = _Net()
+    want = model(*_example())
+    traced = _Net()
+    traced.load_state_dict(model.state_dict())
+    annotate_split_points(traced, {"blk": SplitPoint.BEGINNING})
+    pipe, _, calls = traced_pipeline(traced, _example(), inline_grad_mode_regions, ("blk",))
+    return pipe, model, calls, want
+
+
+def test_the_rebuilt_call_runs_the_eager_block_as_the_model_called_it():
+    """The second stage's call of ``blk`` becomes ``blk(h, scale=s, power=2)``; with the
+    model's block swapped in, the pipeline's output is the model's, bit for bit."""
+    pipe, model, calls, want = _split()
+    stage = pipe.get_stage_module(1)
+    assert call_eagerly(stage, "blk", calls["blk"]) == 0
+    site = next(n for n in stage.graph.nodes if n.op == "call_module" and n.target == "blk")
+    assert len(site.args) == 1 and set(site.kwargs) == {"scale", "power"}
+    assert site.kwargs["power"] == 2
+    stage.blk = model.blk
+    with torch.no_grad():
+        got = pipe(*_example())
+    got = got[0] if isinstance(got, (tuple, list)) else got
+    assert torch.equal(got, want)
+
+
+def test_a_call_that_cannot_be_rebuilt_is_left_alone():
+    """A block this stage does not call (the first stage's ``first`` is not kept), a kept
+    call whose returned value the traced code does not read, and one the model passed a
+    value the traced call does not take: None, the graph unchanged."""
+    pipe, _, calls, _ = _split()
+    stage = pipe.get_stage_module(1)
+    code = stage.code
+    call = calls["blk"]
+    assert call_eagerly(pipe.get_stage_module(0), "first", call) is None
+    other = BlockCall(call.in_spec, call.leaves, ("elsewhere",))
+    assert call_eagerly(stage, "blk", other) is None
+    renamed = tuple(Passed("gone", None, p.shape, p.dtype) if p.name else p for p in call.leaves)
+    assert call_eagerly(stage, "blk", BlockCall(call.in_spec, renamed, call.returned)) is None
+    assert stage.code == code
+
+
+def test_a_value_the_block_never_reads_is_stood_in_by_zeros():
+    """The model passed ``power`` as a tensor that the traced code never hands the block:
+    a zero tensor of its traced shape and dtype, on the device of the block's first input."""
+    like = torch.ones(3)
+    got = _stand_in(like, (2, 5), torch.int64)
+    assert got.shape == (2, 5) and got.dtype == torch.int64 and not got.any()
+    assert got.device == like.device
+
+
+def test_a_node_comes_before_a_later_site_only():
+    graph = torch.fx.Graph()
+    a = graph.placeholder("a")
+    b = graph.call_function(torch.neg, (a,))
+    c = graph.call_function(torch.neg, (b,))
+    graph.output(c)
+    assert _before(graph, a, c) and _before(graph, b, c)
+    assert not _before(graph, c, b) and not _before(graph, c, a)
+    other = torch.fx.Graph().placeholder("x")
+    assert not _before(graph, other, c)
+
+
+def test_module_calls_hand_the_forward_meta_tensors_and_plain_values_as_they_are():
+    """The tensors of the example go to the meta device; the count ``n`` stays an int."""
+    seen = []
+    model = _Calls()
+    model.d.register_forward_pre_hook(lambda _m, args: seen.append(args[0][0].device.type))
+    assert module_calls(model, (torch.ones(2, 4), torch.ones(2, 4), 1)) is not None
+    assert seen == ["meta"]
