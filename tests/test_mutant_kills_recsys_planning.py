@@ -7,6 +7,7 @@ over every option and placement. docs/mutation.md names the mutants each test ki
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -34,6 +35,7 @@ from tests.conftest import cluster_of
 from tests.test_recsys_solver import brute_force
 
 H100 = load_profile("h100-sxm")
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def option(table, label, sharding, placement, count, dev, host=0.0, **kw) -> TableOption:
@@ -335,6 +337,31 @@ def test_the_smallest_cluster_also_needs_every_table_and_the_dense_part_to_fit()
     )
 
 
+def test_the_smallest_cluster_needs_memory_left_and_the_tables_least_total():
+    """Three tables of 6 GiB, 6.4 GiB a rank: each fits a rank of 2, together they need 3.
+    A cluster with no memory left (0 bytes) is skipped even for tables of 0 bytes; one byte
+    left is memory left."""
+
+    def three(cl: Cluster) -> Costed:
+        opts = {n: [option(n, "tw", "table_wise", "rank", 1, 6.0)] for n in "abc"}
+        return costed(opts, ranks=cl.gpus, per_node=cl.gpus_per_node, cap=6.4)
+
+    found = "--gpus {} (the smallest cluster of h100-sxm that fits)"
+    assert smallest_cluster(Cluster(H100, 1, 1), three) == found.format(3)
+
+    def empty(cap_of):
+        def costed_for(cl: Cluster) -> Costed:
+            opts = {"a": [option("a", "tw", "table_wise", "rank", 1, 0.0)]}
+            return costed(opts, ranks=cl.gpus, per_node=cl.gpus_per_node, cap=cap_of(cl.gpus))
+
+        return costed_for
+
+    assert smallest_cluster(Cluster(H100, 1, 1), empty(lambda n: 0.0 if n < 3 else 1.0)) == (
+        found.format(3)
+    )
+    assert smallest_cluster(Cluster(H100, 1, 1), empty(lambda n: 1 / GIB)) == found.format(2)
+
+
 # --------------------------------------------------------------------------- plan_recsys
 
 MODEL = """
@@ -518,3 +545,41 @@ def test_tables_that_fit_but_admit_no_placement_are_infeasible_naming_a_cluster(
         f"table 'a' (200,000,000 rows x 4) fits no rank even sharded: its smallest shard needs "
         f"{(2 * rows * 16 + 2 * 6 * 16) / GIB:.1f} GiB of the {free:.1f} GiB free per cpu; try "
     )
+
+
+@pytest.mark.parametrize("forward, backward", [(2e-5, 0.0), (0.0, 3e-5)])
+def test_either_dispatch_overhead_has_the_dense_ops_counted(tmp_path, forward, backward):
+    """A profile pricing only the forward's dispatch, or only the backward's: the dense
+    part's ops are counted either way (its compute exceeds the price of the uncounted
+    model by the ops times the overhead it prices)."""
+    text = (ROOT / "profiles" / "cpu.toml").read_text()
+    text = re.sub(r"(?m)^op_overhead_s = \S+", f"op_overhead_s = {forward!r}", text)
+    text = re.sub(
+        r"(?m)^backward_op_overhead_s = \S+", f"backward_op_overhead_s = {backward!r}", text
+    )
+    path = tmp_path / "half.toml"
+    path.write_text(text)
+    mf = model_file(tmp_path)
+    doc, _ = plan_recsys(
+        mf, 2, profile=str(path), training=Training(8, "fp32", "sgd"), device="cpu"
+    )
+    cluster = Cluster(load_profile(str(path)), 1, 2)
+    strategy = doc["dense"]["strategy"]
+    bare = price(read_model(mf), cluster, 8, "sgd", "fp32", "cpu", 1.0, strategy).dense.compute_s
+    assert doc["dense"]["compute_s"] > bare
+
+
+def test_a_model_without_embedding_stats_says_its_pooling_was_measured(tmp_path):
+    path = tmp_path / "measured.py"
+    path.write_text(
+        MODEL.replace("NAMES_HERE", "('a', 'b')").replace("DIM", "8").replace("ROWS", "64")
+        .replace("def embedding_stats():", "def _unused_stats():")
+    )  # fmt: skip
+    mf = load_model_file(path)
+    doc, notes = plan_recsys(mf, 2, profile="h100-sxm", training=Training(8, "fp32", "sgd"))
+    assert notes == [
+        "2 GPUs fill part of one 8-GPU node: planning 1 node of 2",
+        "pooling factors measured on make_batch(256); ids priced as uniform (define "
+        "embedding_stats() in the model file to give their skew)",
+    ]
+    assert doc["notes"] == notes
