@@ -315,6 +315,14 @@ MODULES: dict[str, list[str]] = {
     # one process: the calls of a small model counted by hand, a two-stage split whose
     # rebuilt call runs the eager block (test_block_calls splits a traced Llama: tens of s)
     "runtime/block_calls.py": ["tests/test_mutant_kills_block_calls.py"],
+    # recommendation plans written by hand, each defect's whole message (test_recsys_cli's
+    # plan the DLRM through the command line: tens of seconds a mutant)
+    "planner/recsys/plan.py": ["tests/test_mutant_kills_recsys_plan.py"],
+    # a two-table model file planned for real (a second each) and a summary worked by hand
+    "planner/recsys/command.py": ["tests/test_mutant_kills_recsys_command.py"],
+    # prices written by hand, and small model files planned against test_recsys_solver's brute
+    # force (a second each)
+    "planner/recsys/planning.py": ["tests/test_mutant_kills_recsys_planning.py"],
 }
 # the shipped example models, planned for the equivalence check (file, size, GPUs, profile)
 EXAMPLES = [
