@@ -96,7 +96,6 @@ def test_the_sharding_ilp_starts_no_scheduler_worker_and_leaves_the_default_to_t
         base = evaluate(prob, [0] * len(prob.ops), 1e-11)
         bare = threads()
         mip()
-        default_threads = threads()
         seen = []
         run = sharding.quiet_highs
 
@@ -119,8 +118,10 @@ def test_the_sharding_ilp_starts_no_scheduler_worker_and_leaves_the_default_to_t
         sharding.quiet_highs = counted
         solved = sharding_milp(prob, 1e-11, time_scale=base.time_s, memory_scale=base.memory)
         mip()
-        alone = seen == [bare] * (1 + len(sharding.LAMBDAS))
-        print(len(solved) == len(sharding.LAMBDAS), alone, threads() == default_threads)
+        # no worker: never more threads than before the first MIP (another library's
+        # short-lived thread may have ended since), and the default's worker back after
+        alone = len(seen) == 1 + len(sharding.LAMBDAS) and max(seen) <= bare
+        print(len(solved) == len(sharding.LAMBDAS), alone, threads() > max(seen))
         """
     )
     assert out == ["True", "True", "True"]
