@@ -3,17 +3,21 @@ sharding ILP): silent, and loaded from numpy arrays."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
 
-def quiet_highs():
+def quiet_highs(threads: int | None = None):
     """A silent highspy.Highs. HiGHS prints its banner from C++ to the process's stdout when
     the first instance is built, before any option can turn output off, and that line would
-    land in the middle of ``plan``'s output: the first construction runs with fd 1 muted."""
+    land in the middle of ``plan``'s output: the first construction runs with fd 1 muted.
+    ``threads``: HiGHS's option of that name (None: its default); 1 only inside
+    ``one_thread``."""
     import highspy
 
     if not _HIGHS_BANNER_DONE:
@@ -30,10 +34,34 @@ def quiet_highs():
     else:
         h = highspy.Highs()
     h.setOptionValue("output_flag", False)
+    if threads is not None:
+        h.setOptionValue("threads", threads)
     return h
 
 
 _HIGHS_BANNER_DONE: list[bool] = []
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """HiGHS's scheduler without worker threads while the block runs (its instances made
+    with ``quiet_highs(threads=1)``), and HiGHS's default one again after.
+
+    HiGHS keeps one task scheduler per process, built by the first run with that run's
+    ``threads``; its workers spin between tasks. The sharding ILP is a hundred MIPs of a few
+    hundred columns per plan, solved to optimality, where that spinning was 40% of their CPU
+    (on 2 cores it also took a core from the forked baselines' search); they find the same
+    solutions on one thread. The search's stage MILPs keep the default scheduler: their
+    bounds where the node limit stops them depend on it. Each side starts from a fresh
+    scheduler (``resetGlobalScheduler`` waits for the old one's workers to stop), since an
+    instance asking for another thread count than the running scheduler's fails."""
+    import highspy
+
+    highspy.Highs.resetGlobalScheduler(True)
+    try:
+        yield
+    finally:
+        highspy.Highs.resetGlobalScheduler(True)
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,7 @@ import networkx as nx
 import numpy as np
 
 from planner.hardware.collectives import ring_factors
-from planner.highs import Pattern, pass_model, quiet_highs
+from planner.highs import Pattern, one_thread, pass_model, quiet_highs
 from planner.modelfile import one_call_site
 from planner.trace.blocks import Block, cached_core_nodes
 from planner.trace.graph import arg_refs
@@ -1601,31 +1601,34 @@ def _solve_lambdas(
     pattern = Pattern.of(np.concatenate(rr), np.concatenate(cc), (offset, n))
     cost_time = np.concatenate([m.cx_time, m.cz_time]) / time_scale
     cost_mem = np.concatenate([m.cx_mem, m.cz_mem]) / memory_scale
-    h = quiet_highs()
-    h.setOptionValue("mip_rel_gap", 1e-9)
-    h.setOptionValue("presolve", "off")  # the LP is tight and small: presolve costs more
-    pass_model(
-        h, cost_time, pattern, np.concatenate(vv), np.concatenate(lower),
-        np.concatenate(upper), np.zeros(n), np.ones(n), np.arange(n) < nx_,
-    )  # fmt: skip
     import highspy
 
     every = np.arange(n, dtype=np.int32)
     choices: list[tuple[tuple[int, ...], float]] = []
-    for lam in lambdas:
-        # x OBJECTIVE_GAIN: HiGHS ignores reduced costs under its absolute tolerance (1e-7),
-        # which would leave small memory tie-breaks (a bias's shard at lambda = 1e-4) unresolved
-        h.changeColsCost(n, every, OBJECTIVE_GAIN * (cost_time + lam * cost_mem))
-        h.run()
-        if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
-            continue
-        xv = np.asarray(h.getSolution().col_value)
-        value = h.getInfo().objective_function_value / OBJECTIVE_GAIN
-        choice = []
-        for v, op in enumerate(prob.ops):
-            scores = [xv[col[(v, k)]] for k in range(len(op.strategies))]
-            choice.append(int(np.argmax(scores)))
-        choices.append((tuple(choice), value + lam * m.mem_const / memory_scale))
+    with one_thread():  # a hundred small MIPs a plan: see planner.highs.one_thread
+        h = quiet_highs(threads=1)
+        h.setOptionValue("mip_rel_gap", 1e-9)
+        h.setOptionValue("presolve", "off")  # the LP is tight and small: presolve costs more
+        pass_model(
+            h, cost_time, pattern, np.concatenate(vv), np.concatenate(lower),
+            np.concatenate(upper), np.zeros(n), np.ones(n), np.arange(n) < nx_,
+        )  # fmt: skip
+        for lam in lambdas:
+            # x OBJECTIVE_GAIN: HiGHS ignores reduced costs under its absolute tolerance
+            # (1e-7), which would leave small memory tie-breaks (a bias's shard at
+            # lambda = 1e-4) unresolved
+            h.changeColsCost(n, every, OBJECTIVE_GAIN * (cost_time + lam * cost_mem))
+            if h.run() == highspy.HighsStatus.kError:  # HiGHS refused to run: not "no solution"
+                raise RuntimeError("HiGHS refused the sharding ILP (its thread scheduler)")
+            if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+                continue
+            xv = np.asarray(h.getSolution().col_value)
+            value = h.getInfo().objective_function_value / OBJECTIVE_GAIN
+            choice = []
+            for v, op in enumerate(prob.ops):
+                scores = [xv[col[(v, k)]] for k in range(len(op.strategies))]
+                choice.append(int(np.argmax(scores)))
+            choices.append((tuple(choice), value + lam * m.mem_const / memory_scale))
     return choices
 
 
