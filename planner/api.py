@@ -278,6 +278,7 @@ def plan(
     compare_baselines: bool = True,
     solved: dict | None = None,
     draft: Callable[[Any], None] | None = None,
+    bounds: dict | None = None,
 ) -> PlanResult:
     """Trace, price and solve: the plan dict of docs/plan-format.md, plus what made it.
 
@@ -288,7 +289,10 @@ def plan(
     trace's cache key), so that planning a model again, under other pins or on another
     cluster, solves none of them twice. ``draft``: called with the plan as it stands when its
     own search ends, before the baselines' rows are in its alternatives (the report worker
-    draws the figures from it while the baselines are searched).
+    draws the figures from it while the baselines are searched). ``bounds``: a dict the caller
+    keeps across plans, where each trace's bound_memo.BoundMemo is kept (by the trace's cache
+    key), read from the cache once and saved by the caller (``bound_memo.save_kept``) when its
+    plans are done: a pool's fifteen plans read and wrote a growing file each.
 
     ``training``: the settings (planner.training); without it they are built from the model
     file's TRAINING with ``global_batch_size``, ``dtype``, ``optimizer`` and ``lr`` over it.
@@ -329,10 +333,10 @@ def plan(
         notes.append(traced.note)
     memo = SearchMemo(variants={} if solved is None else solved.setdefault(traced.cache_key, {}))
     if use_cache:  # the stage MILPs and bounds an earlier plan computed are read back
-        from planner.search.bound_memo import load_bounds
+        from planner.search.bound_memo import kept_bounds
         from planner.search.milp.runs import RunStore
 
-        memo.runs, memo.bounds = RunStore(), load_bounds(traced.cache_key)
+        memo.runs, memo.bounds = RunStore(), kept_bounds(bounds, traced.cache_key)
     if use_cache and not memo.variants:  # the sharding ILP's solutions from an earlier plan
         memo.variants.update(load_variants(traced.cache_key))
     known = len(memo.variants)
@@ -373,7 +377,7 @@ def plan(
     probe.save()
     if use_cache and len(memo.variants) > known:
         save_variants(traced.cache_key, memo.variants)
-    if memo.bounds is not None and memo.bounds.added:
+    if memo.bounds is not None and memo.bounds.added and bounds is None:
         from planner.search.bound_memo import save_bounds
 
         save_bounds(traced.cache_key, memo.bounds)
@@ -558,8 +562,9 @@ def baselines_beside(traced, cluster, training, pins, variants_of, memo, probe) 
     hand = variants_for(traced.graph, cluster, "no-sequence", memo.variants, probe)
 
     def compute() -> tuple:
+        known = len(memo.bounds.entries) if memo.bounds is not None else 0
         found = baseline_candidates(traced, cluster, training, pins, hand, memo)
-        bounds = memo.bounds.entries if memo.bounds is not None else {}
+        bounds = memo.bounds.since(known) if memo.bounds is not None else {}
         return found, memo.variants, probe.verdicts, bounds
 
     return Forked(compute)

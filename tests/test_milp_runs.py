@@ -263,3 +263,57 @@ def test_entries_keyed_by_another_planners_code_are_dropped_when_read(tmp_path, 
     memo.added = 1
     save_bounds("trace", memo)
     assert load_bounds("trace").entries == memo.entries
+
+
+@pytest.mark.parametrize("fork", [True, False])
+def test_plans_sharing_a_kept_memo_read_the_file_once_save_once_and_plan_alike(
+    tmp_path, monkeypatch, fork
+):
+    """A pool's plans share one BoundMemo (``plan(bounds=...)``): the bounds file is read by
+    the first plan only and written by ``save_kept`` alone, once; the plans are those planned
+    each on its own; the memo holds what the plans computed, the baselines' forked copy's
+    entries included (it sends back only those it added: ``since``), and the file saved is
+    read back whole."""
+    import json
+
+    from planner.search import bound_memo
+    from planner.search.bound_memo import BoundMemo, load_bounds, save_kept
+
+    gpt = ROOT / "examples" / "gpt.py"
+    args = dict(model_args={"size": "tiny"}, global_batch_size=64, profile="h100-sxm")
+    sizes = (16, 8)
+    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path / "alone"))
+    monkeypatch.setenv("MESHPLAN_NO_FORK", "1")  # the reference: everything in one process
+    alone = []
+    for gpus in sizes:
+        alone.append(plan(gpt, gpus, gpus_per_node=4, **args))
+        alone[-1].plan.solver.solve_time_s = 0.0
+    on_its_own = load_bounds(alone[0].traced.cache_key).entries
+    if fork:
+        monkeypatch.delenv("MESHPLAN_NO_FORK")
+    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path / "kept"))
+    adopted, reads, load, adopt = [], [], bound_memo.load_bounds, BoundMemo.adopt
+    monkeypatch.setattr(BoundMemo, "adopt", lambda self, e: adopted.append(e) or adopt(self, e))
+    monkeypatch.setattr(bound_memo, "load_bounds", lambda key: reads.append(key) or load(key))
+    kept: dict = {}
+    for gpus, want in zip(sizes, alone, strict=True):
+        got = plan(gpt, gpus, gpus_per_node=4, bounds=kept, **args)
+        got.plan.solver.solve_time_s = 0.0
+        assert dumps(got.plan) == dumps(want.plan)
+    key = alone[0].traced.cache_key
+    assert reads == [key] and list(kept) == [key]
+    assert not bounds_path(key).exists()  # the plans saved nothing
+    assert set(kept[key].entries) == set(on_its_own)
+    assert fork == bool(adopted) and all(0 < len(e) < len(on_its_own) for e in adopted)
+    save_kept(kept)
+    assert kept[key].added == 0 and reads == [key]
+    assert load(key).entries == BoundMemo(json.loads(json.dumps(kept[key].entries))).entries
+
+
+def test_since_gives_the_entries_added_after_a_count():
+    from planner.search.bound_memo import BoundMemo
+
+    memo = BoundMemo({"a": [1], "b": [2]})
+    memo.adopt({"c": [3], "a": [9]})
+    assert memo.since(0) == {"a": [1], "b": [2], "c": [3]}
+    assert memo.since(2) == {"c": [3]} and memo.since(3) == {}

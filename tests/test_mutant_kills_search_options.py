@@ -340,3 +340,72 @@ def test_the_memo_keeps_each_clusters_options_apart(moe):
     far = price_options(graph, blocks, 1, 2, other, training, Pins(), variants_of, 2, memo=memo)
     assert far == price_options(graph, blocks, 1, 2, other, training, Pins(), variants_of, 2)
     assert far[0][0].ep_comm_s > near[0][0].ep_comm_s > 0
+
+
+@pytest.mark.parametrize("tp,ep,cp", [(1, 1, 1), (2, 2, 1), (1, 2, 2), (2, 1, 2), (4, 2, 1)])
+def test_a_block_is_priced_alike_at_every_node_count_that_holds_its_groups(moe, tp, ep, cp):
+    """pricing_cluster's premise: block_options reads a cluster's profile and how its groups'
+    ranks spread over nodes, not how many nodes there are. Each class priced directly on 1
+    to 16 nodes of 2 GPUs gives the same options wherever the groups fit (some of them cross
+    nodes), and price_options, which prices on the cut cluster, gives each cluster's own."""
+    from planner.schema.mesh import Mesh
+
+    traced, _, variants_of = moe
+    graph, blocks = traced.graph, traced.blocks
+    training = Training(8, "bf16", "adamw", moe_imbalance=1.5)
+    groups = list(range(tp)), Mesh(1, ep, tp, ep).ep_group(0), Mesh(1, 1, tp, 1, cp).cp_group(0)
+    need = max(max(g) for g in groups) // 2 + 1
+    assert options.pricing_cluster(cluster_of(32, gpus_per_node=2), *groups).nodes == need
+    for rep in {b.cls: b for b in blocks}.values():
+        vs = variants_of(rep, tp, True)
+        priced = [
+            block_options(
+                graph,
+                rep,
+                vs,
+                3,
+                cluster_of(2 * n, gpus_per_node=2),
+                groups[0],
+                training,
+                ep_ranks=groups[1],
+                cp_ranks=groups[2],
+            )  # fmt: skip
+            for n in (need, need + 1, 8, 16)
+        ]
+        assert priced[0] and all(p == priced[0] for p in priced)
+    for n in (need, 16):
+        cl = cluster_of(2 * n, gpus_per_node=2)
+        got = price_options(graph, blocks, tp, 3, cl, training, Pins(), variants_of, ep, cp,
+                            pipelined=True)  # fmt: skip
+        for b, opts in zip(blocks, got, strict=True):
+            rep = next(r for r in blocks if r.cls == b.cls)
+            want = block_options(graph, rep, variants_of(rep, tp, True), 3, cl, groups[0],
+                                 training, ep_ranks=groups[1], cp_ranks=groups[2])  # fmt: skip
+            assert opts == options._filter(want, Pins())
+
+
+def test_one_kept_memo_prices_a_class_once_for_every_node_count(moe, monkeypatch):
+    """A pool's plans of one kind share the options priced on the cut cluster: with one
+    BoundMemo kept across clusters of 2, 4 and 8 nodes, each class is priced once."""
+    from planner.search.bound_memo import BoundMemo
+
+    traced, _, variants_of = moe
+    graph, blocks = traced.graph, traced.blocks
+    training = Training(8, "bf16", "adamw")
+    calls = []
+
+    def counted(*args, **kw):
+        calls.append(args[4])
+        return block_options(*args, **kw)
+
+    monkeypatch.setattr(options, "block_options", counted)
+    kept, got = BoundMemo(), []
+    for n in (2, 4, 8):
+        got.append(price_options(graph, blocks, 2, 2, cluster_of(2 * n, gpus_per_node=2),
+                                 training, Pins(), variants_of, 2, memo={}, kept=kept))  # fmt: skip
+    classes = len({b.cls for b in blocks})
+    assert len(calls) == classes and {c.nodes for c in calls} == {2}  # ranks 0..3: two nodes
+    assert got[0] == got[1] == got[2]
+    # a cluster too small for the groups is left as it is (pricing it raises, as before)
+    small = cluster_of(2, gpus_per_node=2)
+    assert options.pricing_cluster(small, [0, 1, 2]) is small

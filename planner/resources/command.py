@@ -35,6 +35,7 @@ from planner.resources.figure import draw_front, print_table, table_rows
 from planner.resources.mixed_pool import mixed_option
 from planner.resources.pool import Pool, figure_records, load_pool
 from planner.schema import write_plan
+from planner.search.bound_memo import save_kept
 from planner.training import Training
 
 SCHEMA = "meshplan.resources/1"
@@ -99,10 +100,12 @@ def _plan_options(
 ) -> tuple[list[Option], Any]:
     """Every (kind, count) option planned and priced, then the mixed option, under one bar per
     search; per-candidate lines only with ``--verbose``."""
+    kept: dict = {}  # the trace's BoundMemo, one for all the pool's plans, saved after them
     kwargs = dict(
         training=training,
         use_cache=not args.no_cache,
         progress=bars.search_callback("  option"),
+        bounds=kept,
     )
     total = sum(len(node_counts(t.nodes)) for t in pool.node_types)
     pool_bar = bars.task("pool: options", total=total)
@@ -137,6 +140,7 @@ def _plan_options(
         args.budget,
         {"auto": None, "on": True, "off": False}[args.stage_degrees],
     )
+    save_kept(kept)
     if mixed is not None:
         options.append(mixed)
     return options, mixed_res

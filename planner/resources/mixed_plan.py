@@ -47,6 +47,7 @@ from planner.schema.plan import (
     StagePlan,
 )
 from planner.search import Pins
+from planner.search.bound_memo import kept_bounds
 from planner.search.memo import SearchMemo
 from planner.search.milp.candidate import segments
 from planner.search.mixed.cost import pipeline_time, step_time
@@ -96,6 +97,7 @@ def plan_mixed(
     rate: RunRate | None = None,
     objective_cutoff: float = math.inf,
     stage_degrees: bool | None = None,
+    bounds: dict | None = None,
 ) -> MixedPlanResult:
     """The fastest plan over ``kinds``: a mixed pipeline when one beats every kind alone.
     With ``rate`` (``mixed.RunRate``), the mixed pipeline of least objective instead, when it
@@ -109,6 +111,8 @@ def plan_mixed(
     ``stage_degrees``: search_mixed's (stages with TP and DP degrees of their own: True,
     False, or None, where that search is small); the plan's notes say when it was left out.
     ``training`` as api.plan's (built from the model file and the flags when None).
+    ``bounds``: api.plan's (the caller's BoundMemo per trace, saved by the caller): the
+    search prices options through it, taking those the kinds' own plans priced.
 
     Long because it composes, in the order they run, the kinds alone, the trace, the kinds'
     clusters, the fabric and the search, a few lines each."""
@@ -145,6 +149,7 @@ def plan_mixed(
                 training=settings,
                 pins=pins,
                 use_cache=use_cache,
+                bounds=bounds,
             )
             single[k.name] = float(res.plan.predicted.step_time_s)
             single_plans[k.name] = res.plan
@@ -185,6 +190,7 @@ def plan_mixed(
         progress,
         rate,
         stage_degrees,
+        kept_bounds(bounds, traced.cache_key) if use_cache and bounds is not None else None,
     )
     if use_cache and len(memo.variants) > known:
         save_variants(traced.cache_key, memo.variants)

@@ -37,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import itertools
 import json
 import math
 import operator
@@ -217,6 +218,12 @@ class BoundMemo:
             self.added += 1
         return list(self.entries[name])
 
+    def since(self, count: int) -> dict[str, list]:
+        """The entries after the first ``count`` (entries are only ever added, in order): what
+        a forked copy computed beyond what it was forked with, which is all its parent lacks
+        (not the whole memo, which a pool's plans share and grow)."""
+        return dict(itertools.islice(self.entries.items(), count, None))
+
     def adopt(self, entries: dict[str, list]) -> None:
         """Take the bounds another copy of this memo computed (a forked search's) where this
         one has none, to be saved as if computed here."""
@@ -261,6 +268,25 @@ def load_bounds(trace_key: str) -> BoundMemo:
         entries = {k: v for k, v in entries.items() if not k.startswith(CODE_KEYED)}
         entries[CODE] = _planner_code()
     return BoundMemo(entries)
+
+
+def kept_bounds(kept: dict[str, BoundMemo] | None, trace_key: str) -> BoundMemo:
+    """The trace's BoundMemo in ``kept`` (a caller's dict across plans, by trace key), read from
+    the cache the first time it is asked for; read afresh without one."""
+    if kept is None:
+        return load_bounds(trace_key)
+    if trace_key not in kept:
+        kept[trace_key] = load_bounds(trace_key)
+    return kept[trace_key]
+
+
+def save_kept(kept: dict[str, BoundMemo]) -> None:
+    """Save each memo of ``kept`` (kept_bounds') that gained entries, once for all the plans
+    that shared it."""
+    for trace_key, memo in kept.items():
+        if memo.added:
+            save_bounds(trace_key, memo)
+            memo.added = 0
 
 
 def save_bounds(trace_key: str, memo: BoundMemo) -> None:

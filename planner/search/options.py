@@ -4,6 +4,7 @@ user's pins.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 
@@ -50,10 +51,12 @@ def price_options(
     Keyed by the variants themselves (compared by value), not by where they came from: a
     block whose variants are the same pipelined or not, or under the baselines' variant rule,
     is priced once (``block_options`` is a function of its arguments alone). ``kept``: a
-    bound_memo.BoundMemo holding options priced by earlier plans of this trace."""
+    bound_memo.BoundMemo holding options priced by earlier plans of this trace. Priced on
+    ``pricing_cluster``: the same options at any node count of one node kind."""
     tp_ranks = list(range(tp))
     ep_ranks = Mesh(1, ep, tp, ep).ep_group(0)
     cp_ranks = Mesh(1, 1, tp, 1, cp).cp_group(0)
+    cluster = pricing_cluster(cluster, tp_ranks, ep_ranks, cp_ranks)
     by_class: dict[tuple, list[BlockOption]] = {}
     result = []
     memo = {} if memo is None else memo
@@ -67,10 +70,10 @@ def price_options(
             variants = variants_of(rep, tp, pipelined)
             if takes or leaves:
                 variants = [sequence_stream(v, takes, leaves) for v in variants if v.exit_gather]
-            key = (blk.cls, tp, mbs, ep, cp, tuple(v.name for v in variants), id(cluster))
+            key = (blk.cls, tp, mbs, ep, cp, tuple(v.name for v in variants), cluster)
             key += (training, takes, leaves)
             found = memo.get(key)
-            if found is None or found[0] != variants:  # the value holds the cluster: no id reuse
+            if found is None or found[0] != variants:
                 price = functools.partial(
                     block_options, graph, rep, variants, mbs, cluster, tp_ranks, training,
                     ep_ranks=ep_ranks, cp_ranks=cp_ranks,
@@ -84,6 +87,27 @@ def price_options(
             by_class[blk.cls, takes, leaves] = _filter(found[2], pins)
         result.append(by_class[blk.cls, takes, leaves])
     return result
+
+
+def pricing_cluster(cluster: Cluster, *groups: list[int]) -> Cluster:
+    """``cluster`` cut to the nodes that hold the ranks of ``groups`` (the TP, EP and CP groups
+    a block is priced over), which ``block_options`` prices the same: it reads a cluster's
+    profile and its links over those groups (``Cluster.link``, ``all_to_all_seconds_per_byte``:
+    how many nodes of ``gpus_per_node`` the ranks spread over), never its node count. So a
+    pool's plans of one node kind at 1 to 16 nodes, and its pipelines across kinds, price each
+    block once (1,731 pricings, each of a distinct cluster, were a quarter of the 320-GPU pool's
+    plans by cost). A cluster without room for the groups is kept as it is (pricing raises)."""
+    nodes = max(max(g) for g in groups) // cluster.gpus_per_node + 1
+    if nodes >= cluster.nodes:
+        return cluster
+    return _cut(cluster, nodes)
+
+
+@functools.lru_cache(maxsize=64)
+def _cut(cluster: Cluster, nodes: int) -> Cluster:
+    """``cluster`` on ``nodes`` nodes, one object per (cluster, nodes): pricing memos compare
+    it often."""
+    return dataclasses.replace(cluster, nodes=nodes)
 
 
 def sequence_stream_flags(

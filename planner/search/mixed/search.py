@@ -82,6 +82,7 @@ from planner.cost.data_parallel import tied_sync_time
 from planner.cost.pipeline import hop_time, one_chunk_floor, stage_time_parts
 from planner.cost.records import Config, CostInputs, sample_share
 from planner.hardware.cluster import Cluster
+from planner.search.bound_memo import BoundMemo
 from planner.search.bounds import quiet_highs
 from planner.search.candidates import Candidate, Pins, divisors
 from planner.search.milp.candidate import segments, stage_problem
@@ -569,9 +570,14 @@ def split_box(lo: tuple[int, ...], hi: tuple[int, ...]) -> list[tuple[tuple[int,
 class _Prices:
     """Each variant's priced options (per kind, TP degree and micro-batch), cached."""
 
-    def __init__(self, graph, blocks, training, kinds, variants_of, pins) -> None:
+    def __init__(
+        self, graph, blocks, training, kinds, variants_of, pins, kept: BoundMemo | None = None
+    ) -> None:
+        """``kept``: a bound_memo.BoundMemo of options priced by earlier plans (a pool's own
+        kinds'), or None."""
         self.graph, self.blocks, self.training = graph, blocks, training
         self.kinds, self.variants_of, self.pins = kinds, variants_of, pins
+        self.kept = kept
         self.traced_mbs = int(graph.graph["traced_batch_size"])
         self.inputs: dict[tuple[int, int, int], CostInputs] = {}
         self.priced: dict = {}
@@ -585,7 +591,7 @@ class _Prices:
             # a stage of a pipeline: tied weights stay replicated under TP (variants_for)
             opts = price_options(
                 self.graph, self.blocks, tp, mbs, cl, self.training, self.pins,
-                self.variants_of[k], 1, 1, self.priced, tp > 1,
+                self.variants_of[k], 1, 1, self.priced, tp > 1, kept=self.kept,
             )  # fmt: skip
             self.inputs[key] = CostInputs(
                 self.blocks, opts, self.traced_mbs, cl, self.training, self.pins.memory_fraction
@@ -682,12 +688,15 @@ def search_mixed(
     progress: Callable[[str], None] | None = None,
     rate: RunRate | None = None,
     stage_degrees: bool | None = None,
+    kept: BoundMemo | None = None,
 ) -> MixedResult:
     """The fastest mixed pipeline faster than ``cutoff`` (the best single-kind step time), or
     ``best`` None when none is. ``links``: (kind a, kind b) -> (bandwidth B/s, latency s) of
     the fabric, both orders. ``variants``: per kind, the intra-block sharding variants.
     ``pins.tp`` and ``pins.dp`` restrict every stage to that TP and DP degree; ``pins.pp`` the
     pipeline's depth.
+    ``kept``: a bound_memo.BoundMemo whose priced options are taken (those of the pool's own
+    plans: bound_memo.priced_key) and added to, or None.
     ``stage_degrees``: whether stages may take TP and DP degrees of their own (True), share
     one of each (False), or take their own on small pools searched by time (None: TP degrees
     within STAGE_DEGREE_KINDS and STAGE_DEGREE_GPUS, DP degrees within STAGE_DP_GPUS too, no
@@ -712,7 +721,7 @@ def search_mixed(
         outer_candidates(kinds, len(blocks), training, degrees, pins, own_dp) if runnable else []
     )
     wide = wide_kinds(kinds, cells)
-    prices = _Prices(graph, blocks, training, wide, variants, pins)
+    prices = _Prices(graph, blocks, training, wide, variants, pins, kept)
     search = _Search(prices, kinds, links, degrees, training, rate, cutoff, progress)
     search.run(cells, several)
     # by the default rule: a pool where some stage could have had two replicas or more
