@@ -323,6 +323,14 @@ MODULES: dict[str, list[str]] = {
     # prices written by hand, and small model files planned against test_recsys_solver's brute
     # force (a second each)
     "planner/recsys/planning.py": ["tests/test_mutant_kills_recsys_planning.py"],
+    # one process on a one-rank gloo group (the refusals, ep 1 against the module's own
+    # forward), then two forked gloo ranks at ep 2 against one process's module
+    "runtime/expert_parallel.py": ["tests/test_mutant_kills_expert_parallel.py"],
+    # one process: a ring of one rank against torch's own attention, every call form
+    "runtime/context_parallel.py": ["tests/test_mutant_kills_context_parallel.py"],
+    # one process: the refusals whole, the torchrun command, run_plan with subprocess.run
+    # recording it (test_runtime_launch starts real workers: a minute a mutant)
+    "runtime/launch.py": ["tests/test_mutant_kills_launch.py"],
 }
 # the shipped example models, planned for the equivalence check (file, size, GPUs, profile)
 EXAMPLES = [

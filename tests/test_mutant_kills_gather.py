@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import multiprocessing
 import traceback
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -17,6 +18,9 @@ import torch.distributed as dist
 from runtime.gather import batch_gather
 
 WORLD, GROUP = 3, [0, 2]
+# A collective left waiting (a gather over the wrong group: a peer never joins) fails in the
+# rank after this long, rather than hanging the test until the queue's wait runs out
+COLLECTIVE_TIMEOUT = timedelta(seconds=30)
 
 
 def _rows(r: int) -> torch.Tensor:
@@ -27,7 +31,9 @@ def _rows(r: int) -> torch.Tensor:
 def _rank(r: int, store_path: str, out) -> None:  # noqa: ANN001
     try:
         store = dist.FileStore(store_path, WORLD)
-        dist.init_process_group("gloo", store=store, rank=r, world_size=WORLD)
+        dist.init_process_group(
+            "gloo", store=store, rank=r, world_size=WORLD, timeout=COLLECTIVE_TIMEOUT
+        )
         group = dist.new_group(GROUP)
         if r in GROUP:
             t = _rows(r).requires_grad_()
@@ -53,15 +59,22 @@ def test_gather_joins_the_groups_rows_and_gives_each_rank_dp_times_its_rows_grad
         ctx.Process(target=_rank, args=(r, str(tmp_path / "store"), out)) for r in range(WORLD)
     ]
     for p in procs:
+        p.daemon = True  # a rank still waiting when the test fails ends with it
         p.start()
     got = {}
-    for _ in GROUP:
-        r, rows, grad = out.get(timeout=120)
-        assert grad is not None, rows
-        got[r] = (torch.tensor(rows), torch.tensor(grad))
-    for p in procs:
-        p.join(60)
-        assert p.exitcode == 0
+    try:
+        for _ in GROUP:
+            r, rows, grad = out.get(timeout=120)
+            assert grad is not None, rows
+            got[r] = (torch.tensor(rows), torch.tensor(grad))
+        for p in procs:
+            p.join(60)
+            assert p.exitcode == 0
+    finally:
+        for p in procs:
+            if p.exitcode is None:
+                p.kill()
+                p.join()
     whole = torch.cat([_rows(0), _rows(2)])
     weights = torch.arange(1.0, 13.0).reshape(4, 3)
     full_grad = 2 * 2 * weights * whole

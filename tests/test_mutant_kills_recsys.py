@@ -1,0 +1,305 @@
+"""Tests written for mutmut's generated mutants of runtime/recsys.py (a recommendation plan run
+with TorchRec; benchmarks/generated_mutants.py). One process: ``train`` on a one-rank gloo
+group (the tiny DLRM, its tables table-wise, column-wise and data-parallel on the fused SGD
+kernel; AdamW on the dense kernel; the MLPs under FSDP2) against one process's plain training
+on the same batches, every parameter and each step's loss; the helpers (generators, fused
+parameters, optimizers, keys, batch slices, the command line) by hand; ``run_recplan`` with
+``subprocess.run`` recording the torchrun command. tests/test_recsys_oracle.py runs the same
+plans on two gloo ranks. docs/mutation.md names the mutants each test kills."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+import runtime.recsys as recsys
+from planner.errors import UserInputError
+from planner.modelfile import file_sha256, load_model_file
+from planner.recsys.plan import ADAMW
+from planner.recsys.planning import plan_recsys
+from planner.training import training_from
+from runtime.launch import worker_env
+
+pytestmark = pytest.mark.usefixtures("gloo_one_rank")  # conftest: a one-rank gloo group
+ROOT = Path(__file__).resolve().parent.parent
+DLRM = ROOT / "examples" / "dlrm.py"
+GBS, STEPS = 32, 2
+SGD = {"global_batch_size": GBS, "optimizer": "sgd", "dtype": "fp32", "lr": 0.5}
+KINDS = ("table_wise", "column_wise", "data_parallel", "table_wise")
+
+
+def _plan(training: dict, kernel: str, strategy: str = "ddp") -> dict:
+    """The planner's one-rank plan of the tiny DLRM, its four tables set to KINDS."""
+    mf = load_model_file(DLRM, {"size": "tiny"})
+    plan, _ = plan_recsys(mf, 1, profile="cpu", training=training_from(training, "t"), device="cpu")
+    plan = copy.deepcopy(plan)
+    for t, kind in zip(plan["tables"], KINDS, strict=True):
+        t.update(sharding=kind, ranks=[0], kernel="dense" if kind == "data_parallel" else kernel)
+    plan["dense"]["strategy"] = strategy
+    return plan
+
+
+def _reference(training: dict) -> tuple[dict, list[float]]:
+    """One process: STEPS steps of plain SGD (or torch's AdamW) on the global batches; the
+    final parameters and each step's loss."""
+    mf = load_model_file(DLRM, {"size": "tiny"})
+    torch.manual_seed(0)
+    model = mf.build()
+    if training["optimizer"] == "sgd":
+        opt = torch.optim.SGD(model.parameters(), lr=training["lr"])
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=training["lr"])
+    losses = []
+    for step in range(STEPS):
+        inputs, labels = mf.module.make_batch(GBS, step=step)
+        loss = mf.module.loss_fn(model(*inputs), labels)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}, losses
+
+
+def _train(plan: dict, run_dir: Path) -> tuple[dict, list[dict]]:
+    recsys.train(plan, run_dir, STEPS, 0, torch.device("cpu"), dump_params=True)
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return torch.load(run_dir / "params.pt"), [json.loads(x) for x in lines]
+
+
+def _check(got: dict, metrics: list[dict], training: dict, sharded: int) -> None:
+    want, losses = _reference(training)
+    assert sorted(got) == sorted(want)
+    for name, w in want.items():
+        torch.testing.assert_close(got[name], w, rtol=1e-5, atol=1e-6, msg=name)
+    assert [m["step"] for m in metrics] == list(range(STEPS))
+    assert [m["sharded_dense_params"] for m in metrics] == [sharded] * STEPS
+    for m, loss in zip(metrics, losses, strict=True):
+        assert m["loss"] == pytest.approx(loss, rel=1e-6) and m["step_time_s"] > 0
+
+
+def test_sgd_tables_of_each_sharding_train_like_one_process(tmp_path):
+    """Fused EXACT_SGD on table-wise and column-wise shards, the dense kernel on a
+    data-parallel table, DDP for the MLPs: one process's SGD (weights copied from it)."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").write_text('{"step": 9}\n')  # an old run's: replaced
+    got, metrics = _train(_plan(SGD, "fused"), tmp_path / "run")
+    _check(got, metrics, SGD, 0)
+
+
+def test_adamw_on_the_dense_kernel_and_fsdp_mlps_train_like_one_process(tmp_path):
+    """AdamW (torch's defaults) for every table on the dense kernel and for the MLPs, the
+    MLPs under FSDP2 (each of their parameters a DTensor): one process's AdamW."""
+    adamw = {**SGD, "optimizer": "adamw", "lr": 0.01}
+    got, metrics = _train(_plan(adamw, "dense", "fsdp"), tmp_path / "a" / "b")
+    mf = load_model_file(DLRM, {"size": "tiny"})
+    mlp = sum(1 for n, _ in mf.build().named_parameters() if "embedding" not in n)
+    assert mlp > 0
+    _check(got, metrics, adamw, mlp)
+
+
+def test_a_model_file_without_a_loss_is_refused(tmp_path):
+    model = tmp_path / "dlrm_noloss.py"
+    model.write_text(DLRM.read_text().replace("def loss_fn(", "def _no_loss_fn("))
+    plan = _plan(SGD, "fused")
+    plan["model"]["file"] = str(model)
+    with pytest.raises(UserInputError) as err:
+        recsys.train(plan, tmp_path / "r", 1, 0, torch.device("cpu"))
+    assert str(err.value) == "dlrm_noloss.py: a recommendation model file must define loss_fn"
+
+
+def test_each_tables_generator_is_torchrecs_helper_with_the_plans_ranks(monkeypatch):
+    import torchrec.distributed.sharding_plan as sp
+
+    for name in ("column_wise", "data_parallel", "row_wise", "table_row_wise", "table_wise"):
+        monkeypatch.setattr(sp, name, lambda *a, _n=name, **k: (_n, a, k))
+    plan = {
+        "cluster": {"gpus_per_node": 4},
+        "tables": [
+            {"module": "m", "name": "a", "sharding": "data_parallel", "ranks": [0], "kernel": "x"},
+            {"module": "m", "name": "b", "sharding": "table_wise", "ranks": [3], "kernel": "k"},
+            {"module": "n", "name": "c", "sharding": "column_wise", "ranks": (1, 2), "kernel": "k"},
+            {"module": "n", "name": "d", "sharding": "row_wise", "ranks": [0], "kernel": "k"},
+            {"module": "n", "name": "e", "sharding": "table_row_wise", "ranks": [5], "kernel": "k"},
+            {"module": "n", "name": "f", "sharding": "table_row_wise", "ranks": [3], "kernel": "k"},
+        ],
+    }
+    assert recsys.sharding_generators(plan) == {
+        "m": {
+            "a": ("data_parallel", (), {}),
+            "b": ("table_wise", (), {"rank": 3, "compute_kernel": "k"}),
+        },
+        "n": {
+            "c": ("column_wise", (), {"ranks": [1, 2], "compute_kernel": "k"}),
+            "d": ("row_wise", (), {}),
+            "e": ("table_row_wise", (), {"host_index": 1}),
+            "f": ("table_row_wise", (), {"host_index": 0}),
+        },
+    }
+
+
+def test_the_fused_kernels_step_with_exact_sgd_or_decoupled_adam():
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import WeightDecayMode
+
+    assert recsys.fused_params("sgd", 0.5) == {
+        "optimizer": EmbOptimType.EXACT_SGD,
+        "learning_rate": 0.5,
+    }
+    assert recsys.fused_params("adamw", 0.01) == {
+        "optimizer": EmbOptimType.ADAM,
+        "learning_rate": 0.01,
+        "beta1": 0.9,
+        "beta2": 0.999,
+        "eps": 1e-8,
+        "weight_decay": 0.01,
+        "weight_decay_mode": WeightDecayMode.DECOUPLE,
+    }
+
+
+def test_the_dense_optimizer_is_plain_sgd_or_torchs_adamw():
+    p = [torch.nn.Parameter(torch.zeros(2))]
+    sgd = recsys.dense_optimizer("sgd", 0.5)(p)
+    assert type(sgd) is torch.optim.SGD
+    assert sgd.defaults["lr"] == 0.5 and sgd.defaults["momentum"] == 0
+    adamw = recsys.dense_optimizer("adamw", 0.01)(p)
+    assert type(adamw) is torch.optim.AdamW and adamw.defaults["lr"] == 0.01
+    for key, value in ADAMW.items():
+        assert adamw.defaults[key] == value
+
+
+def test_a_state_key_is_named_as_the_unwrapped_model_names_it():
+    assert recsys._plain("_dmp_wrapped_module.module.top.0.weight") == "top.0.weight"
+    assert recsys._plain("module.sparse.t0.weight") == "sparse.t0.weight"
+    assert recsys._plain("top.bias") == "top.bias"
+
+
+def test_a_batch_is_cut_at_the_same_samples_in_every_tensor():
+    kjt = KeyedJaggedTensor.from_lengths_sync(
+        keys=["a", "b"],
+        values=torch.tensor([1, 2, 3, 4, 5, 6, 7, 8, 9]),
+        lengths=torch.tensor([2, 0, 1, 3, 1, 0, 2, 0]),
+    )  # a: samples [1 2], [], [3], [4 5 6]; b: [7], [], [8 9], []
+    dense = torch.arange(8.0).reshape(4, 2)
+    out = recsys.slice_batch((dense, [kjt, torch.arange(4)]), 1, 3)
+    assert type(out) is tuple and type(out[1]) is list
+    assert torch.equal(out[0], dense[1:3]) and torch.equal(out[1][1], torch.tensor([1, 2]))
+    cut = out[1][0]
+    assert cut.keys() == ["a", "b"]
+    assert cut["a"].lengths().tolist() == [0, 1] and cut["a"].values().tolist() == [3]
+    assert cut["b"].lengths().tolist() == [0, 2] and cut["b"].values().tolist() == [8, 9]
+    assert recsys.slice_batch(kjt, 0, 4)["a"].values().tolist() == [1, 2, 3, 4, 5, 6]
+    with pytest.raises(UserInputError) as err:
+        recsys.slice_batch({"x": dense}, 0, 1)
+    assert str(err.value) == "make_batch returned a dict, which cannot be split"
+
+
+def test_a_batch_moves_to_the_device_tensor_by_tensor():
+    out = recsys._to((torch.zeros(1), [torch.ones(1)]), torch.device("meta"))
+    assert type(out) is tuple and type(out[1]) is list
+    assert out[0].device.type == "meta" and out[1][0].device.type == "meta"
+
+
+def test_the_workers_command_line():
+    opts = recsys.parse(["--plans", "a", "b", "--run-dirs", "x", "y"])
+    assert (opts.plans, opts.run_dirs, opts.steps, opts.seed) == (["a", "b"], ["x", "y"], 5, 0)
+    assert (opts.device, opts.dump_params) == ("cpu", False)
+    opts = recsys.parse(["--plans", "a", "--run-dirs", "x", "--steps", "2", "--seed", "3",
+                         "--device", "cuda", "--dump-params"])  # fmt: skip
+    assert (opts.steps, opts.seed, opts.device, opts.dump_params) == (2, 3, "cuda", True)
+    with pytest.raises(SystemExit):
+        recsys.parse(["--plans", "a", "b", "--run-dirs", "x"])
+
+
+@pytest.fixture
+def recplan(tmp_path) -> Path:
+    """The one-rank plan written to a file, for the model file copied beside it."""
+    model = tmp_path / "dlrm.py"
+    model.write_text(DLRM.read_text())
+    plan = _plan(SGD, "fused")
+    plan["model"].update(file=str(model), sha256=file_sha256(model))
+    path = tmp_path / "plan" / "plan.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(plan))
+    return path
+
+
+class _Torchrun:
+    def __init__(self, rc: int) -> None:
+        self.rc, self.calls = rc, []
+
+    def __call__(self, cmd, env=None, check=None):
+        self.calls.append((cmd, env, check))
+        return subprocess.CompletedProcess(cmd, self.rc)
+
+
+def _opts(**kw) -> argparse.Namespace:
+    return argparse.Namespace(**{"steps": 4, "seed": 1, **kw})
+
+
+def test_a_recommendation_run_starts_torchrun_with_this_module(recplan, monkeypatch, capsys):
+    run = _Torchrun(0)
+    monkeypatch.setattr(subprocess, "run", run)
+    assert recsys.run_recplan(recplan, _opts(device="cpu")) == 0
+    (cmd, env, check), = run.calls
+    assert cmd == [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
+        "-m", "runtime.recsys", "--plans", str(recplan.resolve()),
+        "--run-dirs", str(recplan.parent.resolve()), "--steps", "4", "--seed", "1",
+        "--device", "cpu",
+    ]  # fmt: skip
+    assert env == worker_env() and check is False
+    assert capsys.readouterr().out == f"metrics: {recplan.parent / 'metrics.jsonl'}\n"
+    monkeypatch.setattr(subprocess, "run", _Torchrun(4))
+    assert recsys.run_recplan(recplan, _opts(run_dir=recplan.parent / "r")) == 4
+    assert capsys.readouterr().err == "plan run: the workers failed (exit status 4)\n"
+
+
+@pytest.mark.parametrize(
+    "flag, opts",
+    [
+        ("--checkpoint-every", {"checkpoint_every": 2}),
+        ("--resume", {"resume": True}),
+        ("--max-restarts", {"max_restarts": 1}),
+        ("--nnodes", {"nnodes": 2}),
+    ],
+)
+def test_what_a_recommendation_run_lacks_is_refused_by_name(recplan, monkeypatch, flag, opts):
+    monkeypatch.setattr(subprocess, "run", _Torchrun(0))
+    with pytest.raises(UserInputError) as err:
+        recsys.run_recplan(recplan, _opts(**opts))
+    assert str(err.value) == (
+        f"{flag} is not supported for recommendation plans yet (no checkpoints or multi-node "
+        "launch in runtime/recsys.py): run without it"
+    )
+    assert recsys.run_recplan(recplan, _opts(nnodes=1, checkpoint_every=0)) == 0
+
+
+def test_a_changed_model_or_a_gpu_plan_on_the_cpu_is_refused(recplan, monkeypatch):
+    monkeypatch.setattr(subprocess, "run", _Torchrun(0))
+    data = json.loads(recplan.read_text())
+    data["device"] = "cuda"
+    recplan.write_text(json.dumps(data))
+    with pytest.raises(UserInputError) as err:
+        recsys.run_recplan(recplan, _opts(device="cpu"))
+    assert str(err.value) == (
+        f"plan {recplan} was made for GPUs (row-wise and host tables need CUDA): plan again "
+        "with --device cpu"
+    )
+    model = Path(data["model"]["file"])
+    model.write_text(model.read_text() + "\n")
+    with pytest.raises(UserInputError) as err:
+        recsys.run_recplan(recplan, _opts(device="cpu"))
+    assert str(err.value) == (
+        f"model file {model} is missing or changed since plan {recplan} was made: plan again"
+    )
+    model.unlink()
+    with pytest.raises(UserInputError, match="is missing or changed"):
+        recsys.run_recplan(recplan, _opts(device="cpu"))
