@@ -248,7 +248,7 @@ def test_a_recommendation_run_starts_torchrun_with_this_module(recplan, monkeypa
     run = _Torchrun(0)
     monkeypatch.setattr(subprocess, "run", run)
     assert recsys.run_recplan(recplan, _opts(device="cpu")) == 0
-    (cmd, env, check), = run.calls
+    ((cmd, env, check),) = run.calls
     assert cmd == [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
         "-m", "runtime.recsys", "--plans", str(recplan.resolve()),
