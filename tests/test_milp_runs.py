@@ -265,9 +265,28 @@ def test_entries_keyed_by_another_planners_code_are_dropped_when_read(tmp_path, 
     assert load_bounds("trace").entries == memo.entries
 
 
+SIZES = (16, 8)
+
+
+@pytest.fixture(scope="module")
+def alone(tmp_path_factory):
+    """GPT tiny at each of SIZES planned on its own, everything in one process, from an empty
+    cache, and the bounds file those plans left: the reference for plans sharing a memo."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MESHPLAN_CACHE", str(tmp_path_factory.mktemp("alone")))
+        mp.setenv("MESHPLAN_NO_FORK", "1")
+        plans = []
+        for gpus in SIZES:
+            plans.append(plan(ROOT / "examples" / "gpt.py", gpus, gpus_per_node=4, **ARGS))
+            plans[-1].plan.solver.solve_time_s = 0.0
+        from planner.search.bound_memo import load_bounds
+
+        return plans, load_bounds(plans[0].traced.cache_key).entries
+
+
 @pytest.mark.parametrize("fork", [True, False])
 def test_plans_sharing_a_kept_memo_read_the_file_once_save_once_and_plan_alike(
-    tmp_path, monkeypatch, fork
+    alone, tmp_path, monkeypatch, fork
 ):
     """A pool's plans share one BoundMemo (``plan(bounds=...)``): the bounds file is read by
     the first plan only and written by ``save_kept`` alone, once; the plans are those planned
@@ -277,20 +296,14 @@ def test_plans_sharing_a_kept_memo_read_the_file_once_save_once_and_plan_alike(
     import json
 
     from planner.search import bound_memo
-    from planner.search.bound_memo import BoundMemo, load_bounds, save_kept
+    from planner.search.bound_memo import BoundMemo, save_kept
 
     gpt = ROOT / "examples" / "gpt.py"
-    args = dict(model_args={"size": "tiny"}, global_batch_size=64, profile="h100-sxm")
-    sizes = (16, 8)
-    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path / "alone"))
-    monkeypatch.setenv("MESHPLAN_NO_FORK", "1")  # the reference: everything in one process
-    alone = []
-    for gpus in sizes:
-        alone.append(plan(gpt, gpus, gpus_per_node=4, **args))
-        alone[-1].plan.solver.solve_time_s = 0.0
-    on_its_own = load_bounds(alone[0].traced.cache_key).entries
-    if fork:
-        monkeypatch.delenv("MESHPLAN_NO_FORK")
+    args = ARGS
+    sizes = SIZES
+    alone, on_its_own = alone
+    if not fork:
+        monkeypatch.setenv("MESHPLAN_NO_FORK", "1")
     monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path / "kept"))
     adopted, reads, load, adopt = [], [], bound_memo.load_bounds, BoundMemo.adopt
     monkeypatch.setattr(BoundMemo, "adopt", lambda self, e: adopted.append(e) or adopt(self, e))
