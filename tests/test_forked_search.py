@@ -54,22 +54,11 @@ def test_a_milp_in_the_copy_finishes_after_one_solved_here():
     the parent has (checked: it hangs); here it returns the parent's optimum."""
     script = textwrap.dedent(
         """
-        import numpy as np, highspy
-        from planner.highs import quiet_highs
+        from highs_mips import knapsack
         from planner.search.overlap import Forked
 
         def solve():
-            h = quiet_highs()
-            n = 40
-            rng = np.random.default_rng(0)
-            for _ in range(n):
-                h.addVar(0, 1)
-            idx = np.arange(n, dtype=np.int32)
-            h.changeColsIntegrality(n, idx, np.array([highspy.HighsVarType.kInteger] * n))
-            h.changeColsCost(n, idx, -rng.random(n))
-            for _ in range(20):
-                cols = rng.choice(n, 8, replace=False).astype(np.int32)
-                h.addRow(-np.inf, 2.5, 8, cols, rng.random(8))
+            h = knapsack()
             h.run()
             return h.getInfo().objective_function_value
 
@@ -78,7 +67,7 @@ def test_a_milp_in_the_copy_finishes_after_one_solved_here():
         print(here == pending.result(), pending.forked)
         """
     )
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
     out = subprocess.run(
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
     )

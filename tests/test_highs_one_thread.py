@@ -13,34 +13,26 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# A knapsack-like MIP of 40 binaries: a few hundred nodes, so HiGHS's scheduler is used.
+# The knapsack MIP of tests/highs_mips.py: a few hundred nodes, so HiGHS's scheduler is used.
 MIP = """
-import numpy as np, highspy
-from planner.highs import one_thread, quiet_highs
+import highspy
+from planner.highs import one_thread
+from highs_mips import knapsack
+
 
 def threads() -> int:
     with open(f"/proc/{__import__('os').getpid()}/status") as f:
         return int(f.read().split("Threads:")[1].split()[0])
 
 def mip(threads=None):
-    h = quiet_highs(threads)
-    n = 40
-    rng = np.random.default_rng(0)
-    for _ in range(n):
-        h.addVar(0, 1)
-    idx = np.arange(n, dtype=np.int32)
-    h.changeColsIntegrality(n, idx, np.array([highspy.HighsVarType.kInteger] * n))
-    h.changeColsCost(n, idx, -rng.random(n))
-    for _ in range(20):
-        cols = rng.choice(n, 8, replace=False).astype(np.int32)
-        h.addRow(-np.inf, 2.5, 8, cols, rng.random(8))
+    h = knapsack(threads)
     status = h.run()
     return status == highspy.HighsStatus.kOk, round(h.getInfo().objective_function_value, 9)
 """
 
 
 def _run(body: str) -> list[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
     script = MIP + textwrap.dedent(body)
     out = subprocess.run(
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
