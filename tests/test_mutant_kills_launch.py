@@ -249,12 +249,16 @@ def test_a_resume_needs_a_complete_checkpoint(plan_file, monkeypatch, tmp_path):
     )
 
 
-def test_a_run_directory_that_cannot_be_made_is_refused(plan_file, tmp_path):
+def test_a_run_directory_that_cannot_be_made_is_refused(plan_file, tmp_path, monkeypatch):
+    # a recording torchrun: a bug that let the run through must not start the plan's 64 workers
+    torchrun = _Torchrun()
+    monkeypatch.setattr(launch.subprocess, "run", torchrun)
     blocker = tmp_path / "file"
     blocker.write_text("")
     with pytest.raises(UserInputError) as err:
         run_plan(plan_file, _opts(run_dir=blocker / "run"))
     assert str(err.value) == f"cannot create run directory {blocker / 'run'}: Not a directory"
+    assert torchrun.calls == []
 
 
 def test_failed_workers_are_said_and_their_status_returned(plan_file, monkeypatch, capsys):
