@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import os
 import shlex
 import sys
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from planner.errors import MeshplanError, UserInputError
@@ -326,6 +327,7 @@ def run_planning(
     notes = _run_profile_default(args)
     quiet = args.quiet or args.json  # --json: plan.json on stdout, nothing else there
     with contextlib.ExitStack() as stack:
+        stack.enter_context(cycles_uncollected())
         # the report's worker imports matplotlib while this process traces and searches
         worker = None if args.no_report else stack.enter_context(ReportWorker())
         with Bars(quiet, args.verbose) as bars:
@@ -364,6 +366,23 @@ def run_planning(
     if args.run and run is not None:
         return run(path, args)
     return 0
+
+
+@contextlib.contextmanager
+def cycles_uncollected() -> Iterator[None]:
+    """Plan without the cyclic garbage collector, restored after. A plan builds a large heap
+    that lives to the end (the traced graph, the kept bounds, the priced options, the plan's
+    records) and leaves few cycles, so the collector's full passes only walked it again and
+    again: a fifth of a warm plan's CPU on Llama-3-405B / 16,384, and a quarter of tracing
+    Llama-3-70B, whose peak memory grew 2% without them. A forked copy of the search then
+    also leaves the pages it shares with this process unwritten."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _run_profile_default(args: argparse.Namespace) -> list[str]:

@@ -263,11 +263,14 @@ def _node_grid(ax, plan: Plan, colors: list[str], cols: int, rows: int, per_cell
     mesh, cl = plan.mesh, plan.cluster
     gpn = cl.gpus_per_node
     width = gpn * per_cell  # GPUs per cell
+    # each rank's stage, read off the stages' rank ranges once: ``coords`` per rank walks the
+    # stages (16,384 calls, a fifth of drawing that plan's placement)
+    stage_of = [i for i in range(mesh.pp) for _ in mesh.stage_ranks(i)]
+    stage_of += [mesh.pp - 1] * (cl.gpus - len(stage_of))  # as ``coords`` places any rank past
     for cell_i in range(math.ceil(cl.nodes / per_cell)):
         x0, y0 = cell_i % cols, rows - 1 - cell_i // cols
         first_rank = cell_i * width
-        present = range(first_rank, min(first_rank + width, cl.gpus))
-        stages = [coords(r, mesh)[0] for r in present]
+        stages = stage_of[first_rank : min(first_rank + width, cl.gpus)]
         for first, last, stage in runs(stages):  # one patch per run: no seams between slices
             cell = Rectangle(
                 (x0 + 0.05 + 0.9 * first / width, y0 + 0.1),
@@ -281,7 +284,7 @@ def _node_grid(ax, plan: Plan, colors: list[str], cols: int, rows: int, per_cell
         ax.add_artist(
             Rectangle((x0 + 0.05, y0 + 0.1), 0.9, 0.8, fill=False, edgecolor="white", lw=0.8)
         )
-        face = colors[coords(first_rank, mesh)[0]]
+        face = colors[stage_of[first_rank]]
         ax.text(
             x0 + 0.5,
             y0 + 0.5,

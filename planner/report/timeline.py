@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from matplotlib.collections import PolyCollection
+from matplotlib.collections import PathCollection, PolyCollection
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
+from matplotlib.path import Path
 from matplotlib.ticker import MaxNLocator
 
 from planner.report.schedule import Box, compress, simulate, steady_cuts
@@ -77,6 +78,25 @@ def _corners(x: float, y: float, width: float) -> list[tuple[float, float]]:
     its order: a PolyCollection of these draws the same boxes without a patch object each
     (Llama-3-405B on 16,384 GPUs: 5,150 boxes, half of the figure's CPU making Rectangles)."""
     return [(x, y), (width + x, y), (width + x, 0.8 + y), (x, 0.8 + y)]
+
+
+def _hatched(boxes: list[list[tuple[float, float]]]) -> PathCollection:
+    """The odd chunks' hatching over their boxes, as one compound path: Agg hatches each path
+    of a collection on its own, and a path per box took half of the figure's CPU on
+    Llama-3-405B / 16,384 (2,048 hatched boxes, 0.5 s); the boxes do not overlap, so one path
+    covers the same pixels."""
+    path = Path.make_compound_path(
+        *(Path([*corners, corners[0]], closed=True) for corners in boxes)
+    )
+    return PathCollection(
+        [path],
+        facecolor="none",
+        edgecolor="#08306b",
+        hatch="///",
+        lw=0,
+        alpha=0.5,
+        gid="odd-chunk",
+    )
 
 
 def timeline_figure(plan: Plan) -> Figure:
@@ -144,17 +164,7 @@ def timeline_figure(plan: Plan) -> Figure:
                 )
             )
     if odd:
-        ax.add_collection(
-            PolyCollection(
-                odd,
-                facecolor="none",
-                edgecolor="#08306b",
-                hatch="///",
-                lw=0,
-                alpha=0.5,
-                gid="odd-chunk",
-            )
-        )
+        ax.add_collection(_hatched(odd))
     for a, b, skipped in cuts:
         x = to_drawn(a)
         ax.add_patch(

@@ -26,32 +26,48 @@ def _min_device_bytes(inp: CostInputs, zero: int, dp: int) -> float:
     least any allowed option needs in one phase of a step (the activation peak's states with one
     micro-batch's activations, gradients not yet held; the optimizer step's states). The peak
     is at least either sum, so at least the larger. Memoized on ``inp`` since hundreds of
-    candidates share (zero, dp)."""
+    candidates share (zero, dp); each list's options are taken by their states' inputs
+    (``_state_groups``), a third as many as the options."""
     memo = inp.memo.setdefault("min_device_bytes", {})
     if (zero, dp) not in memo:
         lists, which = _distinct_lists(inp)
         per_list = []
-        for opts in lists:
-            allowed = [o for o in opts if offload_allowed(o.offload, zero)]
-            states = [option_states(o, zero, dp, inp.training) for o in allowed]
-            per_list.append(
-                (
-                    min(
-                        (
-                            forward_state_bytes(sm, False) + o.act_bytes
-                            for o, sm in zip(allowed, states)
-                        ),
-                        default=math.inf,
-                    ),  # fmt: skip
-                    min((step_state_bytes(sm, inp.training) for sm in states), default=math.inf),
-                )
-            )
+        for groups in _state_groups(inp, lists):
+            forward = step = math.inf
+            for o, least_act in groups:
+                if not offload_allowed(o.offload, zero):
+                    continue
+                sm = option_states(o, zero, dp, inp.training)
+                forward = min(forward, forward_state_bytes(sm, False) + least_act)
+                step = min(step, step_state_bytes(sm, inp.training))
+            per_list.append((forward, step))
         forward = step = 0.0
         for k in which:  # block by block, in order: the sums' rounding is the blocks'
             forward += per_list[k][0]
             step += per_list[k][1]
         memo[(zero, dp)] = max(forward, step)
     return memo[(zero, dp)]
+
+
+def _state_groups(inp: CostInputs, lists: list) -> list[list[tuple]]:
+    """Per option list, its options by what ``option_states`` reads (parameters, expert
+    share and degree, offload), each group as (its first option, the least activation bytes
+    in it); found once per ``inp``. Options of one group differ in recompute and variant, not
+    in states, so the least forward bytes of a group is its states' plus its least
+    activations: a sum's rounding is monotone, so this is the minimum over its options."""
+    if "state_groups" not in inp.memo:
+        found = []
+        for opts in lists:
+            groups: dict[tuple, list] = {}
+            for o in opts:
+                key = (o.params, o.expert_params, o.ep, o.offload)
+                if key not in groups:
+                    groups[key] = [o, o.act_bytes]
+                elif o.act_bytes < groups[key][1]:
+                    groups[key][1] = o.act_bytes
+            found.append([(o, act) for o, act in groups.values()])
+        inp.memo["state_groups"] = found
+    return inp.memo["state_groups"]
 
 
 def _distinct_lists(inp: CostInputs) -> tuple[list, list[int]]:
