@@ -14,6 +14,7 @@ import itertools
 import math
 from dataclasses import replace
 
+import highspy
 import numpy as np
 import pytest
 
@@ -32,6 +33,14 @@ from planner.search.mixed.milp import (
 
 SEG_LEN = [1, 2, 1]
 N_OPTS = [1, 2, 2]
+
+
+@pytest.fixture(autouse=True)
+def _own_highs_scheduler():
+    """mutmut forks a child per mutant from the process that ran the clean tests; HiGHS's task
+    scheduler's threads do not come with a fork (planner/search/overlap.py), and a MILP there
+    would wait on them forever: each test starts HiGHS's scheduler afresh."""
+    highspy.Highs.resetGlobalScheduler(False)
 
 
 def rich_variant(
