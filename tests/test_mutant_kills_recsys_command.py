@@ -10,6 +10,7 @@ import argparse
 import json
 from pathlib import Path
 
+import highspy
 import pytest
 import torch
 import torchrec  # noqa: F401  (no skip: the README's test command installs the recsys extra)
@@ -19,6 +20,15 @@ from planner.modelfile import load_model_file
 from planner.recsys.command import GIB, plan_device, print_summary, run
 from planner.recsys.plan import load_recplan
 from planner.training import Training
+
+
+@pytest.fixture(autouse=True)
+def _own_highs_scheduler():
+    """mutmut forks a child per mutant from the process that ran the clean tests; HiGHS's task
+    scheduler's threads do not come with a fork (planner/search/overlap.py), and the recsys
+    MILP (cvxpy's HiGHS) would wait on them forever: each test starts it afresh."""
+    highspy.Highs.resetGlobalScheduler(False)
+
 
 MODEL = """
 import torch
