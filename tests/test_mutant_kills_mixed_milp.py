@@ -145,6 +145,8 @@ CASES = {
     "tied": dict(seed=7, pp=2, units=(3, 3), degrees=(1, 2), tied=((0, 2),)),
     "tied dp": dict(seed=8, pp=3, units=(3, 2), mults=(1, 2), tied=((0, 2),)),
     "one kind": dict(seed=9, pp=2, units=(2,), degrees=(1, 2), cap=(8.0, 10.0)),
+    # no hop: the layout's w block is empty (its width max(J - 1, 0) V^2)
+    "one stage": dict(seed=10, pp=1, units=(2, 1), cap=(20.0, 30.0)),
 }
 
 
