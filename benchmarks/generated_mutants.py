@@ -323,6 +323,9 @@ MODULES: dict[str, list[str]] = {
     # prices written by hand, and small model files planned against test_recsys_solver's brute
     # force (a second each)
     "planner/recsys/planning.py": ["tests/test_mutant_kills_recsys_planning.py"],
+    # the placement helpers on shards by hand, the MILPs on tiny instances against
+    # test_recsys_solver's brute force (its 36 seeds take a minute a mutant)
+    "planner/recsys/milp.py": ["tests/test_mutant_kills_recsys_milp.py"],
     # one process on a one-rank gloo group (the refusals, ep 1 against the module's own
     # forward), then two forked gloo ranks at ep 2 against one process's module
     "runtime/expert_parallel.py": ["tests/test_mutant_kills_expert_parallel.py"],

@@ -10,15 +10,25 @@ import argparse
 import json
 from pathlib import Path
 
+import highspy
 import pytest
 import torch
 import torchrec  # noqa: F401  (no skip: the README's test command installs the recsys extra)
 
-from planner.errors import UserInputError
+from planner.errors import InfeasibleError, UserInputError
 from planner.modelfile import load_model_file
 from planner.recsys.command import GIB, plan_device, print_summary, run
 from planner.recsys.plan import load_recplan
 from planner.training import Training
+
+
+@pytest.fixture(autouse=True)
+def _own_highs_scheduler():
+    """mutmut forks a child per mutant from the process that ran the clean tests; HiGHS's task
+    scheduler's threads do not come with a fork (planner/search/overlap.py), and the recsys
+    MILP (cvxpy's HiGHS) would wait on them forever: each test starts it afresh."""
+    highspy.Highs.resetGlobalScheduler(False)
+
 
 MODEL = """
 import torch
@@ -235,3 +245,30 @@ def test_the_summary_line_by_line(capsys):
         "wrote r/plan.json",
     ]
     assert GIB == 2**30
+
+
+def test_a_gpu_plan_without_a_profile_keeps_the_default_and_the_flags_reach_the_planner(
+    model_file, tmp_path, capsys
+):
+    """On a GPU (the default device) no profile stays no profile (plan_recsys's default, not
+    the cpu one, and no cpu note); --gpus-per-node and --memory-fraction reach the planner:
+    4 GPUs in nodes of 2, and a hundredth of the memory fits nothing."""
+    from planner.recsys.planning import plan_recsys
+
+    docs = {}
+    for fraction in (1.0, 0.5):
+        out = tmp_path / str(fraction)
+        ns = args(profile=None, gpus=4, gpus_per_node=2, memory_fraction=fraction, out=str(out))
+        assert run(ns, model_file, TRAIN) == 0
+        assert ns.profile is None
+        docs[fraction] = load_recplan(out / "plan.json")
+        assert not any("profile cpu" in line for line in capsys.readouterr().err.splitlines())
+    want, _ = plan_recsys(model_file, 4, gpus_per_node=2, training=TRAIN, memory_fraction=0.5)
+    got = docs[0.5]
+    assert got["cluster"] == want["cluster"]
+    assert got["cluster"]["gpus_per_node"] == 2 and got["cluster"]["nodes"] == 2
+    assert got["device"] == "cuda"
+    assert got["predicted"] == want["predicted"]
+    # a hundredth of an H100 is less than its reserve: nothing fits
+    with pytest.raises(InfeasibleError):
+        run(args(profile=None, memory_fraction=0.01, out=str(tmp_path / "x")), model_file, TRAIN)

@@ -11,6 +11,7 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
+import highspy
 import pytest
 import torchrec  # noqa: F401  (no skip: the README's test command installs the recsys extra)
 
@@ -33,6 +34,15 @@ from planner.recsys.tables import RecModel, TableBlock, read_model
 from planner.training import Training
 from tests.conftest import cluster_of
 from tests.test_recsys_solver import brute_force
+
+
+@pytest.fixture(autouse=True)
+def _own_highs_scheduler():
+    """mutmut forks a child per mutant from the process that ran the clean tests; HiGHS's task
+    scheduler's threads do not come with a fork (planner/search/overlap.py), and the recsys
+    MILP (cvxpy's HiGHS) would wait on them forever: each test starts it afresh."""
+    highspy.Highs.resetGlobalScheduler(False)
+
 
 H100 = load_profile("h100-sxm")
 ROOT = Path(__file__).resolve().parent.parent
