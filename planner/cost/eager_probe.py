@@ -60,6 +60,8 @@ class EagerShardProbe:
         self._model: nn.Module | None = None
         self._inputs: dict[str, tuple[tuple, dict]] = {}
         self._mode: FakeTensorMode | None = None
+        # (module, its column-parallel modules) -> the whole block's run (``_whole_run``)
+        self._whole: dict[tuple[str, frozenset[str]], tuple] = {}
 
     def save(self) -> None:
         """Keep this run's new verdicts for the next plan of the same trace."""
@@ -121,6 +123,7 @@ class EagerShardProbe:
                         break
             self._mode = mode
             self._model = model
+            self._whole.clear()  # runs of another model's modules, on other inputs
         return self._model
 
     def _inputs_of(self, module: str) -> tuple[tuple, dict] | None:
@@ -205,7 +208,7 @@ class EagerShardProbe:
         local = copy.deepcopy(whole)
         for rel, style in plan.items():
             _cut(local.get_submodule(rel) if rel else local, style, t)
-        seen, _, exc = self._run(whole, module, plan)
+        seen, _, exc = self._whole_run(whole, module, plan)
         if exc is not None:
             # the whole block fails here too (a kernel the meta device lacks for this dtype:
             # torch's grouped product of experts takes bf16 only): the probe cannot tell,
@@ -215,6 +218,21 @@ class EagerShardProbe:
         if not reason:
             return "", set(), []
         return reason, blame, _local_fix(self, module, plan, t, seen, local)
+
+    def _whole_run(
+        self, whole: nn.Module, module: str, plan: dict[str, str]
+    ) -> tuple[list, frozenset, Exception | None]:
+        """``_run`` of the whole (unsharded) block, once per set of column-parallel modules
+        the plan marks: the whole block's run reads nothing else of the plan (no weight is
+        cut, and only column-parallel outputs seed the reshapes' provenance), and not the
+        degree, so the plans of one block at TP 2, 4, 8 ... and their row-parallel parts
+        share it (Llama-3-70B / 64: one meta forward of a layer per plan instead of one per
+        plan and degree). The local run, which reads the degree and the whole plan, runs
+        each time."""
+        key = (module, _colwise(plan))
+        if key not in self._whole:
+            self._whole[key] = self._run(whole, module, plan)
+        return self._whole[key]
 
     def _run(
         self, m: nn.Module, module: str, plan: dict[str, str]
@@ -308,6 +326,12 @@ def _local_fix(
         if not probe._judge(module, plan, t, whole, trial)[0]:
             return sorted(f"{rel}.{name}" if rel else name for rel, name in chosen)
     return []
+
+
+def _colwise(plan: dict[str, str]) -> frozenset[str]:
+    """The modules (relative, not the block itself) whose outputs a plan splits by column:
+    the probe marks their outputs, whose reshapes it checks."""
+    return frozenset(rel for rel, style in plan.items() if base_style(style) == "colwise" and rel)
 
 
 def _relative(tp_plan: dict[str, str], module: str) -> dict[str, str]:
