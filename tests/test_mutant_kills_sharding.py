@@ -1,0 +1,382 @@
+"""The sharding ILP's functions (planner/cost/sharding.py) called directly on graphs drawn here,
+written for the module's generated mutants (docs/mutation.md): a tiny MLP block (fc1, gelu, fc2,
+residual add) whose every strategy combination is priced by ``evaluate`` and solved pinned by
+``sharding_milp`` (each combination's objective the same, the infeasible ones refused), the
+ILP's optimum against the brute-force minimum, one combination's time and memory by hand, the
+resharding table and the collective factors by hand, and each op kind's strategies listed by
+hand. The graphs are built per test (the tied-weight sets are kept on the graph)."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+
+import networkx as nx
+import pytest
+
+from planner.cost import sharding
+from planner.cost.sharding import (
+    LAMBDAS,
+    Strategy,
+    build_problem,
+    evaluate,
+    model_state_bytes,
+    op_share,
+    reshard,
+    sharding_milp,
+)
+from planner.trace.blocks import Block
+
+SPB = 1e-3  # seconds per byte of a collective: 4 KB costs as much as the MLP's compute
+
+
+def _node(g, name, op, args, shape, module="", ff=0, bf=0, fb=0, bb=0, saved=(), grad=True):
+    params = [a["param"] for a in args if isinstance(a, dict) and "param" in a]
+    g.add_node(
+        name, op=op, args=args, shapes=[shape], dtypes=["float32"], module=module,
+        fwd_flops=ff, bwd_flops=bf, fwd_bytes=fb, bwd_bytes=bb, requires_grad=grad,
+        saved=list(saved), order=len(g), params=params,
+    )  # fmt: skip
+    for a in args:
+        if isinstance(a, dict) and "node" in a:
+            g.add_edge(a["node"], name)
+
+
+def _block(nodes, params, input_bytes=256, modules=("mlp",)):
+    return Block(
+        index=0, name="b0", modules=list(modules), cls="c", label="c", nodes=list(nodes),
+        params=0, param_names=list(params), fwd_flops=0, bwd_flops=0, fwd_bytes=0,
+        bwd_bytes=0, saved_bytes=0, saved_selective_bytes=0, input_bytes=input_bytes,
+        output_bytes=0, boundary_bytes=0, transient_bytes=0,
+    )  # fmt: skip
+
+
+LINEAR = "aten.linear.default"
+MLP_PARAMS = {"fc1.weight": [16, 8], "fc1.bias": [16], "fc2.weight": [8, 16], "fc2.bias": [8]}
+
+
+def mlp_graph(tp_modules=("fc1", "fc2")):
+    """x [2, 4, 8] -> fc1 (16) -> gelu -> fc2 (8) -> + x: fp32, so x is 256 bytes, the hidden
+    512. Rates 1 FLOP/s and 1 B/s: an op's seconds are max(ff, fb) + max(bf, bb)."""
+    g = nx.DiGraph()
+    _node(g, "x", "input", [], [2, 4, 8])
+    x, n = {"node": "x"}, lambda u: {"node": u}
+    _node(g, "fc1", LINEAR, [x, {"param": "fc1.weight"}, {"param": "fc1.bias"}], [2, 4, 16],
+          "fc1", ff=1000, bf=2000, fb=300, bb=500, saved=[("x", 256)])  # fmt: skip
+    _node(g, "act", "aten.gelu.default", [n("fc1")], [2, 4, 16], "act",
+          ff=10, bf=10, fb=1024, bb=1536, saved=[("fc1", 512)])  # fmt: skip
+    _node(g, "fc2", LINEAR, [n("act"), {"param": "fc2.weight"}, {"param": "fc2.bias"}], [2, 4, 8],
+          "fc2", ff=1000, bf=2000, fb=300, bb=500, saved=[("act", 512)])  # fmt: skip
+    _node(g, "out", "aten.add.Tensor", [n("fc2"), x], [2, 4, 8], "", ff=0, bf=0, fb=768, bb=512)
+    g.graph.update(
+        param_shapes=MLP_PARAMS, param_owner={p: p for p in MLP_PARAMS},
+        tp_modules=list(tp_modules), outputs=["out"],
+    )  # fmt: skip
+    return g, _block(["fc1", "act", "fc2", "out"], MLP_PARAMS)
+
+
+def mlp_problem(tp=2, **kw):
+    g, b = mlp_graph(**kw)
+    return build_problem(g, b, tp, flops_per_second=1.0, bytes_per_second=1.0)
+
+
+def pinned(prob, choice):
+    """The problem with op i offering strategy choice[i] alone."""
+    ops = [replace(op, strategies=(op.strategies[k],)) for op, k in zip(prob.ops, choice)]
+    return replace(prob, ops=ops)
+
+
+def every_choice(prob):
+    return itertools.product(*(range(len(op.strategies)) for op in prob.ops))
+
+
+def objective(ev, base, lam):
+    return ev.time_s / base.time_s + lam * ev.memory / base.memory
+
+
+# --------------------------------------------------------------------------- the problem
+
+
+def test_the_mlp_problem_lists_each_ops_strategies_costs_and_saved_tensors():
+    prob = mlp_problem()
+    assert [op.name for op in prob.ops] == ["fc1", "act", "fc2", "out"]
+    fc1, act, fc2, out = prob.ops
+    assert fc1.strategies == (
+        Strategy("R", ("R", "R", "R")),
+        Strategy("S2", ("R", "S0", "S0"), "colwise"),
+        Strategy("P", ("S2", "S1", "R"), "rowwise"),
+        Strategy("S0", ("S0", "R", "R")),
+        Strategy("S1", ("S1", "R", "R")),
+    )
+    assert [s.out for s in act.strategies] == ["R", "S0", "S1", "S2"]
+    assert out.strategies == (
+        Strategy("R", ("R", "R")),
+        Strategy("S0", ("S0", "S0")),
+        Strategy("S1", ("S1", "S1")),
+        Strategy("S2", ("S2", "S2")),
+        Strategy("P", ("P", "P")),
+    )
+    # seconds: max(1000, 300) + max(2000, 500); max(10, 1024) + max(10, 1536)
+    assert (fc1.seconds, act.seconds, out.seconds) == (3000, 2560, 768 + 512)
+    assert (fc1.flops, act.flops, fc1.fwd_bytes) == (3000, 20, 300)
+    assert (fc1.nbytes, act.nbytes, out.nbytes) == (512, 512, 256)
+    assert fc1.saved == (("x", 256),) and not fc1.pinned
+    assert prob.external == {"x": (256, True)}
+    assert prob.outputs == ["out"]
+    assert prob.param_numel == {"fc1.weight": 128, "fc1.bias": 16, "fc2.weight": 128, "fc2.bias": 8}
+    assert prob.param_bytes == {p: 4 * n for p, n in prob.param_numel.items()}
+    assert prob.owned == list(MLP_PARAMS)
+    assert prob.roots == {n: n for n in ("fc1", "act", "fc2", "out")}
+    assert prob.core == frozenset()
+    assert (prob.input_bytes, prob.flops, prob.fwd_bytes) == (256, 6020, 300 + 1024 + 300 + 768)
+    assert prob.block_module == "mlp" and prob.tp == 2
+
+
+def test_rates_divide_flops_and_bytes_separately():
+    g, b = mlp_graph()
+    prob = build_problem(g, b, 2, flops_per_second=10.0, bytes_per_second=4.0)
+    # fc1: max(100, 75) + max(200, 125); act: max(1, 256) + max(1, 384)
+    assert [op.seconds for op in prob.ops[:2]] == [300.0, 640.0]
+
+
+def test_a_module_no_style_can_shard_keeps_its_weight_whole():
+    prob = mlp_problem(tp_modules=("fc2",))
+    assert [s.plan for s in prob.ops[0].strategies] == ["", "", ""]
+    assert [s.plan for s in prob.ops[2].strategies] == ["", "colwise", "rowwise", "", ""]
+
+
+def test_degree_one_offers_the_replicated_strategy_alone():
+    prob = mlp_problem(tp=1)
+    assert all(op.strategies == (op.strategies[0],) for op in prob.ops)
+    # the one choice, at time 9840 s and memory 1280 + 16 x 280 bytes, at each lambda
+    assert sharding_milp(prob, SPB) == [
+        ((0, 0, 0, 0), pytest.approx(9840 + lam * 5760, rel=1e-9)) for lam in LAMBDAS
+    ]
+
+
+# --------------------------------------------------------------------------- by hand
+
+
+def test_megatron_mlp_time_and_memory_by_hand():
+    """fc1 colwise, gelu S2, fc2 rowwise (P), add R: the all-reduce of fc2's 256-byte output
+    (factor 2(t-1)/t = 1 at t = 2) forward; backward the all-reduce of x's partial gradient
+    (fc1 reads x replicated to compute a shard). Compute: the products and gelu on 1/2, the
+    add whole."""
+    prob = mlp_problem()
+    ev = evaluate(prob, (1, 3, 2, 0), SPB)
+    assert ev.feasible
+    assert ev.compute_s == pytest.approx(3000 / 2 + 2560 / 2 + 3000 / 2 + 1280)
+    assert ev.comm_fwd == [("all_reduce", 256)]
+    assert ev.comm_bwd == [("all_reduce", 256)]
+    assert ev.time_s == pytest.approx(ev.compute_s + 2 * 256 * SPB)
+    # saved: x whole (fc1 reads it R), fc1's and act's outputs sharded
+    assert ev.saved_bytes == 256 + 512 / 2 + 512 / 2
+    assert ev.saved_selective_bytes == ev.saved_bytes
+    assert ev.sharded_params == ["fc1.bias", "fc1.weight", "fc2.weight"]
+    assert ev.partial_params == []
+    # fc2.bias replicated: 32 bytes; the rest halved
+    assert ev.param_bytes == 512 / 2 + 64 / 2 + 512 / 2 + 32
+    assert ev.memory == ev.saved_bytes + 16 * (128 / 2 + 16 / 2 + 128 / 2 + 8)
+
+
+def test_a_sliced_input_and_a_reduce_scatter_by_hand(monkeypatch):
+    """(Beyond what torch's styles run.) fc1 row-parallel on a slice of x (its gradient
+    all-gathered back, 256 B at (t-1)/t), its partial sums reduce-scattered into gelu's S2
+    (512 B forward, all-gathered back), fc2 row-parallel, all-reduced at the exit (256 B)."""
+    prob = mlp_problem()
+    choice = (2, 3, 2, 0)
+    assert not evaluate(prob, choice, SPB).feasible  # the runtime slices nothing
+    monkeypatch.setattr(sharding, "RUNTIME_REALIZABLE", False)
+    ev = evaluate(prob, choice, SPB)
+    assert ev.comm_fwd == [("reduce_scatter", 512), ("all_reduce", 256)]
+    assert ev.comm_bwd == [("all_gather", 256), ("all_gather", 512)]
+    comm = 512 * 0.5 + 256 * 1.0 + 256 * 0.5 + 512 * 0.5
+    assert ev.time_s == pytest.approx((3000 + 2560 + 3000) / 2 + 1280 + comm * SPB)
+    assert ev.saved_bytes == (256 + 512 + 512) / 2
+    assert ev.sharded_params == ["fc1.weight", "fc2.weight"] and ev.partial_params == []
+    assert ev.memory == 640 + 16 * (128 / 2 + 16 + 128 / 2 + 8)
+
+
+def test_partial_sums_into_a_replicated_input_are_infeasible():
+    prob = mlp_problem()
+    # fc2 rowwise (P) into an add that wants P of x too: x arrives R, no collective makes P
+    assert not evaluate(prob, (1, 3, 2, 4), SPB).feasible
+    # fc1 batch-split output read whole by gelu: a gather downstream of no column-parallel op
+    assert not evaluate(prob, (3, 0, 0, 0), SPB).feasible
+    # gelu S2 from a colwise fc1 left to the exit: gathered midway, not at the module
+    assert not evaluate(prob, (1, 3, 0, 3), SPB).feasible
+
+
+def test_the_replicated_block_costs_its_compute_and_whole_states():
+    prob = mlp_problem()
+    ev = evaluate(prob, (0, 0, 0, 0), SPB)
+    assert ev.time_s == 3000 + 2560 + 3000 + 1280 and ev.comm_fwd == ev.comm_bwd == []
+    assert ev.memory == 256 + 512 + 512 + 16 * 280 == model_state_bytes(prob) + 1280
+    assert ev.param_bytes == 4 * 280 and ev.sharded_params == []
+
+
+def test_model_state_bytes_halves_only_the_sharded_parameters():
+    prob = mlp_problem(tp=4)
+    assert model_state_bytes(prob) == 16 * 280
+    assert model_state_bytes(prob, ["fc1.weight", "fc2.bias"]) == 16 * (128 / 4 + 16 + 128 + 8 / 4)
+    prob.owned = ["fc1.weight"]
+    assert model_state_bytes(prob) == 16 * 128
+
+
+# --------------------------------------------------------------------------- the ILP
+
+
+@pytest.mark.parametrize("realizable,n_feasible", [(True, 5), (False, 12)])
+def test_every_pinned_combination_solves_to_its_evaluation(monkeypatch, realizable, n_feasible):
+    """Each op pinned to one strategy: the ILP's objective is evaluate's time over T0 plus
+    lambda times its memory over M0, and the ILP refuses exactly the infeasible ones. Torch's
+    styles run 5 of the 500 (x and the output whole, partial sums only into the add's P from
+    both sides, which x cannot give); every reshard allowed, 12."""
+    monkeypatch.setattr(sharding, "RUNTIME_REALIZABLE", realizable)
+    prob = mlp_problem()
+    base = evaluate(prob, (0,) * 4, SPB)
+    lam = 0.3
+    feasible = 0
+    for choice in every_choice(prob):
+        ev = evaluate(prob, choice, SPB)
+        solved = sharding_milp(
+            pinned(prob, choice), SPB, (lam,), time_scale=base.time_s, memory_scale=base.memory
+        )
+        if not ev.feasible:
+            assert solved == [], choice
+            continue
+        feasible += 1
+        assert solved == [((0, 0, 0, 0), pytest.approx(objective(ev, base, lam), rel=1e-7))]
+    assert feasible == n_feasible
+
+
+@pytest.mark.parametrize("tp,realizable", [(2, True), (4, True), (2, False), (4, False)])
+def test_the_ilp_optimum_is_the_brute_force_minimum_at_each_lambda(monkeypatch, tp, realizable):
+    monkeypatch.setattr(sharding, "RUNTIME_REALIZABLE", realizable)
+    prob = mlp_problem(tp)
+    base = evaluate(prob, (0,) * 4, SPB)
+    evs = [(c, evaluate(prob, c, SPB)) for c in every_choice(prob)]
+    evs = [(c, ev) for c, ev in evs if ev.feasible]
+    solved = sharding_milp(prob, SPB, time_scale=base.time_s, memory_scale=base.memory)
+    assert len(solved) == len(LAMBDAS)
+    for lam, (choice, value) in zip(LAMBDAS, solved):
+        best = min(objective(ev, base, lam) for _, ev in evs)
+        assert value == pytest.approx(best, rel=1e-7)
+        assert objective(evaluate(prob, choice, SPB), base, lam) == pytest.approx(best, rel=1e-7)
+    # the memory-light end is Megatron's pairing
+    outs = [op.strategies[k].out for op, k in zip(prob.ops, solved[-1][0])]
+    assert outs == ["S2", "S2", "P", "R"]
+
+
+def test_cheap_collectives_make_megatron_the_fastest():
+    prob = mlp_problem()
+    spb = 1e-6
+    base = evaluate(prob, (0,) * 4, spb)
+    (choice, value), *_ = sharding_milp(prob, spb, (1e-4,), base.time_s, base.memory)
+    assert choice == (1, 3, 2, 0)
+    ev = evaluate(prob, choice, spb)
+    assert value == pytest.approx(objective(ev, base, 1e-4), rel=1e-9)
+
+
+def test_scales_default_to_one():
+    prob = mlp_problem()
+    (choice, value), *_ = sharding_milp(prob, 1e-6, (1e-4,))
+    ev = evaluate(prob, choice, 1e-6)
+    assert value == pytest.approx(ev.time_s + 1e-4 * ev.memory, rel=1e-9)
+
+
+# --------------------------------------------------------------------------- collectives
+
+
+@pytest.mark.parametrize(
+    "src,dst,moves",
+    [
+        ("R", "R", (None, None)),
+        ("S1", "S1", (None, None)),
+        ("P", "P", (None, None)),
+        ("R", "P", None),
+        ("S0", "P", None),
+        ("R", "S0", None),  # slicing a replicated tensor: the sequence-parallel family only
+        ("S0", "S1", None),
+        ("P", "S0", None),
+        ("P", "R", ("all_reduce", None)),
+        ("S2", "R", ("all_gather", None)),
+        ("S0/3", "R", ("all_gather", None)),
+    ],
+)
+def test_reshard_table(src, dst, moves):
+    assert reshard(src, dst) == moves
+
+
+def test_reshard_rules_beyond_the_runtime(monkeypatch):
+    monkeypatch.setattr(sharding, "RUNTIME_REALIZABLE", False)
+    assert reshard("R", "S0") == (None, "all_gather")
+    assert reshard("P", "S1") == ("reduce_scatter", "all_gather")
+    assert reshard("S0", "S1") == ("all_to_all", "all_to_all")
+    assert reshard("P", "R") == ("all_reduce", None)
+    assert reshard("S0", "R") == ("all_gather", None)
+    assert reshard("R", "P") is None
+
+
+@pytest.mark.parametrize("t,ar,ag", [(2, 1.0, 0.5), (4, 1.5, 0.75), (8, 1.75, 0.875)])
+def test_ring_factors(t, ar, ag):
+    assert sharding._ring("all_reduce", t) == ar
+    assert sharding._ring("all_gather", t) == ag
+    assert sharding._ring("reduce_scatter", t) == ag
+    assert sharding._ring("all_to_all", t) == ag
+
+
+def test_gathers_midway_only_for_a_shard_no_column_parallel_module_made():
+    col = Strategy("S2", ("R", "S0"), "colwise")
+    blocks = Strategy("S2/3", ("R", "S0/3"), "colwise_dtensor:3")
+    plain = Strategy("S2", ("S2",))
+    assert not sharding.gathers_midway(col, "S2", "R")
+    assert not sharding.gathers_midway(blocks, "S2/3", "R")
+    assert not sharding.gathers_midway(Strategy("S2", ("R", "S1"), "colwise_in_out"), "S2", "R")
+    assert sharding.gathers_midway(plain, "S2", "R")
+    assert sharding.gathers_midway(Strategy("S2", ("R", "S1"), "rowwise"), "S2", "R")
+    assert not sharding.gathers_midway(plain, "S2", "S2")  # no move
+    assert not sharding.gathers_midway(plain, "P", "R")  # not a shard
+    assert not sharding.gathers_midway(None, "S2", "R")  # a block input
+
+
+# --------------------------------------------------------------------------- shares
+
+
+def test_op_share():
+    assert op_share("linear", "S1", True, 4) == 0.25
+    assert op_share("gelu", "S0", False, 4) == 0.25
+    assert op_share("linear", "P", True, 4) == 0.25
+    assert op_share("add", "P", False, 4) == 1.0
+    assert op_share("add", "R", True, 4) == 1.0
+    # the vocabulary-parallel lookup: 2 x 100 output bytes moved whole, a 10 x 5 fp32
+    # gradient (200 bytes) in quarters
+    assert op_share("embedding", "P", False, 4, (10, 5), 100) == (200 + 50) / (200 + 200)
+    assert op_share("embedding", "P", False, 4, None, 100) == 1.0
+    assert op_share("embedding", "R", False, 4, (10, 5), 100) == 1.0
+
+
+def test_node_share_reads_the_table_and_output_of_a_lookup():
+    g = nx.DiGraph()
+    _node(g, "idx", "input", [], [2, 3], grad=False)
+    _node(g, "emb", "aten.embedding.default", [{"param": "wte.weight"}, {"node": "idx"}],
+          [2, 3, 5], "wte")  # fmt: skip
+    g.graph.update(param_shapes={"wte.weight": [10, 5]}, param_owner={})
+    # output 2*3*5 fp32 = 120 bytes, table 10 x 5 fp32 = 200 bytes
+    assert sharding.node_share(g, "emb", "P", 2) == (240 + 100) / (240 + 200)
+    assert sharding.node_share(g, "emb", "S2", 2) == 0.5
+    assert sharding.node_share(g, "emb", "R", 2) == 1.0
+    g.nodes["emb"]["fwd_flops"] = 5
+    assert sharding.node_share(g, "emb", "P", 2) == 0.5  # a product's partial sums
+
+
+def test_partial_grads_are_the_replicated_differentiable_operands_of_a_shard():
+    prob = mlp_problem()
+    fc1, _, _, out = prob.ops
+    assert sharding._partial_grads(fc1, fc1.strategies[1]) == [0]  # x, R, for S2 out
+    assert sharding._partial_grads(fc1, fc1.strategies[3]) == [1, 2]  # weight and bias
+    assert sharding._partial_grads(fc1, fc1.strategies[2]) == []  # P out
+    assert sharding._partial_grads(fc1, fc1.strategies[0]) == []
+    no_grad = replace(fc1, operands=(replace(fc1.operands[0], grad=False), *fc1.operands[1:]))
+    assert sharding._partial_grads(no_grad, fc1.strategies[1]) == []
+    assert sharding._partial_grads(out, out.strategies[1]) == []
