@@ -22,11 +22,11 @@ reports/mutation/<module>.json; docs/mutation.md holds the table.
 
 ``--only PATTERN ...`` runs a group of the module's functions (a module of thousands of
 mutants, one group at a time): a pattern is a function name (``evaluate``), a method
-(``_MilpTerms.coll``) or a glob over mutmut's names in the module (``x__op_terms__mutmut_*``;
-mutmut matches its names with fnmatch). Its mutants not run stay "not checked", never
-killed; the report keeps, beside the totals, each function's counts, and a later ``--only``
-run replaces the functions it runs and keeps the rest from the report before it (the same
-tests), so that the groups add up to the module.
+(``_MilpTerms.coll``), either a glob (``_op*``, ``_MilpTerms.*``), or a glob over mutmut's
+own names in the module (``x__op_terms__mutmut_1*``); mutmut matches names with fnmatch.
+Its mutants not run stay "not checked", never killed; the report keeps, beside the totals,
+each function's counts, and a later ``--only`` run replaces the functions it runs and keeps
+the rest from the report before it (the same tests), so that the groups add up to the module.
 """
 
 from __future__ import annotations
@@ -403,11 +403,12 @@ def statuses(root: Path, module: str) -> dict[str, str]:
 
 def only_globs(module: str, patterns: list[str]) -> list[str]:
     """mutmut's mutant-name globs for ``--only``: a function ``f`` is ``x_f__mutmut_*``, a
-    method ``C.f`` is ``xǁCǁf__mutmut_*``, anything else a glob within the module."""
+    method ``C.f`` is ``xǁCǁf__mutmut_*`` (either may be a glob: ``_op*``, ``_MilpTerms.*``),
+    a pattern already in mutmut's form (``x_...``, ``xǁ...``) a glob within the module."""
     dotted = module[:-3].replace("/", ".")
     found = []
     for p in patterns:
-        if any(c in p for c in "*?[") or p.startswith(("x_", "xǁ")):
+        if p.startswith(("x_", "xǁ")):
             found.append(f"{dotted}.{p}")
         elif "." in p:
             cls, _, name = p.partition(".")
