@@ -17,6 +17,7 @@ import pytest
 from planner.cost import sharding
 from planner.cost.sharding import (
     LAMBDAS,
+    Operand,
     Strategy,
     build_problem,
     evaluate,
@@ -24,6 +25,7 @@ from planner.cost.sharding import (
     op_share,
     reshard,
     sharding_milp,
+    strategies_for,
 )
 from planner.trace.blocks import Block
 
@@ -380,3 +382,483 @@ def test_partial_grads_are_the_replicated_differentiable_operands_of_a_shard():
     no_grad = replace(fc1, operands=(replace(fc1.operands[0], grad=False), *fc1.operands[1:]))
     assert sharding._partial_grads(no_grad, fc1.strategies[1]) == []
     assert sharding._partial_grads(out, out.strategies[1]) == []
+
+
+# --------------------------------------------------------------------------- strategies
+
+
+def node(name, shape, grad=True):
+    return Operand("node", name, tuple(shape), grad)
+
+
+def param(name, shape):
+    return Operand("param", name, tuple(shape), True)
+
+
+BUF = Operand("buffer", "mask", None, False)
+
+
+def strategies(op, shape, operands, t=2, args=None, factors=frozenset()):
+    if args is None:
+        args = [{"node": o.name} if o.kind == "node" else {o.kind: o.name} for o in operands]
+    attrs = {"shapes": [list(shape)], "args": args}
+    return [
+        (s.out, s.req, s.plan) for s in strategies_for(op, attrs, operands, t, frozenset(factors))
+    ]
+
+
+R_ = ("R", "", "")
+
+
+def test_a_linear_offers_colwise_rowwise_and_its_leading_dims():
+    x, w, b = node("x", (4, 6, 8)), param("w", (6, 8)), param("b", (6,))
+    assert strategies(LINEAR, (4, 6, 6), [x, w, b], t=2) == [
+        ("R", ("R", "R", "R"), ""),
+        ("S2", ("R", "S0", "S0"), "colwise"),
+        ("P", ("S2", "S1", "R"), "rowwise"),
+        ("S0", ("S0", "R", "R"), ""),
+        ("S1", ("S1", "R", "R"), ""),
+    ]
+    # t = 3: only the out features (6) and the sequence (6) divide
+    assert strategies(LINEAR, (4, 6, 6), [x, w, b], t=3) == [
+        ("R", ("R", "R", "R"), ""),
+        ("S2", ("R", "S0", "S0"), "colwise"),
+        ("S1", ("S1", "R", "R"), ""),
+    ]
+    # out features 6 as 3 blocks of 2, each split 2 ways; and by 2 blocks of 3: 3 % 2 != 0
+    assert strategies(LINEAR, (4, 6, 6), [x, w, b], t=2, factors={2, 3})[2] == (
+        "S2/3",
+        ("R", "S0/3", "S0/3"),
+        "colwise_dtensor:3",
+    )
+    assert len(strategies(LINEAR, (4, 6, 6), [x, w, b], t=2, factors={2, 3})) == 6
+    assert strategies(LINEAR, (4, 6, 6), [x, w, b], t=1) == [("R", ("R", "R", "R"), "")]
+    # a 1-D or shapeless weight: nothing but replicated
+    assert strategies(LINEAR, (4, 6, 6), [x, param("w", (6,))], t=2) == [("R", ("R", "R"), "")]
+    assert strategies(LINEAR, (4, 6, 6), [x, Operand("param", "w", None, True)]) == [
+        ("R", ("R", "R"), "")
+    ]
+    # a weight that is an activation: a product, not a linear
+    assert strategies(LINEAR, (4, 6, 6), [x, node("w", (6, 8))]) == [("R", ("R", "R"), "")]
+
+
+def test_a_weight_stored_in_out_splits_its_other_dim():
+    x, w, b = node("x", (4, 8)), param("w", (8, 6)), param("b", (6,))
+    assert strategies("aten.mm.default", (4, 6), [x, w]) == [
+        ("R", ("R", "R"), ""),
+        ("S1", ("R", "S1"), "colwise_in_out"),
+        ("P", ("S1", "S0"), "rowwise_in_out"),
+        ("S0", ("S0", "R"), ""),
+    ]
+    assert strategies("aten.addmm.default", (4, 6), [b, x, w], factors={3}) == [
+        ("R", ("R", "R", "R"), ""),
+        ("S1", ("S0", "R", "S1"), "colwise_in_out"),
+        ("S1/3", ("S0/3", "R", "S1/3"), "colwise_dtensor_in_out:3"),
+        ("P", ("R", "S1", "S0"), "rowwise_in_out"),
+        ("S0", ("R", "S0", "R"), ""),
+    ]
+    # addmm's bias must be the weight's out-sized 1-D parameter
+    assert strategies("aten.addmm.default", (4, 6), [param("b", (8,)), x, w]) == [
+        R_[:1] + (("R", "R", "R"), "")
+    ]
+    assert not sharding._weight_in_out("mm", [x, node("w", (8, 6))])
+    assert not sharding._weight_in_out("mm", [x, param("w", (8, 6, 1))])
+    assert not sharding._weight_in_out("mm", [x, Operand("param", "w", None, True)])
+    assert not sharding._weight_in_out("addmm", [x, w])
+    assert not sharding._weight_in_out("addmm", [node("b", (6,)), x, w])
+    assert not sharding._weight_in_out("mm", [param("v", (4, 8)), w])
+    assert sharding._weight_in_out("addmm", [b, x, w])
+
+
+def test_a_transposed_weight_is_pinned_to_its_product():
+    w = param("w", (6, 4))
+    assert strategies("aten.t.default", (4, 6), [w]) == [
+        ("R", ("R",), ""),
+        ("S1", ("S0",), "colwise"),
+        ("S0", ("S1",), "rowwise"),
+    ]
+    assert strategies("aten.t.default", (4, 3), [param("w", (3, 4))]) == [
+        ("R", ("R",), ""),
+        ("S0", ("S1",), "rowwise"),
+    ]
+    assert strategies("aten.transpose.int", (4, 3), [param("w", (3, 4))], t=3)[1][2] == "colwise"
+    assert not sharding._is_transposed_weight("t", [param("w", (3,))])
+    assert not sharding._is_transposed_weight("t", [node("w", (3, 4))])
+    assert not sharding._is_transposed_weight("t", [])
+    assert not sharding._is_transposed_weight("view", [param("w", (3, 4))])
+
+
+def test_an_embedding_splits_its_hidden_its_vocabulary_or_the_indices():
+    w, idx = param("wte", (10, 6)), node("idx", (4, 3), grad=False)
+    assert strategies("aten.embedding.default", (4, 3, 6), [w, idx]) == [
+        ("R", ("R", "R"), ""),
+        ("S2", ("S1", "R"), "colwise"),
+        ("P", ("S0", "R"), "rowwise"),
+        ("S0", ("R", "S0"), ""),
+    ]
+    assert strategies("aten.embedding.default", (4, 3, 6), [w, idx], t=3) == [
+        ("R", ("R", "R"), ""),
+        ("S2", ("S1", "R"), "colwise"),
+        ("S1", ("R", "S1"), ""),
+    ]
+    assert strategies("aten.embedding.default", (4, 3, 6), [param("wte", (10,)), idx]) == [
+        ("R", ("R", "R"), "")
+    ]
+
+
+def test_a_product_of_activations():
+    a, b = node("a", (2, 4, 6, 8)), node("b", (2, 4, 8, 10))
+    assert strategies("aten.matmul.default", (2, 4, 6, 10), [a, b]) == [
+        ("R", ("R", "R"), ""),
+        ("S0", ("S0", "S0"), ""),
+        ("S1", ("S1", "S1"), ""),
+        ("S2", ("S2", "R"), ""),
+        ("S3", ("R", "S3"), ""),
+        ("P", ("S3", "S2"), ""),
+    ]
+    # b broadcast over the batch: only a splits it; t = 3 divides 6 only (m)
+    b3 = node("b", (8, 10))
+    assert strategies("aten.matmul.default", (2, 4, 6, 10), [a, b3]) == [
+        ("R", ("R", "R"), ""),
+        ("S0", ("S0", "R"), ""),
+        ("S1", ("S1", "R"), ""),
+        ("S2", ("S2", "R"), ""),
+        ("S3", ("R", "S1"), ""),
+        ("P", ("S3", "S0"), ""),
+    ]
+    assert strategies("aten.bmm.default", (2, 4, 6, 10), [a, b], t=3) == [
+        ("R", ("R", "R"), ""),
+        ("S2", ("S2", "R"), ""),
+    ]
+    assert strategies("aten.matmul.default", (6,), [node("a", (6, 8)), node("b", (8,))]) == [
+        ("R", ("R", "R"), "")
+    ]
+
+
+def test_attention_splits_batch_or_heads_and_its_mask_by_broadcast():
+    q = node("q", (2, 4, 6, 8))
+    k, v = node("k", (2, 4, 5, 8)), node("v", (2, 4, 5, 8))
+    sdpa = "aten.scaled_dot_product_attention.default"
+    assert strategies(sdpa, (2, 4, 6, 8), [q, k, v]) == [
+        ("R", ("R", "R", "R"), ""),
+        ("S0", ("S0", "S0", "S0"), ""),
+        ("S1", ("S1", "S1", "S1"), ""),
+    ]
+    mask = node("m", (1, 4, 6, 5))  # batch broadcast, heads full
+    assert strategies(sdpa, (2, 4, 6, 8), [q, k, v, mask, BUF]) == [
+        ("R", ("R", "R", "R", "R", None), ""),
+        ("S0", ("S0", "S0", "S0", "R", None), ""),
+        ("S1", ("S1", "S1", "S1", "S1", None), ""),
+    ]
+    short = node("m", (6, 5))  # [s_q, s_kv]: broadcast over batch and heads
+    assert strategies(sdpa, (2, 4, 6, 8), [q, k, v, short])[1:] == [
+        ("S0", ("S0", "S0", "S0", "R"), ""),
+        ("S1", ("S1", "S1", "S1", "R"), ""),
+    ]
+    odd = node("m", (2, 3, 6, 5))  # 3 heads in the mask against 4: no head split
+    assert strategies(sdpa, (2, 4, 6, 8), [q, k, v, odd])[1:] == [
+        ("S0", ("S0", "S0", "S0", "S0"), "")
+    ]
+    assert strategies(sdpa, (2, 4, 6, 8), [q, k, v], t=4) == [
+        ("R", ("R", "R", "R"), ""),
+        ("S1", ("S1", "S1", "S1"), ""),
+    ]
+    assert strategies(sdpa, (2, 6, 8), [node("q", (2, 6, 8)), k, v]) == [("R", ("R", "R", "R"), "")]
+
+
+def test_elementwise_ops_split_alike_and_pass_partial_sums_where_linear():
+    x, y = node("x", (4, 6)), node("y", (4, 6))
+    add = "aten.add.Tensor"
+    assert strategies(add, (4, 6), [x, y]) == [
+        ("R", ("R", "R"), ""),
+        ("S0", ("S0", "S0"), ""),
+        ("S1", ("S1", "S1"), ""),
+        ("P", ("P", "P"), ""),
+    ]
+    # a bias broadcast along dim 0 and a parameter: R there; a [1, 6] row too
+    bias = param("b", (6,))
+    assert strategies(add, (4, 6), [x, bias]) == [
+        ("R", ("R", "R"), ""),
+        ("S0", ("S0", "R"), ""),
+        ("S1", ("S1", "S0"), ""),
+    ]
+    assert strategies("aten.mul.Tensor", (4, 6), [node("s", (4, 1)), x]) == [
+        ("R", ("R", "R"), ""),
+        ("S0", ("S0", "S0"), ""),
+        ("S1", ("R", "S1"), ""),
+    ]
+    # a split of the parameter alone is no split of the op
+    assert strategies(add, (4, 6), [node("c", (1, 6)), bias], t=2) == [
+        ("R", ("R", "R"), ""),
+        ("S1", ("S1", "S0"), ""),
+    ]
+    assert strategies(add, (4, 6), [param("a", (4, 6)), bias])[1:] == []
+    # x * 2.0 and x / 2 pass partial sums, 2 / x does not, nor x * y
+    mul = "aten.mul.Tensor"
+    assert ("P", ("P",), "") in strategies(mul, (4, 6), [x], args=[{"node": "x"}, 2.0, {}])
+    assert ("P", ("P",), "") in strategies(mul, (4, 6), [x], args=[2.0, {"node": "x"}, {}])
+    div = "aten.div.Tensor"
+    assert ("P", ("P",), "") in strategies(div, (4, 6), [x], args=[{"node": "x"}, 2, {}])
+    assert ("P", ("P",), "") not in strategies(div, (4, 6), [x], args=[2, {"node": "x"}, {}])
+    assert ("P", ("P",), "") not in strategies(mul, (4, 6), [x], args=[{"node": "x"}, True, {}])
+    assert ("P", ("P", "P"), "") not in strategies(mul, (4, 6), [x, y])
+    assert ("P", ("P",), "") not in strategies("aten.gelu.default", (4, 6), [x])
+    assert ("P", ("P",), "") in strategies("aten.clone.default", (4, 6), [x])
+    assert ("P", ("P",), "") not in strategies(add, (4, 6), [x], args=[{"node": "x"}, 1.0, {}])
+    assert ("P", ("P", "P"), "") in strategies(
+        add, (4, 6), [x, y], args=[{"node": "x"}, {"node": "y"}, {}]
+    )
+    assert ("P", ("P", None), "") not in strategies(add, (4, 6), [x, BUF])
+    # a cast keeps a block-sharded state
+    assert strategies("aten.clone.default", (4, 6), [x], factors={3})[-1] == ("S1/3", ("S1/3",), "")
+
+
+def test_block_sharded_unary_needs_one_full_size_activation():
+    assert sharding._unary_blocks((4, 6), [node("x", (4, 6))], 2, frozenset({2, 3})) == [
+        Strategy("S0/2", ("S0/2",)),
+        Strategy("S1/3", ("S1/3",)),
+    ]
+    assert sharding._unary_blocks((4, 6), [node("x", (1, 6))], 2, frozenset({3})) == []
+    assert sharding._unary_blocks((4, 6), [param("x", (4, 6))], 2, frozenset({3})) == []
+    two = [node("x", (4, 6)), node("y", (4, 6))]
+    assert sharding._unary_blocks((4, 6), two, 2, frozenset({3})) == []
+
+
+def test_reductions_keep_the_dims_they_do_not_reduce():
+    x = node("x", (4, 6, 8))
+    soft = strategies("aten._softmax.default", (4, 6, 8), [x], args=[{"node": "x"}, -1, False])
+    assert soft == [("R", ("R",), ""), ("S0", ("S0",), ""), ("S1", ("S1",), "")]
+    norm = strategies(
+        "aten.native_layer_norm.default", (4, 6, 8), [x, param("g", (8,))],
+        args=[{"node": "x"}, [8], {"param": "g"}],
+    )  # fmt: skip
+    assert norm == [("R", ("R", "R"), ""), ("S0", ("S0", "R"), ""), ("S1", ("S1", "R"), "")]
+    # a sum over dim 1 without keepdim: dim 2 lands at 1
+    total = strategies("aten.sum.dim_IntList", (4, 8), [x], args=[{"node": "x"}, [1]])
+    assert total == [("R", ("R",), ""), ("S0", ("S0",), ""), ("S1", ("S2",), "")]
+    kept = strategies("aten.mean.dim", (4, 1, 8), [x], args=[{"node": "x"}, -2, True])
+    assert kept == [("R", ("R",), ""), ("S0", ("S0",), ""), ("S2", ("S2",), "")]
+    assert strategies("aten.sum.default", (), [x], args=[{"node": "x"}]) == [("R", ("R",), "")]
+    assert strategies("aten.sum.dim_IntList", (), [x], args=[{"node": "x"}, []]) == [
+        ("R", ("R",), "")
+    ]
+    assert strategies("aten.amax.default", (4, 6), [x], args=[{"node": "x"}, {}]) == [
+        ("R", ("R",), "")
+    ]
+    whole = strategies("aten._softmax.default", (4, 6, 8), [x], args=[{"node": "x"}])
+    assert whole == [(f"S{d}", (f"S{d}",), "") for d in range(3)][:0] + [
+        ("R", ("R",), ""), ("S0", ("S0",), ""), ("S1", ("S1",), ""), ("S2", ("S2",), "")
+    ]  # fmt: skip
+    assert strategies("aten.rms_norm.default", (4, 6, 8), [x], args=[{"node": "x"}, None])[-1] == (
+        "S2",
+        ("S2",),
+        "",
+    )
+
+
+def test_cat_splits_any_other_dim_and_passes_partial_sums():
+    a, b = node("a", (4, 2)), node("b", (4, 4))
+    cat = "aten.cat.default"
+    assert strategies(cat, (4, 6), [a, b], args=[[{"node": "a"}, {"node": "b"}], 1, {}]) == [
+        ("R", ("R", "R"), ""),
+        ("P", ("P", "P"), ""),
+        ("S0", ("S0", "S0"), ""),
+    ]
+    # no dim argument: dim 0 (args[1] is read only when a third entry exists)
+    out = strategies(cat, (8, 6), [node("a", (4, 6)), node("b", (4, 6))], args=[[], -1])
+    assert out == [("R", ("R", "R"), ""), ("P", ("P", "P"), ""), ("S1", ("S1", "S1"), "")]
+    assert strategies(cat, (6,), [node("a", (2,)), node("b", (4, 1))], args=[[], 0, {}]) == [
+        ("R", ("R", "R"), ""),
+        ("P", ("P", "P"), ""),
+    ]
+
+
+def test_norm_dim():
+    assert sharding._norm_dim(-1, 3) == 2
+    assert sharding._norm_dim(1, 3) == 1
+    assert sharding._norm_dim(1.0, 3) == 1
+    assert sharding._norm_dim("x", 3) == 0
+    assert sharding._norm_dim(-3, 3) == 0
+
+
+def test_views_move_the_split_dim():
+    x = node("x", (4, 6, 8))
+    view = strategies("aten.view.default", (4, 6, 2, 4), [x], args=[{"node": "x"}, [4, 6, 2, 4]])
+    assert view == [
+        ("R", ("R",), ""), ("P", ("P",), ""), ("S0", ("S0",), ""), ("S1", ("S1",), ""),
+        ("S2", ("S2",), ""),
+    ]  # fmt: skip
+    tr = strategies("aten.transpose.int", (4, 8, 6), [x], args=[{"node": "x"}, 1, -1])
+    assert tr == [("R", ("R",), ""), ("P", ("P",), ""), ("S0", ("S0",), ""),
+                  ("S2", ("S1",), ""), ("S1", ("S2",), "")]  # fmt: skip
+    perm = strategies("aten.permute.default", (8, 4, 6), [x], args=[{"node": "x"}, [2, 0, 1]])
+    assert perm[2:] == [("S1", ("S0",), ""), ("S2", ("S1",), ""), ("S0", ("S2",), "")]
+    sel = strategies("aten.select.int", (4, 8), [x], args=[{"node": "x"}, 1, 0])
+    assert sel[2:] == [("S0", ("S0",), ""), ("S1", ("S2",), "")]
+    sl = strategies("aten.slice.Tensor", (4, 2, 8), [x], args=[{"node": "x"}, 1, 0, 2])
+    assert sl[2:] == [("S0", ("S0",), ""), ("S2", ("S2",), "")]
+    ub = strategies("aten.unbind.int", (6, 8), [x], args=[{"node": "x"}])
+    assert ub[2:] == [("S0", ("S1",), ""), ("S1", ("S2",), "")]
+    al = strategies("aten.alias.default", (4, 6, 8), [x], args=[{"node": "x"}])
+    assert al == [
+        ("R", ("R",), ""),
+        ("S0", ("S0",), ""),
+        ("S1", ("S1",), ""),
+        ("S2", ("S2",), ""),
+        ("P", ("P",), ""),
+    ]  # fmt: skip  (an elementwise copy)
+    assert sharding._map_view_dim("getitem", (4, 6, 8), (4, 6, 8), 2, [], 2) == 2
+    assert sharding._map_view_dim("getitem", (4, 6, 8), (4, 6, 3), 2, [], 2) is None
+    assert sharding._map_view_dim("detach", (4, 6, 8), (4, 6), 2, [], 2) is None
+    assert sharding._map_view_dim("t", (4, 6), (6, 4), 0, [], 2) == 1
+    assert sharding._map_view_dim("t", (4, 6), (6, 4), 1, [], 2) == 0
+    assert sharding._map_view_dim("transpose", (4, 6, 8), (4, 8, 6), 0, [{}, 1, 2], 2) == 0
+    assert sharding._map_view_dim("permute", (4, 6), (6, 4), 1, [{}, [1]], 2) == 0
+    assert sharding._map_view_dim("permute", (4, 6), (6, 4), 0, [{}, [1]], 2) is None
+    assert sharding._map_view_dim("narrow", (4, 6), (4, 2), 0, [{}, 1, 0, 2], 2) == 0
+    assert sharding._map_view_dim("select", (4, 6, 8), (4, 8), 0, [{}, 1, 0], 2) == 0
+    assert sharding._map_view_dim("as_strided", (4, 6), (4, 6), 0, [], 2) is None
+    ex = strategies("aten.expand.default", (3, 4, 6, 8), [x], args=[{"node": "x"}, [3, 4, 6, 8]])
+    assert ex[2:] == [("S1", ("S0",), ""), ("S2", ("S1",), ""), ("S3", ("S2",), "")]
+    # an expand of a size-1 dim hands R on split (the broadcast rule)
+    one = node("x", (4, 1, 8))
+    ex1 = strategies("aten.expand.default", (4, 6, 8), [one], args=[{"node": "x"}, [4, 6, 8]])
+    assert ex1[2:] == [("S0", ("S0",), ""), ("S2", ("S2",), ""), ("S1", ("R",), "")]
+    lead = strategies("aten.expand.default", (2, 4, 6, 8), [x], args=[{"node": "x"}, []])
+    assert ("S0", ("R",), "") in lead
+    assert strategies("aten.view.default", (2,), [Operand("node", "x", None, True)]) == [
+        ("R", ("R",), "")
+    ]
+    assert strategies("aten.view.default", (8,), [param("w", (2, 4))]) == [("R", ("R",), "")]
+
+
+def test_reshape_dim_maps_a_groups_leading_dim():
+    assert sharding.reshape_dim((4, 6, 8), (24, 8), 0, 2) == 0
+    assert sharding.reshape_dim((4, 6, 8), (24, 8), 1, 2) is None  # an inner dim
+    assert sharding.reshape_dim((4, 6, 8), (4, 48), 2, 2) is None
+    assert sharding.reshape_dim((4, 6, 8), (4, 6, 2, 4), 2, 2) == 2
+    assert sharding.reshape_dim((4, 6, 8), (4, 6, 2, 4), 2, 4) is None  # 2 % 4
+    assert sharding.reshape_dim((1, 6, 8), (6, 8), 1, 2) == 0
+    assert sharding.reshape_dim((4, 6), (4, 1, 6), 1, 2) == 2
+    assert sharding.reshape_dim((4, 6), (5, 6), 0, 2) is None
+    assert sharding._reshape_group((4, 6, 8), (24, 8), 2) == ([2], [1])
+    assert sharding._reshape_group((4, 6, 8), (2, 12, 8), 1) == ([0, 1], [0, 1])
+    assert sharding._reshape_group((4, 6), (5, 6), 0) is None
+    assert sharding._reshape_group((4, 6), (4, 6), 5) is None
+
+
+def test_sections_and_split_dims():
+    assert sharding._sections("split", 10, [{"node": "x"}, 4]) == [(0, 4), (4, 4), (8, 2)]
+    assert sharding._sections("split", 10, [{"node": "x"}, 4, -1, {}]) == [(0, 4), (4, 4), (8, 2)]
+    assert sharding._sections("split_with_sizes", 10, [{"node": "x"}, [2, 8]]) == [(0, 2), (2, 8)]
+    assert sharding._sections("chunk", 10, [{"node": "x"}, 3]) == [(0, 4), (4, 4), (8, 2)]
+    assert sharding._sections("chunk", 9, [{"node": "x"}, 3]) == [(0, 3), (3, 3), (6, 3)]
+    assert sharding._sections("split", 10, [{"node": "x"}, 0]) is None
+    assert sharding._sections("split", 10, [{"node": "x"}]) is None
+    assert sharding._sections("split", 10, [{"node": "x"}, 2.0]) is None
+    assert sharding._sections("chunk", 10, [{"node": "x"}, 0]) is None
+    assert sharding._sections("split_with_sizes", 10, [{"node": "x"}, 5]) is None
+    assert sharding._sections("slice", 10, [{"node": "x"}, 5]) is None
+    assert sharding._split_dim("split", [{"node": "x"}, 4, -1], 3) == 2
+    assert sharding._split_dim("chunk", [{"node": "x"}, 4], 3) == 0
+    assert sharding._split_dim("chunk", [{"node": "x"}, 4, {"dim": 1}], 3) == 0
+    assert sharding._split_dim("select", [{"node": "x"}, -1, 0], 3) == 2
+    assert sharding._split_dim("unbind", [{"node": "x"}], 3) == 0
+    assert sharding._positional([1, 2, {}]) == [1, 2]
+    assert sharding._positional([1, 2]) == [1, 2]
+    assert sharding._positional([]) == []
+
+
+def test_block_factors_are_the_equal_splits():
+    x = {"node": "x"}
+    assert sharding.block_factors(
+        [
+            ("aten.split.Tensor", (4, 24), [x, 8, -1]),  # 3 equal blocks
+            ("aten.chunk.default", (4, 10), [x, 2, 1]),  # 2 equal blocks
+            ("aten.split.Tensor", (4, 10), [x, 4, 1]),  # 4, 4, 2: unequal
+            ("aten.split_with_sizes.default", (6, 4), [x, [6]]),  # one part
+            ("aten.view.default", (4, 24), [x, [96]]),
+            ("aten.chunk.default", None, [x, 2]),
+        ]
+    ) == frozenset({2, 3})
+    assert sharding.block_factors([]) == frozenset()
+    assert sharding.block_factors([("aten.split.Tensor", (5, 4), [x, 5])]) == frozenset()
+
+
+def test_block_sharded_views():
+    qkv = node("qkv", (2, 4, 12))
+    x = {"node": "qkv"}
+    # split into the 3 blocks: each block's S2
+    assert strategies("aten.split.Tensor", (2, 4, 4), [qkv], args=[x, 4, -1], factors={3})[-1] == (
+        "S2",
+        ("S2/3",),
+        "",
+    )
+    # split into blocks of 6 (2 parts) is not the 3 blocks
+    assert ("S2", ("S2/3",), "") not in strategies(
+        "aten.split.Tensor", (2, 4, 6), [qkv], args=[x, 6, -1], factors={3}
+    )
+    # a reshape into (3, 4): the inner dim sharded; into (12,): the blocks kept
+    assert strategies("aten.view.default", (2, 4, 3, 4), [qkv], factors={3})[-1] == (
+        "S3",
+        ("S2/3",),
+        "",
+    )
+    assert sharding._blocks_image("view", (2, 4, 12), (8, 12), 2, 3, [], 2) == "S1/3"
+    assert sharding._blocks_image("view", (2, 4, 12), (2, 48), 2, 3, [], 2) is None
+    assert sharding._blocks_image("view", (2, 4, 12), (2, 4, 2, 6), 2, 3, [], 2) is None
+    assert sharding._blocks_image("view", (2, 4, 12), (2, 4, 3, 3), 2, 3, [], 2) is None
+    assert sharding._blocks_image("view", (2, 4, 12), (2, 4, 3, 4), 2, 3, [], 2) == "S3"
+    assert sharding._blocks_image("view", (2, 4, 12), (5, 4, 12), 2, 3, [], 2) is None
+    assert sharding._blocks_image("transpose", (2, 4, 12), (2, 12, 4), 2, 3, [x, 1, 2], 2) == (
+        "S1/3"
+    )
+    assert sharding._blocks_image("slice", (2, 4, 12), (2, 4, 4), 2, 3, [x, 2, 0, 4], 2) is None
+    assert sharding._blocks_image("slice", (2, 4, 12), (2, 2, 12), 2, 3, [x, 1, 0, 2], 2) == (
+        "S2/3"
+    )
+    assert sharding._view_blocks("view", (2, 48), [Operand("node", "q", None, True)], [], 2,
+                                 frozenset({3})) == []  # fmt: skip
+
+
+def test_complex_like_and_copy_views():
+    x = node("x", (2, 4, 8, 2))
+    # the complex side's last dim (the real side's pairs' dim) is not offered
+    assert strategies("aten.view_as_complex.default", (2, 4, 8), [x]) == [
+        ("R", ("R",), ""), ("S0", ("S0",), ""), ("S1", ("S1",), ""),
+    ]  # fmt: skip
+    c = node("c", (2, 4, 8))
+    assert strategies("aten.view_as_real.default", (2, 4, 8, 2), [c], t=4) == [
+        ("R", ("R",), ""), ("S1", ("S1",), ""), ("S2", ("S2",), ""),
+    ]  # fmt: skip
+    assert sharding._complex_view((2,), [Operand("node", "x", None, True)], 2) == []
+    like = strategies("aten.new_zeros.default", (2, 6), [node("k", (2, 4))])
+    assert like == [("R", ("R",), ""), ("S0", ("S0",), "")]
+    assert strategies("aten.zeros_like.default", (2, 6), [node("k", (2, 6, 1))]) == [
+        ("R", ("R",), "")
+    ]
+    copy = strategies("aten.copy_.default", (2, 4), [node("d", (2, 4)), node("s", (2, 4))])
+    assert copy == [("R", ("R", "R"), ""), ("S0", ("S0", "S0"), ""), ("S1", ("S1", "S1"), "")]
+    assert strategies("aten.copy_.default", (2, 4), [node("d", (2, 4)), node("s", (1, 4))]) == [
+        ("R", ("R", "R"), ""),
+        ("S1", ("S1", "S1"), ""),
+    ]
+
+
+def test_state_helpers():
+    assert sharding._dim("S2") == 2 and sharding._dim("S1/3") == 1
+    assert sharding._dim("R") is None and sharding._dim("P") is None and sharding._dim(None) is None
+    assert sharding._dim("S12") == 12
+    assert sharding._factor("S1/3") == 3 and sharding._factor("S1") == 1
+    assert sharding._factor("R") == 1 and sharding._factor(None) == 1
+    assert sharding._base("aten.linear.default") == "linear" and sharding._base("input") == "input"
+    assert sharding._splittable((4, 6, 0, 3), 2) == [0, 1]
+    assert sharding._nbytes((2, 3), "bfloat16") == 12
+    assert sharding._nbytes((2, 3), "weird") == 24
+    assert sharding._nbytes(None, "float32") == 0
+    assert sharding._by_blocks(12, 3, 2) and not sharding._by_blocks(12, 1, 2)
+    assert not sharding._by_blocks(9, 3, 2)
+    assert sharding._rest([BUF, node("x", (2,))], "S0") == [None, "S0"]
+    assert sharding._has_split([None, "R", "S1/2"]) and not sharding._has_split(["R", "P", None])
+    assert sharding._is_node_ref({"node": "x"}) and not sharding._is_node_ref({"node": "x", "a": 1})
+    assert not sharding._is_node_ref("x")
