@@ -862,3 +862,234 @@ def test_state_helpers():
     assert sharding._has_split([None, "R", "S1/2"]) and not sharding._has_split(["R", "P", None])
     assert sharding._is_node_ref({"node": "x"}) and not sharding._is_node_ref({"node": "x", "a": 1})
     assert not sharding._is_node_ref("x")
+
+
+# --------------------------------------------------------------------------- variants
+
+
+def mlp_variants(tp=2, spb=1e-3, **kw):
+    g, b = mlp_graph()
+    return sharding.tp_variants(g, b, tp, spb, 1.0, 1.0, **kw)
+
+
+def test_the_mlp_variants_are_replicated_megatron_and_its_sequence_parallel_form():
+    """Megatron (fc1 column-, fc2 row-parallel): compute halved but the add, an all-reduce of
+    fc2's output forward and of x's gradient backward. Its sequence-parallel form also runs
+    the add on half the tokens; it reduce-scatters fc2's partial output (256 B), gathers x at
+    fc1 (and reduce-scatters its gradient), and gathers the output at the exit and x's
+    gradient at the entry: six 256-byte collectives at (t-1)/t = 1/2."""
+    rep, tp, sp = mlp_variants()
+    names = [v.name for v in (rep, tp, sp)]
+    assert names == ["tp2-v1", "replicated", "tp2-v1-sp"]
+    meg, whole = rep, tp
+    assert meg.tp_plan == {"fc1": "colwise", "fc2": "rowwise"}
+    assert meg.states == {"fc1": "S2", "act": "S2", "fc2": "P", "out": "R"}
+    assert meg.comm_fwd == (("all_reduce", 256),) and meg.comm_bwd == (("all_reduce", 256),)
+    assert meg.compute_fraction == pytest.approx(3010 / 6020)
+    assert meg.memory_bound_fraction == pytest.approx((150 + 512 + 150 + 768) / 2392)
+    assert meg.param_fraction == pytest.approx(576 / 1120)
+    assert (meg.saved_bytes, meg.saved_selective_bytes, meg.input_bytes) == (768, 768, 256)
+    assert meg.grad_sums == () and meg.tp == 2 and meg.exit_gather == ()
+    assert whole.tp_plan == {} and whole.compute_fraction == 1.0 and whole.param_fraction == 1.0
+    assert whole.states == dict.fromkeys(("fc1", "act", "fc2", "out"), "R")
+    assert (whole.saved_bytes, whole.comm_fwd, whole.comm_bwd) == (1280, (), ())
+    assert sp.tp_plan == {"fc1": "colwise_sp", "fc2": "rowwise_sp", "mlp": "sp_block"}
+    assert sp.states == {"fc1": "S2", "act": "S2", "fc2": "P", "out": "S1"}
+    assert sp.comm_fwd == (("reduce_scatter", 256), ("all_gather", 256), ("all_gather", 256))
+    assert sp.comm_bwd == (("all_gather", 256), ("reduce_scatter", 256), ("all_gather", 256))
+    assert sp.exit_gather == (("all_gather", 256),)
+    assert sp.entry_gather == (("all_gather", 256),)
+    assert sp.compute_fraction == pytest.approx(3010 / 6020)
+    assert sp.memory_bound_fraction == pytest.approx((150 + 512 + 150 + 384) / 2392)
+    assert sp.param_fraction == pytest.approx(576 / 1120)
+    assert (sp.saved_bytes, sp.input_bytes) == (768, 128)
+
+
+def test_templates_price_time_and_memory_by_hand():
+    prob = mlp_problem()
+    tpls = sharding._templates(prob, 1e-3, 3)
+    assert [t.name for t in tpls] == ["tp2-v1", "replicated", "tp2-v1-sp"]
+    meg, rep, sp = tpls
+    assert meg.time_s == pytest.approx(5560 + 2 * 256 * 1e-3)
+    assert meg.memory == 768 + 16 * (64 + 8 + 64 + 8)
+    assert rep.time_s == 9840 and rep.memory == 1280 + 16 * 280
+    assert sp.time_s == pytest.approx(4920 + 6 * 128 * 1e-3)
+    assert sp.memory == 768 + 16 * (64 + 8 + 64 + 8)
+    assert meg.choice == (1, 3, 2, 0) and sp.choice == (1, 3, 2, 0) and rep.choice == (0,) * 4
+    assert meg.plans == ((0, 1, "colwise"), (2, 1, "rowwise"))
+    assert sp.plans == ((0, 1, "colwise_sp"), (2, 1, "rowwise_sp"))
+    assert sp.sequence_parallel and not meg.sequence_parallel and not meg.on_dtensors
+    assert meg.needs[0] == ("R", "S0", "S0") and meg.states == ("S2", "S2", "P", "R")
+    assert sharding._templates(prob, 1e-3, 0) == [rep]
+    assert [t.name for t in sharding._templates(mlp_problem(tp=1), 1e-3, 3)] == ["replicated"]
+
+
+def test_tp_variants_are_memoised_per_block_class_and_rates():
+    memo = {}
+    first = mlp_variants(memo=memo)
+    assert list(memo) == [("c", 2, 1e-3, 1.0, 1.0, 3, False)]
+    g, b = mlp_graph()
+    memo[("c", 2, 1e-3, 1.0, 1.0, 3, False)] = memo[next(iter(memo))][1:2]
+    again = sharding.tp_variants(g, b, 2, 1e-3, 1.0, 1.0, memo=memo)
+    assert [v.name for v in again] == ["replicated"]
+    pre = {("c", 2, 1e-3, 1.0, 1.0, 3, False): memo.pop(("c", 2, 1e-3, 1.0, 1.0, 3, False))}
+    moved = sharding.tp_variants(g, b, 2, 1e-3, 1.0, 1.0, memo=memo, presolved=pre)
+    assert [v.name for v in moved] == ["replicated"] and pre == {}
+    assert [v.name for v in first] == ["tp2-v1", "replicated", "tp2-v1-sp"]
+    # a block of two modules runs no sequence-parallel variant
+    b.modules = ["mlp", "other"]
+    assert [v.name for v in sharding.tp_variants(g, b, 2, 1e-3, 1.0, 1.0)] == [
+        "tp2-v1",
+        "replicated",
+    ]
+
+
+def test_sequence_stream_drops_the_edge_gathers():
+    *_, sp = mlp_variants()
+    both = sharding.sequence_stream(sp, True, True)
+    assert both.comm_fwd == sp.comm_fwd[:2] and both.comm_bwd == sp.comm_bwd[:2]
+    assert both.takes_sequence_shard and both.leaves_sequence_shard
+    takes = sharding.sequence_stream(sp, True, False)
+    assert takes.comm_fwd == sp.comm_fwd and takes.comm_bwd == sp.comm_bwd[:2]
+    assert takes.takes_sequence_shard and not takes.leaves_sequence_shard
+    leaves = sharding.sequence_stream(sp, False, True)
+    assert leaves.comm_fwd == sp.comm_fwd[:2] and leaves.comm_bwd == sp.comm_bwd
+    assert sharding.sequence_stream(sp, False, False) is sp
+    meg = mlp_variants()[0]
+    assert sharding.sequence_stream(meg, True, True) is meg
+
+
+def test_token_dims():
+    assert sharding._token_dim((2, 4, 8), (2, 4), 2) == 1
+    assert sharding._token_dim((8, 8), (2, 4), 2) == 0
+    assert sharding._token_dim((8,), (2, 4), 2) is None
+    assert sharding._token_dim((2, 4), (2, 4), 2) is None
+    assert sharding._token_dim((2, 4, 8), (2, 4), 3) is None
+    assert sharding._token_dim((2, 1, 8), (2, 1), 1) is None
+    assert sharding._token_dim((2, 4, 8), (2, 4, 8), 2) is None
+    assert sharding._sp_style("colwise_sp", 0) == "colwise_sp_tokens"
+    assert sharding._sp_style("colwise_sp", 1) == "colwise_sp"
+
+
+def test_regroups_tokens_only_flattens_the_token_dims():
+    def op(name, shape, src):
+        return sharding.Op(name, name, "", shape, (src,), (), 0, 0, 0, 0, True, ())
+
+    assert sharding._regroups_tokens(
+        op("aten.view.default", (8, 6), node("x", (2, 4, 6))), (2, 4), 2
+    )
+    assert sharding._regroups_tokens(
+        op("aten.view.default", (2, 4, 6), node("x", (8, 6))), (2, 4), 2
+    )
+    assert not sharding._regroups_tokens(
+        op("aten.view.default", (8, 3, 2), node("x", (2, 4, 6))), (2, 4), 2
+    )
+    assert not sharding._regroups_tokens(
+        op("aten.add.Tensor", (8, 6), node("x", (8, 6))), (2, 4), 2
+    )
+    assert not sharding._regroups_tokens(
+        op("aten.view.default", (8, 6), param("x", (2, 4, 6))), (2, 4), 2
+    )
+    assert not sharding._regroups_tokens(
+        op("aten.view.default", (48,), node("x", (2, 4, 6))), (2, 4), 2
+    )
+
+
+# --------------------------------------------------------------------------- tied weights
+
+
+def tied_graph(tp_modules=("wte", "head"), max_norm=False):
+    """idx [2, 3] -> wte (10 x 4) -> h [2, 3, 4] -> head (x W^T with W the same table)."""
+    g = nx.DiGraph()
+    _node(g, "idx", "input", [], [2, 3], grad=False)
+    _node(g, "emb", "aten.embedding.default", [{"param": "wte.weight"}, {"node": "idx"}],
+          [2, 3, 4], "wte", fb=100, bb=300)  # fmt: skip
+    _node(g, "logits", LINEAR, [{"node": "emb"}, {"param": "head.weight"}], [2, 3, 10], "head",
+          ff=400, bf=800, saved=[("emb", 96)])  # fmt: skip
+    g.graph.update(
+        param_shapes={"wte.weight": [10, 4]},
+        param_owner={"wte.weight": "wte.weight", "head.weight": "wte.weight"},
+        tp_modules=list(tp_modules), outputs=["logits"],
+        forward_state=["wte.weight"] if max_norm else [],
+    )  # fmt: skip
+    return g, _block(["emb", "logits"], ["wte.weight"], input_bytes=48, modules=("m",))
+
+
+def test_a_tied_table_is_split_along_its_vocabulary_in_every_use():
+    g, b = tied_graph()
+    assert sharding.tied_parameters(g) == frozenset({"wte.weight"})
+    assert sharding.vocab_parallel_tied(g, 2) == frozenset({"wte.weight"})
+    assert sharding.vocab_parallel_tied(g, 1) == frozenset()
+    assert sharding.updated_parameters(g) == frozenset()
+    prob = build_problem(g, b, 2, 1.0, 1.0)
+    emb, head = prob.ops
+    assert emb.strategies == (Strategy("P", ("S0", "R"), "rowwise"),)
+    assert head.strategies == (Strategy("S2", ("R", "S0"), "colwise"),)
+    assert prob.param_bytes == {"wte.weight": 160}
+    variants = sharding.tp_variants(g, b, 2, 1e-3, 1.0, 1.0)
+    assert [v.name for v in variants] == ["tp2-tied"]
+    (v,) = variants
+    # the logits leave the block: the head gathers at its own output
+    assert v.tp_plan == {"wte": "rowwise", "head": "colwise_gather"}
+    # the lookup's partial sums all-reduced into the head (96 B), the logits gathered (240 B)
+    assert v.comm_fwd == (("all_reduce", 96), ("all_gather", 240))
+    assert v.param_fraction == 0.5
+    off = build_problem(g, b, 2, 1.0, 1.0, vocab_tied=False)
+    assert [s.out for s in off.ops[0].strategies] == ["R", "S0"]
+    assert [s.out for s in off.ops[1].strategies] == ["R", "S0"]  # the batch; 3 % 2
+
+
+def test_a_tie_no_style_can_split_stays_whole():
+    g, b = tied_graph(tp_modules=("wte",))
+    assert sharding.vocab_parallel_tied(g, 2) == frozenset()
+    prob = build_problem(g, b, 2, 1.0, 1.0)
+    assert all(s.req[0] == "R" for s in prob.ops[0].strategies)
+    assert all(s.req[1] == "R" for s in prob.ops[1].strategies)
+    g, b = tied_graph(max_norm=True)
+    assert sharding.updated_parameters(g) == frozenset({"wte.weight"})
+    prob = build_problem(g, b, 2, 1.0, 1.0)
+    assert all(s.req[0] == "R" for s in prob.ops[0].strategies)
+
+
+def test_a_weight_read_outside_its_module_is_tied():
+    g, _ = mlp_graph()
+    assert sharding.tied_parameters(g) == frozenset()
+    g.nodes["act"]["args"] = [{"node": "fc1"}, {"param": "fc1.bias"}]
+    g.graph.pop("tied_parameters")
+    assert sharding.tied_parameters(g) == frozenset({"fc1.bias"})
+    g.nodes["act"]["module"] = "fc1"
+    g.graph.pop("tied_parameters")
+    assert sharding.tied_parameters(g) == frozenset()
+
+
+def test_keeps_ties_and_runnable():
+    col = Strategy("S2", ("R", "S0"), "colwise")
+    rep = Strategy("R", ("R", "R"))
+    slots = [(1, "w")]
+    assert sharding._keeps_ties(col, "m", slots, {"w"}, {"m"})
+    assert not sharding._keeps_ties(col, "m", slots, {"w"}, {"other"})
+    assert not sharding._keeps_ties(col, "m", slots, set(), {"m"})
+    assert sharding._keeps_ties(rep, "m", slots, set(), set())
+    assert not sharding._keeps_ties(rep, "m", slots, {"w"}, set())
+    ops = [node("x", (2, 4)), param("w", (4, 4))]
+    run = sharding._Runnable(frozenset({"w"}), frozenset({"m"}), frozenset({"w"}))
+    assert run("m", col, ops) and not run("m", rep, ops)
+    free = sharding._Runnable(frozenset(), frozenset({"m"}))
+    assert free("m", col, ops) and free("m", rep, ops) and not free("n", col, ops)
+
+
+def test_operands_resolve_aliases_and_skip_shapeless_nodes():
+    g = nx.DiGraph()
+    _node(g, "x", "input", [], [2, 3])
+    g.add_node("none", shapes=[None])
+    g.graph.update(param_owner={"b.w": "a.w"}, param_shapes={"a.w": [3, 3]})
+    attrs = {"args": [{"node": "x"}, {"node": "none"}, {"node": "gone"}, {"param": "b.w"},
+                      {"param": "c"}, {"buffer": "buf"}, {"const": 2}]}  # fmt: skip
+    assert sharding._operands(g, attrs) == [
+        Operand("node", "x", (2, 3), True),
+        Operand("param", "a.w", (3, 3), True),
+        Operand("param", "c", None, True),
+        Operand("buffer", "buf", None, False),
+        Operand("buffer", 2, None, False),
+    ]
+    assert sharding._has_tensor(g, "x") and not sharding._has_tensor(g, "none")
