@@ -228,28 +228,38 @@ def test_model_state_bytes_halves_only_the_sharded_parameters():
 # --------------------------------------------------------------------------- the ILP
 
 
-@pytest.mark.parametrize("realizable,n_feasible", [(True, 5), (False, 12)])
-def test_every_pinned_combination_solves_to_its_evaluation(monkeypatch, realizable, n_feasible):
+def neighbours(prob, choices):
+    """The combinations one op's strategy away from any of ``choices``, not among them."""
+    found = set()
+    for c in choices:
+        for i, op in enumerate(prob.ops):
+            found |= {c[:i] + (k,) + c[i + 1 :] for k in range(len(op.strategies))}
+    return sorted(found - set(choices))
+
+
+@pytest.mark.parametrize("realizable,n_feasible,n_near", [(True, 5, 52), (False, 12, 92)])
+def test_every_feasible_combination_solves_pinned_to_its_evaluation(
+    monkeypatch, realizable, n_feasible, n_near
+):
     """Each op pinned to one strategy: the ILP's objective is evaluate's time over T0 plus
-    lambda times its memory over M0, and the ILP refuses exactly the infeasible ones. Torch's
-    styles run 5 of the 500 (x and the output whole, partial sums only into the add's P from
-    both sides, which x cannot give); every reshard allowed, 12."""
+    lambda times its memory over M0, and the ILP refuses the infeasible combinations one op
+    away from a feasible one (each breaks one rule: a partial sum from a replicated input, a
+    gather midway, an output left split). Torch's styles run 5 of the 500 combinations (x
+    and the output whole, partial sums only into the add's P from both sides, which x
+    cannot give); every reshard allowed, 12."""
     monkeypatch.setattr(sharding, "RUNTIME_REALIZABLE", realizable)
     prob = mlp_problem()
     base = evaluate(prob, (0,) * 4, SPB)
     lam = 0.3
-    feasible = 0
-    for choice in every_choice(prob):
+    feasible = [c for c in every_choice(prob) if evaluate(prob, c, SPB).feasible]
+    near = neighbours(prob, feasible)
+    assert (len(feasible), len(near)) == (n_feasible, n_near)
+    for choice in feasible:
         ev = evaluate(prob, choice, SPB)
-        solved = sharding_milp(
-            pinned(prob, choice), SPB, (lam,), time_scale=base.time_s, memory_scale=base.memory
-        )
-        if not ev.feasible:
-            assert solved == [], choice
-            continue
-        feasible += 1
+        solved = sharding_milp(pinned(prob, choice), SPB, (lam,), base.time_s, base.memory)
         assert solved == [((0, 0, 0, 0), pytest.approx(objective(ev, base, lam), rel=1e-7))]
-    assert feasible == n_feasible
+    for choice in near:
+        assert sharding_milp(pinned(prob, choice), SPB, (lam,), base.time_s, base.memory) == []
 
 
 @pytest.mark.parametrize("tp,realizable", [(2, True), (4, True), (2, False), (4, False)])
@@ -1093,3 +1103,57 @@ def test_operands_resolve_aliases_and_skip_shapeless_nodes():
         Operand("buffer", 2, None, False),
     ]
     assert sharding._has_tensor(g, "x") and not sharding._has_tensor(g, "none")
+
+
+# --------------------------------------------------------------------------- derived weights
+
+
+def scaled_graph():
+    """The MLP with gelu replaced by a product with s = scale.w + 1 ([4, 1]: one factor per
+    position, broadcast over the hidden), a value of a parameter alone (Gemma's norms)."""
+    g, b = mlp_graph()
+    g.remove_node("act")
+    _node(g, "s", "aten.add.Tensor", [{"param": "scale.w"}, 1.0], [4, 1], "scale", fb=16, bb=16)
+    _node(g, "act", "aten.mul.Tensor", [{"node": "fc1"}, {"node": "s"}], [2, 4, 16], "",
+          fb=1024, bb=1536, saved=[("fc1", 512), ("s", 16)])  # fmt: skip
+    g.add_edge("act", "fc2")
+    g.graph["param_shapes"] = {**MLP_PARAMS, "scale.w": [4, 1]}
+    g.graph["param_owner"] = {p: p for p in g.graph["param_shapes"]}
+    b.nodes = ["fc1", "s", "act", "fc2", "out"]
+    b.param_names = list(g.graph["param_shapes"])
+    return g, b
+
+
+def test_a_partial_gradient_of_a_value_of_parameters_is_theirs():
+    g, b = scaled_graph()
+    prob = build_problem(g, b, 2, 1.0, 1.0)
+    assert sharding._derived_params(prob, ["s"]) == {"scale.w"}
+    assert sharding._derived_params(prob, ["act"]) == set()  # reads the activation x
+    assert sharding._derived_params(prob, ["s", "act", "x"]) == {"scale.w"}
+    assert sharding._derived_params(prob, []) == set()
+    outs = ["S2", "R", "S2", "P", "R"]
+    choice = tuple(
+        next(k for k, st in enumerate(op.strategies) if st.out == o and (o != "S2" or st.plan
+             or op.name == "act"))
+        for op, o in zip(prob.ops, outs)
+    )  # fmt: skip
+    ev = evaluate(prob, choice, SPB)
+    assert ev.feasible
+    # s is read whole by a product split along the hidden: its gradient is partial, summed
+    # (16 B all-reduced); x's too (fc1 column-parallel), 256 B
+    assert ev.comm_bwd == [("all_reduce", 16), ("all_reduce", 256)]
+    assert ev.partial_params == ["scale.w"]
+    (fast, *_) = sharding.tp_variants(g, b, 2, SPB, 1.0, 1.0)
+    assert fast.states == dict(zip(b.nodes, outs))
+    assert fast.grad_sums == ("scale",)
+    assert fast.tp_plan == {"fc1": "colwise", "fc2": "rowwise"}
+
+
+def test_a_parameter_read_only_on_gathered_values_is_not_summed():
+    g, b = scaled_graph()
+    states = {"fc1": "S2", "s": "R", "act": "S2", "fc2": "P", "out": "R"}
+    assert sharding._read_sharded(g, b, "scale", states, set())
+    assert not sharding._read_sharded(g, b, "scale", states, {"act"})
+    assert not sharding._read_sharded(g, b, "scale", dict.fromkeys(states, "R"), set())
+    assert not sharding._read_sharded(g, b, "nothing", states, set())
+    assert sharding._read_sharded(g, b, "fc2", states, set())
