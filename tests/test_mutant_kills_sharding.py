@@ -1157,3 +1157,28 @@ def test_a_parameter_read_only_on_gathered_values_is_not_summed():
     assert not sharding._read_sharded(g, b, "scale", dict.fromkeys(states, "R"), set())
     assert not sharding._read_sharded(g, b, "nothing", states, set())
     assert sharding._read_sharded(g, b, "fc2", states, set())
+
+
+def test_node_share_of_a_computed_table_a_one_flop_op_and_an_op_with_no_output():
+    g = nx.DiGraph()
+    _node(g, "idx", "input", [], [2, 3], grad=False)
+    _node(g, "tab", "input", [], [10, 5])
+    _node(g, "emb", "aten.embedding.default", [{"node": "tab"}, {"node": "idx"}], [2, 3, 5])
+    g.nodes["emb"]["dtypes"] = ["bfloat16"]
+    _node(g, "lk", "aten.embedding.default", [{"param": "wte.weight"}, {"node": "idx"}], [2, 3, 5])
+    g.nodes["lk"]["dtypes"] = ["bfloat16"]
+    _node(g, "one", "aten.add.Tensor", [{"node": "idx"}, {"node": "idx"}], [2, 3], ff=1)
+    g.add_node("chk", op="aten._assert_tensor_metadata.default", args=[], shapes=[],
+               dtypes=[], fwd_flops=0)  # fmt: skip
+    g.graph.update(param_shapes={"wte.weight": [10, 5]}, param_owner={})
+    assert sharding.node_share(g, "emb", "P", 2) == 1.0  # a table that is no weight
+    # bf16 output: 2 x 3 x 5 x 2 = 60 bytes; the fp32 table gradient 200 bytes
+    assert sharding.node_share(g, "lk", "P", 2) == (120 + 100) / (120 + 200)
+    assert sharding.node_share(g, "one", "P", 2) == 0.5  # one FLOP: a product's partial sums
+    assert sharding.node_share(g, "chk", "R", 2) == 1.0
+    assert sharding.node_share(g, "chk", "S0", 2) == 0.5
+
+
+def test_plus_sums_coefficients_by_column():
+    assert sharding._plus({0: 1.0, 2: 1.0}, {0: 2.0, 1: -1.0}) == {0: 3.0, 2: 1.0, 1: -1.0}
+    assert sharding._plus() == {}
