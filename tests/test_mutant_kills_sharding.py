@@ -1182,3 +1182,43 @@ def test_node_share_of_a_computed_table_a_one_flop_op_and_an_op_with_no_output()
 def test_plus_sums_coefficients_by_column():
     assert sharding._plus({0: 1.0, 2: 1.0}, {0: 2.0, 1: -1.0}) == {0: 3.0, 2: 1.0, 1: -1.0}
     assert sharding._plus() == {}
+
+
+def test_saved_tensors_of_every_kind_priced_alike_by_evaluate_and_the_ilp():
+    """fc2 also keeps fc1's output (not its operand: it follows fc1's state), a tensor of its
+    own making (sharded with fc2) and one from outside the block (always whole)."""
+    g, b = mlp_graph()
+    g.nodes["fc2"]["saved"] = [("act", 512), ("fc1", 512), (None, 64), ("elsewhere", 32)]
+    prob = build_problem(g, b, 2, 1.0, 1.0)
+    assert sharding._saved_entries(prob, prob.ops[2]) == [
+        ("slot", 0, 512, True), ("node", "fc1", 512, True), ("self", None, 64, True),
+        ("const", None, 32, True),
+    ]  # fmt: skip
+    ev = evaluate(prob, (1, 3, 2, 0), SPB)
+    assert ev.saved_bytes == 256 + 256 + 256 + 256 + 32 + 32
+    rep = evaluate(prob, (0, 0, 0, 0), SPB)
+    assert rep.saved_bytes == 256 + 512 + 512 + 512 + 64 + 32
+    for choice in [c for c in every_choice(prob) if evaluate(prob, c, SPB).feasible]:
+        ev = evaluate(prob, choice, SPB)
+        solved = sharding_milp(pinned(prob, choice), SPB, (1.0,), rep.time_s, rep.memory)
+        assert solved == [((0, 0, 0, 0), pytest.approx(objective(ev, rep, 1.0), rel=1e-7))]
+
+
+def test_derived_parameters_follow_chains_of_parameter_values():
+    def op(name, *operands):
+        return sharding.Op(name, "aten.mul.Tensor", "", (4,), operands, (), 0, 0, 0, 0, True, ())
+
+    ops = [
+        op("s", param("a", (4,))),
+        op("s2", node("s", (4,)), param("b", (4,))),
+        op("y", node("x", (4,)), node("s2", (4,))),
+        op("z", node("s2", (4,)), node("y", (4,))),
+    ]
+    prob = sharding.BlockProblem(
+        2, ops, {o.name: i for i, o in enumerate(ops)}, {"x": (16, True)}, ["z"], {}, {}, [],
+        {}, frozenset(), 16,
+    )  # fmt: skip
+    assert sharding._derived_params(prob, ["s2"]) == {"a", "b"}
+    assert sharding._derived_params(prob, ["s"]) == {"a"}
+    assert sharding._derived_params(prob, ["y"]) == set()
+    assert sharding._derived_params(prob, ["z", "s"]) == {"a"}
