@@ -1222,3 +1222,62 @@ def test_derived_parameters_follow_chains_of_parameter_values():
     assert sharding._derived_params(prob, ["s"]) == {"a"}
     assert sharding._derived_params(prob, ["y"]) == set()
     assert sharding._derived_params(prob, ["z", "s"]) == {"a"}
+
+
+def test_a_replicated_weight_read_by_a_shard_gets_its_gradient_summed():
+    """act = fc1 x g with g a [4, 1] weight broadcast over the hidden fc1 splits: g's gradient
+    is partial on each rank, all-reduced (16 bytes at 2(t-1)/t = 1)."""
+    g, b = scaled_graph()
+    g.remove_node("s")
+    g.nodes["act"]["args"] = [{"node": "fc1"}, {"param": "scale.w"}]
+    g.nodes["act"]["module"] = "scale"  # its own weight (else a tie, read outside its module)
+    g.nodes["act"]["saved"] = [("fc1", 512)]
+    b.nodes = ["fc1", "act", "fc2", "out"]
+    prob = build_problem(g, b, 2, 1.0, 1.0)
+    choice = (1, next(k for k, s in enumerate(prob.ops[1].strategies) if s.out == "S2"), 2, 0)
+    ev = evaluate(prob, choice, SPB)
+    assert ev.comm_bwd == [("all_reduce", 256), ("all_reduce", 16)]
+    assert ev.partial_params == ["scale.w"]
+    rep = evaluate(prob, (0,) * 4, SPB)
+    assert ev.time_s == pytest.approx(rep.time_s - (3000 + 2560 + 3000) / 2 + 528 * SPB)
+
+
+def transposed_graph():
+    """y = x @ W.T (Falcon's own forward): W [6, 8] transposed by t, then mm."""
+    g = nx.DiGraph()
+    _node(g, "x", "input", [], [4, 8])
+    _node(g, "wt", "aten.t.default", [{"param": "lin.weight"}], [8, 6], "lin")
+    _node(g, "y", "aten.mm.default", [{"node": "x"}, {"node": "wt"}], [4, 6], "lin",
+          ff=100, bf=200)  # fmt: skip
+    g.graph.update(param_shapes={"lin.weight": [6, 8]}, param_owner={}, tp_modules=["lin"],
+                   outputs=["y"])  # fmt: skip
+    return g, _block(["wt", "y"], ["lin.weight"], input_bytes=128, modules=("lin",))
+
+
+def test_a_transposed_weight_is_read_as_it_is_made():
+    g, b = transposed_graph()
+    prob = build_problem(g, b, 2, 1.0, 1.0)
+    wt, y = prob.ops
+    assert wt.pinned and not y.pinned
+    assert [(s.out, s.req) for s in wt.strategies] == [("R", ("R",)), ("S1", ("S0",)),
+                                                       ("S0", ("S1",))]  # fmt: skip
+    outs = {(wt.strategies[i].out, y.strategies[j].req): (i, j)
+            for i in range(3) for j in range(len(y.strategies))}  # fmt: skip
+    # W.T column-split read whole: the runtime never gathers a weight for a product
+    assert evaluate(prob, outs[("S1", ("R", "R"))], SPB).feasible is False
+    # read as made, but y's split columns then leave the block gathered by no module's style
+    assert evaluate(prob, outs[("S1", ("R", "S1"))], SPB).feasible is False
+    assert evaluate(prob, outs[("R", ("R", "R"))], SPB).feasible
+    base = evaluate(prob, (0, 0), SPB)
+    for choice in itertools.product(range(3), range(len(y.strategies))):
+        ev = evaluate(prob, choice, SPB)
+        solved = sharding_milp(pinned(prob, choice), SPB, (0.3,), base.time_s, base.memory)
+        want = [((0, 0), pytest.approx(objective(ev, base, 0.3), rel=1e-7))]
+        assert solved == (want if ev.feasible else []), choice
+
+
+def test_an_infeasible_layout_is_false_not_merely_falsy():
+    prob = mlp_problem()
+    assert evaluate(prob, (1, 3, 2, 4), SPB).feasible is False  # a partial x
+    assert evaluate(prob, (3, 0, 0, 0), SPB).feasible is False  # gathered midway
+    assert evaluate(prob, (1, 3, 0, 3), SPB).feasible is False  # an output left split
