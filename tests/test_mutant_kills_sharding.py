@@ -1276,8 +1276,12 @@ def test_a_transposed_weight_is_read_as_it_is_made():
         assert solved == (want if ev.feasible else []), choice
 
 
-def test_an_infeasible_layout_is_false_not_merely_falsy():
+def test_an_infeasible_layout_is_false_not_merely_falsy(monkeypatch):
     prob = mlp_problem()
     assert evaluate(prob, (1, 3, 2, 4), SPB).feasible is False  # a partial x
     assert evaluate(prob, (3, 0, 0, 0), SPB).feasible is False  # gathered midway
     assert evaluate(prob, (1, 3, 0, 3), SPB).feasible is False  # an output left split
+    monkeypatch.setattr(sharding, "RUNTIME_REALIZABLE", False)
+    # fc2 column-parallel and x sliced into the add's S2: every edge legal, the add's output
+    # then gathered by no module's style
+    assert evaluate(prob, (0, 0, 1, 3), SPB).feasible is False
