@@ -1285,3 +1285,24 @@ def test_an_infeasible_layout_is_false_not_merely_falsy(monkeypatch):
     # fc2 column-parallel and x sliced into the add's S2: every edge legal, the add's output
     # then gathered by no module's style
     assert evaluate(prob, (0, 0, 1, 3), SPB).feasible is False
+
+
+def test_a_gathered_shard_read_whole_by_a_shard_reduce_scatters_its_gradient():
+    """fc1 column-parallel, gathered at its module's output, read whole by a column-parallel
+    fc2: fc2's ranks each leave a partial gradient of fc1's output, which fc1's ranks hold
+    split: a reduce-scatter of its 512 bytes, beside the all-reduce of x's 256."""
+    g, b = mlp_graph()
+    g.remove_node("act")
+    g.nodes["fc2"]["args"] = [{"node": "fc1"}, {"param": "fc2.weight"}, {"param": "fc2.bias"}]
+    g.nodes["fc2"]["saved"] = [("fc1", 512)]
+    g.add_edge("fc1", "fc2")
+    b.nodes = ["fc1", "fc2", "out"]
+    prob = build_problem(g, b, 2, 1.0, 1.0)
+    ev = evaluate(prob, (1, 1, 0), SPB)
+    assert ev.comm_fwd == [("all_gather", 512), ("all_gather", 256)]
+    assert ev.comm_bwd == [("reduce_scatter", 512), ("all_reduce", 256)]
+    base = evaluate(prob, (0, 0, 0), SPB)
+    for choice in [c for c in every_choice(prob) if evaluate(prob, c, SPB).feasible]:
+        ev = evaluate(prob, choice, SPB)
+        solved = sharding_milp(pinned(prob, choice), SPB, (0.3,), base.time_s, base.memory)
+        assert solved == [((0, 0, 0), pytest.approx(objective(ev, base, 0.3), rel=1e-7))]
