@@ -1186,18 +1186,20 @@ def test_plus_sums_coefficients_by_column():
 
 def test_saved_tensors_of_every_kind_priced_alike_by_evaluate_and_the_ilp():
     """fc2 also keeps fc1's output (not its operand: it follows fc1's state), a tensor of its
-    own making (sharded with fc2) and one from outside the block (always whole)."""
+    own making (sharded with fc2) and one from outside the block (always whole), as does the
+    add (16 bytes)."""
     g, b = mlp_graph()
     g.nodes["fc2"]["saved"] = [("act", 512), ("fc1", 512), (None, 64), ("elsewhere", 32)]
+    g.nodes["out"]["saved"] = [("elsewhere", 16)]
     prob = build_problem(g, b, 2, 1.0, 1.0)
     assert sharding._saved_entries(prob, prob.ops[2]) == [
         ("slot", 0, 512, True), ("node", "fc1", 512, True), ("self", None, 64, True),
         ("const", None, 32, True),
     ]  # fmt: skip
     ev = evaluate(prob, (1, 3, 2, 0), SPB)
-    assert ev.saved_bytes == 256 + 256 + 256 + 256 + 32 + 32
+    assert ev.saved_bytes == 256 + 256 + 256 + 256 + 32 + 32 + 16
     rep = evaluate(prob, (0, 0, 0, 0), SPB)
-    assert rep.saved_bytes == 256 + 512 + 512 + 512 + 64 + 32
+    assert rep.saved_bytes == 256 + 512 + 512 + 512 + 64 + 32 + 16
     for choice in [c for c in every_choice(prob) if evaluate(prob, c, SPB).feasible]:
         ev = evaluate(prob, choice, SPB)
         solved = sharding_milp(pinned(prob, choice), SPB, (1.0,), rep.time_s, rep.memory)
