@@ -1308,3 +1308,21 @@ def test_a_gathered_shard_read_whole_by_a_shard_reduce_scatters_its_gradient():
         ev = evaluate(prob, choice, SPB)
         solved = sharding_milp(pinned(prob, choice), SPB, (0.3,), base.time_s, base.memory)
         assert solved == [((0, 0, 0), pytest.approx(objective(ev, base, 0.3), rel=1e-7))]
+
+
+@pytest.mark.parametrize("inside", [False, True])
+def test_indices_with_no_gradient_add_nothing_to_the_objective(inside):
+    """The tied graph's lookup with its table whole (vocab_tied off), its integer indices a
+    block input or an op of the block: the replicated layout (the only one whose logits
+    leave the block whole) solves pinned to evaluate's objective, no backward term for the
+    indices."""
+    g, b = tied_graph()
+    if inside:
+        b.nodes = ["idx", "emb", "logits"]
+    prob = build_problem(g, b, 2, 1.0, 1.0, vocab_tied=False)
+    zeros = (0,) * len(prob.ops)
+    base = evaluate(prob, zeros, SPB)
+    assert [c for c in every_choice(prob) if evaluate(prob, c, SPB).feasible] == [zeros]
+    assert sharding_milp(prob, SPB, (0.3,), base.time_s, base.memory) == [
+        (zeros, pytest.approx(1.0 + 0.3, rel=1e-9))
+    ]
