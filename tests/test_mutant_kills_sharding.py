@@ -1242,6 +1242,8 @@ def test_a_replicated_weight_read_by_a_shard_gets_its_gradient_summed():
     assert ev.partial_params == ["scale.w"]
     rep = evaluate(prob, (0,) * 4, SPB)
     assert ev.time_s == pytest.approx(rep.time_s - (3000 + 2560 + 3000) / 2 + 528 * SPB)
+    solved = sharding_milp(pinned(prob, choice), SPB, (0.3,), rep.time_s, rep.memory)
+    assert solved == [((0,) * 4, pytest.approx(objective(ev, rep, 0.3), rel=1e-9))]
 
 
 def transposed_graph():
