@@ -1044,6 +1044,12 @@ def test_a_tied_table_is_split_along_its_vocabulary_in_every_use():
     # the lookup's partial sums all-reduced into the head (96 B), the logits gathered (240 B)
     assert v.comm_fwd == (("all_reduce", 96), ("all_gather", 240))
     assert v.param_fraction == 0.5
+    # the ILP prices the logits' gather at the block's output as evaluate does
+    base = evaluate(prob, (0, 0), SPB)
+    assert sharding_milp(prob, SPB, (0.3,), base.time_s, base.memory) == [
+        ((0, 0), pytest.approx(1.3, rel=1e-9))
+    ]
+    assert base.comm_fwd == [("all_reduce", 96), ("all_gather", 240)]
     off = build_problem(g, b, 2, 1.0, 1.0, vocab_tied=False)
     assert [s.out for s in off.ops[0].strategies] == ["R", "S0"]
     assert [s.out for s in off.ops[1].strategies] == ["R", "S0"]  # the batch; 3 % 2
@@ -1328,3 +1334,13 @@ def test_indices_with_no_gradient_add_nothing_to_the_objective(inside):
     assert sharding_milp(prob, SPB, (0.3,), base.time_s, base.memory) == [
         (zeros, pytest.approx(1.0 + 0.3, rel=1e-9))
     ]
+
+
+def test_dear_collectives_keep_the_block_whole():
+    """At 100 s a byte Megatron's two 256-byte all-reduces cost far more than the compute
+    they save: the ILP's optimum at the time end is the replicated block, as brute force
+    finds (a consumer reading replicated a producer that could have been split)."""
+    prob = mlp_problem()
+    base = evaluate(prob, (0,) * 4, 100.0)
+    ((choice, value),) = sharding_milp(prob, 100.0, (1e-4,), base.time_s, base.memory)
+    assert choice == (0, 0, 0, 0) and value == pytest.approx(1 + 1e-4, rel=1e-9)
