@@ -19,6 +19,14 @@ planned with the mutant active (``MUTANT_UNDER_TEST``) and without, and a surviv
 are all identical (planning time aside) is *equivalent on the examples*: it changes nothing a
 user of them would see. A survivor that changes a plan is a test gap. The result goes to
 reports/mutation/<module>.json; docs/mutation.md holds the table.
+
+``--only PATTERN ...`` runs a group of the module's functions (a module of thousands of
+mutants, one group at a time): a pattern is a function name (``evaluate``), a method
+(``_MilpTerms.coll``), either a glob (``_op*``, ``_MilpTerms.*``), or a glob over mutmut's
+own names in the module (``x__op_terms__mutmut_1*``); mutmut matches names with fnmatch.
+Its mutants not run stay "not checked", never killed; the report keeps, beside the totals,
+each function's counts, and a later ``--only`` run replaces the functions it runs and keeps
+the rest from the report before it (the same tests), so that the groups add up to the module.
 """
 
 from __future__ import annotations
@@ -179,7 +187,10 @@ MODULES: dict[str, list[str]] = {
     "planner/search/options.py": ["tests/test_mutant_kills_search_options.py"],
     # the search space against a brute force, each no-layout message whole
     "planner/search/candidates.py": ["tests/test_mutant_kills_candidates.py"],
-    "planner/cost/sharding.py": ["tests/test_sharding.py", "tests/test_tied_tp.py"],
+    # hand-drawn blocks: every strategy combination of a tiny MLP priced and solved pinned,
+    # the optimum against brute force, each op kind's strategies by hand (test_sharding's and
+    # test_tied_tp's ILPs over traced models take minutes a mutant); run by groups (--only)
+    "planner/cost/sharding.py": ["tests/test_mutant_kills_sharding.py"],
     # a hand-drawn graph per case; test_sequence_stream's traced llama and gpt took 2 minutes
     # (CPU-limited) a mutant in mutmut's children
     "planner/trace/stream.py": ["tests/test_mutant_kills_stream.py"],
@@ -393,6 +404,82 @@ def statuses(root: Path, module: str) -> dict[str, str]:
     return {k: status_by_exit_code[v] for k, v in meta["exit_code_by_key"].items()}
 
 
+def only_globs(module: str, patterns: list[str]) -> list[str]:
+    """mutmut's mutant-name globs for ``--only``: a function ``f`` is ``x_f__mutmut_*``, a
+    method ``C.f`` is ``xǁCǁf__mutmut_*`` (either may be a glob: ``_op*``, ``_MilpTerms.*``),
+    a pattern already in mutmut's form (``x_...``, ``xǁ...``) a glob within the module."""
+    dotted = module[:-3].replace("/", ".")
+    found = []
+    for p in patterns:
+        if p.startswith(("x_", "xǁ")):
+            found.append(f"{dotted}.{p}")
+        elif "." in p:
+            cls, _, name = p.partition(".")
+            found.append(f"{dotted}.xǁ{cls}ǁ{name}__mutmut_*")
+        else:
+            found.append(f"{dotted}.x_{p}__mutmut_*")
+    return found
+
+
+def function_of(mutant: str) -> str:
+    """The function a mutant name mutates, as the source spells it (``evaluate``,
+    ``_MilpTerms.coll``)."""
+    name = mutant.rpartition("__mutmut_")[0].rpartition(".")[2]
+    if name.startswith("xǁ"):
+        cls, _, meth = name[2:].partition("ǁ")
+        return f"{cls}.{meth}"
+    return name[2:]
+
+
+def by_function(found: dict[str, str]) -> dict[str, dict[str, int]]:
+    """Each function's counts of mutmut's statuses."""
+    table: dict[str, dict[str, int]] = {}
+    for name, status in found.items():
+        row = table.setdefault(function_of(name), {})
+        row[status] = row.get(status, 0) + 1
+    return dict(sorted(table.items()))
+
+
+def merge_groups(result: dict, previous: dict | None) -> dict:
+    """``result`` of an ``--only`` run with the functions it did not run taken from the
+    module's report before it (same tests): their counts, survivors and timeouts. Counts of
+    the whole module are then summed over the functions."""
+    ran = {f for f, row in result["by_function"].items() if set(row) != {"not checked"}}
+    keep = {}
+    if previous and previous.get("tests") == result["tests"] and "by_function" in previous:
+        keep = {f: row for f, row in previous["by_function"].items() if f not in ran}
+    table = {**result["by_function"], **keep}
+    result["by_function"] = dict(sorted(table.items()))
+    result["functions_from_earlier_runs"] = sorted(keep)
+    for key in ("survivors",):
+        old = (previous or {}).get(key, {}) if keep else {}
+        result[key] = {
+            **{k: v for k, v in old.items() if function_of(k) in keep},
+            **{k: v for k, v in result[key].items() if function_of(k) in ran},
+        }
+    old_timeouts = (previous or {}).get("timed_out", []) if keep else []
+    result["timed_out"] = sorted(
+        [k for k in old_timeouts if function_of(k) in keep]
+        + [k for k in result["timed_out"] if function_of(k) in ran]
+    )
+    counts: dict[str, int] = {}
+    for row in table.values():
+        for status, n in row.items():
+            counts[status] = counts.get(status, 0) + n
+    result["counts"] = counts
+    result["mutants"] = sum(counts.values())
+    result["killed_share"] = killed_share(counts)
+    return result
+
+
+def killed_share(counts: dict[str, int]) -> float | None:
+    """Killed and timed out over the decided (killed, timed out, survived): a mutant not run
+    or reached by no test is in neither."""
+    killed = counts.get("killed", 0) + counts.get("timeout", 0)
+    decided = killed + counts.get("survived", 0)
+    return round(killed / decided, 4) if decided else None
+
+
 def mutmut(root: Path, env: dict, *args: str) -> str:
     done = subprocess.run(
         [sys.executable, "-m", "mutmut", *args], cwd=root, env=env, capture_output=True, text=True
@@ -456,7 +543,11 @@ def in_subprocesses(root: Path, env: dict, module: str, tests: list[str], names:
 
 
 def run_module(
-    module: str, tests: list[str], rerun_timeouts: bool = False, example_check: bool = True
+    module: str,
+    tests: list[str],
+    rerun_timeouts: bool = False,
+    example_check: bool = True,
+    only: list[str] | None = None,
 ) -> dict:
     root = scratch_copy()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MUTANT_UNDER_TEST")}
@@ -464,7 +555,10 @@ def run_module(
     env["MESHPLAN_TEST_CACHE"] = str(root / ".mutant-cache")
     start = time.perf_counter()
     write_config(root, module, tests, 15.0)
-    log = mutmut(root, env, "run", "--max-children", str(MAX_CHILDREN))
+    names = only_globs(module, only) if only else []
+    log = mutmut(root, env, "run", "--max-children", str(MAX_CHILDREN), *names)
+    if "nothing matches" in log:
+        raise SystemExit(f"{module}: no mutant matches --only {' '.join(only or [])}")
     found = statuses(root, module)
     rerun = [k for k, s in found.items() if s in ("survived", "no tests", "not checked")]
     if module.startswith("runtime/") and rerun:
@@ -490,14 +584,14 @@ def run_module(
     counts: dict[str, int] = {}
     for s in found.values():
         counts[s] = counts.get(s, 0) + 1
-    decided = counts.get("killed", 0) + counts.get("timeout", 0) + counts.get("survived", 0)
-    killed = counts.get("killed", 0) + counts.get("timeout", 0)
     return {
         "module": module,
         "tests": tests,
+        "only": only or [],
         "mutants": len(found),
         "counts": counts,
-        "killed_share": round(killed / decided, 4) if decided else None,
+        "killed_share": killed_share(counts),
+        "by_function": by_function(found),
         "survivors": survivors,
         # by name, so each can be judged (a real hang, or a limit another test's fixture tripped)
         "timed_out": sorted(k for k, s in found.items() if s == "timeout"),
@@ -515,6 +609,13 @@ def main() -> int:
         action="store_true",
         help="list survivors without planning the examples with each (judge them by hand)",
     )
+    ap.add_argument(
+        "--only",
+        nargs="+",
+        metavar="PATTERN",
+        help="run only these functions' mutants (a name, Class.method, or a glob over mutmut's"
+        " names); the rest stay 'not checked', their counts kept from the last report",
+    )
     ap.add_argument("--list", action="store_true", help="print the configured modules and tests")
     ap.add_argument(
         "--rerun-timeouts", action="store_true", help="run timed-out mutants again at 4x the limit"
@@ -528,14 +629,20 @@ def main() -> int:
         tests = args.tests or MODULES.get(module)
         if not tests:
             ap.error(f"{module}: no tests configured; give --tests")
-        result = run_module(module, tests, args.rerun_timeouts, not args.no_example_check)
+        result = run_module(
+            module, tests, args.rerun_timeouts, not args.no_example_check, args.only
+        )
         out = ROOT / "reports" / "mutation" / (module.replace("/", ".")[:-3] + ".json")
         out.parent.mkdir(parents=True, exist_ok=True)
+        if args.only:
+            previous = json.loads(out.read_text()) if out.exists() else None
+            result = merge_groups(result, previous)
         out.write_text(json.dumps(result, indent=1) + "\n")
         c = result["counts"]
         print(
             f"{module}: {result['mutants']} mutants, {c.get('killed', 0)} killed, "
-            f"{c.get('timeout', 0)} timed out, {c.get('survived', 0)} survived "
+            f"{c.get('timeout', 0)} timed out, {c.get('survived', 0)} survived, "
+            f"{c.get('not checked', 0)} not run "
             f"({len([s for s in result['survivors'].values() if s['equivalent_on_examples']])} "
             f"equivalent on the examples), {c.get('no tests', 0)} reached by no test; "
             f"{result['seconds']} s; written {out}",
