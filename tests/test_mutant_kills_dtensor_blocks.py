@@ -521,7 +521,30 @@ def four_ranks(tmp_path_factory):
     return got
 
 
-def test_tp_ranks_split_their_blocks_locally_into_the_whole_blocks(four_ranks):
+def _one_rank_2d():
+    """A 1 x 1 (dp, tp) mesh of the one-rank group: the FSDP x TP code paths, each degree 1
+    (every slice is the whole tensor). Called in each four-rank test too, so that mutmut's
+    record (it sees this process only, not the forked ranks) ties those tests to the code."""
+    return init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp", "tp"))
+
+
+def test_on_one_rank_fsdp_and_tp_copies_are_the_whole_tensor(one_rank):
+    mesh = _one_rank_2d()
+    SS = _StridedShard
+    assert db._submesh(mesh, 1) is not mesh and db._submesh(mesh, 1).mesh_dim_names == ("tp",)
+    assert db._submesh(mesh, 0).mesh_dim_names == ("dp",) and db._submesh(one_rank, 0) is one_rank
+    assert db._blocks_to_full(FULL.view(3, 8), mesh["tp"], 1, 2).tolist() == FULL.view(
+        3, 8).tolist()  # fmt: skip
+    pl = (Shard(0), SS(0, split_factor=3))
+    v = DTensor.from_local(FULL, mesh, pl, run_check=False, shape=(24,), stride=(1,))
+    copy = db.contiguous_copy(v)
+    assert copy.placements == (Shard(0), Shard(0)) and copy.to_local().tolist() == FULL.tolist()
+    back = db.blocks_copy(copy, pl)
+    assert back.placements == pl and back.to_local().tolist() == FULL.tolist()
+
+
+def test_tp_ranks_split_their_blocks_locally_into_the_whole_blocks(four_ranks, one_rank):
+    test_on_one_rank_fsdp_and_tp_copies_are_the_whole_tensor(one_rank)
     for r, out in four_ranks.items():
         tp_i = r % 2
         for b, (local, shape, placements) in enumerate(out["parts"]):
@@ -533,7 +556,8 @@ def test_tp_ranks_split_their_blocks_locally_into_the_whole_blocks(four_ranks):
         assert out["to_full"] == FULL.tolist()
 
 
-def test_a_bias_under_fsdp_and_tp_is_copied_contiguous_and_back(four_ranks):
+def test_a_bias_under_fsdp_and_tp_is_copied_contiguous_and_back(four_ranks, one_rank):
+    test_on_one_rank_fsdp_and_tp_copies_are_the_whole_tensor(one_rank)
     for r, out in four_ranks.items():
         dp_i, tp_i = r // 2, r % 2
         start = 12 * dp_i + 6 * tp_i
@@ -548,7 +572,12 @@ def test_a_bias_under_fsdp_and_tp_is_copied_contiguous_and_back(four_ranks):
         assert placements == "(Shard(dim=0), _StridedShard(dim=0, sf=3))" and shape == [24]
 
 
-def test_a_weight_under_fsdp_on_another_dim_is_redistributed_and_back(four_ranks):
+def test_a_weight_under_fsdp_on_another_dim_is_redistributed_and_back(four_ranks, one_rank):
+    mesh = _one_rank_2d()
+    w_pl = (Shard(1), _StridedShard(0, split_factor=3))
+    w = DTensor.from_local(torch.ones(24, 2), mesh, w_pl, run_check=False)
+    assert db.contiguous_copy(w).placements == (Shard(1), Shard(0))
+    assert db.blocks_copy(db.contiguous_copy(w), w_pl).placements == w_pl
     wfull = torch.arange(48.0).view(24, 2)
     for r, out in four_ranks.items():
         dp_i, tp_i = r // 2, r % 2
