@@ -9,7 +9,12 @@ kills."""
 from __future__ import annotations
 
 import datetime
+import io
+import logging
+import sys
 import threading
+import time
+import warnings
 from types import SimpleNamespace
 
 import pytest
@@ -107,7 +112,9 @@ def test_parse_refuses_plans_and_run_dirs_of_different_counts(capsys):
     with pytest.raises(SystemExit) as err:
         w.parse(["--plans", "a", "b", "--run-dirs", "x"])
     assert err.value.code == 2
-    assert "--plans and --run-dirs need the same number of entries" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith("usage: runtime.worker ")
+    assert "--plans and --run-dirs need the same number of entries" in err
 
 
 def test_restarted_needs_a_restart_and_a_complete_checkpoint(tmp_path, monkeypatch):
@@ -155,7 +162,7 @@ def test_under_torchrun_each_attempt_gets_its_own_store_prefix(monkeypatch):
 def test_main_trains_each_plan_in_its_run_directory_and_says_so(worker, capsys):
     rec = worker
     rec.plans["a.json"] = _plan()
-    rec.plans["b.json"] = _plan(pp=2, dp_label=4, ep=2, cp=3, tp_label="2/1", schedule="gpipe",
+    rec.plans["b.json"] = _plan(pp=2, dp_label=4, ep=2, cp=2, tp_label="2/1", schedule="gpipe",
                                 zero=3, name="n.py")  # fmt: skip
     ra, rb = rec.dir / "ra", rec.dir / "rb"
     argv = ["--plans", "a.json", "b.json", "--run-dirs", str(ra), str(rb), "--steps", "3",
@@ -176,7 +183,7 @@ def test_main_trains_each_plan_in_its_run_directory_and_says_so(worker, capsys):
     assert out[0] == "running a.json: pp 1 x dp 1 x tp 1, no pipeline, ZeRO 0, 3 steps on cpu"
     assert out[1].startswith("done a.json in ") and out[1].endswith(" s")
     assert out[2] == (
-        "running b.json: pp 2 x dp 4 (ep 2) x cp 3 x tp 2/1, gpipe, ZeRO 3, 3 steps on cpu"
+        "running b.json: pp 2 x dp 4 (ep 2) x cp 2 x tp 2/1, gpipe, ZeRO 3, 3 steps on cpu"
     )
     assert out[3].startswith("done b.json in ") and len(out) == 4
     float(out[3][len("done b.json in ") : -2])
@@ -375,3 +382,94 @@ def test_a_bug_after_a_peer_stopped_is_its_consequence(tmp_path, monkeypatch, ca
     assert w.report_bug(2, ValueError("a b"), tmp_path) == 0
     assert capsys.readouterr().err == ""
     assert str(read_stop(tmp_path)) == "peer's reason"
+
+
+class _Recorder(io.StringIO):
+    """stdout stood in: what had been written at each flush (torchrun's pipe is
+    block-buffered: a line not flushed reaches the launcher late, out of order with stderr)."""
+
+    def __init__(self):
+        super().__init__()
+        self.flushed = []
+
+    def flush(self):
+        self.flushed.append(self.getvalue())
+
+
+def test_rank_0s_lines_are_flushed_and_timed_from_the_plans_start(worker, monkeypatch):
+    rec = worker
+    rec.plans["a.json"] = rec.plans["b.json"] = _plan()
+    out = _Recorder()
+    monkeypatch.setattr(sys, "stdout", out)
+    t0 = time.perf_counter()
+    w.main(["--plans", "a.json", "b.json", "--run-dirs", "x", "y"])
+    wall = time.perf_counter() - t0
+    monkeypatch.undo()
+    lines = out.getvalue().splitlines(keepends=True)
+    assert len(lines) == 4
+    assert {"".join(lines[: i + 1]) for i in range(4)} <= set(out.flushed)
+    for done in lines[1], lines[3]:
+        assert float(done.split(" in ")[1][: -len(" s\n")]) <= wall + 0.05
+
+
+def test_without_argv_main_reads_the_command_line(worker, monkeypatch):
+    rec = worker
+    rec.plans["a.json"] = _plan()
+    monkeypatch.setattr(sys, "argv", ["worker.py", "--plans", "a.json", "--run-dirs", "r",
+                                      "--steps", "2"])  # fmt: skip
+    assert w.main() == 0
+    assert [t[3]["steps"] for t in rec.trains] == [2]
+
+
+def test_main_quiets_the_pipeline_tracers_warnings_and_torchs_own_leafspec_one(worker, monkeypatch):
+    """Only those two: the logger ``torch.distributed.pipelining._IR`` at ERROR, and the
+    FutureWarning whose message names ``isinstance(treespec, LeafSpec)`` (warnings match
+    messages without case)."""
+    rec = worker
+    rec.plans["a.json"] = _plan()
+    logger = logging.getLogger("torch.distributed.pipelining._IR")
+    monkeypatch.setattr(logger, "level", logging.NOTSET)
+    leaf = "torch: isinstance(treespec, LeafSpec) is deprecated"
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        w.main(["--plans", "a.json", "--run-dirs", "r"])
+        warnings.warn(leaf, FutureWarning, stacklevel=1)
+        warnings.warn("another future", FutureWarning, stacklevel=1)
+        warnings.warn(leaf, DeprecationWarning, stacklevel=1)
+    assert [(str(x.message), x.category) for x in seen] == [
+        ("another future", FutureWarning),
+        (leaf, DeprecationWarning),
+    ]
+    assert logger.level == logging.ERROR
+
+
+def test_under_plan_run_a_peer_that_never_meets_ends_through_the_stop_file(
+    worker, monkeypatch, capsys
+):
+    rec = worker
+    rec.plans["a.json"] = _plan()
+    rec.raises = InfeasibleError("stage 1 cannot fit")
+    _barriers(monkeypatch, rec, fail=True)
+    monkeypatch.setenv(STOP_ENV, "1")
+    run = rec.dir / "run"
+    run.mkdir()
+    monkeypatch.setattr(w, "exit_worker", lambda code: (_ for _ in ()).throw(_Exited(code)))
+    monkeypatch.setattr(threading, "Timer", _Timer)  # the rank ends before it cancels it
+    with pytest.raises(_Exited) as err:
+        w.main(["--plans", "a.json", "--run-dirs", str(run)])
+    assert err.value.code == 0
+    got = read_stop(run)
+    assert (str(got), got.exit_code) == ("stage 1 cannot fit", 3)
+    assert capsys.readouterr().err == ""
+
+
+def test_under_plan_run_a_bug_is_written_to_the_first_run_directory(worker, monkeypatch, capsys):
+    rec = worker
+    rec.plans["a.json"] = rec.plans["b.json"] = _plan()
+    rec.raises = KeyError("wq")
+    monkeypatch.setenv(STOP_ENV, "1")
+    ra, rb = rec.dir / "ra", rec.dir / "rb"
+    ra.mkdir()
+    assert w.main(["--plans", "a.json", "b.json", "--run-dirs", str(ra), str(rb)]) == 0
+    got = read_stop(ra)
+    assert got.exit_code == 1 and str(got).startswith("rank 0: internal error: KeyError: 'wq'")
