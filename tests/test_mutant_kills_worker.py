@@ -114,7 +114,17 @@ def test_parse_refuses_plans_and_run_dirs_of_different_counts(capsys):
     assert err.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("usage: runtime.worker ")
-    assert "--plans and --run-dirs need the same number of entries" in err
+    assert err.endswith(": error: --plans and --run-dirs need the same number of entries\n")
+
+
+def test_parse_takes_each_device_by_name_and_says_what_hang_timeout_means(capsys):
+    assert [w.parse(["--plans", "p", "--run-dirs", "r", "--device", d]).device
+            for d in ("cpu", "cuda")] == ["cpu", "cuda"]  # fmt: skip
+    with pytest.raises(SystemExit):
+        w.parse(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert out.startswith("usage: runtime.worker ")
+    assert "--hang-timeout HANG_TIMEOUT seconds per step; 0: off" in out
 
 
 def test_restarted_needs_a_restart_and_a_complete_checkpoint(tmp_path, monkeypatch):
