@@ -227,9 +227,13 @@ def test_the_mode_hands_blocks_and_new_tensors_and_other_calls(one_rank):
         parts = x.split(8, dim=1)
         new = s.new_zeros(2, 6)
         plain = torch.arange(4.0).split(2)
+        wider = s.new_zeros(3, 6)  # DTensor's own rule: whole, for another shape
+        sums = torch.arange(4.0).view(2, 2).sum(dim=1)
     assert [p.placements for p in parts] == [(Shard(1),)] * 3
     assert new.placements == (Shard(1),) and new.to_local().shape == (2, 6)
     assert [t.tolist() for t in plain] == [[0.0, 1.0], [2.0, 3.0]]
+    assert wider.placements == (Shard(1),) and wider.to_local().shape == (3, 6)
+    assert sums.tolist() == [1.0, 5.0]  # a call passed on keeps its keywords
 
 
 def test_whole_makes_a_dtensor_gradient_plain(one_rank):
