@@ -345,6 +345,13 @@ MODULES: dict[str, list[str]] = {
     # one process: the refusals whole, the torchrun command, run_plan with subprocess.run
     # recording it (test_runtime_launch starts real workers: a minute a mutant)
     "runtime/launch.py": ["tests/test_mutant_kills_launch.py"],
+    # one process: main on a one-rank gloo group made in the test, the plan, train_plan, the
+    # stop watch and exit_worker recorded (test_worker_alone and the torchrun tests: minutes)
+    "runtime/worker.py": ["tests/test_mutant_kills_worker.py"],
+    # one process on a one-rank CPU mesh against plain tensors, then four gloo ranks forked
+    # from the test (TP 2, FSDP 2 x TP 2) against slices cut by hand (test_dtensor_blocks:
+    # a child on the fake process group)
+    "runtime/dtensor_blocks.py": ["tests/test_mutant_kills_dtensor_blocks.py"],
 }
 # the shipped example models, planned for the equivalence check (file, size, GPUs, profile)
 EXAMPLES = [

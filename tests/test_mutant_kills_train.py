@@ -8,8 +8,14 @@ mutants each test kills."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import math
 import re
+import sys
+import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -181,3 +187,249 @@ def test_an_optimizer_step_syncs_then_steps_and_drops_the_gradients():
     built = SimpleNamespace(sync_gradients=lambda: calls.append(w.grad.tolist()), optimizers=[opt])
     _optimizer_step(built)
     assert calls == [[2.0, 2.0]] and w.grad is None and w.tolist() == [0.0, 0.0]
+
+
+# -- the survivors of mutmut's first pass (docs/mutation.md) ---------------------------------
+
+
+def _pipeline_built(plan, holds_first, holds_last, losses_out):
+    """A pipeline stage stood in: its schedule records what ``step`` is given and, on the
+    last stage, appends each micro-batch's loss (the schedule's ``losses`` list)."""
+    calls = []
+
+    class Schedule:
+        def step(self, *args, **kwargs):
+            calls.append((args, kwargs))
+            if "losses" in kwargs:
+                kwargs["losses"].extend(torch.tensor(v) for v in losses_out)
+
+    built = SimpleNamespace(plan=plan, coords=(0, 5, 0), schedule=Schedule(),
+                            holds_first=holds_first, holds_last=holds_last)  # fmt: skip
+    return built, calls
+
+
+@pytest.mark.parametrize("first,last", [(True, True), (True, False), (False, True), (False, False)])
+def test_a_pipeline_stage_hands_the_schedule_its_inputs_and_targets(mlp, first, last):
+    """The first stage passes the batch (moved to the device: meta stands for a GPU), the last
+    the targets and a list the schedule fills; the last returns the micro-batches' mean
+    loss, the others None. Coordinates (pp 0, dp 5): the stage is read from pp."""
+    from runtime.train import _local_step
+
+    plan, mf, _ = mlp
+    built, calls = _pipeline_built(plan, first, last, [1.0, 2.5])
+    got = _local_step(built, mf, 2, torch.device("meta"))
+    ((args, kwargs),) = calls
+    x, y = mf.batch(plan.global_batch_size, step=2)
+    if first:
+        assert len(args) == len(x) and all(a.device.type == "meta" for a in args)
+        assert [a.shape for a in args] == [t.shape for t in x]
+    else:
+        assert args == ()
+    if last:
+        assert set(kwargs) == {"target", "losses"} and kwargs["target"].device.type == "meta"
+        assert kwargs["target"].shape == y.shape and len(kwargs["losses"]) == 2
+        assert got == 1.75
+    else:
+        assert kwargs == {} and got is None
+
+
+def test_only_the_last_micro_batch_syncs_gradients(mlp, monkeypatch, tmp_path):
+    """Data parallelism's all-reduce waits for the accumulated gradient: off for the first
+    micro-batch, on for the last (one rank has nothing to sync, so the flag is recorded)."""
+    import runtime.train as train
+
+    plan, mf, ref = mlp
+    flags = []
+    sync = train.gradient_sync
+    monkeypatch.setattr(
+        train, "gradient_sync", lambda parts, on: (flags.append(on), sync(parts, on))
+    )
+    _close(train_plan(plan, mf, torch.device("cpu"), steps=2, seed=0, run_dir=tmp_path),
+           ref.losses[:2])  # fmt: skip
+    assert flags == [False, True, False, True]
+
+
+def test_the_loss_gets_the_gather_and_the_forward_the_sequence_shares_kwargs(
+    mlp, monkeypatch, tmp_path
+):
+    """What ``built.gather`` and ``_sequence_share`` hand on reach the loss and the model (one
+    rank has no gather and no context parallelism: both stood in), and the forward runs
+    under the built's autocast on the step's device."""
+    import runtime.train as train
+    from runtime.build import build
+
+    plan, mf, _ = mlp
+    built = build(plan, mf, torch.device("cpu"), 0, None)
+    gather = object()
+    built.gather = gather
+    built.autocast = torch.bfloat16
+    seen = []
+    loss = mf.loss
+    monkeypatch.setattr(mf, "loss", lambda out, y, g=None: (seen.append(g), loss(out, y))[1])
+
+    @contextlib.contextmanager
+    def share(built, x, y):
+        yield x, {"extra": 7}, y
+
+    model = built.parts[0]
+    forward = model.forward
+    kwargs_seen = []
+    monkeypatch.setattr(model, "forward", lambda *a, **k: (kwargs_seen.append(k), forward(*a))[1])
+    monkeypatch.setattr(train, "_sequence_share", share)
+    got = train._local_step(built, mf, 1, torch.device("cpu"))
+    assert seen == [gather, gather] and kwargs_seen == [{"extra": 7}] * 2
+    assert isinstance(got, float) and math.isfinite(got)
+
+
+def test_a_run_without_checkpoint_every_writes_none_and_builds_with_the_launchs_cache(
+    mlp, monkeypatch, tmp_path
+):
+    import runtime.train as train
+    from runtime.build import RuntimeCache
+
+    plan, mf, ref = mlp
+    caches, devices = [], []
+    build, local_step = train.build, train._local_step
+    monkeypatch.setattr(
+        train, "build", lambda p, m, d, s, c: (caches.append(c), build(p, m, d, s, c))[1]
+    )
+    monkeypatch.setattr(
+        train, "_local_step", lambda b, m, s, d: (devices.append(d), local_step(b, m, s, d))[1]
+    )
+    cache = RuntimeCache()
+    t0 = time.perf_counter()
+    _close(train_plan(plan, mf, torch.device("cpu"), steps=2, seed=0, run_dir=tmp_path,
+                      cache=cache), ref.losses[:2])  # fmt: skip
+    wall = time.perf_counter() - t0
+    assert caches == [cache] and devices == [torch.device("cpu")] * 2
+    assert not (tmp_path / "checkpoints").exists()
+    # each step's time is measured from its start: together no longer than the whole run
+    assert sum(r["step_time_s"] for r in _metrics(tmp_path)) <= wall
+
+
+class _Recorder(io.StringIO):
+    """stdout stood in: what had been written at each flush."""
+
+    def __init__(self):
+        super().__init__()
+        self.flushed = []
+
+    def flush(self):
+        self.flushed.append(self.getvalue())
+
+
+def _bars(enabled: bool, calls: list):
+    """planner.progress.Bars stood in: ``enabled`` as given, every call recorded."""
+
+    class Bars:
+        def __init__(self, quiet=False):
+            calls.append(("init", quiet))
+            self.enabled = enabled
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            calls.append(("exit",))
+
+        def task(self, name, total=None):
+            calls.append(("task", name, total))
+            return SimpleNamespace(update=lambda **k: calls.append(("update", k)))
+
+    return Bars
+
+
+@pytest.mark.parametrize("enabled", [False, True])
+def test_rank_0_flushes_each_line_and_draws_its_bar(mlp, monkeypatch, tmp_path, enabled):
+    """Under torchrun stdout is a pipe: each line is flushed as it is printed (a note, the
+    resume, each step or, under a bar, the last, each checkpoint); the bar counts steps from
+    the resumed one, says each step's loss, and goes before the last step's line."""
+    import runtime.train as train
+
+    plan, mf, ref = mlp
+    train_plan(plan, mf, torch.device("cpu"), steps=1, seed=0, run_dir=tmp_path,
+               checkpoint_every=1)  # fmt: skip
+    build = train.build
+
+    def noted(*a):
+        built = build(*a)
+        built.notes.append("a note")
+        return built
+
+    calls = []
+    monkeypatch.setattr(train, "build", noted)
+    monkeypatch.setattr(train, "Bars", _bars(enabled, calls))
+    out = _Recorder()
+    monkeypatch.setattr(sys, "stdout", out)
+    losses = train_plan(plan, mf, torch.device("cpu"), steps=3, seed=0, run_dir=tmp_path,
+                        checkpoint_every=1, resume=True)  # fmt: skip
+    monkeypatch.undo()
+    _close(losses, ref.losses[1:])
+    lines = out.getvalue().splitlines(keepends=True)
+    assert lines[0] == "note: a note\n" and lines[1].startswith("resuming from ")
+    steps = [ln for ln in lines if ln.startswith("step ")]
+    assert [ln.split()[1] for ln in steps] == (["3/3"] if enabled else ["2/3", "3/3"])
+    assert sum(ln.startswith("checkpoint ") for ln in lines) == 2
+    # every line was flushed as soon as it was written
+    ends = {"".join(lines[: i + 1]) for i in range(len(lines))}
+    assert ends <= set(out.flushed)
+    assert calls[:3] == [("init", False), ("task", "training", 3), ("update", {"completed": 1})]
+    updates = [c[1] for c in calls if c[0] == "update"][1:]
+    assert [u["completed"] for u in updates] == [2, 3]
+    for u, want in zip(updates, ref.losses[1:]):
+        assert u["info"].startswith(f"loss {want:.6f} · ") and u["info"].endswith(" s/step")
+    assert calls.count(("exit",)) == 1 and calls.index(("exit",)) > calls.index(
+        ("update", updates[-1])
+    )
+
+
+def test_the_step_vector_carries_the_loss_and_each_ranks_peaks(mlp, monkeypatch, tmp_path):
+    """Rank 1 of 2 stood in (dist's rank and size; the all-reduce adds rank 0's vector): the
+    one float64 all-reduce holds the loss divided by the last stage's replicas (stood in: 4),
+    this rank's peak and reserved bytes in its own slots (2^40 + 1: exact in float64 only);
+    a rank not on the last stage adds no loss. The rate counts the unit's per-sample size."""
+    import runtime.train as train
+
+    plan, mf, _ = mlp
+    sent = []
+
+    def all_reduce(vec):
+        sent.append(vec.clone())
+        vec += torch.tensor([0.5, 7.0, 0.0, 9.0, 0.0], dtype=vec.dtype)
+
+    fake = SimpleNamespace(get_rank=lambda: 1, get_world_size=lambda: 2, all_reduce=all_reduce)
+    replicas_of = type(plan.mesh).replicas_of
+    asked = []
+    monkeypatch.setattr(type(plan.mesh), "replicas_of",
+                        lambda self, i: (asked.append(i), replicas_of(self, i) * 4)[1])  # fmt: skip
+    monkeypatch.setattr(train, "dist", fake)
+    monkeypatch.setattr(train, "peak_memory_bytes", lambda d: 2**40 + 1)
+    monkeypatch.setattr(train, "peak_reserved_bytes", lambda d: 2**41 + 1)
+    local = iter([3.0, None])
+    monkeypatch.setattr(train, "_local_step", lambda *a: next(local))
+    losses = train_plan(plan, mf, torch.device("cpu"), steps=2, seed=0, run_dir=tmp_path)
+    assert asked == [plan.mesh.pp - 1]
+    assert [v.dtype for v in sent] == [torch.float64] * 2
+    assert [v.tolist() for v in sent] == [
+        [0.75, 0.0, 2**40 + 1, 0.0, 2**41 + 1],
+        [0.0, 0.0, 2**40 + 1, 0.0, 2**41 + 1],
+    ]
+    assert losses == [1.25, 0.5]
+    assert not (tmp_path / "metrics.jsonl").exists()  # rank 0 writes it
+
+
+def test_the_rate_counts_tokens_per_sample(mlp, monkeypatch, tmp_path):
+    """A model of token ids (the unit stood in: 16 tokens a sample) reports tokens per second,
+    the global batch's tokens over the step's time; the unit is read from one sample's
+    inputs."""
+    import runtime.train as train
+
+    plan, mf, _ = mlp
+    seen = []
+    monkeypatch.setattr(train, "throughput_unit", lambda x: (seen.append(x), ("tokens", 16))[1])
+    train_plan(plan, mf, torch.device("cpu"), steps=1, seed=0, run_dir=tmp_path)
+    (x,) = seen
+    want = mf.batch(1, step=0)[0]
+    assert len(x) == len(want) and all(torch.equal(a, b) for a, b in zip(x, want))
+    (r,) = _metrics(tmp_path)
+    assert abs(r["tokens_per_s"] * r["step_time_s"] - 8 * 16) < 1e-6 * 8 * 16
