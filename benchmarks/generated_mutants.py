@@ -331,6 +331,27 @@ MODULES: dict[str, list[str]] = {
     # one process: the refusals whole, the torchrun command, run_plan with subprocess.run
     # recording it (test_runtime_launch starts real workers: a minute a mutant)
     "runtime/launch.py": ["tests/test_mutant_kills_launch.py"],
+    # plan.json's text, write and load, each defect's message, the counts filled per stage
+    # (test_plan_file's checks plan models in module fixtures)
+    "planner/schema/__init__.py": ["tests/test_mutant_kills_schema_io.py"],
+    # the formats at each threshold, rows of options priced by hand, the figure read back from
+    # matplotlib's objects (test_resources' figure test plans the MLP per option)
+    "planner/resources/figure.py": ["tests/test_mutant_kills_figure.py"],
+    # the pool's mixed side by hand, mixed_option around a stand-in for the mixed planner
+    # (test_mixed_pool's command-line test plans GPT 1.3B over two kinds)
+    "planner/resources/mixed_pool.py": [
+        *(
+            f"tests/test_mixed_pool.py::test_{name}"
+            for name in (
+                "fabric_reads_and_links_both_ways",
+                "bad_fabric_is_a_one_line_error",
+                "mixed_run_cost_is_the_per_kind_sum",
+                "placement_rate_prices_a_step_second_of_each_objective_by_hand",
+                "best_single_takes_each_kinds_least_step",
+            )
+        ),
+        "tests/test_mutant_kills_mixed_pool.py",
+    ],
 }
 # the shipped example models, planned for the equivalence check (file, size, GPUs, profile)
 EXAMPLES = [
