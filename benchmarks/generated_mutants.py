@@ -352,6 +352,9 @@ MODULES: dict[str, list[str]] = {
         ),
         "tests/test_mutant_kills_mixed_pool.py",
     ],
+    # the --resources path with the planner stood in (test_resources' and test_mixed_pool's
+    # command-line tests plan the MLP or GPT per option: tens of seconds to minutes)
+    "planner/resources/command.py": ["tests/test_mutant_kills_resources_command.py"],
 }
 # the shipped example models, planned for the equivalence check (file, size, GPUs, profile)
 EXAMPLES = [
