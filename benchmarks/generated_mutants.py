@@ -355,6 +355,9 @@ MODULES: dict[str, list[str]] = {
     # the --resources path with the planner stood in (test_resources' and test_mixed_pool's
     # command-line tests plan the MLP or GPT per option: tens of seconds to minutes)
     "planner/resources/command.py": ["tests/test_mutant_kills_resources_command.py"],
+    # the small MLP's mixed plan over two CPU kinds, each kind's step alone given (a fraction
+    # of a second); test_mixed_plan plans GPT over them, each kind alone too (half a minute)
+    "planner/resources/mixed_plan.py": ["tests/test_mutant_kills_mixed_plan.py"],
 }
 # the shipped example models, planned for the equivalence check (file, size, GPUs, profile)
 EXAMPLES = [
