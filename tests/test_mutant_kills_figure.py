@@ -56,6 +56,8 @@ def option(node, nodes, wall_h, cost, energy, carbon_kg, step=2.5, mesh="pp1 dp8
         (-14050, "-14.1k"),
         (-4405.2, "-4,405"),
         (-0.5, "-0.5"),
+        (-0.0, "0"),  # not "-0"
+        (2_345_000, "2.35M"),  # 2.345 rounds up; 2_345_000 / 1_000_001 would round down
     ],
 )
 def test_si_at_each_threshold(x, text):
@@ -239,3 +241,28 @@ def test_no_star_without_a_chosen_priced_option_and_linear_time_at_zero(drawn, t
     draw_front([FAST], FAST, [FAST], tmp_path / "g.png")
     assert [len(ax.collections) for ax in drawn["fig"].get_axes()] == [2, 2, 2]
     assert fig_module.draw_front is draw_front
+
+
+def test_the_figure_columns_are_right_justified_and_the_names_left(capsys):
+    """Cells one character wide under wider ones: a right-justified column ends each cell
+    where its header ends, a left-justified one starts it where its header starts."""
+    rows = [
+        ["*", "o", "1", "m", "1", "1", "1", "1", "1"],
+        ["", "option-wide", "1234", "mesh-wide", "12345", "12345", "12345", "12345", "12345"],
+    ]
+    print_table(rows, "t", width=200)
+    header, first = capsys.readouterr().out.splitlines()[1:3]
+    for i, name in enumerate(HEADER):
+        if not name:
+            continue
+        if i in (1, 3):  # option and mesh: left
+            assert first[header.index(name)] == rows[0][i], name
+        else:
+            end = header.index(name) + len(name) - 1
+            assert first[end] == "1" and first[end + 1 : end + 2] in ("", " "), name
+
+
+def test_carbon_is_in_tonnes():
+    """1,000,000 kg is 1,000 t (a kilo-tonne less one kilogram would print 999)."""
+    heavy = option(A, 1, 1.0, 1.0, 1.0, 1_000_000.0)
+    assert table_rows([heavy], None, [], None, None)[0][8] == "1,000"

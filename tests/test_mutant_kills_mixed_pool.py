@@ -291,3 +291,37 @@ def test_tokens_per_step_is_at_least_one(
 def replace_gbs(plan, gbs):
     plan.global_batch_size = gbs
     return plan
+
+
+def test_mixed_node_type_weighs_idle_power_too():
+    """An H100 idling at 300 W: (12 x 100 + 4 x 300) / 16 = 150 W."""
+    data = {
+        "node": [
+            node("a", "a100-80g", 4, 1.0, 400.0, 100.0, 3300.0, 400.0, 1.5),
+            node("h", "h100-sxm", 2, 2.0, 700.0, 300.0, 4600.0, 100.0, 1.2),
+        ],
+    }
+    row = mixed_node_type(pool_from_dict(data, "test"), kinds_plan(), 3)
+    assert row.gpu_idle_watts == pytest.approx(150.0)
+
+
+def test_best_single_keeps_the_least_not_the_last():
+    def opt(t):
+        return SimpleNamespace(node=SimpleNamespace(name="a"), point=SimpleNamespace(step_time_s=t))
+
+    assert best_single([opt(2.0), opt(3.0)]) == {"a": 2.0}
+
+
+def test_the_default_objective_is_time(planner):
+    """No objective given, no deadline or budget: the fastest pipeline, no rate."""
+    mixed_option(P, "m.py", {}, [priced(A, 1, 5.0, 10.0)], 100, None)
+    (call,) = planner.calls
+    assert call.rate is None and call.objective_cutoff == math.inf
+
+
+def test_an_option_with_a_point_but_no_run_is_not_priced(planner):
+    """Priced means planned and costed: a point without a run prices no rate."""
+    half = Option(H, 1, PlanPoint(1.0, 0.5, 100, "dp8"), None)
+    mixed_option(P, "m.py", {}, [half], 100, None, None, "cost")
+    (call,) = planner.calls
+    assert call.rate is None and call.objective_cutoff == math.inf
