@@ -483,3 +483,19 @@ def test_write_resources_makes_its_folder(tmp_path):
     assert path.read_text() == '{\n  "b": 1,\n  "a": [\n    1\n  ]\n}\n'
     write_resources(tmp_path / "x" / "y", {"c": None})
     assert path.read_text() == '{\n  "c": null\n}\n'
+
+
+def test_print_choice_marks_the_table_and_counts_what_meets_both_limits(tmp_path, capsys):
+    """a x1 (1 h, $10) chosen and on the front; a x2 (2 h, $20) meets the 2 h deadline but
+    not the $15 budget; a x3 (3 h, $30) misses both: one option meets them."""
+    pool = load_pool(args(tmp_path).resources)
+    a1, a2, a3 = option("a", 1), option("a", 2), option("a", 3)
+    a = args(tmp_path, objective="cost", deadline=2.0, budget=15.0)
+    print_choice(a, pool, [a1, a2, a3], a1, [a1], [Path("x")])
+    lines = capsys.readouterr().out.splitlines()
+    rows = [r for r in map(str.split, lines) if r[1:2] == ["a"] and set(r[0]) <= set("*+DB")]
+    marks = {r[1] + r[2]: r[0] for r in rows}
+    assert marks == {"ax1": "*+", "ax2": "B", "ax3": "DB"}
+    assert any(
+        line.startswith("chosen: a x1 has the least cost ($10) of the 1 options") for line in lines
+    )
