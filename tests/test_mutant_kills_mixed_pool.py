@@ -325,3 +325,11 @@ def test_an_option_with_a_point_but_no_run_is_not_priced(planner):
     mixed_option(P, "m.py", {}, [half], 100, None, None, "cost")
     (call,) = planner.calls
     assert call.rate is None and call.objective_cutoff == math.inf
+
+
+def test_one_priced_option_sets_the_steps(planner):
+    """The steps come from the first priced option's tokens a step (10,000 at 4,096: 3)."""
+    mixed_option(P, "m.py", {}, [priced(A, 1, 5.0, 10.0)], 10_000, None, None, "cost")
+    (call,) = planner.calls
+    assert call.rate.per_step_s([16, 8]) == pytest.approx(32 * (3 / 0.9) / 3600)
+    assert call.objective_cutoff == 10.0
