@@ -229,6 +229,10 @@ def test_the_figure_read_back(drawn, tmp_path):
     assert legend.get_texts()[0].get_fontsize() == 8
     # tight_layout: the first panel's left edge is pulled in from the default 0.125
     assert axes[0].get_position().x0 < 0.1
+    # three panels side by side: one row, left to right
+    boxes = [ax.get_position() for ax in axes]
+    assert boxes[0].x1 < boxes[1].x0 and boxes[1].x1 < boxes[2].x0
+    assert boxes[0].y0 == boxes[1].y0 == boxes[2].y0
 
 
 def test_no_star_without_a_chosen_priced_option_and_linear_time_at_zero(drawn, tmp_path):

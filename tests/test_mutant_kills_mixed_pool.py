@@ -333,3 +333,12 @@ def test_one_priced_option_sets_the_steps(planner):
     (call,) = planner.calls
     assert call.rate.per_step_s([16, 8]) == pytest.approx(32 * (3 / 0.9) / 3600)
     assert call.objective_cutoff == 10.0
+
+
+def test_no_option_meeting_the_limits_leaves_no_cutoff(planner):
+    """Priced options that all miss the deadline: the cutoff is inf, not the error of an
+    empty min."""
+    options = [priced(A, 1, 8.0, 10.0), priced(A, 2, 5.0, 12.0)]
+    mixed_option(P, "m.py", {}, options, 10_000, None, None, "cost", deadline_h=1.0)
+    (call,) = planner.calls
+    assert call.objective_cutoff == math.inf and call.rate is not None

@@ -92,6 +92,7 @@ def stand_ins(monkeypatch):
     seen = SimpleNamespace(kwargs=None, mixed_args=None, mixed=(None, None), kept=[], asked=[])
 
     def plan_option(mf, kwargs):
+        seen.mf = mf
         seen.kwargs = dict(kwargs)
         seen.kwargs_obj = kwargs
 
@@ -221,7 +222,9 @@ def test_the_planner_is_asked_with_the_commands_settings(tmp_path, stand_ins):
     assert stand_ins.mixed_kwargs == {"training": training, "use_cache": True, "bounds": {}}
     assert [o.label for o in options] == ["a x1", "a x2", "h x1"]
     assert (tokens, steps, obj, dl, bud, degrees) == (10_000, None, "time", None, None, False)
-    assert callable(cb)
+    assert callable(cb) and stand_ins.mf is MF
+    run_resources(args(tmp_path, deadline=100.0, budget=50.0), MF, training, None)
+    assert stand_ins.mixed_args[8:10] == (100.0, 50.0)
     run_resources(args(tmp_path, stage_degrees="on"), MF, training, None)
     assert stand_ins.mixed_args[-1] is True and stand_ins.kwargs["use_cache"] is False
     run_resources(args(tmp_path, stage_degrees="auto", tokens=None), MF, training, 7)
