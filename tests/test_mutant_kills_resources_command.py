@@ -502,3 +502,30 @@ def test_print_choice_marks_the_table_and_counts_what_meets_both_limits(tmp_path
     assert any(
         line.startswith("chosen: a x1 has the least cost ($10) of the 1 options") for line in lines
     )
+
+
+class Opened(Recorded):
+    """Recorded bars that keep how they were opened."""
+
+    opened: list = []
+
+    def __init__(self, quiet=False, verbose=False):
+        Opened.opened.append((quiet, verbose))
+        super().__init__(quiet, verbose)
+
+
+def test_a_namespace_without_json_or_verbose_is_neither(tmp_path, stand_ins, monkeypatch, capsys):
+    """A caller's namespace may lack --json and --verbose: the table, no JSON, no verbose
+    lines; the bars are opened quiet exactly when --quiet or --json is given."""
+    Opened.opened = []
+    monkeypatch.setattr(command, "Bars", Opened)
+    a = args(tmp_path)
+    del a.json, a.verbose
+    run_resources(a, MF, Training(8), None)
+    out, err = capsys.readouterr()
+    assert f"{a.resources}: by time" in out and not out.startswith("{")
+    assert err == ""
+    run_resources(args(tmp_path, quiet=True), MF, Training(8), None)
+    run_resources(args(tmp_path, json=True, verbose=True), MF, Training(8), None)
+    run_resources(args(tmp_path, verbose=True), MF, Training(8), None)
+    assert Opened.opened == [(False, False), (True, False), (True, True), (False, True)]
