@@ -168,7 +168,7 @@ def test_the_figure_read_back(drawn, tmp_path):
     """Panels (time, cost), (time, carbon), (cost, carbon): each kind's points in its own
     colour, each annotated with its node count, the front joined in order of x, the chosen
     option a gold star on top; time on a log axis."""
-    out = tmp_path / "deep" / "front.png"
+    out = tmp_path / "deep" / "er" / "front.png"  # folders made
     assert draw_front([FAST, CHEAP, SLOW, UNFIT], SLOW, [CHEAP, FAST], out) == out
     assert out.stat().st_size > 0
     fig = drawn["fig"]
@@ -270,3 +270,9 @@ def test_carbon_is_in_tonnes():
     """1,000,000 kg is 1,000 t (a kilo-tonne less one kilogram would print 999)."""
     heavy = option(A, 1, 1.0, 1.0, 1.0, 1_000_000.0)
     assert table_rows([heavy], None, [], None, None)[0][8] == "1,000"
+
+
+def test_time_under_an_hour_is_still_on_a_log_axis(drawn, tmp_path):
+    quick = option(A, 1, 0.5, 1.0, 1.0, 1.0)
+    draw_front([quick, FAST], None, [quick], tmp_path / "q.png")
+    assert drawn["fig"].get_axes()[0].get_xscale() == "log"

@@ -379,6 +379,7 @@ def test_no_option_meeting_the_limits_writes_resources_json_and_raises(tmp_path,
     doc = json.loads((tmp_path / "out" / "resources.json").read_text())
     assert doc["chosen"] is None and doc["plan"] is None
     assert doc["deadline_h"] == 0.001 and doc["budget_usd"] == 0.01
+    assert doc["notes"] == []
     assert [o["chosen"] for o in doc["options"]] == [False, False, False]
     text = capsys.readouterr().out
     assert f"{a.resources}: no option meets the limits" in text
@@ -529,3 +530,9 @@ def test_a_namespace_without_json_or_verbose_is_neither(tmp_path, stand_ins, mon
     run_resources(args(tmp_path, json=True, verbose=True), MF, Training(8), None)
     run_resources(args(tmp_path, verbose=True), MF, Training(8), None)
     assert Opened.opened == [(False, False), (True, False), (True, True), (False, True)]
+
+
+def test_the_budget_excludes_the_fastest(tmp_path, stand_ins):
+    """By time with a $0.19 budget: h x1 ($0.20) is over it, a x2 ($0.178) is chosen."""
+    run_resources(args(tmp_path, budget=0.19), MF, Training(8), None)
+    assert json.loads((tmp_path / "out" / "resources.json").read_text())["chosen"] == "a x2"
