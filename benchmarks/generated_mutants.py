@@ -352,6 +352,33 @@ MODULES: dict[str, list[str]] = {
     # from the test (TP 2, FSDP 2 x TP 2) against slices cut by hand (test_dtensor_blocks:
     # a child on the fake process group)
     "runtime/dtensor_blocks.py": ["tests/test_mutant_kills_dtensor_blocks.py"],
+    # plan.json's text, write and load, each defect's message, the counts filled per stage
+    # (test_plan_file's checks plan models in module fixtures)
+    "planner/schema/__init__.py": ["tests/test_mutant_kills_schema_io.py"],
+    # the formats at each threshold, rows of options priced by hand, the figure read back from
+    # matplotlib's objects (test_resources' figure test plans the MLP per option)
+    "planner/resources/figure.py": ["tests/test_mutant_kills_figure.py"],
+    # the pool's mixed side by hand, mixed_option around a stand-in for the mixed planner
+    # (test_mixed_pool's command-line test plans GPT 1.3B over two kinds)
+    "planner/resources/mixed_pool.py": [
+        *(
+            f"tests/test_mixed_pool.py::test_{name}"
+            for name in (
+                "fabric_reads_and_links_both_ways",
+                "bad_fabric_is_a_one_line_error",
+                "mixed_run_cost_is_the_per_kind_sum",
+                "placement_rate_prices_a_step_second_of_each_objective_by_hand",
+                "best_single_takes_each_kinds_least_step",
+            )
+        ),
+        "tests/test_mutant_kills_mixed_pool.py",
+    ],
+    # the --resources path with the planner stood in (test_resources' and test_mixed_pool's
+    # command-line tests plan the MLP or GPT per option: tens of seconds to minutes)
+    "planner/resources/command.py": ["tests/test_mutant_kills_resources_command.py"],
+    # the small MLP's mixed plan over two CPU kinds, each kind's step alone given (a fraction
+    # of a second); test_mixed_plan plans GPT over them, each kind alone too (half a minute)
+    "planner/resources/mixed_plan.py": ["tests/test_mutant_kills_mixed_plan.py"],
 }
 # the shipped example models, planned for the equivalence check (file, size, GPUs, profile)
 EXAMPLES = [

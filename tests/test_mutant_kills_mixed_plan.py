@@ -1,0 +1,238 @@
+"""Tests written for mutmut's generated mutants of planner/resources/mixed_plan.py (benchmarks/
+generated_mutants.py): the plan's mesh and a placement's configs worked by hand, and the mixed
+plan of examples/mlp.py (size small, 8 blocks) over two CPU kinds (the measured ``cpu`` profile
+and a copy at half its fp32 peak and half its memory) with each kind's step alone given, so
+that the search and the record run in a fraction of a second: every field of the plan against
+the search's own result (its MILP's objective, its kinds and placement) or a closed form (the
+bubble, the MFU at each kind's peak, the samples a second), and the refusals' whole messages.
+test_mixed_plan plans GPT over the same kinds (each kind alone too: half a minute).
+docs/mutation.md names the mutants each test kills."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from runs import cpu_profile
+
+from planner.errors import UserInputError
+from planner.resources.mixed_plan import (
+    KindSpec,
+    MixedPlanResult,
+    counts_to_config,
+    plan_mesh,
+    plan_mixed,
+)
+from planner.schema import plan_from_dict
+from planner.schema.mesh import Mesh
+from planner.search.mixed.cost import step_time
+from planner.search.mixed.search import RunRate
+from planner.training import Training
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = ROOT / "examples" / "mlp.py"
+ARGS = {"size": "small"}
+LINK = (4.4e9, 3.1e-4)
+PEAK = {"fast": 1.0e11, "slow": 5.0e10}  # fp32 FLOP/s: profiles/cpu.toml and its half
+CAPACITY = {"fast": 8 * 2**30, "slow": 4 * 2**30}
+
+
+@pytest.fixture(scope="module")
+def half(tmp_path_factory) -> str:
+    tmp = tmp_path_factory.mktemp("kinds")
+    return cpu_profile(tmp, "cpu-half", peak_flops_fp32="5.0e10", capacity_bytes=4294967296)
+
+
+def mixed(half: str, fast: int = 2, slow: int = 1, **kw) -> MixedPlanResult:
+    kinds = [KindSpec("fast", "cpu", fast), KindSpec("slow", half, slow)]
+    common = dict(
+        model_args=ARGS, global_batch_size=8, dtype="fp32", optimizer="sgd", lr=0.5,
+        single={"fast": 10.0, "slow": 10.0}, stage_degrees=True,
+    )  # fmt: skip
+    return plan_mixed(MODEL, kinds, {("fast", "slow"): LINK}, **{**common, **kw})
+
+
+@pytest.fixture(scope="module")
+def three(half) -> MixedPlanResult:
+    """Two fast ranks and one slow one."""
+    return mixed(half)
+
+
+def test_plan_mesh_lists_stage_degrees_only_where_they_differ():
+    assert plan_mesh(2, 2, [2, 2]) == Mesh(2, 2, 2)
+    assert plan_mesh(2, 2, [1, 2]) == Mesh(2, 2, 2, stage_tp=(1, 2))
+    assert plan_mesh(2, 2, [2, 2], [1, 2]) == Mesh(2, 4, 2, stage_dp=(2, 4))
+    assert plan_mesh(2, 3, [1, 1], [2, 2]) == Mesh(2, 6, 1)
+    assert plan_mesh(3, 2, [4, 1, 2], []) == Mesh(3, 2, 4, stage_tp=(4, 1, 2))
+    assert plan_mesh(2, 1, [1, 2], [3, 1]) == Mesh(2, 3, 2, stage_tp=(1, 2), stage_dp=(3, 1))
+
+
+def test_counts_to_config_places_each_segments_blocks_in_order():
+    """Blocks E L L L H (segments E, LLL, H). Stage 0 takes E (option 0) and two L's (option
+    1), stage 1 one L (option 0) and H (option 1): stages [0 0 0 1 1], options [0 1 1 0 1].
+    Stage 0 is on variant 1, stage 1 on variant 0: variant 0's config carries the options of
+    blocks 3 and 4 only, variant 1's those of blocks 0 to 2."""
+    blocks = [SimpleNamespace(cls=c) for c in "ELLLH"]
+    counts = [[[1, 0], [0, 2], [0, 0]], [[0, 0], [1, 0], [0, 1]]]
+    meshes = [Mesh(2, 1, 2), Mesh(2, 2, 1)]
+    base = SimpleNamespace(micro_batch_size=4, schedule="gpipe", zero_stage=2)
+    stage_of, choice, configs = counts_to_config(base, blocks, counts, [1, 0], meshes)
+    assert stage_of == [0, 0, 0, 1, 1] and choice == [0, 1, 1, 0, 1]
+    assert [c.choice for c in configs] == [[0, 0, 0, 0, 1], [0, 1, 1, 0, 0]]
+    for c, mesh in zip(configs, meshes, strict=True):
+        assert c.mesh == mesh and c.micro_batch_size == 4 and c.schedule == "gpipe"
+        assert c.virtual_stages == 1 and c.zero_stage == 2 and c.stage_of == stage_of
+
+
+def test_refusals_are_one_line_errors(half):
+    one = [KindSpec("fast", "cpu", 1)]
+    same = [KindSpec("fast", "cpu", 1), KindSpec("fast", half, 1)]
+    for kinds in (one, same, []):
+        with pytest.raises(UserInputError) as exc:
+            plan_mixed(MODEL, kinds, {})
+        assert str(exc.value) == "a mixed plan needs at least two device kinds with distinct names"
+    kinds = [KindSpec("fast", "cpu", 1), KindSpec("slow", half, 1)]
+    for link in (("fast", "gone"), ("gone", "slow")):
+        with pytest.raises(UserInputError) as exc:
+            plan_mixed(MODEL, kinds, {link: LINK}, model_args=ARGS, single={"fast": 1.0})
+        assert str(exc.value) == (
+            f"a fabric names {link[0]!r} and {link[1]!r}: not both kinds of this job"
+        )
+
+
+def test_best_single_is_the_least_step_ties_to_the_first_name():
+    res = MixedPlanResult({"b": 2.0, "a": 2.0, "c": 3.0}, {}, None, None)
+    assert res.best_single == ("a", 2.0)
+    assert MixedPlanResult({"b": 1.0, "a": 2.0}, {}, None, None).best_single == ("b", 1.0)
+    assert res.notes == []
+
+
+def test_the_plan_validates_and_round_trips(three):
+    plan = three.plan
+    assert plan_from_dict(json.loads(json.dumps(plan.to_dict()))).to_dict() == plan.to_dict()
+    assert three.single == {"fast": 10.0, "slow": 10.0} and three.single_plans == {}
+    assert three.notes == three.search.notes
+
+
+def test_the_plan_is_the_searchs_best_placement(three):
+    plan, search = three.plan, three.search
+    best = search.best
+    c, sol, mp = best.cand, best.solution, best.problem
+    assert plan.mesh == plan_mesh(c.pp, c.dp, sol.tps, sol.dps)
+    assert plan.mesh.pp == len(plan.stages) == 3 and plan.mesh.size == 3
+    assert plan.micro_batch_size == c.micro_batch_size and plan.schedule == c.schedule
+    assert plan.zero_stage == c.zero and plan.virtual_stages == 1
+    assert (plan.dtype, plan.optimizer, plan.lr, plan.global_batch_size) == ("fp32", "sgd", 0.5, 8)
+    assert plan.predicted.step_time_s == float(f"{sol.objective:.12g}")
+    assert sol.objective == step_time(mp, sol.variants, sol.counts)
+    names = [search.kinds[k].name for k in sol.kinds]
+    assert [st.kind for st in plan.stages] == names
+    assert sorted(names) == ["fast", "fast", "slow"]
+    assert plan.rank_kinds == [names[plan.mesh.coords(r)[0]] for r in range(3)]
+    # the kinds used, in the job's order, each with its GPUs in the plan
+    assert [(k.name, k.profile, k.gpus_per_node, k.gpus) for k in plan.kinds] == [
+        ("fast", "cpu", 8, 2),
+        ("slow", "cpu-half", 8, 1),
+    ]
+    assert (plan.cluster.profile, plan.cluster.gpus_per_node, plan.cluster.gpus) == (
+        "cpu+cpu-half",
+        8,
+        3,
+    )
+    assert plan.cluster.nodes == 1
+    assert plan.solver.status == ("optimal" if search.proven else "feasible")
+    assert plan.solver.objective == plan.predicted.step_time_s
+    assert plan.solver.candidates_total == len(search.candidates)
+    assert plan.solver.candidates_solved == search.solved
+    pruned = sum(1 for x in search.candidates if x.status == "pruned-bound")
+    assert plan.solver.candidates_pruned == pruned
+    assert plan.solver.solve_time_s == pytest.approx(search.solve_time_s, rel=1e-9)
+
+
+def test_each_stage_is_its_blocks_ranks_and_hop(three):
+    plan, best = three.plan, three.search.best
+    sol, mp = best.solution, best.problem
+    seen = []
+    for j, st in enumerate(plan.stages):
+        assert st.index == j and st.pp_rank == j
+        assert st.ranks == plan.mesh.stage_ranks(j)
+        hop = float(mp.hop[j][sol.variants[j]][sol.variants[j + 1]]) if j < 2 else 0.0
+        assert st.p2p_s == pytest.approx(hop, rel=1e-9)
+        assert st.time_per_microbatch_s == pytest.approx(st.compute_s + st.tp_comm_s + hop)
+        assert st.local_batch_size == 8 // plan.mesh.dp_of(j)
+        assert st.num_microbatches == 8 // plan.mesh.dp_of(j) // plan.micro_batch_size
+        seen += st.blocks
+        for name in st.blocks:
+            assert next(b for b in plan.blocks if b.name == name).stage == j
+    assert seen == [b.name for b in plan.blocks]
+    assert len(seen) == 10  # the input projection, 8 blocks, the head
+    assert plan.stages[-1].p2p_s == 0.0 and plan.stages[0].p2p_s > 0
+    # a stage's forward and backward share its hop: each carries half of it
+    for st in plan.stages:
+        assert st.forward_s + st.backward_s == pytest.approx(st.time_per_microbatch_s, rel=1e-6)
+
+
+def test_prediction_by_closed_form(three):
+    """The bubble: every stage's time but the longest; the MFU: the step's model FLOPs over
+    the step times each rank's own peak; samples: 8 a step."""
+    plan = three.plan
+    p = plan.predicted
+    times = [st.time_per_microbatch_s for st in plan.stages]
+    assert p.bubble_s == pytest.approx(sum(times) - max(times), rel=1e-6)
+    peak = sum(PEAK[k] for k in plan.rank_kinds)
+    assert p.mfu == pytest.approx(p.model_flops_per_step / (p.step_time_s * peak), rel=1e-6)
+    assert p.samples_per_s == pytest.approx(8 / p.step_time_s, rel=1e-9)
+    assert p.tokens_per_s == pytest.approx(p.samples_per_s, rel=1e-9)  # a sample is a token
+    assert p.model_flops_per_step > 0
+    ratio = [
+        m.total / CAPACITY[st.kind] for m, st in zip(p.memory_per_stage, plan.stages, strict=True)
+    ]
+    worst = max(range(3), key=lambda j: (ratio[j], j))
+    assert p.peak_memory_bytes == pytest.approx(p.memory_per_stage[worst].total, rel=1e-9)
+    assert p.capacity_bytes == CAPACITY[plan.stages[worst].kind]
+    assert p.pipeline_s >= max(times)
+    assert p.step_time_range_s is not None  # the published runs' spread
+
+
+def test_the_mlps_flops_are_the_single_kinds(three, half):
+    """The model FLOPs of a step do not depend on the placement: the 2-rank plan's equal the
+    3-rank plan's."""
+    two = mixed(half, fast=1, slow=1)
+    assert two.plan.predicted.model_flops_per_step == three.plan.predicted.model_flops_per_step
+    assert [k.gpus for k in two.plan.kinds] == [1, 1]
+    assert two.plan.mesh.pp == 2
+
+
+def test_a_cutoff_below_every_step_keeps_no_plan(half):
+    res = mixed(half, fast=1, slow=1, single={"fast": 1e-9, "slow": 10.0})
+    assert res.plan is None and res.search.best is None
+    rate = RunRate(lambda g: 1.0, lambda g: math.inf)
+    res = mixed(half, fast=1, slow=1, rate=rate, objective_cutoff=1e-9, single={"fast": 10.0})
+    assert res.plan is None
+    res = mixed(half, fast=1, slow=1, rate=rate, objective_cutoff=10.0, single={"fast": 1e-9})
+    assert res.plan is not None  # the rate's cutoff, not the single steps, decides
+
+
+def test_training_given_is_kept(half):
+    res = mixed(half, fast=1, slow=1, training=Training(4, "fp32", "sgd", lr=0.25))
+    assert res.plan.global_batch_size == 4 and res.plan.lr == 0.25
+
+
+def test_kinds_alone_are_planned_when_not_given(half, tmp_path):
+    """Without ``single`` each kind is planned alone on its GPUs; a kind whose memory holds
+    nothing is infinitely slow and says why in a note."""
+    tiny = cpu_profile(tmp_path, "cpu-tiny", capacity_bytes=1000)
+    kinds = [KindSpec("fast", "cpu", 1), KindSpec("tiny", tiny, 1)]
+    res = plan_mixed(
+        MODEL, kinds, {("fast", "tiny"): LINK}, model_args=ARGS, global_batch_size=8,
+        dtype="fp32", optimizer="sgd", lr=0.5,
+    )  # fmt: skip
+    assert res.single["tiny"] == math.inf
+    assert res.single["fast"] == res.single_plans["fast"].predicted.step_time_s
+    assert set(res.single_plans) == {"fast"}
+    assert res.single_plans["fast"].global_batch_size == 8
+    note = next(n for n in res.notes if n.startswith("tiny alone: "))
+    assert ";" not in note and "\n" not in note
