@@ -107,6 +107,21 @@ def test_the_cut_graph_expands_to_the_full_one(count, start, period, gated_every
     assert isinstance(expand(_layers_graph(r.kept, gated_every), r), OpGraph)
 
 
+def test_an_op_after_the_layers_reading_the_last_ones_weight_reads_it_at_full_depth():
+    """The head also reads the last layer's up weight (and a buffer of it): traced cut to 4
+    layers that is layers.3's, expanded to 8 it is layers.7's, as the full trace has it."""
+
+    def reading_last(layers: int) -> OpGraph:
+        g = _layers_graph(layers)
+        last = f"layers.{layers - 1}"
+        g.nodes[f"linear_{layers}"]["args"] += [  # the head
+            {"param": f"{last}.up.weight"}, {"buffer": f"{last}.cache"},
+        ]  # fmt: skip
+        return g
+
+    _same_graph(expand(reading_last(4), R), reading_last(8))
+
+
 def test_a_repeat_keeps_its_irregular_members_and_three_periods():
     assert Repeat("layers", 20, 2, 3).kept == 11
     assert Repeat("layers", 20, 0, 1).kept == 3
@@ -133,6 +148,14 @@ def _move(g: OpGraph, node: str, order: float) -> OpGraph:
         ),
         (  # layer 2's linear runs before layer 1's add
             lambda g: _move(g, "linear_2", 6.5),
+            "layers: members out of order",
+        ),
+        (  # layer 1's linear runs first of all: only the first two ops are out of order
+            lambda g: _move(g, "linear_1", 1.5),
+            "layers: members out of order",
+        ),
+        (  # layer 2's add runs last of all: only the last two ops are out of order
+            lambda g: _move(g, "add_2", 13.5),
             "layers: members out of order",
         ),
         (  # layer 3 has one op more
