@@ -321,29 +321,36 @@ def test_the_hook_trace_has_one_node_per_leaf_module_call(model_file):
     assert g.graph["outputs"] == ["head#3"]
 
 
+class _Square(nn.Module):
+    def forward(self, x):
+        return x * x  # saves x twice: one storage, counted once
+
+
 class _Conv(nn.Module):
     def __init__(self):
         super().__init__()
         self.conv = nn.Conv1d(2, 4, 3)
+        self.sq = _Square()
         self.act = nn.ReLU()
 
     def forward(self, x):
-        return self.act(self.conv(x))
+        return self.act(self.sq(self.conv(x)))
 
 
 def test_a_convolution_pays_its_outputs_times_its_kernel(tmp_path):
     """Conv1d 2 -> 4, kernel 3, on a length-5 input: 4 x 3 outputs, 2 x 12 x (2 x 3) FLOPs;
-    its input needs no gradient (1 gradient), the ReLU has no parameters and an input that
-    needs one (its output then carries the product's gradient)."""
+    its input needs no gradient (1 gradient); the square saves the convolution's output twice
+    (one storage: recorded once); the ReLU has no parameters and an input that needs one."""
     mf = SimpleNamespace(path=tmp_path / "conv.py")
     x = torch.zeros(1, 2, 5)
     g = _trace_with_hooks(mf, _Conv(), (x,), RuntimeError("x"))
-    conv, act = g.nodes["conv#0"], g.nodes["act#1"]
+    conv, act = g.nodes["conv#0"], g.nodes["act#2"]
     assert (conv["fwd_flops"], conv["bwd_flops"]) == (144, 144)
     assert conv["fwd_bytes"] == 4 * (10 + 12 + 24 + 4)
     assert (act["fwd_flops"], act["bwd_flops"], act["requires_grad"]) == (0, 0, True)
     assert act["params"] == [] and conv["params"] == ["conv.weight", "conv.bias"]
-    assert list(g.edges(data="bytes")) == [("conv#0", "act#1", 48)]
+    assert g.nodes["sq#1"]["saved"] == [["conv#0", 48]]
+    assert list(g.edges(data="bytes")) == [("conv#0", "sq#1", 48), ("sq#1", "act#2", 48)]
 
 
 class _Broken(nn.Module):
@@ -640,13 +647,20 @@ def test_data_dependent_failures_are_told_apart():
 def test_the_hint_for_data_dependent_sizes_speaks_of_experts_where_there_are():
     moe = nn.Module()
     moe.Experts = nn.Linear(2, 2)
-    assert data_dependent_hint(moe).startswith("; the forward sizes its work from tensor values")
-    assert "grouped_mm" in data_dependent_hint(moe)
+    assert data_dependent_hint(moe) == (
+        "; the forward sizes its work from tensor values (.item() or .tolist(), such as tokens "
+        "counted per expert), which a trace without data cannot follow: use an implementation "
+        "that keeps sizes static (transformers' grouped_mm or batched_mm experts, a "
+        "capacity-padded dispatch)"
+    )
     plain = nn.Module()
     plain.fc = nn.Linear(2, 2)
-    hint = data_dependent_hint(plain)
-    assert hint.startswith("; the forward decides what to do from tensor values (a branch")
-    assert hint.endswith("(or move the check out of forward)")
+    assert data_dependent_hint(plain) == (
+        "; the forward decides what to do from tensor values (a branch such as `if mask.any():`"
+        ", a check such as `assert lengths.max() <= n`, .item(), nonzero()), which a trace "
+        "without data cannot follow: make that code depend on shapes only (or move the check "
+        "out of forward)"
+    )
 
 
 def _grouped(dims=2, out=(1, 6, 3, 4), src=(1, 2, 3, 4), target=None, expand=None):
