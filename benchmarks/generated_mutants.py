@@ -256,6 +256,9 @@ MODULES: dict[str, list[str]] = {
     "planner/trace/graph.py": ["tests/test_mutant_kills_graph.py"],
     "planner/trace/blocks.py": ["tests/test_mutant_kills_blocks.py"],
     "planner/trace/repeats.py": ["tests/test_mutant_kills_repeats.py"],
+    # one tiny model traced with no cache (trace_model, once a module), the hooks path and
+    # the helpers on inputs stated by hand (test_trace's models read the session's cache)
+    "planner/trace/export.py": ["tests/test_mutant_kills_export.py"],
     "planner/trace/cache.py": ["tests/test_mutant_kills_trace_cache.py"],
     # a run's cost worked by hand (test_resources' plan the MLP per option)
     "planner/resources/energy.py": ["tests/test_mutant_kills_energy.py"],

@@ -547,6 +547,33 @@ def test_the_router_top_k_gives_the_rows_when_the_grouped_product_has_none():
     assert (moe["top_k"], moe["routed_rows"], moe["width"]) == (4, 12, 8)
 
 
+def test_a_moe_blocks_rows_come_from_its_grouped_product_and_width_from_its_inner_dim():
+    """layers.0: a capacity-padded grouped product of 10 rows (not the router's 6 x 2), inner
+    width 8 of mm_inner [8, 16] (16 its output width), a 3-D top-k [1, 6, 2], a router product
+    of its own rows (6) and width (4) before it and an op inside the experts after it, neither
+    the grouped product. layers.1: no rows in the grouped product, a top-1 router over 6
+    tokens: 6 x 1 rows, an integer."""
+    g = _moe_graph()
+    g.nodes["r0"].update(shapes=[[6, 4]], mm_inner=[8, 4, 6, True])
+    g.nodes["t0"]["shapes"] = [[1, 6, 2], [1, 6, 2]]
+    g.nodes["g0"].update(shapes=[[10, 16]], mm_inner=[8, 16, 3, True])
+    after = {**g.nodes["g0"], "op": "aten.relu.default", "shapes": [[3, 3]], "mm_inner": None}
+    g.add_node("a0", **{**after, "params": [], "order": g.nodes["g0"]["order"] + 0.5})
+    g.add_edge("g0", "a0", bytes=1)
+    g.nodes["t1"]["shapes"] = [[6, 1], [6, 1]]
+    g.nodes["g1"]["shapes"] = [[0, 8]]
+    first, second = (b.extra["moe"] for b in make_blocks(g))
+    assert (first["top_k"], first["routed_rows"], first["width"]) == (2, 10, 8)
+    assert (second["top_k"], second["routed_rows"], second["width"]) == (1, 6, 8)
+    assert type(second["routed_rows"]) is int
+
+
+def test_a_grouped_product_without_inner_dims_gives_no_moe_entry():
+    g = _moe_graph()
+    g.nodes["g0"]["mm_inner"] = None
+    assert make_blocks(g)[0].extra == {}
+
+
 # --------------------------------------------------------------------------- helpers
 
 

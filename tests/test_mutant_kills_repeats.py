@@ -107,6 +107,26 @@ def test_the_cut_graph_expands_to_the_full_one(count, start, period, gated_every
     assert isinstance(expand(_layers_graph(r.kept, gated_every), r), OpGraph)
 
 
+@pytest.mark.parametrize(
+    "r, gated_every", [(Repeat("layers", 8, 1, 1), 0), (Repeat("layers", 10, 0, 2), 2)]
+)  # fmt: skip
+def test_an_op_after_the_layers_reading_the_last_ones_weight_reads_it_at_full_depth(r, gated_every):
+    """The head also reads the last layer's up weight (and a buffer of it): traced cut, that
+    is the last kept layer's; expanded, the last layer's, as the full trace has it (periods of
+    one and of two layers). A ``mean`` after the head (a name no layer uses) keeps its name."""
+
+    def reading_last(layers: int) -> OpGraph:
+        g = _layers_graph(layers, gated_every)
+        name = next(n for n, d in g.nodes(data=True) if d["module"] == "head")
+        head, last = g.nodes[name], f"layers.{layers - 1}"
+        head["args"] += [{"param": f"{last}.up.weight"}, {"buffer": f"{last}.cache"}]
+        g.add_node("mean", **{**head, "op": "aten.mean.default", "order": head["order"] + 1})
+        g.add_edge(name, "mean", bytes=5)
+        return g
+
+    _same_graph(expand(reading_last(r.kept), r), reading_last(r.count))
+
+
 def test_a_repeat_keeps_its_irregular_members_and_three_periods():
     assert Repeat("layers", 20, 2, 3).kept == 11
     assert Repeat("layers", 20, 0, 1).kept == 3
@@ -133,6 +153,14 @@ def _move(g: OpGraph, node: str, order: float) -> OpGraph:
         ),
         (  # layer 2's linear runs before layer 1's add
             lambda g: _move(g, "linear_2", 6.5),
+            "layers: members out of order",
+        ),
+        (  # layer 1's linear runs first of all: only the first two ops are out of order
+            lambda g: _move(g, "linear_1", 1.5),
+            "layers: members out of order",
+        ),
+        (  # layer 2's add runs last of all: only the last two ops are out of order
+            lambda g: _move(g, "add_2", 13.5),
             "layers: members out of order",
         ),
         (  # layer 3 has one op more
