@@ -9,9 +9,9 @@ that what the tests miss is not limited to what their authors thought of. Each r
 tree to a scratch directory, writes pyproject's ``[tool.mutmut]`` there with ``only_mutate`` the
 module and the test selection its files below, and runs ``mutmut run`` (one collected pytest
 session, a forked child per mutant running the tests that reach the mutated function). A mutant
-that exceeds mutmut's limit on its child's CPU time (15 times its tests' measured time; CPU
-time, so another process's load does not trip it) counts as killed: it hangs or slows its
-tests 15-fold. ``--rerun-timeouts`` runs those once more at four times the limit (a test whose
+that exceeds mutmut's limit (15 times its tests' measured time plus a second, of wall time;
+twice that of CPU time) counts as killed: it hangs or slows its tests 15-fold, or the machine
+is loaded enough to stretch its wall time that far, so timeouts are judged one by one. ``--rerun-timeouts`` runs those once more at four times the limit (a test whose
 module fixture another test paid for in mutmut's timing run can exceed it unchanged).
 
 A survivor is then checked for equivalence on the shipped examples: the six example models are
