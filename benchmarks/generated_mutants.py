@@ -331,6 +331,9 @@ MODULES: dict[str, list[str]] = {
     # one process: the refusals whole, the torchrun command, run_plan with subprocess.run
     # recording it (test_runtime_launch starts real workers: a minute a mutant)
     "runtime/launch.py": ["tests/test_mutant_kills_launch.py"],
+    # one process: train on a one-rank gloo group against one process's plain training, the
+    # helpers by hand (test_recsys_oracle runs the same plans on two gloo ranks: minutes each)
+    "runtime/recsys.py": ["tests/test_mutant_kills_recsys.py"],
 }
 # the shipped example models, planned for the equivalence check (file, size, GPUs, profile)
 EXAMPLES = [

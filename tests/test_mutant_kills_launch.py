@@ -272,3 +272,43 @@ def test_workers_that_stopped_on_purpose_raise_their_error(plan_file, monkeypatc
     with pytest.raises(MeshplanError) as err:
         run_plan(plan_file, _opts())
     assert str(err.value) == "loss is nan at step 2" and err.value.exit_code == 2
+
+
+def test_a_run_directory_is_made_with_its_missing_parents(plan_file, monkeypatch, tmp_path):
+    monkeypatch.setattr(launch.subprocess, "run", _Torchrun())
+    run_dir = tmp_path / "runs" / "a" / "b"
+    assert run_plan(plan_file, _opts(run_dir=run_dir)) == 0
+    assert run_dir.is_dir()
+
+
+def test_a_multi_node_run_without_a_rendezvous_id_meets_at_meshplans(plan_file, monkeypatch):
+    run = _Torchrun()
+    monkeypatch.setattr(launch.subprocess, "run", run)
+    opts = _opts(nnodes=4, node_rank=3, rdzv_endpoint="h:1", rdzv_id=None, max_restarts=None)
+    assert run_plan(plan_file, opts) == 0
+    ((cmd, _, _),) = run.calls
+    assert cmd[3:9] == [
+        "--nproc-per-node=16",
+        "--nnodes=4",
+        "--node-rank=3",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=h:1",
+        "--rdzv-id=meshplan",
+    ]
+
+
+@pytest.mark.parametrize("asked, used", [("cpu", "cpu"), (None, "cuda")])
+def test_the_device_asked_for_is_used_and_a_visible_gpu_otherwise(
+    plan_file, monkeypatch, asked, used
+):
+    """On a machine where CUDA is visible (64 GPUs, stood in), ``--device cpu`` still runs on
+    the CPU; without ``--device`` the GPUs are used."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 64)
+    run = _Torchrun()
+    monkeypatch.setattr(launch.subprocess, "run", run)
+    assert run_plan(plan_file, _opts(device=asked)) == 0
+    ((cmd, _, _),) = run.calls
+    assert cmd[cmd.index("--device") + 1] == used
