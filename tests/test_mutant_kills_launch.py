@@ -312,3 +312,49 @@ def test_the_device_asked_for_is_used_and_a_visible_gpu_otherwise(
     assert run_plan(plan_file, _opts(device=asked)) == 0
     ((cmd, _, _),) = run.calls
     assert cmd[cmd.index("--device") + 1] == used
+
+
+def test_a_run_of_a_changed_model_file_names_the_plan(plan_file, monkeypatch):
+    monkeypatch.setattr(launch.subprocess, "run", _Torchrun())
+    model = Path(load_plan(plan_file).model.file)
+    model.write_text("# changed\n")
+    with pytest.raises(
+        UserInputError, match=f"^model file {model} changed since plan {plan_file} "
+    ):
+        run_plan(plan_file, _opts())
+
+
+def test_a_gpu_run_checks_the_nodes_gpus_before_starting(plan_file, monkeypatch):
+    """CUDA visible (8 GPUs stood in), no ``--device``: the 64 processes need 64 GPUs."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    run = _Torchrun()
+    monkeypatch.setattr(launch.subprocess, "run", run)
+    with pytest.raises(UserInputError, match="^the plan needs 64 GPUs per node"):
+        run_plan(plan_file, _opts())
+    assert run.calls == []
+
+
+@pytest.mark.parametrize(
+    "kw, nproc, head",
+    [
+        ({"nnodes": None, "node_rank": None, "max_restarts": None}, 64, ["--standalone"]),
+        (
+            {"nnodes": 2, "node_rank": 0, "rdzv_endpoint": "h:1"},
+            32,
+            ["--nnodes=2", "--node-rank=0"],
+        ),
+    ],
+)
+def test_options_left_unset_mean_one_node_and_node_rank_zero(
+    plan_file, monkeypatch, kw, nproc, head
+):
+    """``plan run``'s parser leaves unset options None (or 0): one node, rank 0, no restarts."""
+    run = _Torchrun()
+    monkeypatch.setattr(launch.subprocess, "run", run)
+    assert run_plan(plan_file, _opts(checkpoint_every=None, **kw)) == 0
+    ((cmd, _, _),) = run.calls
+    assert cmd[3 : 4 + len(head)] == [f"--nproc-per-node={nproc}", *head]
+    assert cmd[cmd.index("--checkpoint-every") + 1] == "0"
