@@ -382,6 +382,9 @@ MODULES: dict[str, list[str]] = {
     # the small MLP's mixed plan over two CPU kinds, each kind's step alone given (a fraction
     # of a second); test_mixed_plan plans GPT over them, each kind alone too (half a minute)
     "planner/resources/mixed_plan.py": ["tests/test_mutant_kills_mixed_plan.py"],
+    # one process: train on a one-rank gloo group against one process's plain training, the
+    # helpers by hand (test_recsys_oracle runs the same plans on two gloo ranks: minutes each)
+    "runtime/recsys.py": ["tests/test_mutant_kills_recsys.py"],
 }
 # the shipped example models, planned for the equivalence check (file, size, GPUs, profile)
 EXAMPLES = [

@@ -85,8 +85,9 @@ def module_calls(model: nn.Module, example: tuple) -> dict[str, ModuleCalls] | N
         for n, m in model.named_modules()
         if n
     ]
-    tensors = {**dict(model.named_parameters(remove_duplicate=False)),
-               **dict(model.named_buffers(remove_duplicate=False))}  # fmt: skip
+    # each tensor once, under its first name: functional_call ties the model's other names
+    # for it to the same meta tensor, and refuses a tied tensor given twice
+    tensors = {**dict(model.named_parameters()), **dict(model.named_buffers())}
     meta = {n: torch.empty_like(t, device="meta") for n, t in tensors.items()}
     inputs = tuple(t.to("meta") if isinstance(t, torch.Tensor) else t for t in example)
     try:

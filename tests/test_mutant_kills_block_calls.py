@@ -20,6 +20,8 @@ from runtime.block_calls import (
     ModuleCalls,
     Passed,
     _before,
+    _call_sites,
+    _refresh,
     _stand_in,
     _value_name,
     block_calls,
@@ -201,6 +203,8 @@ def test_a_value_the_block_never_reads_is_stood_in_by_zeros():
     got = _stand_in(like, (2, 5), torch.int64)
     assert got.shape == (2, 5) and got.dtype == torch.int64 and not got.any()
     assert got.device == like.device
+    # not the default device: a GPU stage's block is handed its zeros on that GPU
+    assert _stand_in(torch.ones(3, device="meta"), (2,), torch.int64).device.type == "meta"
 
 
 def test_a_node_comes_before_a_later_site_only():
@@ -222,3 +226,65 @@ def test_module_calls_hand_the_forward_meta_tensors_and_plain_values_as_they_are
     model.d.register_forward_pre_hook(lambda _m, args: seen.append(args[0][0].device.type))
     assert module_calls(model, (torch.ones(2, 4), torch.ones(2, 4), 1)) is not None
     assert seen == ["meta"]
+
+
+class _Tied(nn.Module):
+    """``b`` uses ``a``'s weight, and ``c`` holds the model's buffer under a second name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(4, 4), nn.Linear(4, 4), nn.Module()
+        self.b.weight = self.a.weight
+        self.register_buffer("shift", torch.ones(4))
+        self.c.register_buffer("shift", self.shift)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.a(x)) + self.shift + self.c.shift
+
+
+def test_a_model_with_tied_weights_and_buffers_is_counted_too():
+    """functional_call refuses a tied tensor handed under two names (GPT-2's embedding and
+    head), which made the meta forward fail and the count None."""
+    model = _Tied()
+    got = module_calls(model, (torch.ones(2, 4),))
+    assert got == {"a": ModuleCalls(1, True), "b": ModuleCalls(1, True)}
+    assert model.b.weight is model.a.weight and model.a.weight.device.type == "cpu"
+
+
+class _Inner(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = nn.Linear(2, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.block(x).relu()
+
+
+class _Outer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.outer = _Inner()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.outer(x) * 2
+
+
+def test_a_block_is_found_in_the_graph_of_the_module_that_calls_it():
+    """``outer.block`` is called from ``outer``'s own graph, not the stage's."""
+    program = torch.export.export(_Outer(), (torch.ones(1, 2),))
+    stage = torch.export.unflatten(program)
+    owner, sites = _call_sites(stage, "outer.block")
+    assert owner is stage.outer and [n.target for n in sites] == ["block"]
+    assert _call_sites(stage, "outer.missing") is None
+
+
+def test_an_exported_modules_code_is_regenerated_after_its_graph_changed():
+    """torch.export's InterpreterModule runs the code ``finalize`` generated (under
+    torch.compile, or when told not to interpret): the relu changed to a neg must run."""
+    stage = torch.export.unflatten(torch.export.export(_Outer(), (torch.ones(1, 2),)))
+    owner = stage.outer
+    relu = next(n for n in owner.graph.nodes if "relu" in str(n.target))
+    relu.target = torch.ops.aten.neg.default
+    _refresh(owner)
+    x = torch.randn(3, 2)
+    assert torch.equal(owner.graph_module(x), -owner.block(x))

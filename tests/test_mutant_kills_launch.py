@@ -276,3 +276,89 @@ def test_workers_that_stopped_on_purpose_raise_their_error(plan_file, monkeypatc
     with pytest.raises(MeshplanError) as err:
         run_plan(plan_file, _opts())
     assert str(err.value) == "loss is nan at step 2" and err.value.exit_code == 2
+
+
+def test_a_run_directory_is_made_with_its_missing_parents(plan_file, monkeypatch, tmp_path):
+    monkeypatch.setattr(launch.subprocess, "run", _Torchrun())
+    run_dir = tmp_path / "runs" / "a" / "b"
+    assert run_plan(plan_file, _opts(run_dir=run_dir)) == 0
+    assert run_dir.is_dir()
+
+
+def test_a_multi_node_run_without_a_rendezvous_id_meets_at_meshplans(plan_file, monkeypatch):
+    run = _Torchrun()
+    monkeypatch.setattr(launch.subprocess, "run", run)
+    opts = _opts(nnodes=4, node_rank=3, rdzv_endpoint="h:1", rdzv_id=None, max_restarts=None)
+    assert run_plan(plan_file, opts) == 0
+    ((cmd, _, _),) = run.calls
+    assert cmd[3:9] == [
+        "--nproc-per-node=16",
+        "--nnodes=4",
+        "--node-rank=3",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=h:1",
+        "--rdzv-id=meshplan",
+    ]
+
+
+@pytest.mark.parametrize("asked, used", [("cpu", "cpu"), (None, "cuda")])
+def test_the_device_asked_for_is_used_and_a_visible_gpu_otherwise(
+    plan_file, monkeypatch, asked, used
+):
+    """On a machine where CUDA is visible (64 GPUs, stood in), ``--device cpu`` still runs on
+    the CPU; without ``--device`` the GPUs are used."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 64)
+    run = _Torchrun()
+    monkeypatch.setattr(launch.subprocess, "run", run)
+    assert run_plan(plan_file, _opts(device=asked)) == 0
+    ((cmd, _, _),) = run.calls
+    assert cmd[cmd.index("--device") + 1] == used
+
+
+def test_a_run_of_a_changed_model_file_names_the_plan(plan_file, monkeypatch):
+    monkeypatch.setattr(launch.subprocess, "run", _Torchrun())
+    model = Path(load_plan(plan_file).model.file)
+    model.write_text("# changed\n")
+    with pytest.raises(
+        UserInputError, match=f"^model file {model} changed since plan {plan_file} "
+    ):
+        run_plan(plan_file, _opts())
+
+
+def test_a_gpu_run_checks_the_nodes_gpus_before_starting(plan_file, monkeypatch):
+    """CUDA visible (8 GPUs stood in), no ``--device``: the 64 processes need 64 GPUs."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    run = _Torchrun()
+    monkeypatch.setattr(launch.subprocess, "run", run)
+    with pytest.raises(UserInputError, match="^the plan needs 64 GPUs per node"):
+        run_plan(plan_file, _opts())
+    assert run.calls == []
+
+
+@pytest.mark.parametrize(
+    "kw, nproc, head",
+    [
+        ({"nnodes": None, "node_rank": None, "max_restarts": None}, 64, ["--standalone"]),
+        (
+            {"nnodes": 2, "node_rank": 0, "rdzv_endpoint": "h:1"},
+            32,
+            ["--nnodes=2", "--node-rank=0"],
+        ),
+    ],
+)
+def test_options_left_unset_mean_one_node_and_node_rank_zero(
+    plan_file, monkeypatch, kw, nproc, head
+):
+    """``plan run``'s parser leaves unset options None (or 0): one node, rank 0, no restarts."""
+    run = _Torchrun()
+    monkeypatch.setattr(launch.subprocess, "run", run)
+    assert run_plan(plan_file, _opts(checkpoint_every=None, **kw)) == 0
+    ((cmd, _, _),) = run.calls
+    assert cmd[3 : 4 + len(head)] == [f"--nproc-per-node={nproc}", *head]
+    assert cmd[cmd.index("--checkpoint-every") + 1] == "0"

@@ -303,3 +303,107 @@ def test_a_changed_model_or_a_gpu_plan_on_the_cpu_is_refused(recplan, monkeypatc
     model.unlink()
     with pytest.raises(UserInputError, match="is missing or changed"):
         recsys.run_recplan(recplan, _opts(device="cpu"))
+
+
+class _Worker:
+    """torch.distributed's group calls and ``train`` as ``main`` makes them, recorded (the
+    module's one-rank group stays up: ``main`` neither makes nor ends it here)."""
+
+    def __init__(self, monkeypatch, error: Exception | None = None) -> None:
+        self.calls: list[tuple] = []
+        self.error = error
+        monkeypatch.setattr(recsys.dist, "init_process_group", self._init)
+        monkeypatch.setattr(recsys.dist, "destroy_process_group", self._destroy)
+        monkeypatch.setattr(recsys.dist, "barrier", self._barrier)
+        monkeypatch.setattr(recsys, "train", self._train)
+        monkeypatch.setattr(torch.cuda, "set_device", self._set_device)
+
+    def _init(self, *args, **kwargs) -> None:
+        self.calls.append(("init", args, kwargs))
+
+    def _destroy(self, *args) -> None:
+        self.calls.append(("destroy", *args))
+
+    def _barrier(self, *args) -> None:
+        self.calls.append(("barrier", *args))
+
+    def _set_device(self, device) -> None:
+        self.calls.append(("set_device", device))
+
+    def _train(self, *args, **kwargs) -> None:
+        self.calls.append(("train", args, kwargs))
+        if self.error is not None:
+            raise self.error
+
+
+def test_the_worker_trains_each_plan_in_its_run_directory_then_leaves_with_the_others(
+    recplan, monkeypatch, tmp_path
+):
+    """gloo on the CPU; each plan file read and trained in order, then one barrier for all
+    plans and the group ended; sys.argv read when no arguments are given."""
+    second = tmp_path / "second.json"
+    data = json.loads(recplan.read_text())
+    data["lr"] = 0.25
+    second.write_text(json.dumps(data))
+    worker = _Worker(monkeypatch)
+    argv = ["--plans", str(recplan), str(second), "--run-dirs", "x", "y", "--steps", "2",
+            "--seed", "3", "--dump-params"]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", ["runtime.recsys", *argv])
+    assert recsys.main() == 0
+    first = json.loads(recplan.read_text())
+    cpu = torch.device("cpu")
+    assert worker.calls == [
+        ("init", ("gloo",), {}),
+        ("train", (first, Path("x"), 2, 3, cpu, True), {}),
+        ("train", (data, Path("y"), 2, 3, cpu, True), {}),
+        ("barrier",),
+        ("destroy",),
+    ]
+
+
+@pytest.mark.parametrize("local_rank, index", [("3", 3), (None, 0)])
+def test_a_gpu_worker_takes_nccl_and_its_local_rank_s_gpu(recplan, monkeypatch, local_rank, index):
+    worker = _Worker(monkeypatch)
+    if local_rank is None:
+        monkeypatch.delenv("LOCAL_RANK", raising=False)
+    else:
+        monkeypatch.setenv("LOCAL_RANK", local_rank)
+    argv = ["--plans", str(recplan), "--run-dirs", "x", "--device", "cuda"]
+    assert recsys.main(argv) == 0
+    gpu = torch.device("cuda", index)
+    plan = json.loads(recplan.read_text())
+    assert worker.calls == [
+        ("init", ("nccl",), {}),
+        ("set_device", gpu),
+        ("train", (plan, Path("x"), 5, 0, gpu, False), {}),
+        ("barrier",),
+        ("destroy",),
+    ]
+
+
+def test_a_worker_that_meets_a_users_error_says_it_and_exits_with_its_status(
+    recplan, monkeypatch, capsys
+):
+    """The error printed on stderr, its exit status returned, no barrier, the group ended."""
+    worker = _Worker(monkeypatch, UserInputError("a.py: a recommendation model file must ..."))
+    assert recsys.main(["--plans", str(recplan), "--run-dirs", "x"]) == 2
+    assert [c[0] for c in worker.calls] == ["init", "train", "destroy"]
+    assert capsys.readouterr().err == (
+        "plan run: error: a.py: a recommendation model file must ...\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--plans", "a", "b", "--run-dirs", "x"],
+         "--plans and --run-dirs need the same number of entries"),
+        (["--run-dirs", "x"], "the following arguments are required: --plans"),
+        (["--plans", "a"], "the following arguments are required: --run-dirs"),
+    ],
+)  # fmt: skip
+def test_a_bad_worker_command_line_is_refused_under_the_modules_name(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        recsys.parse(argv)
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"runtime.recsys: error: {message}"
