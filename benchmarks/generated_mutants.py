@@ -11,7 +11,8 @@ module and the test selection its files below, and runs ``mutmut run`` (one coll
 session, a forked child per mutant running the tests that reach the mutated function). A mutant
 that exceeds mutmut's limit (15 times its tests' measured time plus a second, of wall time;
 twice that of CPU time) counts as killed: it hangs or slows its tests 15-fold, or the machine
-is loaded enough to stretch its wall time that far, so timeouts are judged one by one. ``--rerun-timeouts`` runs those once more at four times the limit (a test whose
+is loaded enough to stretch its wall time that far, so timeouts are judged one by one.
+``--rerun-timeouts`` runs those once more at four times the limit (a test whose
 module fixture another test paid for in mutmut's timing run can exceed it unchanged).
 
 A survivor is then checked for equivalence on the shipped examples: the six example models are
