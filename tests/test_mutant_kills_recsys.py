@@ -214,6 +214,8 @@ def test_the_workers_command_line():
     opts = recsys.parse(["--plans", "a", "--run-dirs", "x", "--steps", "2", "--seed", "3",
                          "--device", "cuda", "--dump-params"])  # fmt: skip
     assert (opts.steps, opts.seed, opts.device, opts.dump_params) == (2, 3, "cuda", True)
+    # run_recplan names the CPU explicitly: a misspelt choice would refuse every CPU run
+    assert recsys.parse(["--plans", "a", "--run-dirs", "x", "--device", "cpu"]).device == "cpu"
     with pytest.raises(SystemExit):
         recsys.parse(["--plans", "a", "b", "--run-dirs", "x"])
 
@@ -407,3 +409,14 @@ def test_a_bad_worker_command_line_is_refused_under_the_modules_name(argv, messa
         recsys.parse(argv)
     assert exit_.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1] == f"runtime.recsys: error: {message}"
+
+
+def test_a_device_other_than_cpu_or_cuda_is_refused(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        recsys.parse(["--plans", "a", "--run-dirs", "x", "--device", "tpu"])
+    assert exit_.value.code == 2
+    line = capsys.readouterr().err.splitlines()[-1]
+    # argparse quotes the choices on some Python versions and not on others
+    assert line.replace("'", "") == (
+        "runtime.recsys: error: argument --device: invalid choice: tpu (choose from cpu, cuda)"
+    )
