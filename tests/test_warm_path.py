@@ -15,27 +15,11 @@ import math
 
 import pytest
 from conftest import cluster_of, make_block, make_option
+from test_command_memos import _min_device_bytes_block_by_block as _every_option
 
-from planner.cost.memory import forward_state_bytes, option_states, step_state_bytes
-from planner.cost.optimizer import offload_allowed
 from planner.cost.records import CostInputs
 from planner.search.bounds import _min_device_bytes
 from planner.training import Training
-
-
-def _every_option(inp: CostInputs, zero: int, dp: int) -> float:
-    """The bound priced option by option: per block, the least forward and step bytes of any
-    allowed option, summed over blocks; the larger sum."""
-    forward = step = 0.0
-    for opts in inp.options:
-        allowed = [o for o in opts if offload_allowed(o.offload, zero)]
-        states = [option_states(o, zero, dp, inp.training) for o in allowed]
-        forward += min(
-            (forward_state_bytes(sm, False) + o.act_bytes for o, sm in zip(allowed, states)),
-            default=math.inf,
-        )
-        step += min((step_state_bytes(sm, inp.training) for sm in states), default=math.inf)
-    return max(forward, step)
 
 
 def _options() -> list:
