@@ -8,6 +8,7 @@ mutants each test kills."""
 
 from __future__ import annotations
 
+import copy
 import gc
 from types import SimpleNamespace
 
@@ -266,3 +267,77 @@ def test_freeze_launch_state_freezes_what_is_alive():
         assert gc.get_freeze_count() >= len(kept)
     finally:
         gc.unfreeze()
+
+
+def test_expert_parallelism_takes_the_ep_and_edp_dimensions(mlp, monkeypatch):
+    """ep 2 (the MLP's plan with its mesh's ep set by hand; the expert functions stood in, as
+    one rank has no two-rank mesh): build asks for the (1, dp, ep, tp) expert mesh with its
+    cache, hands ``ep`` to expert parallelism and ``edp`` to the sharding of what it returned,
+    and keeps edp's group and the experts the sharding returns."""
+    plans, mf = mlp
+    plan = copy.copy(plans[0])
+    plan.mesh = copy.copy(plan.mesh)
+    object.__setattr__(plan.mesh, "ep", 2)  # frozen, and its checks want dp % ep == 0
+    calls, marker, sharded = [], [], []
+    emesh = _Mesh({"pp": 1, "edp": 1, "ep": 2, "tp": 1})
+
+    def expert_mesh(*args):
+        calls.append(("mesh", *args))
+        return emesh
+
+    def apply(model, ep_mesh):
+        calls.append(("apply", type(model).__name__, ep_mesh))
+        return marker
+
+    def shard(model, experts, edp, plan_, device):
+        calls.append(("shard", experts is marker, edp, plan_ is plan, device))
+        return sharded
+
+    monkeypatch.setattr(b, "check_runnable", lambda p: None)
+    monkeypatch.setattr(b, "expert_mesh", expert_mesh)
+    monkeypatch.setattr(b, "apply_expert_parallel", apply)
+    monkeypatch.setattr(b, "shard_experts", shard)
+    cache = b.RuntimeCache()
+    built = b.build(plan, mf, CPU, 0, cache)
+    model_name = type(mf.build()).__name__
+    assert calls == [
+        ("mesh", CPU, 1, 1, 2, 1, cache),
+        ("apply", model_name, emesh["ep"]),
+        ("shard", True, emesh["edp"], True, CPU),
+    ]
+    assert built.edp_group == "group-edp" and built.expert_params is sharded
+
+
+class _Recorded:
+    """A stand-in DeviceMesh as ``init_device_mesh`` made it, recording ``_flatten``."""
+
+    def __init__(self, device, shape, mesh_dim_names):
+        self.args, self.flattened = (device, shape, mesh_dim_names), []
+
+    def __getitem__(self, names):
+        return SimpleNamespace(_flatten=lambda name: self.flattened.append((names, name)))
+
+
+def test_a_context_parallel_mesh_flattens_dp_and_cp(monkeypatch):
+    monkeypatch.setattr(b, "init_device_mesh", _Recorded)
+    plan_mesh = SimpleNamespace(pp=2, dp=3, tp=5, cp=4, uneven=False)
+    cache = b.RuntimeCache()
+    mesh = b.device_mesh(CPU, plan_mesh, cache)
+    assert mesh.args == ("cpu", (2, 3, 4, 5), ("pp", "dp", "cp", "tp"))
+    assert mesh.flattened == [(("dp", "cp"), "dp_cp")]
+    assert cache.meshes == {("cpu", 2, 3, 5, 4, None): mesh}
+    assert b.device_mesh(CPU, plan_mesh, cache) is mesh
+    plain = b.device_mesh(CPU, SimpleNamespace(pp=2, dp=3, tp=5, cp=1, uneven=False), cache)
+    assert plain.args == ("cpu", (2, 3, 5), ("pp", "dp", "tp")) and plain.flattened == []
+
+
+def test_an_uneven_mesh_is_this_ranks_stage_mesh(monkeypatch):
+    """A TP degree per stage: rank 3's stage (its coords' first) picks its mesh from
+    ``stage_meshes``, keyed by the degrees per stage as well."""
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 3)
+    monkeypatch.setattr(b, "stage_meshes", lambda kind, m: [f"{kind}-s0", f"{kind}-s1", "s2"])
+    plan_mesh = SimpleNamespace(pp=3, dp=1, tp=1, cp=1, uneven=True, stage_tp=(1, 2, 1),
+                                stage_dp=(1, 1, 1), coords=lambda r: (r // 2, 7, 8, 9))  # fmt: skip
+    cache = b.RuntimeCache()
+    assert b.device_mesh(CPU, plan_mesh, cache) == "cpu-s1"
+    assert cache.meshes == {("cpu", 3, 1, 1, 1, ((1, 2, 1), (1, 1, 1))): "cpu-s1"}
