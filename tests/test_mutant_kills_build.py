@@ -341,3 +341,60 @@ def test_an_uneven_mesh_is_this_ranks_stage_mesh(monkeypatch):
     cache = b.RuntimeCache()
     assert b.device_mesh(CPU, plan_mesh, cache) == "cpu-s1"
     assert cache.meshes == {("cpu", 3, 1, 1, 1, ((1, 2, 1), (1, 1, 1))): "cpu-s1"}
+
+
+def test_build_hands_each_step_the_model_the_plan_and_the_meshes(mlp, monkeypatch):
+    """Each step of the wrapping, called through and recorded: it is handed the model being
+    built, the plan's blocks and the tp or dp mesh, in order; recompute once before TP (with
+    the tp mesh) and once after; what the steps return is what ``Built`` keeps."""
+    plans, mf = mlp
+    plan = plans[0]
+    calls = []
+    gathered = object()
+
+    def spy(name, returns=None):
+        real = getattr(b, name)
+
+        def call(*args, **kwargs):
+            out = real(*args, **kwargs) if returns is None else returns
+            calls.append((name, args, kwargs, out))
+            return out
+
+        monkeypatch.setattr(b, name, call)
+
+    for name in ("route_direct_forwards", "_batchnorm", "apply_recompute",
+                 "apply_tensor_parallel", "grad_sum_modules", "scalar_parameters",
+                 "apply_data_parallel", "ddp_autocast_dtype", "make_optimizers"):  # fmt: skip
+        spy(name)
+    spy("_gather", gathered)
+    built = b.build(plan, mf, CPU, 0)
+    by = {}
+    for name, args, kwargs, out in calls:
+        by.setdefault(name, []).append((args, kwargs, out))
+    model = by["route_direct_forwards"][0][0][0]
+    assert type(model).__name__ == type(mf.build()).__name__
+    assert by["route_direct_forwards"][0][0][1] == []
+    (bn,) = by["_batchnorm"]
+    assert bn[0][0] is model and bn[0][1] is plan and bn[0][2] is built.mesh and bn[0][3] == CPU
+    before, after = by["apply_recompute"]
+    assert before[0][0] is model and before[0][1] is plan.blocks
+    assert set(before[1]) == {"before_tp", "tp_mesh"} and before[1]["before_tp"] is True
+    assert before[1]["tp_mesh"].mesh_dim_names == ("tp",)
+    assert after[0][0] is model and after[0][1] is plan.blocks and after[1] == {}
+    (tp,) = by["apply_tensor_parallel"]
+    assert tp[0][0] is model and tp[0][1] is plan.blocks and tp[0][2].mesh_dim_names == ("tp",)
+    (sums,) = by["grad_sum_modules"]
+    assert sums[0] == (model, plan.blocks) and built.tp_grad_sums is sums[2]
+    (sc,) = by["scalar_parameters"]
+    assert sc[0] == (model, set())
+    (dp,) = by["apply_data_parallel"]
+    assert dp[0][:3] == (model, plan.blocks, plan) and dp[0][3].mesh_dim_names == ("dp",)
+    assert dp[0][4:] == (CPU, set()) and built.parts == [dp[2]]
+    (ac,) = by["ddp_autocast_dtype"]
+    assert ac[0] == (dp[2], plan, CPU)
+    (opt,) = by["make_optimizers"]
+    assert opt[0][0] is built.parts and opt[0][1] is plan
+    assert opt[0][2].mesh_dim_names == ("dp",) and opt[0][3] == [] and len(opt[0]) == 4
+    assert built.optimizers is opt[2]
+    (g,) = by["_gather"]
+    assert g[0] == (mf, built.mesh) and built.gather is gathered
