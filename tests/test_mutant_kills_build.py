@@ -290,7 +290,7 @@ def test_expert_parallelism_takes_the_ep_and_edp_dimensions(mlp, monkeypatch):
         return marker
 
     def shard(model, experts, edp, plan_, device):
-        calls.append(("shard", experts is marker, edp, plan_ is plan, device))
+        calls.append(("shard", type(model).__name__, experts is marker, edp, plan_ is plan, device))
         return sharded
 
     monkeypatch.setattr(b, "check_runnable", lambda p: None)
@@ -303,7 +303,7 @@ def test_expert_parallelism_takes_the_ep_and_edp_dimensions(mlp, monkeypatch):
     assert calls == [
         ("mesh", CPU, 1, 1, 2, 1, cache),
         ("apply", model_name, emesh["ep"]),
-        ("shard", True, emesh["edp"], True, CPU),
+        ("shard", model_name, True, emesh["edp"], True, CPU),
     ]
     assert built.edp_group == "group-edp" and built.expert_params is sharded
 
