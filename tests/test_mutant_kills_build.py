@@ -335,12 +335,12 @@ def test_an_uneven_mesh_is_this_ranks_stage_mesh(monkeypatch):
     """A TP degree per stage: rank 3's stage (its coords' first) picks its mesh from
     ``stage_meshes``, keyed by the degrees per stage as well."""
     monkeypatch.setattr(dist, "get_rank", lambda group=None: 3)
-    monkeypatch.setattr(b, "stage_meshes", lambda kind, m: [f"{kind}-s0", f"{kind}-s1", "s2"])
+    monkeypatch.setattr(b, "stage_meshes", lambda kind, m: [f"{kind}-tp{t}" for t in m.stage_tp])
     plan_mesh = SimpleNamespace(pp=3, dp=1, tp=1, cp=1, uneven=True, stage_tp=(1, 2, 1),
                                 stage_dp=(1, 1, 1), coords=lambda r: (r // 2, 7, 8, 9))  # fmt: skip
     cache = b.RuntimeCache()
-    assert b.device_mesh(CPU, plan_mesh, cache) == "cpu-s1"
-    assert cache.meshes == {("cpu", 3, 1, 1, 1, ((1, 2, 1), (1, 1, 1))): "cpu-s1"}
+    assert b.device_mesh(CPU, plan_mesh, cache) == "cpu-tp2"
+    assert cache.meshes == {("cpu", 3, 1, 1, 1, ((1, 2, 1), (1, 1, 1))): "cpu-tp2"}
 
 
 def test_build_hands_each_step_the_model_the_plan_and_the_meshes(mlp, monkeypatch):
