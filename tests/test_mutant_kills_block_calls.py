@@ -288,3 +288,71 @@ def test_an_exported_modules_code_is_regenerated_after_its_graph_changed():
     _refresh(owner)
     x = torch.randn(3, 2)
     assert torch.equal(owner.graph_module(x), -owner.block(x))
+
+
+class _Sized(nn.Module):
+    """Handed ``extra`` but reads only its static size, so its traced call never takes it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, extra: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) * extra.shape[0]
+
+
+class _Passes(nn.Module):
+    """``blk`` is handed ``e``: with ``reuse``, the stage after the split reads ``e`` after the
+    block too, so ``e`` reaches that stage; without, it stays in the first."""
+
+    def __init__(self, reuse: bool) -> None:
+        super().__init__()
+        self.first, self.blk, self.reuse = nn.Linear(4, 4), _Sized(), reuse
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.first(x))
+        e = torch.cos(x)
+        out = self.blk(h, extra=e)
+        return out + e if self.reuse else out
+
+
+def _rebuilt(reuse: bool):
+    """The second stage of ``_Passes`` with its block's call rebuilt, its call site, the
+    eager pipeline's output and the model's."""
+    torch.manual_seed(0)
+    model = _Passes(reuse)
+    x = torch.linspace(-1, 1, 8).reshape(2, 4)
+    want = model(x)
+    traced = _Passes(reuse)
+    traced.load_state_dict(model.state_dict())
+    annotate_split_points(traced, {"blk": SplitPoint.BEGINNING})
+    pipe, _, calls = traced_pipeline(traced, (x,), inline_grad_mode_regions, ("blk",))
+    stage = pipe.get_stage_module(1)
+    assert call_eagerly(stage, "blk", calls["blk"]) == 0
+    site = next(n for n in stage.graph.nodes if n.op == "call_module" and n.target == "blk")
+    stage.blk = model.blk
+    with torch.no_grad():
+        got = pipe(x)
+    return stage, site, got[0] if isinstance(got, (tuple, list)) else got, want
+
+
+def test_a_value_the_stage_holds_is_handed_to_the_block_as_the_model_passed_it():
+    """``e`` reaches the second stage (it is read after the block): the rebuilt call hands the
+    block that very value, no stand-in, and the pipeline gives the model's output."""
+    stage, site, got, want = _rebuilt(reuse=True)
+    extra = site.kwargs["extra"]
+    assert isinstance(extra, torch.fx.Node) and extra.op == "placeholder"
+    assert not any(n.target is _stand_in for n in stage.graph.nodes)
+    assert len(site.args) == 1 and site.kwargs == {"extra": extra}
+    assert torch.equal(got, want)
+
+
+def test_a_value_the_stage_lacks_is_stood_in_by_zeros_beside_the_blocks_first_input():
+    """``e`` never reaches the second stage: the rebuilt call hands the block zeros of its
+    traced shape and dtype, made from the block's first input's device, and the eager block,
+    reading only their size, gives the model's output."""
+    stage, site, got, want = _rebuilt(reuse=False)
+    extra = site.kwargs["extra"]
+    assert isinstance(extra, torch.fx.Node) and extra.target is _stand_in
+    assert extra.args == (site.args[0], (2, 4), torch.float32)
+    assert torch.equal(got, want)
