@@ -1,0 +1,380 @@
+"""The eager probe (``planner.cost.eager_probe``) driven directly on small hand-written blocks on
+the meta device, so that each generated mutant of it dies in milliseconds: a linear pair that
+shards cleanly, attention that views by ``self.num_heads`` and infers the sequence (OPT's
+misread, fixed by the local head count), the same with the sequence written out (fails on its
+shards), an output projection left whole (fails, no fix) and a forward that asks a meta tensor
+for data (the probe cannot tell). Every verdict, recorded reshape and cut shape is stated by
+hand from the blocks' sizes: batch 2, sequence 4, hidden 8 as 4 heads of 2, TP 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from planner.cost import eager_probe
+from planner.cost.eager_probe import (
+    EagerShardProbe,
+    _colwise,
+    _cut,
+    _first_misplaced,
+    _join,
+    _local_fix,
+    _read_json,
+    _relative,
+    _verdicts_path,
+)
+
+B, S, H = 2, 4, 8
+
+
+class Mlp(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(H, 16), nn.Linear(16, H)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+class Attn(nn.Module):
+    """``view(b, -1, self.num_heads, self.head_dim)`` (OPT) or, with ``seq``,
+    ``view(b, s, self.num_heads, self.head_dim)`` (StableLM)."""
+
+    def __init__(self, seq: bool = False) -> None:
+        super().__init__()
+        self.num_heads, self.head_dim, self.seq = 4, 2, seq
+        self.q, self.o = nn.Linear(H, H), nn.Linear(H, H)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        h = self.q(x).view(b, s if self.seq else -1, self.num_heads, self.head_dim)
+        return self.o(h.reshape(b, s, -1))
+
+
+class Llama(Attn):
+    """``view(b, s, -1, self.head_dim)``: the local view holds the local heads."""
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        return self.o(self.q(x).view(b, s, -1, self.head_dim).reshape(b, s, -1))
+
+
+class DataCheck(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(H, 16), nn.Linear(16, H)
+
+    def forward(self, x):
+        if bool((x > 0).all()):  # data: the meta device has none
+            x = x + 1
+        return self.fc2(self.fc1(x))
+
+
+class Root(nn.Module):
+    def __init__(self, blk: nn.Module) -> None:
+        super().__init__()
+        self.blk = blk
+
+
+def probe_of(make, mode=None) -> EagerShardProbe:
+    """A probe whose meta model is ``Root(make())`` with the block's input captured (what
+    ``_load`` would build from a model file)."""
+    with torch.device("meta"):
+        model = Root(make())
+        x = torch.empty(B, S, H)
+    probe = EagerShardProbe(None, "fp32")
+    probe._model, probe._mode = model, mode
+    probe._inputs = {"blk": ((x,), {})}
+    return probe
+
+
+@pytest.fixture(autouse=True)
+def _fresh(monkeypatch, tmp_path):
+    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path))
+    yield
+
+
+ATTN_PLAN = {"blk.q": "colwise", "blk.o": "rowwise"}
+
+
+def test_a_linear_pair_shards_cleanly():
+    probe = probe_of(Mlp)
+    plan = {"blk.fc1": "colwise", "blk.fc2": "rowwise"}
+    assert probe.reject("mlp", "blk", plan, 2) is None
+    assert probe.unsafe_outputs("mlp", "blk", plan, 2) == set()
+    assert probe.local_attributes("mlp", "blk", plan, 2) == []
+    key = json.dumps(["mlp", 2, [["fc1", "colwise"], ["fc2", "rowwise"]]])
+    assert probe.verdicts == {key: ["", [], []]}
+    assert probe._probed == 1
+    # the whole run: each Linear flattens its input to (8, k) and back (the meta kernels'
+    # views); only what follows fc1's output derives from it
+    fc1, no = frozenset({"fc1"}), frozenset()
+    seen = [
+        ("aten.view.default", (B, S, H), (8, H), no),
+        ("aten.view.default", (8, 16), (B, S, 16), no),
+        ("aten.view.default", (B, S, 16), (8, 16), fc1),
+        ("aten.view.default", (8, H), (B, S, H), fc1),
+    ]
+    assert probe._whole == {("blk", fc1): (seen, frozenset(), None)}
+
+
+def test_a_fixed_head_count_view_is_rejected_and_fixed_by_the_local_count():
+    probe = probe_of(Attn)
+    reason = probe.reject("attn", "blk", ATTN_PLAN, 2)
+    # q's local output (2, 4, 4) viewed as (2, -1, 4, 2): the -1 takes half the sequence
+    assert reason == (
+        "blk: its code reshapes a local shard [2, 4, 4] to [2, 2, 4, 2], not [2, 4, 2, 2] "
+        "(a view that fixes the head count and infers another dim, such as "
+        "view(batch, -1, heads, head_dim)); its column-parallel outputs stay DTensors"
+    )
+    assert probe.unsafe_outputs("attn", "blk", ATTN_PLAN, 2) == {"q"}
+    assert probe.local_attributes("attn", "blk", ATTN_PLAN, 2) == ["blk.num_heads"]
+    ((seen, failed, exc),) = probe._whole.values()
+    view = "aten.view.default"
+    q = frozenset({"q"})
+    assert [s[1:] for s in seen[2:4]] == [
+        ((B, S, H), (B, S, 4, 2), q),
+        ((B, S, 4, 2), (B, S, H), q),
+    ]
+    assert {s[0] for s in seen} == {view} and len(seen) == 6
+    assert (failed, exc) == (frozenset(), None)
+    # the local run as it reads: the view misplaces, the reshape back reads 4 features
+    local = probe._run(_local(probe, ATTN_PLAN, 2), "blk", {"q": "colwise", "o": "rowwise"})
+    assert [s[1:3] for s in local[0][2:4]] == [((B, S, 4), (B, 2, 4, 2)), ((B, 2, 4, 2), (B, S, 4))]
+    assert local[2] is None
+    notes = probe.notes()
+    assert notes == [
+        "tensor parallelism: blk: its code views by a fixed head count; each rank runs it with "
+        "num_heads set to the local count (split by heads)"
+    ]
+
+
+def _local(probe: EagerShardProbe, plan: dict[str, str], t: int) -> nn.Module:
+    import copy
+
+    local = copy.deepcopy(probe._model.blk)
+    for rel, style in _relative(plan, "blk").items():
+        _cut(local.get_submodule(rel), style, t)
+    return local
+
+
+def test_a_view_that_writes_the_sequence_fails_on_its_shards():
+    probe = probe_of(lambda: Attn(seq=True))
+    reason = probe.reject("attn", "blk", ATTN_PLAN, 2)
+    assert reason.startswith("blk: its code fails on local shards (RuntimeError: ")
+    assert reason.endswith(")")
+    assert len(reason) <= len("blk: its code fails on local shards (RuntimeError: ") + 121
+    assert "\n" not in reason and "  " not in reason
+    assert probe.unsafe_outputs("attn", "blk", ATTN_PLAN, 2) == {"q"}
+    assert probe.local_attributes("attn", "blk", ATTN_PLAN, 2) == ["blk.num_heads"]
+    # at TP 4 the same whole run serves (one per column-parallel set), and 4 heads / 4 = 1
+    assert probe.local_attributes("attn", "blk", ATTN_PLAN, 4) == ["blk.num_heads"]
+    assert len(probe._whole) == 1 and probe._probed == 2
+    assert notes_of(probe) == {"blk"}
+
+
+def notes_of(probe: EagerShardProbe) -> set[str]:
+    return {n.split(": ")[1] for n in probe.notes()}
+
+
+def test_llama_views_pass_and_a_whole_output_projection_fails_without_fix():
+    probe = probe_of(Llama)
+    assert probe.reject("llama", "blk", ATTN_PLAN, 2) is None
+    q_only = {"blk.q": "colwise"}
+    reason = probe.reject("llama", "blk", q_only, 2)
+    assert reason.startswith("blk: its code fails on local shards (RuntimeError")
+    assert probe.unsafe_outputs("llama", "blk", q_only, 2) == {"q"}
+    assert probe.local_attributes("llama", "blk", q_only, 2) == []
+    # the two plans mark the same column-parallel set: one whole run
+    assert list(probe._whole) == [("blk", frozenset({"q"}))]
+    assert probe.notes() == [f"tensor parallelism: {reason}"]
+
+
+def test_a_data_dependent_block_is_no_reason_to_refuse():
+    probe = probe_of(DataCheck)
+    plan = {"blk.fc1": "colwise", "blk.fc2": "rowwise"}
+    assert probe.reject("dc", "blk", plan, 2) is None
+    assert probe.local_attributes("dc", "blk", plan, 2) == []
+    ((seen, _, exc),) = probe._whole.values()
+    assert seen == [] and exc is not None
+
+
+def test_styles_it_cannot_judge_run_no_probe():
+    probe = probe_of(Attn)
+    for plan in ({}, {"blk.q": "colwise_dtensor", "blk.o": "rowwise"}, {"blk": "sequence"}):
+        assert probe.reject("attn", "blk", plan, 2) is None
+    assert probe.verdicts == {} and probe._probed == 0 and probe._whole == {}
+    # a gathered column-parallel q leaves the whole output: no reshape is misread
+    gathered = {"blk.q": "colwise_gather", "blk.o": "rowwise"}
+    assert probe.reject("attn", "blk", gathered, 2) is not None  # o's input is whole
+    assert probe.reject("attn", "blk", {"blk.q": "colwise_gather"}, 2) is None
+    assert probe._probed == 2
+
+
+def test_an_uncaptured_module_is_not_judged():
+    probe = probe_of(Attn)
+    probe._inputs = {}
+    assert probe.reject("attn", "blk", ATTN_PLAN, 2) is None
+    assert probe._whole == {}
+
+
+def test_in_out_styles_cut_the_output_and_whole_the_input():
+    probe = probe_of(Mlp)
+    plan = {"blk.fc1": "colwise_in_out", "blk.fc2": "rowwise_in_out"}
+    assert probe.reject("mlp", "blk", plan, 2) is None
+    local = _local(probe, plan, 2)
+    assert local.fc1.weight.shape == (16, H)  # weights stay whole: hooks cut
+    with torch.device("meta"):
+        out = local.fc1(torch.empty(B, S, H))
+        assert out.shape == (B, S, 8)
+        assert local.fc2(torch.empty(B, S, 8)).shape == (B, S, H)
+
+
+def test_cut_gives_the_local_weight_shapes():
+    with torch.device("meta"):
+        lin, emb, norm = (
+            nn.Linear(8, 12, dtype=torch.bfloat16),
+            nn.Embedding(10, 6),
+            nn.LayerNorm(8),
+        )
+        row, gath = nn.Linear(12, 8), nn.Linear(8, 12)
+    _cut(lin, "colwise", 2)
+    assert lin.weight.shape == (6, 8) and lin.bias.shape == (6,)
+    assert lin.weight.dtype == lin.bias.dtype == torch.bfloat16
+    assert lin.weight.device.type == "meta" and isinstance(lin.weight, nn.Parameter)
+    _cut(row, "rowwise", 4)
+    assert row.weight.shape == (8, 3) and row.bias.shape == (8,)
+    _cut(gath, "colwise_gather", 2)
+    assert gath.weight.shape == (12, 8)
+    _cut(emb, "colwise", 3)
+    assert emb.weight.shape == (10, 2)
+    with torch.device("meta"):
+        emb2 = nn.Embedding(10, 6)
+    _cut(emb2, "rowwise", 2)
+    assert emb2.weight.shape == (5, 6)
+    _cut(norm, "colwise", 2)
+    assert norm.weight.shape == (8,)
+    with torch.device("meta"):
+        nob = nn.Linear(8, 12, bias=False)
+    _cut(nob, "colwise:3", 2)
+    assert nob.weight.shape == (6, 8) and nob.bias is None
+
+
+def test_plan_paths_relative_to_the_block():
+    tp = {"blk.q": "colwise", "blk": "sp_block", "blkx.q": "rowwise", "blk.a.b": "rowwise"}
+    assert _relative(tp, "blk") == {
+        "q": "colwise",
+        "": "sp_block",
+        "blkx.q": "rowwise",
+        "a.b": "rowwise",
+    }
+    assert _join("blk", "q") == "blk.q" and _join("blk", "") == "blk"
+    plan = {"": "colwise", "q": "colwise_in_out", "k": "colwise:3", "g": "colwise_gather"}
+    assert _colwise({**plan, "o": "rowwise"}) == frozenset({"q", "k"})
+
+
+def test_first_misplaced_by_hand():
+    q = frozenset({"q"})
+    whole = [("v", (2, 4, 8), (2, 4, 4, 2), q)]
+    ok = [("v", (2, 4, 4), (2, 4, 2, 2), q)]
+    assert _first_misplaced("m", whole, ok, 2) == ("", set())
+    assert _first_misplaced("m", whole, [], 2) == (
+        "m: its code takes another path on local shards",
+        set(),
+    )
+    two = [("v", (1, 2, 8), (1, 2, 4, 2), q)]
+    assert _first_misplaced("m", whole, two, 2) == (
+        "m: a reshape sees [1, 2, 8] on local shards, not one dim of [2, 4, 8] split",
+        {"q"},
+    )
+    rank = [("v", (2, 4), (2, 4, 2, 2), q)]
+    assert _first_misplaced("m", whole, rank, 2)[1] == {"q"}
+    # the split inner dim of a merge has no image
+    merge = [("v", (2, 4, 4, 2), (2, 4, 8), q)]
+    local = [("v", (2, 4, 4, 1), (2, 4, 4), q)]
+    assert _first_misplaced("m", merge, local, 2) == (
+        "m: a reshape of [2, 4, 4, 2] cannot keep dim 3 split",
+        {"q"},
+    )
+    # unsplit input, same output: fine; unsplit input, another output: misread
+    same = [("v", (2, 4, 8), (2, 4, 4, 2), q)]
+    assert _first_misplaced("m", same, same, 2) == ("", set())
+    other = [("v", (2, 4, 8), (2, 8, 2, 2), q)]
+    assert _first_misplaced("m", same, other, 2)[0].startswith(
+        "m: its code reshapes a local shard [2, 4, 8] to [2, 8, 2, 2], not [2, 4, 4, 2]"
+    )
+    # the second reshape is checked too
+    assert _first_misplaced("m", whole * 2, ok + [("v", (2, 4, 4), (2, 2, 4, 2), q)], 2)[1] == {"q"}
+
+
+def test_local_fix_tries_each_attribute_then_pairs(monkeypatch):
+    probe = probe_of(Attn)
+    plan = {"q": "colwise", "o": "rowwise"}
+    seen, _, _ = probe._whole_run(probe._model.blk, "blk", plan)
+    local = _local(probe, ATTN_PLAN, 2)
+    assert _local_fix(probe, "blk", plan, 2, seen, local) == ["num_heads"]
+    # the attribute is set on a copy: the local block keeps its count
+    assert local.num_heads == 4
+    # at TP 3 no attribute is divisible: none is tried
+    assert _local_fix(probe, "blk", plan, 3, seen, local) == []
+    # sizes no column-parallel reshape fixes are no candidates
+    unmarked = [(op, i, o, frozenset()) for op, i, o, _ in seen]
+    assert _local_fix(probe, "blk", plan, 2, unmarked, local) == []
+    monkeypatch.setattr(eager_probe, "MAX_FIXES", 0)
+    assert _local_fix(probe, "blk", plan, 2, seen, local) == []
+
+
+def test_verdicts_are_saved_adopted_and_read_back(tmp_path):
+    path = _verdicts_path("abc")
+    assert path.parent == tmp_path / "probes"
+    assert path.name.startswith("abc-") and path.suffix == ".json"
+    assert len(path.stem) == len("abc-") + 16
+    probe = probe_of(Attn)
+    probe._path = path
+    probe.save()  # nothing probed: nothing written
+    assert not path.exists()
+    probe.adopt({"k": ["", [], []]})
+    assert probe._probed == 1
+    probe.adopt({"k": ["other", [], []], "j": ["r: x", ["q"], []]})
+    assert probe.verdicts == {"k": ["", [], []], "j": ["r: x", ["q"], []]}
+    assert probe._probed == 2
+    probe.save()
+    assert json.loads(path.read_text()) == probe.verdicts
+    again = EagerShardProbe(None, "fp32", trace_key="abc")
+    assert again.verdicts == probe.verdicts and again._probed == 0
+    assert EagerShardProbe(None, "fp32").verdicts == {}
+    # an unwritable cache only costs time
+    probe._path = tmp_path / "file" / "v.json"
+    (tmp_path / "file").write_text("")
+    probe.save()
+
+
+def test_read_json_takes_only_a_dict(tmp_path):
+    p = tmp_path / "v.json"
+    assert _read_json(p) == {}
+    p.write_text("[1]")
+    assert _read_json(p) == {}
+    p.write_text("{")
+    assert _read_json(p) == {}
+    p.write_text('{"a": 1}')
+    assert _read_json(p) == {"a": 1}
+
+
+def test_notes_keep_each_modules_first_reason():
+    probe = EagerShardProbe(None, "fp32")
+    probe.verdicts = {
+        json.dumps(["b", 2, []]): ["m.b: second", ["q"], []],
+        json.dumps(["a", 2, []]): ["m.a: first", ["q"], []],
+        json.dumps(["a", 4, []]): ["m.a: later", ["q"], []],
+        json.dumps(["c", 2, []]): ["", [], []],
+        json.dumps(["d", 2, []]): ["m.d: why", ["q"], ["x.num_heads", "x.kv"]],
+    }
+    assert probe.notes() == [
+        "tensor parallelism: m.a: first",
+        "tensor parallelism: m.b: second",
+        "tensor parallelism: m.d: its code views by a fixed head count; each rank runs it "
+        "with x.num_heads, x.kv set to the local count (split by heads)",
+    ]
