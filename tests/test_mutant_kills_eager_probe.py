@@ -378,3 +378,95 @@ def test_notes_keep_each_modules_first_reason():
         "tensor parallelism: m.d: its code views by a fixed head count; each rank runs it "
         "with x.num_heads, x.kv set to the local count (split by heads)",
     ]
+
+
+MODEL_FILE = """
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor
+
+TRAINING = {"global_batch_size": 2, "optimizer": "adamw", "dtype": "fp32", "lr": 1e-3}
+
+
+class Layer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(8, 16), nn.Linear(16, 8)
+
+    def forward(self, x):
+        return x + self.fc2(torch.relu(self.fc1(x)))
+
+
+class Model(nn.Module):
+    def __init__(self, check):
+        super().__init__()
+        self.check = check
+        self.layers = nn.ModuleList(Layer() for _ in range(5))
+
+    def forward(self, x):
+        h = x * 1
+        # transformers' mask check: data unless it sees a FakeTensor
+        if self.check and not isinstance(h, FakeTensor) and bool(h.all()):
+            h = h + 1
+        for layer in self.layers:
+            h = layer(h)
+        return h
+
+
+def build_model(check=False):
+    return Model(check)
+
+
+def make_batch(batch_size, step=0):
+    return torch.ones(batch_size, 3, 8), torch.zeros(batch_size, 3, 8)
+"""
+
+
+@pytest.mark.parametrize("check", [False, True])
+def test_load_captures_each_modules_inputs_under_the_mode_that_reaches_them(tmp_path, check):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from planner.modelfile import load_model_file
+
+    path = tmp_path / "five.py"
+    path.write_text(MODEL_FILE)
+    mf = load_model_file(path, {"check": check})
+    repeats = [{"path": "layers", "count": 5, "start": 0, "period": 1}]  # three kept
+    probe = EagerShardProbe(mf, "bf16", repeats=repeats)
+    probe.load()
+    model = probe._model
+    assert isinstance(probe._mode, FakeTensorMode) if check else probe._mode is None
+    assert len(model.layers) == 5  # the cut is undone
+    assert next(model.parameters()).dtype == torch.bfloat16
+    reached = {f"layers.{i}" for i in range(5) if f"layers.{i}" in probe._inputs}
+    assert reached == {"layers.0", "layers.1", "layers.2"}
+    (x,), kwargs = probe._inputs["layers.0"]
+    assert x.shape == (1, 3, 8) and x.dtype == torch.bfloat16 and kwargs == {}
+    assert x.device.type == "meta"
+    probe._whole[("stale", frozenset())] = ()
+    plan = {"layers.4.fc1": "colwise", "layers.4.fc2": "rowwise"}
+    # layers.4 was not reached: the full forward runs for it, once
+    assert probe.reject("layer", "layers.4", plan, 2) is None
+    assert probe._repeats == [] and probe._model is not model
+    assert "layers.4" in probe._inputs and ("stale", frozenset()) not in probe._whole
+    assert list(probe._whole) == [("layers.4", frozenset({"fc1"}))]
+    assert probe._whole[("layers.4", frozenset({"fc1"}))][2] is None
+    again = probe._model
+    probe.load()
+    assert probe._model is again
+
+
+def test_a_forward_that_fails_under_both_modes_leaves_its_modules_unprobed(tmp_path):
+    from planner.modelfile import load_model_file
+
+    path = tmp_path / "fails.py"
+    path.write_text(MODEL_FILE.replace("h = x * 1", "h = x * 1\n        h.view(5)"))
+    probe = EagerShardProbe(load_model_file(path), "fp32")
+    plan = {"layers.0.fc1": "colwise", "layers.0.fc2": "rowwise"}
+    assert probe.reject("layer", "layers.0", plan, 2) is None
+    assert "layers.0" not in probe._inputs and probe._whole == {}
+    # the hooks are gone: a forward captures nothing more
+    probe._inputs.clear()
+    with torch.device("meta"):
+        probe._model.layers[0](torch.empty(1, 3, 8))
+    assert probe._inputs == {}
