@@ -173,11 +173,11 @@ def test_a_view_that_writes_the_sequence_fails_on_its_shards():
     # at TP 4 the same whole run serves (one per column-parallel set), and 4 heads / 4 = 1
     assert probe.local_attributes("attn", "blk", ATTN_PLAN, 4) == ["blk.num_heads"]
     assert len(probe._whole) == 1 and probe._probed == 2
-    assert notes_of(probe) == {"blk"}
-
-
-def notes_of(probe: EagerShardProbe) -> set[str]:
-    return {n.split(": ")[1] for n in probe.notes()}
+    # the note names the module before the reason's first colon, not its last
+    assert probe.notes() == [
+        "tensor parallelism: blk: its code views by a fixed head count; each rank runs it with "
+        "num_heads set to the local count (split by heads)"
+    ]
 
 
 def test_llama_views_pass_and_a_whole_output_projection_fails_without_fix():
@@ -342,6 +342,9 @@ def test_verdicts_are_saved_adopted_and_read_back(tmp_path):
     assert probe.verdicts == {"k": ["", [], []], "j": ["r: x", ["q"], []]}
     assert probe._probed == 2
     probe.save()
+    assert path.read_text() == '{"j": ["r: x", ["q"], []], "k": ["", [], []]}'  # keys sorted
+    probe.adopt({"i": ["", [], []]})
+    probe.save()  # the folder exists now
     assert json.loads(path.read_text()) == probe.verdicts
     again = EagerShardProbe(None, "fp32", trace_key="abc")
     assert again.verdicts == probe.verdicts and again._probed == 0
@@ -470,3 +473,114 @@ def test_a_forward_that_fails_under_both_modes_leaves_its_modules_unprobed(tmp_p
     with torch.device("meta"):
         probe._model.layers[0](torch.empty(1, 3, 8))
     assert probe._inputs == {}
+
+
+def test_save_makes_the_cache_folders(monkeypatch, tmp_path):
+    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path / "a" / "b"))
+    probe = EagerShardProbe(None, "fp32", trace_key="k")
+    probe.adopt({"x": ["", [], []]})
+    probe.save()
+    assert EagerShardProbe(None, "fp32", trace_key="k").verdicts == {"x": ["", [], []]}
+
+
+class Heads(nn.Module):
+    """StableLM's views: q by ``num_heads``, k by ``num_kv``; both counts must be local."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv, self.head_dim = 4, 2, 2
+        self.q, self.k, self.o = nn.Linear(H, H), nn.Linear(H, 4), nn.Linear(12, H)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q = self.q(x).view(b, -1, self.num_heads, self.head_dim)
+        k = self.k(x).view(b, -1, self.num_kv, self.head_dim)
+        return self.o(torch.cat([q.reshape(b, s, -1), k.reshape(b, s, -1)], -1))
+
+
+class Nested(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = Heads()
+
+    def forward(self, x):
+        return self.attn(x)
+
+
+def test_two_head_counts_on_a_submodule_are_fixed_as_a_pair():
+    probe = probe_of(Nested)
+    plan = {"blk.attn.q": "colwise", "blk.attn.k": "colwise", "blk.attn.o": "rowwise"}
+    assert probe.reject("n", "blk", plan, 2).startswith("blk: its code reshapes a local shard")
+    assert probe.unsafe_outputs("n", "blk", plan, 2) == {"attn.q"}
+    # neither alone (each try on a fresh copy), both together
+    assert probe.local_attributes("n", "blk", plan, 2) == [
+        "blk.attn.num_heads",
+        "blk.attn.num_kv",
+    ]
+
+
+class Two(Attn):
+    """Two heads of 4: the local count is 1."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.num_heads, self.head_dim = 2, 4
+
+
+class Gain(Attn):
+    """Holds a weight of its own: its attributes are not tried (a Linear's sizes are not read by
+    its code)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gain = nn.Parameter(torch.ones(H))
+
+    def forward(self, x):
+        return super().forward(x) * self.gain
+
+
+class Checked(nn.Module):
+    """Checks q's width against its head count before the view: the head size's try fails
+    with nothing to blame, the head count's passes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head_dim, self.num_heads = 2, 4
+        self.q, self.o = nn.Linear(H, H), nn.Linear(H, H)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        h = self.q(x)
+        if h.shape[-1] != self.num_heads * 2:
+            raise ValueError("width")
+        return self.o(h.view(b, -1, self.num_heads, self.head_dim).reshape(b, s, -1))
+
+
+class Masked(Attn):
+    """OPT's scores: the misread view, then an add that fails to broadcast on local shards."""
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        h = self.q(x).view(b, -1, self.num_heads, self.head_dim) + torch.zeros(b, s, 1, 1)
+        return self.o(h.reshape(b, s, -1))
+
+
+def test_which_attributes_are_tried():
+    assert probe_of(Two).local_attributes("a", "blk", ATTN_PLAN, 2) == ["blk.num_heads"]
+    gain = probe_of(Gain)
+    assert gain.reject("a", "blk", ATTN_PLAN, 2) is not None
+    assert gain.local_attributes("a", "blk", ATTN_PLAN, 2) == []
+    checked = probe_of(Checked)
+    assert checked.reject("a", "blk", ATTN_PLAN, 2).startswith(
+        "blk: its code fails on local shards (ValueError: width)"
+    )
+    assert checked.unsafe_outputs("a", "blk", ATTN_PLAN, 2) == set()
+    assert checked.local_attributes("a", "blk", ATTN_PLAN, 2) == ["blk.num_heads"]
+
+
+def test_a_misread_view_before_a_failure_is_to_blame():
+    probe = probe_of(Masked)
+    assert probe.reject("m", "blk", ATTN_PLAN, 2).startswith(
+        "blk: its code reshapes a local shard [2, 4, 4] to [2, 2, 4, 2], not [2, 4, 2, 2]"
+    )
+    assert probe.unsafe_outputs("m", "blk", ATTN_PLAN, 2) == {"q"}
