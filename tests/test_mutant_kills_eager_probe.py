@@ -477,6 +477,10 @@ def test_a_forward_that_fails_under_both_modes_leaves_its_modules_unprobed(tmp_p
 
 def test_save_makes_the_cache_folders(monkeypatch, tmp_path):
     monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path / "a" / "b"))
+    unkept = EagerShardProbe(None, "fp32")  # no trace key: verdicts for this run only
+    unkept.adopt({"x": ["", [], []]})
+    unkept.save()
+    assert not (tmp_path / "a").exists()
     probe = EagerShardProbe(None, "fp32", trace_key="k")
     probe.adopt({"x": ["", [], []]})
     probe.save()
@@ -552,7 +556,7 @@ class Checked(nn.Module):
         b, s, _ = x.shape
         h = self.q(x)
         if h.shape[-1] != self.num_heads * 2:
-            raise ValueError("width")
+            raise ValueError("width  of\n q " + "x" * 200)
         return self.o(h.view(b, -1, self.num_heads, self.head_dim).reshape(b, s, -1))
 
 
@@ -572,8 +576,10 @@ def test_which_attributes_are_tried():
     assert gain.local_attributes("a", "blk", ATTN_PLAN, 2) == []
     checked = probe_of(Checked)
     assert checked.reject("a", "blk", ATTN_PLAN, 2).startswith(
-        "blk: its code fails on local shards (ValueError: width)"
+        "blk: its code fails on local shards (ValueError: width of q "
     )
+    # the message on one line, its whitespace collapsed, cut to 120 characters
+    assert checked.reject("a", "blk", ATTN_PLAN, 2).endswith(" q " + "x" * 109 + ")")
     assert checked.unsafe_outputs("a", "blk", ATTN_PLAN, 2) == set()
     assert checked.local_attributes("a", "blk", ATTN_PLAN, 2) == ["blk.num_heads"]
 
@@ -584,3 +590,43 @@ def test_a_misread_view_before_a_failure_is_to_blame():
         "blk: its code reshapes a local shard [2, 4, 4] to [2, 2, 4, 2], not [2, 4, 2, 2]"
     )
     assert probe.unsafe_outputs("m", "blk", ATTN_PLAN, 2) == {"q"}
+
+
+class Flat(Mlp):
+    """Flattens the row-parallel output: its reshape derives from fc1 (through fc2), and fc2's
+    output, not split, is not marked."""
+
+    def forward(self, x, *, gain):
+        return (super().forward(x) * gain).reshape(-1, H)
+
+
+class Pair(nn.Module):
+    """A module whose forward takes two positional tensors."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(H, 16))
+
+    def forward(self, x, y):
+        return x @ self.weight.T + y
+
+
+def test_only_column_parallel_outputs_are_marked_and_keywords_reach_the_block():
+    probe = probe_of(Flat)
+    (x,), _ = probe._inputs["blk"]
+    probe._inputs["blk"] = ((x,), {"gain": 2.0})
+    plan = {"blk.fc1": "colwise", "blk.fc2": "rowwise"}
+    assert probe.reject("f", "blk", plan, 2) is None
+    ((seen, failed, exc),) = probe._whole.values()
+    assert exc is None
+    assert seen[-1] == ("aten.view.default", (B, S, H), (B * S, H), frozenset({"fc1"}))
+    assert {c for *_, c in seen} == {frozenset(), frozenset({"fc1"})}
+
+
+def test_row_parallel_in_out_keeps_the_other_arguments():
+    with torch.device("meta"):
+        pair, relu = Pair(), nn.ReLU()
+        _cut(pair, "rowwise_in_out", 2)
+        assert pair(torch.empty(3, 8), torch.empty(3, H)).shape == (3, H)
+    _cut(relu, "colwise", 2)  # no weight: nothing to cut
+    assert not hasattr(relu, "weight")
