@@ -123,7 +123,7 @@ MODULES: dict[str, list[str]] = {
         "tests/test_mutant_kills.py",
         *COST,
     ],
-    "planner/cost/eager_probe.py": ["tests/test_sharding.py", "tests/test_dtensor_blocks.py"],
+    "planner/cost/eager_probe.py": ["tests/test_mutant_kills_eager_probe.py"],
     **{
         # test_moe's and test_long_context's solver tests (150 s each) are left out: every
         # mutant of a priced function would rerun them
