@@ -39,6 +39,7 @@ import re
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -478,11 +479,10 @@ def function_of(mutant: str) -> str:
 
 def by_function(found: dict[str, str]) -> dict[str, dict[str, int]]:
     """Each function's counts of mutmut's statuses."""
-    table: dict[str, dict[str, int]] = {}
+    table: dict[str, Counter] = {}
     for name, status in found.items():
-        row = table.setdefault(function_of(name), {})
-        row[status] = row.get(status, 0) + 1
-    return dict(sorted(table.items()))
+        table.setdefault(function_of(name), Counter())[status] += 1
+    return {f: dict(row) for f, row in sorted(table.items())}
 
 
 def merge_groups(result: dict, previous: dict | None) -> dict:
@@ -496,21 +496,16 @@ def merge_groups(result: dict, previous: dict | None) -> dict:
     table = {**result["by_function"], **keep}
     result["by_function"] = dict(sorted(table.items()))
     result["functions_from_earlier_runs"] = sorted(keep)
-    for key in ("survivors",):
-        old = (previous or {}).get(key, {}) if keep else {}
-        result[key] = {
-            **{k: v for k, v in old.items() if function_of(k) in keep},
-            **{k: v for k, v in result[key].items() if function_of(k) in ran},
-        }
-    old_timeouts = (previous or {}).get("timed_out", []) if keep else []
+    earlier = previous if keep else {}
+    result["survivors"] = {
+        **{k: v for k, v in earlier.get("survivors", {}).items() if function_of(k) in keep},
+        **{k: v for k, v in result["survivors"].items() if function_of(k) in ran},
+    }
     result["timed_out"] = sorted(
-        [k for k in old_timeouts if function_of(k) in keep]
+        [k for k in earlier.get("timed_out", []) if function_of(k) in keep]
         + [k for k in result["timed_out"] if function_of(k) in ran]
     )
-    counts: dict[str, int] = {}
-    for row in table.values():
-        for status, n in row.items():
-            counts[status] = counts.get(status, 0) + n
+    counts = dict(sum((Counter(row) for row in table.values()), Counter()))
     result["counts"] = counts
     result["mutants"] = sum(counts.values())
     result["killed_share"] = killed_share(counts)
@@ -626,9 +621,7 @@ def run_module(
             plans = example_plans(root, env, name)
             equivalent = plans == clean and not clean.startswith("planning failed")
             survivors[name]["equivalent_on_examples"] = equivalent
-    counts: dict[str, int] = {}
-    for s in found.values():
-        counts[s] = counts.get(s, 0) + 1
+    counts = dict(Counter(found.values()))
     return {
         "module": module,
         "tests": tests,

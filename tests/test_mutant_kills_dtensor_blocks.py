@@ -9,7 +9,6 @@ torchrun tests train such plans; docs/mutation.md names the mutants each test ki
 
 from __future__ import annotations
 
-import multiprocessing
 import traceback
 from datetime import timedelta
 from types import SimpleNamespace
@@ -18,6 +17,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from forked_gloo import run_ranks
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from torch.distributed.tensor.experimental import implicit_replication
@@ -501,28 +501,12 @@ def _rank(r: int, store_path: str, queue) -> None:  # noqa: ANN001
 @pytest.fixture(scope="module")
 def four_ranks(tmp_path_factory):
     """Each rank's results of ``_rank_body``, by rank."""
-    ctx = multiprocessing.get_context("fork")
-    queue = ctx.Queue()
+
+    def body_is_a_dict(item: tuple) -> None:
+        assert isinstance(item[1], dict), item[1]
+
     store = tmp_path_factory.mktemp("store") / "store"
-    procs = [ctx.Process(target=_rank, args=(r, str(store), queue)) for r in range(WORLD)]
-    for p in procs:
-        p.daemon = True
-        p.start()
-    got = {}
-    try:
-        for _ in range(WORLD):
-            r, body = queue.get(timeout=120)
-            assert isinstance(body, dict), body
-            got[r] = body
-        for p in procs:
-            p.join(60)
-            assert p.exitcode == 0
-    finally:
-        for p in procs:
-            if p.exitcode is None:
-                p.kill()
-                p.join()
-    return got
+    return dict(run_ranks(_rank, WORLD, store, WORLD, body_is_a_dict))
 
 
 def _one_rank_2d():

@@ -8,12 +8,12 @@ docs/mutation.md names the mutants each test kills."""
 
 from __future__ import annotations
 
-import multiprocessing
 import traceback
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from forked_gloo import run_ranks
 
 from runtime.gather import batch_gather
 
@@ -53,28 +53,14 @@ def test_gather_joins_the_groups_rows_and_gives_each_rank_dp_times_its_rows_grad
     """Ranks 0 and 2 (group ranks 0 and 1) each hold 2 rows; both see the 4 rows in group
     order, and their one loss sum(w * g^2) gives rows i the gradient 2 w_i g_i on each of
     the 2 replicas, summed: 4 w_i g_i, of which each keeps its own 2 rows."""
-    ctx = multiprocessing.get_context("fork")
-    out = ctx.Queue()
-    procs = [
-        ctx.Process(target=_rank, args=(r, str(tmp_path / "store"), out)) for r in range(WORLD)
-    ]
-    for p in procs:
-        p.daemon = True  # a rank still waiting when the test fails ends with it
-        p.start()
-    got = {}
-    try:
-        for _ in GROUP:
-            r, rows, grad = out.get(timeout=120)
-            assert grad is not None, rows
-            got[r] = (torch.tensor(rows), torch.tensor(grad))
-        for p in procs:
-            p.join(60)
-            assert p.exitcode == 0
-    finally:
-        for p in procs:
-            if p.exitcode is None:
-                p.kill()
-                p.join()
+
+    def grad_came_back(item: tuple) -> None:
+        assert item[2] is not None, item[1]
+
+    got = {
+        r: (torch.tensor(rows), torch.tensor(grad))
+        for r, rows, grad in run_ranks(_rank, WORLD, tmp_path / "store", len(GROUP), grad_came_back)
+    }
     whole = torch.cat([_rows(0), _rows(2)])
     weights = torch.arange(1.0, 13.0).reshape(4, 3)
     full_grad = 2 * 2 * weights * whole

@@ -249,8 +249,7 @@ class EagerShardProbe:
             m.get_submodule(rel).register_forward_hook(
                 lambda _m, _a, out, rel=rel, rec=rec: rec.mark(out, rel)
             )
-            for rel, style in plan.items()
-            if base_style(style) == "colwise" and rel
+            for rel in _colwise(plan)
         ]
         try:
             with (
