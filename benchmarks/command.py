@@ -152,7 +152,7 @@ def child(argv: list[str], phases_path: str) -> int:
     clocked(planner.api, "trace", "trace")
     clocked(planner.api, "plan", "plan")
     clocked(planner.report.worker.ReportWorker, "result", "report")
-    rc = meshplan.cli.main(argv)
+    rc = meshplan.cli.console(argv)
     total = time.perf_counter() - began
     phases = {
         "imports": spent["imports"],

@@ -2,6 +2,6 @@
 
 import sys
 
-from meshplan.cli import main
+from meshplan.cli import console
 
-sys.exit(main())
+sys.exit(console())

@@ -3,8 +3,10 @@ instances directly and compare with formulas and brute force."""
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import sys
 import tempfile
 from dataclasses import replace
@@ -19,9 +21,19 @@ sys.path.insert(0, str(ROOT))
 # key holds a hash of the tracer's code, so a changed tracer never reads an old trace). The
 # directory is named in MESHPLAN_TEST_CACHE before pytest-xdist starts its workers, which
 # inherit the environment: the two workers of a run share one cache, so a model one of them
-# traced and searched is warm for the other (entries are written atomically).
+# traced and searched is warm for the other (entries are written atomically). A directory made
+# here is removed when the process that made it exits, not at the end of a pytest session:
+# mutmut's forked children run sessions of their own in the same directory, side by side.
+
+
+def _remove_own_cache(path: str, maker: int) -> None:
+    if os.getpid() == maker:  # forked children inherit the handler, not the directory
+        shutil.rmtree(path, ignore_errors=True)
+
+
 if not os.environ.get("MESHPLAN_TEST_CACHE"):
     os.environ["MESHPLAN_TEST_CACHE"] = tempfile.mkdtemp(prefix="meshplan-test-cache-")
+    atexit.register(_remove_own_cache, os.environ["MESHPLAN_TEST_CACHE"], os.getpid())
 os.environ["MESHPLAN_CACHE"] = os.environ["MESHPLAN_TEST_CACHE"]
 
 from planner.cost.records import BlockOption  # noqa: E402
