@@ -173,4 +173,8 @@ def serve() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(serve())
+    status = serve()
+    # the planner reads this process's answer to its end, so it waits for the exit too: skip
+    # the exit's full collection over matplotlib's heap (meshplan.cli.console says why)
+    gc.freeze()
+    sys.exit(status)
