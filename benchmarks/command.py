@@ -152,7 +152,7 @@ def child(argv: list[str], phases_path: str) -> int:
     clocked(planner.api, "trace", "trace")
     clocked(planner.api, "plan", "plan")
     clocked(planner.report.worker.ReportWorker, "result", "report")
-    rc = meshplan.cli.console(argv)
+    rc = meshplan.cli.main(argv)
     total = time.perf_counter() - began
     phases = {
         "imports": spent["imports"],
@@ -293,5 +293,7 @@ def main() -> None:
 if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "--child":
         sys.path.insert(0, str(ROOT))
-        sys.exit(child(sys.argv[4:], sys.argv[2]))
+        from meshplan.cli import exit_without_teardown
+
+        exit_without_teardown(child(sys.argv[4:], sys.argv[2]))  # as ``plan`` itself ends
     main()
