@@ -116,7 +116,7 @@ def test_dense_embedding_gradients():
     root.inner = nn.Module()
     root.inner.bag = nn.EmbeddingBag(4, 2, sparse=True)
     assert pz.dense_embedding_gradients(root) == ["e", "inner.bag"]
-    assert not root.e.sparse and not root.d.sparse and not root.inner.bag.sparse
+    assert root.e.sparse is False and root.inner.bag.sparse is False and not root.d.sparse
     assert pz.dense_embedding_gradients(root) == []
 
 
@@ -137,9 +137,11 @@ def test_direct_forwards_go_through_the_hooks():
     m = _Direct()
     x = torch.randn(2, 3)
     ref = m(x)
-    pz.route_direct_forwards(m, ["layer", "missing"])
+    pz.route_direct_forwards(m, ["missing", "layer"])
+    assert "forward" in vars(m.layer)  # past the missing path
     pz.route_direct_forwards(m, ["layer"])  # once only
     assert "forward" in vars(m.layer) and "forward" not in vars(m.other)
+    assert len(m.layer._forward_pre_hooks) == 1 and len(m.layer._forward_hooks) == 1
     seen = []
     m.layer.register_forward_pre_hook(lambda _m, a: seen.append("layer"))
     m.other.register_forward_pre_hook(lambda _m, a: seen.append("other"))
@@ -208,10 +210,18 @@ def test_sequence_styles():
 
 def test_traced_code_refuses_sequence_styles():
     for name in ("sp_block", "sequence", "colwise_sp", "rowwise_sp_tokens"):
-        with pytest.raises(UserInputError, match=r"runs a\.b sequence-parallel.*--pp 1"):
+        with pytest.raises(UserInputError) as err:
             pz.tp_style(LIN, name, "a.b", traced_parent=True)
-    with pytest.raises(UserInputError, match=r"shards c \(LayerNorm\).*--tp 1"):
+        assert str(err.value) == (
+            "plan runs a.b sequence-parallel, but a pipeline stage runs its block as traced "
+            "code with fixed shapes: plan again with --pp 1, or without sequence parallelism"
+        )
+    with pytest.raises(UserInputError) as err:
         pz.tp_style(nn.LayerNorm(2), "colwise", "c")
+    assert str(err.value) == (
+        "plan shards c (LayerNorm) with tensor parallelism, but only nn.Linear and "
+        "nn.Embedding can be sharded: plan again with --tp 1"
+    )
 
 
 def _kind(s) -> tuple:
@@ -259,6 +269,7 @@ def test_in_out_styles_directly():
     assert _kind(pz._in_out_style("colwise_gather", False, 2)) == (
         "_InOutColwise", R, R, True, 2)  # fmt: skip
     assert pz._InOutColwise().blocks == 1
+    assert _kind(pz._in_out_style("colwise", True)) == ("_InOutColwise", R, R, True, 1)
 
 
 def test_small_placement_helpers():
@@ -483,11 +494,11 @@ def test_sum_partial_gradients(one_rank, monkeypatch):
     holder = nn.Module()
     holder.tp_w = nn.Parameter(distribute_tensor(torch.ones(2), tp1, R))
     holder.tp_w.grad = distribute_tensor(torch.ones(2), tp1, R)
+    holder.read = nn.Parameter(torch.ones(2))
+    holder.read.grad = distribute_tensor(torch.ones(2), dp1, R)
     holder.dp_w = nn.Parameter(distribute_tensor(torch.ones(2), dp1, R))
     g = torch.full((2,), 3.0)
     holder.dp_w.grad = distribute_tensor(g, dp1, R)
-    holder.read = nn.Parameter(torch.ones(2))
-    holder.read.grad = distribute_tensor(torch.ones(2), dp1, R)
     pz.sum_partial_gradients([plain, none, holder], _Mesh(1))
     assert calls == []
     pz.sum_partial_gradients([plain, none, holder], _Mesh(2, "tp"))
@@ -554,6 +565,46 @@ def test_gather_sequence_on_one_rank(one_rank, monkeypatch, local, regather):
     assert calls == [False]
 
 
+class _Saves(nn.Module):
+    """Saves the gathered input at an offset (a slice), a plain weight and a 0-dim scale."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.full((1, 6), 3.0))
+        self.s = nn.Parameter(torch.tensor(1.0))
+
+    def forward(self, x):  # noqa: ANN001, ANN201
+        xl = x.to_local()
+        return (xl * xl * self.w).sum() * self.s + (xl[:, 2:] * xl[:, 2:]).sum()
+
+
+def _saves_grad(base: torch.Tensor) -> torch.Tensor:
+    want = 6 * base.detach()
+    want[:, 2:] += 2 * base.detach()[:, 2:]
+    return want
+
+
+def test_gather_sequence_regathers_each_backward_once(one_rank, monkeypatch):
+    """The saved full tensor (twice, once at an offset) is kept as the shard and gathered once
+    per backward, again in the next step's backward of the same shard; by default nothing is
+    regathered."""
+    base = torch.arange(6.0).view(1, 6).requires_grad_()
+    x = _dt(one_rank, base * 1, (Shard(1),))
+    plain = _Saves()
+    pz.gather_sequence(plain)
+    calls = _redistributions(monkeypatch)
+    plain(x).backward(retain_graph=True)
+    assert calls == [True] and torch.equal(base.grad, _saves_grad(base))
+    m = _Saves()
+    pz.gather_sequence(m, regather_in_backward=True)
+    base.grad = None
+    for step in (1, 2):
+        m(x).backward(retain_graph=True)
+        assert torch.equal(base.grad, step * _saves_grad(base))
+    assert calls == [True, True, False, True, False]
+    assert torch.equal(m.w.grad, 2 * base.detach() ** 2)
+
+
 def test_gather_sequence_leaves_no_hooks_after_the_module(one_rank):
     m = _Squares(True)
     pz.gather_sequence(m, regather_in_backward=True)
@@ -580,6 +631,7 @@ def _tp_model() -> nn.Module:
     root.layers = nn.ModuleList([_Attn(), _Attn()])
     root.alias = root.layers[0]  # held twice: named_modules reaches it as layers.0
     root.embed = nn.Embedding(5, 4)
+    root.extra = nn.Linear(4, 4)
     return root
 
 
@@ -613,20 +665,30 @@ def test_tensor_parallel_styles_by_path(monkeypatch):
     root = _tp_model()
     blocks = [
         _block("b0", ["alias"], "none", tp_plan={
-            "alias.q": "colwise_dtensor", "alias.k": "colwise", "alias.o": "rowwise",
-            "alias.norm": "sp_gather", "gone": "colwise"}),
+            "alias.norm": "sp_gather", "alias.q": "colwise_dtensor", "alias.k": "colwise",
+            "alias.o": "rowwise", "gone": "colwise"}),
         _block("b1", ["layers.1"], "full", tp_plan={
             "layers.1.q": "colwise_sp_tokens", "layers.1.k": "colwise_gather:2",
             "layers.1.norm": "sp_block", "layers.1.o": "rowwise_sp"},
-            takes_sequence_shard=True),
+            takes_sequence_shard=True, leaves_sequence_shard=True),
+        _block("b3", ["extra"], "none", tp_plan={"extra": "colwise_sp_tokens"}),
         _block("b2", ["embed"], tp_plan={"embed": "rowwise"}),
     ]  # fmt: skip
     mesh = _Mesh(2)
     assert pz.apply_tensor_parallel(root, blocks, mesh) == []
     ((got_root, got_mesh, styles),) = rec["parallelize"]
     assert got_root is root and got_mesh is mesh
-    assert sorted(styles) == ["embed", "layers.0.k", "layers.0.o", "layers.0.q", "layers.1.k",
-                              "layers.1.norm", "layers.1.o", "layers.1.q"]  # fmt: skip
+    assert sorted(styles) == [
+        "embed",
+        "extra",
+        "layers.0.k",
+        "layers.0.o",
+        "layers.0.q",
+        "layers.1.k",
+        "layers.1.norm",
+        "layers.1.o",
+        "layers.1.q",
+    ]
     assert _kind(styles["layers.0.q"]) == ("ColwiseParallel", R, SL, False, None)
     assert _kind(styles["layers.0.k"]) == ("ColwiseParallel", R, SL, True, None)
     assert styles["layers.0.q"]._prepare_input_fn is pz._shared_input
@@ -635,9 +697,10 @@ def test_tensor_parallel_styles_by_path(monkeypatch):
     assert _kind(styles["layers.1.k"]) == ("_BlocksColwise", R, R, True, 2)
     n = styles["layers.1.norm"]
     assert n.prepare_module_input.input_layouts == (Shard(1),)
-    assert n.prepare_module_output.desired_output_layouts == (Replicate(),)
+    assert n.prepare_module_output.desired_output_layouts == (Shard(1),)
     assert _kind(styles["embed"]) == ("_Rowwise", R, R, True, None)
-    assert rec["gather"] == [(root.layers[0].norm, True), (root.layers[1].q, False)]
+    assert rec["gather"] == [(root.layers[0].norm, True), (root.layers[1].q, False),
+                             (root.extra, True)]  # fmt: skip
     assert rec["run_on"] == [root.layers[0]] and rec["registered"] == 1
     assert rec["retie"] == [(root, pz.tied_groups(root))] and rec["retie"][0][1]
     assert rec["local"] == [(root, blocks, 2, [])]
@@ -665,8 +728,8 @@ def test_tensor_parallel_under_traced_code(monkeypatch):
     rec = _record_tp(monkeypatch)
     root = _traced_tree()
     blocks = [
-        _block("b0", ["stage.mlp"], tp_plan={"stage.mlp.fc1": "colwise_dtensor",
-                                             "stage.mlp.fc2": "rowwise"}),
+        _block("b0", ["stage.mlp.fc2", "stage.mlp.fc1"],
+               tp_plan={"stage.mlp.fc1": "colwise_dtensor", "stage.mlp.fc2": "rowwise"}),
         _block("b1", ["stage.head"], tp_plan={"stage.head": "colwise"}),
         _block("b2", ["side"], tp_plan={"side.lin": "colwise_dtensor"}),
     ]  # fmt: skip
@@ -688,18 +751,20 @@ def test_tensor_parallel_under_traced_code(monkeypatch):
     rec = _record_tp(monkeypatch)
     blocks = [_block("b", ["stage.head"], tp_plan={"stage.head": "sp_block"})]
     assert pz.apply_tensor_parallel(root, blocks, _Mesh(2)) == []
-    with pytest.raises(UserInputError, match="sequence-parallel"):
+    with pytest.raises(UserInputError, match="runs stage sequence-parallel"):
         pz.apply_tensor_parallel(root, [_block("b", ["stage"], tp_plan={"stage": "sp_block"})],
                                  _Mesh(2))  # fmt: skip
     for bad in ("stage.head", "stage"):
-        with pytest.raises(UserInputError, match="sequence-parallel"):
+        with pytest.raises(UserInputError, match=f"runs {bad} sequence-parallel"):
             pz.apply_tensor_parallel(root, [_block(tp_plan={bad: "sp_gather"})], _Mesh(2))
+    with pytest.raises(UserInputError, match=r"shards stage\.mlp\.norm \(LayerNorm\)"):
+        pz.apply_tensor_parallel(root, [_block(tp_plan={"stage.mlp.norm": "colwise"})], _Mesh(2))
 
 
 def test_a_block_outside_traced_code_runs_on_dtensors_from_its_module(monkeypatch):
     rec = _record_tp(monkeypatch)
     root = _tp_model()
-    blocks = [_block("b", ["layers.1"], tp_plan={"layers.1.q": "colwise_dtensor:2"}),
+    blocks = [_block("b", ["embed", "layers.1"], tp_plan={"layers.1.q": "colwise_dtensor:2"}),
               _block("c", [], tp_plan={"embed": "colwise_dtensor"})]  # fmt: skip
     pz.apply_tensor_parallel(root, blocks, _Mesh(2))
     assert rec["run_on"] == [root, root.layers[1]]  # "" (no block module holds it), layers.1
@@ -722,14 +787,22 @@ def test_retie_points_every_path_at_the_sharded_weight(one_rank):
     assert root.embed.weight is a and root.head.weight is a and root.keep.w is a
     c = nn.Parameter(distribute_tensor(a.full_tensor().detach(), one_rank, R))
     root.head.weight = c
-    with pytest.raises(UserInputError, match=r"tied weight embed\.weight \(embed\.weight, "
-                                             r"head\.weight, keep\.w\) differently"):  # fmt: skip
+    message = (
+        "the plan shards the tied weight embed.weight (embed.weight, head.weight, keep.w) "
+        "differently in its modules, which would train two tensors: plan again with this "
+        "version of meshplan (it splits a tied weight along its first dimension everywhere or "
+        "nowhere) or with --tp 1"
+    )
+    with pytest.raises(UserInputError) as err:
         pz.retie(root, ties)
+    assert str(err.value) == message
     top = nn.Module()
+    top.a = nn.Parameter(torch.ones(2))  # a tie already one tensor, before the one to retie
     top.w = nn.Parameter(torch.ones(2))
     top.inner = nn.Module()
-    top.inner.w = top.w
+    top.inner.w, top.inner.a = top.w, top.a
     t = pz.tied_groups(top)
+    assert list(t) == ["a", "w"]
     top.w = nn.Parameter(distribute_tensor(torch.ones(2), one_rank, R))
     pz.retie(top, t)
     assert top.inner.w is top.w
@@ -911,8 +984,15 @@ def test_zero0_replicates_with_tp_or_pp(one_rank, monkeypatch):
     got = pz.apply_data_parallel(root, blocks, _plan(0), mesh, CPU, {root.a.weight})
     assert isinstance(got, _FakeDDP) and rec == []  # DTensors only among the ignored: DDP
     assert pz.apply_data_parallel(root, blocks, _plan(0), mesh, CPU) == "R"
-    with pytest.raises(UserInputError, match="ZeRO-1 with tensor parallelism.*--zero 0, 2 or 3"):
+    with pytest.raises(UserInputError) as err:
         pz.apply_data_parallel(root, blocks, _plan(1), mesh, CPU)
+    assert str(err.value) == (
+        "ZeRO-1 with tensor parallelism: torch's ZeroRedundancyOptimizer cannot hold "
+        "DTensor parameters; plan again with --zero 0, 2 or 3"
+    )
+    del rec[:]  # a weight read outside its module leaves that module to the root's unit
+    pz.apply_data_parallel(root, blocks, _plan(0, outside=["b.weight"]), mesh, CPU)
+    assert [m for _, m, _ in rec] == [root.a, root]
 
 
 def test_zero0_and_1_plain_ddp(monkeypatch):
@@ -937,7 +1017,7 @@ def test_zero2_and_3_shard_per_block(monkeypatch):
     rec = _record_dp(monkeypatch)
     root = _simple()
     root.c = nn.Linear(2, 2).requires_grad_(False)
-    blocks = [_block("a", ["a"], offload="optimizer+params"), _block("c", ["c"]),
+    blocks = [_block("c", ["c"]), _block("a", ["a"], offload="optimizer+params"),
               _block("b", ["b"])]  # fmt: skip
     mesh = _Mesh(2)
     for zero in (2, 3):
@@ -998,15 +1078,19 @@ def test_shard_experts(monkeypatch):
     root.experts.w1 = nn.Parameter(torch.ones(2))
     root.experts.inner = nn.Linear(2, 2)
     root.router = nn.Linear(2, 2)
-    experts = [root.experts.w1, root.experts.inner.weight, root.experts.inner.bias]
+    root.box = nn.Module()  # holds experts, none of its own: no unit
+    root.box.e = nn.Linear(2, 2)
+    experts_box = [root.box.e.weight, root.box.e.bias]
+    experts = [root.experts.w1, root.experts.inner.weight, root.experts.inner.bias, *experts_box]
     mesh = _Mesh(2)
     for zero, edp, ex in ((1, 2, experts), (3, 1, experts), (3, 2, [])):
         assert pz.shard_experts(root, ex, _Mesh(edp), _plan(zero), CPU) is ex
     assert rec == []
     assert pz.shard_experts(root, experts, mesh, _plan(2), CPU) == []
     E, Inn = root.experts, root.experts.inner
-    assert [r[:2] for r in rec] == [("shard", E), ("force", E), ("divide", E), ("shard", Inn),
-                                    ("force", Inn), ("divide", Inn)]  # fmt: skip
+    assert [r[:2] for r in rec] == [
+        (k, m) for m in (E, Inn, root.box.e) for k in ("shard", "force", "divide")
+    ]
     assert rec[1][2] is True and rec[2][2] == 4.0 and isinstance(rec[2][2], float)
     kw = rec[0][2]
     assert kw["mesh"] is mesh and kw["reshard_after_forward"] is False
@@ -1038,6 +1122,28 @@ def test_make_optimizers(one_rank):
     assert opts[1].optim.defaults["momentum"] == 0.9
     opts = pz.make_optimizers([a], _plan(1), one_rank)
     assert [type(o) for o in opts] == [ZeroRedundancyOptimizer]
+
+
+class _OnGpu(nn.Parameter):
+    """A parameter that says it lives on a GPU (its data stays on the host): which optimizer
+    group it joins and whether that group steps fused read only ``device.type``."""
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cuda", 0)
+
+
+def test_one_optimizer_per_device(one_rank):
+    """A part with parameters on the GPU and on the host (FSDP2's CPU offload): the GPU's
+    group first, stepping fused, then the host's with torch's default step."""
+    part = nn.Linear(2, 2)
+    part.weight = _OnGpu(part.weight.detach())
+    opts = pz.make_optimizers([part], _plan(2), one_rank)
+    assert [[p for g in o.param_groups for p in g["params"]] for o in opts] == [
+        [part.weight],
+        [part.bias],
+    ]
+    assert opts[0].defaults["fused"] is True and not opts[1].defaults.get("fused")
 
 
 def test_gradient_sync(monkeypatch):
@@ -1106,6 +1212,25 @@ def _two_rank_body(r: int) -> dict:
     y = sq(DTensor.from_local(shard, mesh, (Shard(1),)))
     y.backward()
     got["seq"] = (float(y), shard.grad.tolist())
+    # weights seeded per rank: each rank's shard is rank 0's (torch's src_data_rank)
+    torch.manual_seed(r)
+    conv = _Conv1D(4, 6)
+    pz._InOutColwise()._apply(conv, mesh)
+    torch.manual_seed(0)
+    ref = _Conv1D(4, 6)
+    cols = slice(3 * r, 3 * r + 3)
+    got["colwise_in_out"] = torch.equal(conv.weight.to_local(), ref.weight.detach()[:, cols])
+    # a row-parallel Conv1D takes the input's last dim as its shard
+    conv = _Conv1D(6, 4)
+    ref = _Conv1D(6, 4)
+    ref.load_state_dict(conv.state_dict())
+    pz._InOutRowwise()._apply(conv, mesh)
+    xs = torch.arange(12.0).view(2, 6) / 10
+    got["rowwise_in_out"] = torch.allclose(conv(xs[:, cols].contiguous()), ref(xs), atol=1e-6)
+    # ZeRO-1 over a one-rank dp group inside the two-rank world: its own group
+    dp = init_device_mesh("cpu", (2, 1), mesh_dim_names=("tp", "dp"))["dp"]
+    (opt,) = pz.make_optimizers([nn.Linear(2, 2)], _plan(1), dp)
+    got["zero_world"] = opt.world_size
     return got
 
 
@@ -1131,6 +1256,30 @@ def test_two_ranks_against_one_process(tmp_path):
         g = got[r]
         assert g["out"] and g["xgrad"] and g["up"] and g["gate"] and g["down"], g
         assert g["summed"] == [[3.0, 3.0], [3.0, 3.0]]
+        assert g["colwise_in_out"] and g["rowwise_in_out"] and g["zero_world"] == 1
         value, grad = g["seq"]
         assert value == pytest.approx(float((3 * full * full).sum()))
         assert grad == (6 * full[4 * r : 4 * r + 4]).view(1, 4).tolist()
+
+
+class _Scaled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(2, 2)
+
+    def forward(self, x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        return self.lin(x) * scale
+
+
+def test_a_direct_forward_keeps_its_keywords():
+    """Called directly and through ``__call__``, with a keyword argument: the same output."""
+    root = nn.Module()
+    root.m = _Scaled()
+    x = torch.ones(1, 2)
+    ref = root.m(x, scale=3.0)
+    pz.route_direct_forwards(root, ["m"])
+    seen = []
+    root.m.register_forward_pre_hook(lambda _m, a: seen.append(1))
+    assert torch.equal(root.m.forward(x, scale=3.0), ref)
+    assert torch.equal(root.m(x, scale=3.0), ref)
+    assert seen == [1, 1]
