@@ -1146,6 +1146,21 @@ def test_one_optimizer_per_device(one_rank):
     assert opts[0].defaults["fused"] is True and not opts[1].defaults.get("fused")
 
 
+def test_zero1_steps_fused_when_every_parameter_is_on_the_gpu(one_rank, monkeypatch):
+    """ZeRO-1's optimizer gets the fused step exactly when every parameter of every part is on
+    a GPU (ZeroRedundancyOptimizer recorded: its bucket views would allocate on the device)."""
+    import torch.distributed.optim as dopt
+
+    made = []
+    monkeypatch.setattr(dopt, "ZeroRedundancyOptimizer", lambda params, **kw: made.append(kw))
+    gpu, host = nn.Linear(2, 2), nn.Linear(2, 2)
+    gpu.weight, gpu.bias = _OnGpu(gpu.weight.detach()), _OnGpu(gpu.bias.detach())
+    pz.make_optimizers([gpu], _plan(1), one_rank)
+    pz.make_optimizers([gpu, host], _plan(1), one_rank)
+    assert [kw.get("fused") for kw in made] == [True, None, None]
+    assert made[0]["optimizer_class"] is torch.optim.SGD and made[0]["lr"] == 0.5
+
+
 def test_gradient_sync(monkeypatch):
     class Rep:
         def set_requires_gradient_sync(self, v: bool) -> None:
