@@ -361,6 +361,11 @@ MODULES: dict[str, list[str]] = {
     # from the test (TP 2, FSDP 2 x TP 2) against slices cut by hand (test_dtensor_blocks:
     # a child on the fake process group)
     "runtime/dtensor_blocks.py": ["tests/test_mutant_kills_dtensor_blocks.py"],
+    # one process: the helpers directly, torch's styles on a one-rank CPU mesh against plain
+    # tensors, the wrappers (fully_shard, replicate, DDP, checkpoints, parallelize_module)
+    # recorded; two forked gloo ranks for TP 2, a sequence gather and a gradient sum against one
+    # process (test_runtime_build and the torchrun tests: minutes a mutant)
+    "runtime/parallelize.py": ["tests/test_mutant_kills_parallelize.py"],
     # plan.json's text, write and load, each defect's message, the counts filled per stage
     # (test_plan_file's checks plan models in module fixtures)
     "planner/schema/__init__.py": ["tests/test_mutant_kills_schema_io.py"],
