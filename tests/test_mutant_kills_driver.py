@@ -781,8 +781,8 @@ def test_search_tries_without_context_parallelism_first(monkeypatch):
         return SimpleNamespace(best=found.get(pins.cp))
 
     monkeypatch.setattr(driver, "search_space", space)
-    sequence = {"n": 128}
-    monkeypatch.setattr(driver, "attention_sequence", lambda graph: sequence["n"])
+    # "g" computes its attention with fused ops over 128 positions, "h" with none
+    monkeypatch.setattr(driver, "attention_sequence", lambda graph: {"g": 128, "h": 0}[graph])
     memo, pins = SearchMemo(), Pins(tp=2)
     found[1] = "one"
     res = search("g", "b", "c", "t", pins, "v", "p", memo)
@@ -792,18 +792,19 @@ def test_search_tries_without_context_parallelism_first(monkeypatch):
     found[None] = "any"
     calls.clear()
     assert search("g", "b", "c", "t", pins, "v", "p", memo).best == "any"
-    assert [call[4] for call in calls] == [replace(pins, cp=1), pins]
-    assert calls[0][7] is memo and calls[1][7] is memo
+    assert calls == [
+        ("g", "b", "c", "t", replace(pins, cp=1), "v", "p", memo),
+        ("g", "b", "c", "t", pins, "v", "p", memo),
+    ]
     calls.clear()
     search("g", "b", "c", "t", Pins(cp=4), "v")  # a pinned degree: at once
     assert [call[4] for call in calls] == [Pins(cp=4)]
     assert isinstance(calls[0][7], SearchMemo) and calls[0][6] is None
-    sequence["n"] = 0
     calls.clear()
-    search("g", "b", "c", "t", pins, "v")  # no attention: one search
-    assert [call[4] for call in calls] == [pins]
+    search("h", "b", "c", "t", pins, "v", "p", memo)  # no attention: one search
+    assert calls == [("h", "b", "c", "t", pins, "v", "p", memo)]
     calls.clear()
-    search("g", "b", "c", "t", pins, "v")
+    search("h", "b", "c", "t", pins, "v")
     assert calls[0][7] is not memo
 
 
