@@ -304,6 +304,11 @@ MODULES: dict[str, list[str]] = {
     "planner/search/overlap.py": ["tests/test_mutant_kills_overlap.py"],
     # each key against every input it names, each kept value against computing it, the file
     "planner/search/bound_memo.py": ["tests/test_mutant_kills_bound_memo.py"],
+    # the outer search over a four-block model priced by a stand-in, every candidate against
+    # brute force over splits and options; the order, band, tie-break, passes and messages by
+    # hand (test_search_certificates, test_sequence_stream and test_forked_search reach it by
+    # tracing and planning whole models in module fixtures: not per-mutant material)
+    "planner/search/driver.py": ["tests/test_mutant_kills_driver.py"],
     # the mixed pool's search: a two-stage placement's step worked by hand (test_mixed_milp's
     # brute force over every placement takes two minutes)
     "planner/search/mixed/cost.py": ["tests/test_mutant_kills_mixed_cost.py"],
