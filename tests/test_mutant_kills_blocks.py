@@ -282,6 +282,28 @@ def test_members_of_different_containers_do_not_merge():
     assert [b.modules for b in make_blocks(g)] == [["a.0"], ["a.1"], ["b.0"], ["b.1"]]
 
 
+def test_members_of_sibling_containers_one_level_down_do_not_merge():
+    """The same two containers held by one module (enc.a, enc.b): enc.b.0 (no parameters)
+    follows enc.a.1, a member of the other list under the same grandparent: its own block."""
+    modules = {"": "Net", "enc": "Enc", "enc.a": "ModuleList", "enc.a.0": "L", "enc.a.1": "L",
+               "enc.b": "ModuleList", "enc.b.0": "R", "enc.b.1": "L"}  # fmt: skip
+    shapes = {"enc.a.0.w": [1], "enc.a.1.w": [2], "enc.b.1.w": [3]}
+    nodes = [
+        ("x", "input", "", [], []),
+        ("e", MM, "enc.a.0", ["enc.a.0.w"], ["x"]),
+        ("f0", MM, "enc.a.1", ["enc.a.1.w"], ["e"]),
+        ("r0", "aten.relu.default", "enc.b.0", [], ["f0"]),
+        ("f1", MM, "enc.b.1", ["enc.b.1.w"], ["r0"]),
+    ]
+    g = _graph(nodes, modules, ("enc.a", "enc.b"), shapes=shapes, owner={}, outputs=["f1"])
+    assert [b.modules for b in make_blocks(g)] == [
+        ["enc.a.0"],
+        ["enc.a.1"],
+        ["enc.b.0"],
+        ["enc.b.1"],
+    ]
+
+
 def test_a_container_of_one_child_is_not_repeated():
     """A ModuleList holding one layer: no repeated container, so the top-level children are the
     members (emb, layers, norm, head: four blocks, none merged)."""
@@ -566,6 +588,17 @@ def test_a_moe_blocks_rows_come_from_its_grouped_product_and_width_from_its_inne
     assert (first["top_k"], first["routed_rows"], first["width"]) == (2, 10, 8)
     assert (second["top_k"], second["routed_rows"], second["width"]) == (1, 6, 8)
     assert type(second["routed_rows"]) is int
+
+
+def test_the_width_is_the_first_grouped_products_inner_dim():
+    """Two grouped products in layers.0's experts (gate-up: inner width 8; down: inner 16, the
+    experts' hidden width), both of 12 rows: the all-to-all moves the first's input, 8 wide."""
+    g = _moe_graph()
+    down = {**g.nodes["g0"], "mm_inner": [16, 8], "order": g.nodes["g0"]["order"] + 0.5}
+    g.add_node("d0", **down)
+    g.add_edge("g0", "d0", bytes=1)
+    moe = make_blocks(g)[0].extra["moe"]
+    assert (moe["routed_rows"], moe["width"]) == (12, 8)
 
 
 def test_a_grouped_product_without_inner_dims_gives_no_moe_entry():
