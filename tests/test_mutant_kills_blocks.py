@@ -141,6 +141,19 @@ def test_parameters_go_to_their_first_user_and_a_tied_read_is_listed():
     assert [b.tied for b in blocks] == [{}, {}, {}, {"emb.weight": 40}]
 
 
+def test_a_tied_weight_goes_to_its_first_user_in_execution_order_whatever_its_name():
+    """The tie named the other way (the head's name canonical, the embedding reading it by
+    alias): the embedding still uses it first, so its block owns it, not the block holding
+    the head module; and with the embedding's node renamed to sort after the head's, still."""
+    shapes = {**SHAPES, "head.weight": SHAPES["emb.weight"]}
+    del shapes["emb.weight"]
+    g = _graph(shapes=shapes, owner={"emb.weight": "head.weight"})
+    for graph in (g, nx.relabel_nodes(g, {"e": "z_e"})):
+        blocks = make_blocks(graph)
+        assert [b.param_names for b in blocks][0] == ["free", "head.weight"]
+        assert [b.tied for b in blocks] == [{}, {}, {}, {"head.weight": 40}]
+
+
 def test_boundaries_hold_every_tensor_crossing_each_cut():
     """Cut 0 (after emb): e (read by f0 and by the add in layers.1). Cut 1: r0 and e. Cut 2:
     res. The last block's cut holds nothing after it."""
@@ -164,6 +177,17 @@ def test_inputs_and_outputs_count_each_tensor_once_at_its_largest_read():
         BIT["res"],
     ]
     assert [b.output_bytes for b in blocks] == [BIT["e"], BIT["r0"], BIT["res"], BIT["h"]]
+
+
+def test_a_tensor_read_twice_inside_a_block_is_one_input_and_a_later_output_adds():
+    """res reads r0 too (r0 then enters layers.1 through two of its ops: counted once); aux,
+    a second model output after res in layers.1, adds its bytes to res's."""
+    nodes = [*NODES[:6], ("res", "aten.add.Tensor", "", [], ["r1", "e", "r0"]),
+             ("aux", "aten.relu.default", "layers.1.act", [], ["r1"]), *NODES[7:]]  # fmt: skip
+    blocks = make_blocks(_graph(nodes, outputs=["h", "aux"]))
+    assert blocks[2].nodes == ["f1", "r1", "res", "aux"]
+    assert blocks[2].input_bytes == BIT["r0"] + BIT["e"]
+    assert blocks[2].output_bytes == BIT["res"] + (1 << 30)  # aux: the default bytes
 
 
 def test_a_constant_several_blocks_read_is_no_blocks_input():
@@ -196,6 +220,10 @@ def test_a_constant_several_blocks_read_is_no_blocks_input():
         g.nodes["mask"]["requires_grad"] = False  # read by one block only: its input
         g.remove_edge("mask", "f1")
         assert make_blocks(g)[1].input_bytes == BIT["e"] + BIT["mask"]
+        nodes[3] = ("f0", MM, "layers.0.fc", ["layers.0.fc.weight"], ["mask", "e"])
+        g = _graph(nodes)  # the constant read first: the stream after it still counts
+        g.nodes["mask"]["requires_grad"] = False
+        assert make_blocks(g)[1].input_bytes == BIT["e"]
     finally:
         del BIT["mask"]
 
