@@ -240,6 +240,27 @@ def test_identical_members_share_a_class_and_the_others_get_their_own():
     assert len({same[0].cls, same[1].cls, same[3].cls}) == 3
 
 
+def test_an_op_of_a_module_outside_the_block_keeps_its_whole_path_in_the_class():
+    """Top-level code after layers.1 (module ""), the model module's own code after layers.2
+    and layers.3 (module "m"), otherwise alike: layers.1's class is not layers.2's, which is
+    layers.3's."""
+    modules = {"": "Net", "m": "M", "m.layers": "ModuleList"}
+    nodes: list[tuple] = [("x", "input", "", [], [])]
+    prev, shapes = "x", {}
+    for k, code in enumerate(["", "", "m", "m"]):
+        modules[f"m.layers.{k}"] = "L"
+        shapes[f"m.layers.{k}.w"] = [4, 4]
+        nodes += [(f"f{k}", MM, f"m.layers.{k}", [f"m.layers.{k}.w"], [prev]),
+                  (f"a{k}", "aten.relu.default", code, [], [f"f{k}"])]  # fmt: skip
+        prev = f"a{k}"
+        BIT.setdefault(f"f{k}", 1 << (36 + k))
+        BIT.setdefault(prev, 1 << (44 + k))
+    blocks = make_blocks(_graph(nodes, modules, ("m.layers",), shapes=shapes, owner={},
+                                outputs=[prev]))  # fmt: skip
+    assert [b.nodes for b in blocks][1:] == [["f1", "a1"], ["f2", "a2"], ["f3", "a3"]]
+    assert blocks[1].cls != blocks[2].cls == blocks[3].cls
+
+
 def test_a_members_class_reads_relative_paths_shapes_and_argument_kinds():
     """Two layers equal but for one thing each time: a parameter's shape, an argument's
     constant, a node reference's position, the module path under the layer: different classes."""

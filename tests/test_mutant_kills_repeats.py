@@ -392,6 +392,9 @@ def test_outermost_containers_only():
         ([1, 2, 1, 2, 1, 2, 1, 2, 1], (1, 2)),  # odd count: the copies are whole periods
         ([0, 1, 2, 3, 4, 5, 6, 7], None),  # nothing repeats
         ([7, 8, 0, 0, 0, 0, 0, 0, 0], (2, 1)),
+        # a period of one from late (kept 23 or 28) found first; six or seven keep fewer
+        ([2] + [0, 2, 2, 2, 2, 2] * 4, (1, 6)),
+        ([4, 1] + [1, 1, 2, 2, 2, 2, 2] * 4, (2, 7)),
     ],
 )
 def test_the_period_is_the_cut_that_keeps_the_fewest(ids, expected, monkeypatch):
@@ -411,6 +414,15 @@ def test_a_member_read_within_a_period_is_relative_and_further_back_absolute():
     ]
     assert repeats._encoded(prints, 1) == [0, 1, 2, 2]  # member 0 absolute for 2 and 3
     assert repeats._encoded(prints, 3) == [0, 1, 2, 3]  # relative: 2 back vs 3 back
+
+
+def test_a_read_of_the_member_before_keeps_the_shape_read():
+    """Member 1 reads member 0's 3-wide output, members 2 and 3 their predecessor's 1-wide one
+    (same op, same output): member 1 is not member 2."""
+    prints = [[("op", (), ((3,),))]] + [
+        [("op", ((("mem", k - 1, 0), (w,), "f"),), ((1,),))] for k, w in ((1, 3), (2, 1), (3, 1))
+    ]
+    assert repeats._encoded(prints, 1) == [0, 1, 2, 2]
 
 
 def test_one_tiny_model_traced_deduplicated_equals_its_full_trace(monkeypatch):
