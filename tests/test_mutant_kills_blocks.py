@@ -295,6 +295,22 @@ def test_a_members_class_reads_relative_paths_shapes_and_argument_kinds():
     assert a != b
     a, b = classes(lambda g: g.nodes["r0"].update(args=[{"node": "e"}]))
     assert a != b  # an input from outside the block is not the block's own node
+    a, b = classes(lambda g: g.nodes["f1"]["args"].__setitem__(0, {"node": "r1"}))
+    assert a != b  # nor is one from outside (f0 reads e) the block's second node
+    a, b = classes(
+        lambda g: (
+            g.nodes["f0"]["args"].append({"alpha": 2}),
+            g.nodes["f1"]["args"].append({"alpha": 3}),
+        )
+    )
+    assert a != b  # a keyword's value is read
+
+    def tie(g) -> None:  # layers.1 reads its weight by another name of it
+        g.graph["param_owner"]["tied"] = "layers.1.fc.weight"
+        g.nodes["f1"]["args"][1] = {"param": "tied"}
+
+    a, b = classes(tie)
+    assert a == b  # the shape of the parameter it names
 
 
 def test_a_parameter_free_member_joins_the_member_before_it():
