@@ -396,6 +396,24 @@ def test_a_product_with_a_constant_weight_pays_its_inputs_gradient_only(tmp_path
     x = torch.zeros(4, 3, requires_grad=True)
     d = _trace_with_hooks(mf, _FixedLinear(), (x,), KeyError("k")).nodes["fc#0"]
     assert (d["params"], d["fwd_flops"], d["bwd_flops"]) == ([], 48, 48)
+    d = _trace_with_hooks(mf, _FixedLinear(), (x.detach(),), KeyError("k")).nodes["fc#0"]
+    assert (d["requires_grad"], d["bwd_flops"], d["bwd_bytes"]) == (False, 0, 0)  # no gradient
+
+
+class _Tied(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(2, 2, bias=False), nn.Linear(2, 2, bias=False)
+        self.b.weight = self.a.weight
+
+    def forward(self, x):
+        return self.b(self.a(x))
+
+
+def test_a_tied_weight_read_by_its_second_module_is_named_by_its_first(tmp_path):
+    mf = SimpleNamespace(path=tmp_path / "tied.py")
+    g = _trace_with_hooks(mf, _Tied(), (torch.zeros(1, 2),), KeyError("k"))
+    assert [g.nodes[n]["params"] for n in ("a#0", "b#1")] == [["a.weight"], ["a.weight"]]
 
 
 class _Broken(nn.Module):

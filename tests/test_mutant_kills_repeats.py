@@ -425,6 +425,34 @@ def test_a_read_of_the_member_before_keeps_the_shape_read():
     assert repeats._encoded(prints, 1) == [0, 1, 2, 2]
 
 
+class _Scaled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(2))
+
+    def forward(self, x):
+        return x * self.w
+
+
+def test_the_recorder_names_a_members_own_state_and_the_models():
+    """Inside member 1 its weight is its own (".w", relative); the model's scale, read after
+    the container, is state by its name; the input is a tensor of a shape."""
+    model = torch.nn.Module()
+    model.layers = torch.nn.ModuleList([_Scaled(), _Scaled()])
+    model.scale = torch.nn.Parameter(torch.ones(2))
+    x = torch.ones(2)
+
+    def run():
+        return model.layers[1](model.layers[0](x)) * model.scale
+
+    rec = repeats._record(model, repeats._containers(model), run)
+    (first, one), (second, two), (outside, three) = rec.records
+    assert (first, second, outside) == (("layers", 0), ("layers", 1), None)
+    assert [p[0] for p in one[1]] == [("x", (2,), "torch.float32"), ("own", ".w")]
+    assert [p[0] for p in two[1]] == [("op", ("layers", 0), 0), ("own", ".w")]
+    assert [p[0] for p in three[1]] == [("op", ("layers", 1), 0), ("state", "scale")]
+
+
 def test_one_tiny_model_traced_deduplicated_equals_its_full_trace(monkeypatch):
     """Traced with no cache both ways: the plain pattern's 6 layers from 4 traced."""
     from planner.trace import export
