@@ -351,6 +351,7 @@ def test_a_convolution_pays_its_outputs_times_its_kernel(tmp_path):
     assert act["params"] == [] and conv["params"] == ["conv.weight", "conv.bias"]
     assert g.nodes["sq#1"]["saved"] == [["conv#0", 48]]
     assert list(g.edges(data="bytes")) == [("conv#0", "sq#1", 48), ("sq#1", "act#2", 48)]
+    assert g.graph["outputs"] == ["act#2"]  # the last to run, though "sq#1" sorts after it
 
 
 class _Pair(nn.Module):  # no children: the root is the one leaf, its output a tuple
@@ -460,6 +461,10 @@ def test_a_forward_the_hooks_cannot_run_names_the_module_and_both_failures(tmp_p
         "bad.py: cannot trace the model: its forward fails under torch.export: TypeError: bad "
         "shape (does it run outside meshplan?)"
     )
+    long = "x" * 296 + " abcd"  # 301 characters: cut at 300, at the word boundary
+    with pytest.raises(UserInputError) as e:
+        _trace_with_hooks(mf, _Broken(ValueError(long)), (x,), KeyError("k"))
+    assert str(e.value).endswith("': ValueError: " + "x" * 296 + " ...")
     with pytest.raises(UserInputError, match=r"^bad.py: the model's forward ran no module"):
         _trace_with_hooks(mf, _Empty(), (x,), KeyError("k"))
 

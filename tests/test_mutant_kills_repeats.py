@@ -430,27 +430,31 @@ class _Scaled(torch.nn.Module):
         super().__init__()
         self.w = torch.nn.Parameter(torch.ones(2))
 
-    def forward(self, x):
-        return x * self.w
+    def forward(self, x, extra=None):
+        return x * self.w if extra is None else x * self.w + extra
 
 
 def test_the_recorder_names_a_members_own_state_and_the_models():
-    """Inside member 1 its weight is its own (".w", relative); the model's scale, read after
-    the container, is state by its name; the input is a tensor of a shape."""
+    """Inside member 1 its weight is its own (".w", relative) and the model's scale, handed to
+    it, is state by its name, as after the container; the input is a tensor of a shape."""
     model = torch.nn.Module()
     model.layers = torch.nn.ModuleList([_Scaled(), _Scaled()])
     model.scale = torch.nn.Parameter(torch.ones(2))
     x = torch.ones(2)
 
     def run():
-        return model.layers[1](model.layers[0](x)) * model.scale
+        return model.layers[1](model.layers[0](x), model.scale) * model.scale
 
     rec = repeats._record(model, repeats._containers(model), run)
-    (first, one), (second, two), (outside, three) = rec.records
-    assert (first, second, outside) == (("layers", 0), ("layers", 1), None)
-    assert [p[0] for p in one[1]] == [("x", (2,), "torch.float32"), ("own", ".w")]
-    assert [p[0] for p in two[1]] == [("op", ("layers", 0), 0), ("own", ".w")]
-    assert [p[0] for p in three[1]] == [("op", ("layers", 1), 0), ("state", "scale")]
+    labels = [label for label, _ in rec.records]
+    assert labels == [("layers", 0), ("layers", 1), ("layers", 1), None]
+    refs = [[p[0] for p in record[1]] for _, record in rec.records]
+    assert refs == [
+        [("x", (2,), "torch.float32"), ("own", ".w")],
+        [("op", ("layers", 0), 0), ("own", ".w")],
+        [("op", ("layers", 1), 0), ("state", "scale")],
+        [("op", ("layers", 1), 1), ("state", "scale")],
+    ]
 
 
 def test_one_tiny_model_traced_deduplicated_equals_its_full_trace(monkeypatch):
