@@ -443,18 +443,21 @@ def test_the_recorder_names_a_members_own_state_and_the_models():
     x = torch.ones(2)
 
     def run():
-        return model.layers[1](model.layers[0](x), model.scale) * model.scale
+        return (model.layers[1](model.layers[0](x), model.scale) * model.scale).to(torch.float64)
 
     rec = repeats._record(model, repeats._containers(model), run)
     labels = [label for label, _ in rec.records]
-    assert labels == [("layers", 0), ("layers", 1), ("layers", 1), None]
-    refs = [[p[0] for p in record[1]] for _, record in rec.records]
+    assert labels == [("layers", 0), ("layers", 1), ("layers", 1), None, None]
+    refs = [[p[0] if isinstance(p, tuple) else p for p in r[1]] for _, r in rec.records]
     assert refs == [
         [("x", (2,), "torch.float32"), ("own", ".w")],
         [("op", ("layers", 0), 0), ("own", ".w")],
         [("op", ("layers", 1), 0), ("state", "scale")],
         [("op", ("layers", 1), 1), ("state", "scale")],
+        [("op", None, 0), "torch.float64"],  # the copy's dtype, a keyword
     ]
+    op, parts, shapes = rec.records[-1][1]
+    assert (op, parts[0][1:], shapes) == ("aten._to_copy.default", ((2,), "torch.float32"), ((2,),))
 
 
 def test_one_tiny_model_traced_deduplicated_equals_its_full_trace(monkeypatch):
