@@ -141,6 +141,19 @@ def test_parameters_go_to_their_first_user_and_a_tied_read_is_listed():
     assert [b.tied for b in blocks] == [{}, {}, {}, {"emb.weight": 40}]
 
 
+def test_a_tied_weight_goes_to_its_first_user_in_execution_order_whatever_its_name():
+    """The tie named the other way (the head's name canonical, the embedding reading it by
+    alias): the embedding still uses it first, so its block owns it, not the block holding
+    the head module; and with the embedding's node renamed to sort after the head's, still."""
+    shapes = {**SHAPES, "head.weight": SHAPES["emb.weight"]}
+    del shapes["emb.weight"]
+    g = _graph(shapes=shapes, owner={"emb.weight": "head.weight"})
+    for graph in (g, nx.relabel_nodes(g, {"e": "z_e"})):
+        blocks = make_blocks(graph)
+        assert [b.param_names for b in blocks][0] == ["free", "head.weight"]
+        assert [b.tied for b in blocks] == [{}, {}, {}, {"head.weight": 40}]
+
+
 def test_boundaries_hold_every_tensor_crossing_each_cut():
     """Cut 0 (after emb): e (read by f0 and by the add in layers.1). Cut 1: r0 and e. Cut 2:
     res. The last block's cut holds nothing after it."""
@@ -164,6 +177,17 @@ def test_inputs_and_outputs_count_each_tensor_once_at_its_largest_read():
         BIT["res"],
     ]
     assert [b.output_bytes for b in blocks] == [BIT["e"], BIT["r0"], BIT["res"], BIT["h"]]
+
+
+def test_a_tensor_read_twice_inside_a_block_is_one_input_and_a_later_output_adds():
+    """res reads r0 too (r0 then enters layers.1 through two of its ops: counted once); aux,
+    a second model output after res in layers.1, adds its bytes to res's."""
+    nodes = [*NODES[:6], ("res", "aten.add.Tensor", "", [], ["r1", "e", "r0"]),
+             ("aux", "aten.relu.default", "layers.1.act", [], ["r1"]), *NODES[7:]]  # fmt: skip
+    blocks = make_blocks(_graph(nodes, outputs=["h", "aux"]))
+    assert blocks[2].nodes == ["f1", "r1", "res", "aux"]
+    assert blocks[2].input_bytes == BIT["r0"] + BIT["e"]
+    assert blocks[2].output_bytes == BIT["res"] + (1 << 30)  # aux: the default bytes
 
 
 def test_a_constant_several_blocks_read_is_no_blocks_input():
@@ -196,6 +220,10 @@ def test_a_constant_several_blocks_read_is_no_blocks_input():
         g.nodes["mask"]["requires_grad"] = False  # read by one block only: its input
         g.remove_edge("mask", "f1")
         assert make_blocks(g)[1].input_bytes == BIT["e"] + BIT["mask"]
+        nodes[3] = ("f0", MM, "layers.0.fc", ["layers.0.fc.weight"], ["mask", "e"])
+        g = _graph(nodes)  # the constant read first: the stream after it still counts
+        g.nodes["mask"]["requires_grad"] = False
+        assert make_blocks(g)[1].input_bytes == BIT["e"]
     finally:
         del BIT["mask"]
 
@@ -210,6 +238,27 @@ def test_identical_members_share_a_class_and_the_others_get_their_own():
     assert same[1].cls == same[2].cls and len(same[1].cls) == 12
     assert [b.label for b in same] == ["emb", "Layer", "Layer", "norm+head"]
     assert len({same[0].cls, same[1].cls, same[3].cls}) == 3
+
+
+def test_an_op_of_a_module_outside_the_block_keeps_its_whole_path_in_the_class():
+    """Top-level code after layers.1 (module ""), the model module's own code after layers.2
+    and layers.3 (module "m"), otherwise alike: layers.1's class is not layers.2's, which is
+    layers.3's."""
+    modules = {"": "Net", "m": "M", "m.layers": "ModuleList"}
+    nodes: list[tuple] = [("x", "input", "", [], [])]
+    prev, shapes = "x", {}
+    for k, code in enumerate(["", "", "m", "m"]):
+        modules[f"m.layers.{k}"] = "L"
+        shapes[f"m.layers.{k}.w"] = [4, 4]
+        nodes += [(f"f{k}", MM, f"m.layers.{k}", [f"m.layers.{k}.w"], [prev]),
+                  (f"a{k}", "aten.relu.default", code, [], [f"f{k}"])]  # fmt: skip
+        prev = f"a{k}"
+        BIT.setdefault(f"f{k}", 1 << (36 + k))
+        BIT.setdefault(prev, 1 << (44 + k))
+    blocks = make_blocks(_graph(nodes, modules, ("m.layers",), shapes=shapes, owner={},
+                                outputs=[prev]))  # fmt: skip
+    assert [b.nodes for b in blocks][1:] == [["f1", "a1"], ["f2", "a2"], ["f3", "a3"]]
+    assert blocks[1].cls != blocks[2].cls == blocks[3].cls
 
 
 def test_a_members_class_reads_relative_paths_shapes_and_argument_kinds():
@@ -246,6 +295,22 @@ def test_a_members_class_reads_relative_paths_shapes_and_argument_kinds():
     assert a != b
     a, b = classes(lambda g: g.nodes["r0"].update(args=[{"node": "e"}]))
     assert a != b  # an input from outside the block is not the block's own node
+    a, b = classes(lambda g: g.nodes["f1"]["args"].__setitem__(0, {"node": "r1"}))
+    assert a != b  # nor is one from outside (f0 reads e) the block's second node
+    a, b = classes(
+        lambda g: (
+            g.nodes["f0"]["args"].append({"alpha": 2}),
+            g.nodes["f1"]["args"].append({"alpha": 3}),
+        )
+    )
+    assert a != b  # a keyword's value is read
+
+    def tie(g) -> None:  # layers.1 reads its weight by another name of it
+        g.graph["param_owner"]["tied"] = "layers.1.fc.weight"
+        g.nodes["f1"]["args"][1] = {"param": "tied"}
+
+    a, b = classes(tie)
+    assert a == b  # the shape of the parameter it names
 
 
 def test_a_parameter_free_member_joins_the_member_before_it():
@@ -280,6 +345,28 @@ def test_members_of_different_containers_do_not_merge():
     ]
     g = _graph(nodes, modules, ("a", "b"), shapes=shapes, owner={}, outputs=["f1"])
     assert [b.modules for b in make_blocks(g)] == [["a.0"], ["a.1"], ["b.0"], ["b.1"]]
+
+
+def test_members_of_sibling_containers_one_level_down_do_not_merge():
+    """The same two containers held by one module (enc.a, enc.b): enc.b.0 (no parameters)
+    follows enc.a.1, a member of the other list under the same grandparent: its own block."""
+    modules = {"": "Net", "enc": "Enc", "enc.a": "ModuleList", "enc.a.0": "L", "enc.a.1": "L",
+               "enc.b": "ModuleList", "enc.b.0": "R", "enc.b.1": "L"}  # fmt: skip
+    shapes = {"enc.a.0.w": [1], "enc.a.1.w": [2], "enc.b.1.w": [3]}
+    nodes = [
+        ("x", "input", "", [], []),
+        ("e", MM, "enc.a.0", ["enc.a.0.w"], ["x"]),
+        ("f0", MM, "enc.a.1", ["enc.a.1.w"], ["e"]),
+        ("r0", "aten.relu.default", "enc.b.0", [], ["f0"]),
+        ("f1", MM, "enc.b.1", ["enc.b.1.w"], ["r0"]),
+    ]
+    g = _graph(nodes, modules, ("enc.a", "enc.b"), shapes=shapes, owner={}, outputs=["f1"])
+    assert [b.modules for b in make_blocks(g)] == [
+        ["enc.a.0"],
+        ["enc.a.1"],
+        ["enc.b.0"],
+        ["enc.b.1"],
+    ]
 
 
 def test_a_container_of_one_child_is_not_repeated():
@@ -566,6 +653,17 @@ def test_a_moe_blocks_rows_come_from_its_grouped_product_and_width_from_its_inne
     assert (first["top_k"], first["routed_rows"], first["width"]) == (2, 10, 8)
     assert (second["top_k"], second["routed_rows"], second["width"]) == (1, 6, 8)
     assert type(second["routed_rows"]) is int
+
+
+def test_the_width_is_the_first_grouped_products_inner_dim():
+    """Two grouped products in layers.0's experts (gate-up: inner width 8; down: inner 16, the
+    experts' hidden width), both of 12 rows: the all-to-all moves the first's input, 8 wide."""
+    g = _moe_graph()
+    down = {**g.nodes["g0"], "mm_inner": [16, 8], "order": g.nodes["g0"]["order"] + 0.5}
+    g.add_node("d0", **down)
+    g.add_edge("g0", "d0", bytes=1)
+    moe = make_blocks(g)[0].extra["moe"]
+    assert (moe["routed_rows"], moe["width"]) == (12, 8)
 
 
 def test_a_grouped_product_without_inner_dims_gives_no_moe_entry():

@@ -351,6 +351,70 @@ def test_a_convolution_pays_its_outputs_times_its_kernel(tmp_path):
     assert act["params"] == [] and conv["params"] == ["conv.weight", "conv.bias"]
     assert g.nodes["sq#1"]["saved"] == [["conv#0", 48]]
     assert list(g.edges(data="bytes")) == [("conv#0", "sq#1", 48), ("sq#1", "act#2", 48)]
+    assert g.graph["outputs"] == ["act#2"]  # the last to run, though "sq#1" sorts after it
+
+
+class _Pair(nn.Module):  # no children: the root is the one leaf, its output a tuple
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(3))
+
+    def forward(self, x):
+        return x * self.w, x[:, :2]
+
+
+class _FixedLinear(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 2)
+        del self.fc.weight, self.fc.bias  # a constant product: no parameters of its own
+        self.fc.weight, self.fc.bias = torch.ones(2, 3), None
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+def test_a_root_leaf_is_named_root_and_keeps_every_output_of_a_tuple(tmp_path):
+    """A model without children: its node is ``root#0`` and its parameter ``w`` (no prefix);
+    both outputs of its tuple are its (4 x 3 and 4 x 2 fp32: 48 + 32 bytes)."""
+    mf = SimpleNamespace(path=tmp_path / "pair.py")
+    g = _trace_with_hooks(mf, _Pair(), (torch.zeros(4, 3),), KeyError("k"))
+    assert list(g.nodes) == ["root#0"] and g.graph["outputs"] == ["root#0"]
+    d = g.nodes["root#0"]
+    assert (d["module"], d["params"], d["shapes"], d["out_bytes"]) == (
+        "",
+        ["w"],
+        [[4, 3], [4, 2]],
+        80,
+    )
+    assert d["fwd_bytes"] == 48 + 48 + 32 + 12
+
+
+def test_a_product_with_a_constant_weight_pays_its_inputs_gradient_only(tmp_path):
+    """A Linear 3 -> 2 whose weight is a plain tensor (no parameter): 2 x (4 x 2) x 3 = 48
+    FLOPs forward, once more backward for the input's gradient, none for a weight's."""
+    mf = SimpleNamespace(path=tmp_path / "fixed.py")
+    x = torch.zeros(4, 3, requires_grad=True)
+    d = _trace_with_hooks(mf, _FixedLinear(), (x,), KeyError("k")).nodes["fc#0"]
+    assert (d["params"], d["fwd_flops"], d["bwd_flops"]) == ([], 48, 48)
+    d = _trace_with_hooks(mf, _FixedLinear(), (x.detach(),), KeyError("k")).nodes["fc#0"]
+    assert (d["requires_grad"], d["bwd_flops"], d["bwd_bytes"]) == (False, 0, 0)  # no gradient
+
+
+class _Tied(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(2, 2, bias=False), nn.Linear(2, 2, bias=False)
+        self.b.weight = self.a.weight
+
+    def forward(self, x):
+        return self.b(self.a(x))
+
+
+def test_a_tied_weight_read_by_its_second_module_is_named_by_its_first(tmp_path):
+    mf = SimpleNamespace(path=tmp_path / "tied.py")
+    g = _trace_with_hooks(mf, _Tied(), (torch.zeros(1, 2),), KeyError("k"))
+    assert [g.nodes[n]["params"] for n in ("a#0", "b#1")] == [["a.weight"], ["a.weight"]]
 
 
 class _Broken(nn.Module):
@@ -397,6 +461,10 @@ def test_a_forward_the_hooks_cannot_run_names_the_module_and_both_failures(tmp_p
         "bad.py: cannot trace the model: its forward fails under torch.export: TypeError: bad "
         "shape (does it run outside meshplan?)"
     )
+    long = "x" * 296 + " abcd"  # 301 characters: cut at 300, at the word boundary
+    with pytest.raises(UserInputError) as e:
+        _trace_with_hooks(mf, _Broken(ValueError(long)), (x,), KeyError("k"))
+    assert str(e.value).endswith("': ValueError: " + "x" * 296 + " ...")
     with pytest.raises(UserInputError, match=r"^bad.py: the model's forward ran no module"):
         _trace_with_hooks(mf, _Empty(), (x,), KeyError("k"))
 

@@ -392,6 +392,9 @@ def test_outermost_containers_only():
         ([1, 2, 1, 2, 1, 2, 1, 2, 1], (1, 2)),  # odd count: the copies are whole periods
         ([0, 1, 2, 3, 4, 5, 6, 7], None),  # nothing repeats
         ([7, 8, 0, 0, 0, 0, 0, 0, 0], (2, 1)),
+        # a period of one from late (kept 23 or 28) found first; six or seven keep fewer
+        ([2] + [0, 2, 2, 2, 2, 2] * 4, (1, 6)),
+        ([4, 1] + [1, 1, 2, 2, 2, 2, 2] * 4, (2, 7)),
     ],
 )
 def test_the_period_is_the_cut_that_keeps_the_fewest(ids, expected, monkeypatch):
@@ -411,6 +414,50 @@ def test_a_member_read_within_a_period_is_relative_and_further_back_absolute():
     ]
     assert repeats._encoded(prints, 1) == [0, 1, 2, 2]  # member 0 absolute for 2 and 3
     assert repeats._encoded(prints, 3) == [0, 1, 2, 3]  # relative: 2 back vs 3 back
+
+
+def test_a_read_of_the_member_before_keeps_the_shape_read():
+    """Member 1 reads member 0's 3-wide output, members 2 and 3 their predecessor's 1-wide one
+    (same op, same output): member 1 is not member 2."""
+    prints = [[("op", (), ((3,),))]] + [
+        [("op", ((("mem", k - 1, 0), (w,), "f"),), ((1,),))] for k, w in ((1, 3), (2, 1), (3, 1))
+    ]
+    assert repeats._encoded(prints, 1) == [0, 1, 2, 2]
+
+
+class _Scaled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(2))
+
+    def forward(self, x, extra=None):
+        return x * self.w if extra is None else x * self.w + extra
+
+
+def test_the_recorder_names_a_members_own_state_and_the_models():
+    """Inside member 1 its weight is its own (".w", relative) and the model's scale, handed to
+    it, is state by its name, as after the container; the input is a tensor of a shape."""
+    model = torch.nn.Module()
+    model.layers = torch.nn.ModuleList([_Scaled(), _Scaled()])
+    model.scale = torch.nn.Parameter(torch.ones(2))
+    x = torch.ones(2)
+
+    def run():
+        return (model.layers[1](model.layers[0](x), model.scale) * model.scale).to(torch.float64)
+
+    rec = repeats._record(model, repeats._containers(model), run)
+    labels = [label for label, _ in rec.records]
+    assert labels == [("layers", 0), ("layers", 1), ("layers", 1), None, None]
+    refs = [[p[0] if isinstance(p, tuple) else p for p in r[1]] for _, r in rec.records]
+    assert refs == [
+        [("x", (2,), "torch.float32"), ("own", ".w")],
+        [("op", ("layers", 0), 0), ("own", ".w")],
+        [("op", ("layers", 1), 0), ("state", "scale")],
+        [("op", ("layers", 1), 1), ("state", "scale")],
+        [("op", None, 0), "torch.float64"],  # the copy's dtype, a keyword
+    ]
+    op, parts, shapes = rec.records[-1][1]
+    assert (op, parts[0][1:], shapes) == ("aten._to_copy.default", ((2,), "torch.float32"), ((2,),))
 
 
 def test_one_tiny_model_traced_deduplicated_equals_its_full_trace(monkeypatch):
