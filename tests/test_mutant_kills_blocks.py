@@ -535,6 +535,23 @@ def test_ops_of_the_root_module_unit_are_assigned_by_their_own_path():
     assert [b.nodes for b in make_blocks(g)] == [["x", "e", "f0"]]
 
 
+def test_a_root_that_runs_its_childrens_weights_itself_is_one_block_of_the_root():
+    """The root's forward calls F.linear on self.a.weight and self.b.weight: its children
+    run no op of their own, so no unit ever runs and every op (the input too) is the root's
+    one block, holding both children's weights (it had no block at all, and the search
+    then found no layout for a model of zero FLOPs)."""
+    modules = {"": "Net", "a": "Linear", "b": "Linear"}
+    nodes = [("x", "input", "", [], []), ("e", MM, "", ["a.weight"], ["x"]),
+             ("f0", MM, "", ["b.weight"], ["e"])]  # fmt: skip
+    shapes = {"a.weight": [4, 4], "b.weight": [2, 4]}
+    g = _graph(nodes, modules, (), shapes=shapes, owner={}, outputs=["f0"])
+    blocks = make_blocks(g)
+    assert [(b.name, b.nodes, b.params, b.param_names) for b in blocks] == [
+        ("model", ["x", "e", "f0"], 24, ["a.weight", "b.weight"])
+    ]
+    assert blocks[0].fwd_flops == _sum(["x", "e", "f0"], 3)
+
+
 # --------------------------------------------------------------------------- mixture of experts
 
 

@@ -224,6 +224,8 @@ def _assign_ops(graph: nx.DiGraph, ops: list[str], units: list[str]) -> dict[str
             for p in pending:
                 result[p] = u
         result[n] = last = u
+    if last is None:  # no op ran in a unit: the root's own code uses its children's weights
+        result.update(dict.fromkeys(pending, ""))  # (F.linear on self.fc.weight): one block
     return result
 
 
