@@ -12,9 +12,14 @@ from pathlib import Path
 
 import torch
 from forked_gloo import run_ranks
-from test_mutant_kills_recsys import SGD, STEPS, _check, _plan
+from test_mutant_kills_recsys import DLRM, SGD, STEPS, _check, _plan
 
 import runtime.recsys as recsys
+from planner.modelfile import load_model_file
+
+
+def _model() -> torch.nn.Module:
+    return load_model_file(DLRM, {"size": "tiny"}).build()
 
 
 def _two_rank_body(plan: dict, run_dir: Path, r: int, store_path: str, queue) -> None:  # noqa: ANN001
@@ -28,6 +33,15 @@ def _two_rank_body(plan: dict, run_dir: Path, r: int, store_path: str, queue) ->
             "gloo", store=store, rank=r, world_size=2, timeout=timedelta(seconds=60)
         )
         recsys.train(plan, run_dir, STEPS, 0, torch.device("cpu"), dump_params=True)
+        mf = load_model_file(plan["model"]["file"], plan["model"]["args"])
+        dmp, _, initial = recsys.build(plan, mf, torch.device("cpu"), 0)
+        state = recsys.gather_full_state(dmp)
+        if r == 0:
+            assert sorted(state) == sorted(initial)
+            for name, value in initial.items():
+                assert torch.equal(state[name], value), name
+        else:
+            assert state is None
         queue.put((r, "done"))
         recsys.dist.destroy_process_group()
     except BaseException:  # noqa: BLE001 - the test reads the rank's traceback
@@ -36,10 +50,12 @@ def _two_rank_body(plan: dict, run_dir: Path, r: int, store_path: str, queue) ->
 
 def test_two_ranks_train_each_its_half_of_the_batch_like_one_process(tmp_path):
     """Two forked gloo ranks, the tables table-wise on rank 1, column-wise over both ranks,
-    data-parallel and table-wise on rank 0, the MLPs under DDP: rank r trains samples
+    data-parallel and table-wise on rank 0, the MLPs under FSDP2: rank r trains samples
     [16 r, 16 (r + 1)) of each global batch; the losses averaged over both ranks and the
-    parameters gathered on rank 0 are one process's SGD on the whole batches."""
-    plan = _plan(SGD, "fused")
+    parameters gathered on rank 0 are one process's SGD on the whole batches. Then a fresh
+    build gathered: rank 0 gets the whole initial state (the tables' shards and the MLPs'
+    halves put back together), rank 1 nothing."""
+    plan = _plan(SGD, "fused", "fsdp")
     for t, ranks in zip(plan["tables"], ([1], [0, 1], [0], [0]), strict=True):
         t["ranks"] = ranks
 
@@ -50,4 +66,5 @@ def test_two_ranks_train_each_its_half_of_the_batch_like_one_process(tmp_path):
     body = functools.partial(_two_rank_body, plan, run)
     assert sorted(run_ranks(body, 2, tmp_path / "store", 2, done)) == [(0, "done"), (1, "done")]
     lines = (run / "metrics.jsonl").read_text().splitlines()
-    _check(torch.load(run / "params.pt"), [json.loads(x) for x in lines], SGD, 0)
+    mlp = sum(1 for n, _ in _model().named_parameters() if "embedding" not in n)
+    _check(torch.load(run / "params.pt"), [json.loads(x) for x in lines], SGD, mlp)
