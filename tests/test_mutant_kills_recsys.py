@@ -202,6 +202,38 @@ def test_the_dense_part_is_wrapped_in_fsdp_only_when_the_plan_says_so(monkeypatc
         assert wrapped or wrapper is None
 
 
+def test_train_builds_the_model_file_with_the_plans_arguments(monkeypatch, tmp_path):
+    """The plan's model arguments reach the model file (DLRM's ``size`` has a default, so a
+    model built without them looks the same at ``tiny``): recorded, nothing trained."""
+    seen = []
+
+    def load(path, args=None):
+        seen.append((path, args))
+        raise _Stop
+
+    monkeypatch.setattr(recsys, "load_model_file", load)
+    plan = _plan(SGD, "fused")
+    plan["model"]["args"] = {"size": "tiny", "tables": 2}
+    with pytest.raises(_Stop):
+        recsys.train(plan, tmp_path / "r", 1, 0, torch.device("cpu"))
+    assert seen == [(plan["model"]["file"], {"size": "tiny", "tables": 2})]
+
+
+def test_each_steps_batch_goes_to_the_runs_device(monkeypatch, tmp_path):
+    """The rank's slice of the batch is moved to the run's device (a GPU run's batch leaves
+    the host): the first step's move recorded, then stopped."""
+    moved = []
+
+    def to(inputs, device):
+        moved.append(device)
+        raise _Stop
+
+    monkeypatch.setattr(recsys, "_to", to)
+    with pytest.raises(_Stop):
+        recsys.train(_plan(SGD, "fused"), tmp_path / "r", 1, 0, torch.device("cpu"))
+    assert moved == [torch.device("cpu")]
+
+
 def test_a_model_file_without_a_loss_is_refused(tmp_path):
     model = tmp_path / "dlrm_noloss.py"
     model.write_text(DLRM.read_text().replace("def loss_fn(", "def _no_loss_fn("))
