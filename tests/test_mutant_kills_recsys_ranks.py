@@ -28,6 +28,9 @@ def _two_rank_body(plan: dict, run_dir: Path, r: int, store_path: str, queue) ->
     from datetime import timedelta
 
     try:
+        # inline, not on the intra-op pool the parent may have started: a pool's threads do
+        # not survive a fork, and a rank waiting on them hangs
+        torch.set_num_threads(1)
         store = recsys.dist.FileStore(store_path, 2)
         recsys.dist.init_process_group(
             "gloo", store=store, rank=r, world_size=2, timeout=timedelta(seconds=60)
