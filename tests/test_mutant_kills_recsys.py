@@ -234,6 +234,13 @@ def test_each_steps_batch_goes_to_the_runs_device(monkeypatch, tmp_path):
     assert moved == [torch.device("cpu")]
 
 
+def test_a_run_saves_its_parameters_only_when_asked(tmp_path):
+    """By default one step trains and writes its metrics, and no params.pt."""
+    recsys.train(_plan(SGD, "fused"), tmp_path / "r", 1, 0, torch.device("cpu"))
+    assert len((tmp_path / "r" / "metrics.jsonl").read_text().splitlines()) == 1
+    assert not (tmp_path / "r" / "params.pt").exists()
+
+
 def test_a_model_file_without_a_loss_is_refused(tmp_path):
     model = tmp_path / "dlrm_noloss.py"
     model.write_text(DLRM.read_text().replace("def loss_fn(", "def _no_loss_fn("))
