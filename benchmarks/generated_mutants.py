@@ -399,8 +399,12 @@ MODULES: dict[str, list[str]] = {
     # of a second); test_mixed_plan plans GPT over them, each kind alone too (half a minute)
     "planner/resources/mixed_plan.py": ["tests/test_mutant_kills_mixed_plan.py"],
     # one process: train on a one-rank gloo group against one process's plain training, the
-    # helpers by hand (test_recsys_oracle runs the same plans on two gloo ranks: minutes each)
-    "runtime/recsys.py": ["tests/test_mutant_kills_recsys.py"],
+    # helpers by hand (test_recsys_oracle runs the same plans on two gloo ranks: minutes each);
+    # two gloo ranks forked from the test process (10 CPU-s), which the survivors' rerun runs
+    "runtime/recsys.py": [
+        "tests/test_mutant_kills_recsys.py",
+        "tests/test_mutant_kills_recsys_ranks.py",
+    ],
 }
 # the shipped example models, planned for the equivalence check (file, size, GPUs, profile)
 EXAMPLES = [

@@ -8,10 +8,15 @@ docs/mutation.md names the mutants each test kills."""
 
 from __future__ import annotations
 
+import operator
+from types import SimpleNamespace
+
 import torch
 from torch import nn
 from torch.distributed.pipelining import SplitPoint
 from torch.distributed.pipelining._IR import annotate_split_points
+from torch.export.exported_program import ModuleCallEntry, ModuleCallSignature
+from torch.export.graph_signature import SymIntArgument, TensorArgument
 from torch.utils._pytree import tree_structure
 
 from runtime.block_calls import (
@@ -356,3 +361,95 @@ def test_a_value_the_stage_lacks_is_stood_in_by_zeros_beside_the_blocks_first_in
     assert isinstance(extra, torch.fx.Node) and extra.target is _stand_in
     assert extra.args == (site.args[0], (2, 4), torch.float32)
     assert torch.equal(got, want)
+
+
+def test_a_block_under_a_module_without_a_graph_is_found_in_the_graph_above():
+    """``torch.fx.symbolic_trace`` calls a leaf by its whole path (``outer.block``) from the
+    root's graph and keeps ``outer`` a plain module without a graph: the search passes over
+    it to the root. The leaf itself has no graph to rebuild, so ``call_eagerly`` leaves it."""
+    stage = torch.fx.symbolic_trace(_Outer())
+    assert not hasattr(stage.outer, "graph")
+    owner, sites = _call_sites(stage, "outer.block")
+    assert owner is stage and [n.target for n in sites] == ["outer.block"]
+    code = stage.code
+    h = torch.zeros(1, 2)
+    call = BlockCall(tree_structure(((h,), {})), (Passed("x", None, (1, 2), h.dtype),), ("x",))
+    assert call_eagerly(stage, "outer.block", call) is None
+    assert stage.code == code
+
+
+class _Double(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+
+def _hand_stage(uses: int, kwargs: dict | None = None) -> tuple[torch.fx.GraphModule, BlockCall]:
+    """A stage whose graph calls a traced ``blk`` (``x * 2``) ``uses`` times in a row, the
+    first call also given ``kwargs``, and the block's kept call: ``blk(x)``."""
+    root = nn.Module()
+    root.blk = torch.fx.symbolic_trace(_Double())
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    h = x
+    for i in range(uses):
+        h = graph.call_module("blk", (h,), (kwargs or {}) if i == 0 else {})
+    graph.output(h)
+    out = next(n for n in root.blk.graph.nodes if n.op == "output").args[0].name
+    leaf = Passed("x", None, (2,), torch.float32)
+    return torch.fx.GraphModule(root, graph), BlockCall(tree_structure(((h,), {})), (leaf,), (out,))
+
+
+def test_a_block_handed_every_tensor_it_was_passed_is_rebuilt():
+    """The traced call takes each tensor the model passed (no constant, nothing left out):
+    rebuilt as ``blk(x)``, the stage still doubles."""
+    stage, call = _hand_stage(1)
+    assert call_eagerly(stage, "blk", call) == 0
+    x = torch.tensor([1.0, -3.0])
+    assert torch.equal(stage(x), 2 * x)
+
+
+def test_a_block_called_twice_or_with_keywords_is_left_alone():
+    """Two calls of one block, or a traced call handed a keyword: None, the code unchanged."""
+    for stage, call in (_hand_stage(2), _hand_stage(1, {"flag": True})):
+        code = stage.code
+        assert call_eagerly(stage, "blk", call) is None
+        assert stage.code == code
+
+
+class _Pair(nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x * 2, x + 1
+
+
+def test_a_block_whose_traced_code_returns_several_values_is_left_alone():
+    """The traced block's output is a tuple, not one value read by its caller: None."""
+    root = nn.Module()
+    root.blk = torch.fx.symbolic_trace(_Pair())
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    pair = graph.call_module("blk", (x,))
+    graph.output(graph.call_function(operator.getitem, (pair, 0)))
+    stage = torch.fx.GraphModule(root, graph)
+    leaf = Passed("x", None, (2,), torch.float32)
+    call = BlockCall(tree_structure(((x,), {})), (leaf,), ("mul", "add"))
+    assert call_eagerly(stage, "blk", call) is None
+
+
+def test_a_call_passing_a_symbolic_size_is_left_out_and_the_others_kept():
+    """A program whose ``a`` is handed a symbolic size (a ``SymIntArgument``) and ``b`` a
+    tensor: ``a`` stays traced, ``b``'s call is kept."""
+    graph = torch.fx.Graph()
+    t = graph.placeholder("t")
+    t.meta["val"] = torch.zeros(3, 2, dtype=torch.float16)
+    n = graph.placeholder("n")
+    n.meta["val"] = 3  # stands for the SymInt of a dynamic size
+    spec = tree_structure(((t,), {}))
+    program = SimpleNamespace(
+        graph=graph,
+        module_call_graph=[
+            ModuleCallEntry("a", ModuleCallSignature([SymIntArgument("n")], [], spec, spec)),
+            ModuleCallEntry("b", ModuleCallSignature([TensorArgument("t")], [], spec, spec)),
+        ],
+    )
+    got = block_calls(program, ("a", "b"))
+    assert got == {"b": BlockCall(spec, (Passed("t", None, (3, 2), torch.float16),), ())}

@@ -202,3 +202,53 @@ def test_four_ranks_route_tokens_to_their_ep_groups_experts_as_one_process_does(
             torch.testing.assert_close(torch.tensor(g).double(), both[e : e + 2] / 4)
         edp = (r % 2) + 1 + (r % 2) + 3  # ranks r % 2 and r % 2 + 2, plus one each
         assert got["synced_plain"] == [[edp / 4] * 2, None]
+
+
+@pytest.mark.usefixtures("gloo_one_rank")
+def test_a_bf16_module_at_ep_1_gives_its_own_forwards_bits():
+    """In bfloat16 the dispatching forward's unit weights must not widen the module's
+    outputs: each expert's output times 1, then times its weight and summed over the k
+    experts in bfloat16, is the module's own forward bit for bit (k = 2: one rounding of two
+    rounded products either way)."""
+    model = Holder().to(torch.bfloat16)
+    own = Experts().to(torch.bfloat16)
+    apply_expert_parallel(model, _one_rank_mesh())
+    hidden, ids, weights = tokens(1)
+    hidden, weights = hidden.to(torch.bfloat16), weights.to(torch.bfloat16)
+    with torch.no_grad():
+        got = model.moe(hidden, ids, weights)
+        want = own(hidden, ids, weights)
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got, want)
+
+
+@pytest.mark.usefixtures("gloo_one_rank")
+def test_the_unit_weights_are_made_on_the_tokens_device_whatever_the_default():
+    """A default device other than the tokens' (a model built under ``torch.device(...)``):
+    the forward still runs where its tokens are and gives the module's own outputs."""
+    model = Holder()
+    apply_expert_parallel(model, _one_rank_mesh())
+    hidden, ids, weights = tokens(0)
+    with torch.no_grad(), torch.device("meta"):
+        got = model.moe(hidden, ids, weights)
+    with torch.no_grad():
+        want = Experts()(hidden, ids, weights)
+    assert got.device.type == "cpu"
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.usefixtures("gloo_one_rank")
+def test_the_output_keeps_the_hidden_dtype_when_the_weights_are_wider():
+    """bfloat16 tokens routed with float32 weights: the module's own forward widens to float32
+    (a bfloat16 output times a float32 weight); the dispatching forward gives the same sums,
+    handed back in the tokens' bfloat16."""
+    model = Holder().to(torch.bfloat16)
+    own = Experts().to(torch.bfloat16)
+    apply_expert_parallel(model, _one_rank_mesh())
+    hidden, ids, weights = tokens(1)
+    hidden = hidden.to(torch.bfloat16)
+    with torch.no_grad():
+        got = model.moe(hidden, ids, weights)
+        want = own(hidden, ids, weights)
+    assert want.dtype == torch.float32 and got.dtype == torch.bfloat16
+    assert torch.equal(got, want.to(torch.bfloat16))

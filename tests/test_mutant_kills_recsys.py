@@ -14,7 +14,9 @@ import copy
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -68,10 +70,21 @@ def _reference(training: dict) -> tuple[dict, list[float]]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}, losses
 
 
-def _train(plan: dict, run_dir: Path) -> tuple[dict, list[dict]]:
+def _train(plan: dict, run_dir: Path, capsys) -> tuple[dict, list[dict]]:
+    """The trained parameters and the metrics' records; each step's line printed as its
+    record says, and each step's time within the whole call's."""
+    capsys.readouterr()
+    start = time.perf_counter()
     recsys.train(plan, run_dir, STEPS, 0, torch.device("cpu"), dump_params=True)
+    took = time.perf_counter() - start
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return torch.load(run_dir / "params.pt"), [json.loads(x) for x in lines]
+    metrics = [json.loads(x) for x in lines]
+    printed = [ln for ln in capsys.readouterr().out.splitlines() if "loss" in ln]
+    assert printed == [
+        f"step {m['step']}: loss {m['loss']:.6f} ({m['step_time_s']:.3f} s)" for m in metrics
+    ]
+    assert all(0 < m["step_time_s"] < took for m in metrics)
+    return torch.load(run_dir / "params.pt"), metrics
 
 
 def _check(got: dict, metrics: list[dict], training: dict, sharded: int) -> None:
@@ -85,24 +98,147 @@ def _check(got: dict, metrics: list[dict], training: dict, sharded: int) -> None
         assert m["loss"] == pytest.approx(loss, rel=1e-6) and m["step_time_s"] > 0
 
 
-def test_sgd_tables_of_each_sharding_train_like_one_process(tmp_path):
+def test_sgd_tables_of_each_sharding_train_like_one_process(tmp_path, capsys):
     """Fused EXACT_SGD on table-wise and column-wise shards, the dense kernel on a
     data-parallel table, DDP for the MLPs: one process's SGD (weights copied from it)."""
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "metrics.jsonl").write_text('{"step": 9}\n')  # an old run's: replaced
-    got, metrics = _train(_plan(SGD, "fused"), tmp_path / "run")
+    got, metrics = _train(_plan(SGD, "fused"), tmp_path / "run", capsys)
     _check(got, metrics, SGD, 0)
 
 
-def test_adamw_on_the_dense_kernel_and_fsdp_mlps_train_like_one_process(tmp_path):
+def test_adamw_on_the_dense_kernel_and_fsdp_mlps_train_like_one_process(tmp_path, capsys):
     """AdamW (torch's defaults) for every table on the dense kernel and for the MLPs, the
     MLPs under FSDP2 (each of their parameters a DTensor): one process's AdamW."""
     adamw = {**SGD, "optimizer": "adamw", "lr": 0.01}
-    got, metrics = _train(_plan(adamw, "dense", "fsdp"), tmp_path / "a" / "b")
+    got, metrics = _train(_plan(adamw, "dense", "fsdp"), tmp_path / "a" / "b", capsys)
     mf = load_model_file(DLRM, {"size": "tiny"})
     mlp = sum(1 for n, _ in mf.build().named_parameters() if "embedding" not in n)
     assert mlp > 0
     _check(got, metrics, adamw, mlp)
+
+
+class _Stop(Exception):
+    """Raised by the stand-in DistributedModelParallel: what build handed it is recorded."""
+
+
+def _build_handed(monkeypatch, plan: dict, world: int, seed: int) -> dict:
+    """What ``build`` hands TorchRec for ``plan`` at a world size of ``world``: each module's
+    ``construct_module_sharding_plan`` call and DistributedModelParallel's arguments (stood in,
+    so nothing is sharded)."""
+    import torchrec.distributed.model_parallel as mp
+    import torchrec.distributed.sharding_plan as sp
+
+    seen: dict = {"construct": {}}
+
+    def construct(module, gens, **kw):
+        seen["construct"][id(module)] = (set(gens), kw)
+        return {name: SimpleNamespace(cache_params=None) for name in gens}
+
+    def dmp(model, **kw):
+        seen["dmp"] = (model, kw)
+        raise _Stop
+
+    monkeypatch.setattr(sp, "construct_module_sharding_plan", construct)
+    monkeypatch.setattr(mp, "DistributedModelParallel", dmp)
+    monkeypatch.setattr(recsys.dist, "get_world_size", lambda *a: world)
+    mf = load_model_file(DLRM, {"size": "tiny"})
+    with pytest.raises(_Stop):
+        recsys.build(plan, mf, torch.device("cpu"), seed)
+    return seen
+
+
+@pytest.mark.parametrize(("gpn", "world", "local"), [(2, 4, 2), (8, 4, 4)])
+def test_build_hands_torchrec_the_plans_tables_world_node_and_host_caches(
+    monkeypatch, gpn, world, local
+):
+    """Each table module's sharding plan is made for the world, the node's ranks (at most the
+    world) and the CPU, by the sharder on the plan's fused optimizer; a host table gets its
+    cache share; the model handed over holds the weights of ``manual_seed(seed); build()``."""
+    plan = _plan(SGD, "fused")
+    plan["cluster"]["gpus_per_node"] = gpn
+    plan["tables"][1]["cache_ratio"] = 0.25
+    seen = _build_handed(monkeypatch, plan, world, 7)
+    model, kw = seen["dmp"]
+    (sharder,) = kw["sharders"]
+    assert sharder.fused_params == recsys.fused_params("sgd", 0.5)
+    assert kw["device"] == torch.device("cpu") and kw["data_parallel_wrapper"] is None
+    modules = dict(model.named_modules())
+    want = {}
+    for t in plan["tables"]:
+        want.setdefault(t["module"], set()).add(t["name"])
+    assert set(kw["plan"].plan) == set(want)
+    for path, names in want.items():
+        gens, args = seen["construct"][id(modules[path])]
+        assert gens == names
+        assert args == {
+            "sharder": sharder,
+            "local_size": local,
+            "world_size": world,
+            "device_type": "cpu",
+        }
+    for i, t in enumerate(plan["tables"]):
+        cache = kw["plan"].plan[t["module"]][t["name"]].cache_params
+        if i == 1:
+            assert cache.load_factor == 0.25
+        else:
+            assert cache is None
+    torch.manual_seed(7)
+    fresh = load_model_file(DLRM, {"size": "tiny"}).build().state_dict()
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, fresh[name]), name
+
+
+def test_the_dense_part_is_wrapped_in_fsdp_only_when_the_plan_says_so(monkeypatch):
+    """No ``dense`` record, or DDP: TorchRec's own DDP wrapper (None); FSDP: FullyShardDense."""
+    plan = _plan(SGD, "fused")
+    for strategy, wrapped in (("ddp", False), ("fsdp", True), (None, False)):
+        if strategy is None:
+            del plan["dense"]
+        else:
+            plan["dense"]["strategy"] = strategy
+        wrapper = _build_handed(monkeypatch, plan, 1, 0)["dmp"][1]["data_parallel_wrapper"]
+        assert (type(wrapper).__name__ == "FullyShardDense") is wrapped
+        assert wrapped or wrapper is None
+
+
+def test_train_builds_the_model_file_with_the_plans_arguments(monkeypatch, tmp_path):
+    """The plan's model arguments reach the model file (DLRM's ``size`` has a default, so a
+    model built without them looks the same at ``tiny``): recorded, nothing trained."""
+    seen = []
+
+    def load(path, args=None):
+        seen.append((path, args))
+        raise _Stop
+
+    monkeypatch.setattr(recsys, "load_model_file", load)
+    plan = _plan(SGD, "fused")
+    plan["model"]["args"] = {"size": "tiny", "tables": 2}
+    with pytest.raises(_Stop):
+        recsys.train(plan, tmp_path / "r", 1, 0, torch.device("cpu"))
+    assert seen == [(plan["model"]["file"], {"size": "tiny", "tables": 2})]
+
+
+def test_each_steps_batch_goes_to_the_runs_device(monkeypatch, tmp_path):
+    """The rank's slice of the batch is moved to the run's device (a GPU run's batch leaves
+    the host): the first step's move recorded, then stopped."""
+    moved = []
+
+    def to(inputs, device):
+        moved.append(device)
+        raise _Stop
+
+    monkeypatch.setattr(recsys, "_to", to)
+    with pytest.raises(_Stop):
+        recsys.train(_plan(SGD, "fused"), tmp_path / "r", 1, 0, torch.device("cpu"))
+    assert moved == [torch.device("cpu")]
+
+
+def test_a_run_saves_its_parameters_only_when_asked(tmp_path):
+    """By default one step trains and writes its metrics, and no params.pt."""
+    recsys.train(_plan(SGD, "fused"), tmp_path / "r", 1, 0, torch.device("cpu"))
+    assert len((tmp_path / "r" / "metrics.jsonl").read_text().splitlines()) == 1
+    assert not (tmp_path / "r" / "params.pt").exists()
 
 
 def test_a_model_file_without_a_loss_is_refused(tmp_path):
