@@ -319,9 +319,20 @@ def test_no_assignment_when_a_table_fits_no_rank():
     assert milp.solve(full) is None
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2, 4, 5, 7, 8, 11])
-def test_solve_is_the_brute_force_optimum(seed):
-    c = _instance(seed, ("none", "device", "host")[seed % 3])
+# (seed, what binds): the eight first, then instances whose optimum takes node-placed tables
+# (5, 29, 34 with nothing binding: two, one and one of them) or all-ranks ones (28, "none"),
+# which no seed above does
+INSTANCES = [(s, ("none", "device", "host")[s % 3]) for s in (0, 1, 2, 4, 5, 7, 8, 11)] + [
+    (5, "none"),
+    (29, "none"),
+    (34, "none"),
+    (0, "none"),
+]
+
+
+@pytest.mark.parametrize("seed, binds", INSTANCES)
+def test_solve_is_the_brute_force_optimum(seed, binds):
+    c = _instance(seed, binds)
     want = brute_force(c)
     got = milp.solve(c, rel_gap=1e-9, node_limit=1_000_000)
     if want is None:
