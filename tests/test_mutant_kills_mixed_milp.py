@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import time
 from dataclasses import replace
 
 import highspy
@@ -19,10 +20,13 @@ import numpy as np
 import pytest
 
 from planner.search.milp.data import GIB, StageProblem
+from planner.search.milp.solve import MIP_REL_GAP
 from planner.search.milp.split_bound import SplitBound
+from planner.search.mixed import milp
 from planner.search.mixed.bound import mixed_split_bound
 from planner.search.mixed.cost import step_time
 from planner.search.mixed.milp import (
+    FEASIBILITY_TOLERANCE,
     MixedProblem,
     MixedSolution,
     solve_mixed,
@@ -312,3 +316,187 @@ def test_tied_groups_join_chains_and_keep_each_segment_once():
     assert tied_groups([(3, 1), (1, 0), (0, 3)], 4) == [(0, 1, 3)]
     assert tied_groups([(2, 2)], 3) == [(2,)]
     assert tied_groups([], 3) == []
+
+
+# --- helper 54g: the statuses' paths, HiGHS's options read back, and hand-built shapes ---
+
+
+@pytest.fixture
+def highs_used(monkeypatch):
+    """The HiGHS objects solve_mixed builds, kept so a test reads back what it was given."""
+    made, quiet = [], milp.quiet_highs
+
+    def keep():
+        made.append(quiet())
+        return made[-1]
+
+    monkeypatch.setattr(milp, "quiet_highs", keep)
+    return made
+
+
+def timed(mp: MixedProblem, **kw) -> tuple[MixedSolution, float]:
+    start = time.perf_counter()
+    sol = solve_mixed(mp, **kw)
+    return sol, time.perf_counter() - start
+
+
+def check_figures(sol: MixedSolution, wall: float, h) -> None:
+    """Seconds a float within the call's own wall time, nodes HiGHS's count."""
+    assert type(sol.solve_time_s) is float and 0.0 < sol.solve_time_s <= wall
+    assert type(sol.nodes) is int and sol.nodes == int(h.getInfo().mip_node_count)
+
+
+def test_highs_holds_every_option_solve_mixed_sets_and_the_offset(highs_used):
+    """A misspelt option name is refused by HiGHS with a warning and the solve goes on at
+    the default: each option is read back from the HiGHS object, and HiGHS's own objective
+    (the constant step included) is the returned one in time units."""
+    mp = rich_problem(**CASES["two degrees"])
+    best = optimum("two degrees")
+    sol, wall = timed(mp, cutoff=best * 1.001, node_limit=77)
+    check(mp, best, cutoff=best * 1.001)
+    (h,) = highs_used[:1]
+    unit = time_unit(mp, None)
+    assert mp.const_step > 0
+    expected = {
+        "mip_max_nodes": 77,
+        "mip_rel_gap": MIP_REL_GAP,
+        "mip_abs_gap": 1e-12,
+        "mip_feasibility_tolerance": FEASIBILITY_TOLERANCE,
+        "primal_feasibility_tolerance": FEASIBILITY_TOLERANCE,
+    }
+    for name, value in expected.items():
+        assert h.getOptionValue(name)[1] == value, name
+    assert h.getOptionValue("objective_bound")[1] == pytest.approx(best * 1.001 / unit, rel=1e-12)
+    assert h.getInfo().objective_function_value == pytest.approx(sol.objective / unit, rel=1e-9)
+    check_figures(sol, wall, h)
+
+
+def test_no_node_is_no_solution(highs_used):
+    """node_limit 0: HiGHS stops before any placement (its solution limit), which is neither
+    infeasible nor a cutoff."""
+    mp = rich_problem(**CASES["two kinds"])
+    sol, wall = timed(mp, node_limit=0)
+    assert (sol.status, sol.objective, sol.variants, sol.counts) == (
+        "no_solution",
+        math.inf,
+        [],
+        [],
+    )
+    assert highs_used[-1].getModelStatus() == highspy.HighsModelStatus.kSolutionLimit
+    check_figures(sol, wall, highs_used[-1])
+    assert solve_mixed(mp, node_limit=1).status == "optimal"
+
+
+def test_a_cutoff_pruned_by_highs_or_by_the_value_is_a_cutoff(highs_used):
+    """Below the optimum, "two kinds" is pruned by HiGHS (its objective bound: infeasible)
+    and "three stages" solved to a placement at or above the cutoff: both a cutoff, with
+    nothing placed; an infeasible pool without a cutoff is infeasible, with one a cutoff."""
+    for name, model_status in (
+        ("two kinds", highspy.HighsModelStatus.kInfeasible),
+        ("three stages", highspy.HighsModelStatus.kOptimal),
+    ):
+        mp = rich_problem(**CASES[name])
+        sol, wall = timed(mp, cutoff=optimum(name) * 0.999)
+        assert (sol.status, sol.objective, sol.variants, sol.counts) == ("cutoff", math.inf, [], [])
+        assert highs_used[-1].getModelStatus() == model_status
+        check_figures(sol, wall, highs_used[-1])
+    assert sol.nodes == 1
+    empty = replace(rich_problem(**CASES["two kinds"]), units=[0, 0])
+    assert solve_mixed(empty).status == "infeasible"
+    assert solve_mixed(empty, cutoff=100.0).status == "cutoff"
+
+
+def test_a_step_of_milliseconds_needs_no_cut_of_a_second():
+    """Every time of "two degrees" a thousandth: the optimum is a thousandth (the step time
+    is linear in them), with no split given (its stand-in cuts must be zeros) and with a
+    split whose P* is not computed."""
+    name = "two degrees"
+    mp = rich_problem(**CASES[name])
+    ms = lambda xs: [np.asarray(x) * 1e-3 for x in xs]  # noqa: E731
+    per = [
+        replace(
+            sp, time=ms(sp.time), optim=ms(sp.optim), offl=ms(sp.offl),
+            dp_first=ms(sp.dp_first), dp_second=ms(sp.dp_second),
+            dp_once=tuple(x * 1e-3 for x in sp.dp_once),
+        )
+        for sp in mp.per_variant
+    ]  # fmt: skip
+    fast = replace(
+        mp, per_variant=per, base_time=mp.base_time * 1e-3, hop=mp.hop * 1e-3,
+        const_step=mp.const_step * 1e-3,
+    )  # fmt: skip
+    assert time_unit(fast, None) < 1.0
+    check(fast, optimum(name) * 1e-3)
+    # T* and S* given, P* not computed (inf): no P* cut, not one of a second
+    split = mixed_split_bound(fast)
+    check(fast, optimum(name) * 1e-3, split=SplitBound(split.max_stage, split.sum_stages))
+
+
+def test_a_unit_below_one_second_is_kept():
+    mp = rich_problem(**CASES["two degrees"])
+    assert time_unit(mp, SplitBound(1.0, 0.5, 3.0)) == 0.5
+    small = [replace(sp, time=[t * 1e-3 for t in sp.time]) for sp in mp.per_variant]
+    fastest = time_unit(mp, None) * 1e-3
+    assert time_unit(replace(mp, per_variant=small), None) == pytest.approx(fastest, rel=1e-12)
+
+
+def test_one_variant():
+    """One kind at one degree: V = 1 (every per-variant read is of variant 0)."""
+    mp = rich_problem(seed=13, pp=2, units=(2,), cap=(8.0, 10.0))
+    assert len(mp.variants) == 1
+    check(mp, brute_force(mp))
+
+
+def test_two_tied_groups_each_take_their_own_code():
+    """Segments 0 and 2 tied, and 1 tied to itself: two groups, each its own P column."""
+    mp = rich_problem(**CASES["tied"])
+    two = replace(mp, tied=[(0, 2), (1, 1)])
+    assert tied_groups(two.tied, 3) == [(0, 2), (1,)]
+    check(two, brute_force(two))
+
+
+def plain(seg_len, pp, time_s, act=None, capacity=100.0, m=2) -> MixedProblem:
+    """One kind, one variant: per segment one option of ``time_s[s]`` s a block (or two,
+    the second twice as slow, holding no activation, where ``act`` gives the first's GiB);
+    no other term. 1F1B: stage j holds min(m, pp - j) micro-batches' activations."""
+    S = len(seg_len)
+    one = lambda x: [np.array([x]) for _ in range(S)]  # noqa: E731
+    if act is None:
+        times, acts = [np.array([t]) for t in time_s], one(0.0)
+    else:
+        times = [np.array([t, 2 * t]) for t in time_s]
+        acts = [np.array([a * GIB, 0.0]) for a in act]
+    zeros = [np.zeros_like(t) for t in times]
+    sp = StageProblem(
+        pp=pp, v=1, m=m, seg_len=list(seg_len), time=times, state=zeros, host=zeros,
+        act=acts, ws=zeros, gather=zeros, optim=zeros, offl=zeros, has_params=[True] * S,
+        const_time=[0.0] * pp, inflight=[min(m, pp - j) for j in range(pp)],
+        const_mem=[0.0] * pp, capacity=capacity * GIB, host_capacity=GIB,
+        dp_first=zeros, dp_second=zeros,
+    )  # fmt: skip
+    return MixedProblem(["k"], [(0, 1, 1)], [sp], np.zeros((1, pp)), np.zeros((pp - 1, 1, 1)), [pp])
+
+
+def test_two_segments_in_reverse_would_be_faster():
+    """Two segments on two stages: segment 0's fast option fits only on the last stage (one
+    micro-batch in flight), so the reversed placement (1 | 0) is faster than any in model
+    order; the order rows must refuse it, with two segments as with more."""
+    mp = plain([1, 1], 2, [1.0, 1.0], act=[3.0, 0.0], capacity=4.0)
+    best = brute_force(mp)
+    reversed_ = step_time(mp, [0, 0], [[[0, 0], [1, 0]], [[1, 0], [0, 0]]])
+    assert reversed_ < best * (1 - 1e-3)
+    check(mp, best)
+
+
+def test_a_long_last_segment_splits_across_stages():
+    """Segments of 1, 1 and 6 equal blocks on two stages: the optimum puts two blocks of
+    the last segment on stage 0 (4 | 4), more than the middle segment's length."""
+    mp = plain([1, 1, 6], 2, [1.0, 1.0, 1.0])
+    sol = check(mp, brute_force(mp))
+    assert sol.counts == [[[1], [1], [2]], [[0], [0], [4]]]
+
+
+def test_four_segments_on_four_stages():
+    """The order rows' blocks at S = 4 and J = 4, of every shape (J, S - 1) and (J - 1, S - 1)."""
+    mp = plain([1, 1, 2, 1], 4, [1.0, 2.0, 1.5, 3.0])
+    check(mp, brute_force(mp))

@@ -241,6 +241,21 @@ def test_place_puts_node_tables_on_the_least_loaded_node_and_all_tables_everywhe
     assert milp.step_time(c, choice, ranks) == pytest.approx(2.5 * MS + 1.0 + 4.0 + 6.0)
 
 
+def test_node_tables_go_longest_first_each_onto_its_least_loaded_node():
+    """Two node tables named against their lengths ("b" 3 s before "a" 2 s): b to node 0, a
+    to node 1 (node 0 now busier), then the rank shards c (1.5 s) and d (1 s) onto the least
+    loaded ranks, 2 and 3. With five ranks in nodes of two the ranks make no whole node: one
+    node of two (ranks 0 and 1) takes both node tables, as the MILP's ``nodes`` counts it."""
+    b, a = opt("b", 3.0, placement="node"), opt("a", 2.0, placement="node")
+    c_, d_ = opt("c", 1.5), opt("d", 1.0)
+    choice = {"a": a, "b": b, "c": c_, "d": d_}
+    opts = {n: [o] for n, o in choice.items()}
+    ranks = milp.place(costed(opts, ranks=4, per_node=2), choice)
+    assert ranks == {"b": [0, 1], "a": [2, 3], "c": [2], "d": [3]}
+    odd = milp.place(costed(opts, ranks=5, per_node=2), choice)
+    assert odd == {"b": [0, 1], "a": [0, 1], "c": [2], "d": [3]}
+
+
 def test_place_falls_back_to_largest_first_and_refuses_what_fits_nowhere():
     # longest first puts the two 2-byte shards on both ranks before the 3-byte one, which then
     # fits neither rank of 4 bytes; largest first places it first (3 + 1 and 2 + 2 bytes)
@@ -304,9 +319,20 @@ def test_no_assignment_when_a_table_fits_no_rank():
     assert milp.solve(full) is None
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2, 4, 5, 7, 8, 11])
-def test_solve_is_the_brute_force_optimum(seed):
-    c = _instance(seed, ("none", "device", "host")[seed % 3])
+# (seed, what binds): the eight first, then instances whose optimum takes node-placed tables
+# (5, 29, 34 with nothing binding: two, one and one of them) or all-ranks ones (28, "none"),
+# which no seed above does
+INSTANCES = [(s, ("none", "device", "host")[s % 3]) for s in (0, 1, 2, 4, 5, 7, 8, 11)] + [
+    (5, "none"),
+    (29, "none"),
+    (34, "none"),
+    (0, "none"),
+]
+
+
+@pytest.mark.parametrize("seed, binds", INSTANCES)
+def test_solve_is_the_brute_force_optimum(seed, binds):
+    c = _instance(seed, binds)
     want = brute_force(c)
     got = milp.solve(c, rel_gap=1e-9, node_limit=1_000_000)
     if want is None:
