@@ -455,6 +455,20 @@ def test_two_tied_groups_each_take_their_own_code():
     check(two, brute_force(two))
 
 
+def test_a_tie_tells_tp_32_from_tp_16_at_twice_the_dp():
+    """On nodes of more than 16 GPUs the tie's code of (TP, DP) must still tell the pairs
+    apart: (32, 1) and (16, 2) once shared the code 48, and the MILP tied stages of the two
+    (2.109 s a step, where the brute force's optimum with the tie kept is 2.355 s)."""
+    mp = rich_problem(
+        seed=19, pp=2, units=(64,), degrees=(16, 32), mults=(1, 2), tied=((0, 2),), cap=(6.0, 9.0)
+    )
+    assert [(t, r) for _, t, r in mp.variants] == [(16, 1), (32, 1), (16, 2), (32, 2)]
+    expected = brute_force(mp)
+    assert brute_force(replace(mp, tied=[])) < expected * (1 - 1e-2)  # the tie binds
+    sol = check(mp, expected)
+    assert len({(mp.tp_of(v), mp.dp_of(v)) for v in sol.variants}) == 1
+
+
 def plain(seg_len, pp, time_s, act=None, capacity=100.0, m=2) -> MixedProblem:
     """One kind, one variant: per segment one option of ``time_s[s]`` s a block (or two,
     the second twice as slow, holding no activation, where ``act`` gives the first's GiB);

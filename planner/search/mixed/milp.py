@@ -39,9 +39,9 @@ Constraints (names in the code):
                product y[j,v] y[j+1,u]);  w[j,v,u] <= linked[v,u]  (no hop between kinds the
                pool joins by no fabric)
     tied:      |sum_v g_v y[j,v] - P_g| <= (g_max - g_min) (1 - a[j,s])  for s in group g,
-               g_v = t_v + 16 r_v a code of (TP, DP) (every stage holding a block of a tied
-               group's segments has one TP and one DP degree: the runtime sums a tied
-               weight's gradient between matching shards)
+               g_v = t_v + B r_v a code of (TP, DP), B = max(16, 1 + max t_v) (every stage
+               holding a block of a tied group's segments has one TP and one DP degree: the
+               runtime sums a tied weight's gradient between matching shards)
     time:      T_j = sum_v T_jv,  T_jv = sum n t[v,s,o] + y[j,v] c[v,j] + sum_u w[j,v,u] hop[j,v,u]
                Q >= sum_v (m_v - 1) T_jv   (= (m_j - 1) T_j: one variant's part is nonzero)
     dp:        h[j,v] >= a[j,s] + y[j,v] - 1 (s with parameters);  h[j,v] <= y[j,v]
@@ -401,7 +401,10 @@ def _time_rows(rows: Rows, g: _Grid, split: SplitBound) -> np.ndarray:
     rows.add(np.zeros(J), 0.0, *t_terms)
     rows.add(np.zeros(J), inf, *q_terms)
     # tied: |sum_v g_v y[j, v] - P_g| <= spread (1 - a[j, s]) for s in group g
-    codes = np.array([t + 16 * r for _, t, r in variants], dtype=float)
+    # a code per (TP, DP): the DP multiple's base above every TP degree, or two pairs would
+    # share a code (16 + 16 * 2 = 32 + 16 * 1) on nodes of more than 16 GPUs
+    base = max(16, 1 + max(t for _, t, _ in variants))
+    codes = np.array([t + base * r for _, t, r in variants], dtype=float)
     spread = float(codes.max() - codes.min())
     if groups and spread > 0:
         for g, segs in enumerate(groups):
