@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import copy
 import operator
+import traceback
+from datetime import timedelta
 from types import SimpleNamespace as NS
 
 import pytest
 import torch
+import torch.distributed as dist
+from forked_gloo import run_ranks
 from torch import nn
 
 from planner.errors import UserInputError
@@ -31,6 +35,7 @@ from runtime.stages import (
     _the_traced_output,
     _through,
     _traced_output,
+    _traced_value,
     _views_first_argument,
     _writes_first_argument,
     adopt_eager_modules,
@@ -860,3 +865,81 @@ def test_a_cut_torch_refuses_at_the_beginning_is_made_at_the_end_before():
     assert pipe.num_stages == 2
     assert _calls(pipe.get_stage_module(0)) == ["a"]
     assert _calls(pipe.get_stage_module(1)) == ["shared", "shared@1", "b"]
+
+
+def test_the_traced_value_of_an_outer_node_is_read_from_the_stage_that_returns_it():
+    """The outer graph's getitem of a stage's output records no value: it is read from the
+    stage's output node; a stage's one output from its output node; a node that records
+    its value (a model input), from itself."""
+    pipe = _hand_pipe()
+    split = pipe.split_gm
+    nodes = {n.name: n for n in split.graph.nodes}
+    t, h = (n for n in split.graph.nodes if n.target is operator.getitem)
+    assert "val" not in t.meta and "val" not in h.meta
+    assert tuple(_traced_value(split, t).shape) == (5, 6)
+    assert tuple(_traced_value(split, h).shape) == (2, 8, 6)
+    x = nodes["x"]
+    x.meta["val"] = torch.empty(3)
+    assert _traced_value(split, x) is x.meta["val"]
+    one = _hand_pipe(direct=True).split_gm
+    call = next(n for n in one.graph.nodes if n.op == "call_module")
+    assert tuple(_traced_value(one, call).shape) == (2, 8, 6)
+
+
+def _sequence_rank(r: int, store_path: str, queue) -> None:  # noqa: ANN001
+    """Rank ``r`` of 2: the whole stream sliced to its sequence shard and back, forward and
+    backward."""
+    try:
+        store = dist.FileStore(store_path, 2)
+        dist.init_process_group(
+            "gloo", store=store, rank=r, world_size=2, timeout=timedelta(seconds=30)
+        )
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh("cpu", (2,))
+        whole = torch.arange(24.0).reshape(2, 4, 3).requires_grad_()
+        shard = _SequenceLayout(mesh, True)(whole)
+        (shard * (r + 1)).sum().backward()
+        local = (torch.arange(6.0).reshape(1, 2, 3) + 6 * r + 100).requires_grad_()
+        gathered = _SequenceLayout(mesh, False)(local)
+        (gathered * torch.arange(4.0)[None, :, None]).sum().backward()
+        queue.put(
+            (
+                r,
+                {
+                    "shard": shard.tolist(),
+                    "contiguous": shard.is_contiguous() and gathered.is_contiguous(),
+                    "whole_grad": whole.grad.tolist(),
+                    "gathered": gathered.tolist(),
+                    "local_grad": local.grad.tolist(),
+                },
+            )
+        )
+        dist.barrier()
+        dist.destroy_process_group()
+    except BaseException:
+        queue.put((r, traceback.format_exc()))
+
+
+def test_the_stream_is_sliced_to_each_ranks_sequence_shard_and_gathered_back(tmp_path):
+    """Two gloo ranks forked from the test: rank r's shard is positions 2r and 2r + 1 of the
+    sequence; the slice's backward gathers the gradient (each rank's own part, from the
+    rank that holds it), the gather's backward slices it."""
+
+    def a_dict(item: tuple) -> None:
+        assert isinstance(item[1], dict), item[1]
+
+    got = dict(run_ranks(_sequence_rank, 2, tmp_path / "store", 2, a_dict))
+    whole = torch.arange(24.0).reshape(2, 4, 3)
+    locals_ = [torch.arange(6.0).reshape(1, 2, 3) + 6 * r + 100 for r in range(2)]
+    for r in range(2):
+        out = got[r]
+        assert out["shard"] == whole[:, 2 * r : 2 * r + 2].tolist()
+        assert out["contiguous"] is True
+        grad = torch.zeros(2, 4, 3)
+        grad[:, 0:2] = 1.0
+        grad[:, 2:4] = 2.0
+        assert out["whole_grad"] == grad.tolist()
+        assert out["gathered"] == torch.cat(locals_, dim=1).tolist()
+        weights = torch.arange(4.0)[None, :, None].expand(1, 4, 3)
+        assert out["local_grad"] == weights[:, 2 * r : 2 * r + 2].tolist()
