@@ -45,6 +45,7 @@ from runtime.stages import (
     inline_grad_mode_regions,
     keep_unused_tensors,
     mutated_in_place,
+    relay_skip_connections,
     send_sequence_shards,
     sequence_stream_links,
     split_ends,
@@ -980,3 +981,85 @@ def test_the_stream_is_sliced_to_each_ranks_sequence_shard_and_gathered_back(tmp
         assert out["gathered"] == torch.cat(locals_, dim=1).tolist()
         weights = torch.arange(4.0)[None, :, None].expand(1, 4, 3)
         assert out["local_grad"] == weights[:, 2 * r : 2 * r + 2].tolist()
+
+
+def _graph_module(n_inputs: int, body) -> torch.fx.GraphModule:  # noqa: ANN001
+    g = torch.fx.Graph()
+    places = [g.placeholder(f"p{i}") for i in range(n_inputs)]
+    g.output(body(g, *places))
+    return torch.fx.GraphModule(nn.Module(), g)
+
+
+def _three_stages():
+    """Three stages drawn by hand, of model inputs (x, y): stage 0 reads (y, x), in that
+    order, and returns (2x, x + y); stage 1 reads 2x and returns the one tensor 6x; stage 2
+    reads 6x, x + y (from stage 0: a skip) and x (a model input: a skip) and returns
+    6x + (x + y) - x."""
+    val = torch.empty(2, 3)
+
+    def s0(g, py, px):  # noqa: ANN001, ANN202
+        a = g.call_function(torch.mul, (px, 2))
+        b = g.call_function(torch.add, (px, py))
+        for n in (py, px, a, b):
+            n.meta["val"] = val
+        return (a, b)
+
+    def s1(g, pa):  # noqa: ANN001, ANN202
+        c = g.call_function(torch.mul, (pa, 3))
+        pa.meta["val"] = c.meta["val"] = val
+        return c
+
+    def s2(g, pc, pb, px):  # noqa: ANN001, ANN202
+        for n in (pc, pb, px):
+            n.meta["val"] = val
+        return g.call_function(torch.sub, (g.call_function(torch.add, (pc, pb)), px))
+
+    top = nn.Module()
+    for i, (k, body) in enumerate(((2, s0), (1, s1), (3, s2))):
+        top.add_module(stage_module_name(i), _graph_module(k, body))
+    g = torch.fx.Graph()
+    x, y = g.placeholder("x"), g.placeholder("y")
+    x.meta["val"] = y.meta["val"] = val
+    c0 = g.call_module(stage_module_name(0), (y, x))
+    a, b = (g.call_function(operator.getitem, (c0, i)) for i in range(2))
+    c1 = g.call_module(stage_module_name(1), (a,))
+    c1.meta["val"] = val
+    g.output(g.call_module(stage_module_name(2), (c1, b, x)))
+    return torch.fx.GraphModule(top, g)
+
+
+def test_values_that_skip_stages_are_relayed_through_the_stages_between():
+    split = _three_stages()
+    x, y = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]), torch.full((2, 3), 10.0)
+    want = 6 * x + (x + y) - x
+    torch.testing.assert_close(split(x, y), want)
+    relay_skip_connections(split)
+    torch.testing.assert_close(split(x, y), want, rtol=0, atol=0)
+    tops = [n for n in split.graph.nodes if n.op == "call_module"]
+    x_node, y_node = (n for n in split.graph.nodes if n.op == "placeholder")
+    # the first stage takes the model's inputs in the model's order, its placeholders too
+    assert tops[0].args == (x_node, y_node)
+    s0 = split.get_submodule(stage_module_name(0))
+    p0 = [n for n in s0.graph.nodes if n.op == "placeholder"]
+    assert [p.name for p in p0] == ["p1", "p0"]
+    # each later stage reads only the stage before, output i as input i
+    for j in (1, 2):
+        assert [a.target for a in tops[j].args] == [operator.getitem] * len(tops[j].args)
+        assert all(a.args[0] is tops[j - 1] for a in tops[j].args)
+        assert [a.args[1] for a in tops[j].args] == list(range(len(tops[j].args)))
+    assert len(tops[1].args) == 3 and len(tops[2].args) == 3
+    # every outer node keeps a metadata dict, the one-output stage's index its value
+    assert all(isinstance(n.meta, dict) for n in split.graph.nodes)
+    firsts = [u for u in tops[1].users if u.args[1] == 0]
+    assert len(firsts) == 1 and tuple(firsts[0].meta["val"].shape) == (2, 3)
+    # stage 1 returns its own value first, then the two it relays
+    s1 = split.get_submodule(stage_module_name(1))
+    outs = next(n for n in s1.graph.nodes if n.op == "output").args[0]
+    assert len(outs) == 3 and outs[0].target is torch.mul
+    assert [o.op for o in outs[1:]] == ["placeholder", "placeholder"]
+    # what stage 0 sends: 2x, then the two skips (x + y and x) in stage 2's order
+    got = s0(x, y)
+    torch.testing.assert_close(got[0], 2 * x)
+    mid = s1(*got)
+    torch.testing.assert_close(mid[0], 6 * x)
+    torch.testing.assert_close(split.get_submodule(stage_module_name(2))(*mid), want)
