@@ -1063,3 +1063,19 @@ def test_values_that_skip_stages_are_relayed_through_the_stages_between():
     mid = s1(*got)
     torch.testing.assert_close(mid[0], 6 * x)
     torch.testing.assert_close(split.get_submodule(stage_module_name(2))(*mid), want)
+
+
+def test_a_tensor_held_first_under_a_path_the_model_lacks_is_held():
+    """A stage that holds the model's module under a path of its own first (a holder torch's
+    split or the relay made) and under the model's path after: every name counts, so the
+    tensors are held and nothing is kept twice."""
+    model = nn.Module()
+    model.a = nn.BatchNorm1d(2)  # parameters and buffers
+    model.b = nn.Linear(2, 2)
+    stage = nn.Module()
+    stage.alias = model.a
+    stage.a = model.a
+    first = nn.Module()
+    kept = keep_unused_tensors([stage], model, first)
+    assert kept == ["b.weight", "b.bias"]
+    assert not hasattr(first, "a")
