@@ -771,10 +771,11 @@ def test_a_stream_that_skips_the_stage_before_is_refused(traced):
     )
 
 
-def _hand_pipe(direct: bool = False):
+def _hand_pipe(direct: bool = False, swap: bool = False):
     """Two stages drawn by hand: stage 0 returns (table, stream), stage 1 takes them as
     (table, stream) and calls ``blk(stream, table)``: the stream is output 1 and input 1.
-    ``direct``: stage 1 is handed the stage-0 call itself (one output), not an index."""
+    ``direct``: stage 1 is handed the stage-0 call itself (one output), not an index.
+    ``swap``: stage 1 takes them as (stream, table): output 1 is its input 0."""
     meta = {"t": torch.empty(5, 6), "h": torch.empty(2, 8, 6)}
     g0 = torch.fx.Graph()
     x = g0.placeholder("x")
@@ -786,7 +787,10 @@ def _hand_pipe(direct: bool = False):
     g0.output(h if direct else (t, h))
     s0 = torch.fx.GraphModule(nn.Module(), g0)
     g1 = torch.fx.Graph()
-    pt, ph = g1.placeholder("t"), g1.placeholder("h")
+    if swap:
+        ph, pt = g1.placeholder("h"), g1.placeholder("t")
+    else:
+        pt, ph = g1.placeholder("t"), g1.placeholder("h")
     pt.meta["val"], ph.meta["val"] = meta["t"], meta["h"]
     wrapped = g1.call_function(contiguous_grad, (ph, False))
     root1 = nn.Module()
@@ -808,6 +812,7 @@ def _hand_pipe(direct: bool = False):
             g.call_function(operator.getitem, (c0, 0)),
             g.call_function(operator.getitem, (c0, 1)),
         )
+        args = args[::-1] if swap else args
     g.output(g.call_module(stage_module_name(1), args))
     split = torch.fx.GraphModule(top, g)
     return NS(split_gm=split, get_stage_module=lambda i: getattr(split, stage_module_name(i)))
@@ -823,7 +828,10 @@ def test_the_stream_link_names_the_output_and_input_that_carry_it():
     # a stage that does not receive the shard has no link
     assert sequence_stream_links(pipe, _plan([["a"], ["b"]], {"a": ["x"], "b": ["blk"]})) == {}
     s0, s1 = pipe.get_stage_module(0), pipe.get_stage_module(1)
-    send_sequence_shards(s0, plan, 0, _Mesh(), links)
+    mesh = _Mesh()
+    send_sequence_shards(s0, plan, 0, mesh, links)
+    s0.graph.lint()
+    assert s0.meshplan_sequence_slice.mesh is mesh and s0.meshplan_sequence_slice.to_shard
     out = next(n for n in s0.graph.nodes if n.op == "output").args[0]
     assert out[0].target == "cos" and out[1].target == "meshplan_sequence_slice"
     assert out[1].args[0].target == "sin"
@@ -831,14 +839,37 @@ def test_the_stream_link_names_the_output_and_input_that_carry_it():
     assert tuple(out[1].args[0].meta["val"].shape) == (2, 8, 6)
     assert tuple(out[0].meta["val"].shape) == (5, 6)
     assert not hasattr(s0, "meshplan_sequence_gather")
-    send_sequence_shards(s1, plan, 1, _Mesh(), links)
+    send_sequence_shards(s1, plan, 1, mesh, links)
+    s1.graph.lint()
     pt, ph = (n for n in s1.graph.nodes if n.op == "placeholder")
     assert tuple(ph.meta["val"].shape) == (2, 4, 6) and tuple(pt.meta["val"].shape) == (5, 6)
     gather = next(n for n in s1.graph.nodes if n.target == "meshplan_sequence_gather")
     assert gather.args == (ph,) and list(ph.users) == [gather]
+    assert ph.next is gather
+    wrapped = next(n for n in s1.graph.nodes if n.target is contiguous_grad)
+    assert wrapped.args == (gather, False)
+    assert s1.meshplan_sequence_gather.mesh is mesh
     assert not hasattr(s1, "meshplan_sequence_slice")
     assert isinstance(s1.meshplan_sequence_gather, _SequenceLayout)
     assert s1.meshplan_sequence_gather.mesh is not None
+
+
+def test_the_sender_slices_its_output_and_the_receiver_gathers_its_input_by_their_own_index():
+    """Output 1 of stage 0 is input 0 of stage 1 (a pipe drawn so: after the relay they
+    agree): stage 0 slices its output 1, stage 1 gathers its input 0."""
+    plan = _plan([["a"], ["b"]], {"a": ["x"], "b": ["blk"]}, seq=(1,))
+    pipe = _hand_pipe(swap=True)
+    links = sequence_stream_links(pipe, plan)
+    assert links == {1: (1, 0)}
+    s0, s1 = pipe.get_stage_module(0), pipe.get_stage_module(1)
+    send_sequence_shards(s0, plan, 0, _Mesh(), links)
+    out = next(n for n in s0.graph.nodes if n.op == "output").args[0]
+    assert [n.target for n in out] == ["cos", "meshplan_sequence_slice"]
+    assert tuple(out[0].meta["val"].shape) == (5, 6)
+    send_sequence_shards(s1, plan, 1, _Mesh(), links)
+    ph, pt = (n for n in s1.graph.nodes if n.op == "placeholder")
+    assert tuple(ph.meta["val"].shape) == (2, 4, 6) and tuple(pt.meta["val"].shape) == (5, 6)
+    assert [u.target for u in ph.users] == ["meshplan_sequence_gather"]
 
 
 class _Twice(nn.Module):
@@ -935,7 +966,8 @@ def _sequence_rank(r: int, store_path: str, queue) -> None:  # noqa: ANN001
         from torch.distributed.device_mesh import init_device_mesh
 
         mesh = init_device_mesh("cpu", (2,))
-        whole = torch.arange(24.0).reshape(2, 4, 3).requires_grad_()
+        # each rank's own copy (they agree in a run): a slice is local, no rank's data sent
+        whole = (torch.arange(24.0).reshape(2, 4, 3) + 1000 * r).requires_grad_()
         shard = _SequenceLayout(mesh, True)(whole)
         (shard * (r + 1)).sum().backward()
         local = (torch.arange(6.0).reshape(1, 2, 3) + 6 * r + 100).requires_grad_()
@@ -972,7 +1004,7 @@ def test_the_stream_is_sliced_to_each_ranks_sequence_shard_and_gathered_back(tmp
     locals_ = [torch.arange(6.0).reshape(1, 2, 3) + 6 * r + 100 for r in range(2)]
     for r in range(2):
         out = got[r]
-        assert out["shard"] == whole[:, 2 * r : 2 * r + 2].tolist()
+        assert out["shard"] == (whole[:, 2 * r : 2 * r + 2] + 1000 * r).tolist()
         assert out["contiguous"] is True
         grad = torch.zeros(2, 4, 3)
         grad[:, 0:2] = 1.0
