@@ -831,6 +831,7 @@ def test_the_stream_link_names_the_output_and_input_that_carry_it():
     mesh = _Mesh()
     send_sequence_shards(s0, plan, 0, mesh, links)
     s0.graph.lint()
+    assert "meshplan_sequence_slice" in s0.code  # the stage's code regenerated
     assert s0.meshplan_sequence_slice.mesh is mesh and s0.meshplan_sequence_slice.to_shard
     out = next(n for n in s0.graph.nodes if n.op == "output").args[0]
     assert out[0].target == "cos" and out[1].target == "meshplan_sequence_slice"
@@ -841,6 +842,7 @@ def test_the_stream_link_names_the_output_and_input_that_carry_it():
     assert not hasattr(s0, "meshplan_sequence_gather")
     send_sequence_shards(s1, plan, 1, mesh, links)
     s1.graph.lint()
+    assert "meshplan_sequence_gather" in s1.code
     pt, ph = (n for n in s1.graph.nodes if n.op == "placeholder")
     assert tuple(ph.meta["val"].shape) == (2, 4, 6) and tuple(pt.meta["val"].shape) == (5, 6)
     gather = next(n for n in s1.graph.nodes if n.target == "meshplan_sequence_gather")
