@@ -671,6 +671,14 @@ def test_the_one_traced_tensor_is_picked_from_an_eager_output():
     assert _the_traced_output(m, (), [torch.ones(3, 2), t]) is t  # shape
     assert _the_traced_output(m, (), (u, t)) is t  # dtype
     assert _the_traced_output(m, (), {"a": t, "b": 3}) is t
+    # the rank decides; a local shape (TP) or dtype (mixed precision) other than the
+    # trace's is kept when it is the only one of that rank, or the only tensor
+    local = torch.zeros(2, 5, dtype=torch.bfloat16)
+    assert _the_traced_output(m, (), (torch.ones(2, 3, 4), local)) is local
+    assert _the_traced_output(m, (), (local, 7)) is local
+    other_rank = torch.ones(2, 3, 4)
+    assert _the_traced_output(m, (), (other_rank, 7)) is other_rank  # one: no question
+    assert _the_traced_output(nn.Module(), (), (t, 7)) is t  # nothing known of it
     with pytest.raises(RuntimeError) as err:
         _the_traced_output(m, (), (t, t.clone()))
     assert str(err.value) == (
