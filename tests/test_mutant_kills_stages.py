@@ -1121,3 +1121,17 @@ def test_a_tensor_held_first_under_a_path_the_model_lacks_is_held():
     kept = keep_unused_tensors([stage], model, first)
     assert kept == ["b.weight", "b.bias"]
     assert not hasattr(first, "a")
+
+
+def test_a_module_inside_a_traced_call_finds_the_stage_input_it_is_handed(traced):
+    """Before adoption the traced layer takes (table, stream): its norm is handed the
+    layer's second argument, stage 1's input 0 (the stream); its linear, the norm's output
+    (no input); the second layer's norm, the first layer's output; a path inside the layer
+    that is never called, nothing."""
+    _, _, _, pipe = _pipe(traced)
+    s1 = pipe.get_stage_module(1)
+    assert [n.name for n in s1.graph.nodes if n.op == "placeholder"][0] == "add"
+    assert _input_of(s1, "layers.1.norm") == 0
+    assert _input_of(s1, "layers.1") == 1  # the traced call's first argument: the table
+    for path in ("layers.1.lin", "layers.2.norm", "layers.1.nothing", "norm"):
+        assert _input_of(s1, path) is None, path
