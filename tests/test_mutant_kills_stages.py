@@ -1135,3 +1135,22 @@ def test_a_module_inside_a_traced_call_finds_the_stage_input_it_is_handed(traced
     assert _input_of(s1, "layers.1") == 1  # the traced call's first argument: the table
     for path in ("layers.1.lin", "layers.2.norm", "layers.1.nothing", "norm"):
         assert _input_of(s1, path) is None, path
+
+
+def test_the_trace_is_kept_per_model_micro_batch_and_cut(traced):
+    """One trace for plans of the same model, arguments (in any order), micro-batch and cut;
+    another cut is traced anew and cut as its plan says."""
+    model, _, calls, _ = traced
+    cache: dict = {}
+    plan = _plan(STAGES, MODULES)
+    plan.model.args = {"a": 1, "b": 2}
+    traced_pipe(plan, model, (_ids(),), cache, calls)
+    again = _plan(STAGES, MODULES)
+    again.model.args = {"b": 2, "a": 1}
+    traced_pipe(again, model, (_ids(),), cache, calls)
+    assert len(cache) == 1
+    two = _plan([["b0", "b1"], ["b2", "b3"]], MODULES)
+    two.model.args = {"a": 1, "b": 2}
+    pipe = traced_pipe(two, model, (_ids(),), cache, calls)
+    assert len(cache) == 2 and pipe.num_stages == 2
+    assert _calls(pipe.get_stage_module(1)) == ["layers.2", "layers.3", "norm", "head"]
