@@ -483,6 +483,13 @@ def test_an_input_modified_in_place_directly_through_a_view_or_by_a_submodule():
         (lambda g, x: g.call_module("r", (x,)), False),
         (lambda g, x: g.call_module("w", (), {"x": x}), True),
         (lambda g, x: g.call_module("w", (), {"z": x}), False),
+        # a view still to be followed when a submodule handed x is met
+        (
+            lambda g, x: g.call_method(
+                "add_", (g.call_method("view", (x, -1)), g.call_module("r", (x,)))
+            ),
+            True,
+        ),
         (
             lambda g, x: g.call_module("r", (g.call_module("w", (g.call_module("r", (x,)),)),)),
             False,
