@@ -199,13 +199,15 @@ def _views_first_argument(node: torch.fx.Node) -> bool:
 def mutated_in_place(node: torch.fx.Node, owner: torch.nn.Module) -> bool:
     """Whether ``owner``'s graph modifies ``node``'s tensor in place, directly, through views
     of it, or inside a submodule it is handed to (a stage's graph calls the model's modules)."""
+    # a user is looked at once per value it reads: ``x.t().mul_(x)`` reads x directly and
+    # writes it through the view, so seeing it from x first must not hide the write
     seen, todo = set(), [(node, owner)]
     while todo:
         n, mod = todo.pop()
         for user in n.users:
-            if user in seen:
+            if (n, user) in seen:
                 continue
-            seen.add(user)
+            seen.add((n, user))
             first = user.args[0] if user.args else None
             if first is n and _writes_first_argument(user):
                 return True
