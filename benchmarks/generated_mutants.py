@@ -399,22 +399,17 @@ MODULES: dict[str, list[str]] = {
     # of a second); test_mixed_plan plans GPT over them, each kind alone too (half a minute)
     "planner/resources/mixed_plan.py": ["tests/test_mutant_kills_mixed_plan.py"],
     # one process: train on a one-rank gloo group against one process's plain training, the
-<<<<<<< HEAD
     # helpers by hand (test_recsys_oracle runs the same plans on two gloo ranks: minutes each);
     # two gloo ranks forked from the test process (10 CPU-s), which the survivors' rerun runs
     "runtime/recsys.py": [
         "tests/test_mutant_kills_recsys.py",
         "tests/test_mutant_kills_recsys_ranks.py",
     ],
-=======
-    # helpers by hand (test_recsys_oracle runs the same plans on two gloo ranks: minutes each)
-    "runtime/recsys.py": ["tests/test_mutant_kills_recsys.py"],
     # one process: a four-layer model cut into three stages as a plan says (one trace a
     # module), each stage's modules, tensors and relayed values by hand, its forward and
     # backward against the model's; the graph helpers on fx graphs drawn by hand
     # (test_block_calls and test_model_outputs split traced Llama/CLIP-like models: tens of s)
     "runtime/stages.py": ["tests/test_mutant_kills_stages.py"],
->>>>>>> issue-54d
 }
 # the shipped example models, planned for the equivalence check (file, size, GPUs, profile)
 EXAMPLES = [
