@@ -1557,3 +1557,67 @@ def test_a_shapeless_node_before_the_readers_stops_nothing():
     first.add_edges_from(g.edges)
     first.graph.update(g.graph)
     assert sharding.vocab_parallel_tied(first, 2) == frozenset()
+
+
+def test_attention_with_a_shapeless_key_or_value_stays_whole():
+    q = node("q", (2, 4, 6, 8))
+    k, v = node("k", (2, 4, 5, 8)), node("v", (2, 4, 5, 8))
+    shapeless = Operand("param", "k", None, True)
+    assert sharding._attention((2, 4, 6, 8), [q, shapeless, v], 2) == []
+    assert sharding._attention((2, 4, 6, 8), [q, k, shapeless], 2) == []
+    assert sharding._attention((2, 4, 6, 8), [shapeless, k, v], 2) == []
+
+
+def test_a_shapeless_mask_is_handed_on_as_is():
+    q, k, v = node("q", (2, 4, 6, 8)), node("k", (2, 4, 5, 8)), node("v", (2, 4, 5, 8))
+    mask = Operand("param", "m", None, True)
+    assert sharding._attention((2, 4, 6, 8), [q, k, v, mask], 2) == [
+        Strategy("S0", ("S0", "S0", "S0", None)),
+        Strategy("S1", ("S1", "S1", "S1", None)),
+    ]
+    # a buffer before the mask: both handed on, each in its place
+    short = node("m", (6, 5))
+    assert sharding._attention((2, 4, 6, 8), [q, k, v, BUF, short], 2) == [
+        Strategy("S0", ("S0", "S0", "S0", None, "R")),
+        Strategy("S1", ("S1", "S1", "S1", None, "R")),
+    ]
+
+
+def test_a_graph_naming_no_shardable_module_keeps_its_ties_whole():
+    g, _ = tied_graph()
+    del g.graph["tp_modules"]
+    assert sharding.vocab_parallel_tied(g, 2) == frozenset()
+
+
+def test_a_batched_product_splits_only_its_batch_dims_alike():
+    """bmm [2, 4, 4] @ [2, 4, 6]: a's rows (4) equal b's inner dim (4), yet only the batch
+    dim splits both; a shapeless side offers nothing."""
+    a, b = node("a", (2, 4, 4)), node("b", (2, 4, 6))
+    assert sharding._product((2, 4, 6), [a, b], 2) == [
+        Strategy("S0", ("S0", "S0")),
+        Strategy("S1", ("S1", "R")),
+        Strategy("S2", ("R", "S2")),
+        Strategy("P", ("S2", "S1")),
+    ]
+    shapeless = Operand("node", "b", None, True)
+    assert sharding._product((2, 4, 6), [a, shapeless], 2) == []
+    assert sharding._product((2, 4, 6), [shapeless, b], 2) == []
+
+
+def test_a_product_broadcasts_a_short_side_and_splits_its_last_dim_where_t_divides():
+    """b [2, 10] against a [2, 4, 6, 2]: b has no batch dims (its first size, 2, is no
+    batch); [.., 3, 4, 8] @ [.., 3, 8, 4]: the heads (3) do not split, the columns (4) do."""
+    n = node
+    assert sharding._product((2, 4, 6, 10), [n("a", (2, 4, 6, 2)), n("b", (2, 10))], 2) == [
+        Strategy("S0", ("S0", "R")),
+        Strategy("S1", ("S1", "R")),
+        Strategy("S2", ("S2", "R")),
+        Strategy("S3", ("R", "S1")),
+        Strategy("P", ("S3", "S0")),
+    ]
+    assert sharding._product((2, 3, 4, 4), [n("a", (2, 3, 4, 8)), n("b", (2, 3, 8, 4))], 2) == [
+        Strategy("S0", ("S0", "S0")),
+        Strategy("S2", ("S2", "R")),
+        Strategy("S3", ("R", "S3")),
+        Strategy("P", ("S3", "S2")),
+    ]
