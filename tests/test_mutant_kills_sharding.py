@@ -1621,3 +1621,7 @@ def test_a_product_broadcasts_a_short_side_and_splits_its_last_dim_where_t_divid
         Strategy("S3", ("R", "S3")),
         Strategy("P", ("S3", "S2")),
     ]
+
+
+def test_base_of_a_two_part_name_is_its_op():
+    assert sharding._base("operator.getitem") == "getitem"
