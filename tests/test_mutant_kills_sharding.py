@@ -1344,3 +1344,284 @@ def test_dear_collectives_keep_the_block_whole():
     base = evaluate(prob, (0,) * 4, 100.0)
     ((choice, value),) = sharding_milp(prob, 100.0, (1e-4,), base.time_s, base.memory)
     assert choice == (0, 0, 0, 0) and value == pytest.approx(1 + 1e-4, rel=1e-9)
+
+
+# --------------------------------------------------------------------------- helper 54e
+
+
+def _op(name, op, shape, operands, saved=(), flops=0, nbytes=0, grad=True):
+    return sharding.Op(name, op, "", tuple(shape), tuple(operands), (), 0, flops, 0, nbytes,
+                       grad, tuple(saved))  # fmt: skip
+
+
+def test_an_ops_own_saved_copy_is_sharded_when_its_output_is():
+    """A copy made inside the op (saved with no producer) follows the op's output: an expand
+    handing a replicated input on split (``_broadcast``) splits no operand, yet its copy is
+    per device; a layout that splits nothing keeps it whole."""
+    op = _op("e", "aten.expand.default", (4, 6), [node("x", (1, 6))], saved=[(None, 96)])
+    assert sharding._saved_state_sharded(op, Strategy("S0", ("R",)), "self", None) is True
+    assert sharding._saved_state_sharded(op, Strategy("R", ("S0",)), "self", None) is True
+    assert sharding._saved_state_sharded(op, Strategy("P", ("P",)), "self", None) is False
+    assert sharding._saved_state_sharded(op, Strategy("R", ("R",)), "slot", 0) is False
+    assert sharding._saved_state_sharded(op, Strategy("S0", ("S1",)), "slot", 0) is True
+
+
+def square_graph():
+    """a [4, 4] -> h = gelu(a) -> y = h @ h (one producer read twice) -> z = a @ y -> w = a @ z
+    -> w + a: a split product reads its other side whole, leaving that side's gradient
+    partial: h's in either slot of y (its reduction takes the weak row), y's in z's second
+    slot, and a's, a block input sorted before the internal producers."""
+    g = nx.DiGraph()
+    _node(g, "a", "input", [], [4, 4])
+    mm = dict(ff=256, bf=512, fb=192, bb=256)
+    _node(g, "h", "aten.gelu.default", [{"node": "a"}], [4, 4], ff=40, bf=80, fb=128, bb=192,
+          saved=[("a", 64)])  # fmt: skip
+    _node(g, "y", "aten.matmul.default", [{"node": "h"}, {"node": "h"}], [4, 4],
+          saved=[("h", 64)], **mm)  # fmt: skip
+    _node(g, "z", "aten.matmul.default", [{"node": "a"}, {"node": "y"}], [4, 4],
+          saved=[("y", 64), ("a", 64)], **mm)  # fmt: skip
+    _node(g, "w", "aten.matmul.default", [{"node": "a"}, {"node": "z"}], [4, 4],
+          saved=[("z", 64)], **mm)  # fmt: skip
+    _node(g, "out", "aten.add.Tensor", [{"node": "w"}, {"node": "a"}], [4, 4], fb=192, bb=128)
+    g.graph.update(param_shapes={}, param_owner={}, tp_modules=[], outputs=["out"])
+    return g, _block(["h", "y", "z", "w", "out"], [], input_bytes=64, modules=("sq",))
+
+
+def test_a_producer_read_twice_sums_its_partial_gradient_once(monkeypatch):
+    """Every feasible layout of the square graph (every reshard allowed: the runtime's rules
+    keep it whole) solved pinned to evaluate's objective, the infeasible ones a single op away
+    refused, and the free optimum the brute-force minimum at each lambda."""
+    monkeypatch.setattr(sharding, "RUNTIME_REALIZABLE", False)
+    g, b = square_graph()
+    prob = build_problem(g, b, 2, 1.0, 1.0)
+    assert [(s.out, s.req) for s in prob.ops[1].strategies] == [
+        ("R", ("R", "R")), ("S0", ("S0", "R")), ("S1", ("R", "S1")), ("P", ("S1", "S0")),
+    ]  # fmt: skip
+    base = evaluate(prob, (0,) * 5, SPB)
+    feasible = [c for c in every_choice(prob) if evaluate(prob, c, SPB).feasible]
+    assert len(feasible) == 12
+    gathers = [("all_gather", 64)] * 2
+    assert evaluate(prob, (0, 1, 3, 0, 0), SPB).comm_bwd == [*gathers, ("all_reduce", 64)]
+    assert evaluate(prob, (0, 0, 1, 3, 0), SPB).comm_bwd == [*gathers, ("all_reduce", 64)]
+    for choice in feasible:
+        ev = evaluate(prob, choice, SPB)
+        solved = sharding_milp(pinned(prob, choice), SPB, (0.3,), base.time_s, base.memory)
+        assert solved == [((0,) * 5, pytest.approx(objective(ev, base, 0.3), rel=1e-7))], choice
+    for choice in neighbours(prob, feasible):
+        assert sharding_milp(pinned(prob, choice), SPB, (0.3,), base.time_s, base.memory) == []
+    solved = sharding_milp(prob, SPB, time_scale=base.time_s, memory_scale=base.memory)
+    assert len(solved) == len(LAMBDAS)
+    for lam, (choice, value) in zip(LAMBDAS, solved):
+        best = min(objective(evaluate(prob, c, SPB), base, lam) for c in feasible)
+        assert value == pytest.approx(best, rel=1e-7)
+        assert objective(evaluate(prob, choice, SPB), base, lam) == pytest.approx(best, rel=1e-7)
+
+
+def test_share_reads_a_lookups_table_and_output_and_the_ops_flops():
+    """``_share`` of a problem's op is ``op_share`` of its kind, its first operand's shape when
+    that is a parameter (the table of a lookup), its output bytes and whether it computes:
+    a vocabulary-parallel lookup of a 10 x 4 fp32 table (160 B) with a 96-byte output at
+    t = 2 moves 2 x 96 B whole and half the table's gradient."""
+    table, idx = param("wte", (10, 4)), node("idx", (2, 3), grad=False)
+    emb = _op("emb", "aten.embedding.default", (2, 3, 4), [table, idx], nbytes=96)
+    assert sharding._share(emb, Strategy("P", ("S0", "R")), 2) == pytest.approx(
+        (2 * 96 + 160 / 2) / (2 * 96 + 160)
+    )
+    assert sharding._share(emb, Strategy("R", ("R", "R")), 2) == 1.0
+    # no output bytes given: only the table's gradient moves
+    assert sharding.op_share("embedding", "P", False, 2, (10, 4)) == 0.5
+    # a partial sum is half the work of a product of one FLOP or more, the whole of none
+    mm = [node("a", (4, 4)), node("b", (4, 4))]
+    assert (
+        sharding._share(
+            _op("p", "aten.mm.default", (4, 4), mm, flops=1), Strategy("P", ("S1", "S0")), 2
+        )
+        == 0.5
+    )
+    assert (
+        sharding._share(
+            _op("p", "aten.mm.default", (4, 4), mm, flops=0), Strategy("P", ("S1", "S0")), 2
+        )
+        == 1.0
+    )
+    # an activation first: no table read, even for a lookup-like name
+    act = _op("e", "aten.embedding.default", (2, 3, 4), [node("t", (10, 4)), idx], nbytes=96)
+    assert sharding._share(act, Strategy("P", ("S0", "R")), 2) == 1.0
+
+
+def test_a_saved_operand_read_through_a_view_is_its_slot():
+    """y reads v = view(h) and saves h (the trace names a view's root): the saved tensor is
+    y's operand 0 as y sees it (its slot), not h's own output state."""
+    g = nx.DiGraph()
+    _node(g, "x", "input", [], [4, 6])
+    _node(g, "h", "aten.gelu.default", [{"node": "x"}], [4, 6], ff=24, saved=[("x", 96)])
+    _node(g, "v", "aten.view.default", [{"node": "h"}, [24]], [24])
+    _node(g, "y", "aten.mul.Tensor", [{"node": "v"}, 2.0, {}], [24], ff=24, saved=[("h", 96)])
+    g.graph.update(param_shapes={}, param_owner={}, tp_modules=[], outputs=["y"])
+    prob = build_problem(g, _block(["h", "v", "y"], [], input_bytes=96), 2, 1.0, 1.0)
+    assert prob.roots == {"h": "h", "v": "h", "y": "y"}
+    assert sharding._saved_entries(prob, prob.ops[2]) == [("slot", 0, 96, True)]
+
+
+def test_highs_refusing_to_run_is_an_error_not_an_empty_answer(monkeypatch):
+    """A HiGHS whose run reports kError (its thread scheduler refused) raises, naming why;
+    an infeasible ILP is the empty list instead."""
+    import highspy
+
+    real = sharding.quiet_highs
+
+    class Refusing:
+        def __init__(self, h):
+            self._h = h
+
+        def __getattr__(self, name):
+            return getattr(self._h, name)
+
+        def run(self):
+            return highspy.HighsStatus.kError
+
+    monkeypatch.setattr(sharding, "quiet_highs", lambda **kw: Refusing(real(**kw)))
+    msg = r"^HiGHS refused the sharding ILP \(its thread scheduler\)$"
+    with pytest.raises(RuntimeError, match=msg):
+        sharding_milp(mlp_problem(), SPB, (0.3,))
+
+
+def test_a_block_sharded_mm_has_no_bias_slot():
+    """``mm(x, W)`` has two operands: its block-sharded column split names two states (the
+    bias slot is addmm's alone)."""
+    x, w = node("x", (4, 8)), param("w", (8, 6))
+    assert strategies("aten.mm.default", (4, 6), [x, w], factors={3}) == [
+        ("R", ("R", "R"), ""),
+        ("S1", ("R", "S1"), "colwise_in_out"),
+        ("S1/3", ("R", "S1/3"), "colwise_dtensor_in_out:3"),
+        ("P", ("S1", "S0"), "rowwise_in_out"),
+        ("S0", ("S0", "R"), ""),
+    ]
+
+
+def test_only_an_expand_splitting_a_replicated_input_needs_dtensors():
+    """``_splits_replicated``: an expand whose output is split while it reads its input whole
+    (``_broadcast``); not one reading a split input, not a whole or partial output, not
+    another op reading a replicated input into a split output."""
+    exp = _op("e", "aten.expand.default", (4, 6), [node("x", (1, 6))])
+    add = _op("a", "aten.add.Tensor", (4, 6), [node("x", (4, 6)), node("b", (1, 6))])
+    prob = sharding.BlockProblem(
+        2, [exp, add], {"e": 0, "a": 1}, {}, ["a"], {}, {}, [], {}, frozenset(), 0
+    )
+    whole = Strategy("R", ("R", "R"))
+    assert sharding._splits_replicated(prob, [Strategy("S0", ("R",)), whole]) is True
+    assert sharding._splits_replicated(prob, [Strategy("S1/2", ("R",)), whole]) is True
+    assert sharding._splits_replicated(prob, [Strategy("S1", ("S1",)), whole]) is False
+    assert sharding._splits_replicated(prob, [Strategy("R", ("R",)), whole]) is False
+    assert sharding._splits_replicated(prob, [Strategy("P", ("P",)), whole]) is False
+    assert not sharding._splits_replicated(
+        prob, [Strategy("R", ("R",)), Strategy("S0", ("S0", "R"))]
+    )
+
+
+def test_in_out_weights_split_only_the_dims_t_divides():
+    """W [8, 6] stored [in, out]: t = 3 divides only its out dim (colwise), t = 4 only its in
+    dim (rowwise, on x's split last dim) and x's 4 rows."""
+    x, w = node("x", (4, 8)), param("w", (8, 6))
+    assert strategies("aten.mm.default", (4, 6), [x, w], t=3) == [
+        ("R", ("R", "R"), ""),
+        ("S1", ("R", "S1"), "colwise_in_out"),
+    ]
+    assert strategies("aten.mm.default", (4, 6), [x, w], t=4) == [
+        ("R", ("R", "R"), ""),
+        ("P", ("S1", "S0"), "rowwise_in_out"),
+        ("S0", ("S0", "R"), ""),
+    ]
+
+
+def test_no_weight_is_vocabulary_parallel_at_degree_one_and_shapeless_readers_are_skipped():
+    """A tied table no op reads keeps its place at t = 2 (nothing rules it out) but not at
+    t = 1, where nothing is split; a reader with no tensor output (an assertion on the
+    table) offers no strategies and rules nothing out."""
+    g, _ = tied_graph()
+    g.remove_nodes_from(["emb", "logits"])
+    assert sharding.vocab_parallel_tied(g, 1) == frozenset()
+    assert sharding.vocab_parallel_tied(g, 2) == frozenset({"wte.weight"})
+    g, _ = tied_graph()
+    _node(g, "check", "aten._assert_tensor_metadata.default", [{"param": "wte.weight"}], None)
+    assert sharding.vocab_parallel_tied(g, 2) == frozenset({"wte.weight"})
+
+
+def test_a_shapeless_node_before_the_readers_stops_nothing():
+    """The tie no style can split (head not shardable) stays whole even when a tensorless
+    node comes first in the graph: every reader is still consulted."""
+    g, _ = tied_graph(tp_modules=("wte",))
+    first = nx.DiGraph()
+    _node(first, "assert", "aten._assert_async.msg", [], None)
+    first.add_nodes_from(g.nodes(data=True))
+    first.add_edges_from(g.edges)
+    first.graph.update(g.graph)
+    assert sharding.vocab_parallel_tied(first, 2) == frozenset()
+
+
+def test_attention_with_a_shapeless_key_or_value_stays_whole():
+    q = node("q", (2, 4, 6, 8))
+    k, v = node("k", (2, 4, 5, 8)), node("v", (2, 4, 5, 8))
+    shapeless = Operand("param", "k", None, True)
+    assert sharding._attention((2, 4, 6, 8), [q, shapeless, v], 2) == []
+    assert sharding._attention((2, 4, 6, 8), [q, k, shapeless], 2) == []
+    assert sharding._attention((2, 4, 6, 8), [shapeless, k, v], 2) == []
+
+
+def test_a_shapeless_mask_is_handed_on_as_is():
+    q, k, v = node("q", (2, 4, 6, 8)), node("k", (2, 4, 5, 8)), node("v", (2, 4, 5, 8))
+    mask = Operand("param", "m", None, True)
+    assert sharding._attention((2, 4, 6, 8), [q, k, v, mask], 2) == [
+        Strategy("S0", ("S0", "S0", "S0", None)),
+        Strategy("S1", ("S1", "S1", "S1", None)),
+    ]
+    # a buffer before the mask: both handed on, each in its place
+    short = node("m", (6, 5))
+    assert sharding._attention((2, 4, 6, 8), [q, k, v, BUF, short], 2) == [
+        Strategy("S0", ("S0", "S0", "S0", None, "R")),
+        Strategy("S1", ("S1", "S1", "S1", None, "R")),
+    ]
+
+
+def test_a_graph_naming_no_shardable_module_keeps_its_ties_whole():
+    g, _ = tied_graph()
+    del g.graph["tp_modules"]
+    assert sharding.vocab_parallel_tied(g, 2) == frozenset()
+
+
+def test_a_batched_product_splits_only_its_batch_dims_alike():
+    """bmm [2, 4, 4] @ [2, 4, 6]: a's rows (4) equal b's inner dim (4), yet only the batch
+    dim splits both; a shapeless side offers nothing."""
+    a, b = node("a", (2, 4, 4)), node("b", (2, 4, 6))
+    assert sharding._product((2, 4, 6), [a, b], 2) == [
+        Strategy("S0", ("S0", "S0")),
+        Strategy("S1", ("S1", "R")),
+        Strategy("S2", ("R", "S2")),
+        Strategy("P", ("S2", "S1")),
+    ]
+    shapeless = Operand("node", "b", None, True)
+    assert sharding._product((2, 4, 6), [a, shapeless], 2) == []
+    assert sharding._product((2, 4, 6), [shapeless, b], 2) == []
+
+
+def test_a_product_broadcasts_a_short_side_and_splits_its_last_dim_where_t_divides():
+    """b [2, 10] against a [2, 4, 6, 2]: b has no batch dims (its first size, 2, is no
+    batch); [.., 3, 4, 8] @ [.., 3, 8, 4]: the heads (3) do not split, the columns (4) do."""
+    n = node
+    assert sharding._product((2, 4, 6, 10), [n("a", (2, 4, 6, 2)), n("b", (2, 10))], 2) == [
+        Strategy("S0", ("S0", "R")),
+        Strategy("S1", ("S1", "R")),
+        Strategy("S2", ("S2", "R")),
+        Strategy("S3", ("R", "S1")),
+        Strategy("P", ("S3", "S0")),
+    ]
+    assert sharding._product((2, 3, 4, 4), [n("a", (2, 3, 4, 8)), n("b", (2, 3, 8, 4))], 2) == [
+        Strategy("S0", ("S0", "S0")),
+        Strategy("S2", ("S2", "R")),
+        Strategy("S3", ("R", "S3")),
+        Strategy("P", ("S3", "S2")),
+    ]
+
+
+def test_base_of_a_two_part_name_is_its_op():
+    assert sharding._base("operator.getitem") == "getitem"
