@@ -209,6 +209,14 @@ def test_wide_kinds_hold_the_widest_pipeline():
     assert [k.cluster.nodes for k in wide] == [6, 3]
     assert wide[0].cluster.profile is CPU
     assert [k.cluster.nodes for k in wide_kinds(kinds, [])] == [2, 1]
+    # dp 4: 2 stages of 4 replicas at TP 2 span 16 ranks; 6 ranks are 2 nodes of 4, 1 of 8
+    wide = wide_kinds(kinds, [(Candidate(2, 4, 2, 1, "gpipe", 1, 0), 2, 1)])
+    assert [k.cluster.nodes for k in wide] == [4, 2]
+    wide = wide_kinds(kinds, [(Candidate(3, 2, 1, 1, "gpipe", 1, 0), 1, 1)])
+    assert [k.cluster.nodes for k in wide] == [2, 1]
+    assert all(type(k.cluster.nodes) is int for k in wide)
+    wide = wide_kinds([kind("f", 4, 4)], [(Candidate(3, 2, 1, 1, "gpipe", 1, 0), 1, 1)])
+    assert wide[0].cluster.nodes == 2 and type(wide[0].cluster.nodes) is int
 
 
 def test_tied_segments_name_owner_and_reader_segments():
@@ -263,6 +271,9 @@ def test_box_feasible_against_every_placement():
                 assert got == box_brute(widths, lo, hi, pp), (pp, lo, hi)
                 seen.add(got)
         assert seen == {True, False}
+    masks = [unit_counts(variants, k, cap, 2) for k, cap in enumerate(caps)]
+    with pytest.raises(ValueError):  # a box of another number of kinds than the masks
+        box_feasible(masks, (0, 0), (8, 3), 2)
 
 
 def test_split_box_halves_by_hand():
@@ -289,6 +300,8 @@ def test_floors_step_and_priced_by_hand():
     assert fl.step([20, 40]) == pytest.approx(7.5, rel=1e-12)
     assert replace(fl, split=12.0).step([4, 8]) == 12.0
     assert fl.step([0, 0]) == math.inf
+    # a weight below 1 still bounds: 0.5 1 -> fluid 30 / 0.5 + 3 = 63
+    assert fl.step([1, 0]) == pytest.approx(63.0, rel=1e-12)
     # priced: 2 ((8 - 2) 7 + 3 2 0.5) = 90
     assert fl.priced() == pytest.approx(90.0, rel=1e-12)
     with pytest.raises(ValueError):
@@ -387,6 +400,7 @@ def test_mixed_candidate_cells():
     assert MixedCandidate(c, 0.0, tp_low=4).several is False
     assert MixedCandidate(c, 0.0, tp_low=4, dp_top=2).several is True
     assert MixedCandidate(c, 0.0, tp_low=1).label().startswith("pp3 dp2 tp1..4,")
+    assert MixedCandidate(c, 0.0, dp_top=2).label().startswith("pp3 dp2..4 tp4,")
 
 
 def sol(status: str) -> MixedSolution:
@@ -679,6 +693,34 @@ def test_variant_parts_and_mixed_problem(pruned, mlp):
     assert mp.base_time.tolist() == [p.base_time for p in parts]
     assert mp.tied == tied_segments(ins[0])
     assert mixed_problem(ins, c, vs, mlp.kinds, {}).needs == []
+    assert (
+        mp.hop.tolist()
+        == hop_times(ins, [p.config for p in parts], mp.variants, {(0, 1): LINK}).tolist()
+    )
+
+
+def test_mixed_problem_prices_each_variant_at_its_degrees(mlp):
+    """Variants at TP 2 and at DP multiple 2: each priced at its own degree and multiple;
+    the constant step the largest tied sync, the ties the first input's."""
+    c = Candidate(2, 1, 2, 1, "gpipe", 1, 0)
+    vs = [(0, 2, 1), (1, 1, 2), (0, 1, 1)]
+    ins = [run_inputs(mlp, k, t, 1) for k, t, _ in vs]
+    mp = mixed_problem(ins, c, vs, mlp.kinds, {(0, 1): LINK}, [1, 2], dp_needs=[2, 1, 2])
+    parts = [variant_parts(i, c, t, r) for i, (_, t, r) in zip(ins, vs)]
+    assert [p.config.mesh.tp for p in parts] == [2, 1, 1]
+    assert [p.config.mesh.dp for p in parts] == [1, 2, 1]
+    assert [sp.m for sp in mp.per_variant] == [4, 2, 4]
+    assert mp.base_time.tolist() == [p.base_time for p in parts]
+    assert mp.dp_needs == [1, 2] and mp.needs == [1, 2]
+    assert mp.units == [2, 1]  # the fast kind's 2 GPUs; the slow one's 1 (its multiple 2 needs 2)
+    # given parts and hops are taken as they are
+    tied = [replace(p, tied_sync=x) for p, x in zip(parts, (0.3, 0.7, 0.1))]
+    blocks = mlp.traced.blocks
+    untied = SimpleNamespace(blocks=blocks, tied=[])
+    fake = [SimpleNamespace(blocks=blocks, tied=[SimpleNamespace(owner=0, user=3)]), untied, untied]
+    hop = np.full((1, 3, 3), 0.25)
+    given = mixed_problem(fake, c, vs, mlp.kinds, {}, parts=tied, hop=hop)
+    assert given.const_step == 0.7 and given.tied == [(0, 2)] and given.hop is hop
 
 
 def test_hops_by_hand(pruned):
