@@ -322,6 +322,8 @@ def test_floors_of_by_hand():
     # rho t F: [2, 1], [3, 1.5], [2, 10]: 2 + 3 1
     assert fl.priced_rank_s == pytest.approx(5.0)
     assert fl.least_rho_t == pytest.approx(0.5)  # 0.5 1 1, 0.5 2 1, 2 1 2
+    # the least at multiple 2: 1 1 1, 1 2 1, 0.2 1 2
+    assert floors_of(fastest, [1, 3], variants, 2, cand, 8, (1.0, 0.2)).least_rho_t == 0.4
     assert (fl.m, fl.pp, fl.dp, fl.top, fl.split) == (8, 3, 2, 2, None)
     bare = floors_of(fastest, [1, 3], variants, 2, cand, 8, ())
     assert bare.priced_rank_s == 0.0 and bare.least_rho_t == 0.0 and bare.speed == (0.1, 1 / 16)
@@ -604,7 +606,16 @@ def test_a_flat_rate_is_the_step_times_it(boxes, mlp):
 
 
 def per_gpu_rate(limit=math.inf):
-    return RunRate(lambda g: 3.0 * g[0] + 1.0 * g[1], lambda g: limit, (3.0, 1.0))
+    """3 and 1 thousandths a GPU-second (rates below 1: a bound that took 1 for no GPUs
+    would exceed every placement's); ``limit``: the longest step, whatever the GPUs."""
+    return RunRate(lambda g: 0.003 * g[0] + 0.001 * g[1], lambda g: limit, (0.003, 0.001))
+
+
+def budget_rate(budget: float) -> RunRate:
+    """A budget: the longest step is the budget over the placement's rate, shorter with
+    more GPUs."""
+    rate = per_gpu_rate()
+    return replace(rate, max_step_s=lambda g: budget / rate.per_step_s(g))
 
 
 @pytest.fixture(scope="module")
@@ -653,15 +664,16 @@ def test_a_rate_per_gpu_is_the_boxes_optimum(boxes, mlp):
 
 
 def test_a_deadline_is_the_boxes_optimum_within_it(boxes, mlp):
-    """Deadlines below every box's step, between the boxes' steps, and above them."""
+    """A deadline below every box's step; a budget between the boxes' objectives, whose
+    longest step shrinks with the GPUs."""
     steps = sorted({step for _, step in boxes})
     res = run(mlp, rate=per_gpu_rate(steps[0] * 0.99), stage_degrees=True)
     assert res.best is None
-    for limit in (steps[len(steps) // 2],):
-        rate = per_gpu_rate(limit)
-        got = run(mlp, rate=rate, stage_degrees=True).best
-        assert got.value == pytest.approx(by_rate(boxes, rate), rel=1e-6)
-        assert got.solution.objective <= limit * (1 + 1e-9)
+    costs = sorted(per_gpu_rate().per_step_s(g) * step for g, step in boxes)
+    rate = budget_rate(costs[len(costs) // 2])
+    got = run(mlp, rate=rate, stage_degrees=True).best
+    assert got.value == pytest.approx(by_rate(boxes, rate), rel=1e-6)
+    assert got.value <= costs[len(costs) // 2] * (1 + 1e-9)
 
 
 # ---------------------------------------------------------------- variant parts and hops
