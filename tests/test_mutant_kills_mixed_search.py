@@ -605,6 +605,24 @@ def test_a_flat_rate_is_the_step_times_it(boxes, mlp):
     assert run(mlp, want, rate=flat, stage_degrees=True).best is None
 
 
+def test_a_rate_keeps_to_pipelines_of_two_kinds(mlp, tmp_path):
+    """With a slow kind at a twentieth of the fast one's peak, the fastest pipeline keeps to
+    the two fast ranks; priced by a rate, the search is over pipelines of both kinds, and a
+    box that holds units of one kind for sure is split again, never solved."""
+    slow = cpu_profile(tmp_path, "cpu-slow", peak_flops_fp32="5.0e9")
+    kinds = [mlp.kinds[0], Kind("slow", Cluster(load_profile(slow), 1, 8), 1)]
+    pool = SimpleNamespace(
+        traced=mlp.traced,
+        kinds=kinds,
+        variants=[mlp.variants[0], variants_for(mlp.traced.graph, kinds[1].cluster, "auto")],
+    )
+    assert set(run(pool, stage_degrees=True).best.solution.kinds) == {0}
+    flat = RunRate(lambda g: 2.0, lambda g: math.inf)
+    best = run(pool, rate=flat, stage_degrees=True).best
+    assert set(best.solution.kinds) == {0, 1}
+    assert all(a > 0 for a in best.units_low)
+
+
 def per_gpu_rate(limit=math.inf):
     """3 and 1 thousandths a GPU-second (rates below 1: a bound that took 1 for no GPUs
     would exceed every placement's); ``limit``: the longest step, whatever the GPUs."""
