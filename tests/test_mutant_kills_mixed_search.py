@@ -26,8 +26,11 @@ from test_mutant_kills_mixed_milp import rich_problem
 from planner.api import trace, variants_for
 from planner.cost.data_parallel import tied_sync_time
 from planner.cost.pipeline import hop_time, stage_time_parts
+from planner.cost.records import Config
 from planner.hardware.cluster import Cluster
+from planner.hardware.collectives import p2p_time
 from planner.hardware.profiles import load_profile
+from planner.schema.mesh import Mesh
 from planner.search.candidates import Candidate, Pins
 from planner.search.mixed import search as ms
 from planner.search.mixed.cost import step_time
@@ -786,6 +789,25 @@ def test_hops_by_hand(pruned):
     assert bare[0, 0, 0] == hop[0, 0, 0]
     assert hop_times(ins[:1], [replace(configs[0], mesh=replace(configs[0].mesh, pp=1))],
                      variants[:1], {}).shape == (0, 1, 1)  # fmt: skip
+
+
+def test_hops_read_each_stages_first_rank_on_nodes_of_three():
+    """Three stages of two ranks on nodes of 3 (ranks 0 1 | 2 3 | 4 5): the hop from stage 0
+    stays in node 0 (ranks 0, 2), the hop from stage 1 crosses (2, 4); a traced batch of 2
+    halves the bytes of a micro-batch of 4; sent as shards, a TP 2 hop sends half."""
+    cluster = Cluster(CPU, 2, 3)
+    training = replace(Training(4, "fp32", "sgd"), pipeline_sends_shards=True)
+    inp = SimpleNamespace(boundary_bytes=3e6, traced_mbs=2, cluster=cluster, training=training)
+    variants = [(0, 1, 2), (0, 2, 1)]
+    configs = [Config(mesh, 4, "gpipe", 1, 0, [], []) for mesh in (Mesh(3, 2, 1), Mesh(3, 1, 2))]
+    hop = hop_times([inp, inp], configs, variants, {})
+    inside, across = cluster.link([0, 2]), cluster.link([2, 4])
+    assert inside != across
+    nbytes = 3e6 * 4 / 2
+    for j, link in enumerate((inside, across)):
+        assert hop[j, 0, 0] == pytest.approx(2 * p2p_time(nbytes, *link), rel=1e-12)
+        assert hop[j, 1, 1] == pytest.approx(2 * p2p_time(nbytes / 2, *link), rel=1e-12)
+        assert hop[j, 0, 1] == pytest.approx(hop_time(nbytes, 1, 2, *link, True), rel=1e-12)
 
 
 def test_exact_objective_marks_a_milp_that_strays(pruned):
