@@ -318,6 +318,9 @@ MODULES: dict[str, list[str]] = {
     # the MILP against a brute force over every placement of tiny problems whose every term
     # is live (test_mixed_milp's larger matrix takes two minutes)
     "planner/search/mixed/milp.py": ["tests/test_mutant_kills_mixed_milp.py"],
+    # the helpers by hand or brute force, the search on the small MLP over two CPU kinds against
+    # every cell solved and every box of units (test_mixed_stage_tp/_dp plan GPT: tens of s)
+    "planner/search/mixed/search.py": ["tests/test_mutant_kills_mixed_search.py"],
     # one process: small modules whose ties are drawn in the test; tied_grads' all-gather,
     # new_group and all_reduce answered by a stand-in for a mesh of four ranks written out
     "runtime/tied.py": ["tests/test_mutant_kills_tied.py"],
