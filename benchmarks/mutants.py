@@ -1508,7 +1508,7 @@ MUTANTS: list[Mutant] = [
     M(
         "mixed-dp-tied-tp-only",
         "planner/search/mixed/milp.py",
-        "    codes = np.array([t + 16 * r for _, t, r in variants], dtype=float)\n",
+        "    codes = np.array([t + base * r for _, t, r in variants], dtype=float)\n",
         "    codes = np.array([t for _, t, r in variants], dtype=float)\n",
         "tests/test_mixed_milp.py",
         "a tied embedding and head on stages of different DP degrees, which the runtime refuses",
@@ -1793,6 +1793,40 @@ MUTANTS: list[Mutant] = [
         "        start = load_checkpoint(built, found[1]) - 1\n",
         "tests/test_resume_step.py",
         "a resumed run starts at the checkpoint's step instead of the one after: trained twice",
+    ),
+    M(
+        "mixed-tie-code-base-16",
+        "planner/search/mixed/milp.py",
+        "    base = max(16, 1 + max(t for _, t, _ in variants))\n",
+        "    base = 16\n",
+        "tests/test_mutant_kills_mixed_milp.py::test_a_tie_tells_tp_32_from_tp_16_at_twice_the_dp",
+        "TP 32 at DP 1 and TP 16 at DP 2 share a tie code: tied stages of two layouts",
+    ),
+    M(
+        "trace-root-code-no-block",
+        "planner/trace/blocks.py",
+        '        result.update(dict.fromkeys(pending, ""))',
+        "        pass",
+        "tests/test_mutant_kills_blocks.py",
+        "a root that runs its children's weights itself gets no block: no layout found",
+    ),
+    M(
+        "stages-inplace-user-seen-once",
+        "runtime/stages.py",
+        "            if (n, user) in seen:\n                continue\n            seen.add((n, user))\n",
+        "            if user in seen:\n                continue\n            seen.add(user)\n",
+        "tests/test_mutant_kills_stages.py::"
+        "test_an_input_modified_in_place_directly_through_a_view_or_by_a_submodule",
+        "a write through a view of the received tensor, met again, is skipped: no copy",
+    ),
+    M(
+        "command-exit-kills-threads",
+        "meshplan/cli.py",
+        "    threading._shutdown()",
+        "    pass",
+        "tests/test_command_imports.py::"
+        "test_the_process_entry_ends_as_the_interpreter_would_without_its_teardown",
+        "plan's exit ends threads that are no daemons before they finish",
     ),
 ]
 
