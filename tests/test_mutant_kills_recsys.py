@@ -443,6 +443,54 @@ def test_a_changed_model_or_a_gpu_plan_on_the_cpu_is_refused(recplan, monkeypatc
         recsys.run_recplan(recplan, _opts(device="cpu"))
 
 
+def _launched(run: _Torchrun, flag: str) -> str:
+    """The value torchrun's command line gave ``flag`` (the one launch recorded)."""
+    ((cmd, _, _),) = run.calls
+    return cmd[cmd.index(flag) + 1]
+
+
+def test_the_device_asked_for_is_used_and_a_visible_gpu_otherwise(recplan, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU stood in as visible
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    for opts, device in (({"device": "cpu"}, "cpu"), ({}, "cuda"), ({"device": None}, "cuda")):
+        run = _Torchrun(0)
+        monkeypatch.setattr(subprocess, "run", run)
+        assert recsys.run_recplan(recplan, _opts(**opts)) == 0
+        assert _launched(run, "--device") == device
+
+
+def test_a_gpu_run_needs_as_many_gpus_as_the_plan_has_ranks(recplan, monkeypatch):
+    """The one-rank plan on a node of one GPU starts; on a node of none it is refused."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    run = _Torchrun(0)
+    monkeypatch.setattr(subprocess, "run", run)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert recsys.run_recplan(recplan, _opts(device="cuda")) == 0
+    assert _launched(run, "--device") == "cuda"
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    with pytest.raises(UserInputError) as err:
+        recsys.run_recplan(recplan, _opts(device="cuda"))
+    assert str(err.value) == "the plan needs 1 GPUs, this node has 0"
+    assert len(run.calls) == 1
+
+
+def test_the_run_directory_asked_for_is_handed_to_the_workers(recplan, monkeypatch, capsys):
+    run = _Torchrun(0)
+    monkeypatch.setattr(subprocess, "run", run)
+    where = recplan.parent / "elsewhere"
+    assert recsys.run_recplan(recplan, _opts(device="cpu", run_dir=where)) == 0
+    assert _launched(run, "--run-dirs") == str(where.resolve())
+    assert capsys.readouterr().out == f"metrics: {where / 'metrics.jsonl'}\n"
+
+
+def test_a_node_count_left_unset_is_one_node(recplan, monkeypatch):
+    """``--nnodes`` unset (None, as launch's options may carry it) is one node, not refused."""
+    run = _Torchrun(0)
+    monkeypatch.setattr(subprocess, "run", run)
+    assert recsys.run_recplan(recplan, _opts(device="cpu", nnodes=None)) == 0
+    assert len(run.calls) == 1
+
+
 class _Worker:
     """torch.distributed's group calls and ``train`` as ``main`` makes them, recorded (the
     module's one-rank group stays up: ``main`` neither makes nor ends it here)."""

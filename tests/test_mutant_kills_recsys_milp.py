@@ -348,6 +348,23 @@ def test_solve_is_the_brute_force_optimum(seed, binds):
     assert milp._solve_model(c, True, 1_000_000, 1e-9)[1] <= want * (1 + 1e-6)
 
 
+def test_the_joint_milp_may_give_the_node_tables_node_a_rank_busier_than_the_other_nodes():
+    """Four ranks in nodes of two, 10 GiB each. A node table (0.1 s, 8 GiB on each rank of its
+    node) leaves its node room only for c (5 s, 1 GiB); a and b (1 s, 9 GiB) each need a rank
+    of the other node. c is best beside the node table (5.1 s) rather than beside a or b (6 s),
+    so that node holds the busiest rank and an idle one, the other node two of 1 s: the ranks'
+    own times are in no single order across nodes, only within each (the symmetry rows)."""
+    opts = {"n": [opt("n", 0.1, placement="node", dev=8 * GB)],
+            "a": [opt("a", 1.0, dev=9 * GB)], "b": [opt("b", 1.0, dev=9 * GB)],
+            "c": [opt("c", 5.0, dev=1 * GB)]}  # fmt: skip
+    c = costed(opts, ranks=4, per_node=2, cap=10 * GB)
+    want = brute_force(c)
+    assert want == pytest.approx(2.5 * MS + 5.1)
+    choice, _, _, ranks, *_ = milp._solve_model(c, False, 1_000_000, 1e-9)
+    assert milp.step_time(c, choice, ranks) == pytest.approx(want, rel=1e-9)
+    assert ranks["c"][0] in ranks["n"]
+
+
 def test_the_dense_strategy_is_chosen_inside_the_milp():
     """DDP: 2.5 ms of dense work and 4 GiB left per rank; ZeRO-3: 3.5 ms and 8 GiB. Two
     4 GiB 1 ms tables fit both; three only ZeRO-3's (two on one rank)."""
