@@ -18,6 +18,7 @@ runtime.worker`` themselves.
 
 from __future__ import annotations
 
+import importlib.util
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.forkserver
@@ -52,20 +53,32 @@ _context: multiprocessing.context.BaseContext | None = None
 
 def _forkserver() -> multiprocessing.context.BaseContext:
     """The session's forkserver context, started with one thread per process as torchrun
-    gives its ranks (OpenMP reads OMP_NUM_THREADS when torch loads, in the server)."""
+    gives its ranks (OpenMP reads OMP_NUM_THREADS when torch loads, in the server), and with
+    this process's import path. The server is a fresh ``python -c`` whose path would be its
+    working directory, PYTHONPATH and the editable install's finder (Python 3.11's forkserver
+    ignores the parent's ``sys.path`` it is handed), so a test whose tree is on ``sys.path``
+    only by conftest's insert (a mutated copy run from elsewhere) had ranks import
+    ``runtime`` from the install: the server gets this path, first, and no working
+    directory."""
     global _context
     if _context is None:
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(PRELOAD)
-        saved = os.environ.get("OMP_NUM_THREADS")
-        os.environ["OMP_NUM_THREADS"] = "1"
+        server_env = {
+            "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": os.pathsep.join(os.path.abspath(p) for p in sys.path),
+            "PYTHONSAFEPATH": "1",
+        }
+        saved = {k: os.environ.get(k) for k in server_env}
+        os.environ.update(server_env)
         try:
             multiprocessing.forkserver.ensure_running()
         finally:
-            if saved is None:
-                del os.environ["OMP_NUM_THREADS"]
-            else:
-                os.environ["OMP_NUM_THREADS"] = saved
+            for k, v in saved.items():
+                if v is None:
+                    del os.environ[k]
+                else:
+                    os.environ[k] = v
         _context = ctx
     return _context
 
@@ -135,7 +148,8 @@ def run(
             where = str(cwd or os.getcwd())
             procs.append(ctx.Process(
                 target=_rank_main,
-                args=(target, args, rank_env, where, str(outs[2 * rank]), str(outs[2 * rank + 1])),
+                args=(target, args, rank_env, where, str(outs[2 * rank]), str(outs[2 * rank + 1]),
+                      _package_files()),
                 name=f"rank{rank}",
             ))  # fmt: skip
         for p in procs:
@@ -208,9 +222,19 @@ def _end(procs: list, grace_s: float) -> None:
             p.join()
 
 
-def _rank_main(target: list[str], args: list[str], env: dict, cwd: str, out: str, err: str) -> None:
+def _package_files() -> dict[str, str]:
+    """Where this process imports the project's packages from (their ``__init__.py``)."""
+    specs = {name: importlib.util.find_spec(name) for name in ("runtime", "planner")}
+    return {name: spec.origin for name, spec in specs.items() if spec is not None}
+
+
+def _rank_main(
+    target: list[str], args: list[str], env: dict, cwd: str, out: str, err: str, files: dict
+) -> None:
     """One rank, in a process forked from the server: the command's environment and working
-    directory, stdout and stderr to files, then the code, module or script as ``__main__``."""
+    directory, stdout and stderr to files, then the code, module or script as ``__main__``.
+    It stops first if the server imported a project package from elsewhere than the test
+    process (``files``): a test of a mutated or edited tree would pass on another tree."""
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)
@@ -218,6 +242,10 @@ def _rank_main(target: list[str], args: list[str], env: dict, cwd: str, out: str
         f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(f, fd)
         os.close(f)
+    for name, file in files.items():
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.origin != file:
+            sys.exit(f"forked ranks: {name} is {spec and spec.origin} here, {file} in the test")
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     import torch
 
