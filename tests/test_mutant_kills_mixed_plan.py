@@ -15,6 +15,7 @@ import math
 from pathlib import Path
 from types import SimpleNamespace
 
+import highspy
 import pytest
 from runs import cpu_profile
 
@@ -38,6 +39,16 @@ ARGS = {"size": "small"}
 LINK = (4.4e9, 3.1e-4)
 PEAK = {"fast": 1.0e11, "slow": 5.0e10}  # fp32 FLOP/s: profiles/cpu.toml and its half
 CAPACITY = {"fast": 8 * 2**30, "slow": 4 * 2**30}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _own_highs_scheduler():
+    """mutmut forks a child per mutant from the process that ran the clean tests; HiGHS's task
+    scheduler's threads do not come with a fork, and the mixed MILP there would wait on them
+    forever (the eighth stop's run stopped at its first mutant so): HiGHS's scheduler starts
+    afresh before this file's first solve. Module-scoped and autouse, so it runs before the
+    module-scoped ``three`` solves."""
+    highspy.Highs.resetGlobalScheduler(False)
 
 
 @pytest.fixture(scope="module")
