@@ -46,8 +46,7 @@ def _own_highs_scheduler():
     """mutmut forks a child per mutant from the process that ran the clean tests; HiGHS's task
     scheduler's threads do not come with a fork, and the mixed MILP there would wait on them
     forever (the eighth stop's run stopped at its first mutant so): HiGHS's scheduler starts
-    afresh before this file's first solve. Module-scoped and autouse, so it runs before the
-    module-scoped ``three`` solves."""
+    afresh before this file's first solve."""
     highspy.Highs.resetGlobalScheduler(False)
 
 
@@ -66,9 +65,12 @@ def mixed(half: str, fast: int = 2, slow: int = 1, **kw) -> MixedPlanResult:
     return plan_mixed(MODEL, kinds, {("fast", "slow"): LINK}, **{**common, **kw})
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def three(half) -> MixedPlanResult:
-    """Two fast ranks and one slow one."""
+    """Two fast ranks and one slow one. Built anew for each test (a fraction of a second):
+    mutmut runs a mutant against the tests it saw call the mutated function, and a module
+    fixture would be seen in the first test that asked for it only (the record's mutants
+    survived every field test so)."""
     return mixed(half)
 
 
