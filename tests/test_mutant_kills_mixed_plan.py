@@ -29,6 +29,7 @@ from planner.resources.mixed_plan import (
 )
 from planner.schema import plan_from_dict
 from planner.schema.mesh import Mesh
+from planner.search import Pins
 from planner.search.mixed.cost import step_time
 from planner.search.mixed.search import RunRate
 from planner.training import Training
@@ -249,3 +250,42 @@ def test_kinds_alone_are_planned_when_not_given(half, tmp_path):
     assert res.single_plans["fast"].global_batch_size == 8
     note = next(n for n in res.notes if n.startswith("tiny alone: "))
     assert ";" not in note and "\n" not in note
+
+
+def test_a_wide_batch_holds_each_schedules_inflight_microbatches(half):
+    """256 samples: the search takes micro-batches of 64 over three stages (m = 4), where the
+    schedules' counts differ from one micro-batch's: GPipe holds all m on every stage, 1F1B
+    min(m, pp - j) (3, 2, 1)."""
+    plan = mixed(half, global_batch_size=256).plan
+    pp, m = plan.mesh.pp, plan.num_microbatches
+    assert pp == 3 and plan.mesh.dp == 1 and m == 256 // plan.micro_batch_size and m > 1
+    held = {"gpipe": [m] * pp, "1f1b": [min(m, pp - j) for j in range(pp)]}[plan.schedule]
+    assert [st.inflight_microbatches for st in plan.stages] == held
+    assert [st.num_microbatches for st in plan.stages] == [m] * pp
+
+
+def test_stages_of_their_own_dp_degree(half):
+    """Two stages over three ranks at a batch of 4096: the two fast ranks one stage's
+    replicas, the slow rank the other stage, so the mesh lists each stage's DP degree."""
+    res = mixed(half, global_batch_size=4096, pins=Pins(offload="none", pp=2))
+    plan, sol = res.plan, res.search.best.solution
+    assert list(sol.dps) == [2, 1] and list(sol.tps) == [1, 1]
+    assert plan.mesh == Mesh(2, 2, 1, stage_dp=(2, 1))
+    assert [st.kind for st in plan.stages] == ["fast", "slow"]
+    assert [st.ranks for st in plan.stages] == [[0, 1], [2]]
+    assert plan.rank_kinds == ["fast", "fast", "slow"]
+    assert [st.local_batch_size for st in plan.stages] == [2048, 4096]
+
+
+def test_tp_stages_carry_their_tp_comm(half):
+    """Two stages at TP 2 over two ranks of each kind: a stage's time per micro-batch is its
+    compute, its TP collectives and its hop, each of them now above zero but the last hop."""
+    res = mixed(half, fast=2, slow=2, pins=Pins(offload="none", pp=2, tp=2, tp_variant="sharded"))
+    plan, sol = res.plan, res.search.best.solution
+    assert list(sol.tps) == [2, 2] and list(sol.dps) == [1, 1]
+    assert plan.mesh == Mesh(2, 1, 2)
+    assert sorted(st.kind for st in plan.stages) == ["fast", "slow"]
+    for st in plan.stages:
+        assert st.tp_comm_s > 0
+        t = st.compute_s + st.tp_comm_s + st.p2p_s
+        assert st.time_per_microbatch_s == pytest.approx(t, rel=1e-9)
