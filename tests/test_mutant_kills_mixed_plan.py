@@ -275,6 +275,16 @@ def test_stages_of_their_own_dp_degree(half):
     assert [st.ranks for st in plan.stages] == [[0, 1], [2]]
     assert plan.rank_kinds == ["fast", "fast", "slow"]
     assert [st.local_batch_size for st in plan.stages] == [2048, 4096]
+    # each replica's own micro-batches: 2048 / 512 and 4096 / 512, held by its schedule
+    m = [st.num_microbatches for st in plan.stages]
+    assert plan.micro_batch_size == 512 and m == [4, 8]
+    held = {"gpipe": m, "1f1b": [min(m[j], 2 - j) for j in range(2)]}[plan.schedule]
+    assert [st.inflight_microbatches for st in plan.stages] == held
+    # two replicas sync their gradients, partly hidden; one replica syncs none; SGD steps both
+    wide, lone = plan.stages
+    assert wide.dp_comm_s > 0 and 0 < wide.dp_exposed_s <= wide.dp_comm_s
+    assert lone.dp_comm_s == lone.dp_exposed_s == 0.0
+    assert wide.optimizer_s > 0 and lone.optimizer_s > 0
 
 
 def test_tp_stages_carry_their_tp_comm(half):
