@@ -19,7 +19,9 @@ import highspy
 import pytest
 from runs import cpu_profile
 
-from planner.errors import UserInputError
+from planner.api import plan
+from planner.errors import InfeasibleError, UserInputError
+from planner.modelfile import load_model_file
 from planner.resources.mixed_plan import (
     KindSpec,
     MixedPlanResult,
@@ -250,6 +252,23 @@ def test_kinds_alone_are_planned_when_not_given(half, tmp_path):
     assert res.single_plans["fast"].global_batch_size == 8
     note = next(n for n in res.notes if n.startswith("tiny alone: "))
     assert ";" not in note and "\n" not in note
+    # the note is the first clause of planning the kind alone's own error
+    with pytest.raises(InfeasibleError) as exc:
+        plan(MODEL, 1, profile=tiny, model_args=ARGS, global_batch_size=8, dtype="fp32",
+             optimizer="sgd", lr=0.5, pins=Pins(offload="none"))  # fmt: skip
+    assert note == "tiny alone: " + str(exc.value).split(";")[0]
+
+
+def test_a_loaded_model_file_is_taken_as_it_is(half):
+    """A ModelFile already loaded plans as its path does (it is not loaded again)."""
+    loaded = mixed(half, fast=1, slow=1)
+    kinds = [KindSpec("fast", "cpu", 1), KindSpec("slow", half, 1)]
+    res = plan_mixed(
+        load_model_file(MODEL, ARGS), kinds, {("fast", "slow"): LINK}, global_batch_size=8,
+        dtype="fp32", optimizer="sgd", lr=0.5, single={"fast": 10.0, "slow": 10.0},
+        stage_degrees=True,
+    )  # fmt: skip
+    assert res.plan.to_dict() == loaded.plan.to_dict() | {"solver": res.plan.to_dict()["solver"]}
 
 
 def test_a_wide_batch_holds_each_schedules_inflight_microbatches(half):
@@ -295,6 +314,14 @@ def test_tp_stages_carry_their_tp_comm(half):
     assert list(sol.tps) == [2, 2] and list(sol.dps) == [1, 1]
     assert plan.mesh == Mesh(2, 1, 2)
     assert sorted(st.kind for st in plan.stages) == ["fast", "slow"]
+    # the slow kind's stage comes first here: the worst stage by peak over capacity, not the last
+    ratio = [
+        m.total / CAPACITY[st.kind]
+        for m, st in zip(plan.predicted.memory_per_stage, plan.stages, strict=True)
+    ]
+    worst = max(range(2), key=lambda j: (ratio[j], j))
+    assert plan.predicted.capacity_bytes == CAPACITY[plan.stages[worst].kind]
+    assert plan.predicted.peak_memory_bytes == plan.predicted.memory_per_stage[worst].total
     for st in plan.stages:
         assert st.tp_comm_s > 0
         t = st.compute_s + st.tp_comm_s + st.p2p_s
