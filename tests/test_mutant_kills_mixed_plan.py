@@ -15,10 +15,13 @@ import math
 from pathlib import Path
 from types import SimpleNamespace
 
+import highspy
 import pytest
 from runs import cpu_profile
 
-from planner.errors import UserInputError
+from planner.api import plan
+from planner.errors import InfeasibleError, UserInputError
+from planner.modelfile import load_model_file
 from planner.resources.mixed_plan import (
     KindSpec,
     MixedPlanResult,
@@ -28,6 +31,7 @@ from planner.resources.mixed_plan import (
 )
 from planner.schema import plan_from_dict
 from planner.schema.mesh import Mesh
+from planner.search import Pins
 from planner.search.mixed.cost import step_time
 from planner.search.mixed.search import RunRate
 from planner.training import Training
@@ -38,6 +42,15 @@ ARGS = {"size": "small"}
 LINK = (4.4e9, 3.1e-4)
 PEAK = {"fast": 1.0e11, "slow": 5.0e10}  # fp32 FLOP/s: profiles/cpu.toml and its half
 CAPACITY = {"fast": 8 * 2**30, "slow": 4 * 2**30}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _own_highs_scheduler():
+    """mutmut forks a child per mutant from the process that ran the clean tests; HiGHS's task
+    scheduler's threads do not come with a fork, and the mixed MILP there would wait on them
+    forever (the eighth stop's run stopped at its first mutant so): HiGHS's scheduler starts
+    afresh before this file's first solve."""
+    highspy.Highs.resetGlobalScheduler(False)
 
 
 @pytest.fixture(scope="module")
@@ -55,9 +68,12 @@ def mixed(half: str, fast: int = 2, slow: int = 1, **kw) -> MixedPlanResult:
     return plan_mixed(MODEL, kinds, {("fast", "slow"): LINK}, **{**common, **kw})
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def three(half) -> MixedPlanResult:
-    """Two fast ranks and one slow one."""
+    """Two fast ranks and one slow one. Built anew for each test (a fraction of a second):
+    mutmut runs a mutant against the tests it saw call the mutated function, and a module
+    fixture would be seen in the first test that asked for it only (the record's mutants
+    survived every field test so)."""
     return mixed(half)
 
 
@@ -236,3 +252,77 @@ def test_kinds_alone_are_planned_when_not_given(half, tmp_path):
     assert res.single_plans["fast"].global_batch_size == 8
     note = next(n for n in res.notes if n.startswith("tiny alone: "))
     assert ";" not in note and "\n" not in note
+    # the note is the first clause of planning the kind alone's own error
+    with pytest.raises(InfeasibleError) as exc:
+        plan(MODEL, 1, profile=tiny, model_args=ARGS, global_batch_size=8, dtype="fp32",
+             optimizer="sgd", lr=0.5, pins=Pins(offload="none"))  # fmt: skip
+    assert note == "tiny alone: " + str(exc.value).split(";")[0]
+
+
+def test_a_loaded_model_file_is_taken_as_it_is(half):
+    """A ModelFile already loaded plans as its path does (it is not loaded again)."""
+    loaded = mixed(half, fast=1, slow=1)
+    kinds = [KindSpec("fast", "cpu", 1), KindSpec("slow", half, 1)]
+    res = plan_mixed(
+        load_model_file(MODEL, ARGS), kinds, {("fast", "slow"): LINK}, global_batch_size=8,
+        dtype="fp32", optimizer="sgd", lr=0.5, single={"fast": 10.0, "slow": 10.0},
+        stage_degrees=True,
+    )  # fmt: skip
+    assert res.plan.to_dict() == loaded.plan.to_dict() | {"solver": res.plan.to_dict()["solver"]}
+
+
+def test_a_wide_batch_holds_each_schedules_inflight_microbatches(half):
+    """256 samples: the search takes micro-batches of 64 over three stages (m = 4), where the
+    schedules' counts differ from one micro-batch's: GPipe holds all m on every stage, 1F1B
+    min(m, pp - j) (3, 2, 1)."""
+    plan = mixed(half, global_batch_size=256).plan
+    pp, m = plan.mesh.pp, plan.num_microbatches
+    assert pp == 3 and plan.mesh.dp == 1 and m == 256 // plan.micro_batch_size and m > 1
+    held = {"gpipe": [m] * pp, "1f1b": [min(m, pp - j) for j in range(pp)]}[plan.schedule]
+    assert [st.inflight_microbatches for st in plan.stages] == held
+    assert [st.num_microbatches for st in plan.stages] == [m] * pp
+
+
+def test_stages_of_their_own_dp_degree(half):
+    """Two stages over three ranks at a batch of 4096: the two fast ranks one stage's
+    replicas, the slow rank the other stage, so the mesh lists each stage's DP degree."""
+    res = mixed(half, global_batch_size=4096, pins=Pins(offload="none", pp=2))
+    plan, sol = res.plan, res.search.best.solution
+    assert list(sol.dps) == [2, 1] and list(sol.tps) == [1, 1]
+    assert plan.mesh == Mesh(2, 2, 1, stage_dp=(2, 1))
+    assert [st.kind for st in plan.stages] == ["fast", "slow"]
+    assert [st.ranks for st in plan.stages] == [[0, 1], [2]]
+    assert plan.rank_kinds == ["fast", "fast", "slow"]
+    assert [st.local_batch_size for st in plan.stages] == [2048, 4096]
+    # each replica's own micro-batches: 2048 / 512 and 4096 / 512, held by its schedule
+    m = [st.num_microbatches for st in plan.stages]
+    assert plan.micro_batch_size == 512 and m == [4, 8]
+    held = {"gpipe": m, "1f1b": [min(m[j], 2 - j) for j in range(2)]}[plan.schedule]
+    assert [st.inflight_microbatches for st in plan.stages] == held
+    # two replicas sync their gradients, partly hidden; one replica syncs none; SGD steps both
+    wide, lone = plan.stages
+    assert wide.dp_comm_s > 0 and 0 < wide.dp_exposed_s <= wide.dp_comm_s
+    assert lone.dp_comm_s == lone.dp_exposed_s == 0.0
+    assert wide.optimizer_s > 0 and lone.optimizer_s > 0
+
+
+def test_tp_stages_carry_their_tp_comm(half):
+    """Two stages at TP 2 over two ranks of each kind: a stage's time per micro-batch is its
+    compute, its TP collectives and its hop, each of them now above zero but the last hop."""
+    res = mixed(half, fast=2, slow=2, pins=Pins(offload="none", pp=2, tp=2, tp_variant="sharded"))
+    plan, sol = res.plan, res.search.best.solution
+    assert list(sol.tps) == [2, 2] and list(sol.dps) == [1, 1]
+    assert plan.mesh == Mesh(2, 1, 2)
+    assert sorted(st.kind for st in plan.stages) == ["fast", "slow"]
+    # the slow kind's stage comes first here: the worst stage by peak over capacity, not the last
+    ratio = [
+        m.total / CAPACITY[st.kind]
+        for m, st in zip(plan.predicted.memory_per_stage, plan.stages, strict=True)
+    ]
+    worst = max(range(2), key=lambda j: (ratio[j], j))
+    assert plan.predicted.capacity_bytes == CAPACITY[plan.stages[worst].kind]
+    assert plan.predicted.peak_memory_bytes == plan.predicted.memory_per_stage[worst].total
+    for st in plan.stages:
+        assert st.tp_comm_s > 0
+        t = st.compute_s + st.tp_comm_s + st.p2p_s
+        assert st.time_per_microbatch_s == pytest.approx(t, rel=1e-9)
