@@ -1813,7 +1813,8 @@ MUTANTS: list[Mutant] = [
     M(
         "stages-inplace-user-seen-once",
         "runtime/stages.py",
-        "            if (n, user) in seen:\n                continue\n            seen.add((n, user))\n",
+        "            if (n, user) in seen:\n                continue\n"
+        "            seen.add((n, user))\n",
         "            if user in seen:\n                continue\n            seen.add(user)\n",
         "tests/test_mutant_kills_stages.py::"
         "test_an_input_modified_in_place_directly_through_a_view_or_by_a_submodule",
