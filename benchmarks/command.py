@@ -293,7 +293,7 @@ def main() -> None:
 if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "--child":
         sys.path.insert(0, str(ROOT))
-        from meshplan.cli import exit_without_teardown
+        from planner.process_end import exit_without_teardown
 
         exit_without_teardown(child(sys.argv[4:], sys.argv[2]))  # as ``plan`` itself ends
     main()

@@ -1822,7 +1822,7 @@ MUTANTS: list[Mutant] = [
     ),
     M(
         "command-exit-kills-threads",
-        "meshplan/cli.py",
+        "planner/process_end.py",
         "    threading._shutdown()",
         "    pass",
         "tests/test_command_imports.py::"

@@ -4,6 +4,7 @@ instances directly and compare with formulas and brute force."""
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import shutil
@@ -141,11 +142,9 @@ def pytest_sessionfinish(session, exitstatus):
         forked.stop_forkserver()
 
 
-@pytest.fixture(scope="module")
-def gloo_one_rank():
-    """Rank 0 of a one-rank gloo group in this process, torn down after the module: for the
-    runtime's functions that ask the default process group but need no peer (a test module
-    takes it with ``pytestmark = pytest.mark.usefixtures("gloo_one_rank")``)."""
+@contextlib.contextmanager
+def _one_rank_group():
+    """Rank 0 of a one-rank gloo group in this process, destroyed after."""
     import torch.distributed as dist
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
@@ -153,3 +152,21 @@ def gloo_one_rank():
         yield
     finally:
         dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def gloo_one_rank():
+    """A one-rank group torn down after the module: for the runtime's functions that ask the
+    default process group but need no peer (a test module takes it with
+    ``pytestmark = pytest.mark.usefixtures("gloo_one_rank")``)."""
+    with _one_rank_group():
+        yield
+
+
+@pytest.fixture
+def one_rank():
+    """A one-rank gloo group per test and its 1-D CPU mesh (the kill files' DTensor checks)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    with _one_rank_group():
+        yield init_device_mesh("cpu", (1,))

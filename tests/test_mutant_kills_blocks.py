@@ -331,37 +331,34 @@ def test_a_parameter_free_member_joins_the_member_before_it():
     assert [b.member for b in blocks] == [True, True]
 
 
-def test_members_of_different_containers_do_not_merge():
-    """enc.0 (no parameters) follows dec.1 of another container: it stays a block of its own."""
-    modules = {"": "Net", "a": "ModuleList", "a.0": "L", "a.1": "L", "b": "ModuleList",
-               "b.0": "R", "b.1": "L"}  # fmt: skip
-    shapes = {"a.0.w": [1], "a.1.w": [2], "b.1.w": [3]}
+def _two_lists(at: str = "") -> nx.DiGraph:
+    """Two containers ``{at}a`` and ``{at}b`` of two members each; ``{at}b.0`` holds no
+    parameter and follows ``{at}a.1``, a member of the other list."""
+    modules = {"": "Net", **({at[:-1]: "Enc"} if at else {})}
+    for name, kids in (("a", ("L", "L")), ("b", ("R", "L"))):
+        modules[at + name] = "ModuleList"
+        modules.update({f"{at}{name}.{i}": cls for i, cls in enumerate(kids)})
+    shapes = {f"{at}a.0.w": [1], f"{at}a.1.w": [2], f"{at}b.1.w": [3]}
     nodes = [
         ("x", "input", "", [], []),
-        ("e", MM, "a.0", ["a.0.w"], ["x"]),
-        ("f0", MM, "a.1", ["a.1.w"], ["e"]),
-        ("r0", "aten.relu.default", "b.0", [], ["f0"]),
-        ("f1", MM, "b.1", ["b.1.w"], ["r0"]),
+        ("e", MM, f"{at}a.0", [f"{at}a.0.w"], ["x"]),
+        ("f0", MM, f"{at}a.1", [f"{at}a.1.w"], ["e"]),
+        ("r0", "aten.relu.default", f"{at}b.0", [], ["f0"]),
+        ("f1", MM, f"{at}b.1", [f"{at}b.1.w"], ["r0"]),
     ]
-    g = _graph(nodes, modules, ("a", "b"), shapes=shapes, owner={}, outputs=["f1"])
-    assert [b.modules for b in make_blocks(g)] == [["a.0"], ["a.1"], ["b.0"], ["b.1"]]
+    lists = (f"{at}a", f"{at}b")
+    return _graph(nodes, modules, lists, shapes=shapes, owner={}, outputs=["f1"])
+
+
+def test_members_of_different_containers_do_not_merge():
+    """b.0 (no parameters) follows a.1 of another container: it stays a block of its own."""
+    assert [b.modules for b in make_blocks(_two_lists())] == [["a.0"], ["a.1"], ["b.0"], ["b.1"]]
 
 
 def test_members_of_sibling_containers_one_level_down_do_not_merge():
     """The same two containers held by one module (enc.a, enc.b): enc.b.0 (no parameters)
     follows enc.a.1, a member of the other list under the same grandparent: its own block."""
-    modules = {"": "Net", "enc": "Enc", "enc.a": "ModuleList", "enc.a.0": "L", "enc.a.1": "L",
-               "enc.b": "ModuleList", "enc.b.0": "R", "enc.b.1": "L"}  # fmt: skip
-    shapes = {"enc.a.0.w": [1], "enc.a.1.w": [2], "enc.b.1.w": [3]}
-    nodes = [
-        ("x", "input", "", [], []),
-        ("e", MM, "enc.a.0", ["enc.a.0.w"], ["x"]),
-        ("f0", MM, "enc.a.1", ["enc.a.1.w"], ["e"]),
-        ("r0", "aten.relu.default", "enc.b.0", [], ["f0"]),
-        ("f1", MM, "enc.b.1", ["enc.b.1.w"], ["r0"]),
-    ]
-    g = _graph(nodes, modules, ("enc.a", "enc.b"), shapes=shapes, owner={}, outputs=["f1"])
-    assert [b.modules for b in make_blocks(g)] == [
+    assert [b.modules for b in make_blocks(_two_lists("enc."))] == [
         ["enc.a.0"],
         ["enc.a.1"],
         ["enc.b.0"],

@@ -29,16 +29,6 @@ WORLD = 4
 FULL = torch.arange(24.0)  # 3 blocks of 8: q | k | v
 
 
-@pytest.fixture
-def one_rank():
-    """A one-rank gloo group and its 1-D CPU mesh."""
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield init_device_mesh("cpu", (1,))
-    finally:
-        dist.destroy_process_group()
-
-
 # -- what one rank shows ---------------------------------------------------------------------
 
 

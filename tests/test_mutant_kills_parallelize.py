@@ -40,16 +40,6 @@ from runtime.selective import resharded_running
 CPU = torch.device("cpu")
 
 
-@pytest.fixture
-def one_rank():
-    """A one-rank gloo group and its 1-D CPU mesh."""
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield init_device_mesh("cpu", (1,))
-    finally:
-        dist.destroy_process_group()
-
-
 @pytest.fixture(autouse=True)
 def _no_shared_inputs():
     pz._SHARED_INPUTS.clear()

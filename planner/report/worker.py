@@ -173,8 +173,7 @@ def serve() -> int:
 
 
 if __name__ == "__main__":
-    status = serve()
-    # the planner reads this process's answer to its end, so it waits for the exit too: skip
-    # the exit's full collection over matplotlib's heap (meshplan.cli.console says why)
-    gc.freeze()
-    sys.exit(status)
+    from planner.process_end import exit_without_teardown
+
+    # the planner reads this process's answer to its end, so it waits for the exit too
+    exit_without_teardown(serve())
