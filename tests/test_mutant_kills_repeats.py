@@ -6,10 +6,15 @@ counter per base name) and lays out a model of any depth: expanding its cut grap
 graph written directly at full depth, node for node, edge for edge. ``find_repeats`` runs eagerly
 on the meta device over tests/models/layer_pattern.py (no tracer), and its periods are read off
 the model's code. One tiny model is traced both ways with no cache (the deduplicated trace
-against the full one, ``MESHPLAN_FULL_TRACE=1``).
+against the full one, ``MESHPLAN_FULL_TRACE=1``). The recorder's pure-op memo runs aten ops
+through a stand-in that counts their real calls; ``_relative`` and ``_contiguous`` read records
+written by hand; ``_period`` is checked against a brute force over every cut. No fixture is
+shared between tests and repeats.py keeps no module-level cache.
 """
 
 from __future__ import annotations
+
+import types
 
 import networkx as nx
 import pytest
@@ -472,3 +477,304 @@ def test_one_tiny_model_traced_deduplicated_equals_its_full_trace(monkeypatch):
     full, dedup = graphs
     assert full.repeats == [] and dedup.repeats == [Repeat("layers", 6, 1, 1)]
     _same_graph(full.graph, dedup.graph)
+
+
+# --------------------------------------------------------------------------- the pure-op memo
+
+
+class _Counted:
+    """An aten op standing in for itself (its schema), counting the times it really runs."""
+
+    def __init__(self, op):
+        self.op, self._schema, self.calls = op, op._schema, 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self.op(*args, **kwargs)
+
+
+def _call(rec, op, *args, ref="a", **kwargs):
+    """``rec._run`` as ``__torch_dispatch__`` calls it: each tensor's part (its producer
+    ``ref``, shape, dtype), other arguments by their repr."""
+    flat = repeats._leaves((args, kwargs))
+    parts = [
+        ((ref,), tuple(a.shape), str(a.dtype)) if isinstance(a, torch.Tensor) else repr(a)
+        for a in flat
+    ]
+    return rec._run(op, args, kwargs, flat, parts)
+
+
+def _spec(t):
+    return tuple(t.shape), t.stride(), t.dtype, t.device.type
+
+
+def _meta(*shape, dtype=torch.bfloat16):
+    return torch.empty(*shape, dtype=dtype, device="meta")
+
+
+def test_a_pure_op_on_meta_tensors_runs_once_per_shapes_strides_and_arguments():
+    """A product asked again with the same shapes and strides (another producer) is made from
+    the first answer: the same shape, strides, dtype, on the meta device, and a new tensor;
+    another shape of the same strides, or a transposed input, runs again."""
+    rec = repeats._Recorder({})
+    mm = _Counted(torch.ops.aten.mm.default)
+    w = _meta(3, 4)
+    first = _call(rec, mm, _meta(2, 3), w, ref="a")
+    second = _call(rec, mm, _meta(2, 3), w, ref="b")
+    assert mm.calls == 1 and second is not first
+    assert _spec(first) == _spec(second) == ((2, 4), (4, 1), torch.bfloat16, "meta")
+    tall = _call(rec, mm, _meta(4, 3), w)  # strides (3, 1) as the (2, 3) input's
+    assert mm.calls == 2 and _spec(tall) == ((4, 4), (4, 1), torch.bfloat16, "meta")
+    _call(rec, mm, _meta(3, 2).t(), w)  # shape (2, 3), strides (1, 2)
+    assert mm.calls == 3
+    # an output of other strides made again from the memo keeps them
+    clone = _Counted(torch.ops.aten.clone.default)
+    odd = _meta(3, 2).t()
+    made = [_call(rec, clone, odd) for _ in range(2)]
+    assert clone.calls == 1
+    assert [_spec(m) for m in made] == [((2, 3), (1, 2), torch.bfloat16, "meta")] * 2
+
+
+def test_a_pure_op_of_two_outputs_or_keyword_arguments_is_made_whole_from_the_memo():
+    """``max(x, 1)`` gives values and indices (a tuple both times); ``_to_copy`` to float64
+    keeps its keyword's dtype the second time too."""
+    rec = repeats._Recorder({})
+    mx = _Counted(torch.ops.aten.max.dim)
+    outs = [_call(rec, mx, _meta(2, 5), 1) for _ in range(2)]
+    assert mx.calls == 1
+    for out in outs:
+        assert isinstance(out, tuple) and [_spec(o) for o in out] == [
+            ((2,), (1,), torch.bfloat16, "meta"),
+            ((2,), (1,), torch.int64, "meta"),
+        ]
+    to = _Counted(torch.ops.aten._to_copy.default)
+    copies = [_call(rec, to, _meta(2, 3), dtype=torch.float64) for _ in range(2)]
+    assert to.calls == 1
+    assert [_spec(c) for c in copies] == [((2, 3), (3, 1), torch.float64, "meta")] * 2
+
+
+def test_views_in_place_ops_and_real_tensors_run_every_time():
+    """A view of the input (``t``), an op writing its input (``add_``, ``_foreach_add_``) and a
+    product of CPU tensors are never made from the memo: each call runs, the view is the
+    input's, the in-place result the input itself, and the CPU values real."""
+    rec = repeats._Recorder({})
+    x = _meta(3, 2)
+    t = _Counted(torch.ops.aten.t.default)
+    views = [_call(rec, t, x) for _ in range(2)]
+    assert t.calls == 2 and all(v._base is x for v in views)
+    add_ = _Counted(torch.ops.aten.add_.Tensor)
+    assert all(_call(rec, add_, x, _meta(3, 2)) is x for _ in range(2)) and add_.calls == 2
+    each = _Counted(torch.ops.aten._foreach_add_.Scalar)
+    assert [_call(rec, each, [x], 1.0) for _ in range(2)] == [None, None] and each.calls == 2
+    a, w = torch.ones(2, 3), torch.full((3, 4), 2.0)
+    mm = _Counted(torch.ops.aten.mm.default)
+    products = [_call(rec, mm, a, w) for _ in range(2)]
+    assert mm.calls == 2
+    assert all(p.device.type == "cpu" and p.tolist() == [[6.0] * 4] * 2 for p in products)
+    y = torch.ones(2)
+    assert _call(rec, add_, y, torch.ones(2), alpha=2) is y and y.tolist() == [3.0, 3.0]
+
+
+def test_a_freed_outputs_id_is_never_taken_for_a_later_input():
+    """The recorder keeps every output alive: tensors made after outputs it was handed and
+    dropped (CPython reuses freed ids) are inputs of a shape, never those ops' outputs."""
+    rec = repeats._Recorder({})
+    x = torch.ones(2)
+    with rec:
+        for _ in range(30):
+            torch.neg(x)  # the result dropped at once
+    fresh = [torch.ones(2) for _ in range(30)]
+    assert [rec._ref(t) for t in fresh] == [("x", (2,), "torch.float32")] * 30
+
+
+# --------------------------------------------------------------------------- labels and calls
+
+
+def test_a_container_at_the_root_names_its_members_state_by_index():
+    """The model is the container: member 1's weight is "1.w", its own (".w")."""
+    model, x = torch.nn.Sequential(_Scaled(), _Scaled()), torch.ones(2)
+    rec = repeats._record(model, repeats._containers(model), lambda: model(x))
+    assert [label for label, _ in rec.records] == [("", 0), ("", 1)]
+    assert [r[1][1][0] for _, r in rec.records] == [("own", ".w")] * 2
+
+
+def test_state_read_outside_every_member_is_named_in_full_whatever_its_name():
+    """A module named XXXX beside the layers: its weight read before the first member and after
+    the last is state "XXXX.w" (no member's prefix applies outside the members)."""
+    model = torch.nn.Module()
+    model.XXXX = _Scaled()
+    model.layers = torch.nn.ModuleList([_Scaled(), _Scaled()])
+
+    x = torch.ones(2)
+
+    def run():
+        h = model.XXXX(x)
+        return model.XXXX(model.layers[1](model.layers[0](h)))
+
+    rec = repeats._record(model, repeats._containers(model), run)
+    refs = [(label, r[1][1][0]) for label, r in rec.records]
+    assert refs == [
+        (None, ("state", "XXXX.w")),
+        (("layers", 0), ("own", ".w")),
+        (("layers", 1), ("own", ".w")),
+        (None, ("state", "XXXX.w")),
+    ]
+
+
+class _Twice(torch.nn.Module):
+    """Two ModuleLists: ``first``'s member 1 runs twice; ``second``'s six layers are alike."""
+
+    def __init__(self):
+        super().__init__()
+        self.first = torch.nn.ModuleList([torch.nn.Linear(2, 2) for _ in range(3)])
+        self.second = torch.nn.ModuleList([torch.nn.Linear(2, 2) for _ in range(6)])
+
+    def forward(self, x):
+        x = self.first[2](self.first[1](self.first[1](self.first[0](x))))
+        for layer in self.second:
+            x = layer(x)
+        return x
+
+
+def test_each_members_calls_are_counted():
+    model, x = _Twice(), torch.ones(1, 2)
+    rec = repeats._record(model, repeats._containers(model), lambda: model(x))
+    assert rec.calls == {("first", 0): 1, ("first", 1): 2, ("first", 2): 1} | {
+        ("second", k): 1 for k in range(6)
+    }
+    assert not repeats._contiguous(rec, "first", 3)
+    assert repeats._contiguous(rec, "second", 6)
+
+
+def test_a_container_not_run_contiguously_is_skipped_and_the_next_still_found():
+    """``first`` (a member called twice) is passed over, not cut; ``second`` after it repeats
+    from its member 1 (member 0 reads ``first``'s output): kept 4 of 6."""
+    model = _Twice().to("meta")
+    with meta_forward():
+        x = torch.empty(1, 2)
+        found = find_repeats(model, lambda: model(x))
+    assert found == [Repeat("second", 6, 1, 1)]
+
+
+def test_code_after_the_container_that_counts_its_members_refuses_the_cut():
+    """The head scales by the number of layers: the cut model's ops after the container differ
+    from the full one's, so nothing is cut; read from a member before the last, likewise."""
+
+    class Counting(torch.nn.Module):
+        def __init__(self, read):
+            super().__init__()
+            self.layers = torch.nn.ModuleList([torch.nn.Linear(2, 2) for _ in range(7)])
+            self.read = read
+
+        def forward(self, x):
+            outs = [x]
+            for layer in self.layers:
+                outs.append(layer(outs[-1]))
+            return self.read(self, outs)
+
+    def found(read):
+        model = Counting(read).to("meta")
+        with meta_forward():
+            x = torch.empty(1, 2)
+            return find_repeats(model, lambda: model(x))
+
+    assert found(lambda m, outs: outs[-1] * 2) == [Repeat("layers", 7, 1, 1)]
+    assert found(lambda m, outs: outs[-1] * len(m.layers)) == []
+    assert found(lambda m, outs: outs[-1] + outs[2]) == []  # member 1's output
+
+
+# --------------------------------------------------------------------------- records by hand
+
+
+def _records(*labels):
+    """A recorder's records and calls written by hand: one op per label, calls counted."""
+    calls: dict = {}
+    for label in labels:
+        if label is not None:
+            calls[label] = 1
+    return types.SimpleNamespace(records=[(label, ()) for label in labels], calls=calls)
+
+
+@pytest.mark.parametrize(
+    "labels, calls, expected",
+    [
+        # ops before and after, a member of two ops
+        ([None, ("L", 0), ("L", 0), ("L", 1), ("L", 2), None], {}, {"L": True}),
+        ([None, ("L", 0), ("L", 1), ("L", 2)], {("L", 1): 2}, {"L": False}),  # called twice
+        ([("L", 0), ("L", 1)], {("L", 2): None}, {"L": False}),  # member 2 never ran
+        ([("L", 0), None, ("L", 1), ("L", 2)], {}, {"L": False}),  # an op between
+        ([("L", 0), ("L", 2), ("L", 1)], {}, {"L": False}),  # out of order
+        ([("L", 1), ("L", 2), ("L", 0)], {}, {"L": False}),  # the first last
+        # two containers one after the other, either way round; the last op a member's
+        ([("M", 0), ("M", 1), ("L", 0), ("L", 1), ("L", 2)], {}, {"L": True, "M": True}),
+        ([("L", 0), ("L", 1), ("L", 2), ("M", 0), ("M", 1)], {}, {"L": True, "M": True}),
+        ([None, ("L", 0), ("L", 2)], {("L", 1): 1}, {"L": False}),  # member 1 ran no op
+    ],
+)
+def test_members_run_once_each_in_order_with_nothing_between(labels, calls, expected):
+    rec = _records(*labels)
+    rec.calls.update({k: v for k, v in calls.items() if v is not None})
+    for path, contiguous in expected.items():
+        count = 3 if path == "L" else 2
+        assert repeats._contiguous(rec, path, count) is contiguous
+
+
+def test_reads_of_members_are_relative_inside_their_container_and_from_the_end_outside():
+    """Container L of 3 members, M of 2. A read of L's member j from L keeps ("mem", j, op);
+    from M or outside it is ("end", "L", 2 - j, op); reads of top-level ops, parameters and
+    inputs, and non-tensor arguments, are left as they were."""
+    x = ("x", (2,), "f")
+
+    def part(ref, width=2):
+        return (ref, (width,), "torch.float32")
+
+    records = [
+        (None, ("in", (part(x), "1"), ((2,),))),
+        (("L", 0), ("a", (part(("op", None, 0)), part(("own", ".w"))), ((2,),))),
+        (("L", 1), ("b", (part(("op", ("L", 0), 0), 3), part(("state", "s"))), ((3,),))),
+        (("M", 0), ("c", (part(("op", ("L", 1), 0)),), ((2,),))),
+        (None, ("d", (part(("op", ("L", 1), 0), 5), part(("op", ("M", 0), 0))), ((2,),))),
+    ]
+    rec = types.SimpleNamespace(records=records)
+    outside, members = repeats._relative(rec, {"L": 3, "M": 2})
+    assert outside == [
+        ("in", (part(x), "1"), ((2,),)),
+        ("d", (part(("end", "L", 1, 0), 5), part(("end", "M", 1, 0))), ((2,),)),
+    ]
+    assert members == {
+        "L": [
+            [("a", (part(("op", None, 0)), part(("own", ".w"))), ((2,),))],
+            [("b", (part(("mem", 0, 0), 3), part(("state", "s"))), ((3,),))],
+            [],
+        ],
+        "M": [[("c", (part(("end", "L", 1, 0)),), ((2,),))], []],
+    }
+    # a read of L's first member from outside counts two from L's end
+    rec.records = [(None, ("e", (part(("op", ("L", 0), 4)),), ()))]
+    assert repeats._relative(rec, {"L": 3})[0] == [("e", (part(("end", "L", 2, 4)),), ())]
+
+
+@pytest.mark.parametrize(
+    "ids, expected",
+    [
+        # period 3 from the end (kept 41), then 11 from the start (kept 33): the longer wins
+        (list("yxxyxxyxxyx") * 4, (0, 11)),
+        (["Z"] + list("yxxyxxyxxyx") * 4, (1, 11)),
+    ],
+)
+def test_a_longer_period_from_earlier_replaces_a_short_one_from_late(ids, expected, monkeypatch):
+    """Found by brute force over every cut (start, period): the one that keeps the fewest
+    members, of those saving two or more, is the answer."""
+    monkeypatch.setattr(repeats, "_encoded", lambda prints, p: list(ids))
+    n = len(ids)
+    cuts = [
+        (s, p)
+        for p in range(1, n + 1)
+        for s in range(n)
+        if (n - s) % p == 0
+        and n - (s + 3 * p) >= 2
+        and all(ids[k] == ids[k - p] for k in range(s + p, n))
+    ]
+    brute = min(cuts, key=lambda c: (c[0] + 3 * c[1], c[1]))
+    assert brute == expected
+    assert repeats._period([[]] * n) == expected
