@@ -1,0 +1,486 @@
+"""The sharding ILP's sequence-parallel and binding rules (planner/cost/sharding.py), called
+directly on blocks drawn here, written for the module's generated mutants (docs/mutation.md,
+helper 56a): a Llama-like layer (a norm with a weight, an attention module's column- and
+row-parallel projections, the residual add) and one on flattened tokens (OPT's MLP on
+``reshape(-1, hidden)``), each with its sequence-parallel template priced by hand from the
+layout picked here (no ILP: the layout is named, so the rule alone is under test), every
+reason for having no sequence-parallel form, and the binding of templates to a block's
+modules. Rates are 1 FLOP/s and 1 B/s, fp32."""
+
+from __future__ import annotations
+
+import networkx as nx
+import pytest
+from test_mutant_kills_sharding import LINEAR, _block, _node
+
+from planner.cost import sharding
+from planner.cost.sharding import build_problem
+
+X = {"node": "x"}
+
+
+def ref(u):
+    return {"node": u}
+
+
+def llama_graph(norm_module="layer.norm", attn="layer.attn", x_grad=True, with_k=False):
+    """x [2, 4, 8] -> rms_norm (weight [8]) -> q (8 -> 8, in ``attn``) -> gelu -> o (8 -> 8)
+    -> + x. Nodes are named apart from their modules (``nq`` in ``layer.attn.q``).
+    ``with_k``: a second projection k of the norm's output, multiplied into q's (the gelu a
+    mul of the two)."""
+    g = nx.DiGraph()
+    _node(g, "x", "input", [], [2, 4, 8], grad=x_grad)
+    _node(g, "nrm", "aten.rms_norm.default", [X, [8], {"param": "layer.norm.weight"}],
+          [2, 4, 8], norm_module, ff=20, bf=40, fb=300, bb=600, saved=[("x", 256)])  # fmt: skip
+    _node(g, "nq", LINEAR, [ref("nrm"), {"param": f"{attn}.q.weight"}], [2, 4, 8], f"{attn}.q",
+          ff=1000, bf=2000, fb=100, bb=100, saved=[("nrm", 256)])  # fmt: skip
+    if with_k:
+        _node(g, "nk", LINEAR, [ref("nrm"), {"param": f"{attn}.k.weight"}], [2, 4, 8],
+              f"{attn}.k", ff=1000, bf=2000, fb=100, bb=100, saved=[("nrm", 256)])  # fmt: skip
+        _node(g, "act", "aten.mul.Tensor", [ref("nq"), ref("nk")], [2, 4, 8], f"{attn}.act",
+              ff=10, bf=10, fb=512, bb=768, saved=[("nq", 256)])  # fmt: skip
+    else:
+        _node(g, "act", "aten.gelu.default", [ref("nq")], [2, 4, 8], f"{attn}.act",
+              ff=10, bf=10, fb=512, bb=768, saved=[("nq", 256)])  # fmt: skip
+    _node(g, "no", LINEAR, [ref("act"), {"param": f"{attn}.o.weight"}], [2, 4, 8], f"{attn}.o",
+          ff=1000, bf=2000, fb=100, bb=100, saved=[("act", 256)])  # fmt: skip
+    _node(g, "out", "aten.add.Tensor", [ref("no"), X], [2, 4, 8], "layer",
+          ff=0, bf=0, fb=768, bb=512)  # fmt: skip
+    params = {"layer.norm.weight": [8], f"{attn}.q.weight": [8, 8], f"{attn}.o.weight": [8, 8]}
+    if with_k:
+        params[f"{attn}.k.weight"] = [8, 8]
+    g.graph.update(
+        param_shapes=params, param_owner={p: p for p in params},
+        tp_modules=[f"{attn}.q", f"{attn}.k", f"{attn}.o"], outputs=["out"],
+    )  # fmt: skip
+    nodes = ["nrm", "nq", *(["nk"] if with_k else []), "act", "no", "out"]
+    return g, _block(nodes, params, modules=("layer",))
+
+
+def pick(prob, wanted):
+    """The choice giving each op the (output state, style) named, R and no style elsewhere."""
+    choice = []
+    for op in prob.ops:
+        out, plan = wanted.get(op.name, ("R", ""))
+        hits = [k for k, s in enumerate(prob.ops[len(choice)].strategies)
+                if s.out == out and s.plan == plan and all(r in ("R", None) or r[0] in "SP"
+                                                             for r in s.req)]  # fmt: skip
+        assert hits, (op.name, out, plan, prob.ops[len(choice)].strategies)
+        choice.append(hits[0])
+    return tuple(choice)
+
+
+MEGATRON = {"nq": ("S2", "colwise"), "act": ("S2", ""), "no": ("P", "rowwise")}
+MEGATRON_K = {**MEGATRON, "nk": ("S2", "colwise")}
+
+
+def llama_sp(graph_kw=None, wanted=MEGATRON, spb=1e-3):
+    g, b = llama_graph(**(graph_kw or {}))
+    prob = build_problem(g, b, 2, flops_per_second=1.0, bytes_per_second=1.0)
+    choice = pick(prob, wanted)
+    return g, b, prob, choice, sharding._sequence_parallel(prob, choice, "tp2-v1", spb)
+
+
+def tokens_graph(norm_module="layer.norm"):
+    """OPT's MLP on flattened tokens: x [2, 4, 8] -> view [8, 8] -> x * w (the norm's weight,
+    a plain mul inside a norm module) -> f1 (8 -> 16, the block's own Linear ``layer.fc1``)
+    -> gelu -> f2 (16 -> 8, ``layer.fc2``) -> view [2, 4, 8] -> + x."""
+    g = nx.DiGraph()
+    _node(g, "x", "input", [], [2, 4, 8])
+    _node(g, "flat", "aten.view.default", [X, [8, 8]], [8, 8], "layer", fb=256, bb=256)
+    _node(g, "mw", "aten.mul.Tensor", [ref("flat"), {"param": "layer.norm.weight"}], [8, 8],
+          norm_module, ff=64, bf=128, fb=512, bb=1024, saved=[("flat", 256)])  # fmt: skip
+    _node(g, "f1", LINEAR, [ref("mw"), {"param": "layer.fc1.weight"}], [8, 16], "layer.fc1",
+          ff=2048, bf=4096, fb=900, bb=900, saved=[("mw", 256)])  # fmt: skip
+    _node(g, "act", "aten.gelu.default", [ref("f1")], [8, 16], "layer.act",
+          ff=10, bf=10, fb=1024, bb=1536, saved=[("f1", 512)])  # fmt: skip
+    _node(g, "f2", LINEAR, [ref("act"), {"param": "layer.fc2.weight"}], [8, 8], "layer.fc2",
+          ff=2048, bf=4096, fb=900, bb=900, saved=[("act", 512)])  # fmt: skip
+    _node(g, "back", "aten.view.default", [ref("f2"), [2, 4, 8]], [2, 4, 8], "layer",
+          fb=64, bb=64)  # fmt: skip
+    _node(g, "out", "aten.add.Tensor", [ref("back"), X], [2, 4, 8], "layer", fb=768, bb=512)
+    params = {"layer.norm.weight": [8], "layer.fc1.weight": [16, 8], "layer.fc2.weight": [8, 16]}
+    g.graph.update(
+        param_shapes=params, param_owner={p: p for p in params},
+        tp_modules=["layer.fc1", "layer.fc2"], outputs=["out"],
+    )  # fmt: skip
+    return g, _block(["flat", "mw", "f1", "act", "f2", "back", "out"], params, modules=("layer",))
+
+
+TOKENS = {"f1": ("S1", "colwise"), "act": ("S1", ""), "f2": ("P", "rowwise"), "back": ("P", "")}
+
+
+def tokens_sp(graph_kw=None, wanted=TOKENS, spb=1e-3):
+    g, b = tokens_graph(**(graph_kw or {}))
+    prob = build_problem(g, b, 2, flops_per_second=1.0, bytes_per_second=1.0)
+    choice = pick(prob, wanted)
+    return g, b, prob, choice, sharding._sequence_parallel(prob, choice, "tp2-v1", spb)
+
+
+# --------------------------------------------------------------------------- sequence parallel
+
+GATHER = ("all_gather", 256)
+SCATTER = ("reduce_scatter", 256)
+
+
+def test_a_llama_layers_sequence_parallel_form_by_hand():
+    """Region: the norm and the residual add (replicated, fed by x). Seconds per op (max of
+    FLOPs and bytes, forward plus backward): norm 900, q 3000, act 1280, o 3000, add 1280;
+    all but the region are halved by TP, the region by the sequence split: 4730. Seven
+    256-byte collectives at (t-1)/t: o's output reduce-scattered (its gradient gathered), the
+    norm's output gathered at ``layer.attn`` (q is not the block's own Linear: its module
+    gathers, again in backward for the weights), the exit and the entry: 0.896 s at 1e-3 s/B.
+    Saved: x at the norm (the region's) and the norm's output at q (the gathered input, kept
+    as its shard) halved, 128 each; act and o save S2 shards, 128 each. States: 16 B per
+    parameter, the norm's 8 whole, q's and o's 64 halved."""
+    *_, prob, choice, sp = llama_sp()
+    assert sp.name == "tp2-v1-sp" and sp.choice == choice == (0, 1, 3, 2, 0)
+    assert sp.states == ("S1", "S2", "S2", "P", "S1")
+    assert sp.needs == (("R", "R"), ("R", "S0"), ("S2",), ("S2", "S1"), ("R", "R"))
+    assert sp.plans == ((0, 1, "sequence"), (1, 1, "colwise"), (3, 1, "rowwise_sp"))
+    assert sp.comm_fwd == (SCATTER, GATHER, GATHER)
+    assert sp.comm_bwd == (GATHER, SCATTER, GATHER, GATHER)
+    assert sp.exit_gather == (GATHER,) and sp.entry_gather == (GATHER,)
+    assert sp.time_s == pytest.approx(4730 + 7 * 256 * 1e-3 / 2, rel=1e-12)
+    assert sp.compute_fraction == pytest.approx(0.5) and sp.memory_bound_fraction == 0.5
+    assert sp.param_fraction == pytest.approx((32 + 128 + 128) / (32 + 256 + 256))
+    assert (sp.saved_bytes, sp.saved_selective_bytes, sp.input_bytes) == (512, 512, 128)
+    assert sp.memory == 512 + 16 * (8 + 32 + 32)
+    assert sp.sequence_parallel and not sp.on_dtensors and sp.grad_sums == ()
+
+
+def test_flattened_tokens_run_the_token_styles_and_the_linear_regathers():
+    """Tokens flattened to dim 0: the norm's weight (a mul inside ``layer.norm``) is
+    ``sequence_tokens``, the block's own fc1 fed by the norm's sharded output gathers in a
+    hook of its own (``colwise_sp_tokens``: its module ``layer.fc1`` gathers, again in
+    backward) and keeps the shard for backward, fc2 reduce-scatters along the tokens.
+    Seconds: view 512 and mul 1536 (the region, halved), fc1 6144, gelu 2560, fc2 6144 (TP,
+    halved), view back 128 (a partial sum passed on whole), add 1280 (halved): 9216.
+    Saved: the view's output at the mul and the mul's at fc1 halved (128 each), act's and
+    fc2's S1 inputs 256 each."""
+    *_, prob, choice, sp = tokens_sp()
+    assert sp.states == ("S1", "S1", "S1", "S1", "P", "P", "S1")
+    assert sp.plans == (
+        (1, 1, "sequence_tokens"), (2, 1, "colwise_sp_tokens"), (4, 1, "rowwise_sp_tokens"),
+    )  # fmt: skip
+    assert sp.comm_fwd == (SCATTER, GATHER, GATHER)
+    assert sp.comm_bwd == (GATHER, SCATTER, GATHER, GATHER)
+    assert sp.time_s == pytest.approx(9216 + 7 * 0.128, rel=1e-12)
+    # forward bytes 256, 512, 900, 1024, 900, 64, 768: all halved but the view back's
+    assert sp.memory_bound_fraction == pytest.approx((4360 / 2 + 64) / 4424, rel=1e-12)
+    assert (sp.saved_bytes, sp.saved_selective_bytes) == (768, 768)
+    assert sp.param_fraction == pytest.approx((32 + 256 + 256) / (32 + 512 + 512))
+    assert sp.memory == 768 + 16 * (8 + 64 + 64)
+    assert sp.compute_fraction == pytest.approx(0.5)
+
+
+def restyle(prob, choice, name, **change):
+    """``prob`` with op ``name``'s chosen strategy (or the op itself: ``shape``) changed."""
+    from dataclasses import replace
+
+    i = prob.index[name]
+    op = prob.ops[i]
+    strategy = {k: v for k, v in change.items() if k in ("out", "req", "plan")}
+    opchange = {k: v for k, v in change.items() if k not in strategy}
+    strategies = list(op.strategies)
+    strategies[choice[i]] = replace(strategies[choice[i]], **strategy)
+    ops = list(prob.ops)
+    ops[i] = replace(op, strategies=tuple(strategies), **opchange)
+    return replace(prob, ops=ops)
+
+
+def test_a_norm_is_known_by_its_module_or_by_its_op():
+    """The mul holding a weight runs as a norm (``sequence_tokens``) when its module's last
+    name holds "norm" in any case; inside ``layer.mix`` or ``layer.norm.mix`` it is a weight
+    outside a norm (no style for it): no sequence-parallel form. An rms_norm runs as a norm in
+    any module; the same op read as a plain softmax outside a norm module is not token-local."""
+    g, b, prob, choice, _ = tokens_sp()
+    for module in ("layer.norm", "layer.RMSNorm", "layer.post_norm"):
+        sp = sharding._sequence_parallel(restyle(prob, choice, "mw", module=module), choice,
+                                         "v", 1e-3)  # fmt: skip
+        assert sp is not None and sp.plans[0] == (1, 1, "sequence_tokens"), module
+    for module in ("layer.mix", "layer.norm.mix", "norm.mix"):
+        mix = restyle(prob, choice, "mw", module=module)
+        assert sharding._sequence_parallel(mix, choice, "v", 1e-3) is None, module
+    sp = llama_sp({"norm_module": "layer.ln"})[-1]
+    assert sp is not None and sp.plans[0] == (0, 1, "sequence")
+    g, b, prob, choice, _ = llama_sp({"norm_module": "layer.ln"})
+    soft = restyle(prob, choice, "nrm", op="aten._softmax.default")
+    assert sharding._sequence_parallel(soft, choice, "v", 1e-3) is None
+    normed = restyle(prob, choice, "nrm", op="aten._softmax.default", module="layer.norm")
+    assert sharding._sequence_parallel(normed, choice, "v", 1e-3).plans[0] == (0, 1, "sequence")
+
+
+def test_no_sequence_parallel_form_without_one_input_a_replicated_exit_or_token_dims():
+    # no block input needing a gradient, or two
+    assert llama_sp({"x_grad": False})[-1] is None
+    g, b, prob, choice, _ = llama_sp()
+    two = dict(prob.external, y=(256, True))
+    from dataclasses import replace
+
+    assert sharding._sequence_parallel(replace(prob, external=two), choice, "v", 1e-3) is None
+    one = dict(prob.external, y=(256, False))
+    assert sharding._sequence_parallel(replace(prob, external=one), choice, "v", 1e-3)
+    # a second block output outside the replicated region (act, column-sharded)
+    assert sharding._sequence_parallel(
+        replace(prob, outputs=["out", "act"]), choice, "v", 1e-3
+    ) is None  # fmt: skip
+    # the first output names the (batch, sequence) dims: a [2, 8] one has no tokens
+    flat = restyle(prob, choice, "out", shape=(2, 8, 4))
+    assert sharding._sequence_parallel(replace(flat, outputs=["out"]), choice, "v", 1e-3) is None
+    # a region op on no token dims: the norm's output [2, 32]
+    short = restyle(prob, choice, "nrm", shape=(2, 32))
+    assert sharding._sequence_parallel(short, choice, "v", 1e-3) is None
+
+
+def test_styles_sequence_parallelism_cannot_take():
+    g, b, prob, choice, _ = llama_sp()
+    # a weight stored [in, out], or a column-parallel weight split by blocks
+    for name, plan in (("nq", "colwise_in_out"), ("no", "rowwise_in_out"), ("nq", "colwise:2")):
+        assert sharding._sequence_parallel(restyle(prob, choice, name, plan=plan), choice, "v",
+                                           1e-3) is None, plan  # fmt: skip
+    # a row-parallel output on no token dims
+    assert sharding._sequence_parallel(restyle(prob, choice, "no", shape=(16, 4)), choice, "v",
+                                       1e-3) is None  # fmt: skip
+    # a column-parallel input outside the region (the norm's output sharded along the
+    # sequence, so not replicated)
+    off = list(choice)
+    off[0] = 2
+    assert prob.ops[0].strategies[2].out == "S1"
+    assert sharding._sequence_parallel(prob, tuple(off), "v", 1e-3) is None
+
+
+def test_projections_of_one_module_gather_their_input_once_and_the_blocks_own_each():
+    """q and k both read the norm's output. Inside ``layer.attn`` the module gathers it once
+    (forward, and for each of backward's reduce-scatter and weight gradients): the same
+    collectives as with q alone. As the block's own Linears (``layer.q``, ``layer.k``: no
+    module between) each gathers its own (the label ``colwise_sp``), once in forward and
+    once reduce-scattered back, and keeps the gathered input whole for backward."""
+    *_, sp = llama_sp({"with_k": True}, MEGATRON_K)
+    assert sp.comm_fwd == (SCATTER, GATHER, GATHER)
+    assert sp.comm_bwd == (GATHER, SCATTER, GATHER, GATHER)
+    assert sp.plans == (
+        (0, 1, "sequence"),
+        (1, 1, "colwise"),
+        (2, 1, "colwise"),
+        (4, 1, "rowwise_sp"),
+    )
+    # saved: x at the norm, the norm's output at q and at k (each its shard), nq at act,
+    # act at o: 128 each
+    assert sp.saved_bytes == 5 * 128
+    *_, own = llama_sp({"with_k": True, "attn": "layer"}, MEGATRON_K)
+    assert own.plans == (
+        (0, 1, "sequence"), (1, 1, "colwise_sp"), (2, 1, "colwise_sp"), (4, 1, "rowwise_sp"),
+    )  # fmt: skip
+    assert own.comm_fwd == (SCATTER, GATHER, GATHER, GATHER)
+    assert own.comm_bwd == (GATHER, SCATTER, SCATTER, GATHER)
+    # x at the norm 128; the norm's output at q and k kept whole (256 each); nq, act 128
+    assert own.saved_bytes == 128 + 2 * 256 + 2 * 128
+
+
+# --------------------------------------------------------------------------- templates, binding
+
+
+def llama_template(wanted=MEGATRON, **change):
+    from dataclasses import replace
+
+    g, b = llama_graph()
+    prob = replace(build_problem(g, b, 2, flops_per_second=1.0, bytes_per_second=1.0), **change)
+    choice = pick(prob, wanted)
+    ev = sharding.evaluate(prob, choice, 1e-3)
+    return g, b, prob, choice, sharding._template(prob, choice, "tp2-v1", ev)
+
+
+def test_a_template_prices_the_layout_by_hand():
+    """Megatron on the Llama-like layer: shares 1 (norm), 1/2 (q, gelu, o), 1 (add) of
+    FLOPs 60, 3000, 20, 3000, 0 and of forward bytes 300, 100, 512, 100, 768; seconds 900 +
+    1500 + 640 + 1500 + 1280 plus o's output all-reduced forward and the norm's output's
+    gradient backward (256 B each at a ring factor of 1); saved x and the norm's output
+    whole (256 each), q's and gelu's outputs halved (128 each)."""
+    *_, prob, choice, tpl = llama_template()
+    assert tpl.name == "tp2-v1" and tpl.choice == choice
+    assert tpl.states == ("R", "S2", "S2", "P", "R")
+    assert tpl.needs == (("R", "R"), ("R", "S0"), ("S2",), ("S2", "S1"), ("R", "R"))
+    assert tpl.plans == ((1, 1, "colwise"), (3, 1, "rowwise"))
+    assert tpl.compute_fraction == pytest.approx((60 + 1510 + 1500) / 6080, rel=1e-12)
+    assert tpl.memory_bound_fraction == pytest.approx((300 + 50 + 256 + 50 + 768) / 1780)
+    assert tpl.param_fraction == pytest.approx(288 / 544)
+    assert (tpl.saved_bytes, tpl.saved_selective_bytes, tpl.input_bytes) == (768, 768, 256)
+    assert tpl.comm_fwd == (("all_reduce", 256),) and tpl.comm_bwd == (("all_reduce", 256),)
+    assert tpl.time_s == pytest.approx(5820 + 2 * 0.256, rel=1e-12)
+    assert tpl.memory == 768 + 16 * (8 + 32 + 32)
+    assert tpl.on_dtensors is False and tpl.grad_sums == () and not tpl.sequence_parallel
+    assert tpl.exit_gather == () and tpl.entry_gather == ()
+
+
+def test_fractions_of_a_block_with_no_flops_bytes_or_weights():
+    """No FLOPs: the compute share is the memory-bound one (the template) or 1 (the
+    sequence-parallel form); no bytes either: 1; no owned weights: the parameter share 1."""
+    *_, tpl = llama_template(flops=0)
+    assert tpl.compute_fraction == tpl.memory_bound_fraction == pytest.approx(1424 / 1780)
+    *_, tpl = llama_template(flops=0, fwd_bytes=0, owned=[])
+    assert (tpl.compute_fraction, tpl.memory_bound_fraction, tpl.param_fraction) == (1, 1, 1)
+    from dataclasses import replace
+
+    g, b, prob, choice, sp = llama_sp()
+    sp = sharding._sequence_parallel(replace(prob, flops=0), choice, "v", 1e-3)
+    assert sp.compute_fraction == 1.0 and sp.memory_bound_fraction == pytest.approx(0.5)
+    bare = replace(prob, flops=0, fwd_bytes=0, owned=[])
+    sp = sharding._sequence_parallel(bare, choice, "v", 1e-3)
+    assert (sp.compute_fraction, sp.memory_bound_fraction, sp.param_fraction) == (1, 1, 1)
+
+
+def test_param_uses_are_each_parameters_first_read():
+    *_, prob, choice, tpl = llama_template()
+    assert sharding._param_uses(prob, ["layer.attn.o.weight", "layer.norm.weight"]) == (
+        (3, 1), (0, 1),
+    )  # fmt: skip
+
+
+def distinct(tpl):
+    """``tpl`` with every priced field a value of its own, so a field bound from another
+    shows."""
+    from dataclasses import replace
+
+    return replace(
+        tpl, compute_fraction=0.11, memory_bound_fraction=0.22, param_fraction=0.33,
+        saved_bytes=44, saved_selective_bytes=55, input_bytes=66, comm_fwd=(("a", 7),),
+        comm_bwd=(("b", 8),), exit_gather=(("c", 9),), entry_gather=(("d", 10),),
+    )  # fmt: skip
+
+
+def bound(tpl, states, plan):
+    return sharding.TPVariant(
+        name=tpl.name, tp=2, states=states, tp_plan=plan, compute_fraction=0.11,
+        memory_bound_fraction=0.22, param_fraction=0.33, saved_bytes=44,
+        saved_selective_bytes=55, input_bytes=66, comm_fwd=(("a", 7),), comm_bwd=(("b", 8),),
+        exit_gather=(("c", 9),), entry_gather=(("d", 10),),
+    )  # fmt: skip
+
+
+def test_binding_names_each_styled_module_and_the_sequence_parallel_block():
+    """The template's positions become the block's node names and its weights' modules; a
+    sequence-parallel block is ``sp_block`` and the module of a column-parallel weight below
+    it gathers the sequence (``sp_gather``); the block's own Linear gathers in its style."""
+    g, b, prob, choice, tpl = llama_template()
+    states = {"nrm": "R", "nq": "S2", "act": "S2", "no": "P", "out": "R"}
+    plan = {"layer.attn.q": "colwise", "layer.attn.o": "rowwise"}
+    assert sharding._bind(g, b, distinct(tpl), 2) == bound(tpl, states, plan)
+    g, b, prob, choice, sp = llama_sp()
+    states = {"nrm": "S1", "nq": "S2", "act": "S2", "no": "P", "out": "S1"}
+    plan = {
+        "layer.norm": "sequence", "layer.attn.q": "colwise", "layer.attn.o": "rowwise_sp",
+        "layer": "sp_block", "layer.attn": "sp_gather",
+    }  # fmt: skip
+    assert sharding._bind(g, b, distinct(sp), 2) == bound(sp, states, plan)
+    g, b, prob, choice, sp = tokens_sp()
+    assert sharding._bind(g, b, sp, 2).tp_plan == {
+        "layer.norm": "sequence_tokens", "layer.fc1": "colwise_sp_tokens",
+        "layer.fc2": "rowwise_sp_tokens", "layer": "sp_block",
+    }  # fmt: skip
+
+
+def test_the_sequence_parallel_forms_saved_bytes_kept_and_its_dtensors():
+    """q's output made in the attention-like core: act's saved copy of it (128 B) is not
+    kept under selective recompute. A saved tensor of another op than an operand (o keeping
+    q's sharded output) is priced in its producer's state; an expand handing a replicated
+    tensor on split makes the layout a DTensor one."""
+    from dataclasses import replace
+
+    g, b, prob, choice, sp = llama_sp()
+    assert sp.on_dtensors is False
+    core = sharding._sequence_parallel(replace(prob, core=frozenset({"nq"})), choice, "v", 1e-3)
+    assert (core.saved_bytes, core.saved_selective_bytes) == (512, 384)
+    keeps = restyle(prob, choice, "no", saved=(("act", 256), ("nq", 256)))
+    assert sharding._sequence_parallel(keeps, choice, "v", 1e-3).saved_bytes == 512 + 128
+    split = restyle(prob, choice, "act", op="aten.expand.default", req=("R",))
+    assert sharding._sequence_parallel(split, choice, "v", 1e-3).on_dtensors is True
+
+
+def test_every_region_op_and_every_column_parallel_input_is_checked():
+    from dataclasses import replace
+
+    g, b, prob, choice, sp = llama_sp()
+    # the add after the projections (the last op of the region) not token-local
+    late = restyle(prob, choice, "out", op="aten._softmax.default")
+    assert sharding._sequence_parallel(late, choice, "v", 1e-3) is None
+    # q reading the norm's output as a [2, 32] tensor: no token dims
+    nq = prob.ops[prob.index["nq"]]
+    flat = (replace(nq.operands[0], shape=(2, 32)), nq.operands[1])
+    assert sharding._sequence_parallel(restyle(prob, choice, "nq", operands=flat), choice, "v",
+                                       1e-3) is None  # fmt: skip
+
+
+REP, MEG = (0, 0, 0, 0, 0), (0, 1, 3, 2, 0)
+O_COL, Q_COL, BOTH_COL = (0, 0, 0, 1, 0), (0, 1, 0, 0, 0), (0, 1, 0, 1, 0)
+
+
+def test_templates_keep_the_pareto_front_of_what_the_ilp_found(monkeypatch):
+    """The ILP stood in by a list of layouts, each priced by ``evaluate`` at 20 s/B (by
+    brute force): replicated 9460 s, 3200 B; q or o column-parallel alone 15640 s, 2688 B
+    each (neither dominates the other); Megatron 16060 s, 1920 B; both column-parallel
+    21820 s, 2176 B (dominated by Megatron); an infeasible layout (o row-parallel after a
+    replicated gelu) dropped. Ordered by time, then memory, then the layout; named by rank
+    among the sharded ones kept."""
+    g, b = llama_graph()
+    prob = build_problem(g, b, 2, flops_per_second=1.0, bytes_per_second=1.0)
+    infeasible = (0, 1, 0, 2, 0)
+    assert not sharding.evaluate(prob, infeasible, 20.0).feasible
+    asked = []
+
+    def ilp(p, spb, time_scale, memory_scale):
+        asked.append((p is prob, spb, time_scale, memory_scale))
+        return [(c, 0.0) for c in (BOTH_COL, MEG, infeasible, Q_COL, REP, O_COL, MEG)]
+
+    monkeypatch.setattr(sharding, "sharding_milp", ilp)
+    tpls = sharding._templates(prob, 20.0, 3)
+    assert asked == [(True, 20.0, 9460.0, 3200.0)]
+    assert [(t.name, t.choice) for t in tpls] == [
+        ("replicated", REP), ("tp2-v1", O_COL), ("tp2-v2", Q_COL), ("tp2-v3", MEG),
+    ]  # fmt: skip
+    assert [(t.time_s, t.memory) for t in tpls] == [
+        (9460.0, 3200.0), (15640.0, 2688.0), (15640.0, 2688.0), (16060.0, 1920.0),
+    ]  # fmt: skip
+    two = sharding._templates(prob, 20.0, 2)
+    assert [t.name for t in two] == ["replicated", "tp2-v1", "tp2-v2"]
+    # the fastest sharded layout has no sequence-parallel form (q replicated in the region)
+    # Megatron fastest at 1e-3 s/B: it leads, its sequence-parallel form last
+    fast = sharding._templates(prob, 1e-3, 3)
+    assert [(t.name, t.choice) for t in fast] == [
+        ("tp2-v1", MEG), ("replicated", REP), ("tp2-v1-sp", MEG),
+    ]  # fmt: skip
+    # a block of no time and no memory: the ILP's scales are 1
+    from dataclasses import replace
+
+    bare = replace(prob, ops=[replace(op, seconds=0.0, saved=()) for op in prob.ops], owned=[])
+    asked.clear()
+    sharding._templates(bare, 20.0, 3)
+    assert asked == [(False, 20.0, 1.0, 1.0)]
+
+
+def test_the_replicated_region_joins_through_replicated_ops_either_way():
+    """x -> a (R) -> b (S2) -> c (R, a dropout on b gathered) -> d = c + x (R); b -> e (R) ->
+    f (R); a parameter and a buffer read by e. The region: a and d (fed by x), c (read by
+    d), not e or f (linked to the region only through b, sharded)."""
+    from planner.cost.sharding import Op, Operand, Strategy
+
+    def op(name, *reads):
+        operands = tuple(
+            Operand("param", r[1:], (4,), True) if r.startswith("@")
+            else Operand("buffer", r, None, False) if r.startswith("#")
+            else Operand("node", r, (2, 4, 8), True)
+            for r in reads
+        )  # fmt: skip
+        return Op(name, "aten.add.Tensor", "", (2, 4, 8), operands, (), 0, 0, 0, 0, True, ())
+
+    ops = [op("a", "x"), op("b", "a"), op("c", "b"), op("d", "c", "x"), op("e", "b", "@w", "#m"),
+           op("f", "e")]  # fmt: skip
+    prob = sharding.BlockProblem(2, ops, {o.name: i for i, o in enumerate(ops)}, {}, [], {}, {},
+                                 [], {}, frozenset(), 0)  # fmt: skip
+    strat = [Strategy(s, ()) for s in ("R", "S2", "R", "R", "R", "R")]
+    assert sharding._replicated_region(prob, strat, {"x"}) == {"a", "c", "d"}
+    assert sharding._replicated_region(prob, strat, {"b"}) == {"c", "e", "d", "f"}
+    assert sharding._replicated_region(prob, strat, set()) == set()
+    # a sharded op fed by the seed is no part of it
+    strat[0] = Strategy("S0", ())
+    assert sharding._replicated_region(prob, strat, {"x"}) == {"c", "d"}
