@@ -393,6 +393,9 @@ def test_the_sequence_parallel_forms_saved_bytes_kept_and_its_dtensors():
     assert (core.saved_bytes, core.saved_selective_bytes) == (512, 384)
     keeps = restyle(prob, choice, "no", saved=(("act", 256), ("nq", 256)))
     assert sharding._sequence_parallel(keeps, choice, "v", 1e-3).saved_bytes == 512 + 128
+    # the input kept under full recompute: each rank's whole bytes of it
+    odd = sharding._sequence_parallel(replace(prob, input_bytes=255), choice, "v", 1e-3)
+    assert odd.input_bytes == 127
     split = restyle(prob, choice, "act", op="aten.expand.default", req=("R",))
     assert sharding._sequence_parallel(split, choice, "v", 1e-3).on_dtensors is True
 
@@ -484,3 +487,172 @@ def test_the_replicated_region_joins_through_replicated_ops_either_way():
     # a sharded op fed by the seed is no part of it
     strat[0] = Strategy("S0", ())
     assert sharding._replicated_region(prob, strat, {"x"}) == {"c", "d"}
+
+
+# --------------------------------------------------------------------------- views by hand
+
+
+def test_identity_views_keep_the_split_and_negative_dims_count_from_the_end():
+    """alias, detach, lift_fresh_copy and getitem hand the split dim on where the output
+    keeps its size divisible by t; a transpose or permute with negative dims, a split along
+    its dim argument (the third) or any other (the second), unbind by its dim."""
+    m = sharding._map_view_dim
+    for base in ("alias", "detach", "lift_fresh_copy", "getitem"):
+        assert m(base, (4, 6, 8), (4, 6, 8), 2, [], 2) == 2, base
+    assert m("transpose", (4, 6, 8), (8, 6, 4), 0, [{}, -3, -1], 2) == 2
+    assert m("permute", (4, 6, 8), (8, 4, 6), 2, [{}, [-1, 0, 1]], 2) == 0
+    assert m("split", (4, 6, 8), (4, 6, 4), 2, [{}, 4, -1], 2) is None
+    assert m("split", (4, 6, 8), (4, 6, 4), 0, [{}, 4, -1], 2) == 0
+    assert m("split_with_sizes", (4, 6, 8), (4, 6, 4), 2, [{}, [4, 4], -1], 2) is None
+    assert sharding._split_dim("split_with_sizes", [{}, [4, 4], -1], 3) == 2
+    assert sharding._split_dim("unbind", [{"node": "x"}, {}], 3) == 0
+    assert sharding._split_dim("unbind", [{"node": "x"}, 1, {}], 3) == 1
+
+
+def test_block_sharded_views_by_chunk_sizes_identity_and_position():
+    """The k = 3 blocks of dim 2 (12 = 3 x 4): handed on by a chunk into 3 or sizes [4, 4,
+    4] (each block's S2); by getitem and an expand as blocks (at t = 3 too, 9 = 3 x 3); by a
+    transpose to dim 0. A getitem to another size, an op with no rule, a reshape folding a
+    size-2 dim into the blocks have no image; folding a size-1 dim keeps the blocks."""
+    b = sharding._blocks_image
+    x = {"node": "x"}
+    assert b("chunk", (2, 4, 12), (2, 4, 4), 2, 3, [x, 3, -1], 2) == "S2"
+    assert b("split_with_sizes", (2, 4, 12), (2, 4, 4), 2, 3, [x, [4, 4, 4], -1], 2) == "S2"
+    assert b("getitem", (2, 4, 12), (2, 4, 12), 2, 3, [], 2) == "S2/3"
+    assert b("getitem", (2, 4, 9), (2, 4, 9), 2, 3, [], 3) == "S2/3"
+    assert b("getitem", (2, 4, 12), (2, 4, 6), 2, 3, [], 2) is None
+    assert b("expand", (2, 4, 12), (3, 2, 4, 12), 2, 3, [x, [3, 2, 4, 12]], 2) == "S3/3"
+    assert b("transpose", (2, 4, 12), (12, 4, 2), 2, 3, [x, 0, 2], 2) == "S0/3"
+    assert b("as_strided", (2, 4, 12), (2, 4, 12), 2, 3, [], 2) is None
+    assert b("view", (2, 12), (24,), 1, 3, [], 2) is None
+    assert b("view", (1, 12), (12,), 1, 3, [], 2) == "S0/3"
+
+
+def test_reshape_groups_past_trailing_ones_and_unflattened_dims():
+    """(24,) -> (2, 3, 4): one group of all three; (4, 6, 1) -> (4, 6): the size-1 dim in no
+    group; a group of size-1 dims has no leading dim to carry a split."""
+    assert sharding._reshape_group((24,), (2, 3, 4), 0) == ([0], [0, 1, 2])
+    assert sharding.reshape_dim((24, 8), (2, 3, 4, 8), 0, 2) == 0
+    assert sharding._reshape_group((4, 6, 1), (4, 6), 2) is None
+    assert sharding.reshape_dim((4, 1, 6), (4, 1, 6), 1, 2) is None
+
+
+def test_binding_gathers_a_region_read_whole_and_keeps_dtensor_styles():
+    """o column-parallel alone: its output read whole by the add, so its module gathers at
+    once (``colwise_gather``, the block count kept for a by-blocks style); a layout on
+    DTensors keeps every column-parallel output a DTensor."""
+    from dataclasses import replace
+
+    g, b, prob, choice, tpl = llama_template({"no": ("S2", "colwise")})
+    assert sharding._bind(g, b, tpl, 2).tp_plan == {"layer.attn.o": "colwise_gather"}
+    blocks = replace(tpl, plans=((3, 1, "colwise_dtensor:2"),))
+    assert sharding._bind(g, b, blocks, 2).tp_plan == {"layer.attn.o": "colwise_gather:2"}
+    g, b, prob, choice, tpl = llama_template()
+    dt = sharding._bind(g, b, replace(tpl, on_dtensors=True), 2)
+    assert dt.tp_plan == {"layer.attn.q": "colwise_dtensor", "layer.attn.o": "rowwise"}
+
+
+def test_a_partial_weight_is_summed_by_its_module_unless_read_only_where_gathered():
+    """The runtime sums the gradient of a replicated weight read on a shard, by its module
+    (the weight's name without its last part: ``layer.norm``), unless a style already makes
+    it a DTensor (q's) or every shard it meets runs gathered (scale.w read by the mul
+    between two column-parallel products, each gathered at its own output)."""
+    from dataclasses import replace
+
+    from test_mutant_kills_sharding import scaled_graph
+
+    g, b, prob, choice, tpl = llama_template()
+    sharded_norm = replace(tpl, states=("S1", *tpl.states[1:]), grad_sums=((0, 1), (1, 1)))
+    assert sharding._bind(g, b, sharded_norm, 2).grad_sums == ("layer.norm",)
+    g, b = scaled_graph()  # fc1, s = scale.w + 1, act = fc1 * s, fc2, out
+    both = sharding._Template(
+        name="v", choice=(), states=("S2", "R", "S2", "S2", "R"),
+        needs=(("R", "S0", "S0"), ("R",), ("S2", "R"), ("R", "S0", "S0"), ("R", "R")),
+        plans=((0, 1, "colwise"), (3, 1, "colwise")), grad_sums=((1, 0),),
+        compute_fraction=1.0, memory_bound_fraction=1.0, param_fraction=1.0, saved_bytes=0,
+        saved_selective_bytes=0, input_bytes=0, comm_fwd=(), comm_bwd=(), time_s=0.0,
+        memory=0.0,
+    )  # fmt: skip
+    v = sharding._bind(g, b, both, 2)
+    assert v.tp_plan == {"fc1": "colwise_gather", "fc2": "colwise_gather"}
+    assert v.grad_sums == ()
+    # fc2 row-parallel instead: the mul runs on fc1's shard, so scale.w's gradient is summed
+    kept = replace(both, states=("S2", "R", "S2", "P", "R"), plans=((0, 1, "colwise"), (3, 1,
+                   "rowwise")), needs=(*both.needs[:3], ("S2", "S1", "R"), ("R", "R")))  # fmt: skip
+    v = sharding._bind(g, b, kept, 2)
+    assert v.tp_plan == {"fc1": "colwise", "fc2": "rowwise"} and v.grad_sums == ("scale",)
+
+
+def test_the_holder_of_a_weight_is_its_module_or_the_tied_reader_holding_it_too():
+    g = nx.DiGraph()
+    g.add_node("h", module="model.head")
+    g.add_node("e", module="model.wte")
+    assert sharding._holder(g, "e", "model.wte.weight") == "model.wte"
+    assert sharding._holder(g, "h", "model.wte.weight") == "model.wte"  # no alias recorded
+    g.graph["param_owner"] = {"model.head.weight": "model.wte.weight"}
+    assert sharding._holder(g, "h", "model.wte.weight") == "model.head"
+    assert sharding._holder(g, "e", "model.wte.weight") == "model.wte"
+    g.graph["param_owner"] = {"model.head.bias": "model.wte.weight"}
+    assert sharding._holder(g, "h", "model.wte.weight") == "model.wte"
+
+
+def test_a_sequence_of_two_tokens_splits_and_one_edge_gather_is_dropped_alone():
+    assert sharding._token_dim((2, 2, 8), (2, 2), 2) == 1
+    from dataclasses import replace
+
+    *_, sp = llama_sp()
+    g, b = llama_graph()
+    v = sharding._bind(g, b, sp, 2)
+    exit_only = replace(v, entry_gather=())
+    left = sharding.sequence_stream(exit_only, False, True)
+    assert left.comm_fwd == v.comm_fwd[:-1] and left.leaves_sequence_shard
+    entry_only = replace(v, exit_gather=())
+    taken = sharding.sequence_stream(entry_only, True, False)
+    assert taken.comm_bwd == v.comm_bwd[:-1] and taken.takes_sequence_shard
+
+
+def test_templates_drop_a_layout_matched_in_one_measure_and_beaten_in_the_other(monkeypatch):
+    """Variants of the layer at 20 s/B: q keeping a 64-byte copy of its own output (halved
+    when q is split) makes q-alone 32 B lighter than o-alone at the same time, so o-alone
+    goes; o 200 s slower (3200) makes o-alone 100 s faster than q-alone at the same memory,
+    so q-alone goes; q 200 s slower and o keeping the copy: q-alone 100 s faster, o-alone
+    32 B lighter, both kept, ranked by time (not by layout). At degree one, or with no ops,
+    the ILP is not asked."""
+    from dataclasses import replace
+
+    g, b = llama_graph()
+    prob = build_problem(g, b, 2, flops_per_second=1.0, bytes_per_second=1.0)
+    asked = []
+
+    def ilp(p, spb, time_scale, memory_scale):
+        asked.append(spb)
+        return [(c, 0.0) for c in (BOTH_COL, MEG, Q_COL, O_COL)]
+
+    monkeypatch.setattr(sharding, "sharding_milp", ilp)
+
+    def changed(**ops):
+        return replace(prob, ops=[replace(op, **ops.get(op.name, {})) for op in prob.ops])
+
+    def front(p, keep=3):
+        return [(t.choice, t.time_s, t.memory) for t in sharding._templates(p, 20.0, keep)]
+
+    copy = (("nrm", 256), (None, 64))
+    assert front(changed(nq={"saved": copy})) == [
+        (REP, 9460.0, 3264.0), (Q_COL, 15640.0, 2720.0), (MEG, 16060.0, 1952.0),
+    ]  # fmt: skip
+    assert front(changed(no={"seconds": 3200.0})) == [
+        (REP, 9660.0, 3200.0), (O_COL, 15740.0, 2688.0), (MEG, 16160.0, 1920.0),
+    ]  # fmt: skip
+    both = changed(nq={"seconds": 3200.0}, no={"saved": (("act", 256), (None, 64))})
+    assert front(both, 2) == [
+        (REP, 9660.0, 3264.0), (Q_COL, 15740.0, 2752.0), (O_COL, 15840.0, 2720.0),
+    ]  # fmt: skip
+    assert [t.name for t in sharding._templates(both, 20.0, 2)] == ["replicated", "tp2-v1",
+                                                                    "tp2-v2"]  # fmt: skip
+    asked.clear()
+    one = build_problem(g, b, 1, flops_per_second=1.0, bytes_per_second=1.0)
+    assert [t.name for t in sharding._templates(one, 20.0, 3)] == ["replicated"]
+    assert [t.name for t in sharding._templates(replace(prob, ops=[], outputs=[]), 20.0, 3)] == [
+        "replicated"
+    ]
+    assert asked == []
