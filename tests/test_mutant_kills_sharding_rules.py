@@ -656,3 +656,169 @@ def test_templates_drop_a_layout_matched_in_one_measure_and_beaten_in_the_other(
         "replicated"
     ]
     assert asked == []
+
+
+# --------------------------------------------------------------------------- reductions, cat
+
+
+def strategies(op, shape, operands, args, t=2):
+    from planner.cost.sharding import strategies_for
+
+    attrs = {"shapes": [list(shape)], "args": args}
+    return [(s.out, s.req) for s in strategies_for(op, attrs, operands, t)]
+
+
+def node(name, shape):
+    from planner.cost.sharding import Operand
+
+    return Operand("node", name, tuple(shape), True)
+
+
+def test_a_softmax_over_its_first_dim_or_with_two_arguments_keeps_the_others():
+    x = node("x", (4, 6, 8))
+    first = strategies("aten._softmax.default", (4, 6, 8), [x], [X, 0, False])
+    assert first == [("R", ("R",)), ("S1", ("S1",)), ("S2", ("S2",))]
+    two = strategies("aten.softmax.int", (4, 6, 8), [x], [X, -1])
+    assert two == [("R", ("R",)), ("S0", ("S0",)), ("S1", ("S1",))]
+
+
+def test_a_reduction_whose_dims_are_keywords_is_taken_as_whole():
+    """amax with its dims in the kwargs dict: read as a full reduction (replicated only),
+    not as a reduction of dim 0 (which would hand x's dim 1 on as the output's dim 0)."""
+    x = node("x", (4, 6, 8))
+    assert strategies("aten.amax.default", (6, 8), [x], [X, {"dim": [0]}]) == [("R", ("R",))]
+
+
+def test_cat_along_a_negative_dim_and_past_an_empty_legacy_operand():
+    a, b = node("a", (4, 2)), node("b", (4, 4))
+    args = [[ref("a"), ref("b")], -1, {}]
+    assert strategies("aten.cat.default", (4, 6), [a, b], args) == [
+        ("R", ("R", "R")), ("P", ("P", "P")), ("S0", ("S0", "S0")),
+    ]  # fmt: skip
+    # torch.cat skips a 1-D empty tensor beside 2-D ones: no dim of it to split alike
+    e = node("e", (0,))
+    args = [[ref("a"), ref("e")], 1, {}]
+    assert strategies("aten.cat.default", (4, 2), [a, e], args) == [
+        ("R", ("R", "R")), ("P", ("P", "P")),
+    ]  # fmt: skip
+
+
+def test_sections_of_unit_splits_and_of_calls_with_no_sizes():
+    assert sharding._sections("split", 3, [X, 1]) == [(0, 1), (1, 1), (2, 1)]
+    assert sharding._sections("split", 3, [X, {}]) is None
+    assert sharding._sections("split_with_sizes", 3, [X, {}]) is None
+    assert sharding._sections("chunk", 4, [X, 1]) == [(0, 4)]
+    assert sharding._sections("chunk", 4, [X, {}]) is None
+
+
+# --------------------------------------------------------------------------- read sharded
+
+
+def params_graph():
+    """Values of parameters met by the activation x [2, 4, 8], one module per case (``add``
+    ops; states chosen per test):
+
+    * m: p1 = m.a + 1, p2 = m.b + 1, e = x * p1, c = p1 + p2 (p1's successors e then c, so
+      c, reached first through p2, comes up again before e);
+    * n: r1 = n.a + 1 -> r2 = r1 * 2 -> f = x * r2 (a chain of parameter values);
+    * k: k1 = k.a + 1 -> k2 = x + k1 -> k3 = k2 * 3 (k2 reads the activation);
+    * s: s1 = s.a + 1, alone;
+    * u: u1 = u.a + 1 -> out1 = u1 * 2, outside the block -> w = x * out1."""
+    g = nx.DiGraph()
+    _node(g, "x", "input", [], [2, 4, 8])
+    add, mul = "aten.add.Tensor", "aten.mul.Tensor"
+    for name, op, args in (
+        ("p1", add, [{"param": "m.a"}, 1]), ("p2", add, [{"param": "m.b"}, 1]),
+        ("e", mul, [X, ref("p1")]), ("c", add, [ref("p1"), ref("p2")]),
+        ("r1", add, [{"param": "n.a"}, 1]), ("r2", mul, [ref("r1"), 2]),
+        ("f", mul, [X, ref("r2")]),
+        ("k1", add, [{"param": "k.a"}, 1]), ("k2", add, [X, ref("k1")]),
+        ("k3", mul, [ref("k2"), 3]),
+        ("s1", add, [{"param": "s.a"}, 1]),
+        ("u1", add, [{"param": "u.a"}, 1]), ("out1", mul, [ref("u1"), 2]),
+        ("w", mul, [X, ref("out1")]),
+    ):  # fmt: skip
+        _node(g, name, op, args, [2, 4, 8])
+    params = {p: [8] for p in ("m.a", "m.b", "n.a", "k.a", "s.a", "u.a")}
+    g.graph.update(param_shapes=params, param_owner={p: p for p in params})
+    nodes = ["p1", "p2", "e", "c", "r1", "r2", "f", "k1", "k2", "k3", "s1", "u1", "w"]
+    return g, _block(nodes, params, modules=("blk",))
+
+
+def test_a_parameter_value_meeting_a_shard_is_found_through_chains_and_repeats():
+    g, b = params_graph()
+    states = dict.fromkeys(b.nodes, "R")
+    read = sharding._read_sharded
+    # e (x * p1) sharded: found after c comes up a second time
+    assert read(g, b, "m", {**states, "e": "S2"}, set())
+    assert not read(g, b, "m", {**states, "e": "S2"}, {"e"})
+    # f at the end of a chain of parameter values
+    assert read(g, b, "n", {**states, "f": "S2"}, set())
+    # k2 reads the activation, replicated: what follows is no value of parameters
+    assert not read(g, b, "k", {**states, "k3": "S2"}, set())
+    # a parameter value itself sharded
+    assert read(g, b, "s", {**states, "s1": "S2"}, set())
+    # a value of no state (tensorless, absent from states) is taken as replicated
+    assert not read(g, b, "s", {k: v for k, v in states.items() if k != "s1"}, set())
+    assert not read(g, b, "k", {k: v for k, v in states.items() if k != "k2"}, set())
+    # a successor outside the block is not followed
+    assert not read(g, b, "u", {**states, "w": "S2"}, set())
+
+
+# --------------------------------------------------------------------------- sharded regions
+
+
+def region_graph(outputs=("out",)):
+    """x -> col (column-parallel) -> ext (outside the block, made first), a1, a2 -> a3 =
+    a1 + a2 -> row -> out = row + x. ``outputs``: the graph's outputs (None: no key)."""
+    g = nx.DiGraph()
+    _node(g, "x", "input", [], [2, 4, 8])
+    w = {"param": "w"}
+    for name, op, args in (
+        ("col", LINEAR, [X, w]), ("ext", "aten.neg.default", [ref("col")]),
+        ("a1", "aten.gelu.default", [ref("col")]), ("a2", "aten.neg.default", [ref("col")]),
+        ("a3", "aten.add.Tensor", [ref("a1"), ref("a2")]), ("row", LINEAR, [ref("a3"), w]),
+        ("out", "aten.add.Tensor", [ref("row"), X]),
+    ):  # fmt: skip
+        _node(g, name, op, args, [2, 4, 8])
+    g.graph.update(param_shapes={"w": [8, 8]}, param_owner={"w": "w"})
+    if outputs is not None:
+        g.graph["outputs"] = list(outputs)
+    return g, _block(["col", "a1", "a2", "a3", "row", "out"], ["w"], modules=("blk",))
+
+
+SHARD = {"col": "S2", "ext": "S2", "a1": "S2", "a2": "S2", "a3": "S2", "row": "P", "out": "R"}
+READS = {"col": ("R", "S0"), "ext": ("S2",), "a1": ("S2",), "a2": ("S2",), "a3": ("S2", "S2"),
+         "row": ("S2", "S1"), "out": ("R", "R")}  # fmt: skip
+
+
+def test_a_sharded_region_runs_to_its_partial_sums_and_gathers_where_read_whole():
+    """(gathered, reaches a row-parallel consumer, its ops) downstream of col: ext, outside
+    the block, gathers it; a successor of no state is passed over (the others still
+    followed); a consumer reading col whole starts anew; one reading a2 whole beside a1 as
+    the shard still gathers; a block output gathers; a replicated output gathers."""
+    region = sharding._sharded_region
+    g, b = region_graph()
+    inside = {k: v for k, v in SHARD.items() if k != "ext"}
+    everything = {"col", "a1", "a2", "a3"}
+    assert region(g, b, "col", inside, READS) == (True, True, everything)
+    g, b = region_graph(outputs=None)
+    assert region(g, b, "col", inside, READS) == (True, True, everything)
+    b.nodes.append("ext")  # ext inside: nothing gathers
+    assert region(g, b, "col", SHARD, READS) == (False, True, everything | {"ext"})
+    # row column-parallel too: out reads it whole
+    row_col = {**SHARD, "row": "S2"}
+    assert region(g, b, "col", row_col, READS) == (True, False, everything | {"ext", "row"})
+    # a1 reads col whole: a new output; a2 still the shard
+    whole_a1 = {**READS, "a1": ("R",)}
+    assert region(g, b, "col", SHARD, whole_a1) == (True, True, {"col", "ext", "a2", "a3"})
+    # a3 reads a2 whole and a1 as the shard
+    mixed = {**READS, "a3": ("S2", "R")}
+    assert region(g, b, "col", SHARD, mixed) == (True, True, everything | {"ext"})
+    # a3 replicated (reads its operands as shards: a sum of local parts made whole)
+    a3_whole = {**SHARD, "a3": "R"}
+    assert region(g, b, "col", a3_whole, READS) == (True, False, {"col", "ext", "a1", "a2"})
+    # a block output inside the region
+    g, b = region_graph(outputs=("out", "a1"))
+    b.nodes.append("ext")
+    assert region(g, b, "col", SHARD, READS) == (True, True, everything | {"ext"})
