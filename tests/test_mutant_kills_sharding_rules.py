@@ -822,3 +822,15 @@ def test_a_sharded_region_runs_to_its_partial_sums_and_gathers_where_read_whole(
     g, b = region_graph(outputs=("out", "a1"))
     b.nodes.append("ext")
     assert region(g, b, "col", SHARD, READS) == (True, True, everything | {"ext"})
+
+
+def test_partial_sums_pass_a_difference_and_a_one_operand_cast_only():
+    """a - b of two partial sums is the partial sum of the difference; ``type_as(a, b)``
+    reads two tensors (b only for its dtype) and passes no partial sum."""
+    a, b = node("a", (4, 6)), node("b", (4, 6))
+    two = [ref("a"), ref("b"), {}]
+    assert ("P", ("P", "P")) in strategies("aten.sub.Tensor", (4, 6), [a, b], two)
+    assert ("P", ("P", "P")) not in strategies("aten.type_as.default", (4, 6), [a, b], two)
+    assert strategies("aten.to.dtype", (4, 6), [a], [ref("a"), "float32", {}])[-1] == (
+        "P", ("P",),
+    )  # fmt: skip
