@@ -761,6 +761,8 @@ def test_a_parameter_value_meeting_a_shard_is_found_through_chains_and_repeats()
     # a value of no state (tensorless, absent from states) is taken as replicated
     assert not read(g, b, "s", {k: v for k, v in states.items() if k != "s1"}, set())
     assert not read(g, b, "k", {k: v for k, v in states.items() if k != "k2"}, set())
+    no_r2 = {k: v for k, v in states.items() if k != "r2"}
+    assert read(g, b, "n", {**no_r2, "f": "S2"}, set())  # followed through r2 to f
     # a successor outside the block is not followed
     assert not read(g, b, "u", {**states, "w": "S2"}, set())
 
@@ -834,3 +836,10 @@ def test_partial_sums_pass_a_difference_and_a_one_operand_cast_only():
     assert strategies("aten.to.dtype", (4, 6), [a], [ref("a"), "float32", {}])[-1] == (
         "P", ("P",),
     )  # fmt: skip
+
+
+def test_a_template_of_a_layout_splitting_a_replicated_tensor_runs_on_dtensors():
+    g, b, prob, choice, tpl = llama_template()
+    split = restyle(prob, choice, "act", op="aten.expand.default", req=("R",))
+    ev = sharding.evaluate(prob, choice, 1e-3)
+    assert sharding._template(split, choice, "v", ev).on_dtensors is True
