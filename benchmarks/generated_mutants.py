@@ -191,8 +191,12 @@ MODULES: dict[str, list[str]] = {
     "planner/search/candidates.py": ["tests/test_mutant_kills_candidates.py"],
     # hand-drawn blocks: every strategy combination of a tiny MLP priced and solved pinned,
     # the optimum against brute force, each op kind's strategies by hand (test_sharding's and
-    # test_tied_tp's ILPs over traced models take minutes a mutant); run by groups (--only)
-    "planner/cost/sharding.py": ["tests/test_mutant_kills_sharding.py"],
+    # test_tied_tp's ILPs over traced models take minutes a mutant); run by groups (--only);
+    # the sequence-parallel form, templates and binding priced by hand on named layouts
+    "planner/cost/sharding.py": [
+        "tests/test_mutant_kills_sharding.py",
+        "tests/test_mutant_kills_sharding_rules.py",
+    ],
     # a hand-drawn graph per case; test_sequence_stream's traced llama and gpt took 2 minutes
     # (CPU-limited) a mutant in mutmut's children
     "planner/trace/stream.py": ["tests/test_mutant_kills_stream.py"],
