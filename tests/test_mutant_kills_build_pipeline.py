@@ -518,3 +518,26 @@ def test_each_rank_holds_its_stages_layers_the_models_own_tensors(mlp_pp2, one_r
     assert sorted(grads) == sorted(ref)
     for n, p in whole.named_parameters():
         assert torch.allclose(grads[n], p.grad, atol=1e-6), n
+
+
+def test_build_hands_a_pipeline_plan_to_build_pipeline(mlp_pp2, monkeypatch):
+    """``build`` of a pp 2 plan (its mesh stood in: one rank cannot make a (2, 1, 1) one)
+    hands ``_build_pipeline`` the plan, the model file, the model seeded and built in train
+    mode, the mesh, the device, its notes and the cache, and returns what it builds."""
+    plan, mf = mlp_pp2
+    mesh, cache, seen = object(), b.RuntimeCache(), []
+    monkeypatch.setattr(b, "device_mesh", lambda device, plan_mesh, cache_: mesh)
+
+    def build_pipeline(plan_, mf_, model, mesh_, device, notes, cache_):  # noqa: ANN001, ANN202
+        seen.append((plan_, mf_, model, mesh_, device, notes, cache_))
+        return "built"
+
+    monkeypatch.setattr(b, "_build_pipeline", build_pipeline)
+    assert b.build(plan, mf, CPU, seed=3, cache=cache) == "built"
+    ((plan_, mf_, model, mesh_, device, notes, cache_),) = seen
+    assert plan_ is plan and mf_ is mf and mesh_ is mesh and device == CPU
+    assert notes == [] and cache_ is cache
+    assert model.training
+    ref = dict(_seeded(mf, 3).named_parameters())
+    got = dict(model.named_parameters())
+    assert sorted(got) == sorted(ref) and all(torch.equal(got[k], ref[k]) for k in ref)
