@@ -157,7 +157,8 @@ def _stage(index: int, pp_rank: int, local: int, m: int) -> NS:
 
 
 def _stood_in(monkeypatch, rank: int, plan: NS, n_stages: int, calls, gathered, autocast):  # noqa: ANN001, ANN202
-    """Every step of ``_build_pipeline`` stood in and recorded; returns (log, pipe, cache).
+    """Every step of ``_build_pipeline`` stood in and recorded; returns the log, the pipe,
+    the cache and the expert mesh.
     ``gathered`` and ``autocast``: what TP gathers and the DDP autocast dtype, per stage."""
     log: list = []
     pipe = _Pipe(n_stages, log)
