@@ -366,9 +366,13 @@ MODULES: dict[str, list[str]] = {
     # stop watch and exit_worker recorded (test_worker_alone and the torchrun tests: minutes)
     "runtime/worker.py": ["tests/test_mutant_kills_worker.py"],
     # one process: build on a one-rank gloo group made in the test (the tiny MLP, ZeRO 0 and 3)
-    # against the seeded model built in one process, the helpers with stand-in meshes (the
-    # pipeline path needs two ranks: the torchrun tests, minutes a mutant)
-    "runtime/build.py": ["tests/test_mutant_kills_build.py"],
+    # against the seeded model built in one process, the helpers with stand-in meshes; the
+    # pipeline path (_build_pipeline) called directly, every step recorded, and for real as
+    # each pipeline rank of the MLP's pp 2 plan in turn (build.py's rank stood in)
+    "runtime/build.py": [
+        "tests/test_mutant_kills_build.py",
+        "tests/test_mutant_kills_build_pipeline.py",
+    ],
     # one process on a one-rank CPU mesh against plain tensors, then four gloo ranks forked
     # from the test (TP 2, FSDP 2 x TP 2) against slices cut by hand (test_dtensor_blocks:
     # a child on the fake process group)
