@@ -33,6 +33,7 @@ the rest from the report before it (the same tests), so that the groups add up t
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import os
 import re
@@ -517,11 +518,13 @@ def by_function(found: dict[str, str]) -> dict[str, dict[str, int]]:
 
 def merge_groups(result: dict, previous: dict | None) -> dict:
     """``result`` of an ``--only`` run with the functions it did not run taken from the
-    module's report before it (same tests): their counts, survivors and timeouts. Counts of
-    the whole module are then summed over the functions."""
+    module's report before it (run against a subset of these tests): their counts,
+    survivors and timeouts. Counts of the whole module are then summed over the functions."""
     ran = {f for f, row in result["by_function"].items() if set(row) != {"not checked"}}
     keep = {}
-    if previous and previous.get("tests") == result["tests"] and "by_function" in previous:
+    # more tests can only kill more: earlier results stand when their tests are all still run
+    earlier_tests = set(previous.get("tests", [])) if previous else set()
+    if previous and earlier_tests <= set(result["tests"]) and "by_function" in previous:
         keep = {f: row for f, row in previous["by_function"].items() if f not in ran}
     table = {**result["by_function"], **keep}
     result["by_function"] = dict(sorted(table.items()))
@@ -630,7 +633,12 @@ def run_module(
     if "nothing matches" in log:
         raise SystemExit(f"{module}: no mutant matches --only {' '.join(only or [])}")
     found = statuses(root, module)
-    rerun = [k for k, s in found.items() if s in ("survived", "no tests", "not checked")]
+    rerun = [
+        k
+        for k, s in found.items()
+        if s in ("survived", "no tests", "not checked")
+        and (not names or any(fnmatch.fnmatchcase(k, g) for g in names))
+    ]  # with --only, the other functions' mutants stay not run (their earlier counts kept)
     if module.startswith("runtime/") and rerun:
         found.update(in_subprocesses(root, env, module, tests, rerun))
     timeouts = [k for k, s in found.items() if s == "timeout"]
