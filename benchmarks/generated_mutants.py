@@ -192,7 +192,10 @@ MODULES: dict[str, list[str]] = {
     # hand-drawn blocks: every strategy combination of a tiny MLP priced and solved pinned,
     # the optimum against brute force, each op kind's strategies by hand (test_sharding's and
     # test_tied_tp's ILPs over traced models take minutes a mutant); run by groups (--only)
-    "planner/cost/sharding.py": ["tests/test_mutant_kills_sharding.py"],
+    "planner/cost/sharding.py": [
+        "tests/test_mutant_kills_sharding.py",
+        "tests/test_mutant_kills_sharding_problem.py",
+    ],
     # a hand-drawn graph per case; test_sequence_stream's traced llama and gpt took 2 minutes
     # (CPU-limited) a mutant in mutmut's children
     "planner/trace/stream.py": ["tests/test_mutant_kills_stream.py"],
