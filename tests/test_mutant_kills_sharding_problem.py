@@ -22,13 +22,19 @@ from test_mutant_kills_sharding import (
     node,
     objective,
     param,
-    pinned,
     strategies,
     tied_graph,
 )
 
 from planner.cost import sharding
-from planner.cost.sharding import Operand, Strategy, build_problem, evaluate, sharding_milp
+from planner.cost.sharding import (
+    LAMBDAS,
+    Operand,
+    Strategy,
+    build_problem,
+    evaluate,
+    sharding_milp,
+)
 
 # --------------------------------------------------------------------------- operands
 
@@ -330,8 +336,7 @@ def test_a_partial_gradient_beside_another_producer_read_replicated(monkeypatch)
     """v = u * w with u [4, 1] broadcast over w [4, 6]: v split along dim 1 reads u whole, so
     u's gradient is partial (reduced as u is made: all-reduced from R, reduce-scattered from
     S0), while w, v's other operand and another producer in the block, may be read whole from
-    either state too. Every feasible layout (every reshard allowed) solves pinned to
-    evaluate's objective."""
+    either state too (every reshard allowed)."""
     monkeypatch.setattr(sharding, "RUNTIME_REALIZABLE", False)
     g = nx.DiGraph()
     _node(g, "y", "input", [], [4, 1])
@@ -351,14 +356,12 @@ def test_a_partial_gradient_beside_another_producer_read_replicated(monkeypatch)
     ]  # fmt: skip
     base = evaluate(prob, (0,) * 4, SPB)
     feasible = [c for c in every_choice(prob) if evaluate(prob, c, SPB).feasible]
-    print(len(feasible), feasible)
-    assert (0, 2, 2, 2) in feasible
-    # u left free, the rest pinned: u's gradient reduced from the state u is made in alone,
-    # the optimum the best feasible layout of u (a pinned u would offer the ILP one state)
-    for choice in feasible:
-        free_u = replace(pinned(prob, choice), ops=[prob.ops[0], *pinned(prob, choice).ops[1:]])
-        ((_, value),) = sharding_milp(free_u, SPB, (0.3,), base.time_s, base.memory)
-        best = min(
-            objective(evaluate(prob, c, SPB), base, 0.3) for c in feasible if c[1:] == choice[1:]
-        )
-        assert value == pytest.approx(best, rel=1e-7), choice
+    # u and w made whole, or w split along 1 into v's split, gathered by o's rowwise weight
+    assert feasible == [(0, 0, 0, 0), (0, 0, 0, 1), (0, 0, 0, 2), (0, 0, 2, 2), (0, 2, 2, 2)]
+    # the free optimum, (R, S1, S1, rowwise) at each lambda, against brute force: its all-reduce
+    # of u's gradient priced once, no reduce-scatter of u (the state u is not made in)
+    solved = sharding_milp(prob, SPB, time_scale=base.time_s, memory_scale=base.memory)
+    assert len(solved) == len(LAMBDAS)
+    for lam, (choice, value) in zip(LAMBDAS, solved):
+        best = min(objective(evaluate(prob, c, SPB), base, lam) for c in feasible)
+        assert value == pytest.approx(best, rel=1e-7) and choice == (0, 2, 2, 2)
