@@ -246,6 +246,16 @@ def test_a_three_way_select_is_elementwise_not_attention():
     ]
 
 
+def test_an_op_of_two_activations_no_rule_knows_stays_whole():
+    """gather(x, 1, idx) reads two same-shaped activations, as copy_ does, but picks along
+    dim 1 by idx's values: no split is offered (only copy_ splits its two sides alike)."""
+    x, idx = node("x", (4, 6)), node("idx", (4, 6), grad=False)
+    args = [{"node": "x"}, 1, {"node": "idx"}]
+    assert strategies("aten.gather.default", (4, 6), [x, idx], args=args) == [
+        ("R", ("R", "R"), "")
+    ]
+
+
 # --------------------------------------------------------------------------- the variants
 
 
