@@ -110,7 +110,8 @@ def detail_graph():
     g = nx.DiGraph()
     _node(g, "x", "input", [], [2, 4, 8], grad=False)
     g.nodes["x"]["dtypes"] = ["bfloat16"]
-    _node(g, "pos", "aten.arange.default", [8], [8], "blk")
+    _node(g, "pos", "aten.arange.default", [8], [8], "blk", grad=False)
+    g.nodes["pos"]["dtypes"] = ["int64"]
     _node(g, "xv", "aten.view.default", [{"node": "x"}, [8, 8]], [8, 8], "blk")
     _node(g, "fc", LINEAR, [{"node": "x"}, {"param": "blk.fc.weight"}, {"param": "blk.fc.bias"}],
           [2, 4, 6], "blk.fc", ff=10, bf=20, fb=4, bb=6, saved=[("x", 128.0)])  # fmt: skip
@@ -148,6 +149,7 @@ def test_the_problem_records_external_inputs_params_roots_and_outputs_by_hand():
     # input outside the block in that input; an op with no operand is its own
     assert prob.roots == {"pos": "pos", "xv": "x", "fc": "fc", "v": "fc", "v2": "fc", "parts": "fc"}
     assert prob.ops[0].strategies == (Strategy("R", ()),) and prob.ops[0].operands == ()
+    assert prob.ops[0].nbytes == 8 * 8  # int64 positions
     # fc has a reader outside, parts is a graph output; v2's outside reader has no tensor
     assert prob.outputs == ["fc", "parts"]
     assert prob.block_module == "" and prob.input_bytes == 128
