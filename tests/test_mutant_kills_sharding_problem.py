@@ -253,9 +253,7 @@ def test_an_op_of_two_activations_no_rule_knows_stays_whole():
     dim 1 by idx's values: no split is offered (only copy_ splits its two sides alike)."""
     x, idx = node("x", (4, 6)), node("idx", (4, 6), grad=False)
     args = [{"node": "x"}, 1, {"node": "idx"}]
-    assert strategies("aten.gather.default", (4, 6), [x, idx], args=args) == [
-        ("R", ("R", "R"), "")
-    ]
+    assert strategies("aten.gather.default", (4, 6), [x, idx], args=args) == [("R", ("R", "R"), "")]
 
 
 # --------------------------------------------------------------------------- the variants
@@ -309,6 +307,9 @@ def test_realizable_by_hand():
     meg = tpls[0]
     assert sharding.realizable(g, b, meg)
     assert sharding.realizable(g, b, replace(meg, on_dtensors=True))
+    # fc1 column-parallel by blocks (a fused projection's), its shard kept as well
+    by_blocks = replace(meg, plans=((0, 1, "colwise_dtensor:2"), meg.plans[1]), on_dtensors=True)
+    assert sharding.realizable(g, b, by_blocks)
     rep = tpls[1]
     assert sharding.realizable(g, b, rep) and sharding.realizable(g, b, replace(rep, plans=()))
     assert not sharding.realizable(g, b, replace(rep, on_dtensors=True))
