@@ -227,6 +227,20 @@ def test_an_elementwise_op_reads_past_a_buffer_which_passes_no_partial_sum():
     ]
 
 
+def test_partial_sums_pass_a_difference_but_no_cast_to_another_tensor_or_of_a_weight():
+    """x - y of two partial sums is a partial sum; x.type_as(y) and a copy of a weight pass
+    none (only a one-activation cast or copy is linear in its input)."""
+    x, y, sub = node("x", (4, 6)), node("y", (4, 6)), "aten.sub.Tensor"
+    args = [{"node": "x"}, {"node": "y"}, {}]
+    assert ("P", ("P", "P"), "") in strategies(sub, (4, 6), [x, y], args=args)
+    assert strategies("aten.type_as.default", (4, 6), [x, y], args=args) == [
+        ("R", ("R", "R"), ""),
+        ("S0", ("S0", "S0"), ""),
+        ("S1", ("S1", "S1"), ""),
+    ]
+    assert strategies("aten.clone.default", (4, 6), [param("w", (4, 6))]) == [("R", ("R",), "")]
+
+
 def test_a_weight_times_an_activation_is_elementwise_not_a_lookup():
     """g * x with g a 1-D weight first (a norm's scale): elementwise, g split with x's last
     dim; only an embedding reads a weight first as a table."""
