@@ -241,6 +241,12 @@ def test_partial_sums_pass_a_difference_but_no_cast_to_another_tensor_or_of_a_we
     assert strategies("aten.clone.default", (4, 6), [param("w", (4, 6))]) == [("R", ("R",), "")]
 
 
+def test_equal_sizes_split_with_sizes_make_blocks():
+    x = {"node": "x"}
+    ops = [("aten.split_with_sizes.default", (6, 4), [x, [3, 3], {}])]
+    assert sharding.block_factors(ops) == frozenset({2})
+
+
 def test_a_weight_times_an_activation_is_elementwise_not_a_lookup():
     """g * x with g a 1-D weight first (a norm's scale): elementwise, g split with x's last
     dim; only an embedding reads a weight first as a table."""
