@@ -67,6 +67,15 @@ def test_a_weight_under_two_paths_is_tied_with_no_reader():
     assert g.graph["tied_parameters"] == frozenset({"a.w"})
 
 
+def test_a_tied_weight_read_by_a_third_module_is_named_canonically():
+    """A reader outside both holders names the weight by its second path: the tied set holds
+    the canonical name alone."""
+    g = _graph(param_owner={"a.w": "a.w", "b.w": "a.w"})
+    _node(g, "x", "input", [], [2, 4])
+    _node(g, "c", "aten.mul.Tensor", [{"node": "x"}, {"param": "b.w"}], [2, 4], "c")
+    assert sharding.tied_parameters(g) == frozenset({"a.w"})
+
+
 def test_a_weight_read_by_its_own_module_is_not_tied_at_any_depth():
     """Nested module paths, a second call of the module (``fc@1``), a root parameter read by
     the root module (no module name), and a graph with no alias table."""
