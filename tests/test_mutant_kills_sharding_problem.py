@@ -1,8 +1,10 @@
 """The sharding ILP's problem and strategies (planner/cost/sharding.py: ``build_problem``,
 ``strategies_for`` and its op kinds, ``_operands``, the tied and updated weights,
-``tp_variants``' memo and filters, ``realizable``), called directly on graphs drawn here for
-the module's generated mutants (docs/mutation.md, helper 56b): each value by hand. The
-graphs are built per test (the tied-weight sets are kept on the graph)."""
+``tp_variants``' memo and filters, ``realizable``) and two cases the earlier groups left (a
+chain of ties, a partial gradient beside another producer read whole), called directly on
+graphs drawn here for the module's generated mutants (docs/mutation.md, helper 56b): each
+value by hand, or brute force over the layouts. The graphs are built per test (the
+tied-weight sets are kept on the graph)."""
 
 from __future__ import annotations
 
