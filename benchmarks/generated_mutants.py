@@ -193,9 +193,11 @@ MODULES: dict[str, list[str]] = {
     # hand-drawn blocks: every strategy combination of a tiny MLP priced and solved pinned,
     # the optimum against brute force, each op kind's strategies by hand (test_sharding's and
     # test_tied_tp's ILPs over traced models take minutes a mutant); run by groups (--only);
-    # the sequence-parallel form, templates and binding priced by hand on named layouts
+    # the sequence-parallel form, templates and binding priced by hand on named layouts; the
+    # strategies and the problem by hand, the free optimum against brute force
     "planner/cost/sharding.py": [
         "tests/test_mutant_kills_sharding.py",
+        "tests/test_mutant_kills_sharding_problem.py",
         "tests/test_mutant_kills_sharding_rules.py",
     ],
     # a hand-drawn graph per case; test_sequence_stream's traced llama and gpt took 2 minutes
