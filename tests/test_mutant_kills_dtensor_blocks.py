@@ -210,6 +210,22 @@ def test_under_the_mode_an_expand_sums_its_plain_inputs_gradient(one_rank):
     assert made.shape == (2, 3) and type(made) is torch.Tensor
 
 
+def test_under_the_mode_only_an_expands_plain_input_gets_its_gradient_made_whole(one_rank):
+    """The expand's plain input is hooked wherever it stands in the later product (here the
+    second operand); a plain tensor that meets a DTensor without an expand keeps DTensor's
+    own gradient (its full tensor would be a collective the plan did not price: an
+    all-reduce of a partial gradient on TP 2)."""
+    w = DTensor.from_local(torch.tensor([[2.0], [3.0]]), one_rank, [Replicate()]).requires_grad_()
+    x = torch.tensor([1.0, 5.0], requires_grad=True)
+    z = torch.tensor([1.0, 5.0], requires_grad=True)
+    with implicit_replication(), db._SplitBlocksLocally():
+        y = (w * x.expand(2, 2)).to_local() + (z * w).to_local()
+    with implicit_replication():
+        y.sum().backward()
+    assert type(x.grad) is torch.Tensor and x.grad.tolist() == [5.0, 5.0]
+    assert isinstance(z.grad, DTensor) and z.grad.to_local().tolist() == [5.0, 5.0]
+
+
 def test_the_mode_hands_blocks_and_new_tensors_and_other_calls(one_rank):
     x = _blocks_one_rank(one_rank, dim=1)
     s = DTensor.from_local(torch.ones(2, 6), one_rank, [Shard(1)])

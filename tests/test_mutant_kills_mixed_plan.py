@@ -10,6 +10,8 @@ docs/mutation.md names the mutants each test kills."""
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import json
 import math
 from pathlib import Path
@@ -19,7 +21,9 @@ import highspy
 import pytest
 from runs import cpu_profile
 
-from planner.api import plan
+import planner.resources.mixed_plan as mixed_plan
+from planner.api import plan, trace
+from planner.cost.variant_cache import load_variants, variants_path
 from planner.errors import InfeasibleError, UserInputError
 from planner.modelfile import load_model_file
 from planner.resources.mixed_plan import (
@@ -34,7 +38,7 @@ from planner.schema.mesh import Mesh
 from planner.search import Pins
 from planner.search.mixed.cost import step_time
 from planner.search.mixed.search import RunRate
-from planner.training import Training
+from planner.training import Training, on_devices
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "examples" / "mlp.py"
@@ -44,12 +48,12 @@ PEAK = {"fast": 1.0e11, "slow": 5.0e10}  # fp32 FLOP/s: profiles/cpu.toml and it
 CAPACITY = {"fast": 8 * 2**30, "slow": 4 * 2**30}
 
 
-@pytest.fixture(scope="module", autouse=True)
+@pytest.fixture(autouse=True)
 def _own_highs_scheduler():
     """mutmut forks a child per mutant from the process that ran the clean tests; HiGHS's task
     scheduler's threads do not come with a fork, and the mixed MILP there would wait on them
-    forever (the eighth stop's run stopped at its first mutant so): HiGHS's scheduler starts
-    afresh before this file's first solve."""
+    forever (the eighth stop's run stopped at its first mutant so): each test starts HiGHS's
+    scheduler afresh (a module-scoped reset ran in the first test mutmut chose only)."""
     highspy.Highs.resetGlobalScheduler(False)
 
 
@@ -326,3 +330,194 @@ def test_tp_stages_carry_their_tp_comm(half):
         assert st.tp_comm_s > 0
         t = st.compute_s + st.tp_comm_s + st.p2p_s
         assert st.time_per_microbatch_s == pytest.approx(t, rel=1e-9)
+
+
+class _Calls:
+    """A recorder standing in for one of plan_mixed's callees: each call's arguments by
+    parameter name as the callee ``like`` would bind them (its defaults filled in, so that
+    an argument left to its default reads as that default), then ``then`` (the real callee,
+    or a stand-in) called with them and its result kept."""
+
+    def __init__(self, like, then=None):
+        self.signature, self.then = inspect.signature(like), then or like
+        self.calls: list[dict] = []
+        self.results: list = []
+
+    def __call__(self, *args, **kwargs):
+        bound = self.signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        self.calls.append(dict(bound.arguments))
+        self.results.append(self.then(*args, **kwargs))
+        return self.results[-1]
+
+
+def _no_mixed_plan(*args, **kwargs):
+    return SimpleNamespace(best=None, notes=[])
+
+
+def _alone(step: float):
+    return lambda *a, **k: SimpleNamespace(plan=SimpleNamespace(predicted=SimpleNamespace(
+        step_time_s=step)))  # fmt: skip
+
+
+def test_each_kind_alone_and_the_search_get_the_callers_settings(half, monkeypatch):
+    """Each kind alone and the search stood in by recorders (the trace and the variants
+    real): each kind is planned alone on its GPUs, its own node size, the training settings
+    as given (bf16 here, the model file's default being fp32), no offload by default, the
+    cache flag and the caller's bound memos; the trace is the model's at one sample in that
+    dtype; the search gets the training as CPU ranks run it (no fused optimizer, no device
+    casts), the same pins, the run rate, the stage-degree flag, and the trace's BoundMemo
+    kept in the caller's dict (``kept_bounds``). Without the cache, the kinds alone are
+    planned without it too, and the search gets no kept memo."""
+    alone = _Calls(plan, _alone(7.0))
+    search = _Calls(mixed_plan.search_mixed, _no_mixed_plan)
+    traced = _Calls(trace)
+    monkeypatch.setattr(mixed_plan, "plan", alone)
+    monkeypatch.setattr(mixed_plan, "search_mixed", search)
+    monkeypatch.setattr(mixed_plan, "trace", traced)
+    kinds = [KindSpec("fast", "cpu", 2, gpus_per_node=1), KindSpec("slow", half, 1)]
+    bounds: dict = {}
+    rate = RunRate(lambda g: 1.0, lambda g: 2.0)
+    common = dict(
+        model_args=ARGS, global_batch_size=8, dtype="bf16", optimizer="sgd", lr=0.5,
+        bounds=bounds, rate=rate, stage_degrees=False,
+    )  # fmt: skip
+    res = plan_mixed(MODEL, kinds, {("fast", "slow"): LINK}, **common)
+    settings = Training(8, "bf16", "sgd", lr=0.5)
+    asked = [
+        {k: call[k] for k in ("gpus", "profile", "gpus_per_node", "training", "pins", "use_cache")}
+        for call in alone.calls
+    ]
+    want = dict(training=settings, pins=Pins(offload="none"), use_cache=True)
+    assert asked == [
+        dict(gpus=2, profile="cpu", gpus_per_node=1, **want),
+        dict(gpus=1, profile=half, gpus_per_node=None, **want),
+    ]
+    assert all(call["bounds"] is bounds for call in alone.calls)
+    assert res.single == {"fast": 7.0, "slow": 7.0} and res.plan is None
+    (got,) = traced.results
+    key = trace(MODEL, ARGS, 1, "bf16").cache_key
+    assert got.traced_batch_size == 1 and got.cache_key == key
+    (call,) = search.calls
+    assert call["training"] == on_devices(settings, False)
+    assert call["pins"] == Pins(offload="none") and call["rate"] is rate
+    assert call["stage_degrees"] is False and call["cutoff"] == math.inf
+    assert list(bounds) == [key] and call["kept"] is bounds[key]
+    alone.calls.clear()
+    search.calls.clear()
+    plan_mixed(MODEL, kinds, {("fast", "slow"): LINK}, **common, use_cache=False)
+    assert [call["use_cache"] for call in alone.calls] == [False, False]
+    assert search.calls[0]["kept"] is None
+
+
+def test_gpu_kinds_are_priced_as_gpus_train(monkeypatch):
+    """Kinds that are all GPUs: the search prices the training as the runtime runs it there
+    (torch's fused optimizer, parameters cast on the device); the kinds alone are planned
+    with the settings as given."""
+    alone = _Calls(plan, _alone(7.0))
+    search = _Calls(mixed_plan.search_mixed, _no_mixed_plan)
+    monkeypatch.setattr(mixed_plan, "plan", alone)
+    monkeypatch.setattr(mixed_plan, "search_mixed", search)
+    monkeypatch.setattr(mixed_plan, "variants_for", lambda *a: None)
+    kinds = [KindSpec("h", "h100-sxm", 1), KindSpec("a", "a100-80g", 1)]
+    plan_mixed(MODEL, kinds, {("h", "a"): LINK}, model_args=ARGS, global_batch_size=8,
+               dtype="bf16", optimizer="sgd", lr=0.5)  # fmt: skip
+    settings = Training(8, "bf16", "sgd", lr=0.5)
+    assert [call["training"] for call in alone.calls] == [settings, settings]
+    (call,) = search.calls
+    assert call["training"] == on_devices(settings, True) and call["training"].fused_optimizer
+
+
+def test_a_bad_training_setting_names_the_model_file(half):
+    kinds = [KindSpec("fast", "cpu", 1), KindSpec("slow", half, 1)]
+    with pytest.raises(UserInputError) as exc:
+        plan_mixed(MODEL, kinds, {}, model_args=ARGS, dtype="fp64", single={"fast": 1.0})
+    assert str(exc.value).startswith("mlp.py: TRAINING dtype 'fp64' is not one of ")
+
+
+def test_stage_degrees_left_out_keep_one_degree_a_kind(half):
+    """The batch and pins of ``test_stages_of_their_own_dp_degree`` with stage degrees left
+    out: both stages at one DP degree (where the search, asked or left to choose, gives the
+    fast kind's stage two replicas)."""
+    res = mixed(half, global_batch_size=4096, pins=Pins(offload="none", pp=2), stage_degrees=False)
+    assert res.plan.mesh.stage_dp is None and res.plan.mesh.stage_tp is None
+
+
+def _callee_spies(monkeypatch):
+    """Recorders of variants_for's memo (its keys as they stand at the call) and probe, and of
+    save_variants' calls (each calling the real one)."""
+    variants_for, seen = mixed_plan.variants_for, []
+
+    def spy(graph, cluster, tp_variant, memo, probe):
+        seen.append((set(memo) if memo is not None else None, probe))
+        return variants_for(graph, cluster, tp_variant, memo, probe)
+
+    saved = _Calls(mixed_plan.save_variants)
+    monkeypatch.setattr(mixed_plan, "variants_for", spy)
+    monkeypatch.setattr(mixed_plan, "save_variants", saved)
+    return seen, saved
+
+
+def test_a_cold_cache_is_filled_and_read_back_and_left_alone_without_the_cache(
+    half, monkeypatch, tmp_path
+):
+    """In a cache of its own: a plan (the cache on by default) leaves the trace, at one sample
+    (``api.trace``'s key), and the sharding variants it solved; a second plan reads them (the
+    variants' memo and the eager probe's verdicts from the cache, nothing written again); a
+    plan without the cache reads none of it and writes nothing."""
+    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path / "cache"))
+    first = mixed(half, fast=1, slow=1)
+    key = trace(MODEL, ARGS, 1, "fp32", use_cache=False).cache_key  # (writes nothing)
+    assert [p.name for p in (tmp_path / "cache" / "traces").iterdir()] == [f"{key}.json"]
+    kept = load_variants(key)
+    assert kept and [p.name for p in (tmp_path / "cache" / "variants").iterdir()] == [
+        variants_path(key).name
+    ]
+    seen, saved = _callee_spies(monkeypatch)
+    again = mixed(half, fast=1, slow=1)
+    assert again.plan.to_dict() == first.plan.to_dict() | {"solver": again.plan.to_dict()["solver"]}
+    assert saved.calls == [] and len(seen) == 2
+    for memo, probe in seen:
+        assert memo == set(kept) and probe is not None and probe._path is not None
+    seen.clear()
+    mixed(half, fast=1, slow=1, use_cache=False)
+    assert saved.calls == [] and len(seen) == 2
+    memo, probe = seen[0]
+    assert memo == set() and probe is not None and probe._path is None
+    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path / "none"))
+    mixed(half, fast=1, slow=1, use_cache=False)
+    assert not (tmp_path / "none").exists()
+
+
+def test_an_unproven_search_records_a_feasible_plan(three):
+    """The same search with one more candidate whose MILP found no solution (so the best is
+    not proven optimal): the plan is the same but for the solver's record, which says
+    "feasible" and counts the candidate."""
+    search = three.search
+    cut = dataclasses.replace(
+        search,
+        candidates=[*search.candidates, SimpleNamespace(status="no_solution", solution=None)],
+    )
+    assert search.proven and not cut.proven
+    traced = trace(MODEL, ARGS, 1, "fp32")
+    training = on_devices(Training(8, "fp32", "sgd", lr=0.5), False)
+    got = mixed_plan.mixed_plan_record(traced, training, cut)
+    assert got.solver.status == "feasible" and three.plan.solver.status == "optimal"
+    assert got.solver.candidates_total == three.plan.solver.candidates_total + 1
+    assert got.to_dict() | {"solver": None} == three.plan.to_dict() | {"solver": None}
+
+
+def test_a_sequence_model_counts_its_tokens_a_second(half, monkeypatch):
+    """The unit stood in (16 tokens a sample, a sequence model's): tokens a second are the
+    samples a second times 16."""
+    monkeypatch.setattr(mixed_plan, "_tokens_per_sample", lambda traced: 16)
+    p = mixed(half).plan.predicted
+    assert p.tokens_per_s == pytest.approx(16 * p.samples_per_s, rel=1e-9)
+
+
+def test_an_offload_pinned_is_in_each_stages_time(half):
+    """The optimizer states pinned to the host: each stage's record carries its offload time
+    (above zero), and the plan's blocks say so."""
+    plan = mixed(half, pins=Pins(offload="optimizer")).plan
+    assert {b.offload for b in plan.blocks} == {"optimizer"}
+    assert all(st.offload_s > 0 for st in plan.stages)

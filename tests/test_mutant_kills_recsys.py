@@ -604,3 +604,14 @@ def test_a_device_other_than_cpu_or_cuda_is_refused(capsys):
     assert line.replace("'", "") == (
         "runtime.recsys: error: argument --device: invalid choice: tpu (choose from cpu, cuda)"
     )
+
+
+def test_the_workers_help_says_what_dump_params_is_for(capsys, monkeypatch):
+    """``--help`` names --dump-params' use (a file for the tests, not for users); the help is
+    wrapped to a fixed width so that the line is the same on every terminal."""
+    monkeypatch.setenv("COLUMNS", "100")
+    with pytest.raises(SystemExit) as exit_:
+        recsys.parse(["--help"])
+    assert exit_.value.code == 0
+    lines = [ln.strip() for ln in capsys.readouterr().out.splitlines()]
+    assert "--dump-params         save params.pt (for tests)" in lines

@@ -418,6 +418,57 @@ def test_the_step_vector_carries_the_loss_and_each_ranks_peaks(mlp, monkeypatch,
     assert not (tmp_path / "metrics.jsonl").exists()  # rank 0 writes it
 
 
+def test_on_a_gpu_each_step_is_timed_on_its_device_and_records_reserved_bytes(
+    mlp, monkeypatch, tmp_path
+):
+    """A GPU stood in (cuda:1 handed on; the build on the host, the step, the peaks, the
+    all-reduce and torch.cuda's calls recorded; the step vector asked for on cuda:1 and made
+    on the host), rank 0 of 2: the peak statistics reset on that device once before the
+    first step, the step vector made on it, the device synchronized after each all-reduce
+    (before the step's time is read), and each record carries both ranks' reserved bytes
+    from their own slots (rank 1's added by the all-reduce)."""
+    import runtime.train as train
+
+    plan, mf, _ = mlp
+    gpu = torch.device("cuda", 1)
+    calls = []
+    build, zeros = train.build, torch.zeros
+
+    def host_build(p, m, device, *a):
+        calls.append(("build", device))
+        return build(p, m, torch.device("cpu"), *a)
+
+    def host_zeros(*a, device=None, **k):
+        if k.get("dtype") is torch.float64:  # the step vector (other callers pass through)
+            calls.append(("vector", device))
+            return zeros(*a, **k)
+        return zeros(*a, device=device, **k)
+
+    def all_reduce(vec):
+        calls.append(("all_reduce",))
+        vec += torch.tensor([0.0, 0.0, 7.0, 0.0, 9.0], dtype=vec.dtype)
+
+    fake = SimpleNamespace(get_rank=lambda: 0, get_world_size=lambda: 2, all_reduce=all_reduce)
+    monkeypatch.setattr(train, "dist", fake)
+    monkeypatch.setattr(train, "build", host_build)
+    monkeypatch.setattr(
+        train, "_local_step", lambda b, m, s, d: (calls.append(("step", d)), 3.0)[1]
+    )
+    monkeypatch.setattr(train, "peak_memory_bytes", lambda d: 2**40 + 1)
+    monkeypatch.setattr(train, "peak_reserved_bytes", lambda d: 2**41 + 1)
+    monkeypatch.setattr(torch, "zeros", host_zeros)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda d: calls.append(("reset", d)))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda d: calls.append(("sync", d)))
+    losses = train_plan(plan, mf, gpu, steps=2, seed=0, run_dir=tmp_path)
+    monkeypatch.undo()
+    step = [("step", gpu), ("vector", gpu), ("all_reduce",), ("sync", gpu)]
+    assert calls == [("build", gpu), ("reset", gpu), *step, *step]
+    assert losses == [3.0, 3.0]
+    for r in _metrics(tmp_path):
+        assert r["peak_memory_bytes"] == [2**40 + 1, 7]
+        assert r["peak_reserved_bytes"] == [2**41 + 1, 9]
+
+
 def test_the_rate_counts_tokens_per_sample(mlp, monkeypatch, tmp_path):
     """A model of token ids (the unit stood in: 16 tokens a sample) reports tokens per second,
     the global batch's tokens over the step's time; the unit is read from one sample's
