@@ -1297,3 +1297,27 @@ def test_a_subclass_running_every_product_op_and_nothing_else_is_still_a_product
     m.own = _OwnLinear(2, 2)
     graph = _op_graph([(op, "own") for op in sorted(PRODUCT_OPS)])
     assert tp_shardable_modules(m, graph) == ["own"]
+
+
+def test_a_repeat_found_only_through_an_unsqueeze_with_shapes_known():
+    """An expand of another op (a squeeze at dimension 2), or a source or repeat without a
+    traced value: no compact heads, and no error."""
+    x, r = _grouped()
+    u = r.args[0].args[0]
+    u.target = torch.ops.aten.squeeze.dim
+    assert _compact_grouped(r) is None
+    x, r = _grouped()
+    del x.meta["val"]
+    assert _compact_grouped(r) is None
+    x, r = _grouped()
+    del r.meta["val"]
+    assert _compact_grouped(r) is None
+
+
+def test_transformers_four_dimensional_causal_mask_goes_too():
+    """transformers' mask is batch x 1 x queries x keys."""
+    from planner.trace.export import _drop_traced_causal_masks
+
+    g, a = _attention_graph(lambda g, q, ids: _causal(g, q, ids, shape=(1, 1, 3, 3)))
+    _drop_traced_causal_masks(_program(g, ("ids", "q", "k", "v")))
+    assert a.kwargs == {"scale": 0.5, "attn_mask": None, "is_causal": True}
