@@ -1290,15 +1290,6 @@ def test_a_causal_mask_on_three_dimensional_attention_goes_too():
     assert a.args == (q, k, v) and a.kwargs == {"attn_mask": None, "is_causal": True}
 
 
-def test_a_subclass_running_every_product_op_and_nothing_else_is_still_a_product():
-    from planner.trace.export import PRODUCT_OPS
-
-    m = nn.Module()
-    m.own = _OwnLinear(2, 2)
-    graph = _op_graph([(op, "own") for op in sorted(PRODUCT_OPS)])
-    assert tp_shardable_modules(m, graph) == ["own"]
-
-
 def test_a_repeat_found_only_through_an_unsqueeze_with_shapes_known():
     """An expand of another op (a squeeze at dimension 2), or a source or repeat without a
     traced value: no compact heads, and no error."""
@@ -1321,3 +1312,46 @@ def test_transformers_four_dimensional_causal_mask_goes_too():
     g, a = _attention_graph(lambda g, q, ids: _causal(g, q, ids, shape=(1, 1, 3, 3)))
     _drop_traced_causal_masks(_program(g, ("ids", "q", "k", "v")))
     assert a.kwargs == {"scale": 0.5, "attn_mask": None, "is_causal": True}
+
+
+def test_fused_attention_reads_causality_and_the_scale_by_position_and_pads_by_one():
+    """Six positional arguments (causal, no scale), seven with causality off and a scale,
+    value heads one narrower than the query's (3 of 4: padded by 1, cut back to 3), fp64 (the
+    additive mask in the query's dtype: 3 x 3 x 8 bytes), and the meta device."""
+    F = torch.nn.functional
+    q, k, v = _qkv()
+    out, _ = _interpret(_sdpa("in0", "in1", "in2", None, 0.0, True), q, k, v)
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    out, _ = _interpret(_sdpa("in0", "in1", "in2", None, 0.0, False, 0.3), q, k, v)
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, scale=0.3))
+    q, k, v = _qkv(value_width=3)
+    out, kept = _interpret(_sdpa("in0", "in1", "in2"), q, k, v)
+    assert out.shape == (1, 2, 3, 3)
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v))
+    assert _named(kept) == sorted([*FUSED[:-1], ("?", "a", 96)])  # v padded to 4
+    mask = torch.ones(3, 3, dtype=torch.bool).tril()
+    q, k, v = _qkv(dtype=torch.float64)
+    out, kept = _interpret(_sdpa("in0", "in1", "in2", "in3"), q, k, v, mask)
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+    assert ("?", "a", 72) in _named(kept)
+    meta = [t.to("meta") for t in _qkv()]
+    meta[0].requires_grad_()
+    out, kept = _interpret(_sdpa("in0", "in1", "in2", "in3"), *meta, mask.to("meta"))
+    assert out.device.type == "meta" and _named(kept) == sorted(FUSED + [("?", "a", 36)])
+
+
+def test_an_op_of_several_outputs_makes_each_and_a_scalar_output_is_one():
+    """max over a dimension makes its values (a storage of its own, kept by the sine after
+    it: made by ``max``, not by the getitem that picks it); a sum to a 0-d tensor is one
+    output."""
+
+    def build(g, ph):
+        m = g.call_function(ATEN.max.dim, (ph[0], 1))
+        values = g.call_function(operator.getitem, (m, 0))
+        s = g.call_function(ATEN.sin.default, (values,))
+        return g.call_function(ATEN.sum.default, (s,))
+
+    x = torch.arange(6.0).reshape(2, 3).requires_grad_()
+    out, kept = _interpret(build, x)
+    torch.testing.assert_close(out, torch.sin(torch.tensor([2.0, 5.0])).sum())
+    assert ("max_dim", "sin_default", 8) in kept
