@@ -1355,3 +1355,43 @@ def test_an_op_of_several_outputs_makes_each_and_a_scalar_output_is_one():
     out, kept = _interpret(build, x)
     torch.testing.assert_close(out, torch.sin(torch.tensor([2.0, 5.0])).sum())
     assert ("max_dim", "sin_default", 8) in kept
+
+
+PADDED = """
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(16, 4)
+
+    def forward(self, ids):
+        h = self.emb(ids).unsqueeze(1)  # 1 x 1 head x 3 tokens x 4
+        keep = (ids != 0)[:, None, None, :].expand(-1, 1, 3, 3)
+        return F.scaled_dot_product_attention(h, h, h, attn_mask=keep)
+
+
+def build_model():
+    return Net()
+
+
+def make_batch(batch_size, step=0):
+    ids = torch.ones(batch_size, 3, dtype=torch.long)
+    return ids, ids
+"""
+
+
+def test_a_padding_mask_stays_and_its_additive_copy_is_kept_made_by_no_node(tmp_path):
+    """The mask reads the ids, so it stays; the fused kernel keeps the fp32 copy it makes of
+    it (1 x 1 x 3 x 3 x 4 bytes), which no node of the graph made: its producer is None."""
+    path = tmp_path / "padded.py"
+    path.write_text(PADDED)
+    g = trace_model(load_model_file(path), traced_batch_size=1, dtype="fp32").graph
+    a = "scaled_dot_product_attention"
+    assert g.nodes[a]["args"][3] == {"node": "expand"}  # the mask handed on
+    # q, k and v are one storage (the embedding's 3 x 4 fp32 output), then the log-sum-exp
+    # (3 x 4 bytes) and the output
+    assert g.nodes[a]["saved"] == [[None, 36], ["embedding", 48], [a, 12], [a, 48]]
