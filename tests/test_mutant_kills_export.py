@@ -1358,19 +1358,33 @@ def test_an_op_of_several_outputs_makes_each_and_a_scalar_output_is_one():
 
 
 PADDED = """
+import numpy as np
 import torch
 from torch import nn
 import torch.nn.functional as F
+
+
+class Halve(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x / 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g / 2
 
 
 class Net(nn.Module):
     def __init__(self):
         super().__init__()
         self.emb = nn.Embedding(16, 4)
+        self.pair = nn.ModuleList([nn.Linear(4, 4)] * 2)
 
-    def forward(self, ids):
-        h = self.emb(ids).unsqueeze(1)  # 1 x 1 head x 3 tokens x 4
-        keep = (ids != 0)[:, None, None, :].expand(-1, 1, 3, 3)
+    def forward(self, ids, pad):
+        np.random.random(), np.random.random(), np.random.rand()
+        e = self.emb(ids)
+        h = Halve.apply(e - e.max(-1, keepdim=True).values).unsqueeze(1)  # 1 x 1 x 3 x 4
+        keep = (pad != 0)[:, None, None, :].expand(-1, 1, 3, 3)
         return F.scaled_dot_product_attention(h, h, h, attn_mask=keep)
 
 
@@ -1380,18 +1394,30 @@ def build_model():
 
 def make_batch(batch_size, step=0):
     ids = torch.ones(batch_size, 3, dtype=torch.long)
-    return ids, ids
+    return (ids, torch.ones(batch_size, 3, dtype=torch.long)), ids
 """
 
 
 def test_a_padding_mask_stays_and_its_additive_copy_is_kept_made_by_no_node(tmp_path):
     """The mask reads the ids, so it stays; the fused kernel keeps the fp32 copy it makes of
-    it (1 x 1 x 3 x 3 x 4 bytes), which no node of the graph made: its producer is None."""
+    it (1 x 1 x 3 x 3 x 4 bytes), which no node of the graph made: its producer is None. The
+    model's own Function, its numpy draws (each function once) and its one Linear listed
+    twice are the trace's facts."""
     path = tmp_path / "padded.py"
     path.write_text(PADDED)
-    g = trace_model(load_model_file(path), traced_batch_size=1, dtype="fp32").graph
-    a = "scaled_dot_product_attention"
+    traced = trace_model(load_model_file(path), traced_batch_size=1, dtype="fp32")
+    g, a = traced.graph, "scaled_dot_product_attention"
+    assert (traced.method, traced.note) == ("export", "")
     assert g.nodes[a]["args"][3] == {"node": "expand"}  # the mask handed on
-    # q, k and v are one storage (the embedding's 3 x 4 fp32 output), then the log-sum-exp
+    # q, k and v are one storage (the halved 3 x 4 fp32 embedding), then the log-sum-exp
     # (3 x 4 bytes) and the output
-    assert g.nodes[a]["saved"] == [[None, 36], ["embedding", 48], [a, 12], [a, 48]]
+    assert g.nodes[a]["saved"] == [[None, 36], ["div", 48], [a, 12], [a, 48]]
+    # two inputs, then every op, numbered in turn; an input has no GEMM
+    assert [d["order"] for _, d in g.nodes(data=True)] == list(range(len(g)))
+    assert list(g.nodes)[:2] == ["ids", "pad"] and g.nodes["pad"]["mm_inner"] is None
+    # max over the last dimension: its values (3 fp32) and indices (3 int64) are its outputs
+    m = g.nodes["max_1"]
+    assert (m["shapes"], m["dtypes"], m["out_bytes"]) == ([[1, 3, 1]] * 2, ["float32", "int64"], 36)
+    assert g.graph["custom_backward"] == ["Halve"]
+    assert g.graph["numpy_draws"] == ["numpy.random.rand", "numpy.random.random"]
+    assert g.graph["shared_modules"] == [["pair.0", "pair.1"]]
