@@ -1421,3 +1421,24 @@ def test_a_padding_mask_stays_and_its_additive_copy_is_kept_made_by_no_node(tmp_
     assert g.graph["custom_backward"] == ["Halve"]
     assert g.graph["numpy_draws"] == ["numpy.random.rand", "numpy.random.random"]
     assert g.graph["shared_modules"] == [["pair.0", "pair.1"]]
+
+
+class _NeverRuns(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(2, 2)
+
+    def forward(self, x):
+        raise ValueError("bad config")
+
+
+def test_a_model_neither_export_nor_its_hooks_can_run_names_its_file_and_both_failures(tmp_path):
+    from planner.trace.export import _export_or_hooks
+
+    mf = SimpleNamespace(path=tmp_path / "never.py")
+    with pytest.raises(UserInputError) as e:
+        _export_or_hooks(mf, _NeverRuns(), (torch.zeros(1, 2),), set(), set(), [])
+    assert str(e.value) == (
+        "never.py: cannot trace the model: torch.export failed (ValueError: bad config) and its "
+        "forward raised in module '(top level)': ValueError: bad config"
+    )
