@@ -139,7 +139,7 @@ def model_file(tmp_path_factory):
 # test only, and time out every mutant that reaches it on a loaded machine.
 
 
-def test_a_repeating_stack_is_traced_cut_and_written_out_whole(tmp_path):
+def test_a_repeating_stack_is_traced_cut_and_written_out_whole(tmp_path, monkeypatch):
     """Defaults: 1 sample in bf16, so each 1 x 4 activation is 8 bytes, each 4 x 4 weight 32;
     a layer's product 2 x 4 x 4 = 32 FLOPs, twice that backward but in the first layer (its
     input needs no gradient); every figure the cut trace could not see written for layers
@@ -166,6 +166,14 @@ def test_a_repeating_stack_is_traced_cut_and_written_out_whole(tmp_path):
     assert f["param_dtype_bytes"] == {f"layers.{k}.fc.weight": 2 for k in range(6)}
     assert f["tp_modules"] == [f"layers.{k}.fc" for k in range(6)]
     assert f["containers"] == ["layers"] and f["params"] == 6 * 16
+    # the loss check ran the model on 1 and 2 samples (float inputs made in the traced dtype);
+    # only the default loss then refused its random outputs
+    assert f["loss_samples"]["reason"].startswith("loss_fn failed on random outputs")
+    from planner.trace.repeats import FULL_TRACE_ENV
+
+    monkeypatch.setenv(FULL_TRACE_ENV, "1")  # forced whole: no repeats, the same graph
+    whole = trace_model(load_model_file(path))
+    assert whole.repeats == [] and list(whole.graph.nodes) == names
 
 
 # node -> (op, module, out_bytes, fwd_flops, bwd_flops, fwd_bytes, requires_grad, saved).
