@@ -423,6 +423,12 @@ class _Reads(nn.Module):
         return x + 1
 
 
+class _WritesSecond(nn.Module):
+    def forward(self, x, y):
+        y.mul_(2)
+        return x + y
+
+
 def test_what_writes_or_views_its_first_argument():
     g = torch.fx.Graph()
     x = g.placeholder("x")
@@ -453,11 +459,12 @@ def _stage_graph(body) -> torch.fx.GraphModule:
     root = nn.Module()
     root.w = _Writes()
     root.r = _Reads()
+    root.w2 = _WritesSecond()
     g = torch.fx.Graph()
     x = g.placeholder("x")
     g.output(body(g, x))
     gm = torch.fx.GraphModule(root, g)
-    for name in ("w", "r"):
+    for name in ("w", "r", "w2"):
         sub = torch.fx.symbolic_trace(getattr(root, name))
         setattr(gm, name, sub)
     return gm, x
@@ -483,6 +490,9 @@ def test_an_input_modified_in_place_directly_through_a_view_or_by_a_submodule():
         (lambda g, x: g.call_module("r", (x,)), False),
         (lambda g, x: g.call_module("w", (), {"x": x}), True),
         (lambda g, x: g.call_module("w", (), {"z": x}), False),
+        # a submodule that writes its second argument, handed x first, or second
+        (lambda g, x: g.call_module("w2", (x, g.placeholder("y"))), False),
+        (lambda g, x: g.call_module("w2", (g.placeholder("y"), x)), True),
         # a view still to be followed when a submodule handed x is met
         (
             lambda g, x: g.call_method(
@@ -523,17 +533,20 @@ class _Stage1(nn.Module):
 
 def _hand_split():
     """Two stages: the first returns a transposed (non-contiguous) value, the second writes
-    its first input in place."""
+    its first input in place. An eager module (not a stage graph) runs first, and the traced
+    values are float64 (the run's are float32: a receive buffer's dtype is the trace's)."""
     parts = nn.Module()
+    parts.add_module("eager", nn.Identity())
     parts.add_module("submod_0", torch.fx.symbolic_trace(_Stage0()))
     parts.add_module("submod_1", torch.fx.symbolic_trace(_Stage1()))
     g = torch.fx.Graph()
-    x = g.placeholder("x")
+    x = g.call_module("eager", (g.placeholder("x"),))
     s0 = g.call_module("submod_0", (x,))
     a, b = (g.call_function(operator.getitem, (s0, i)) for i in range(2))
     g.output(g.call_module("submod_1", (a, b)))
     gm = torch.fx.GraphModule(parts, g)
-    sample = torch.arange(6.0).reshape(2, 3)
+    assert [name for name, _ in gm.named_children()][0] == "eager"
+    sample = torch.arange(6.0, dtype=torch.float64).reshape(2, 3)
     for node, val in zip(gm.submod_1.graph.nodes, (sample.t(), sample * 2)):
         node.meta["val"] = val
     for node in gm.submod_0.graph.nodes:
@@ -557,6 +570,8 @@ def test_boundaries_send_contiguous_tensors_and_copy_what_is_written_in_place():
     places = [n for n in s1.graph.nodes if n.op == "placeholder"]
     assert all(p.meta["val"].is_contiguous() for p in places)
     assert [tuple(p.meta["val"].shape) for p in places] == [(3, 2), (2, 3)]
+    for n in (*out, places[0]):  # a new traced value: the meta device, the trace's dtype
+        assert (n.meta["val"].dtype, n.meta["val"].device.type) == (torch.float64, "meta")
     wraps = [n for n in s1.graph.nodes if n.target is contiguous_grad]
     assert [w.args for w in wraps] == [(places[0], True), (places[1], False)]
     assert [list(p.users) for p in places] == [[wraps[0]], [wraps[1]]]
@@ -622,6 +637,7 @@ def _region(enabled: bool, through_getitem: bool) -> torch.fx.GraphModule:
     hop = g.call_function(torch.ops.higher_order.wrap_with_set_grad_enabled, (enabled, ref, x))
     hop.meta["nn_module_stack"] = {"m": ("m", nn.Module)}
     hop.meta["other"] = 1
+    hop.meta["stack_trace"] = "model.py, line 3"
     if through_getitem:
         a, b = (g.call_function(operator.getitem, (hop, i)) for i in range(2))
         g.output(g.call_function(torch.add, (g.call_function(torch.mul, (a, x)), b)))
@@ -638,7 +654,7 @@ def test_a_region_drawn_by_hand_is_inlined_its_constant_hoisted():
     const = next(n for n in nodes if n.op == "get_attr")
     assert const.target == "_inlined_body_k" and torch.equal(gm._inlined_body_k, gm.body.k)
     assert const.meta["nn_module_stack"] == {"m": ("m", nn.Module)}
-    assert "other" not in const.meta
+    assert "other" not in const.meta and const.meta["stack_trace"] == "model.py, line 3"
     detached = [n for n in nodes if n.target is torch.ops.aten.detach.default]
     assert len(detached) == 2 and all("nn_module_stack" in n.meta for n in detached)
     assert not any(n.target is operator.getitem for n in nodes)
@@ -921,9 +937,17 @@ def test_a_first_module_called_twice_is_cut_after_the_stage_before():
     plan3 = _plan([["a"], ["s"], ["b"]], {"a": ["a"], "s": ["shared"], "b": ["b"]})
     with pytest.raises(RuntimeError) as err:
         traced_pipe(plan3, model, (x,), {}, None)
-    assert "tracing cut the model into" in str(err.value)
-    assert "the plan has 3: a module where a stage begins or ends is not called once" in str(
-        err.value
+    assert str(err.value) == (
+        "tracing cut the model into 4 at shared, b or 4 at a, shared stages, the plan has 3: "
+        "a module where a stage begins or ends is not called once, in forward order"
+    )
+    # a cut torch refuses at the beginning, and one that makes four stages at the end: the
+    # stage count is what is wrong, said as such (not the refusal)
+    plan3 = _plan([["a"], ["s"], ["b"]], {"a": ["a"], "s": ["missing", "shared"], "b": ["b"]})
+    with pytest.raises(RuntimeError) as err:
+        traced_pipe(plan3, model, (x,), {}, None)
+    assert type(err.value) is RuntimeError and str(err.value).startswith(
+        "tracing cut the model into 4 at a, shared stages, the plan has 3: "
     )
 
 
@@ -1160,4 +1184,218 @@ def test_the_trace_is_kept_per_model_micro_batch_and_cut(traced):
     two.model.args = {"a": 1, "b": 2}
     pipe = traced_pipe(two, model, (_ids(),), cache, calls)
     assert len(cache) == 2 and pipe.num_stages == 2
+    # another model file's hash, or another micro-batch size: another trace
+    other = _plan(STAGES, MODULES)
+    other.model.args = {"a": 1, "b": 2}
+    other.model.sha256 = "another"
+    traced_pipe(other, model, (_ids(),), cache, calls)
+    assert len(cache) == 3
+    other.micro_batch_size = 4
+    traced_pipe(other, model, (_ids(),), cache, calls)
+    assert len(cache) == 4
     assert _calls(pipe.get_stage_module(1)) == ["layers.2", "layers.3", "norm", "head"]
+
+
+def _two_stage_outputs(out):  # noqa: ANN001, ANN202
+    """Two stages drawn by hand, of the model input x: stage 0 returns (2x, x + 1), stage 1
+    (the last) reads 2x and returns (6x, 2x - 1). ``out(nodes)`` picks the outer graph's
+    output from the nodes by name (c0, a, b, c1, c, d, x). Each node's traced value is a
+    tensor of its own."""
+
+    def s0(g, px):  # noqa: ANN001, ANN202
+        a = g.call_function(torch.mul, (px, 2))
+        b = g.call_function(torch.add, (px, 1))
+        for n in (px, a, b):
+            n.meta["val"] = torch.empty(2, 3)
+        return (a, b)
+
+    def s1(g, pa):  # noqa: ANN001, ANN202
+        c = g.call_function(torch.mul, (pa, 3))
+        d = g.call_function(torch.sub, (pa, 1))
+        for n in (pa, c, d):
+            n.meta["val"] = torch.empty(2, 3)
+        return (c, d)
+
+    top = nn.Module()
+    top.add_module(stage_module_name(0), _graph_module(1, s0))
+    top.add_module(stage_module_name(1), _graph_module(1, s1))
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    x.meta["val"] = torch.empty(2, 3)
+    c0 = g.call_module(stage_module_name(0), (x,))
+    a, b = (g.call_function(operator.getitem, (c0, i)) for i in range(2))
+    c1 = g.call_module(stage_module_name(1), (a,))
+    c, d = (g.call_function(operator.getitem, (c1, i)) for i in range(2))
+    g.output(out(dict(c0=c0, a=a, b=b, c1=c1, c=c, d=d, x=x)))
+    return torch.fx.GraphModule(top, g)
+
+
+def test_the_last_stage_returns_every_leaf_of_the_models_output_in_order():
+    """The model's output {d, k: 5, b, x, c}: d and c the last stage's outputs 1 and 0, 5 a
+    constant, b stage 0's output 1 and x the model's input (both relayed to the last
+    stage). The last stage returns the four computed leaves in the output's order, the
+    constant is kept aside, and the split's output rebuilt is the model's, value for value;
+    an output of the last stage's second value alone (one leaf, not a tuple) is taken too."""
+    from torch.utils._pytree import tree_flatten
+
+    want_of = lambda x: {"d": 2 * x - 1, "k": 5, "b": x + 1, "x": x, "c": 6 * x}  # noqa: E731
+    spec = tree_flatten(want_of(torch.zeros(1)))[1]
+    split = _two_stage_outputs(lambda n: (n["d"], 5, n["b"], n["x"], n["c"]))
+    layout = stages.gather_model_outputs(split, spec)
+    assert layout.constants == {1: 5} and layout.spec == spec
+    last = split.get_submodule(stage_module_name(1))
+    returned = next(n for n in last.graph.nodes if n.op == "output").args[0]
+    assert [n.name for n in returned] == ["sub", "input_1", "input_2", "mul"]
+    # the new inputs carry the traced values of what they receive: stage 0's b, the model's x
+    s0_out = next(
+        n for n in split.get_submodule(stage_module_name(0)).graph.nodes if n.op == "output"
+    ).args[0]
+    x_node = next(n for n in split.graph.nodes if n.op == "placeholder")
+    assert returned[1].meta["val"] is s0_out[1].meta["val"]
+    assert returned[2].meta["val"] is x_node.meta["val"]
+    out = next(n for n in split.graph.nodes if n.op == "output").args[0]
+    assert out[1] == 5 and [o.args[1] for o in (out[0], *out[2:])] == [0, 1, 2, 3]
+    assert all(o.args[0].target == stage_module_name(1) for o in (out[0], *out[2:]))
+    # each outer index carries the traced value of the leaf it reads
+    assert [o.meta["val"] for o in (out[0], *out[2:])] == [n.meta["val"] for n in returned]
+    # the last stage's old outputs, unread now, are gone from the outer graph
+    tops = [n for n in split.graph.nodes if n.op == "call_module"]
+    assert len(tops[1].users) == 4
+    relay_skip_connections(split)
+    x = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    # the stages in turn, each handed what the one before sends (what a schedule does)
+    sent = split.get_submodule(stage_module_name(0))(x)
+    got = layout.rebuild(last(*sent))
+    whole = split(x)  # the outer graph returns the same leaves, the constant in place
+    assert all(a is b or torch.equal(a, b) for a, b in zip(whole, got.values(), strict=True))
+    want = want_of(x)
+    assert list(got) == list(want) and got["k"] == 5
+    for k in ("d", "b", "x", "c"):
+        torch.testing.assert_close(got[k], want[k], rtol=0, atol=0)
+    # one leaf: the last stage's second output
+    one = tree_flatten(torch.zeros(1))[1]
+    split = _two_stage_outputs(lambda n: n["d"])
+    layout = stages.gather_model_outputs(split, one)
+    assert layout is not None and layout.constants == {}
+    last = split.get_submodule(stage_module_name(1))
+    got = layout.rebuild(last(split.get_submodule(stage_module_name(0))(x)[0]))
+    torch.testing.assert_close(got, 2 * x - 1, rtol=0, atol=0)
+
+
+def test_a_cut_whose_signatures_the_export_cannot_keep_is_traced_again_without(monkeypatch):
+    """``_split`` traces with the kept signatures first and, where that fails, again without
+    them (an empty tuple); with none to keep it traces once; each try is handed the model,
+    the inputs and the cut as given."""
+    seen = []
+
+    def traced_copy(model, example, spec, preserve):  # noqa: ANN001, ANN202
+        seen.append((model, example, spec, preserve))
+        if preserve:
+            raise RuntimeError("the export cannot keep them")
+        return "pipe"
+
+    monkeypatch.setattr(stages, "_traced_copy", traced_copy)
+    model, example, spec = nn.Linear(2, 2), (torch.ones(2),), {"a": "cut"}
+    assert stages._split(model, example, spec, ("layers.0",)) == "pipe"
+    assert seen == [(model, example, spec, ("layers.0",)), (model, example, spec, ())]
+    seen.clear()
+    assert stages._split(model, example, spec, ()) == "pipe"
+    assert seen == [(model, example, spec, ())]
+
+
+def _pair(reads: str) -> torch.fx.GraphModule:
+    """Two stages drawn by hand, of model inputs (x, y): stage 0 returns (2x, x + 1, x - 1)
+    (a, b, c); stage 1 is handed the values ``reads`` names, in that order, and returns
+    their product; c is indexed only where it is read."""
+    val = torch.empty(2, 3)
+
+    def s0(g, px, py):  # noqa: ANN001, ANN202
+        a = g.call_function(torch.mul, (px, 2))
+        b = g.call_function(torch.add, (px, 1))
+        c = g.call_function(torch.sub, (px, 1))
+        for i, n in enumerate((px, py, a, b, c)):
+            n.meta["val"] = torch.empty(2, 3 + i)
+        return (a, b, c)
+
+    def s1(g, *places):  # noqa: ANN001, ANN202
+        out = places[0]
+        for p in places:
+            p.meta["val"] = val
+        for p in places[1:]:
+            out = g.call_function(torch.mul, (out, p))
+        return out
+
+    top = nn.Module()
+    top.add_module(stage_module_name(0), _graph_module(2, s0))
+    top.add_module(stage_module_name(1), _graph_module(len(reads), s1))
+    g = torch.fx.Graph()
+    x, y = g.placeholder("x"), g.placeholder("y")
+    x.meta["val"], y.meta["val"] = torch.empty(2, 3), torch.empty(2, 4)
+    c0 = g.call_module(stage_module_name(0), (x, y))
+    got = dict(zip("abc", (g.call_function(operator.getitem, (c0, i)) for i in range(3))))
+    for i, k in enumerate("abc"):  # as recorded by the producer's outputs: (2, 5) to (2, 7)
+        got[k].meta["val"] = torch.empty(2, 5 + i)
+    got["y"] = y
+    g.output(g.call_module(stage_module_name(1), tuple(got[r] for r in reads)))
+    if "c" not in reads:  # torch's split makes no index of an output nothing reads
+        g.erase_node(got["c"])
+    return torch.fx.GraphModule(top, g)
+
+
+def test_a_model_input_the_second_stage_reads_comes_through_the_first():
+    """Stage 1 reads stage 0's b and a, in that order, and the model's input y. Only the
+    first stage receives the model's inputs, so y is relayed through stage 0; stage 0's
+    outputs are put in the order stage 1 reads them (output i is input i), the one nothing
+    reads (c) last, and the outer graph indexes each output once, in output order, with its
+    traced value (torch's stage counts its outputs by those index nodes)."""
+    x, y = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]), torch.full((2, 3), 10.0)
+    for reads, sent_want in (
+        ("bay", (x + 1, 2 * x, y, x - 1)),
+        ("ab", (2 * x, x + 1, x - 1)),  # in order already; c read by no one
+        ("bacy", (x + 1, 2 * x, x - 1, y)),  # every output read, two swapped
+    ):
+        split = _pair(reads)
+        relay_skip_connections(split)
+        c0, c1 = (n for n in split.graph.nodes if n.op == "call_module")
+        assert [a.args for a in c1.args] == [(c0, i) for i in range(len(reads))]
+        index = [u for u in c0.users]
+        assert [u.target for u in index] == [operator.getitem] * len(sent_want)
+        assert [u.args[1] for u in index] == list(range(len(sent_want)))
+        s0 = split.get_submodule(stage_module_name(0))
+        returned = next(n for n in s0.graph.nodes if n.op == "output").args[0]
+        shapes = [tuple(n.meta["val"].shape) for n in returned]
+        assert [tuple(u.meta["val"].shape) for u in index] == shapes
+        sent = s0(x, y)
+        assert len(sent) == len(sent_want)
+        for got, want in zip(sent, sent_want, strict=True):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+        got = split.get_submodule(stage_module_name(1))(*sent[: len(reads)])
+        want = torch.prod(torch.stack(sent_want[: len(reads)]), 0)
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        torch.testing.assert_close(split(x, y), got, rtol=0, atol=0)
+
+
+def test_a_stage_that_takes_nothing_receives_a_value_as_its_first_input():
+    """A stage whose graph has no placeholder (it reads only its own tensor) handed a value:
+    the new placeholder opens its graph, carries the value's traced value, and the stage's
+    call passes it; handed the same value again, the stage's placeholder for it is reused."""
+    root = nn.Module()
+    root.register_buffer("w", torch.ones(2, 3))
+    inner = torch.fx.Graph()
+    inner.output(inner.call_function(torch.mul, (inner.get_attr("w"), 2)))
+    top = nn.Module()
+    top.add_module(stage_module_name(0), torch.fx.GraphModule(root, inner))
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    x.meta["val"] = torch.empty(2, 3)
+    call = g.output(g.call_module(stage_module_name(0), ())).args[0]
+    split = torch.fx.GraphModule(top, g)
+    stage = split.get_submodule(stage_module_name(0))
+    ph = stages._stage_input(split, call, x)
+    assert next(iter(stage.graph.nodes)) is ph and ph.op == "placeholder"
+    assert ph.name == "input_0" and ph.meta["val"] is x.meta["val"]
+    assert call.args == (x,)
+    assert stages._stage_input(split, call, x) is ph and call.args == (x,)
+    stage.graph.lint()
+    stage.recompile()
+    torch.testing.assert_close(stage(torch.zeros(2, 3)), torch.full((2, 3), 2.0))
