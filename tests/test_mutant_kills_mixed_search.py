@@ -12,6 +12,7 @@ test kills."""
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -26,11 +27,12 @@ from test_mutant_kills_mixed_milp import rich_problem
 from planner.api import trace, variants_for
 from planner.cost.data_parallel import tied_sync_time
 from planner.cost.pipeline import hop_time, stage_time_parts
-from planner.cost.records import Config
+from planner.cost.records import Config, CostInputs
 from planner.hardware.cluster import Cluster
 from planner.hardware.collectives import p2p_time
 from planner.hardware.profiles import load_profile
 from planner.schema.mesh import Mesh
+from planner.search.bound_memo import BoundMemo
 from planner.search.candidates import Candidate, Pins
 from planner.search.mixed import search as ms
 from planner.search.mixed.cost import step_time
@@ -59,6 +61,7 @@ from planner.search.mixed.search import (
     variant_parts,
     wide_kinds,
 )
+from planner.search.options import price_options
 from planner.training import Training
 from planner.vocab import Schedule
 
@@ -479,6 +482,174 @@ def every(mlp):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(ms, "REL_TOL", -1e12)
         return run(mlp, stage_degrees=True)
+
+
+# Every placement of a two-stage pipeline (options pinned to one a block: no recompute, no
+# offload), priced one by one: the brute force the searches below are held to.
+LEAN = Pins(offload="none", recompute="none", pp=2)
+
+
+@pytest.fixture(scope="module")
+def placements(mlp):
+    """(GPUs per kind, step time) of every two-stage placement of the MLP on the pool: each
+    DP degree and micro-batch, each stage's (kind, TP, DP multiple) from stage_variants with
+    one stage at multiple 1 (the least DP degree is the candidate's), every ZeRO stage the
+    runtime runs with them, 1F1B where no stage takes a multiple and the micro-batches fill
+    the pipeline (GPipe else), every cut of the blocks and option of each block; each priced
+    by mixed.cost.step_time on the mixed problem of all the DP degree's variants, its options
+    priced by price_options as a pipeline stage (inf where it does not fit)."""
+    graph, blocks = mlp.traced.graph, mlp.traced.blocks
+    traced_mbs = int(graph.graph["traced_batch_size"])
+    gbs, n, pp = TRAINING.global_batch_size, len(blocks), 2
+    inputs = {}
+
+    def priced(k, t, mbs):
+        if (k, t, mbs) not in inputs:
+            cl = mlp.kinds[k].cluster
+            opts = price_options(graph, blocks, t, mbs, cl, TRAINING, LEAN, mlp.variants[k],
+                                 1, 1, {}, t > 1)  # fmt: skip
+            inputs[k, t, mbs] = CostInputs(blocks, opts, traced_mbs, cl, TRAINING, 1.0)
+        return inputs[k, t, mbs]
+
+    out = []
+    for dp, mbs in itertools.product((1, 2, 4), (1, 2, 4)):
+        if (gbs // dp) % mbs:
+            continue
+        m = gbs // dp // mbs
+        vs = [v for v in stage_variants(mlp.kinds, dp, [1, 2, 4, 8], (1, 2, 4)) if m % v[2] == 0]
+        problems = {}
+        for chosen in itertools.product(range(len(vs)), repeat=pp):
+            top = max(vs[i][2] for i in chosen)
+            if min(vs[i][2] for i in chosen) != 1:
+                continue
+            sched = Schedule.ONE_F_ONE_B if m >= pp and top == 1 else Schedule.GPIPE
+            units = [sum(t * r for i in chosen for k, t, r in [vs[i]] if k == kk) for kk in (0, 1)]
+            for zero in (0, 2, 3) if dp * top > 1 else (0,):
+                if (sched, zero) not in problems:
+                    cand = Candidate(pp, dp, 1, mbs, sched, 1, zero)
+                    ins = [priced(k, t, mbs) for k, t, _ in vs]
+                    problems[sched, zero] = mixed_problem(ins, cand, vs, mlp.kinds, {(0, 1): LINK})
+                mp = problems[sched, zero]
+                seg_of = [s for s, length in enumerate(mp.seg_len) for _ in range(length)]
+                for cut in range(1, n):
+                    stages = [range(0, cut), range(cut, n)]
+                    sizes = [len(mp.per_variant[chosen[j]].time[seg_of[b]])
+                             for j in range(pp) for b in stages[j]]  # fmt: skip
+                    for opts in itertools.product(*map(range, sizes)):
+                        counts = [
+                            [[0] * len(row) for row in mp.per_variant[v].time] for v in chosen
+                        ]
+                        it = iter(opts)
+                        for j in range(pp):
+                            for b in stages[j]:
+                                counts[j][seg_of[b]][next(it)] += 1
+                        step = step_time(mp, list(chosen), counts)
+                        out.append(([u * dp for u in units], step))
+    assert len(out) > 100 and any(math.isfinite(s) for _, s in out)
+    return out
+
+
+def least_objective(placements, rate) -> float:
+    """The least rate(GPUs) x step of the placements of two kinds within the longest step."""
+    return min(
+        (rate.per_step_s(g) * s for g, s in placements
+         if sum(1 for x in g if x) >= 2 and s <= rate.max_step_s(g) * (1 + 1e-9)),
+        default=math.inf,
+    )  # fmt: skip
+
+
+def test_the_search_is_the_least_placement(mlp, placements):
+    """By time: the search's best is the least step of every placement (to REL_TOL: here
+    exactly), no solved cell beats it, each solved cell's bound is at most its value."""
+    least = min(s for _, s in placements)
+    res = run(mlp, pins=LEAN, stage_degrees=True)
+    assert res.best.value == pytest.approx(least, rel=1e-12) and res.proven
+    assert res.best.status == "solved" and res.best.cand.pp == 2
+    for mc in res.candidates:
+        assert mc.status in ("solved", "pruned-bound", "pruned-memory", "cutoff")
+        if mc.status == "solved":
+            assert least <= mc.value and mc.bound <= mc.value * (1 + 1e-9)
+    assert run(mlp, least, pins=LEAN, stage_degrees=True).best is None
+    above = run(mlp, least * (1 + 2e-3), pins=LEAN, stage_degrees=True)
+    assert above.best.value == pytest.approx(least, rel=1e-12)
+
+
+@pytest.mark.parametrize("which", ["per-gpu", "flat", "budget", "deadline"])
+def test_a_rate_is_the_least_placement_of_two_kinds(mlp, placements, which):
+    """By a rate: the least objective over placements of both kinds within the longest
+    step (a budget between the placements' objectives; a deadline below every step)."""
+    costs = sorted(
+        per_gpu_rate().per_step_s(g) * s for g, s in placements if math.isfinite(s) and all(g)
+    )
+    rate = {
+        "per-gpu": per_gpu_rate(),
+        "flat": RunRate(lambda g: 2.0, lambda g: math.inf),
+        "budget": budget_rate(costs[len(costs) // 2]),
+        "deadline": per_gpu_rate(min(s for _, s in placements) * 0.99),
+    }[which]
+    want = least_objective(placements, rate)
+    res = run(mlp, pins=LEAN, stage_degrees=True, rate=rate)
+    if which == "deadline":
+        assert math.isinf(want) and res.best is None
+        return
+    assert res.best.value == pytest.approx(want, rel=1e-12) and res.proven
+    g = res.best.gpus()
+    assert all(g) and res.best.value == pytest.approx(
+        rate.per_step_s(g) * res.best.solution.objective, rel=1e-12
+    )
+    assert res.best.solution.objective <= rate.max_step_s(g) * (1 + 1e-9)
+    for mc in res.candidates:
+        if mc.status == "solved":
+            assert mc.bound <= mc.value * (1 + 1e-9) and want <= mc.value * (1 + 1e-12)
+            assert all(a <= b for a, b in zip(mc.units_low, mc.units))
+
+
+def test_a_graph_torch_cannot_pipeline_has_no_cell(mlp):
+    """A module-level trace (no exported graph): torch's pipelining could not run any stage,
+    so no cell is searched, whatever the pool."""
+    graph = mlp.traced.graph.copy()
+    graph.graph["method"] = "hooks"
+    res = search_mixed(graph, mlp.traced.blocks, TRAINING, mlp.kinds, {(0, 1): LINK},
+                       mlp.variants, pins=Pins(offload="none"), stage_degrees=True)  # fmt: skip
+    assert res.best is None and res.candidates == [] and res.inputs == {}
+    assert not res.skipped and res.notes == []
+
+
+def test_kept_options_are_taken_and_added(mlp):
+    """A BoundMemo given as ``kept`` receives every block class's priced options (one entry
+    each, none twice), and a search reading them back prices nothing and finds the same
+    options and plan."""
+    pins = Pins(offload="none", tp=1, pp=2)
+    memo = BoundMemo()
+    first = run(mlp, stage_degrees=True, kept=memo, pins=pins)
+    assert memo.added == len(memo.entries) > 0
+    assert all(k.startswith("o") for k in memo.entries)
+    again = BoundMemo(json.loads(json.dumps(memo.entries)))
+    second = run(mlp, stage_degrees=True, kept=again, pins=pins)
+    assert again.added == 0 and second.best.value == first.best.value
+    assert set(second.inputs) == set(first.inputs)
+    for key, inp in first.inputs.items():
+        assert second.inputs[key].options == inp.options
+
+
+def test_a_rate_keeps_one_degree_by_default(mlp):
+    """Priced by a rate, the default rule keeps every stage at one TP and DP degree (the
+    boxes multiply the work) and says so; the best is the same search's with one degree
+    asked for."""
+    flat = RunRate(lambda g: 2.0, lambda g: math.inf)
+    default = run(mlp, rate=flat)
+    assert default.candidates and all(not mc.several for mc in default.candidates)
+    assert default.skipped and default.notes == [
+        "a pipeline across kinds gives its stages one TP and DP degree here: stages of their "
+        "own TP degree are searched by default on pools of at most 2 kinds and 64 GPUs, of "
+        "their own DP degree on at most 8 GPUs, by time with no deadline or budget (this one: "
+        "2 kinds, 3 GPUs, priced by a rate); --stage-degrees on searches them (minutes on "
+        "large pools)"
+    ]
+    one = run(mlp, rate=flat, stage_degrees=False)
+    assert not one.skipped and one.notes == []
+    assert default.best.value == one.best.value
+    assert [mc.label() for mc in default.candidates] == [mc.label() for mc in one.candidates]
 
 
 def test_the_pruned_search_is_every_cells_optimum(pruned, every):
