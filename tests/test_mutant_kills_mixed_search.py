@@ -598,10 +598,16 @@ def test_a_rate_is_the_least_placement_of_two_kinds(mlp, placements, which):
         rate.per_step_s(g) * res.best.solution.objective, rel=1e-12
     )
     assert res.best.solution.objective <= rate.max_step_s(g) * (1 + 1e-9)
+    assert any(mc.dp_top > 1 for mc in res.candidates)  # stage degrees asked: DP multiples too
     for mc in res.candidates:
         if mc.status == "solved":
             assert mc.bound <= mc.value * (1 + 1e-9) and want <= mc.value * (1 + 1e-12)
-            assert all(a <= b for a, b in zip(mc.units_low, mc.units))
+            # the box's placement: its units within the box, priced at its own GPUs
+            mp, sol = mc.problem, mc.solution
+            units = [sum(mp.width(v) for v in sol.variants if mp.kind_of(v) == k) for k in (0, 1)]
+            assert all(a <= u <= b for a, u, b in zip(mc.units_low, units, mc.units))
+            gpus = [u * mc.cand.dp for u in units]
+            assert mc.value == pytest.approx(rate.per_step_s(gpus) * sol.objective, rel=1e-12)
 
 
 def test_a_graph_torch_cannot_pipeline_has_no_cell(mlp):
@@ -630,6 +636,46 @@ def test_kept_options_are_taken_and_added(mlp):
     assert set(second.inputs) == set(first.inputs)
     for key, inp in first.inputs.items():
         assert second.inputs[key].options == inp.options
+
+
+def test_each_milp_is_cut_at_the_incumbent(mlp, placements, monkeypatch):
+    """Each MILP is asked only for steps below the incumbent's 1 - REL_TOL share (over the
+    box's rate) and within its longest step (to 1e-9): by time from an unreached cutoff, and
+    by a flat rate of 2 under a deadline of 1.5 times the least step. The incumbent each
+    call is held to is followed here from the MILPs' own answers, priced by step_time."""
+    calls = []
+    real = ms.solve_mixed
+
+    def spy(mp, cutoff, *args):
+        sol = real(mp, cutoff, *args)
+        calls.append((mp, cutoff, sol))
+        return sol
+
+    monkeypatch.setattr(ms, "solve_mixed", spy)
+    least = min(s for _, s in placements)
+    deadline = 1.5 * least
+    flat = RunRate(lambda g: 2.0, lambda g: deadline)
+    for rate, cutoff, r, longest in ((None, 1.0, 1.0, math.inf), (flat, math.inf, 2.0, deadline)):
+        calls.clear()
+        res = run(mlp, cutoff, pins=LEAN, stage_degrees=True, rate=rate)
+        assert res.best.value == pytest.approx(r * least, rel=1e-12) and calls
+        incumbent = cutoff
+        for mp, asked, sol in calls:
+            assert asked == min(incumbent * (1 - ms.REL_TOL) / r, longest * (1 + 1e-9))
+            if sol.status == "optimal":
+                incumbent = min(incumbent, r * step_time(mp, sol.variants, sol.counts))
+        assert incumbent == res.best.value
+
+
+def test_stage_degrees_by_default_up_to_the_limits(mlp, monkeypatch):
+    """A pool of exactly STAGE_DEGREE_GPUS and STAGE_DP_GPUS GPUs (3) is small enough:
+    stages of their own TP and DP degree, nothing left out."""
+    monkeypatch.setattr(ms, "STAGE_DEGREE_GPUS", 3)
+    monkeypatch.setattr(ms, "STAGE_DP_GPUS", 3)
+    res = run(mlp, pins=LEAN)
+    assert not res.skipped and res.notes == []
+    assert any(mc.dp_top > 1 for mc in res.candidates)
+    assert any(len(set(mc.degrees)) == 2 for mc in res.candidates)
 
 
 def test_a_rate_keeps_one_degree_by_default(mlp):
