@@ -641,8 +641,9 @@ def test_kept_options_are_taken_and_added(mlp):
 def test_each_milp_is_cut_at_the_incumbent(mlp, placements, monkeypatch):
     """Each MILP is asked only for steps below the incumbent's 1 - REL_TOL share (over the
     box's rate) and within its longest step (to 1e-9): by time from an unreached cutoff, and
-    by a flat rate of 2 under a deadline of 1.5 times the least step. The incumbent each
-    call is held to is followed here from the MILPs' own answers, priced by step_time."""
+    by a flat rate of 2 under a deadline of 1.5 times the least step, from no cutoff and from
+    one of 1.2 times the least objective. The incumbent each call is held to is followed
+    here from the MILPs' own answers, priced by step_time."""
     calls = []
     real = ms.solve_mixed
 
@@ -655,7 +656,12 @@ def test_each_milp_is_cut_at_the_incumbent(mlp, placements, monkeypatch):
     least = min(s for _, s in placements)
     deadline = 1.5 * least
     flat = RunRate(lambda g: 2.0, lambda g: deadline)
-    for rate, cutoff, r, longest in ((None, 1.0, 1.0, math.inf), (flat, math.inf, 2.0, deadline)):
+    runs = [
+        (None, 1.0, 1.0, math.inf),
+        (flat, math.inf, 2.0, deadline),  # the deadline cuts the first MILPs
+        (flat, 2.4 * least, 2.0, deadline),  # the cutoff over the rate does, below the deadline
+    ]
+    for rate, cutoff, r, longest in runs:
         calls.clear()
         res = run(mlp, cutoff, pins=LEAN, stage_degrees=True, rate=rate)
         assert res.best.value == pytest.approx(r * least, rel=1e-12) and calls
@@ -806,11 +812,16 @@ def test_pins_restrict_every_stage(mlp):
         assert mc.cand.pp == 2 and mc.cand.dp == 1 and mc.degrees == (1, 1) and mc.dp_top == 1
 
 
-def test_progress_names_each_cell_built(pruned):
+def test_progress_names_each_cell_built(pruned, mlp):
     res, seen = pruned, pruned.seen
     assert seen and len(seen) == len(set(seen))
     assert set(seen) <= {mc.label() for mc in res.candidates}
     assert res.best.label() in seen
+    # a search of its own (the module fixture's ran in another test's setup)
+    own = []
+    lean = run(mlp, pins=LEAN, stage_degrees=True, progress=own.append)
+    assert len(own) == len(set(own)) and lean.best.label() in own
+    assert set(own) <= {mc.label() for mc in lean.candidates}
 
 
 def test_a_flat_rate_is_the_step_times_it(boxes, mlp):
