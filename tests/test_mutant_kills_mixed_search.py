@@ -34,6 +34,7 @@ from planner.hardware.profiles import load_profile
 from planner.schema.mesh import Mesh
 from planner.search.bound_memo import BoundMemo
 from planner.search.candidates import Candidate, Pins
+from planner.search.milp.split_bound import SplitBound
 from planner.search.mixed import search as ms
 from planner.search.mixed.cost import step_time
 from planner.search.mixed.milp import MixedSolution, solve_mixed
@@ -648,6 +649,9 @@ def test_each_milp_is_cut_at_the_incumbent(mlp, placements, monkeypatch):
     real = ms.solve_mixed
 
     def spy(mp, cutoff, *args):
+        # each with the node limit and the cell's split bound (mixed_bound's cuts)
+        assert len(args) == 2 and args[0] == ms.NODE_LIMIT
+        assert isinstance(args[1], SplitBound) and args[1].feasible
         sol = real(mp, cutoff, *args)
         calls.append((mp, cutoff, sol))
         return sol
