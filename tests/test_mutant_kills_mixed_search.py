@@ -675,6 +675,26 @@ def test_each_milp_is_cut_at_the_incumbent(mlp, placements, monkeypatch):
             if sol.status == "optimal":
                 incumbent = min(incumbent, r * step_time(mp, sol.variants, sol.counts))
         assert incumbent == res.best.value
+        for mc in res.candidates:  # a MILP's own status where it found no placement
+            if mc.solution is not None and mc.solution.status != "optimal":
+                assert mc.status == mc.solution.status
+
+
+def test_a_milp_stopped_at_its_node_limit_still_counts(mlp, placements, monkeypatch):
+    """A MILP that stops at its node limit gives a placement all the same: priced by
+    step_time (the MILP's value beside it), solved and kept, the result not proven."""
+    real = ms.solve_mixed
+
+    def stopped(*args):
+        sol = real(*args)
+        return replace(sol, status="node_limit") if sol.status == "optimal" else sol
+
+    monkeypatch.setattr(ms, "solve_mixed", stopped)
+    res = run(mlp, pins=LEAN, stage_degrees=True)
+    best, least = res.best, min(s for _, s in placements)
+    assert best.status == "solved" and best.solution.status == "node_limit"
+    assert best.value == least and math.isfinite(best.solution.milp_objective)
+    assert not res.proven
 
 
 def test_stage_degrees_by_default_up_to_the_limits(mlp, monkeypatch):
