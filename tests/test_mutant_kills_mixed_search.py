@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import time
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -563,7 +564,9 @@ def test_the_search_is_the_least_placement(mlp, placements):
     """By time: the search's best is the least step of every placement (to REL_TOL: here
     exactly), no solved cell beats it, each solved cell's bound is at most its value."""
     least = min(s for _, s in placements)
+    start = time.perf_counter()
     res = run(mlp, pins=LEAN, stage_degrees=True)
+    assert 0 < res.solve_time_s <= time.perf_counter() - start
     assert res.best.value == pytest.approx(least, rel=1e-12) and res.proven
     assert res.best.status == "solved" and res.best.cand.pp == 2
     for mc in res.candidates:
@@ -678,6 +681,29 @@ def test_each_milp_is_cut_at_the_incumbent(mlp, placements, monkeypatch):
         for mc in res.candidates:  # a MILP's own status where it found no placement
             if mc.solution is not None and mc.solution.status != "optimal":
                 assert mc.status == mc.solution.status
+
+
+def test_each_cell_is_its_variants_mixed_problem(mlp, monkeypatch):
+    """Pruning off, every cell solved: each cell's MILP numbers are mixed_problem's for its
+    variants (the search builds them from the variants' parts and hops shared by the cells
+    of one candidate)."""
+    monkeypatch.setattr(ms, "REL_TOL", -1e12)
+    res = run(mlp, pins=LEAN, stage_degrees=True)
+    solved = [mc for mc in res.candidates if mc.status == "solved"]
+    assert len(solved) >= 5 and any(mc.dp_top > 1 for mc in solved)
+    for mc in solved:
+        mp, c = mc.problem, mc.cand
+        ins = [res.inputs[k, t, c.micro_batch_size] for k, t, _ in mp.variants]
+        want = mixed_problem(ins, c, mp.variants, mlp.kinds, {(0, 1): LINK},
+                             list(mc.degrees), dp_needs=mc.dp_needs)  # fmt: skip
+        assert mp.variants == want.variants and mp.units == want.units
+        assert (mp.needs, mp.dp_needs, mp.tied) == (want.needs, want.dp_needs, want.tied)
+        assert mp.base_time.tolist() == want.base_time.tolist()
+        assert mp.hop.tolist() == want.hop.tolist() and mp.const_step == want.const_step
+        for got, ref in zip(mp.per_variant, want.per_variant, strict=True):
+            assert (got.m, got.inflight, got.capacity) == (ref.m, ref.inflight, ref.capacity)
+            assert all(np.array_equal(a, b) for a, b in zip(got.time, ref.time, strict=True))
+            assert all(np.array_equal(a, b) for a, b in zip(got.state, ref.state, strict=True))
 
 
 def test_a_milp_stopped_at_its_node_limit_still_counts(mlp, placements, monkeypatch):
