@@ -188,6 +188,17 @@ def test_outer_candidates_are_the_docstrings_cells(pins, stage_dp):
     assert keys == sorted(keys)
 
 
+def test_outer_candidates_where_kinds_narrowest_stages_differ():
+    """Nodes of 4 and of 3 at dp 3: the first kind's narrowest stage is TP 4 (12 ranks, three
+    whole nodes), the second's TP 1 (its node of 3), so each kind's room is its own GPUs over
+    its own narrowest stage: 1 + 2 stages, not 4 + 0."""
+    kinds = [kind("c", 4, 12, 3), kind("d", 3, 6, 2)]
+    pins = Pins(offload="none")
+    got = outer_candidates(kinds, 5, Training(6, "fp32", "sgd"), [1, 2, 4], pins)
+    assert {cell_key(cell) for cell in got} == reference_cells(kinds, 5, 6, [1, 2, 4], pins)
+    assert max(c.pp for c, lo, _ in got if c.dp == 3 and (lo, c.tp) == (1, 4)) == 3
+
+
 def test_outer_candidates_by_hand():
     """One rank of each of two kinds, 2 blocks, batch 2: dp 1, TP 1, two stages; micro-batch
     1 (m 2: 1F1B) or 2 (m 1 < pp: GPipe); multiple 2 needs two GPUs of a kind."""
@@ -566,7 +577,7 @@ def test_the_search_is_the_least_placement(mlp, placements):
     least = min(s for _, s in placements)
     start = time.perf_counter()
     res = run(mlp, pins=LEAN, stage_degrees=True)
-    assert 0 < res.solve_time_s <= time.perf_counter() - start
+    assert 0 < res.solve_time_s <= time.perf_counter() - start and res.kinds == mlp.kinds
     assert res.best.value == pytest.approx(least, rel=1e-12) and res.proven
     assert res.best.status == "solved" and res.best.cand.pp == 2
     for mc in res.candidates:
