@@ -119,6 +119,7 @@ def test_unit_caps_are_gpus_over_dp_and_pp_widest_stages():
 def test_cell_variants_and_dp_multiples():
     vs = [(0, 1, 1), (0, 2, 1), (0, 4, 1), (0, 1, 2), (1, 2, 4), (1, 8, 1)]
     assert cell_variants(vs, 2, 4) == [(0, 2, 1), (0, 4, 1)]
+    assert cell_variants(vs, 1, 2) == [(0, 1, 1), (0, 2, 1)]  # multiple 1 by default
     assert cell_variants(vs, 1, 2, 2) == [(0, 1, 1), (0, 2, 1), (0, 1, 2)]
     assert cell_variants(vs, 2, 8, 4) == [(0, 2, 1), (0, 4, 1), (1, 2, 4), (1, 8, 1)]
     assert [dp_multiples(n) for n in (1, 2, 3, 4, 8)] == [
@@ -197,6 +198,14 @@ def test_outer_candidates_where_kinds_narrowest_stages_differ():
     got = outer_candidates(kinds, 5, Training(6, "fp32", "sgd"), [1, 2, 4], pins)
     assert {cell_key(cell) for cell in got} == reference_cells(kinds, 5, 6, [1, 2, 4], pins)
     assert max(c.pp for c, lo, _ in got if c.dp == 3 and (lo, c.tp) == (1, 4)) == 3
+
+
+def test_outer_candidates_keep_every_micro_batch_that_parts_evenly():
+    """Batch 12 at dp 1, multiple 4: micro-batches of 1 and 3 (12 and 4 per replica part by
+    4); 2 (6) does not, and neither stops the look at larger ones."""
+    kinds = [kind("a", 4, 4), kind("b", 1, 1)]
+    got = outer_candidates(kinds, 2, Training(12, "fp32", "sgd"), [1], Pins(offload="none"))
+    assert sorted({c.micro_batch_size for c, _, top in got if top == 4}) == [1, 3]
 
 
 def test_outer_candidates_by_hand():
