@@ -12,7 +12,9 @@ test kills."""
 from __future__ import annotations
 
 import itertools
+import json
 import math
+import time
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -26,12 +28,14 @@ from test_mutant_kills_mixed_milp import rich_problem
 from planner.api import trace, variants_for
 from planner.cost.data_parallel import tied_sync_time
 from planner.cost.pipeline import hop_time, stage_time_parts
-from planner.cost.records import Config
+from planner.cost.records import Config, CostInputs
 from planner.hardware.cluster import Cluster
 from planner.hardware.collectives import p2p_time
 from planner.hardware.profiles import load_profile
 from planner.schema.mesh import Mesh
+from planner.search.bound_memo import BoundMemo
 from planner.search.candidates import Candidate, Pins
+from planner.search.milp.split_bound import SplitBound
 from planner.search.mixed import search as ms
 from planner.search.mixed.cost import step_time
 from planner.search.mixed.milp import MixedSolution, solve_mixed
@@ -59,6 +63,7 @@ from planner.search.mixed.search import (
     variant_parts,
     wide_kinds,
 )
+from planner.search.options import price_options
 from planner.training import Training
 from planner.vocab import Schedule
 
@@ -114,6 +119,7 @@ def test_unit_caps_are_gpus_over_dp_and_pp_widest_stages():
 def test_cell_variants_and_dp_multiples():
     vs = [(0, 1, 1), (0, 2, 1), (0, 4, 1), (0, 1, 2), (1, 2, 4), (1, 8, 1)]
     assert cell_variants(vs, 2, 4) == [(0, 2, 1), (0, 4, 1)]
+    assert cell_variants(vs, 1, 2) == [(0, 1, 1), (0, 2, 1)]  # multiple 1 by default
     assert cell_variants(vs, 1, 2, 2) == [(0, 1, 1), (0, 2, 1), (0, 1, 2)]
     assert cell_variants(vs, 2, 8, 4) == [(0, 2, 1), (0, 4, 1), (1, 2, 4), (1, 8, 1)]
     assert [dp_multiples(n) for n in (1, 2, 3, 4, 8)] == [
@@ -181,6 +187,25 @@ def test_outer_candidates_are_the_docstrings_cells(pins, stage_dp):
     # the order: dp, then (lo, hi), then top, then pp, mbs, zero ascending
     keys = [(c.dp, lo, c.tp, top, c.pp, c.micro_batch_size, c.zero) for c, lo, top in got]
     assert keys == sorted(keys)
+
+
+def test_outer_candidates_where_kinds_narrowest_stages_differ():
+    """Nodes of 4 and of 3 at dp 3: the first kind's narrowest stage is TP 4 (12 ranks, three
+    whole nodes), the second's TP 1 (its node of 3), so each kind's room is its own GPUs over
+    its own narrowest stage: 1 + 2 stages, not 4 + 0."""
+    kinds = [kind("c", 4, 12, 3), kind("d", 3, 6, 2)]
+    pins = Pins(offload="none")
+    got = outer_candidates(kinds, 5, Training(6, "fp32", "sgd"), [1, 2, 4], pins)
+    assert {cell_key(cell) for cell in got} == reference_cells(kinds, 5, 6, [1, 2, 4], pins)
+    assert max(c.pp for c, lo, _ in got if c.dp == 3 and (lo, c.tp) == (1, 4)) == 3
+
+
+def test_outer_candidates_keep_every_micro_batch_that_parts_evenly():
+    """Batch 12 at dp 1, multiple 4: micro-batches of 1 and 3 (12 and 4 per replica part by
+    4); 2 (6) does not, and neither stops the look at larger ones."""
+    kinds = [kind("a", 4, 4), kind("b", 1, 1)]
+    got = outer_candidates(kinds, 2, Training(12, "fp32", "sgd"), [1], Pins(offload="none"))
+    assert sorted({c.micro_batch_size for c, _, top in got if top == 4}) == [1, 3]
 
 
 def test_outer_candidates_by_hand():
@@ -481,6 +506,274 @@ def every(mlp):
         return run(mlp, stage_degrees=True)
 
 
+# Every placement of a two-stage pipeline (options pinned to one a block: no recompute, no
+# offload), priced one by one: the brute force the searches below are held to.
+LEAN = Pins(offload="none", recompute="none", pp=2)
+
+
+@pytest.fixture(scope="module")
+def placements(mlp):
+    """(GPUs per kind, step time) of every two-stage placement of the MLP on the pool: each
+    DP degree and micro-batch, each stage's (kind, TP, DP multiple) from stage_variants with
+    one stage at multiple 1 (the least DP degree is the candidate's), every ZeRO stage the
+    runtime runs with them, 1F1B where no stage takes a multiple and the micro-batches fill
+    the pipeline (GPipe else), every cut of the blocks and option of each block; each priced
+    by mixed.cost.step_time on the mixed problem of all the DP degree's variants, its options
+    priced by price_options as a pipeline stage (inf where it does not fit)."""
+    graph, blocks = mlp.traced.graph, mlp.traced.blocks
+    traced_mbs = int(graph.graph["traced_batch_size"])
+    gbs, n, pp = TRAINING.global_batch_size, len(blocks), 2
+    inputs = {}
+
+    def priced(k, t, mbs):
+        if (k, t, mbs) not in inputs:
+            cl = mlp.kinds[k].cluster
+            opts = price_options(graph, blocks, t, mbs, cl, TRAINING, LEAN, mlp.variants[k],
+                                 1, 1, {}, t > 1)  # fmt: skip
+            inputs[k, t, mbs] = CostInputs(blocks, opts, traced_mbs, cl, TRAINING, 1.0)
+        return inputs[k, t, mbs]
+
+    out = []
+    for dp, mbs in itertools.product((1, 2, 4), (1, 2, 4)):
+        if (gbs // dp) % mbs:
+            continue
+        m = gbs // dp // mbs
+        vs = [v for v in stage_variants(mlp.kinds, dp, [1, 2, 4, 8], (1, 2, 4)) if m % v[2] == 0]
+        problems = {}
+        for chosen in itertools.product(range(len(vs)), repeat=pp):
+            top = max(vs[i][2] for i in chosen)
+            if min(vs[i][2] for i in chosen) != 1:
+                continue
+            sched = Schedule.ONE_F_ONE_B if m >= pp and top == 1 else Schedule.GPIPE
+            units = [sum(t * r for i in chosen for k, t, r in [vs[i]] if k == kk) for kk in (0, 1)]
+            for zero in (0, 2, 3) if dp * top > 1 else (0,):
+                if (sched, zero) not in problems:
+                    cand = Candidate(pp, dp, 1, mbs, sched, 1, zero)
+                    ins = [priced(k, t, mbs) for k, t, _ in vs]
+                    problems[sched, zero] = mixed_problem(ins, cand, vs, mlp.kinds, {(0, 1): LINK})
+                mp = problems[sched, zero]
+                seg_of = [s for s, length in enumerate(mp.seg_len) for _ in range(length)]
+                for cut in range(1, n):
+                    stages = [range(0, cut), range(cut, n)]
+                    sizes = [len(mp.per_variant[chosen[j]].time[seg_of[b]])
+                             for j in range(pp) for b in stages[j]]  # fmt: skip
+                    for opts in itertools.product(*map(range, sizes)):
+                        counts = [
+                            [[0] * len(row) for row in mp.per_variant[v].time] for v in chosen
+                        ]
+                        it = iter(opts)
+                        for j in range(pp):
+                            for b in stages[j]:
+                                counts[j][seg_of[b]][next(it)] += 1
+                        step = step_time(mp, list(chosen), counts)
+                        out.append(([u * dp for u in units], step))
+    assert len(out) > 100 and any(math.isfinite(s) for _, s in out)
+    return out
+
+
+def least_objective(placements, rate) -> float:
+    """The least rate(GPUs) x step of the placements of two kinds within the longest step."""
+    return min(
+        (rate.per_step_s(g) * s for g, s in placements
+         if sum(1 for x in g if x) >= 2 and s <= rate.max_step_s(g) * (1 + 1e-9)),
+        default=math.inf,
+    )  # fmt: skip
+
+
+def test_the_search_is_the_least_placement(mlp, placements):
+    """By time: the search's best is the least step of every placement (to REL_TOL: here
+    exactly), no solved cell beats it, each solved cell's bound is at most its value."""
+    least = min(s for _, s in placements)
+    start = time.perf_counter()
+    res = run(mlp, pins=LEAN, stage_degrees=True)
+    assert 0 < res.solve_time_s <= time.perf_counter() - start and res.kinds == mlp.kinds
+    assert res.best.value == pytest.approx(least, rel=1e-12) and res.proven
+    assert res.best.status == "solved" and res.best.cand.pp == 2
+    for mc in res.candidates:
+        assert mc.status in ("solved", "pruned-bound", "pruned-memory", "cutoff")
+        if mc.status == "solved":
+            assert least <= mc.value and mc.bound <= mc.value * (1 + 1e-9)
+    assert run(mlp, least, pins=LEAN, stage_degrees=True).best is None
+    above = run(mlp, least * (1 + 2e-3), pins=LEAN, stage_degrees=True)
+    assert above.best.value == pytest.approx(least, rel=1e-12)
+
+
+@pytest.mark.parametrize("which", ["per-gpu", "flat", "budget", "deadline"])
+def test_a_rate_is_the_least_placement_of_two_kinds(mlp, placements, which):
+    """By a rate: the least objective over placements of both kinds within the longest
+    step (a budget between the placements' objectives; a deadline below every step)."""
+    costs = sorted(
+        per_gpu_rate().per_step_s(g) * s for g, s in placements if math.isfinite(s) and all(g)
+    )
+    rate = {
+        "per-gpu": per_gpu_rate(),
+        "flat": RunRate(lambda g: 2.0, lambda g: math.inf),
+        "budget": budget_rate(costs[len(costs) // 2]),
+        "deadline": per_gpu_rate(min(s for _, s in placements) * 0.99),
+    }[which]
+    want = least_objective(placements, rate)
+    res = run(mlp, pins=LEAN, stage_degrees=True, rate=rate)
+    if which == "deadline":
+        assert math.isinf(want) and res.best is None
+        return
+    assert res.best.value == pytest.approx(want, rel=1e-12) and res.proven
+    g = res.best.gpus()
+    assert all(g) and res.best.value == pytest.approx(
+        rate.per_step_s(g) * res.best.solution.objective, rel=1e-12
+    )
+    assert res.best.solution.objective <= rate.max_step_s(g) * (1 + 1e-9)
+    assert any(mc.dp_top > 1 for mc in res.candidates)  # stage degrees asked: DP multiples too
+    for mc in res.candidates:
+        if mc.status == "solved":
+            assert mc.bound <= mc.value * (1 + 1e-9) and want <= mc.value * (1 + 1e-12)
+            # the box's placement: its units within the box, priced at its own GPUs
+            mp, sol = mc.problem, mc.solution
+            units = [sum(mp.width(v) for v in sol.variants if mp.kind_of(v) == k) for k in (0, 1)]
+            assert all(a <= u <= b for a, u, b in zip(mc.units_low, units, mc.units))
+            gpus = [u * mc.cand.dp for u in units]
+            assert mc.value == pytest.approx(rate.per_step_s(gpus) * sol.objective, rel=1e-12)
+
+
+def test_a_graph_torch_cannot_pipeline_has_no_cell(mlp):
+    """A module-level trace (no exported graph): torch's pipelining could not run any stage,
+    so no cell is searched, whatever the pool."""
+    graph = mlp.traced.graph.copy()
+    graph.graph["method"] = "hooks"
+    res = search_mixed(graph, mlp.traced.blocks, TRAINING, mlp.kinds, {(0, 1): LINK},
+                       mlp.variants, pins=Pins(offload="none"), stage_degrees=True)  # fmt: skip
+    assert res.best is None and res.candidates == [] and res.inputs == {}
+    assert not res.skipped and res.notes == []
+
+
+def test_kept_options_are_taken_and_added(mlp):
+    """A BoundMemo given as ``kept`` receives every block class's priced options (one entry
+    each, none twice), and a search reading them back prices nothing and finds the same
+    options and plan."""
+    pins = Pins(offload="none", tp=1, pp=2)
+    memo = BoundMemo()
+    first = run(mlp, stage_degrees=True, kept=memo, pins=pins)
+    assert memo.added == len(memo.entries) > 0
+    assert all(k.startswith("o") for k in memo.entries)
+    again = BoundMemo(json.loads(json.dumps(memo.entries)))
+    second = run(mlp, stage_degrees=True, kept=again, pins=pins)
+    assert again.added == 0 and second.best.value == first.best.value
+    assert set(second.inputs) == set(first.inputs)
+    for key, inp in first.inputs.items():
+        assert second.inputs[key].options == inp.options
+
+
+def test_each_milp_is_cut_at_the_incumbent(mlp, placements, monkeypatch):
+    """Each MILP is asked only for steps below the incumbent's 1 - REL_TOL share (over the
+    box's rate) and within its longest step (to 1e-9): by time from an unreached cutoff, and
+    by a flat rate of 2 under a deadline of 1.5 times the least step, from no cutoff and from
+    one of 1.2 times the least objective. The incumbent each call is held to is followed
+    here from the MILPs' own answers, priced by step_time."""
+    calls = []
+    real = ms.solve_mixed
+
+    def spy(mp, cutoff, *args):
+        # each with the node limit and the cell's split bound (mixed_bound's cuts)
+        assert len(args) == 2 and args[0] == ms.NODE_LIMIT
+        assert isinstance(args[1], SplitBound) and args[1].feasible
+        sol = real(mp, cutoff, *args)
+        calls.append((mp, cutoff, sol))
+        return sol
+
+    monkeypatch.setattr(ms, "solve_mixed", spy)
+    least = min(s for _, s in placements)
+    deadline = 1.5 * least
+    flat = RunRate(lambda g: 2.0, lambda g: deadline)
+    runs = [
+        (None, 1.0, 1.0, math.inf),
+        (flat, math.inf, 2.0, deadline),  # the deadline cuts the first MILPs
+        (flat, 2.4 * least, 2.0, deadline),  # the cutoff over the rate does, below the deadline
+    ]
+    for rate, cutoff, r, longest in runs:
+        calls.clear()
+        res = run(mlp, cutoff, pins=LEAN, stage_degrees=True, rate=rate)
+        assert res.best.value == pytest.approx(r * least, rel=1e-12) and calls
+        incumbent = cutoff
+        for mp, asked, sol in calls:
+            assert asked == min(incumbent * (1 - ms.REL_TOL) / r, longest * (1 + 1e-9))
+            if sol.status == "optimal":
+                incumbent = min(incumbent, r * step_time(mp, sol.variants, sol.counts))
+        assert incumbent == res.best.value
+        for mc in res.candidates:  # a MILP's own status where it found no placement
+            if mc.solution is not None and mc.solution.status != "optimal":
+                assert mc.status == mc.solution.status
+
+
+def test_each_cell_is_its_variants_mixed_problem(mlp, monkeypatch):
+    """Pruning off, every cell solved: each cell's MILP numbers are mixed_problem's for its
+    variants (the search builds them from the variants' parts and hops shared by the cells
+    of one candidate)."""
+    monkeypatch.setattr(ms, "REL_TOL", -1e12)
+    res = run(mlp, pins=LEAN, stage_degrees=True)
+    solved = [mc for mc in res.candidates if mc.status == "solved"]
+    assert len(solved) >= 5 and any(mc.dp_top > 1 for mc in solved)
+    for mc in solved:
+        mp, c = mc.problem, mc.cand
+        ins = [res.inputs[k, t, c.micro_batch_size] for k, t, _ in mp.variants]
+        want = mixed_problem(ins, c, mp.variants, mlp.kinds, {(0, 1): LINK},
+                             list(mc.degrees), dp_needs=mc.dp_needs)  # fmt: skip
+        assert mp.variants == want.variants and mp.units == want.units
+        assert (mp.needs, mp.dp_needs, mp.tied) == (want.needs, want.dp_needs, want.tied)
+        assert mp.base_time.tolist() == want.base_time.tolist()
+        assert mp.hop.tolist() == want.hop.tolist() and mp.const_step == want.const_step
+        for got, ref in zip(mp.per_variant, want.per_variant, strict=True):
+            assert (got.m, got.inflight, got.capacity) == (ref.m, ref.inflight, ref.capacity)
+            assert all(np.array_equal(a, b) for a, b in zip(got.time, ref.time, strict=True))
+            assert all(np.array_equal(a, b) for a, b in zip(got.state, ref.state, strict=True))
+
+
+def test_a_milp_stopped_at_its_node_limit_still_counts(mlp, placements, monkeypatch):
+    """A MILP that stops at its node limit gives a placement all the same: priced by
+    step_time (the MILP's value beside it), solved and kept, the result not proven."""
+    real = ms.solve_mixed
+
+    def stopped(*args):
+        sol = real(*args)
+        return replace(sol, status="node_limit") if sol.status == "optimal" else sol
+
+    monkeypatch.setattr(ms, "solve_mixed", stopped)
+    res = run(mlp, pins=LEAN, stage_degrees=True)
+    best, least = res.best, min(s for _, s in placements)
+    assert best.status == "solved" and best.solution.status == "node_limit"
+    assert best.value == least and math.isfinite(best.solution.milp_objective)
+    assert not res.proven
+
+
+def test_stage_degrees_by_default_up_to_the_limits(mlp, monkeypatch):
+    """A pool of exactly STAGE_DEGREE_GPUS and STAGE_DP_GPUS GPUs (3) is small enough:
+    stages of their own TP and DP degree, nothing left out."""
+    monkeypatch.setattr(ms, "STAGE_DEGREE_GPUS", 3)
+    monkeypatch.setattr(ms, "STAGE_DP_GPUS", 3)
+    res = run(mlp, pins=LEAN)
+    assert not res.skipped and res.notes == []
+    assert any(mc.dp_top > 1 for mc in res.candidates)
+    assert any(len(set(mc.degrees)) == 2 for mc in res.candidates)
+
+
+def test_a_rate_keeps_one_degree_by_default(mlp):
+    """Priced by a rate, the default rule keeps every stage at one TP and DP degree (the
+    boxes multiply the work) and says so; the best is the same search's with one degree
+    asked for."""
+    flat = RunRate(lambda g: 2.0, lambda g: math.inf)
+    default = run(mlp, rate=flat)
+    assert default.candidates and all(not mc.several for mc in default.candidates)
+    assert default.skipped and default.notes == [
+        "a pipeline across kinds gives its stages one TP and DP degree here: stages of their "
+        "own TP degree are searched by default on pools of at most 2 kinds and 64 GPUs, of "
+        "their own DP degree on at most 8 GPUs, by time with no deadline or budget (this one: "
+        "2 kinds, 3 GPUs, priced by a rate); --stage-degrees on searches them (minutes on "
+        "large pools)"
+    ]
+    one = run(mlp, rate=flat, stage_degrees=False)
+    assert not one.skipped and one.notes == []
+    assert default.best.value == one.best.value
+    assert [mc.label() for mc in default.candidates] == [mc.label() for mc in one.candidates]
+
+
 def test_the_pruned_search_is_every_cells_optimum(pruned, every):
     solved = [mc for mc in every.candidates if mc.status == "solved"]
     assert len(solved) > 10
@@ -589,11 +882,16 @@ def test_pins_restrict_every_stage(mlp):
         assert mc.cand.pp == 2 and mc.cand.dp == 1 and mc.degrees == (1, 1) and mc.dp_top == 1
 
 
-def test_progress_names_each_cell_built(pruned):
+def test_progress_names_each_cell_built(pruned, mlp):
     res, seen = pruned, pruned.seen
     assert seen and len(seen) == len(set(seen))
     assert set(seen) <= {mc.label() for mc in res.candidates}
     assert res.best.label() in seen
+    # a search of its own (the module fixture's ran in another test's setup)
+    own = []
+    lean = run(mlp, pins=LEAN, stage_degrees=True, progress=own.append)
+    assert len(own) == len(set(own)) and lean.best.label() in own
+    assert set(own) <= {mc.label() for mc in lean.candidates}
 
 
 def test_a_flat_rate_is_the_step_times_it(boxes, mlp):
