@@ -20,7 +20,6 @@ docs/mutation.md names the mutants each test kills."""
 
 from __future__ import annotations
 
-import copy
 import inspect
 from types import SimpleNamespace as NS
 
@@ -28,6 +27,7 @@ import pytest
 import torch
 import torch.distributed.pipelining as pipelining
 import torch.distributed.pipelining._IR as pipelining_ir
+from kept_traces import traced_pipeline_kept
 from runs import forced_plan
 
 import runtime.block_calls
@@ -412,37 +412,11 @@ def test_aliases_are_each_parameters_other_names(monkeypatch):
 
 # --------------------------------------------------------------------------- the real build
 
-# torch's export and split of the MLP (``model_outputs.traced_pipeline``, a second or more),
-# kept for the session by the cut, weights, example and policy it is handed (as
-# test_mutant_kills_stages keeps its own): torch's code, not build.py's. A mutant that hands
-# anything else misses it and is traced for real. Forked ranks inherit it.
-_TRACES: dict = {}
-_real_traced_pipeline = stages.traced_pipeline
-
-
-def _traced_pipeline_kept(model, example, split_policy, preserve=()):  # noqa: ANN001, ANN202
-    marks = tuple(
-        (name, m.forward.__func__.__name__)
-        for name, m in model.named_modules()
-        if "_orig_forward" in m.__dict__
-    )
-    weights = tuple((k, float(v.double().sum())) for k, v in model.state_dict().items())
-    key = (
-        type(model).__qualname__,
-        marks,
-        weights,
-        tuple((tuple(t.shape), float(t.double().sum())) for t in example),
-        split_policy,
-        tuple(preserve),
-    )
-    if key not in _TRACES:
-        _TRACES[key] = _real_traced_pipeline(model, example, split_policy, preserve)
-    return copy.deepcopy(_TRACES[key])
-
 
 @pytest.fixture(autouse=True)
 def _kept_traces(monkeypatch):
-    monkeypatch.setattr(stages, "traced_pipeline", _traced_pipeline_kept)
+    """torch's split of each model traced once a session (tests/kept_traces.py)."""
+    monkeypatch.setattr(stages, "traced_pipeline", traced_pipeline_kept)
 
 
 @pytest.fixture(scope="module")

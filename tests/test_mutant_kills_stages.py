@@ -18,6 +18,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from forked_gloo import run_ranks
+from kept_traces import traced_pipeline_kept
 from torch import nn
 
 from planner.errors import UserInputError
@@ -56,41 +57,11 @@ from runtime.stages import (
 
 V, D = 11, 6
 
-# torch's export and split (``model_outputs.traced_pipeline``, a second or more each) of each
-# model, cut and kept signature the tests hand it, kept for the session: it is torch's code and
-# model_outputs', not this module's, so mutmut's forked children (one a mutant) reuse what the
-# unmutated run traced. A mutant that hands it anything else (another cut, another model copy,
-# other inputs or signatures, another split policy) misses the cache and is traced for real.
-_TRACES: dict = {}
-_real_traced_pipeline = stages.traced_pipeline
-
-
-def _cut_of(model: nn.Module) -> tuple:
-    """The split points annotated on ``model`` (``annotate_split_points``), and its weights."""
-    marks = tuple(
-        (name, m.forward.__func__.__name__)
-        for name, m in model.named_modules()
-        if "_orig_forward" in m.__dict__
-    )
-    weights = tuple((k, float(v.double().sum())) for k, v in model.state_dict().items())
-    return type(model).__qualname__, marks, weights
-
-
-def _traced_pipeline_kept(model, example, split_policy, preserve=()):  # noqa: ANN001, ANN202
-    key = (
-        _cut_of(model),
-        tuple((tuple(t.shape), float(t.double().sum())) for t in example),
-        split_policy,
-        tuple(preserve),
-    )
-    if key not in _TRACES:
-        _TRACES[key] = _real_traced_pipeline(model, example, split_policy, preserve)
-    return copy.deepcopy(_TRACES[key])
-
 
 @pytest.fixture(autouse=True)
 def _kept_traces(monkeypatch):
-    monkeypatch.setattr(stages, "traced_pipeline", _traced_pipeline_kept)
+    """torch's split of each model traced once a session (tests/kept_traces.py)."""
+    monkeypatch.setattr(stages, "traced_pipeline", traced_pipeline_kept)
 
 
 class Layer(nn.Module):
