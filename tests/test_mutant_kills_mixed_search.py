@@ -774,6 +774,28 @@ def test_a_rate_keeps_one_degree_by_default(mlp):
     assert [mc.label() for mc in default.candidates] == [mc.label() for mc in one.candidates]
 
 
+def test_a_rate_with_the_dp_degree_pinned_still_says_its_stages_share_a_tp_degree(mlp):
+    """With ``--dp`` pinned no DP degree is left out, so the note stands on the cells of
+    several TP degrees the default rule left whole alone (``_Search.run``'s ``skipped``)."""
+    flat = RunRate(lambda g: 2.0, lambda g: math.inf)
+    res = run(mlp, rate=flat, pins=Pins(offload="none", dp=1))
+    assert res.candidates and all(not mc.several for mc in res.candidates)
+    assert res.skipped and len(res.notes) == 1
+    assert res.notes[0].startswith("a pipeline across kinds gives its stages one TP and DP")
+
+
+def test_a_pool_whose_memory_holds_no_stage_prunes_every_cell_by_memory(mlp):
+    """At a millionth of each GPU's memory (``--memory-fraction``) no stage fits: every cell
+    is pruned by memory (or by an infinite bound), none solved, and each kind's options are
+    priced at that fraction."""
+    tiny = 1e-6
+    res = run(mlp, stage_degrees=True, pins=Pins(offload="none", memory_fraction=tiny))
+    assert res.best is None and res.candidates
+    statuses = {mc.status for mc in res.candidates}
+    assert "pruned-memory" in statuses <= {"pruned-memory", "pruned-bound"}  # bound: inf
+    assert res.inputs and {inp.memory_fraction for inp in res.inputs.values()} == {tiny}
+
+
 def test_the_pruned_search_is_every_cells_optimum(pruned, every):
     solved = [mc for mc in every.candidates if mc.status == "solved"]
     assert len(solved) > 10
