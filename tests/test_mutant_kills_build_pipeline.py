@@ -28,6 +28,7 @@ import torch
 import torch.distributed.pipelining as pipelining
 import torch.distributed.pipelining._IR as pipelining_ir
 from kept_traces import traced_pipeline_kept
+from recorders import bound_arguments
 from runs import forced_plan
 
 import runtime.block_calls
@@ -107,9 +108,7 @@ def _recorder(log: list, name: str, real, returns, keep: int | None = None):  # 
     sig = inspect.signature(real)
 
     def call(*args, **kwargs):  # noqa: ANN202
-        bound = sig.bind(*args, **kwargs)
-        bound.apply_defaults()
-        values = tuple(bound.arguments.values())
+        values = tuple(bound_arguments(sig, args, kwargs).values())
         log.append((name, *values[:keep]))
         return returns(*values) if callable(returns) else returns
 

@@ -19,6 +19,7 @@ from types import SimpleNamespace
 
 import highspy
 import pytest
+from recorders import bound_arguments
 from runs import cpu_profile
 
 import planner.resources.mixed_plan as mixed_plan
@@ -344,9 +345,7 @@ class _Calls:
         self.results: list = []
 
     def __call__(self, *args, **kwargs):
-        bound = self.signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        self.calls.append(dict(bound.arguments))
+        self.calls.append(bound_arguments(self.signature, args, kwargs))
         self.results.append(self.then(*args, **kwargs))
         return self.results[-1]
 

@@ -599,8 +599,11 @@ def test_a_container_at_the_root_names_its_members_state_by_index():
 
 
 def test_state_read_outside_every_member_is_named_in_full_whatever_its_name():
-    """A module named XXXX beside the layers: its weight read before the first member and after
-    the last is state "XXXX.w" (no member's prefix applies outside the members)."""
+    """A module beside the layers, its weight read before the first member and after the last:
+    state "XXXX.w" in full, for outside the members the prefix that names state relative to a
+    member is empty. Any other prefix left there would shorten the name of a module that
+    begins with it; "XXXX" is the module's name because it is the placeholder a mutated
+    prefix takes (mutmut's string mutation of the empty prefix), the one such prefix known."""
     model = torch.nn.Module()
     model.XXXX = _Scaled()
     model.layers = torch.nn.ModuleList([_Scaled(), _Scaled()])

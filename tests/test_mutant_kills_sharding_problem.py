@@ -239,8 +239,8 @@ def test_an_elementwise_op_reads_past_a_buffer_which_passes_no_partial_sum():
 
 
 def test_partial_sums_pass_a_difference_but_no_cast_to_another_tensor_or_of_a_weight():
-    """x - y of two partial sums is a partial sum; x.type_as(y) and a copy of a weight pass
-    none (only a one-activation cast or copy is linear in its input)."""
+    """x - y of two partial sums is a partial sum, and so is a one-activation cast (linear in
+    its input); x.type_as(y) (y read for its dtype) and a copy of a weight pass none."""
     x, y, sub = node("x", (4, 6)), node("y", (4, 6)), "aten.sub.Tensor"
     args = [{"node": "x"}, {"node": "y"}, {}]
     assert ("P", ("P", "P"), "") in strategies(sub, (4, 6), [x, y], args=args)
@@ -250,6 +250,8 @@ def test_partial_sums_pass_a_difference_but_no_cast_to_another_tensor_or_of_a_we
         ("S1", ("S1", "S1"), ""),
     ]
     assert strategies("aten.clone.default", (4, 6), [param("w", (4, 6))]) == [("R", ("R",), "")]
+    cast = strategies("aten.to.dtype", (4, 6), [x], args=[{"node": "x"}, "float32", {}])
+    assert cast[-1][:2] == ("P", ("P",))
 
 
 def test_equal_sizes_split_with_sizes_make_blocks():

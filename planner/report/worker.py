@@ -40,6 +40,7 @@ import threading
 from pathlib import Path
 
 from planner.errors import UserInputError
+from planner.process_end import exit_without_teardown
 from planner.schema import Plan
 
 
@@ -173,7 +174,5 @@ def serve() -> int:
 
 
 if __name__ == "__main__":
-    from planner.process_end import exit_without_teardown
-
     # the planner reads this process's answer to its end, so it waits for the exit too
     exit_without_teardown(serve())
