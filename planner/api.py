@@ -10,6 +10,7 @@ from typing import Any
 
 import networkx as nx
 
+from planner.collector import cycles_uncollected
 from planner.modelfile import ModelFile, load_model_file
 from planner.trace.blocks import Block, make_blocks, reads_one_tensor, runs_eagerly_in_stage
 from planner.trace.cache import load_trace, save_trace, trace_key
@@ -299,8 +300,41 @@ def plan(
 
     Raises UserInputError for bad input and InfeasibleError when nothing fits.
 
-    Long because it composes trace, probe, search, baselines and notes in the order they run, a
-    few lines each."""
+    Planned with the cycle collector paused (``planner.collector``): a plan's heap lives to its
+    end and leaves few cycles."""
+    with cycles_uncollected():
+        return _plan(
+            model_file, gpus, model_args=model_args, profile=profile,
+            gpus_per_node=gpus_per_node, nodes=nodes, training=training,
+            global_batch_size=global_batch_size, dtype=dtype, optimizer=optimizer, lr=lr,
+            pins=pins, use_cache=use_cache, progress=progress,
+            compare_baselines=compare_baselines, solved=solved, draft=draft, bounds=bounds,
+        )  # fmt: skip
+
+
+def _plan(
+    model_file: str | Path | ModelFile,
+    gpus: int | None,
+    *,
+    model_args: dict[str, Any] | None,
+    profile: str | None,
+    gpus_per_node: int | None,
+    nodes: int | None,
+    training: Training | None,
+    global_batch_size: int | None,
+    dtype: str | None,
+    optimizer: str | None,
+    lr: float | None,
+    pins: Any,
+    use_cache: bool,
+    progress: Any,
+    compare_baselines: bool,
+    solved: dict | None,
+    draft: Callable[[Any], None] | None,
+    bounds: dict | None,
+) -> PlanResult:
+    """``plan``'s body. Long because it composes trace, probe, search, baselines and notes in the
+    order they run, a few lines each."""
     from planner.assemble import build_plan
     from planner.cost.eager_probe import EagerShardProbe
     from planner.cost.variant_cache import load_variants, save_variants

@@ -107,13 +107,13 @@ def test_the_process_entry_ends_as_the_interpreter_would_without_its_teardown():
     assert ran.returncode == 2 and "--gpus: expected a positive integer" in ran.stderr
 
 
-def test_a_plan_leaves_its_objects_to_the_collectors_oldest_generation():
+def test_a_plan_leaves_its_objects_to_the_collectors_oldest_generation(thawed_collector):
     """``cycles_uncollected`` plans with the collector off and hands what the plan allocated
     to its oldest generation, so switching it back on costs no pass over all of them; a
     collector that was off stays off, and objects a caller froze stay frozen."""
     import gc
 
-    from planner.cli import cycles_uncollected
+    from planner.collector import cycles_uncollected
 
     was = gc.isenabled()
     gc.enable()
@@ -135,5 +135,4 @@ def test_a_plan_leaves_its_objects_to_the_collectors_oldest_generation():
             more = [[i] for i in range(1000)]
         assert gc.get_freeze_count() == frozen and len(more) == 1000
     finally:
-        gc.unfreeze()
         (gc.enable if was else gc.disable)()

@@ -259,14 +259,10 @@ def test_release_drops_the_modules_and_the_schedule():
     assert parts == [] and optimizers == [] and built.schedule is None
 
 
-def test_freeze_launch_state_freezes_what_is_alive():
-    gc.unfreeze()
+def test_freeze_launch_state_freezes_what_is_alive(thawed_collector):
     kept = [object() for _ in range(10)]
-    try:
-        b.freeze_launch_state()
-        assert gc.get_freeze_count() >= len(kept)
-    finally:
-        gc.unfreeze()
+    b.freeze_launch_state()
+    assert gc.get_freeze_count() >= len(kept)
 
 
 def test_expert_parallelism_takes_the_ep_and_edp_dimensions(mlp, monkeypatch):
