@@ -43,6 +43,7 @@ PRELOAD = [
     "transformers.models.llama.modeling_llama",
     "transformers.models.gpt2.modeling_gpt2",
     "transformers.models.opt.modeling_opt",
+    "frozen_imports",  # last: freezes what the imports above left alive
 ]
 
 # How long torchrun's agent lets the other ranks end after one failed, before SIGKILL
