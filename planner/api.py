@@ -260,6 +260,7 @@ def _probed_parts(modules: list[str], tp_plan: dict[str, str]) -> list[tuple[str
     return parts
 
 
+@cycles_uncollected()  # contextlib's managers decorate too, made afresh per call
 def plan(
     model_file: str | Path | ModelFile,
     gpus: int | None = None,
@@ -301,40 +302,8 @@ def plan(
     Raises UserInputError for bad input and InfeasibleError when nothing fits.
 
     Planned with the cycle collector paused (``planner.collector``): a plan's heap lives to its
-    end and leaves few cycles."""
-    with cycles_uncollected():
-        return _plan(
-            model_file, gpus, model_args=model_args, profile=profile,
-            gpus_per_node=gpus_per_node, nodes=nodes, training=training,
-            global_batch_size=global_batch_size, dtype=dtype, optimizer=optimizer, lr=lr,
-            pins=pins, use_cache=use_cache, progress=progress,
-            compare_baselines=compare_baselines, solved=solved, draft=draft, bounds=bounds,
-        )  # fmt: skip
-
-
-def _plan(
-    model_file: str | Path | ModelFile,
-    gpus: int | None,
-    *,
-    model_args: dict[str, Any] | None,
-    profile: str | None,
-    gpus_per_node: int | None,
-    nodes: int | None,
-    training: Training | None,
-    global_batch_size: int | None,
-    dtype: str | None,
-    optimizer: str | None,
-    lr: float | None,
-    pins: Any,
-    use_cache: bool,
-    progress: Any,
-    compare_baselines: bool,
-    solved: dict | None,
-    draft: Callable[[Any], None] | None,
-    bounds: dict | None,
-) -> PlanResult:
-    """``plan``'s body. Long because it composes trace, probe, search, baselines and notes in the
-    order they run, a few lines each."""
+    end and leaves few cycles. Long because it composes trace, probe, search, baselines and notes
+    in the order they run, a few lines each."""
     from planner.assemble import build_plan
     from planner.cost.eager_probe import EagerShardProbe
     from planner.cost.variant_cache import load_variants, save_variants

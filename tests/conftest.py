@@ -45,7 +45,7 @@ os.environ["MESHPLAN_CACHE"] = os.environ["MESHPLAN_TEST_CACHE"]
 # not 700) leave half as many full passes; what is alive once the tests are collected is frozen
 # (pytest_collection_finish), so that the passes left, and the runtime's own collection after
 # each plan (runtime.build.release), walk only what the tests made. Measured on eight of the
-# heaviest files in one process: 16.8 s to 8.1 s in the collector, 187 to 167 CPU-s in all.
+# heaviest files in one process: 16.8 s to 8.1 s in the collector (one run each).
 gc.set_threshold(10_000, 10, 10)
 
 from planner.cost.records import BlockOption  # noqa: E402

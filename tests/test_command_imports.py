@@ -107,6 +107,27 @@ def test_the_process_entry_ends_as_the_interpreter_would_without_its_teardown():
     assert ran.returncode == 2 and "--gpus: expected a positive integer" in ran.stderr
 
 
+def test_the_api_plans_with_the_collector_paused_and_switches_it_back_on(monkeypatch):
+    """``planner.api.plan`` runs under ``cycles_uncollected``, as the command does: a Python
+    caller planning many models in one process is spared the collector's walks over each
+    plan's heap, and finds the collector on again after, even when the plan failed."""
+    import gc
+
+    import planner.api
+
+    seen = []
+
+    def trace(*args, **kwargs):
+        seen.append(gc.isenabled())
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(planner.api, "trace", trace)
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError, match="stop here"):
+        planner.api.plan(ROOT / "examples" / "mlp.py", 2, profile="cpu")
+    assert seen == [False] and gc.isenabled()
+
+
 def test_a_plan_leaves_its_objects_to_the_collectors_oldest_generation(thawed_collector):
     """``cycles_uncollected`` plans with the collector off and hands what the plan allocated
     to its oldest generation, so switching it back on costs no pass over all of them; a
