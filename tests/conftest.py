@@ -146,9 +146,11 @@ POOL_NODE = {
 
 
 def pytest_collection_finish(session):
-    """Freeze what the imports and the collection left alive (above): no later pass walks it."""
-    gc.collect()
-    gc.freeze()
+    """Freeze what the imports and the collection left alive (above): no later pass walks it.
+    The runtime's freeze between plans does just that: collect, then freeze what is left."""
+    from runtime.build import freeze_launch_state
+
+    freeze_launch_state()
 
 
 @pytest.fixture
@@ -158,8 +160,7 @@ def thawed_collector():
     gc.unfreeze()
     yield
     gc.unfreeze()
-    gc.collect()
-    gc.freeze()
+    pytest_collection_finish(None)
 
 
 def pytest_sessionfinish(session, exitstatus):

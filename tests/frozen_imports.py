@@ -13,6 +13,7 @@ leak); a rank ends with ``os._exit`` and never runs it."""
 import atexit
 import gc
 
-gc.collect()
-gc.freeze()
+from runtime.build import freeze_launch_state  # imported above, with runtime.worker
+
+freeze_launch_state()  # what a launch does between plans: collect, then freeze what is left
 atexit.register(gc.unfreeze)
