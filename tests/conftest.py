@@ -166,9 +166,11 @@ def thawed_collector():
 def pytest_sessionfinish(session, exitstatus):
     """End the forkserver of the forked ranks (tests/forked_ranks.py) and wait for it, so that
     the CPU time of the ranks it started counts with this process's. Thaw the session's frozen
-    heap, so that the interpreter's exit frees it (triton's nanobind bindings, where installed,
-    report every instance still alive then as a leak)."""
-    gc.unfreeze()
+    heap when the interpreter exits, so that its exit frees it (triton's nanobind bindings,
+    where installed, report every instance still alive then as a leak): not here, because
+    pytest's own teardown runs five full collections after this hook (its search for
+    unraisable exceptions), and each walked the whole thawed heap, some 600,000 objects."""
+    atexit.register(gc.unfreeze)
     forked = sys.modules.get("forked_ranks")
     if forked is not None:
         forked.stop_forkserver()

@@ -783,3 +783,42 @@ def test_long_messages_are_cut_at_a_word_with_an_ellipsis():
     assert cut.endswith(" ...") and len(cut) <= 64
     assert all(w in text.split() for w in cut[:-4].split())
     assert brief("short\nmessage") == "short message"
+
+
+def test_the_trace_records_no_stack_traces_and_is_the_graph_it_was_with_them(tmp_path, monkeypatch):
+    """The tracer's export runs with torch.fx's stack-trace recording off (planner.fx_stacks:
+    a fifth of a small model's tracing CPU). The graph and blocks are those of a trace that
+    records them, the switch is on inside the export and back to the caller's after it, also
+    after an export that fails."""
+    import contextlib
+
+    import torch.fx.config
+
+    import planner.trace.export as export_mod
+    from planner.fx_stacks import stack_traces_off
+    from planner.trace.export import trace_model
+
+    inside = []
+    real_export = torch.export.export
+
+    def watched(*args, **kwargs):
+        inside.append(torch.fx.config.do_not_emit_stack_traces)
+        program = real_export(*args, **kwargs)
+        inside.append(sum("stack_trace" in n.meta for n in program.graph.nodes))
+        return program
+
+    monkeypatch.setattr(torch.export, "export", watched)
+    mf = load_model_file(GPT, {"size": "tiny"})
+    quiet = trace_model(mf, 2, "fp32")
+    assert inside == [True, 0]
+    assert torch.fx.config.do_not_emit_stack_traces is False
+    monkeypatch.setattr(export_mod, "stack_traces_off", contextlib.nullcontext)
+    inside.clear()
+    loud = trace_model(load_model_file(GPT, {"size": "tiny"}), 2, "fp32")
+    assert inside[0] is False and inside[1] > 0  # the switch is live: torch records them
+    assert list(quiet.graph.nodes(data=True)) == list(loud.graph.nodes(data=True))
+    assert list(quiet.graph.edges(data=True)) == list(loud.graph.edges(data=True))
+    assert quiet.graph.graph == loud.graph.graph
+    with pytest.raises(RuntimeError), stack_traces_off():
+        raise RuntimeError("an export that fails")
+    assert torch.fx.config.do_not_emit_stack_traces is False

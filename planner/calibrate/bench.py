@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from planner.cost.compute import FLASH_BACKWARD
+from planner.fx_stacks import stack_traces_off
 from planner.vocab import Recompute
 
 DTYPES = {
@@ -285,7 +286,8 @@ def traced_op_count(module: torch.nn.Module, x: torch.Tensor) -> int:
     from planner.trace.export import op_name
     from planner.trace.opcost import is_view
 
-    exported = torch.export.export(module, (x,), strict=False)
+    with stack_traces_off():
+        exported = torch.export.export(module, (x,), strict=False)
     nodes = exported.graph_module.graph.nodes
     return sum(1 for n in nodes if n.op == "call_function" and not is_view(op_name(n.target)))
 

@@ -32,6 +32,7 @@ import torch.fx
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from planner.errors import UserInputError, brief
+from planner.fx_stacks import stack_traces_off
 from planner.modelfile import (
     DTYPES,
     ModelFile,
@@ -250,6 +251,7 @@ def _export_or_hooks(
             contextlib.redirect_stderr(io.StringIO()),
             _watch_forward(model, functions, called),
             numpy_draws(drawn),
+            stack_traces_off(),
         ):
             exported = torch.export.export(model, inputs, strict=False)
         _drop_traced_causal_masks(exported)
