@@ -146,31 +146,28 @@ POOL_NODE = {
 
 
 def pytest_collection_finish(session):
-    """Freeze what the imports and the collection left alive (above): no later pass walks it.
-    The runtime's freeze between plans does just that: collect, then freeze what is left."""
-    from runtime.build import freeze_launch_state
+    """Freeze what the imports and the collection left alive (above) until the session's
+    process exits: no later pass walks it (tests/frozen_heap.py)."""
+    from frozen_heap import freeze_until_exit
 
-    freeze_launch_state()
+    freeze_until_exit()
 
 
 @pytest.fixture
 def thawed_collector():
     """For a test of what is frozen: nothing frozen while it runs; after it, the session's
     freeze again, what it left collected first."""
+    from runtime.build import freeze_launch_state
+
     gc.unfreeze()
     yield
     gc.unfreeze()
-    pytest_collection_finish(None)
+    freeze_launch_state()
 
 
 def pytest_sessionfinish(session, exitstatus):
     """End the forkserver of the forked ranks (tests/forked_ranks.py) and wait for it, so that
-    the CPU time of the ranks it started counts with this process's. Thaw the session's frozen
-    heap when the interpreter exits, so that its exit frees it (triton's nanobind bindings,
-    where installed, report every instance still alive then as a leak): not here, because
-    pytest's own teardown runs five full collections after this hook (its search for
-    unraisable exceptions), and each walked the whole thawed heap, some 600,000 objects."""
-    atexit.register(gc.unfreeze)
+    the CPU time of the ranks it started counts with this process's."""
     forked = sys.modules.get("forked_ranks")
     if forked is not None:
         forked.stop_forkserver()

@@ -6,14 +6,8 @@ first plan's heap sets off before ``freeze_launch_state``), and, writing no coll
 of an imported object, leave the pages the rank shares with the server shared: 15-20% less CPU
 for the ranks of four launching files (tests/test_sequence_parallel_runtime.py,
 test_stage_tp.py, test_half_reduce.py, test_pipeline_buffers.py; 39.9 and 38.4 CPU-s without,
-34.9 and 30.6 with, run alternately). The server thaws them as it exits, so that the exit frees
-them (triton's nanobind bindings, where installed, report every instance still alive then as a
-leak); a rank ends with ``os._exit`` and never runs it."""
+34.9 and 30.6 with, run alternately). The server thaws them as it exits (tests/frozen_heap.py)."""
 
-import atexit
-import gc
+from frozen_heap import freeze_until_exit
 
-from runtime.build import freeze_launch_state  # imported above, with runtime.worker
-
-freeze_launch_state()  # what a launch does between plans: collect, then freeze what is left
-atexit.register(gc.unfreeze)
+freeze_until_exit()
